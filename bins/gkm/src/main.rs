@@ -1,0 +1,83 @@
+//! `gkm`: the command line for GPU kernel cache images, GPUs and CRDs.
+//!
+//! Flag parsing and wiring only; the work is in the library crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod build;
+mod check;
+mod crds;
+mod extract;
+mod gpus;
+mod inspect;
+mod pull;
+mod push;
+
+/// GPU kernel cache manager.
+#[derive(Parser)]
+#[command(name = "gkm", version, about, propagate_version = true)]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Scan a cache directory and build an OCI image of it.
+    Build(build::Args),
+    /// Push an image from an OCI layout to a registry.
+    Push(push::Args),
+    /// Pull an image into an OCI layout.
+    Pull(pull::Args),
+    /// Show an image's targets, entries, size, layers, digest and labels.
+    Inspect(inspect::Args),
+    /// Check an image or cache directory against GPUs.
+    Check(check::Args),
+    /// Extract an image's cache into a directory.
+    Extract(extract::Args),
+    /// List this node's GPUs.
+    Gpus(gpus::Args),
+    /// Print gkm's CustomResourceDefinitions as YAML.
+    Crds(crds::Args),
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    let result = match cli.command {
+        Command::Build(args) => build::run(args).await,
+        Command::Push(args) => push::run(args).await,
+        Command::Pull(args) => pull::run(args).await,
+        Command::Inspect(args) => inspect::run(args).await,
+        Command::Check(args) => check::run(args).await,
+        Command::Extract(args) => extract::run(args).await,
+        Command::Gpus(args) => gpus::run(args).await,
+        Command::Crds(args) => crds::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("gkm: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `gkm gpus`, run as a user would run it.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn sysfs(name: &str) -> String {
+    repo()
+        .join("gkm-gpu/testdata/sysfs")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The PCI names gkm bundles, so output is the same with or without the
+/// system's pci.ids.
+fn pci_ids() -> String {
+    repo()
+        .join("gkm-gpu/src/pci_ids_fallback.ids")
+        .display()
+        .to_string()
+}
+
+fn gkm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gkm"))
+        .args(args)
+        .env_remove("GKM_LOG")
+        .output()
+        .expect("run gkm")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn lists_nvidia_gpus_from_a_sysfs_tree_as_json() {
+    let out = gkm(&[
+        "gpus",
+        "--json",
+        "--no-nvml",
+        "--sysfs",
+        &sysfs("nvidia-h100"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let inv: gkm_gpu::Inventory = serde_json::from_slice(&out.stdout).unwrap();
+    let archs: Vec<String> = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            g.arch
+                .as_ref()
+                .and_then(|a| a.sm_name())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(archs, ["sm_90", "sm_90"]);
+}
+
+#[test]
+fn without_an_nvidia_library_reports_no_driver_and_exits_0() {
+    // NVML is asked (no --no-nvml). Where libnvidia-ml.so.1 is absent, as on
+    // the build machines, that is reported, not failed.
+    let out = gkm(&["gpus", "--json", "--sysfs", &sysfs("no-gpu")]);
+    assert!(out.status.success(), "{out:?}");
+    let inv: gkm_gpu::Inventory = serde_json::from_slice(&out.stdout).unwrap();
+    match inv.nvml {
+        gkm_gpu::NvmlStatus::NoDriver { .. } => {
+            assert!(inv.gpus.is_empty(), "{:?}", inv.gpus);
+            let text = gkm(&["gpus", "--sysfs", &sysfs("no-gpu")]);
+            assert!(text.status.success(), "{text:?}");
+            let text = stdout(&text);
+            assert!(text.contains("No GPUs found."), "{text}");
+            assert!(text.contains("NVIDIA: no NVIDIA driver here"), "{text}");
+        }
+        gkm_gpu::NvmlStatus::Loaded { .. } => {}
+        other => panic!("NVML neither loaded nor absent: {other:?}"),
+    }
+}
+
+#[test]
+fn this_machine_lists_without_error() {
+    let out = gkm(&["gpus"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn text_output_shows_vfio_groups() {
+    let out = gkm(&[
+        "gpus",
+        "--no-nvml",
+        "--pci-ids",
+        &pci_ids(),
+        "--sysfs",
+        &sysfs("nvidia-vfio"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out).replace(&sysfs("nvidia-vfio"), "<sysfs>");
+    insta::assert_snapshot!("gpus-nvidia-vfio", text);
+}
+
+#[test]
+fn text_output_shows_gpus_and_mdevs() {
+    let out = gkm(&[
+        "gpus",
+        "--no-nvml",
+        "--pci-ids",
+        &pci_ids(),
+        "--sysfs",
+        &sysfs("nvidia-mdev"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    insta::assert_snapshot!("gpus-nvidia-mdev", stdout(&out));
+}
+
+#[test]
+fn labels_of_a_simulated_node() {
+    let file = repo().join("gkm-gpu/testdata/simulate/mixed.yaml");
+    let out = gkm(&[
+        "gpus",
+        "--simulate",
+        &file.display().to_string(),
+        "--labels",
+        "--vendor-labels",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.lines().any(|l| l == "gkm.io/gpu.count=6"), "{text}");
+    insta::assert_snapshot!("gpus-simulated-labels", text);
+}
+
+#[test]
+fn a_root_that_is_not_sysfs_fails_with_its_name() {
+    let out = gkm(&["gpus", "--sysfs", "/nonexistent-root"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent-root is not a sysfs tree"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_simulated_file_fails_with_the_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, "gpus:\n  - profile: T4\n  - profile: B9000\n").unwrap();
+    let out = gkm(&["gpus", "--simulate", &file.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GPU entry 1: unknown profile \"B9000\""),
+        "{err}"
+    );
+}

@@ -1,0 +1,2 @@
+//! Programs that embed gkm's crates; run one with
+//! `cargo run -p gkm-examples --example NAME`.

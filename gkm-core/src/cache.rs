@@ -1,0 +1,439 @@
+//! GPU kernel caches: their kinds, the manifest of compiled kernels a cache
+//! holds, and its summary (the distinct targets).
+//!
+//! The JSON forms here are the image format shared with GKM/MCV:
+//! `io.triton.manifest/manifest.json` is a [`CacheManifest`], and the
+//! `cache.triton.image/summary` label is a [`Summary`]. Reading them
+//! ([`CacheManifest::from_json`], [`Summary::from_label`],
+//! [`CacheEntry::from_kernel_json`]) is pure and never panics.
+//!
+//! # Layouts [`scan`] reads
+//!
+//! **Triton** (`~/.triton/cache`, `TRITON_CACHE_DIR`): one directory per
+//! cache key (base32 or hex). A compiled kernel's directory holds its
+//! metadata `<kernel>.json` (`hash`, `target{backend,arch,warp_size}`,
+//! `num_warps`, `num_stages`, `ptx_version`, `triton_version`…), the group
+//! file `__grp__<kernel>.json` and the artefacts (`.ttir`, `.ttgir`,
+//! `.llir`, `.ptx`, `.cubin`, `.amdgcn`, `.hsaco`…). Other directories hold
+//! compiled launcher and driver helpers (`__triton_launcher.so`,
+//! `cuda_utils.so`) or autotuning results (`<fn>.autotune.json`): they are
+//! not kernels and are neither listed nor counted.
+//!
+//! **vLLM** (`<VLLM_CACHE_ROOT>/torch_compile_cache/`): one directory per
+//! compilation hash, one `rank_<rank>_<dp_rank>/` per worker below it, in
+//! one of three layouts ([`VllmFormat`]), possibly mixed in one cache:
+//! - `triton`: `inductor_cache/` and `triton_cache/` (Triton cache
+//!   directories) in the rank directory, next to `vllm_compile_cache.py`;
+//! - `binary`: Inductor standalone artefacts,
+//!   `rank_*/<prefix>/artifact_compile_range_*` (older: `artifact_shape_*`)
+//!   next to `cache_key_factors.json`; a `binary` artefact is one file that
+//!   bundles its Triton kernels, an `unpacked` one a directory whose
+//!   `triton/` subdirectories are Triton cache directories;
+//! - `aot_compile`: `torch_compile_cache/torch_aot_compile/<hash>/rank_*/model`,
+//!   the whole compiled model in one file, possibly with a shared
+//!   `inductor_cache/` next to the rank directories.
+//!
+//! Kernels are found in Triton cache directories anywhere below a hash
+//! directory and, in single-file artefacts (`artifact_*`, `model`), by the
+//! kernel metadata JSON they embed verbatim (Triton writes it starting with
+//! `{"hash": `); such a kernel is filed under the artefact's path.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::{Arch, Backend};
+
+mod blob;
+mod files;
+mod kernel;
+mod manifest_json;
+mod triton;
+mod vllm;
+
+pub use kernel::ptx_isa_version;
+
+/// What produced a cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheKind {
+    /// A Triton cache (`~/.triton/cache`).
+    Triton,
+    /// A vLLM `torch_compile_cache`.
+    Vllm,
+}
+
+/// The layout of a vLLM cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VllmFormat {
+    /// Inductor artefacts with a `triton_cache/` per rank.
+    Triton,
+    /// Precompiled binary artefacts.
+    Binary,
+    /// `aot_compile` artefacts.
+    AotCompile,
+}
+
+/// The compile target of one kernel: backend, architecture and warp size.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Target {
+    /// Compiler backend.
+    #[serde(deserialize_with = "backend_from_str")]
+    pub backend: Backend,
+    /// Architecture.
+    pub arch: Arch,
+    /// Threads per warp.
+    pub warp_size: u32,
+    /// PTX ISA version the kernel was built with (CUDA only), e.g. 84 for 8.4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_version: Option<u32>,
+    /// CUDA toolkit version, when the cache records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
+    /// Triton version that compiled the kernels, when the cache records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triton_version: Option<String>,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.backend, self.arch, self.warp_size)
+    }
+}
+
+/// One compiled kernel in a cache, as `manifest.json` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    /// Triton's hash of the kernel source and options.
+    pub hash: String,
+    /// Where the kernel is filed: its Triton cache directory name, or for a
+    /// kernel bundled inside a vLLM binary artefact, that artefact's path
+    /// within the vLLM cache entry.
+    #[serde(default)]
+    pub dummy_key: String,
+    /// PTX ISA version (CUDA only), e.g. 84 for 8.4: the one Triton was told
+    /// to use or, when it chose the toolkit's default, the `.version` its PTX
+    /// declares.
+    #[serde(default)]
+    pub ptx_version: Option<u32>,
+    /// Software pipelining stages.
+    #[serde(default)]
+    pub num_stages: u32,
+    /// Warps per CTA.
+    #[serde(default)]
+    pub num_warps: u32,
+    /// Whether it was compiled in debug mode.
+    #[serde(default)]
+    pub debug: bool,
+    /// Compiler backend.
+    #[serde(deserialize_with = "backend_from_str")]
+    pub backend: Backend,
+    /// Architecture.
+    pub arch: Arch,
+    /// Threads per warp.
+    pub warp_size: u32,
+    /// Triton version that compiled it, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triton_version: Option<String>,
+    /// Kernel name, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// vLLM only: the `torch_compile_cache/<hash>` directory it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_hash: Option<String>,
+    /// vLLM only: the layout of the cache entry it was found in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_format: Option<VllmFormat>,
+}
+
+impl CacheEntry {
+    /// This kernel's compile target.
+    pub fn target(&self) -> Target {
+        Target {
+            backend: self.backend,
+            arch: self.arch.clone(),
+            warp_size: self.warp_size,
+            ptx_version: self.ptx_version,
+            cuda_version: None,
+            triton_version: self.triton_version.clone(),
+        }
+    }
+
+    /// The order manifests list entries in.
+    fn sort_key(&self) -> impl Ord + '_ {
+        (
+            &self.vllm_hash,
+            &self.dummy_key,
+            &self.name,
+            &self.hash,
+            &self.backend,
+            &self.arch,
+        )
+    }
+}
+
+/// Every compiled kernel in a cache (`manifest.json`).
+///
+/// Serialised as GKM/MCV do: `{"triton": [entries]}` for a Triton cache and,
+/// for a vLLM one, `{"vllm": [groups], "format": …}` where each group is
+/// `{"vllmHash", "cacheFormat", "triton": [entries]}`: the kernels of one
+/// `torch_compile_cache/<hash>` directory in one layout. Reading also accepts
+/// a flat list of entries under `"vllm"`; MCV's per-artefact `binary` and
+/// `aot_compile` lists carry no kernel and are skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheManifest {
+    /// Kernels of a Triton cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triton: Option<Vec<CacheEntry>>,
+    /// Kernels of a vLLM cache.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "manifest_json::vllm_groups"
+    )]
+    pub vllm: Option<Vec<CacheEntry>>,
+    /// The vLLM cache layout; when a cache mixes layouts, the first of
+    /// `aot_compile`, `binary`, `triton` it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<VllmFormat>,
+}
+
+impl CacheManifest {
+    /// Which kind of cache this manifest describes.
+    pub fn kind(&self) -> CacheKind {
+        if self.vllm.is_some() {
+            CacheKind::Vllm
+        } else {
+            CacheKind::Triton
+        }
+    }
+
+    /// All entries, whatever the kind.
+    pub fn entries(&self) -> &[CacheEntry] {
+        self.triton
+            .as_deref()
+            .or(self.vllm.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// The distinct targets of its kernels.
+    pub fn summary(&self) -> Summary {
+        Summary::new(self.entries().iter().map(CacheEntry::target))
+    }
+
+    /// Read a `manifest.json`. Never panics, whatever the bytes.
+    ///
+    /// ```
+    /// use gkm_core::cache::{CacheKind, CacheManifest};
+    /// let m = CacheManifest::from_json(br#"{"triton":[{"hash":"ab","dummy_key":"K",
+    ///     "ptx_version":84,"num_stages":3,"num_warps":4,"debug":false,
+    ///     "backend":"cuda","arch":"75","warp_size":32}]}"#).unwrap();
+    /// assert_eq!(m.kind(), CacheKind::Triton);
+    /// assert_eq!(m.summary().to_string(), "cuda/75/32");
+    /// assert!(CacheManifest::from_json(b"{\"triton\": 1}").is_err());
+    /// ```
+    pub fn from_json(bytes: &[u8]) -> Result<CacheManifest, CacheError> {
+        let mut manifest: CacheManifest =
+            serde_json::from_slice(bytes).map_err(|e| CacheError::Invalid {
+                what: "manifest.json",
+                reason: e.to_string(),
+            })?;
+        if manifest.triton.is_some() && manifest.vllm.is_some() {
+            return Err(CacheError::Invalid {
+                what: "manifest.json",
+                reason: "lists both \"triton\" and \"vllm\" kernels; expected one kind".into(),
+            });
+        }
+        manifest.normalise();
+        Ok(manifest)
+    }
+
+    /// The `manifest.json` bytes: pretty-printed, entries in a fixed order.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut normalised = self.clone();
+        normalised.normalise();
+        // Serialising these types cannot fail: every map key is a string.
+        serde_json::to_vec_pretty(&normalised).unwrap_or_default()
+    }
+
+    /// Sort the entries so equal caches give equal manifests.
+    fn normalise(&mut self) {
+        for list in [&mut self.triton, &mut self.vllm].into_iter().flatten() {
+            list.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        }
+    }
+}
+
+/// The distinct targets of a cache (`cache.triton.image/summary`).
+///
+/// Its JSON form is the image label: `{"targets":[{"backend","arch",
+/// "warp_size","ptx_version"?,"cuda_version"?,"triton_version"?}]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Sorted, without duplicates.
+    #[serde(default, deserialize_with = "manifest_json::null_as_empty")]
+    pub targets: Vec<Target>,
+}
+
+impl Summary {
+    /// A summary of these targets, sorted and without duplicates.
+    pub fn new(targets: impl IntoIterator<Item = Target>) -> Summary {
+        let targets: BTreeSet<Target> = targets.into_iter().collect();
+        Summary {
+            targets: targets.into_iter().collect(),
+        }
+    }
+
+    /// Read a summary label. Never panics, whatever the string.
+    ///
+    /// ```
+    /// use gkm_core::cache::Summary;
+    /// let s = Summary::from_label(r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64},
+    ///     {"backend":"cuda","arch":"sm_75","warp_size":32}]}"#).unwrap();
+    /// assert_eq!(s.to_string(), "cuda/75/32, hip/gfx90a/64");
+    /// assert_eq!(Summary::from_label(&s.to_label()).unwrap(), s);
+    /// assert!(Summary::from_label("cuda/75/32").is_err());
+    /// ```
+    pub fn from_label(label: &str) -> Result<Summary, CacheError> {
+        let summary: Summary = serde_json::from_str(label).map_err(|e| CacheError::Invalid {
+            what: "summary label",
+            reason: e.to_string(),
+        })?;
+        Ok(Summary::new(summary.targets))
+    }
+
+    /// The label value: compact JSON.
+    pub fn to_label(&self) -> String {
+        // Serialising these types cannot fail: every map key is a string.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, t) in self.targets.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads a backend the way [`Backend::from_str`](std::str::FromStr) does, so
+/// MCV's `rocm` reads as `hip`.
+fn backend_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backend, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
+}
+
+/// Why a directory could not be read as a cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// A file or directory could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// What was being read.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The directory is not a cache gkm knows.
+    #[error("{path} is not a kernel cache: expected {expected}")]
+    NotACache {
+        /// The directory.
+        path: PathBuf,
+        /// What gkm looked for.
+        expected: String,
+    },
+    /// A document (kernel metadata, `manifest.json`, a summary label) could
+    /// not be parsed.
+    #[error("invalid {what}: {reason}")]
+    Invalid {
+        /// What was being parsed.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A kernel's metadata could not be parsed.
+    #[error("{path}: invalid kernel metadata: {reason}")]
+    BadMetadata {
+        /// The metadata file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Directories an extracted GKM/MCV image holds its cache tree in.
+const IMAGE_CACHE_DIRS: [&str; 2] = ["io.triton.cache", "io.vllm.cache"];
+
+/// Scan a cache directory (Triton or vLLM) into its manifest.
+///
+/// See [the layouts](self#layouts-scan-reads). `dir` may be:
+/// - a Triton cache (`~/.triton/cache`): hash directories holding compiled
+///   kernels;
+/// - a vLLM cache: the `torch_compile_cache` directory, its parent (vLLM's
+///   cache root), or one `torch_compile_cache/<hash>` directory;
+/// - an extracted GKM/MCV image: a directory holding `io.triton.cache/` or
+///   `io.vllm.cache/`.
+///
+/// Entries are sorted, so the same tree always gives the same manifest.
+/// Files that are not kernels (launcher and driver helpers, autotuning
+/// results, Inductor's generated Python) are not listed. Symbolic links
+/// inside the cache are not followed.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let key = dir.path().join("5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ");
+/// std::fs::create_dir(&key)?;
+/// std::fs::write(key.join("add_kernel.json"), br#"{"hash":"edbe","name":"add_kernel",
+///     "target":{"backend":"cuda","arch":75,"warp_size":32},"num_warps":4,"num_stages":3}"#)?;
+/// std::fs::write(key.join("__grp__add_kernel.json"), b"{}")?;
+/// std::fs::write(key.join("add_kernel.ptx"), b".version 8.4\n.target sm_75\n")?;
+///
+/// let manifest = gkm_core::cache::scan(dir.path())?;
+/// assert_eq!(manifest.entries().len(), 1);
+/// assert_eq!(manifest.entries()[0].ptx_version, Some(84));
+/// assert_eq!(manifest.summary().to_string(), "cuda/75/32");
+///
+/// let err = gkm_core::cache::scan(&key).unwrap_err();
+/// assert!(err.to_string().contains("is not a kernel cache"));
+/// # Ok(()) }
+/// ```
+pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
+    let meta = std::fs::metadata(dir).map_err(|source| CacheError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(CacheError::NotACache {
+            path: dir.to_path_buf(),
+            expected: "a directory".into(),
+        });
+    }
+    for name in IMAGE_CACHE_DIRS {
+        let inner = dir.join(name);
+        if inner.is_dir() {
+            return scan(&inner);
+        }
+    }
+    if let Some(manifest) = vllm::scan(dir)? {
+        return Ok(manifest);
+    }
+    if let Some(entries) = triton::scan_root(dir)? {
+        return Ok(CacheManifest {
+            triton: Some(entries),
+            vllm: None,
+            format: None,
+        });
+    }
+    Err(CacheError::NotACache {
+        path: dir.to_path_buf(),
+        expected: format!("{} or {}", triton::EXPECTED, vllm::EXPECTED),
+    })
+}

@@ -1,0 +1,229 @@
+//! Scanning a vLLM `torch_compile_cache` (layouts: see the
+//! [`cache`](super) module).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::files::{files, subdirs};
+use super::{CacheEntry, CacheError, CacheManifest, VllmFormat, blob, triton};
+
+/// What a vLLM cache directory is expected to hold, for error messages.
+pub(crate) const EXPECTED: &str = "a vLLM cache: torch_compile_cache/<hash>/rank_<rank>_<dp_rank>/ \
+    (the torch_compile_cache directory, its parent, or one <hash> directory)";
+
+/// vLLM's name for its compile cache directory.
+const COMPILE_CACHE_DIR: &str = "torch_compile_cache";
+
+/// The directory `aot_compile` hash directories live in.
+const AOT_DIR: &str = "torch_aot_compile";
+
+/// The file an `aot_compile` rank directory holds the model in.
+const AOT_MODEL: &str = "model";
+
+/// Prefix of Inductor standalone artefacts.
+const ARTIFACT_PREFIX: &str = "artifact_";
+
+/// Prefix of the directories Triton writes a kernel's files into before
+/// moving them in place; what is left of one is not part of the cache.
+const TEMP_PREFIX: &str = "tmp.pid_";
+
+/// How deep below a hash directory kernels are looked for.
+const MAX_DEPTH: usize = 12;
+
+/// The manifest of the vLLM cache at `dir`, or `None` when `dir` is not laid
+/// out as one.
+pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
+    let nested = dir.join(COMPILE_CACHE_DIR);
+    let hash_dirs = if nested.is_dir() {
+        let found = hash_dirs(&nested)?;
+        if found.is_empty() {
+            return Err(CacheError::NotACache {
+                path: nested,
+                expected: EXPECTED.into(),
+            });
+        }
+        found
+    } else if is_compile_cache_dir(dir)? {
+        hash_dirs(dir)?
+    } else if has_rank_dirs(dir)? {
+        let aot = dir
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == AOT_DIR);
+        vec![(dir.to_path_buf(), aot)]
+    } else {
+        return Ok(None);
+    };
+    let mut entries = Vec::new();
+    let mut formats = Vec::new();
+    for (hash_dir, aot) in hash_dirs {
+        let (format, found) = scan_hash_dir(&hash_dir, aot)?;
+        formats.push(format);
+        entries.extend(found);
+    }
+    let format = [
+        VllmFormat::AotCompile,
+        VllmFormat::Binary,
+        VllmFormat::Triton,
+    ]
+    .into_iter()
+    .find(|f| formats.contains(f));
+    let mut manifest = CacheManifest {
+        triton: None,
+        vllm: Some(entries),
+        format,
+    };
+    manifest.normalise();
+    Ok(Some(manifest))
+}
+
+/// Whether `dir` is a `torch_compile_cache` directory: it holds
+/// `torch_aot_compile/` or a hash directory with rank directories.
+fn is_compile_cache_dir(dir: &Path) -> Result<bool, CacheError> {
+    for sub in subdirs(dir)? {
+        if sub.file_name().is_some_and(|n| n == AOT_DIR) || has_rank_dirs(&sub)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The hash directories of a `torch_compile_cache`, with whether they are
+/// `aot_compile` ones; directories without rank directories are skipped.
+fn hash_dirs(compile_cache: &Path) -> Result<Vec<(PathBuf, bool)>, CacheError> {
+    let mut out = Vec::new();
+    for sub in subdirs(compile_cache)? {
+        if sub.file_name().is_some_and(|n| n == AOT_DIR) {
+            for aot in subdirs(&sub)? {
+                if has_rank_dirs(&aot)? {
+                    out.push((aot, true));
+                }
+            }
+        } else if has_rank_dirs(&sub)? {
+            out.push((sub, false));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `dir` holds a `rank_<rank>_<dp_rank>` directory.
+fn has_rank_dirs(dir: &Path) -> Result<bool, CacheError> {
+    Ok(subdirs(dir)?.iter().any(|d| {
+        d.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_rank_dir)
+    }))
+}
+
+/// `rank_<digits>_<digits>`.
+fn is_rank_dir(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("rank_") else {
+        return false;
+    };
+    let mut parts = rest.split('_');
+    let digits =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
+}
+
+/// The layout and kernels of one hash directory.
+fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<(VllmFormat, Vec<CacheEntry>), CacheError> {
+    let vllm_hash = hash_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let mut walk = Walk {
+        root: hash_dir,
+        aot,
+        artefacts: false,
+        entries: Vec::new(),
+    };
+    walk.dir(hash_dir, 0)?;
+    let format = if aot {
+        VllmFormat::AotCompile
+    } else if walk.artefacts {
+        VllmFormat::Binary
+    } else {
+        VllmFormat::Triton
+    };
+    let mut entries = walk.entries;
+    for entry in &mut entries {
+        entry.vllm_hash.clone_from(&vllm_hash);
+        entry.cache_format = Some(format);
+    }
+    entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    entries.dedup();
+    Ok((format, entries))
+}
+
+/// A walk of one hash directory.
+struct Walk<'a> {
+    root: &'a Path,
+    aot: bool,
+    /// Whether an Inductor standalone artefact was seen.
+    artefacts: bool,
+    entries: Vec<CacheEntry>,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dir: &Path, depth: usize) -> Result<(), CacheError> {
+        self.entries.extend(triton::scan_key_dir(dir)?);
+        for name in files(dir)? {
+            let artefact = name.starts_with(ARTIFACT_PREFIX);
+            self.artefacts |= artefact;
+            if artefact || (self.aot && name == AOT_MODEL) {
+                self.blob(&dir.join(name))?;
+            }
+        }
+        if depth >= MAX_DEPTH {
+            return Ok(());
+        }
+        for sub in subdirs(dir)? {
+            if sub
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(TEMP_PREFIX))
+            {
+                continue;
+            }
+            self.artefacts |= sub
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(ARTIFACT_PREFIX));
+            self.dir(&sub, depth + 1)?;
+        }
+        Ok(())
+    }
+
+    /// Kernels bundled in a single-file artefact, filed under its path.
+    fn blob(&mut self, path: &Path) -> Result<(), CacheError> {
+        let io = |source| CacheError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let found = blob::kernels_in(File::open(path).map_err(io)?).map_err(io)?;
+        let key = path
+            .strip_prefix(self.root)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .into_owned();
+        self.entries.extend(found.into_iter().map(|mut e| {
+            e.dummy_key.clone_from(&key);
+            e
+        }));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_dirs() {
+        assert!(is_rank_dir("rank_0_0"));
+        assert!(is_rank_dir("rank_12_3"));
+        for bad in ["rank_0", "rank__0", "rank_0_0_0", "rank_a_0", "ranks_0_0"] {
+            assert!(!is_rank_dir(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Checking the real fixture caches against GPUs as discovery reports them.
+
+mod common;
+
+use common::fixture;
+use gkm_core::cache;
+use gkm_core::compat::{CheckOptions, CudaArchRule, Reason, check_manifest, check_summary};
+use gkm_core::{Backend, Gpu, Vendor};
+
+fn nvidia(index: u32, product: &str, arch: &str, cuda: &str) -> Gpu {
+    Gpu {
+        index,
+        vendor: Vendor::Nvidia,
+        product: product.into(),
+        backend: Some(Backend::Cuda),
+        arch: Some(arch.parse().unwrap()),
+        warp_size: Some(32),
+        toolkit_version: Some(cuda.into()),
+        uuid: Some(format!("GPU-{index:08}")),
+        ..Default::default()
+    }
+}
+
+fn amd(index: u32, product: &str, arch: &str) -> Gpu {
+    Gpu {
+        index,
+        vendor: Vendor::Amd,
+        product: product.into(),
+        backend: Some(Backend::Hip),
+        arch: Some(arch.parse().unwrap()),
+        warp_size: Some(64),
+        ..Default::default()
+    }
+}
+
+fn node() -> Vec<Gpu> {
+    vec![
+        nvidia(0, "Tesla T4", "7.5", "12.4"),
+        nvidia(1, "NVIDIA A100-SXM4-80GB", "8.0", "12.4"),
+        nvidia(2, "Tesla T4", "7.5", "12.2"),
+        amd(3, "AMD Instinct MI210", "gfx90a"),
+        Gpu {
+            index: 4,
+            vendor: Vendor::Nvidia,
+            product: "Tesla T4".into(),
+            kernel_driver: Some("vfio-pci".into()),
+            ..Default::default()
+        },
+    ]
+}
+
+#[test]
+fn cuda_cache_on_a_mixed_node() {
+    let manifest = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let report = check_manifest(&manifest, &node(), &CheckOptions::default());
+    assert!(report.compatible);
+    let compatible: Vec<u32> = report.compatible_gpus().map(|g| g.index).collect();
+    assert_eq!(compatible, [0], "only the T4 whose driver knows PTX 8.4");
+    insta::assert_snapshot!(report.to_string());
+    insta::assert_json_snapshot!(report);
+}
+
+#[test]
+fn binary_compatibility_lets_sm75_kernels_run_on_sm75_only() {
+    let manifest = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let options = CheckOptions {
+        cuda_arch_rule: CudaArchRule::BinaryCompatible,
+        ..Default::default()
+    };
+    let gpus = [
+        nvidia(0, "RTX 2080", "7.5", "12.4"),
+        nvidia(1, "RTX 3090", "8.6", "12.4"),
+    ];
+    let report = check_manifest(&manifest, &gpus, &options);
+    assert!(report.gpus[0].compatible);
+    // 7.5 → 8.6 crosses a major version: no binary compatibility.
+    assert!(matches!(
+        report.gpus[1].mismatches[0].reasons[..],
+        [Reason::ArchMismatch { .. }]
+    ));
+}
+
+#[test]
+fn rocm_cache_checks_the_triton_version_it_records() {
+    let manifest = cache::scan(&fixture("triton-vector-add-rocm-gfx90a")).unwrap();
+    let gpus = [
+        amd(0, "AMD Instinct MI210", "gfx90a"),
+        amd(1, "AMD Instinct MI300X", "gfx942"),
+    ];
+    let same = CheckOptions {
+        triton_version: Some("3.2.0".into()),
+        ..Default::default()
+    };
+    let report = check_manifest(&manifest, &gpus, &same);
+    assert_eq!(
+        report
+            .compatible_gpus()
+            .map(|g| g.index)
+            .collect::<Vec<_>>(),
+        [0]
+    );
+
+    let other = CheckOptions {
+        triton_version: Some("3.3.1".into()),
+        ..Default::default()
+    };
+    let report = check_manifest(&manifest, &gpus, &other);
+    assert!(!report.compatible);
+    insta::assert_snapshot!(report.to_string());
+}
+
+#[test]
+fn vllm_cache_and_empty_inputs() {
+    let manifest = cache::scan(&fixture("vllm-torch-compile-inductor")).unwrap();
+    let report = check_manifest(
+        &manifest,
+        &[amd(0, "AMD Instinct MI250X", "gfx90a")],
+        &CheckOptions::default(),
+    );
+    assert!(report.compatible);
+
+    let report = check_manifest(&manifest, &[], &CheckOptions::default());
+    assert!(!report.compatible);
+    assert_eq!(report.reasons, [Reason::NoGpus]);
+
+    let report = check_summary(
+        &cache::Summary::default(),
+        &node(),
+        &CheckOptions::default(),
+    );
+    assert!(!report.compatible);
+    assert_eq!(report.reasons, [Reason::NoTargets]);
+    assert_eq!(
+        report.to_string().lines().next(),
+        Some("incompatible: the cache holds no compiled kernel")
+    );
+}

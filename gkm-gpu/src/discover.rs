@@ -1,0 +1,268 @@
+//! Putting the sources together: sysfs PCI, KFD, NVML, VFIO and mdev.
+
+use std::path::{Path, PathBuf};
+
+use gkm_core::{Arch, Backend, Gpu, Vendor};
+
+use crate::amd::{self, KfdNode};
+use crate::inventory::Inventory;
+use crate::nvidia::{self, NvmlReport};
+use crate::pci::{self, PciDevice, read_trimmed};
+use crate::pci_ids::{PciIds, PciIdsSource};
+use crate::{Error, simulate, vfio};
+
+/// Where and how [`discover`] looks.
+///
+/// ```
+/// let opts = gkm_gpu::DiscoveryOptions::default();
+/// assert_eq!(opts.sysfs_root, std::path::Path::new("/sys"));
+/// assert!(opts.nvml);
+/// let test = gkm_gpu::DiscoveryOptions { sysfs_root: "testdata/sysfs/no-gpu".into(), nvml: false, ..Default::default() };
+/// # let _ = test;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryOptions {
+    /// The sysfs root, `/sys` on a node; a captured tree in tests.
+    pub sysfs_root: PathBuf,
+    /// Whether to ask NVML (loaded at run time) about NVIDIA GPUs.
+    pub nvml: bool,
+    /// Read this simulated inventory file instead of looking at the node.
+    pub simulate: Option<PathBuf>,
+    /// Where PCI device names come from.
+    pub pci_ids: PciIdsSource,
+}
+
+impl Default for DiscoveryOptions {
+    fn default() -> Self {
+        DiscoveryOptions {
+            sysfs_root: PathBuf::from("/sys"),
+            nvml: true,
+            simulate: None,
+            pci_ids: PciIdsSource::System,
+        }
+    }
+}
+
+/// Finds the node's GPUs, VFIO passthrough devices and vGPUs.
+///
+/// With `simulate` set, returns that file's inventory (see
+/// [`crate::simulate`]). Otherwise scans `sysfs_root`: PCI functions, AMD's
+/// KFD topology, VFIO bindings and mdevs, and NVML when `nvml` is set. A
+/// missing NVIDIA library is reported in [`Inventory::nvml`], not as an error;
+/// a malformed device is left out with a warning. Only a root that is not a
+/// sysfs tree, or an unreadable PCI IDs file that was asked for, is an error.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// std::fs::create_dir_all(dir.path().join("bus/pci/devices")).unwrap();
+/// let inventory = gkm_gpu::discover(&gkm_gpu::DiscoveryOptions {
+///     sysfs_root: dir.path().into(),
+///     nvml: false,
+///     ..Default::default()
+/// })?;
+/// assert!(inventory.gpus.is_empty());
+/// # Ok::<(), gkm_gpu::Error>(())
+/// ```
+pub fn discover(opts: &DiscoveryOptions) -> Result<Inventory, Error> {
+    if let Some(path) = &opts.simulate {
+        return simulate::load(path);
+    }
+    let ids = PciIds::open(&opts.pci_ids)?;
+    let mut warnings = Vec::new();
+    let devices = pci::scan(&opts.sysfs_root, &mut warnings)?;
+    let kfd = amd::read_topology(&opts.sysfs_root, &mut warnings);
+    let nvml = if opts.nvml {
+        nvidia::query()
+    } else {
+        NvmlReport::default()
+    };
+    Ok(assemble(
+        &opts.sysfs_root,
+        &devices,
+        &ids,
+        &kfd,
+        nvml,
+        warnings,
+    ))
+}
+
+/// Which kind of accelerator a PCI function is, if any.
+fn accelerator_backend(dev: &PciDevice) -> Option<Backend> {
+    match dev.vendor_id {
+        0x10de if dev.is_display() => Some(Backend::Cuda),
+        // MI300-series parts are processing accelerators (class 0x1200).
+        0x1002 if dev.is_display() || dev.is_accelerator() => Some(Backend::Hip),
+        0x8086 if dev.is_display() => Some(Backend::Xpu),
+        0x1da3 if dev.is_accelerator() => Some(Backend::Hpu),
+        _ => None,
+    }
+}
+
+/// The drivers through which each backend runs kernels.
+fn compute_drivers(backend: Backend) -> &'static [&'static str] {
+    match backend {
+        Backend::Cuda => &["nvidia"],
+        Backend::Hip => &["amdgpu"],
+        Backend::Xpu => &["i915", "xe"],
+        Backend::Hpu => &["habanalabs"],
+    }
+}
+
+pub(crate) fn assemble(
+    root: &Path,
+    devices: &[PciDevice],
+    ids: &PciIds,
+    kfd: &[KfdNode],
+    nvml: NvmlReport,
+    mut warnings: Vec<String>,
+) -> Inventory {
+    let mut inventory = Inventory {
+        nvml: nvml.status,
+        ..Inventory::default()
+    };
+    warnings.extend(nvml.warnings);
+    let mut nvml_gpus = nvml.gpus;
+    for dev in devices {
+        let Some(kind) = accelerator_backend(dev) else {
+            continue;
+        };
+        if dev.is_vfio() {
+            let v = vfio::vfio_device(dev, devices, ids);
+            if !v.group_viable {
+                warnings.push(format!(
+                    "{} is bound to {} but IOMMU group {} has members bound to host drivers; it cannot be passed through as is",
+                    v.pci_address,
+                    v.driver,
+                    v.iommu_group.map_or_else(|| "?".into(), |g| g.to_string())
+                ));
+            }
+            inventory.vfio.push(v);
+            continue;
+        }
+        let bound = dev
+            .driver
+            .as_deref()
+            .is_some_and(|d| compute_drivers(kind).contains(&d));
+        let mut gpu = Gpu {
+            vendor: Vendor::from_pci_id(dev.vendor_id),
+            product: ids.product(dev.vendor_id, dev.device_id),
+            backend: bound.then_some(kind),
+            pci_address: Some(dev.address.clone()),
+            pci_id: Some(dev.pci_id()),
+            kernel_driver: dev.driver.clone(),
+            numa_node: dev.numa_node,
+            driver_version: dev.driver.as_deref().and_then(|d| module_version(root, d)),
+            ..Gpu::default()
+        };
+        match (&dev.driver, bound) {
+            (None, _) => warnings.push(format!(
+                "{} {} has no driver bound; no {kind} kernels can run on it",
+                dev.address, gpu.product
+            )),
+            (Some(driver), false) => warnings.push(format!(
+                "{} {} is bound to {driver}, not {}; no {kind} kernels can run on it",
+                dev.address,
+                gpu.product,
+                compute_drivers(kind).join(" or ")
+            )),
+            _ => {}
+        }
+        match kind {
+            Backend::Cuda => {
+                gpu.warp_size = Some(32);
+                gpu.arch = nvidia::compute_capability(dev.device_id)
+                    .map(|(major, minor)| Arch::from_compute_capability(major, minor));
+                if let Some(pos) = nvml_gpus
+                    .iter()
+                    .position(|n| n.pci_address.as_deref() == Some(dev.address.as_str()))
+                {
+                    apply_nvml(&mut gpu, nvml_gpus.remove(pos), &inventory.nvml);
+                }
+            }
+            Backend::Hip => {
+                if let Some(name) = read_trimmed(&dev.path.join("product_name"))
+                    .ok()
+                    .flatten()
+                    .filter(|n| !n.is_empty())
+                {
+                    gpu.product = name;
+                }
+                let node = kfd.iter().find(|n| n.pci_address == dev.address);
+                match node {
+                    Some(node) => {
+                        gpu.arch = node.arch.clone();
+                        gpu.warp_size = node.wavefront_size;
+                        gpu.memory_bytes = node.memory_bytes;
+                    }
+                    None if bound => warnings.push(format!(
+                        "{} {} is on amdgpu but has no KFD topology node; its gfx target is unknown",
+                        dev.address, gpu.product
+                    )),
+                    None => {}
+                }
+                if let Some(vram) = read_trimmed(&dev.path.join("mem_info_vram_total"))
+                    .ok()
+                    .flatten()
+                    .and_then(|t| t.parse::<u64>().ok())
+                {
+                    gpu.memory_bytes = Some(vram);
+                }
+            }
+            Backend::Xpu | Backend::Hpu => {}
+        }
+        inventory.gpus.push(gpu);
+    }
+    // NVML devices sysfs did not show (a container with a partial /sys).
+    for n in nvml_gpus {
+        warnings.push(format!(
+            "NVML reports a GPU at {} that sysfs does not list",
+            n.pci_address.as_deref().unwrap_or("an unknown address")
+        ));
+        let mut gpu = Gpu {
+            vendor: Vendor::Nvidia,
+            product: "NVIDIA GPU".into(),
+            backend: Some(Backend::Cuda),
+            warp_size: Some(32),
+            pci_address: n.pci_address.clone(),
+            ..Gpu::default()
+        };
+        apply_nvml(&mut gpu, n, &inventory.nvml);
+        inventory.gpus.push(gpu);
+    }
+    for (i, gpu) in inventory.gpus.iter_mut().enumerate() {
+        gpu.index = u32::try_from(i).unwrap_or(u32::MAX);
+    }
+    inventory.mdevs = vfio::read_mdevs(root, devices, ids, &mut warnings);
+    inventory.warnings = warnings;
+    inventory
+}
+
+fn apply_nvml(gpu: &mut Gpu, n: nvidia::NvmlGpu, status: &crate::NvmlStatus) {
+    if let Some(name) = n.name {
+        gpu.product = name;
+    }
+    gpu.uuid = n.uuid.or(gpu.uuid.take());
+    gpu.arch = n.arch.or(gpu.arch.take());
+    gpu.memory_bytes = n.memory_bytes.or(gpu.memory_bytes);
+    gpu.mig_mode = n.mig_mode;
+    if let crate::NvmlStatus::Loaded {
+        driver_version,
+        cuda_driver_version,
+        ..
+    } = status
+    {
+        if !driver_version.is_empty() {
+            gpu.driver_version = Some(driver_version.clone());
+        }
+        gpu.toolkit_version = cuda_driver_version.clone();
+    }
+}
+
+/// `ROOT/module/<driver>/version` (`nvidia` → `550.54.15`).
+fn module_version(root: &Path, driver: &str) -> Option<String> {
+    let module = driver.replace('-', "_");
+    read_trimmed(&root.join("module").join(module).join("version"))
+        .ok()
+        .flatten()
+        .filter(|v| !v.is_empty())
+}

@@ -1,0 +1,197 @@
+//! NVIDIA GPUs through NVML, loaded at run time.
+//!
+//! A node without `libnvidia-ml.so.1`, or without the kernel driver loaded,
+//! has no NVIDIA driver: that is a state, not an error.
+
+use gkm_core::Arch;
+use gkm_core::gpu::MigMode;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+
+use crate::inventory::NvmlStatus;
+
+/// One GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlGpu {
+    /// `GPU-…`.
+    pub uuid: Option<String>,
+    /// Marketing name, `NVIDIA H100 80GB HBM3`.
+    pub name: Option<String>,
+    /// From the CUDA compute capability.
+    pub arch: Option<Arch>,
+    /// Total device memory.
+    pub memory_bytes: Option<u64>,
+    /// PCI address in sysfs form, `0000:3b:00.0`.
+    pub pci_address: Option<String>,
+    /// Current MIG mode, for GPUs that support MIG.
+    pub mig_mode: Option<MigMode>,
+}
+
+/// What NVML said: its status and the GPUs it listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NvmlReport {
+    /// Loaded, no driver, or failed.
+    pub status: NvmlStatus,
+    /// The GPUs, in NVML's order.
+    pub gpus: Vec<NvmlGpu>,
+    /// Per-device problems.
+    pub warnings: Vec<String>,
+}
+
+/// Asks NVML for the node's NVIDIA GPUs.
+pub fn query() -> NvmlReport {
+    let nvml = match Nvml::init() {
+        Ok(nvml) => nvml,
+        Err(e) if means_no_driver(&e) => {
+            return NvmlReport {
+                status: NvmlStatus::NoDriver {
+                    reason: e.to_string(),
+                },
+                ..NvmlReport::default()
+            };
+        }
+        Err(e) => {
+            return NvmlReport {
+                status: NvmlStatus::Failed {
+                    reason: e.to_string(),
+                },
+                warnings: vec![format!("NVML failed to start: {e}")],
+                ..NvmlReport::default()
+            };
+        }
+    };
+    let mut report = NvmlReport::default();
+    let driver_version = nvml.sys_driver_version().unwrap_or_default();
+    let cuda_driver_version = nvml.sys_cuda_driver_version().ok().map(cuda_version_string);
+    let count = match nvml.device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            report.status = NvmlStatus::Failed {
+                reason: format!("cannot count devices: {e}"),
+            };
+            report
+                .warnings
+                .push(format!("NVML cannot count devices: {e}"));
+            return report;
+        }
+    };
+    for index in 0..count {
+        let device = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(e) => {
+                report.warnings.push(format!("NVML device {index}: {e}"));
+                continue;
+            }
+        };
+        report.gpus.push(NvmlGpu {
+            uuid: device.uuid().ok(),
+            name: device.name().ok(),
+            arch: device.cuda_compute_capability().ok().and_then(|cc| {
+                Some(Arch::from_compute_capability(
+                    cc.major.try_into().ok()?,
+                    cc.minor.try_into().ok()?,
+                ))
+            }),
+            memory_bytes: device.memory_info().ok().map(|m| m.total),
+            pci_address: device
+                .pci_info()
+                .ok()
+                .and_then(|p| normalise_bus_id(&p.bus_id)),
+            mig_mode: device.mig_mode().ok().map(|m| {
+                if m.current == 1 {
+                    MigMode::Enabled
+                } else {
+                    MigMode::Disabled
+                }
+            }),
+        });
+    }
+    report.status = NvmlStatus::Loaded {
+        driver_version,
+        cuda_driver_version,
+        device_count: count,
+    };
+    report
+}
+
+fn means_no_driver(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::LibloadingError(_)
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::LibraryNotFound
+            | NvmlError::DriverNotLoaded
+    )
+}
+
+/// NVML's CUDA driver version number as `major.minor`: 12040 → `12.4`.
+pub fn cuda_version_string(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+/// NVML's bus id (`00000000:3B:00.0`) in sysfs form (`0000:3b:00.0`).
+///
+/// ```
+/// assert_eq!(gkm_gpu::nvidia::normalise_bus_id("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
+/// assert_eq!(gkm_gpu::nvidia::normalise_bus_id("0000:3b:00.0").as_deref(), Some("0000:3b:00.0"));
+/// assert_eq!(gkm_gpu::nvidia::normalise_bus_id("junk"), None);
+/// ```
+pub fn normalise_bus_id(bus_id: &str) -> Option<String> {
+    let lower = bus_id.trim().trim_end_matches('\0').to_ascii_lowercase();
+    let (domain, rest) = lower.split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let address = format!("{:04x}:{rest}", domain & 0xffff);
+    crate::pci::is_pci_address(&address).then_some(address)
+}
+
+/// The CUDA compute capability of an NVIDIA data-center GPU by PCI device
+/// id, for when NVML is not there to ask.
+///
+/// ```
+/// assert_eq!(gkm_gpu::nvidia::compute_capability(0x2330), Some((9, 0)));
+/// assert_eq!(gkm_gpu::nvidia::compute_capability(0x1eb8), Some((7, 5)));
+/// ```
+pub fn compute_capability(device_id: u16) -> Option<(u32, u32)> {
+    Some(match device_id {
+        0x1db1..=0x1db8 | 0x1df6 => (7, 0),
+        0x1eb8 => (7, 5),
+        0x20b0..=0x20b7 | 0x20f1 | 0x20f3 | 0x20f5 => (8, 0),
+        0x2235..=0x2237 => (8, 6),
+        0x26b5 | 0x26b9 | 0x27b8 => (8, 9),
+        0x2321..=0x2324 | 0x2330 | 0x2331 | 0x2335 | 0x2342 => (9, 0),
+        0x2901 => (10, 0),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_versions_read_as_major_minor() {
+        assert_eq!(cuda_version_string(12040), "12.4");
+        assert_eq!(cuda_version_string(11080), "11.8");
+        assert_eq!(cuda_version_string(13000), "13.0");
+    }
+
+    #[test]
+    fn without_a_driver_nvml_reports_no_driver_not_failure() {
+        // This machine may or may not have an NVIDIA driver; either way the
+        // call returns a state, and a failure to load is never `Failed`.
+        let report = query();
+        match &report.status {
+            NvmlStatus::Loaded { device_count, .. } => {
+                assert_eq!(
+                    *device_count as usize,
+                    report.gpus.len() + report.warnings.len()
+                )
+            }
+            NvmlStatus::NoDriver { reason } => {
+                assert!(!reason.is_empty());
+                assert!(report.gpus.is_empty());
+            }
+            other => panic!("unexpected NVML status {other:?}"),
+        }
+    }
+}

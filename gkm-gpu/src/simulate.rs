@@ -1,0 +1,440 @@
+//! Simulated inventories: GPUs read from a file, for clusters without GPUs
+//! and for tests.
+//!
+//! The file is YAML (or JSON, by its `.json` extension) with a `gpus` list.
+//! Each entry names a [profile](PROFILES) with an optional `count`, or gives
+//! the GPU's fields in full (`vendor` and `product` at least); fields given
+//! next to a profile override it. The field names are those of
+//! [`gkm_core::Gpu`] in JSON (`warpSize`, `memoryBytes`, `driverVersion`…),
+//! so the output of `gkm gpus --json` is itself a valid file. Optional `vfio`
+//! and `mdevs` lists are read as [`crate::VfioDevice`] and
+//! [`crate::MdevDevice`]; other top-level keys are ignored. GPUs are numbered
+//! in file order; an `index` in an entry is ignored.
+//!
+//! ```yaml
+//! gpus:
+//!   - profile: H100
+//!     count: 8
+//!   - profile: MI300X
+//!     driverVersion: "6.8.5"
+//!   - vendor: nvidia
+//!     product: NVIDIA A40
+//!     backend: cuda
+//!     arch: sm_86
+//!     warpSize: 32
+//!     memoryBytes: 48305799168
+//! ```
+//!
+//! ```
+//! let inventory = gkm_gpu::simulate::parse("gpus:\n  - profile: T4\n    count: 2\n", "gpus.yaml".as_ref())?;
+//! assert_eq!(inventory.gpus.len(), 2);
+//! assert_eq!(inventory.gpus[1].describe(), "1 Tesla T4 (cuda/75/32)");
+//! assert!(inventory.simulated);
+//! # Ok::<(), gkm_gpu::Error>(())
+//! ```
+
+use std::path::Path;
+
+use gkm_core::gpu::MigMode;
+use gkm_core::{Arch, Backend, Gpu, Vendor};
+use serde::Deserialize;
+
+use crate::Error;
+use crate::inventory::{Inventory, MdevDevice, VfioDevice};
+
+/// The most GPUs one entry may ask for.
+pub const MAX_COUNT: u32 = 1024;
+
+/// A named GPU to simulate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    /// The name used in files, `H100`.
+    pub name: &'static str,
+    /// Other accepted names.
+    pub aliases: &'static [&'static str],
+    /// Who makes it.
+    pub vendor: Vendor,
+    /// The name its driver reports.
+    pub product: &'static str,
+    /// Its backend.
+    pub backend: Backend,
+    /// Its architecture (`75`, `gfx90a`); empty when the backend has none.
+    pub arch: &'static str,
+    /// Threads per warp / wavefront.
+    pub warp_size: Option<u32>,
+    /// Device memory in bytes, as the driver reports it.
+    pub memory_bytes: u64,
+    /// PCI vendor and device id.
+    pub pci_id: &'static str,
+    /// Driver version simulated GPUs report unless the entry says otherwise.
+    pub driver_version: Option<&'static str>,
+    /// CUDA version simulated GPUs report unless the entry says otherwise.
+    pub toolkit_version: Option<&'static str>,
+}
+
+const MIB: u64 = 1 << 20;
+const NV_DRIVER: Option<&str> = Some("550.54.15");
+const NV_CUDA: Option<&str> = Some("12.4");
+
+const fn nvidia(
+    name: &'static str,
+    aliases: &'static [&'static str],
+    product: &'static str,
+    arch: &'static str,
+    memory_mib: u64,
+    pci_id: &'static str,
+) -> Profile {
+    Profile {
+        name,
+        aliases,
+        vendor: Vendor::Nvidia,
+        product,
+        backend: Backend::Cuda,
+        arch,
+        warp_size: Some(32),
+        memory_bytes: memory_mib * MIB,
+        pci_id,
+        driver_version: NV_DRIVER,
+        toolkit_version: NV_CUDA,
+    }
+}
+
+const fn amd(
+    name: &'static str,
+    product: &'static str,
+    arch: &'static str,
+    memory_bytes: u64,
+    pci_id: &'static str,
+) -> Profile {
+    Profile {
+        name,
+        aliases: &[],
+        vendor: Vendor::Amd,
+        product,
+        backend: Backend::Hip,
+        arch,
+        warp_size: Some(64),
+        memory_bytes,
+        pci_id,
+        driver_version: None,
+        toolkit_version: None,
+    }
+}
+
+/// The profiles gkm knows. NVIDIA ones report driver 550.54.15 and CUDA 12.4
+/// unless an entry says otherwise; memory is what the driver reports.
+pub const PROFILES: &[Profile] = &[
+    nvidia("T4", &["Tesla-T4"], "Tesla T4", "75", 15360, "10de:1eb8"),
+    nvidia(
+        "V100",
+        &["V100-SXM2-32GB"],
+        "Tesla V100-SXM2-32GB",
+        "70",
+        32768,
+        "10de:1db5",
+    ),
+    nvidia("A10", &[], "NVIDIA A10", "86", 23028, "10de:2236"),
+    nvidia(
+        "A100",
+        &["A100-80GB", "A100-SXM4-80GB"],
+        "NVIDIA A100-SXM4-80GB",
+        "80",
+        81920,
+        "10de:20b2",
+    ),
+    nvidia(
+        "A100-40GB",
+        &["A100-SXM4-40GB"],
+        "NVIDIA A100-SXM4-40GB",
+        "80",
+        40960,
+        "10de:20b0",
+    ),
+    nvidia("L4", &[], "NVIDIA L4", "89", 23034, "10de:27b8"),
+    nvidia("L40S", &[], "NVIDIA L40S", "89", 46068, "10de:26b9"),
+    nvidia(
+        "H100",
+        &["H100-SXM", "H100-80GB"],
+        "NVIDIA H100 80GB HBM3",
+        "90",
+        81559,
+        "10de:2330",
+    ),
+    nvidia("H200", &[], "NVIDIA H200", "90", 143771, "10de:2335"),
+    amd(
+        "MI100",
+        "AMD Instinct MI100",
+        "gfx908",
+        34342961152,
+        "1002:738c",
+    ),
+    amd(
+        "MI210",
+        "AMD Instinct MI210",
+        "gfx90a",
+        68702699520,
+        "1002:740f",
+    ),
+    amd(
+        "MI250X",
+        "AMD Instinct MI250X",
+        "gfx90a",
+        68702699520,
+        "1002:7408",
+    ),
+    amd(
+        "MI300X",
+        "AMD Instinct MI300X",
+        "gfx942",
+        206141652992,
+        "1002:74a1",
+    ),
+    Profile {
+        name: "Gaudi2",
+        aliases: &["HL-225"],
+        vendor: Vendor::Intel,
+        product: "Intel Gaudi2 AI Training Accelerator",
+        backend: Backend::Hpu,
+        arch: "",
+        warp_size: None,
+        memory_bytes: 96 << 30,
+        pci_id: "1da3:1020",
+        driver_version: None,
+        toolkit_version: None,
+    },
+];
+
+impl Profile {
+    /// The profile called `name` (case, `-`, `_` and spaces ignored).
+    ///
+    /// ```
+    /// let p = gkm_gpu::simulate::Profile::find("mi300x").unwrap();
+    /// assert_eq!(p.gpu().arch.unwrap().as_str(), "gfx942");
+    /// ```
+    pub fn find(name: &str) -> Option<&'static Profile> {
+        let key = fold(name);
+        PROFILES
+            .iter()
+            .find(|p| fold(p.name) == key || p.aliases.iter().any(|a| fold(a) == key))
+    }
+
+    /// The GPU this profile simulates, at index 0.
+    pub fn gpu(&self) -> Gpu {
+        Gpu {
+            vendor: self.vendor,
+            product: self.product.to_string(),
+            backend: Some(self.backend),
+            arch: (!self.arch.is_empty())
+                .then(|| self.arch.parse::<Arch>().ok())
+                .flatten(),
+            warp_size: self.warp_size,
+            memory_bytes: Some(self.memory_bytes),
+            pci_id: Some(self.pci_id.to_string()),
+            driver_version: self.driver_version.map(str::to_string),
+            toolkit_version: self.toolkit_version.map(str::to_string),
+            ..Gpu::default()
+        }
+    }
+}
+
+fn fold(name: &str) -> String {
+    name.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// The file as written.
+#[derive(Deserialize)]
+struct SimFile {
+    gpus: Vec<Entry>,
+    #[serde(default)]
+    vfio: Vec<VfioDevice>,
+    #[serde(default)]
+    mdevs: Vec<MdevDevice>,
+}
+
+/// One `gpus` entry: a profile, or a GPU's fields, or both.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Entry {
+    profile: Option<String>,
+    count: Option<u32>,
+    #[allow(dead_code)]
+    index: Option<u32>,
+    vendor: Option<Vendor>,
+    product: Option<String>,
+    backend: Option<Backend>,
+    arch: Option<Arch>,
+    warp_size: Option<u32>,
+    memory_bytes: Option<u64>,
+    uuid: Option<String>,
+    pci_address: Option<String>,
+    driver_version: Option<String>,
+    toolkit_version: Option<String>,
+    pci_id: Option<String>,
+    kernel_driver: Option<String>,
+    numa_node: Option<u32>,
+    mig_mode: Option<MigMode>,
+}
+
+/// Reads a simulated inventory file (YAML, or JSON when it ends in `.json`).
+pub fn load(path: &Path) -> Result<Inventory, Error> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let text = String::from_utf8(bytes).map_err(|_| Error::Simulate {
+        path: path.to_path_buf(),
+        message: "not UTF-8 text".into(),
+    })?;
+    parse(&text, path)
+}
+
+/// Parses a simulated inventory; `path` names it in messages and picks the
+/// format (`.json` is JSON, anything else YAML).
+pub fn parse(text: &str, path: &Path) -> Result<Inventory, Error> {
+    let invalid = |message: String| Error::Simulate {
+        path: path.to_path_buf(),
+        message,
+    };
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let file: SimFile = if is_json {
+        serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?
+    } else {
+        serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?
+    };
+    let mut gpus = Vec::new();
+    for (n, entry) in file.gpus.into_iter().enumerate() {
+        let count = entry.count.unwrap_or(1);
+        if count == 0 || count > MAX_COUNT {
+            return Err(invalid(format!(
+                "GPU entry {n}: count {count} is out of range 1..={MAX_COUNT}"
+            )));
+        }
+        if count > 1 && (entry.uuid.is_some() || entry.pci_address.is_some()) {
+            return Err(invalid(format!(
+                "GPU entry {n}: uuid and pciAddress name one GPU, but count is {count}"
+            )));
+        }
+        let gpu = entry_gpu(entry, n, path)?;
+        for _ in 0..count {
+            let mut g = gpu.clone();
+            g.index = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+            gpus.push(g);
+        }
+    }
+    Ok(Inventory {
+        gpus,
+        vfio: file.vfio,
+        mdevs: file.mdevs,
+        simulated: true,
+        ..Inventory::default()
+    })
+}
+
+fn entry_gpu(e: Entry, n: usize, path: &Path) -> Result<Gpu, Error> {
+    let mut gpu = match &e.profile {
+        Some(name) => Profile::find(name)
+            .ok_or_else(|| Error::UnknownProfile {
+                path: path.to_path_buf(),
+                entry: n,
+                name: name.clone(),
+                known: PROFILES
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?
+            .gpu(),
+        None => {
+            let (Some(vendor), Some(product)) = (e.vendor, e.product.clone()) else {
+                return Err(Error::Simulate {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "GPU entry {n}: give a profile, or at least vendor and product"
+                    ),
+                });
+            };
+            Gpu {
+                vendor,
+                product,
+                ..Gpu::default()
+            }
+        }
+    };
+    macro_rules! set {
+        ($($field:ident),*) => { $( if let Some(v) = e.$field { gpu.$field = Some(v); } )* };
+    }
+    if let Some(v) = e.vendor {
+        gpu.vendor = v;
+    }
+    if let Some(p) = e.product {
+        gpu.product = p;
+    }
+    set!(
+        backend,
+        arch,
+        warp_size,
+        memory_bytes,
+        uuid,
+        pci_address,
+        driver_version,
+        toolkit_version,
+        pci_id,
+        kernel_driver,
+        numa_node,
+        mig_mode
+    );
+    Ok(gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_is_consistent() {
+        for p in PROFILES {
+            let gpu = p.gpu();
+            assert_eq!(Profile::find(p.name), Some(p), "{}", p.name);
+            let (vendor, device) = p.pci_id.split_once(':').unwrap();
+            let vendor = u16::from_str_radix(vendor, 16).unwrap();
+            let device = u16::from_str_radix(device, 16).unwrap();
+            assert_eq!(Vendor::from_pci_id(vendor), p.vendor, "{}", p.name);
+            // The bundled PCI names know every profiled device.
+            assert!(
+                crate::pci_ids::PciIds::bundled()
+                    .device(vendor, device)
+                    .is_some(),
+                "{}",
+                p.name
+            );
+            match p.backend {
+                Backend::Cuda => {
+                    let cc = gpu.arch.as_ref().and_then(Arch::compute_capability);
+                    assert_eq!(cc, crate::nvidia::compute_capability(device), "{}", p.name);
+                }
+                Backend::Hip => assert!(
+                    gpu.arch.as_ref().is_some_and(|a| !a.is_cuda()),
+                    "{}",
+                    p.name
+                ),
+                _ => assert!(gpu.arch.is_none()),
+            }
+        }
+    }
+
+    #[test]
+    fn required_profiles_have_the_right_targets() {
+        for (name, arch) in [("T4", "sm_75"), ("A100", "sm_80"), ("H100", "sm_90")] {
+            let gpu = Profile::find(name).unwrap().gpu();
+            assert_eq!(gpu.arch.unwrap().sm_name().as_deref(), Some(arch), "{name}");
+            assert_eq!(gpu.warp_size, Some(32));
+        }
+        for (name, arch) in [("MI210", "gfx90a"), ("MI300X", "gfx942")] {
+            let gpu = Profile::find(name).unwrap().gpu();
+            assert_eq!(gpu.arch.unwrap().as_str(), arch, "{name}");
+            assert_eq!(gpu.warp_size, Some(64));
+        }
+    }
+}

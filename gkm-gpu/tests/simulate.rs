@@ -1,0 +1,153 @@
+//! Simulated inventories: the file format `gkm gpus --simulate` and
+//! `gkm check --gpus` read.
+
+use std::path::{Path, PathBuf};
+
+use gkm_core::{Backend, Vendor};
+use gkm_gpu::labels::{LabelOptions, node_labels};
+use gkm_gpu::simulate::{self, PROFILES};
+use gkm_gpu::{DiscoveryOptions, Error};
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/simulate")
+        .join(name)
+}
+
+fn parse(yaml: &str) -> Result<gkm_gpu::Inventory, Error> {
+    simulate::parse(yaml, Path::new("node.yaml"))
+}
+
+#[test]
+fn discover_returns_the_simulated_file() {
+    let inv = gkm_gpu::discover(&DiscoveryOptions {
+        simulate: Some(testdata("mixed.yaml")),
+        // Never looked at when simulating.
+        sysfs_root: "/nonexistent".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(inv.simulated);
+    let described: Vec<String> = inv.gpus.iter().map(|g| g.describe()).collect();
+    assert_eq!(
+        described,
+        [
+            "0 NVIDIA H100 80GB HBM3 (cuda/90/32)",
+            "1 NVIDIA H100 80GB HBM3 (cuda/90/32)",
+            "2 NVIDIA H100 80GB HBM3 (cuda/90/32)",
+            "3 NVIDIA H100 80GB HBM3 (cuda/90/32)",
+            "4 AMD Instinct MI300X (hip/gfx942/64)",
+            "5 NVIDIA A40 (cuda/86/32)",
+        ]
+    );
+    assert_eq!(inv.gpus[4].driver_version.as_deref(), Some("6.8.5"));
+    assert_eq!(
+        inv.gpus[5].uuid.as_deref(),
+        Some("GPU-5e3a0c1d-0000-4000-8000-000000000001")
+    );
+    insta::assert_yaml_snapshot!(
+        "mixed-labels",
+        node_labels(
+            &inv,
+            &LabelOptions {
+                vendor_labels: true
+            }
+        )
+    );
+}
+
+#[test]
+fn json_files_read_too() {
+    let inv = simulate::load(&testdata("t4.json")).unwrap();
+    assert_eq!(inv.gpus.len(), 2);
+    assert!(inv.gpus.iter().all(|g| g.product == "Tesla T4"));
+}
+
+#[test]
+fn every_profile_gives_labels() {
+    for p in PROFILES {
+        let inv = parse(&format!("gpus: [{{profile: {}, count: 2}}]", p.name)).unwrap();
+        let labels = node_labels(
+            &inv,
+            &LabelOptions {
+                vendor_labels: true,
+            },
+        );
+        assert_eq!(labels["gkm.io/gpu.count"], "2", "{}", p.name);
+        assert_eq!(labels["gkm.io/gpu.simulated"], "true", "{}", p.name);
+        assert_eq!(
+            labels["gkm.io/gpu.backend"],
+            p.backend.as_str(),
+            "{}",
+            p.name
+        );
+        insta::assert_yaml_snapshot!(format!("profile-{}-labels", p.name), labels);
+    }
+}
+
+#[test]
+fn profile_names_ignore_case_and_punctuation() {
+    let inv = parse("gpus:\n  - profile: mi-210\n  - profile: a100_40gb\n  - profile: tesla t4\n")
+        .unwrap();
+    let vendors: Vec<(Vendor, Option<Backend>)> =
+        inv.gpus.iter().map(|g| (g.vendor, g.backend)).collect();
+    assert_eq!(
+        vendors,
+        [
+            (Vendor::Amd, Some(Backend::Hip)),
+            (Vendor::Nvidia, Some(Backend::Cuda)),
+            (Vendor::Nvidia, Some(Backend::Cuda)),
+        ]
+    );
+}
+
+#[test]
+fn mistakes_are_named() {
+    let cases = [
+        (
+            "gpus: [{profile: H300}]",
+            "GPU entry 0: unknown profile \"H300\"; known profiles: T4,",
+        ),
+        (
+            "gpus: [{profile: T4}, {profile: T4, count: 0}]",
+            "GPU entry 1: count 0 is out of range",
+        ),
+        (
+            "gpus: [{profile: T4, count: 100000}]",
+            "count 100000 is out of range 1..=1024",
+        ),
+        (
+            "gpus: [{profile: T4, warp_size: 64}]",
+            "unknown field `warp_size`",
+        ),
+        (
+            "gpus: [{product: Foo}]",
+            "GPU entry 0: give a profile, or at least vendor and product",
+        ),
+        (
+            "gpus: [{profile: T4, arch: ampere}]",
+            "invalid value \"ampere\"",
+        ),
+        (
+            "gpus: [{profile: T4, count: 2, uuid: GPU-1}]",
+            "uuid and pciAddress name one GPU, but count is 2",
+        ),
+        ("gpu: []", "missing field `gpus`"),
+        (
+            "gpus: [{vendor: acme, product: X}]",
+            "unknown variant `acme`",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let err = parse(yaml).unwrap_err().to_string();
+        assert!(err.contains("node.yaml"), "{yaml}: {err}");
+        assert!(err.contains(expected), "{yaml}: {err}");
+    }
+    let err = simulate::load(&testdata("missing.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot read ") && err.contains("missing.yaml"),
+        "{err}"
+    );
+}

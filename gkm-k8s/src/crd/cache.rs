@@ -1,0 +1,192 @@
+//! `GKMCache` (namespaced) and `ClusterGKMCache` (cluster): a kernel cache
+//! image to deliver to the nodes whose GPUs it fits.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::common::{CacheCounts, CacheState, PodTemplate, PvcOwner, PvcStatus};
+use super::signature::SignaturePolicy;
+use super::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERENCE};
+
+/// What both cache kinds ask for. GKM's fields keep GKM's names, so GKM's
+/// YAML applies unchanged; `signature`, `nodeSelector` and `resolveInterval`
+/// are gkm's own.
+///
+/// Without `storageClassName` the cache is delivered through the CSI driver
+/// `csi.gkm.io` from each node's store; with it, through GKM's PVC modes.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheSpec {
+    /// The cache image: `registry/path[:tag][@sha256:…]`.
+    #[schemars(length(min = 1, max = 525), regex(pattern = IMAGE_REFERENCE))]
+    pub image: String,
+    /// Labels, annotations and scheduling fields for the pods gkm launches
+    /// (PVC-filling Jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplate>,
+    /// StorageClass of the PVCs in PVC delivery mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS1123_SUBDOMAIN))]
+    pub storage_class_name: Option<String>,
+    /// Access modes of the PVCs: `ReadWriteOnce` gives a PVC per node,
+    /// `ReadOnlyMany` one per namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4))]
+    #[x_kube(validation = Rule::new("self.all(m, self.exists_one(n, n == m))")
+        .message("accessModes must not repeat a mode"))]
+    pub access_modes: Option<Vec<AccessMode>>,
+    /// Namespaces whose workloads may use a cluster cache (ClusterGKMCache
+    /// only; required there in PVC mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub workload_namespaces: Option<Vec<NamespaceName>>,
+    /// Who must have signed the image; the operator's default policy when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<SignaturePolicy>,
+    /// Deliver only to nodes matching this selector (on top of GPU fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// How often the tag is resolved again to follow a moved tag (`5m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION))]
+    pub resolve_interval: Option<String>,
+}
+
+/// A DNS-1123 label naming a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct NamespaceName(
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS1123_LABEL))] pub String,
+);
+
+/// A PersistentVolume access mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AccessMode {
+    /// One node reads and writes.
+    ReadWriteOnce,
+    /// Many nodes read.
+    ReadOnlyMany,
+    /// Many nodes read and write.
+    ReadWriteMany,
+    /// One pod reads and writes.
+    ReadWriteOncePod,
+}
+
+/// The namespaced cache kind: delivered to the workloads of its namespace.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "gkm.io",
+    version = "v1alpha1",
+    kind = "GKMCache",
+    plural = "gkmcaches",
+    namespaced,
+    status = "CacheStatus",
+    shortname = "gkmc",
+    category = "gkm",
+    doc = "A GPU kernel cache image delivered to the nodes whose GPUs it fits, for the workloads of its namespace.",
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.counts.nodeCnt"),
+    printcolumn(name = "Node-In-Use", type_ = "integer", json_path = ".status.counts.nodeInUseCnt"),
+    printcolumn(name = "Node-Not-In-Use", type_ = "integer", json_path = ".status.counts.nodeNotInUseCnt"),
+    printcolumn(name = "Node-Error", type_ = "integer", json_path = ".status.counts.nodeErrorCnt"),
+    printcolumn(name = "Pod-Running", type_ = "integer", json_path = ".status.counts.podRunningCnt"),
+    printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
+    printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
+    printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(self.spec.workloadNamespaces)")
+        .message("spec.workloadNamespaces is only meaningful on a ClusterGKMCache: a GKMCache serves its own namespace")
+        .field_path(".spec.workloadNamespaces")
+)]
+pub struct GKMCacheSpec {
+    /// The cache.
+    #[serde(flatten)]
+    pub cache: CacheSpec,
+}
+
+/// The cluster cache kind: delivered to the workloads of `workloadNamespaces`.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "gkm.io",
+    version = "v1alpha1",
+    kind = "ClusterGKMCache",
+    plural = "clustergkmcaches",
+    status = "CacheStatus",
+    shortname = "cgkmc",
+    category = "gkm",
+    doc = "A GPU kernel cache image delivered to the nodes whose GPUs it fits, for workloads in the namespaces it names.",
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.counts.nodeCnt"),
+    printcolumn(name = "Node-In-Use", type_ = "integer", json_path = ".status.counts.nodeInUseCnt"),
+    printcolumn(name = "Node-Not-In-Use", type_ = "integer", json_path = ".status.counts.nodeNotInUseCnt"),
+    printcolumn(name = "Node-Error", type_ = "integer", json_path = ".status.counts.nodeErrorCnt"),
+    printcolumn(name = "Pod-Running", type_ = "integer", json_path = ".status.counts.podRunningCnt"),
+    printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
+    printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
+    printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(self.spec.storageClassName) || (has(self.spec.workloadNamespaces) && size(self.spec.workloadNamespaces) > 0)")
+        .message("spec.workloadNamespaces must name at least one namespace when spec.storageClassName is set (PVC mode)")
+        .field_path(".spec.workloadNamespaces")
+)]
+pub struct ClusterGKMCacheSpec {
+    /// The cache.
+    #[serde(flatten)]
+    pub cache: CacheSpec,
+}
+
+/// What the operator observed of a cache, cluster-wide.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheStatus {
+    /// The state shown in the Status column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<CacheState>,
+    /// The digest `spec.image` resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_digest: Option<String>,
+    /// What signature verification proved, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<VerificationStatus>,
+    /// Who manages PVCs (PVC mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_owner: Option<PvcOwner>,
+    /// PVCs by namespace (PVC mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_status: Option<BTreeMap<String, PvcStatus>>,
+    /// `Verified`, `Ready`, `Progressing`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+    /// Node and pod counts across the cluster.
+    #[serde(default)]
+    pub counts: CacheCounts,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When this status last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_updated: Option<Time>,
+}
+
+/// The outcome of verifying a cache image's signature.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VerificationStatus {
+    /// Whether a signer of the policy was proven.
+    pub verified: bool,
+    /// The digest the signature covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The signature format (`cosign-v2`, `sigstore-bundle`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// Who signed: a key fingerprint, or issuer and subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
+    /// Why verification failed, or a note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,144 @@
+//! Types shared by the cache and cache-node kinds.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a cache stands, cluster-wide or on one node: GKM's state vocabulary,
+/// shown in the `Status` printer column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+pub enum CacheState {
+    /// Not yet reconciled.
+    #[default]
+    Pending,
+    /// Being pulled and extracted.
+    Downloading,
+    /// Extracted; no pod uses it.
+    Extracted,
+    /// Extracted and mounted by at least one pod.
+    Running,
+    /// Mounted by a pod, but a newer digest of the image exists.
+    Outdated,
+    /// Deleted, waiting for the pods that still use it.
+    Deleting,
+    /// Failed: see the conditions or the node report for why.
+    Error,
+    /// A workload namespace the cache serves does not exist.
+    NoNamespace,
+}
+
+/// Per-state node and pod counts (GKM's `counts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheCounts {
+    /// Nodes considered (one for a node report).
+    pub node_cnt: i32,
+    /// Nodes where the cache is extracted and used by a pod.
+    pub node_in_use_cnt: i32,
+    /// Nodes where the cache is extracted and used by no pod.
+    pub node_not_in_use_cnt: i32,
+    /// Nodes where extraction failed or no GPU fits the cache.
+    pub node_error_cnt: i32,
+    /// Pods mounting the cache.
+    pub pod_running_cnt: i32,
+    /// Pods mounting a cache whose resource was deleted.
+    pub pod_deleting_cnt: i32,
+    /// Pods mounting an older digest than the one resolved now.
+    pub pod_outdated_cnt: i32,
+}
+
+/// Who manages the PVCs in PVC delivery mode (GKM's `pvcOwner`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum PvcOwner {
+    /// Not evaluated yet.
+    #[default]
+    Unknown,
+    /// The node agent: one PVC per node (ReadWriteOnce).
+    Agent,
+    /// The operator: one PVC per namespace (ReadOnlyMany).
+    Operator,
+}
+
+/// A PVC made to hold an extracted cache (GKM's `pvcStatus` values).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcStatus {
+    /// The PersistentVolume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pv_name: Option<String>,
+    /// The PersistentVolumeClaim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_name: Option<String>,
+    /// The Job that filled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// Who manages it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_owner: Option<PvcOwner>,
+    /// Its state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// The pod fields gkm copies onto the pods it launches (PVC-filling Jobs).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplate {
+    /// Labels and annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+    /// Scheduling fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PodTemplateSpec>,
+}
+
+/// Labels and annotations for launched pods.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMetadata {
+    /// Labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+/// Scheduling fields for launched pods; no other pod field is accepted.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateSpec {
+    /// Node labels the pod must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pod tolerates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// The pod's PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+/// A pod mounting a cache (GKM's `PodData`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodData {
+    /// The pod's namespace.
+    #[serde(default)]
+    pub pod_namespace: String,
+    /// The pod's name.
+    #[serde(default)]
+    pub pod_name: String,
+    /// The CSI volume id the kubelet gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// The image digest the pod mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}

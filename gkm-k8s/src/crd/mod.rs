@@ -1,0 +1,59 @@
+//! The `gkm.io/v1alpha1` custom resources.
+//!
+//! - [`GKMCache`] and [`ClusterGKMCache`]: a cache image to deliver, with
+//!   GKM's field names so GKM's YAML applies unchanged.
+//! - [`GKMCacheNode`] and [`ClusterGKMCacheNode`]: one per node, written by
+//!   that node's agent.
+//!
+//! Validation is in the schema (OpenAPI and CEL), so the apiserver rejects an
+//! invalid object with a message naming the field.
+//!
+//! ```
+//! let yaml = gkm_k8s::crd::crds_yaml().unwrap();
+//! assert!(yaml.contains("name: gkmcaches.gkm.io"));
+//! ```
+
+mod cache;
+mod common;
+mod node;
+mod signature;
+pub mod validation;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use cache::{
+    AccessMode, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheSpec, GKMCache,
+    GKMCacheSpec, NamespaceName, VerificationStatus,
+};
+pub use common::{
+    CacheCounts, CacheState, PodData, PodTemplate, PodTemplateSpec, PvcOwner, PvcStatus,
+    TemplateMetadata,
+};
+pub use node::{
+    CacheNodeStatus, ClusterGKMCacheNode, ClusterGKMCacheNodeSpec, GKMCacheNode, GKMCacheNodeSpec,
+    GpuStatus, IncompatibleGpu, NodeCacheStatus,
+};
+pub use signature::{
+    ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
+};
+
+/// Every gkm CRD, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        GKMCache::crd(),
+        ClusterGKMCache::crd(),
+        GKMCacheNode::crd(),
+        ClusterGKMCacheNode::crd(),
+    ]
+}
+
+/// Every CRD as one multi-document YAML stream, as `gkm crds` prints it.
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}

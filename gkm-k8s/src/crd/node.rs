@@ -1,0 +1,199 @@
+//! `GKMCacheNode` / `ClusterGKMCacheNode`: one per node, written by that node's
+//! agent, reporting its GPUs and every cache on it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
+
+/// Node reports have no spec: the agent owns their status. The object is
+/// named after its node.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gkm.io",
+    version = "v1alpha1",
+    kind = "GKMCacheNode",
+    plural = "gkmcachenodes",
+    namespaced,
+    status = "CacheNodeStatus",
+    shortname = "gkmcn",
+    category = "gkm",
+    doc = "One node's report on the GKMCaches of its namespace: the node's GPUs and, per cache and digest, its state.",
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
+    printcolumn(
+        name = "Node-In-Use",
+        type_ = "integer",
+        json_path = ".status.counts.nodeInUseCnt"
+    ),
+    printcolumn(
+        name = "Node-Not-In-Use",
+        type_ = "integer",
+        json_path = ".status.counts.nodeNotInUseCnt"
+    ),
+    printcolumn(
+        name = "Node-Error",
+        type_ = "integer",
+        json_path = ".status.counts.nodeErrorCnt"
+    ),
+    printcolumn(
+        name = "Pod-Running",
+        type_ = "integer",
+        json_path = ".status.counts.podRunningCnt"
+    ),
+    printcolumn(
+        name = "Pod-Outdated",
+        type_ = "integer",
+        json_path = ".status.counts.podOutdatedCnt"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct GKMCacheNodeSpec {}
+
+/// The cluster-scoped node report, for ClusterGKMCaches.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gkm.io",
+    version = "v1alpha1",
+    kind = "ClusterGKMCacheNode",
+    plural = "clustergkmcachenodes",
+    status = "CacheNodeStatus",
+    shortname = "cgkmcn",
+    category = "gkm",
+    doc = "One node's report on the ClusterGKMCaches: the node's GPUs and, per cache and digest, its state.",
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
+    printcolumn(
+        name = "Node-In-Use",
+        type_ = "integer",
+        json_path = ".status.counts.nodeInUseCnt"
+    ),
+    printcolumn(
+        name = "Node-Not-In-Use",
+        type_ = "integer",
+        json_path = ".status.counts.nodeNotInUseCnt"
+    ),
+    printcolumn(
+        name = "Node-Error",
+        type_ = "integer",
+        json_path = ".status.counts.nodeErrorCnt"
+    ),
+    printcolumn(
+        name = "Pod-Running",
+        type_ = "integer",
+        json_path = ".status.counts.podRunningCnt"
+    ),
+    printcolumn(
+        name = "Pod-Outdated",
+        type_ = "integer",
+        json_path = ".status.counts.podOutdatedCnt"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct ClusterGKMCacheNodeSpec {}
+
+/// A node's report.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheNodeStatus {
+    /// The node.
+    #[serde(default)]
+    pub node_name: String,
+    /// Counts for this node (nodeCnt is 1).
+    #[serde(default)]
+    pub counts: CacheCounts,
+    /// The node's GPUs, grouped by type as GKM does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<GpuStatus>>,
+    /// Per cache name, per image digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caches: Option<BTreeMap<String, BTreeMap<String, NodeCacheStatus>>>,
+    /// Conditions of the agent on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// GPUs of one type on a node (GKM's `GpuStatus`), plus gkm's target fields.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuStatus {
+    /// Product name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// Driver version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// Indexes of the GPUs of this type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<i32>>,
+    /// Compiler backend (`cuda`, `hip`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Architecture (`75`, `gfx90a`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// Threads per warp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warp_size: Option<i32>,
+}
+
+/// One cache digest on a node.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCacheStatus {
+    /// Where the cache stands on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<CacheState>,
+    /// GPU ids the cache fits.
+    #[serde(
+        default,
+        rename = "compatibleGPUs",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub compatible_gpus: Option<Vec<i32>>,
+    /// GPU ids the cache does not fit.
+    #[serde(
+        default,
+        rename = "incompatibleGPUs",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub incompatible_gpus: Option<Vec<i32>>,
+    /// Why, per incompatible GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incompatible_reasons: Option<Vec<IncompatibleGpu>>,
+    /// A human-readable account of the state (errors, refusals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Extracted size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<i64>,
+    /// Pods mounting it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Vec<PodData>>,
+    /// PVCs by namespace (PVC mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_status: Option<BTreeMap<String, PvcStatus>>,
+    /// When this entry last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_updated: Option<Time>,
+}
+
+/// Why a cache does not fit one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IncompatibleGpu {
+    /// The GPU id.
+    pub id: i32,
+    /// Every reason.
+    pub reasons: Vec<String>,
+}

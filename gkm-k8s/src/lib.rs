@@ -1,0 +1,5 @@
+//! gkm's Kubernetes side: the `gkm.io/v1alpha1` custom resources, and (as they
+//! land) the operator's and agent's controllers, the CSI node service, the
+//! device plugin and the scheduler extender.
+
+pub mod crd;

@@ -1,0 +1,175 @@
+//! Building a cache image: scan, deterministic layer, config with labels,
+//! OCI manifest with the summary in its annotations.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use gkm_core::cache::CacheManifest;
+use oci_spec::image::{
+    Arch, ConfigBuilder, Descriptor, ImageConfigurationBuilder, ImageManifestBuilder, MediaType, Os,
+    RootFsBuilder,
+};
+
+use crate::copy::copy_image;
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::json;
+use crate::labels::{Compression, cache_labels};
+use crate::layer::{LayerInfo, write_layer};
+use crate::layout::{Layout, tmp_name};
+use crate::reference::{ImageRef, Selector};
+use crate::repo::{RawManifest, RegistryOptions, Repo};
+
+/// How to build an image.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Layer compression (zstd by default).
+    pub compression: Compression,
+    /// The `org.opencontainers.image.title` label; defaults to the last
+    /// component of the destination's repository or layout directory.
+    pub title: Option<String>,
+}
+
+/// What a build produced.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The image (manifest) digest.
+    pub digest: Digest,
+    /// The manifest as written.
+    pub manifest: RawManifest,
+    /// The layer.
+    pub layer: LayerInfo,
+    /// The config labels (also the manifest annotations).
+    pub labels: BTreeMap<String, String>,
+    /// The scanned cache manifest stored in the layer.
+    pub cache: CacheManifest,
+}
+
+fn oci_digest(d: &Digest) -> Result<oci_spec::image::Digest> {
+    d.as_str().parse().map_err(|e| Error::format("digest", e))
+}
+
+fn spec_err(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> Error {
+    move |e| Error::format(what, e)
+}
+
+/// Build the image of `cache_dir` into `layout`, tagged `tag` when given.
+/// Blocking: call from a blocking thread.
+pub fn build_into_layout(
+    cache_dir: &Path,
+    layout: &Layout,
+    tag: Option<&str>,
+    title: &str,
+    compression: Compression,
+) -> Result<Built> {
+    let cache = gkm_core::cache::scan(cache_dir)?;
+    let tmp = layout.temp_path();
+    let layer = match write_layer(cache_dir, &cache, compression, &tmp) {
+        Ok(layer) => layer,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    layout.commit_file(&tmp, &layer.digest)?;
+
+    let labels = cache_labels(title, &cache, layer.cache_size_bytes);
+    let hash_labels: HashMap<String, String> = labels.clone().into_iter().collect();
+    let config = ImageConfigurationBuilder::default()
+        .architecture(Arch::Amd64)
+        .os(Os::Linux)
+        .config(ConfigBuilder::default().labels(hash_labels.clone()).build().map_err(spec_err("image config"))?)
+        .rootfs(
+            RootFsBuilder::default()
+                .typ("layers")
+                .diff_ids(vec![layer.diff_id.to_string()])
+                .build()
+                .map_err(spec_err("image config"))?,
+        )
+        .build()
+        .map_err(spec_err("image config"))?;
+    let config_bytes = json::canonical(&config)?;
+    let config_digest = layout.write_blob(&config_bytes)?;
+
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .config(Descriptor::new(MediaType::ImageConfig, config_bytes.len() as u64, oci_digest(&config_digest)?))
+        .layers(vec![Descriptor::new(
+            MediaType::from(compression.media_type()),
+            layer.size,
+            oci_digest(&layer.digest)?,
+        )])
+        .annotations(hash_labels)
+        .build()
+        .map_err(spec_err("image manifest"))?;
+    let bytes = json::canonical(&manifest)?;
+    let digest = layout.write_blob(&bytes)?;
+    let raw = RawManifest { digest: digest.clone(), media_type: crate::labels::OCI_MANIFEST.into(), bytes };
+    if let Some(tag) = tag {
+        let desc = Descriptor::new(MediaType::ImageManifest, raw.bytes.len() as u64, oci_digest(&digest)?);
+        layout.tag(tag, &desc)?;
+    }
+    Ok(Built { digest, manifest: raw, layer, labels, cache })
+}
+
+/// Build the image of `cache_dir` and write it to `dest`: an OCI layout
+/// directly, a registry through a temporary layout.
+pub async fn build(
+    cache_dir: &Path,
+    dest: &ImageRef,
+    options: &BuildOptions,
+    registry: &RegistryOptions,
+) -> Result<Built> {
+    let title = options.title.clone().unwrap_or_else(|| dest.default_title());
+    let cache_dir = cache_dir.to_path_buf();
+    let compression = options.compression;
+    match dest {
+        ImageRef::Layout { path, selector } => {
+            let tag = match selector {
+                Selector::Tag(t) => t.clone(),
+                Selector::Digest(_) => {
+                    return Err(Error::Reference {
+                        input: dest.to_string(),
+                        reason: "a build destination needs a tag, not a digest".into(),
+                    });
+                }
+            };
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || {
+                let layout = Layout::create(&path)?;
+                build_into_layout(&cache_dir, &layout, Some(&tag), &title, compression)
+            })
+            .await?
+        }
+        ImageRef::Registry(_) => {
+            let tmp = std::env::temp_dir().join(tmp_name("gkm-build-"));
+            let result = build_via(&tmp, cache_dir, title, compression, dest, registry).await;
+            let _ = tokio::fs::remove_dir_all(&tmp).await;
+            result
+        }
+    }
+}
+
+async fn build_via(
+    tmp: &Path,
+    cache_dir: PathBuf,
+    title: String,
+    compression: Compression,
+    dest: &ImageRef,
+    registry: &RegistryOptions,
+) -> Result<Built> {
+    let tmp_path = tmp.to_path_buf();
+    let built = tokio::task::spawn_blocking(move || {
+        let layout = Layout::create(&tmp_path)?;
+        build_into_layout(&cache_dir, &layout, Some("build"), &title, compression)
+    })
+    .await??;
+    let src = Repo::open(
+        &ImageRef::Layout { path: tmp.to_path_buf(), selector: Selector::Tag("build".into()) },
+        registry,
+    )?;
+    let dst = Repo::create(dest, registry)?;
+    copy_image(&src, &dst).await?;
+    Ok(built)
+}

@@ -1,0 +1,490 @@
+//! The extraction policy and the hardened tar extractor.
+//!
+//! The extractor writes only regular files and directories (and, when the
+//! policy allows them, links proven to stay inside the tree) below a staging
+//! directory it owns. Anything else is a [`Rejection`] naming the entry and
+//! the [`Rule`] it broke; the caller then removes the staging directory.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::labels::{KindLayout, MANIFEST_FILE};
+use crate::layer::{DIR_MODE, EXEC_MODE, FILE_MODE};
+
+/// Limits and choices for extracting a layer. [`Default`] is what gkm uses.
+///
+/// ```
+/// use gkm_oci::ExtractPolicy;
+/// let strict = ExtractPolicy { max_entries: 1_000, ..ExtractPolicy::default() };
+/// assert!(!strict.allow_in_tree_links);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractPolicy {
+    /// Largest single file, in bytes (default 8 GiB).
+    pub max_entry_size: u64,
+    /// Largest sum of file sizes, in bytes (default 256 GiB).
+    pub max_total_size: u64,
+    /// Most entries of any kind (default 1,000,000).
+    pub max_entries: u64,
+    /// Largest ratio of uncompressed to compressed bytes (default 200)...
+    pub max_compression_ratio: u64,
+    /// ...checked once this many uncompressed bytes were read (default 16 MiB),
+    /// so small layers of zeros pass.
+    pub ratio_grace_bytes: u64,
+    /// Longest path, in bytes (default 4096).
+    pub max_path_len: usize,
+    /// Longest path component, in bytes (default 255).
+    pub max_name_len: usize,
+    /// Allow hard links to files already extracted and relative symbolic
+    /// links that stay in the tree (default false: links are rejected).
+    pub allow_in_tree_links: bool,
+    /// Reject setuid, setgid and sticky bits instead of dropping them
+    /// (default false: they are dropped).
+    pub reject_special_bits: bool,
+}
+
+impl Default for ExtractPolicy {
+    fn default() -> Self {
+        ExtractPolicy {
+            max_entry_size: 8 << 30,
+            max_total_size: 256 << 30,
+            max_entries: 1_000_000,
+            max_compression_ratio: 200,
+            ratio_grace_bytes: 16 << 20,
+            max_path_len: 4096,
+            max_name_len: 255,
+            allow_in_tree_links: false,
+            reject_special_bits: false,
+        }
+    }
+}
+
+/// The rule an entry broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// The path is absolute.
+    AbsolutePath,
+    /// The path contains `..`.
+    ParentDir,
+    /// The path is not UTF-8.
+    NonUtf8Name,
+    /// The path or a component is too long.
+    NameTooLong,
+    /// The path is outside the cache layout (`io.triton.cache/`, …).
+    OutsideLayout,
+    /// A device node, fifo, socket or other special entry.
+    SpecialFile,
+    /// A link, and links are not allowed.
+    LinkNotAllowed,
+    /// A link that points outside the tree.
+    LinkEscape,
+    /// The path goes through a link.
+    ThroughLink,
+    /// setuid, setgid or sticky bit, and the policy rejects them.
+    SpecialBits,
+    /// The same path appears twice, or clashes with an earlier entry.
+    Duplicate,
+    /// The entry is larger than `max_entry_size`.
+    EntryTooLarge,
+    /// The files add up to more than `max_total_size`.
+    TotalTooLarge,
+    /// More than `max_entries` entries.
+    TooManyEntries,
+    /// The layer decompresses to more than `max_compression_ratio` times its size.
+    CompressionRatio,
+    /// The archive is corrupt or truncated, or its headers contradict each other.
+    Malformed,
+}
+
+impl Rule {
+    /// The rule's stable name, as printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::AbsolutePath => "absolute-path",
+            Rule::ParentDir => "parent-dir",
+            Rule::NonUtf8Name => "non-utf8-name",
+            Rule::NameTooLong => "name-too-long",
+            Rule::OutsideLayout => "outside-layout",
+            Rule::SpecialFile => "special-file",
+            Rule::LinkNotAllowed => "link-not-allowed",
+            Rule::LinkEscape => "link-escape",
+            Rule::ThroughLink => "through-link",
+            Rule::SpecialBits => "special-bits",
+            Rule::Duplicate => "duplicate",
+            Rule::EntryTooLarge => "entry-too-large",
+            Rule::TotalTooLarge => "total-too-large",
+            Rule::TooManyEntries => "too-many-entries",
+            Rule::CompressionRatio => "compression-ratio",
+            Rule::Malformed => "malformed",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a layer was refused: the entry, the rule, and details.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[error("layer rejected: entry {entry:?}: {rule}: {detail}")]
+pub struct Rejection {
+    /// The entry's path as in the archive (non-UTF-8 bytes escaped).
+    pub entry: String,
+    /// The rule it broke.
+    pub rule: Rule,
+    /// What exactly was wrong.
+    pub detail: String,
+}
+
+impl Rejection {
+    fn new(entry: &str, rule: Rule, detail: impl Into<String>) -> Rejection {
+        Rejection { entry: entry.to_string(), rule, detail: detail.into() }
+    }
+}
+
+/// What part of the layer to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// The whole layer, paths as they are (`io.triton.cache/…`,
+    /// `io.triton.manifest/manifest.json`).
+    Layer,
+    /// Only the cache tree, with its `io.*.cache/` prefix stripped; the
+    /// manifest directory is checked but not written.
+    CacheOnly,
+}
+
+/// What an extraction wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExtractStats {
+    /// Entries read.
+    pub entries: u64,
+    /// Regular files written.
+    pub files: u64,
+    /// Bytes of file data written.
+    pub bytes: u64,
+}
+
+/// An error that travels through `io::Read` as an `io::Error`.
+#[derive(Debug)]
+pub(crate) enum Carried {
+    Rejected(Rejection),
+    Source(String),
+}
+
+impl fmt::Display for Carried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Carried::Rejected(r) => r.fmt(f),
+            Carried::Source(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for Carried {}
+
+/// Turn a read error into the error it carries, or a malformed-archive
+/// rejection naming `entry`.
+pub(crate) fn classify(e: io::Error, entry: &str) -> Error {
+    if e.get_ref().is_some_and(|inner| inner.is::<Carried>()) {
+        if let Some(inner) = e.into_inner()
+            && let Ok(carried) = inner.downcast::<Carried>()
+        {
+            return match *carried {
+                Carried::Rejected(r) => Error::Rejected(r),
+                Carried::Source(s) => Error::Task(s),
+            };
+        }
+        return Error::Task("unreadable error".into());
+    }
+    Error::Rejected(Rejection::new(entry, Rule::Malformed, e.to_string()))
+}
+
+/// Counts uncompressed bytes and enforces the compression ratio against the
+/// compressed byte count another reader keeps.
+pub(crate) struct RatioGuard<R> {
+    pub(crate) inner: R,
+    pub(crate) compressed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) seen: u64,
+    pub(crate) max_ratio: u64,
+    pub(crate) grace: u64,
+}
+
+impl<R: Read> Read for RatioGuard<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.seen += n as u64;
+        if self.seen > self.grace {
+            let compressed = self.compressed.load(std::sync::atomic::Ordering::Relaxed).max(1);
+            if self.seen / compressed > self.max_ratio {
+                return Err(io::Error::other(Carried::Rejected(Rejection::new(
+                    "(layer)",
+                    Rule::CompressionRatio,
+                    format!(
+                        "{} bytes from {compressed} compressed: more than {}x",
+                        self.seen, self.max_ratio
+                    ),
+                ))));
+            }
+        }
+        Ok(n)
+    }
+}
+
+fn display_path(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).escape_debug().to_string()
+}
+
+/// Normalise an archive path into components, enforcing the path rules.
+fn components<'a>(raw: &'a str, shown: &str, policy: &ExtractPolicy) -> Result<Vec<&'a str>, Rejection> {
+    if raw.len() > policy.max_path_len {
+        return Err(Rejection::new(shown, Rule::NameTooLong, format!("path is {} bytes, limit {}", raw.len(), policy.max_path_len)));
+    }
+    if raw.starts_with('/') {
+        return Err(Rejection::new(shown, Rule::AbsolutePath, "absolute paths are not allowed"));
+    }
+    let mut out = Vec::new();
+    for c in raw.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return Err(Rejection::new(shown, Rule::ParentDir, "paths may not contain \"..\"")),
+            c if c.len() > policy.max_name_len => {
+                return Err(Rejection::new(shown, Rule::NameTooLong, format!("component is {} bytes, limit {}", c.len(), policy.max_name_len)));
+            }
+            c if c.contains('\0') => {
+                return Err(Rejection::new(shown, Rule::Malformed, "NUL byte in path"));
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// Where an entry goes, after the layout mapping: `None` to check but skip.
+fn map_entry(comps: &[&str], shown: &str, mapping: Mapping) -> Result<Option<String>, Rejection> {
+    let Some(top) = comps.first() else { return Ok(None) };
+    let Some(layout) = KindLayout::for_top_dir(top) else {
+        return Err(Rejection::new(
+            shown,
+            Rule::OutsideLayout,
+            "expected entries under io.triton.cache/, io.triton.manifest/, io.vllm.cache/ or io.vllm.manifest/",
+        ));
+    };
+    let is_manifest = *top == layout.manifest_dir;
+    if is_manifest && comps.len() > 1 && (comps.len() != 2 || comps[1] != MANIFEST_FILE) {
+        return Err(Rejection::new(shown, Rule::OutsideLayout, format!("the manifest directory holds only {MANIFEST_FILE}")));
+    }
+    Ok(match mapping {
+        Mapping::Layer => Some(comps.join("/")),
+        Mapping::CacheOnly if is_manifest || comps.len() == 1 => None,
+        Mapping::CacheOnly => Some(comps[1..].join("/")),
+    })
+}
+
+struct State<'p> {
+    policy: &'p ExtractPolicy,
+    mapping: Mapping,
+    seen: HashSet<String>,
+    files: HashSet<String>,
+    links: HashSet<String>,
+    stats: ExtractStats,
+    buf: Vec<u8>,
+}
+
+impl State<'_> {
+    fn through_link(&self, rel: &str) -> bool {
+        !self.links.is_empty()
+            && rel.match_indices('/').any(|(i, _)| self.links.contains(&rel[..i]))
+    }
+}
+
+/// Extract an uncompressed layer tar from `reader` into `dest`, an empty
+/// directory the caller owns, under `policy`. On error `dest` may hold a
+/// partial tree: the caller removes it.
+pub fn extract_tar<R: Read>(reader: R, dest: &Path, mapping: Mapping, policy: &ExtractPolicy) -> Result<ExtractStats> {
+    let mut archive = tar::Archive::new(reader);
+    let mut state = State {
+        policy,
+        mapping,
+        seen: HashSet::new(),
+        files: HashSet::new(),
+        links: HashSet::new(),
+        stats: ExtractStats::default(),
+        buf: vec![0u8; 1 << 20],
+    };
+    let mut last = String::from("(start of archive)");
+    let entries = archive.entries().map_err(|e| classify(e, &last))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| classify(e, &format!("entry after {last}")))?;
+        last = display_path(&entry.path_bytes());
+        extract_entry(entry, dest, &mut state, &last)?;
+    }
+    // Read whatever follows the end-of-archive marker, so the whole stream
+    // is hashed and counted.
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(|e| classify(e, "(after end of archive)"))?;
+    Ok(state.stats)
+}
+
+fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut State<'_>, shown: &str) -> Result<()> {
+    let policy = st.policy;
+    let reject = |rule: Rule, detail: String| Err(Error::Rejected(Rejection::new(shown, rule, detail)));
+    st.stats.entries += 1;
+    if st.stats.entries > policy.max_entries {
+        return reject(Rule::TooManyEntries, format!("more than {} entries", policy.max_entries));
+    }
+    let kind = entry.header().entry_type();
+    if kind == tar::EntryType::XGlobalHeader {
+        return Ok(());
+    }
+    let path_bytes = entry.path_bytes().into_owned();
+    let Ok(raw) = std::str::from_utf8(&path_bytes) else {
+        return reject(Rule::NonUtf8Name, "path is not UTF-8".into());
+    };
+    let comps = components(raw, shown, policy)?;
+    let Some(rel) = map_entry(&comps, shown, st.mapping)? else {
+        // Checked but not written: still bound by the size rules.
+        let size = entry.size();
+        if size > policy.max_entry_size {
+            return reject(Rule::EntryTooLarge, format!("{size} bytes, limit {}", policy.max_entry_size));
+        }
+        io::copy(&mut entry, &mut io::sink()).map_err(|e| classify(e, shown))?;
+        return Ok(());
+    };
+    let mode = entry.header().mode().map_err(|e| classify(e, shown))?;
+    if mode & 0o7000 != 0 && policy.reject_special_bits {
+        return reject(Rule::SpecialBits, format!("mode {mode:o} has setuid, setgid or sticky bits"));
+    }
+    if st.through_link(&rel) {
+        return reject(Rule::ThroughLink, "an ancestor directory is a link".into());
+    }
+    if !st.seen.insert(rel.clone()) {
+        return reject(Rule::Duplicate, "the archive holds this path twice".into());
+    }
+    let target = dest.join(&rel);
+    let io_err = |e: io::Error| -> Error {
+        match e.kind() {
+            io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory | io::ErrorKind::IsADirectory => {
+                Error::Rejected(Rejection::new(shown, Rule::Duplicate, format!("clashes with an earlier entry: {e}")))
+            }
+            _ => Error::io(&target, e),
+        }
+    };
+    let parent_of = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_else(|| dest.to_path_buf());
+    match kind {
+        tar::EntryType::Directory => {
+            match fs::create_dir(&target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    fs::create_dir_all(&target).map_err(io_err)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && target.is_dir() && !target.is_symlink() => {}
+                Err(e) => return Err(io_err(e)),
+            }
+            let _ = DIR_MODE;
+        }
+        tar::EntryType::Regular | tar::EntryType::Continuous => {
+            let size = entry.size();
+            if size > policy.max_entry_size {
+                return reject(Rule::EntryTooLarge, format!("{size} bytes, limit {}", policy.max_entry_size));
+            }
+            if st.stats.bytes + size > policy.max_total_size {
+                return reject(Rule::TotalTooLarge, format!("files add up to more than {} bytes", policy.max_total_size));
+            }
+            let parent = parent_of(&target);
+            if !parent.is_dir() {
+                fs::create_dir_all(&parent).map_err(io_err)?;
+            }
+            let file_mode = if mode & 0o111 != 0 { EXEC_MODE } else { FILE_MODE };
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(file_mode)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&target)
+                .map_err(io_err)?;
+            let mut left = size;
+            while left > 0 {
+                let want = left.min(st.buf.len() as u64) as usize;
+                let n = entry.read(&mut st.buf[..want]).map_err(|e| classify(e, shown))?;
+                if n == 0 {
+                    return reject(Rule::Malformed, format!("archive ends {left} bytes into a {size}-byte entry"));
+                }
+                file.write_all(&st.buf[..n]).map_err(|e| Error::io(&target, e))?;
+                left -= n as u64;
+            }
+            st.stats.bytes += size;
+            st.stats.files += 1;
+            st.files.insert(rel);
+        }
+        tar::EntryType::Link | tar::EntryType::Symlink => {
+            if !policy.allow_in_tree_links {
+                return reject(Rule::LinkNotAllowed, "links are not allowed by the extraction policy".into());
+            }
+            let link_bytes = entry.link_name_bytes().map(|b| b.into_owned()).unwrap_or_default();
+            let Ok(link) = std::str::from_utf8(&link_bytes) else {
+                return reject(Rule::NonUtf8Name, "link target is not UTF-8".into());
+            };
+            let parent = parent_of(&target);
+            if !parent.is_dir() {
+                fs::create_dir_all(&parent).map_err(io_err)?;
+            }
+            if kind == tar::EntryType::Link {
+                let comps = components(link, shown, policy).map_err(|r| Rejection { rule: Rule::LinkEscape, ..r })?;
+                let mapped = map_entry(&comps, shown, st.mapping).map_err(|r| Rejection { rule: Rule::LinkEscape, ..r })?;
+                let Some(to) = mapped.filter(|m| st.files.contains(m)) else {
+                    return reject(Rule::LinkEscape, format!("hard link to {link:?}, which is not a file extracted earlier"));
+                };
+                fs::hard_link(dest.join(&to), &target).map_err(io_err)?;
+                st.files.insert(rel);
+            } else {
+                check_symlink(link, &rel, st.mapping).map_err(|d| Rejection::new(shown, Rule::LinkEscape, d))?;
+                std::os::unix::fs::symlink(link, &target).map_err(io_err)?;
+                st.links.insert(rel);
+            }
+        }
+        tar::EntryType::GNUSparse => {
+            return reject(Rule::Malformed, "sparse files are not supported".into());
+        }
+        other => {
+            return reject(Rule::SpecialFile, format!("{other:?} entries are not allowed: only files and directories"));
+        }
+    }
+    Ok(())
+}
+
+/// A symbolic link is safe when its target is relative, its `..`
+/// components all lead (so no `..` follows another link), and climbing
+/// them from the link's directory stays inside the tree.
+fn check_symlink(link: &str, rel: &str, mapping: Mapping) -> Result<(), String> {
+    if link.is_empty() || link.starts_with('/') {
+        return Err(format!("symbolic link to {link:?}: targets must be relative"));
+    }
+    let depth = rel.matches('/').count();
+    // In the whole-layer mapping the first component is the io.* directory,
+    // which the link may not leave.
+    let floor = if mapping == Mapping::Layer { 1 } else { 0 };
+    let mut ups = 0usize;
+    let mut descended = false;
+    for c in link.split('/') {
+        match c {
+            "" | "." => {}
+            ".." if descended => {
+                return Err(format!("symbolic link to {link:?}: \"..\" after a name is not allowed"));
+            }
+            ".." => ups += 1,
+            _ => descended = true,
+        }
+    }
+    if ups > depth.saturating_sub(floor) {
+        return Err(format!("symbolic link to {link:?} leaves the tree"));
+    }
+    Ok(())
+}

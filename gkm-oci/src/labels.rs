@@ -1,0 +1,204 @@
+//! The GKM/MCV image format: media types, layer paths and label keys.
+
+use std::collections::BTreeMap;
+
+use gkm_core::cache::{CacheKind, CacheManifest, Summary};
+
+use crate::error::{Error, Result};
+
+/// OCI image manifest media type.
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+/// OCI image index media type.
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+/// OCI image config media type.
+pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+/// OCI zstd-compressed layer.
+pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+/// OCI gzip-compressed layer.
+pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+/// OCI uncompressed layer.
+pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+/// Docker schema2 manifest media type (what MCV's docker builds push).
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Docker manifest list media type.
+pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+/// Docker image config media type.
+pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+/// Docker gzip layer media type.
+pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+
+/// Every manifest media type gkm reads.
+pub const MANIFEST_TYPES: &[&str] = &[OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST];
+
+/// The image title label.
+pub const TITLE: &str = "org.opencontainers.image.title";
+
+/// How a layer is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// zstd (gkm's default).
+    #[default]
+    Zstd,
+    /// gzip (what MCV writes).
+    Gzip,
+    /// No compression.
+    None,
+}
+
+impl Compression {
+    /// The compression a layer media type declares.
+    pub fn from_media_type(media_type: &str) -> Result<Compression> {
+        match media_type {
+            OCI_LAYER_ZSTD => Ok(Compression::Zstd),
+            OCI_LAYER_GZIP | DOCKER_LAYER_GZIP => Ok(Compression::Gzip),
+            OCI_LAYER_TAR | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Compression::None),
+            other => Err(Error::format(
+                "layer",
+                format!("unsupported media type {other:?}: expected a tar, tar+gzip or tar+zstd layer"),
+            )),
+        }
+    }
+
+    /// The OCI layer media type for this compression.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            Compression::Zstd => OCI_LAYER_ZSTD,
+            Compression::Gzip => OCI_LAYER_GZIP,
+            Compression::None => OCI_LAYER_TAR,
+        }
+    }
+}
+
+/// The paths and label keys of one cache kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindLayout {
+    /// The kind.
+    pub kind: CacheKind,
+    /// The layer directory holding the cache tree (`io.triton.cache`).
+    pub cache_dir: &'static str,
+    /// The layer directory holding `manifest.json` (`io.triton.manifest`).
+    pub manifest_dir: &'static str,
+    /// The label prefix (`cache.triton.image`).
+    pub label_prefix: &'static str,
+}
+
+/// The Triton layout.
+pub const TRITON: KindLayout = KindLayout {
+    kind: CacheKind::Triton,
+    cache_dir: "io.triton.cache",
+    manifest_dir: "io.triton.manifest",
+    label_prefix: "cache.triton.image",
+};
+
+/// The vLLM layout.
+pub const VLLM: KindLayout = KindLayout {
+    kind: CacheKind::Vllm,
+    cache_dir: "io.vllm.cache",
+    manifest_dir: "io.vllm.manifest",
+    label_prefix: "cache.vllm.image",
+};
+
+/// The name of the manifest file in the manifest directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+impl KindLayout {
+    /// The layout of a cache kind.
+    pub fn of(kind: CacheKind) -> KindLayout {
+        match kind {
+            CacheKind::Triton => TRITON,
+            CacheKind::Vllm => VLLM,
+        }
+    }
+
+    /// The layout whose cache or manifest directory is the first path
+    /// component `top`.
+    pub fn for_top_dir(top: &str) -> Option<KindLayout> {
+        [TRITON, VLLM].into_iter().find(|l| l.cache_dir == top || l.manifest_dir == top)
+    }
+
+    /// The layout whose labels `labels` carries, if any.
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Option<KindLayout> {
+        [TRITON, VLLM].into_iter().find(|l| labels.contains_key(&l.key("summary")))
+    }
+
+    /// A label key under this kind's prefix (`cache.triton.image/<name>`).
+    pub fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.label_prefix)
+    }
+
+    /// The layer path of `manifest.json`.
+    pub fn manifest_path(&self) -> String {
+        format!("{}/{MANIFEST_FILE}", self.manifest_dir)
+    }
+}
+
+/// The labels (and manifest annotations) of a cache image.
+pub fn cache_labels(
+    title: &str,
+    manifest: &CacheManifest,
+    cache_size_bytes: u64,
+) -> BTreeMap<String, String> {
+    let layout = KindLayout::of(manifest.kind());
+    let mut labels = BTreeMap::new();
+    labels.insert(TITLE.to_string(), title.to_string());
+    labels.insert(layout.key("entry-count"), manifest.entries().len().to_string());
+    labels.insert(layout.key("cache-size-bytes"), cache_size_bytes.to_string());
+    labels.insert(layout.key("summary"), manifest.summary().to_label());
+    if let (CacheKind::Vllm, Some(format)) = (manifest.kind(), manifest.format) {
+        let value = serde_json::to_value(format).ok();
+        if let Some(serde_json::Value::String(s)) = value {
+            labels.insert(layout.key("format"), s);
+        }
+    }
+    labels
+}
+
+/// What the labels say about a cache image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CacheLabels {
+    /// The cache kind.
+    pub kind: CacheKind,
+    /// The image title, if labelled.
+    pub title: Option<String>,
+    /// Number of kernels (`entry-count`).
+    pub entry_count: Option<u64>,
+    /// Bytes of cache files (`cache-size-bytes`).
+    pub cache_size_bytes: Option<u64>,
+    /// The distinct targets.
+    pub summary: Summary,
+    /// The vLLM format label, if any.
+    pub format: Option<String>,
+}
+
+impl CacheLabels {
+    /// Read the cache labels from image labels or manifest annotations.
+    ///
+    /// Fails, naming the label, when the summary is missing or malformed or a
+    /// count is not a number.
+    pub fn read(labels: &BTreeMap<String, String>) -> Result<CacheLabels> {
+        let layout = KindLayout::from_labels(labels).ok_or_else(|| {
+            Error::format(
+                "image labels",
+                "no cache.triton.image/summary or cache.vllm.image/summary label: not a kernel cache image",
+            )
+        })?;
+        let summary_key = layout.key("summary");
+        let summary = Summary::from_label(labels.get(&summary_key).map(String::as_str).unwrap_or(""))
+            .map_err(|e| Error::format(format!("label {summary_key}"), e))?;
+        let number = |name: &str| -> Result<Option<u64>> {
+            let key = layout.key(name);
+            labels
+                .get(&key)
+                .map(|v| v.trim().parse::<u64>().map_err(|e| Error::format(format!("label {key}"), e)))
+                .transpose()
+        };
+        Ok(CacheLabels {
+            kind: layout.kind,
+            title: labels.get(TITLE).cloned(),
+            entry_count: number("entry-count")?,
+            cache_size_bytes: number("cache-size-bytes")?,
+            summary,
+            format: labels.get(&layout.key("format")).cloned(),
+        })
+    }
+}

@@ -1,0 +1,200 @@
+//! Deterministic layer tars: the same cache tree gives the same bytes,
+//! whatever its mtimes, owners, permissions (beyond the exec bit) or the
+//! order its files were created in.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use gkm_core::cache::CacheManifest;
+
+use crate::digest::{Digest, HashingWriter};
+use crate::error::{Error, Result};
+use crate::labels::{Compression, KindLayout};
+
+/// Mode of every directory and non-executable file in a layer.
+pub const DIR_MODE: u32 = 0o755;
+/// Mode of non-executable files.
+pub const FILE_MODE: u32 = 0o644;
+/// Mode of files with any execute bit set in the source tree.
+pub const EXEC_MODE: u32 = 0o755;
+
+/// What writing a layer produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerInfo {
+    /// Digest of the compressed blob.
+    pub digest: Digest,
+    /// Digest of the uncompressed tar (the config's `diff_id`).
+    pub diff_id: Digest,
+    /// Size of the compressed blob.
+    pub size: u64,
+    /// Sum of the sizes of the cache's files.
+    pub cache_size_bytes: u64,
+    /// Compression used.
+    pub compression: Compression,
+}
+
+/// One file or directory of the cache tree, relative to its root.
+struct TreeEntry {
+    rel: PathBuf,
+    kind: TreeKind,
+}
+
+enum TreeKind {
+    Dir,
+    File { size: u64, exec: bool },
+}
+
+/// List a tree depth first, children sorted by name bytes. Refuses links,
+/// special files and non-UTF-8 names, naming them.
+fn list_tree(root: &Path) -> Result<Vec<TreeEntry>> {
+    let mut out = Vec::new();
+    walk(root, PathBuf::new(), &mut out)?;
+    Ok(out)
+}
+
+fn walk(root: &Path, rel: PathBuf, out: &mut Vec<TreeEntry>) -> Result<()> {
+    let dir = root.join(&rel);
+    let mut children: Vec<_> = fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
+        .map(|e| e.map(|e| e.file_name()).map_err(|e| Error::io(&dir, e)))
+        .collect::<Result<_>>()?;
+    children.sort();
+    for name in children {
+        let child_rel = rel.join(&name);
+        let path = root.join(&child_rel);
+        if name.to_str().is_none() {
+            return Err(Error::Unpackable { path, reason: "file name is not UTF-8".into() });
+        }
+        let meta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            out.push(TreeEntry { rel: child_rel.clone(), kind: TreeKind::Dir });
+            walk(root, child_rel, out)?;
+        } else if ft.is_file() {
+            let exec = meta.permissions().mode() & 0o111 != 0;
+            out.push(TreeEntry { rel: child_rel, kind: TreeKind::File { size: meta.len(), exec } });
+        } else {
+            let what =
+                if ft.is_symlink() { "a symbolic link" } else { "not a regular file or directory" };
+            return Err(Error::Unpackable {
+                path,
+                reason: format!("{what}: cache images hold regular files and directories only"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A reader that yields exactly `size` bytes of a file or fails, so a file
+/// that changes while it is packaged cannot corrupt the tar.
+struct Exact<R> {
+    inner: io::Take<R>,
+    path: PathBuf,
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && !buf.is_empty() && self.inner.limit() > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{} shrank while it was being packaged", self.path.display()),
+            ));
+        }
+        Ok(n)
+    }
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
+/// Write the uncompressed layer tar of `cache_dir` and its manifest to `out`.
+/// Returns the sum of the cache's file sizes.
+pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -> Result<(W, u64)> {
+    let layout = KindLayout::of(manifest.kind());
+    let entries = list_tree(cache_dir)?;
+    let mut b = tar::Builder::new(out);
+    b.mode(tar::HeaderMode::Deterministic);
+    let tar_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: io::Error| Error::io(path, e)
+    };
+    let append_dir = |b: &mut tar::Builder<W>, name: String| {
+        b.append_data(&mut header(tar::EntryType::Directory, DIR_MODE, 0), format!("{name}/"), io::empty())
+            .map_err(tar_err(Path::new(&name)))
+    };
+    append_dir(&mut b, layout.cache_dir.to_string())?;
+    let mut total = 0u64;
+    for entry in entries {
+        // Listing refused non-UTF-8 names, so this is lossless.
+        let rel = entry.rel.to_string_lossy();
+        let name = format!("{}/{rel}", layout.cache_dir);
+        match entry.kind {
+            TreeKind::Dir => append_dir(&mut b, name)?,
+            TreeKind::File { size, exec } => {
+                let path = cache_dir.join(&entry.rel);
+                let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+                let reader = Exact { inner: file.take(size), path: path.clone() };
+                let mode = if exec { EXEC_MODE } else { FILE_MODE };
+                b.append_data(&mut header(tar::EntryType::Regular, mode, size), &name, reader)
+                    .map_err(tar_err(&path))?;
+                total += size;
+            }
+        }
+    }
+    append_dir(&mut b, layout.manifest_dir.to_string())?;
+    let json = manifest.to_json();
+    b.append_data(
+        &mut header(tar::EntryType::Regular, FILE_MODE, json.len() as u64),
+        layout.manifest_path(),
+        json.as_slice(),
+    )
+    .map_err(tar_err(Path::new(&layout.manifest_path())))?;
+    let out = b.into_inner().map_err(tar_err(cache_dir))?;
+    Ok((out, total))
+}
+
+/// Write the compressed layer of `cache_dir` to the file `blob`.
+pub fn write_layer(
+    cache_dir: &Path,
+    manifest: &CacheManifest,
+    compression: Compression,
+    blob: &Path,
+) -> Result<LayerInfo> {
+    let file = File::create(blob).map_err(|e| Error::io(blob, e))?;
+    let io_err = |e: io::Error| Error::io(blob, e);
+    let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    let (compressed, diff_id, cache_size_bytes) = match compression {
+        Compression::Zstd => {
+            let enc = zstd::Encoder::new(compressed, 3).map_err(io_err)?;
+            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(enc))?;
+            let (enc, diff_id, _) = plain.finish();
+            (enc.finish().map_err(io_err)?, diff_id, total)
+        }
+        Compression::Gzip => {
+            let enc = flate2::write::GzEncoder::new(compressed, flate2::Compression::default());
+            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(enc))?;
+            let (enc, diff_id, _) = plain.finish();
+            (enc.finish().map_err(io_err)?, diff_id, total)
+        }
+        Compression::None => {
+            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(compressed))?;
+            let (inner, diff_id, _) = plain.finish();
+            (inner, diff_id, total)
+        }
+    };
+    let (buf, digest, size) = compressed.finish();
+    let file = buf.into_inner().map_err(|e| io_err(e.into_error()))?;
+    file.sync_all().map_err(io_err)?;
+    Ok(LayerInfo { digest, diff_id, size, cache_size_bytes, compression })
+}

@@ -1,0 +1,47 @@
+//! OCI images of GPU kernel caches: build, push, pull, extract, store.
+//!
+//! The image format is GKM/MCV's: one layer holding `io.triton.cache/<tree>`
+//! and `io.triton.manifest/manifest.json` (vLLM: `io.vllm.cache/`,
+//! `io.vllm.manifest/`), config labels `cache.triton.image/*` (or
+//! `cache.vllm.image/*`) with the target summary, which gkm also writes into
+//! the manifest annotations.
+//!
+//! - [`build()`]: scan a cache and write a deterministic image to an OCI
+//!   layout or a registry.
+//! - [`Repo`], [`Image`], [`copy_image`]: read and move images.
+//! - [`Store`]: the content-addressed node store, extracting through the
+//!   hardened [`ExtractPolicy`].
+//! - [`extract_to_dir`]: extract a cache tree into a directory.
+//! - [`fuzzing`]: the bodies of the fuzz targets, also run as property tests.
+
+pub mod auth;
+pub mod build;
+pub mod copy;
+pub mod digest;
+pub mod error;
+pub mod extract;
+pub mod fuzzing;
+pub mod image;
+pub mod json;
+pub mod labels;
+pub mod layer;
+pub mod layout;
+pub mod pipeline;
+pub mod reference;
+pub mod repo;
+pub mod store;
+pub mod unpack;
+
+pub use auth::Credentials;
+pub use build::{BuildOptions, Built, build};
+pub use copy::copy_image;
+pub use digest::Digest;
+pub use error::{Error, Result};
+pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
+pub use image::{Image, Layer, Manifest};
+pub use labels::{CacheLabels, Compression};
+pub use layout::Layout;
+pub use reference::{ImageRef, Selector};
+pub use repo::{RegistryOptions, Repo};
+pub use store::{Store, Stored};
+pub use unpack::{UnpackOptions, extract_to_dir};

@@ -1,0 +1,218 @@
+//! The content-addressed node store: one read-only tree per image digest at
+//! `<root>/sha256/<hex>`, made visible only when complete.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
+use crate::image::Image;
+use crate::layout::tmp_name;
+use crate::pipeline::{Progress, extract_layer, sync_dir, sync_filesystem};
+use crate::repo::Repo;
+
+/// A node's store of extracted caches.
+///
+/// Each entry is the image's whole layer (`io.triton.cache/…` and
+/// `io.triton.manifest/manifest.json`, or the vLLM equivalents) under the
+/// image digest. Extraction happens in `<root>/staging/`; entries appear by
+/// one atomic rename. Staging leftovers of a killed process are removed when
+/// the store is next opened.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    durable: bool,
+}
+
+/// A cache in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The image digest.
+    pub digest: Digest,
+    /// Its directory, `<root>/sha256/<hex>`.
+    pub path: PathBuf,
+    /// What extraction wrote; `None` when it was already stored.
+    pub extracted: Option<ExtractStats>,
+}
+
+/// A staging directory and the lock that marks it in use.
+struct Staging {
+    dir: PathBuf,
+    lock_path: PathBuf,
+    _lock: File,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+        let _ = fs::remove_file(&self.lock_path);
+    }
+}
+
+impl Store {
+    /// Open (creating if needed) the store at `root`, removing staging
+    /// directories no live process holds.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
+        let root = root.into();
+        for dir in [root.join("sha256"), root.join("staging")] {
+            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        let store = Store { root, durable: true };
+        store.clean_staging()?;
+        Ok(store)
+    }
+
+    /// Skip the `syncfs` before entries are renamed into place (tests and
+    /// benchmarks; a crash may then leave an entry with lost data).
+    pub fn with_durability(mut self, durable: bool) -> Store {
+        self.durable = durable;
+        self
+    }
+
+    /// The store's root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where `digest` is (or would be) stored.
+    pub fn path_of(&self, digest: &Digest) -> PathBuf {
+        self.root.join("sha256").join(digest.hex())
+    }
+
+    /// The stored tree of `digest`, if present.
+    pub fn get(&self, digest: &Digest) -> Option<PathBuf> {
+        let p = self.path_of(digest);
+        p.is_dir().then_some(p)
+    }
+
+    /// Every stored digest.
+    pub fn list(&self) -> Result<Vec<Digest>> {
+        let dir = self.root.join("sha256");
+        let mut out: Vec<Digest> = fs::read_dir(&dir)
+            .map_err(|e| Error::io(&dir, e))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().and_then(Digest::from_hex))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    fn clean_staging(&self) -> Result<()> {
+        let staging = self.root.join("staging");
+        let entries = fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "lock") {
+                continue;
+            }
+            let lock_path = path.with_extension("lock");
+            let held = match OpenOptions::new().write(true).open(&lock_path) {
+                Ok(f) => matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)),
+                Err(_) => false,
+            };
+            if held {
+                continue;
+            }
+            tracing::info!(path = %path.display(), "removing leftover staging directory");
+            let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            removed.map_err(|e| Error::io(&path, e))?;
+            let _ = fs::remove_file(&lock_path);
+        }
+        // Lock files whose directory is gone.
+        let entries = fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+        for entry in entries.filter_map(|e| e.ok()) {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "lock") && !path.with_extension("").exists() {
+                if let Ok(f) = File::open(&path)
+                    && f.try_lock().is_ok()
+                {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn staging(&self, digest: &Digest) -> Result<Staging> {
+        let name = tmp_name(&format!("{}-", &digest.hex()[..12]));
+        let dir = self.root.join("staging").join(&name);
+        let lock_path = dir.with_extension("lock");
+        let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        fs::create_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        Ok(Staging { dir, lock_path, _lock: lock })
+    }
+
+    /// Make sure the image `repo` names is stored. A reference pinned by a
+    /// stored digest does no network work; a tag costs one manifest fetch.
+    pub async fn ensure(&self, repo: &Repo, policy: &ExtractPolicy, progress: Option<Progress>) -> Result<Stored> {
+        if let Some(digest) = repo.image().pinned_digest()
+            && let Some(path) = self.get(&digest)
+        {
+            return Ok(Stored { digest, path, extracted: None });
+        }
+        let image = Image::fetch(repo).await?;
+        self.ensure_image(repo, &image, policy, progress).await
+    }
+
+    /// Make sure `image` (read from `repo`) is stored.
+    pub async fn ensure_image(
+        &self,
+        repo: &Repo,
+        image: &Image,
+        policy: &ExtractPolicy,
+        progress: Option<Progress>,
+    ) -> Result<Stored> {
+        let digest = image.digest.clone();
+        if let Some(path) = self.get(&digest) {
+            return Ok(Stored { digest, path, extracted: None });
+        }
+        let layer = image.cache_layer()?.clone();
+        let staging = self.staging(&digest)?;
+        let stats = extract_layer(repo, &layer, &staging.dir, Mapping::Layer, policy, progress).await?;
+        let final_path = self.path_of(&digest);
+        let dir = staging.dir.clone();
+        let durable = self.durable;
+        let sha_dir = self.root.join("sha256");
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            if durable {
+                sync_filesystem(&dir)?;
+            }
+            match fs::rename(&dir, &final_path) {
+                Ok(()) => {}
+                // Another extraction of the same digest won: same content.
+                Err(e) if final_path.is_dir() && matches!(e.kind(), io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty) => {}
+                Err(e) => return Err(Error::io(&final_path, e)),
+            }
+            if durable {
+                sync_dir(&sha_dir)?;
+            }
+            Ok(())
+        })
+        .await??;
+        drop(staging);
+        Ok(Stored { path: self.path_of(&digest), digest, extracted: Some(stats) })
+    }
+
+    /// Remove every stored digest not in `referenced`; returns what was
+    /// removed. Each entry disappears atomically (renamed into staging, then
+    /// deleted).
+    pub fn gc(&self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
+        let mut removed = Vec::new();
+        for digest in self.list()? {
+            if referenced.contains(&digest) {
+                continue;
+            }
+            let staging = self.staging(&digest)?;
+            let from = self.path_of(&digest);
+            // The staging directory exists and is empty; rename replaces it.
+            fs::rename(&from, &staging.dir).map_err(|e| Error::io(&from, e))?;
+            drop(staging);
+            removed.push(digest);
+        }
+        Ok(removed)
+    }
+}

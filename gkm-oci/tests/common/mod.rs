@@ -1,0 +1,91 @@
+//! Helpers shared by gkm-oci's integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The workspace root: the first ancestor of this crate holding `Cargo.lock`.
+pub fn workspace_root() -> PathBuf {
+    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    while !dir.join("Cargo.lock").exists() {
+        if !dir.pop() {
+            panic!("no Cargo.lock above {}", env!("CARGO_MANIFEST_DIR"));
+        }
+    }
+    dir
+}
+
+/// The shared fixture caches.
+pub fn fixtures() -> PathBuf {
+    workspace_root().join("../shared/fixtures/caches")
+}
+
+/// The three fixture caches, by name.
+pub const FIXTURES: [&str; 3] =
+    ["triton-vector-add-cuda-sm75", "triton-vector-add-rocm-gfx90a", "vllm-torch-compile-inductor"];
+
+/// One node of a tree: a directory, or a file's bytes and exec bit.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Node {
+    Dir,
+    File { bytes: Vec<u8>, exec: bool },
+}
+
+/// Every path below `root` with what it holds; fails on anything else.
+pub fn tree(root: &Path) -> BTreeMap<String, Node> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let entry = entry.expect("dir entry");
+            let path = entry.path();
+            let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(&path).expect("metadata");
+            if meta.is_dir() {
+                out.insert(rel, Node::Dir);
+                stack.push(path);
+            } else if meta.is_file() {
+                let exec = meta.permissions().mode() & 0o111 != 0;
+                out.insert(rel, Node::File { bytes: std::fs::read(&path).expect("read"), exec });
+            } else {
+                panic!("{} is neither a file nor a directory", path.display());
+            }
+        }
+    }
+    out
+}
+
+/// Assert two trees hold the same paths, bytes and exec bits.
+pub fn assert_same_tree(expected: &Path, actual: &Path) {
+    let (a, b) = (tree(expected), tree(actual));
+    let names_a: Vec<_> = a.keys().collect();
+    let names_b: Vec<_> = b.keys().collect();
+    assert_eq!(names_a, names_b, "{} and {} list different paths", expected.display(), actual.display());
+    for (k, v) in &a {
+        assert!(b.get(k) == Some(v), "{k} differs between {} and {}", expected.display(), actual.display());
+    }
+}
+
+/// Copy a tree file by file in the given order of files (directories are
+/// created as needed), with writable permissions.
+pub fn copy_tree_in_order(src: &Path, dst: &Path, reverse: bool) {
+    let t = tree(src);
+    let mut files: Vec<(&String, &Node)> = t.iter().collect();
+    if reverse {
+        files.reverse();
+    }
+    std::fs::create_dir_all(dst).expect("mkdir");
+    for (rel, node) in files {
+        let to = dst.join(rel);
+        match node {
+            Node::Dir => std::fs::create_dir_all(&to).expect("mkdir"),
+            Node::File { bytes, exec } => {
+                std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+                std::fs::write(&to, bytes).expect("write");
+                let mode = if *exec { 0o700 } else { 0o600 };
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Finding the real components' binaries.
+
+use std::path::PathBuf;
+
+/// A component the tests run, and how it is installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    /// etcd, built from `go.etcd.io/etcd/server/v3`.
+    Etcd,
+    /// kube-apiserver, built from `k8s.io/kubernetes`.
+    KubeApiserver,
+    /// kube-controller-manager, built from `k8s.io/kubernetes`.
+    KubeControllerManager,
+    /// kube-scheduler, built from `k8s.io/kubernetes`.
+    KubeScheduler,
+    /// kubectl, built from `k8s.io/kubernetes`.
+    Kubectl,
+    /// kwok, built from `sigs.k8s.io/kwok`.
+    Kwok,
+    /// The Distribution registry, Debian package `docker-registry`.
+    Registry,
+}
+
+impl Component {
+    /// The binary's file name.
+    pub fn binary_name(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::KubeApiserver => "kube-apiserver",
+            Component::KubeControllerManager => "kube-controller-manager",
+            Component::KubeScheduler => "kube-scheduler",
+            Component::Kubectl => "kubectl",
+            Component::Kwok => "kwok",
+            Component::Registry => "registry",
+        }
+    }
+
+    /// The command that installs it, from the repository root.
+    pub fn install_command(self) -> &'static str {
+        match self {
+            Component::Etcd => "hack/components.sh etcd",
+            Component::KubeApiserver
+            | Component::KubeControllerManager
+            | Component::KubeScheduler
+            | Component::Kubectl => "hack/components.sh kubernetes",
+            Component::Kwok => "hack/components.sh kwok",
+            Component::Registry => "hack/components.sh debian",
+        }
+    }
+
+    /// Whether envtest's `KUBEBUILDER_ASSETS` directory may hold it.
+    fn in_kubebuilder_assets(self) -> bool {
+        matches!(
+            self,
+            Component::Etcd | Component::KubeApiserver | Component::Kubectl
+        )
+    }
+}
+
+/// The directory `hack/components.sh` links every binary into.
+pub fn tools_bin_dir() -> PathBuf {
+    let base = std::env::var_os("GKM_TOOLS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("gkm-tools")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/gkm-tools")))
+        .unwrap_or_else(|| PathBuf::from(".cache/gkm-tools"));
+    base.join("bin")
+}
+
+/// Where a component's binary is, or an error naming the install command.
+///
+/// Looks in `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kubectl), then in
+/// [`tools_bin_dir`], then (the registry) where Debian installs it.
+pub fn find_binary(component: Component) -> anyhow::Result<PathBuf> {
+    let mut dirs = Vec::new();
+    if component.in_kubebuilder_assets()
+        && let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS")
+    {
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs.push(tools_bin_dir());
+    find_binary_in(component, &dirs)
+}
+
+/// Where a component's binary is among `dirs`, or an error naming the
+/// install command.
+pub fn find_binary_in(component: Component, dirs: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    let name = component.binary_name();
+    let mut tried: Vec<PathBuf> = dirs.iter().map(|d| d.join(name)).collect();
+    if component == Component::Registry {
+        tried.push(PathBuf::from("/usr/bin/docker-registry"));
+    }
+    for path in &tried {
+        if path.is_file() {
+            return Ok(path.clone());
+        }
+    }
+    anyhow::bail!(
+        "{name} is not installed (looked in {}); install it with `{}` from the repository root",
+        tried
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        component.install_command()
+    )
+}

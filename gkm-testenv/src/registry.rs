@@ -1,0 +1,127 @@
+//! A real OCI registry: the Distribution registry from Debian's `docker-registry`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::binaries::{Component, find_binary};
+use crate::ports::free_port;
+use crate::process::{Process, remove_at_exit};
+
+/// A Distribution registry serving plain HTTP on a free loopback port, with a
+/// filesystem store in a temporary directory; stopped when dropped.
+///
+/// It has no OCI referrers API, so clients use the `sha256-<hex>` tag fallback.
+pub struct Registry {
+    process: Process,
+    addr: String,
+    root: PathBuf,
+    _tempdir: Option<tempfile::TempDir>,
+}
+
+static SHARED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+static SHARED_INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl Registry {
+    /// Starts a registry of its own.
+    pub fn start() -> anyhow::Result<Registry> {
+        let tempdir = crate::temp_dir()?;
+        let root = tempdir.path().to_path_buf();
+        Self::start_in(&root, Some(tempdir))
+    }
+
+    /// The registry shared by every test of this test binary. Tests should
+    /// use repository names of their own.
+    pub fn shared() -> anyhow::Result<&'static Registry> {
+        if let Some(registry) = SHARED.get() {
+            return Ok(registry);
+        }
+        let _guard = SHARED_INIT
+            .lock()
+            .map_err(|_| anyhow::anyhow!("registry init poisoned"))?;
+        if let Some(registry) = SHARED.get() {
+            return Ok(registry);
+        }
+        let dir = crate::temp_dir()?.keep();
+        remove_at_exit(&dir);
+        let registry = Self::start_in(&dir, None)?;
+        Ok(SHARED.get_or_init(|| registry))
+    }
+
+    /// Starts a registry storing its blobs under `root`, which must exist.
+    pub fn start_in_dir(root: &Path) -> anyhow::Result<Registry> {
+        Self::start_in(root, None)
+    }
+
+    fn start_in(root: &Path, tempdir: Option<tempfile::TempDir>) -> anyhow::Result<Registry> {
+        let binary = find_binary(Component::Registry)?;
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let config = root.join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
+                 filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: \
+                 {addr}\n",
+                root.join("data").display()
+            ),
+        )?;
+        let mut cmd = Command::new(binary);
+        cmd.arg("serve").arg(&config);
+        let mut process = Process::spawn("registry", cmd, &root.join("registry.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            process.check_running()?;
+            if registry_answers(&addr) {
+                break;
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "registry on {addr} did not answer /v2/ within 20s:\n{}",
+                    process.log_tail(20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Registry {
+            process,
+            addr,
+            root: root.to_path_buf(),
+            _tempdir: tempdir,
+        })
+    }
+
+    /// `127.0.0.1:PORT`, the host part of image references.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The directory holding its config, data and log.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The registry process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}
+
+/// Whether `GET /v2/` answers 200 (a bare HTTP/1.0 request, no client needed).
+fn registry_answers(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /v2/ HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds or installs, at pinned versions, the real components gkm's tests run
+# against, into a cache keyed by version. A second run rebuilds nothing.
+#
+#   hack/components.sh            # everything
+#   hack/components.sh etcd kwok  # only these
+#
+# Binaries land in $GKM_TOOLS_DIR/<component>-<version>/ and are linked into
+# $GKM_TOOLS_DIR/bin, which the test support reads (GKM_TOOLS_DIR defaults to
+# ~/.cache/gkm-tools). Pinned versions live in hack/tools/*/go.mod and below.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
+bin_dir=$tools_dir/bin
+mkdir -p "$bin_dir"
+find "$bin_dir" -xtype l -delete # links to versions no longer built
+
+# Debian packages the tests use, pinned by the Debian release.
+DEBIAN_PACKAGES=(docker-registry pci.ids)
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# go_component NAME VERSION MODULE_DIR [BINARY=]PACKAGE...
+# Builds the Go packages from the pinned tools module into NAME-VERSION/,
+# keyed by VERSION and the go.sum that pins everything beneath it. A package
+# given as BINARY=PACKAGE is built under that binary name.
+go_component() {
+  local name=$1 version=$2 module=$3
+  shift 3
+  local dest=$tools_dir/$name-$version
+  local key
+  key="$(go env GOVERSION) $(sha256sum "$root/hack/tools/$module/go.sum" | cut -d' ' -f1) $* ${GO_LDFLAGS:-}"
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
+    log "$name $version: cached in $dest"
+  else
+    log "$name $version: building into $dest"
+    rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+    local pkg out
+    for pkg in "$@"; do
+      out=$dest.tmp/
+      if [[ $pkg == *=* ]]; then out=$dest.tmp/${pkg%%=*}; pkg=${pkg#*=}; fi
+      (cd "$root/hack/tools/$module" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w ${GO_LDFLAGS:-}" -o "$out" "$pkg")
+    done
+    printf '%s' "$key" > "$dest.tmp/.stamp"
+    rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  fi
+  local f
+  for f in "$dest"/*; do ln -sfn "$f" "$bin_dir/$(basename "$f")"; done
+}
+
+# The version the Kubernetes binaries report (their build scripts stamp it).
+k8s_version_ldflags() {
+  local v=$1 minor
+  minor=$(cut -d. -f2 <<<"$v")
+  local pkg flags=
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  printf '%s' "$flags"
+}
+
+debian_packages() {
+  local missing=()
+  local p
+  for p in "${DEBIAN_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    log "debian packages: ${DEBIAN_PACKAGES[*]} installed"
+  fi
+  ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
+}
+
+all=(debian etcd kubernetes kwok)
+wanted=("$@")
+((${#wanted[@]})) || wanted=("${all[@]}")
+for c in "${wanted[@]}"; do
+  case $c in
+    debian) debian_packages ;;
+    etcd) go_component etcd v3.6.8 etcd etcd=go.etcd.io/etcd/server/v3 ;;
+    kubernetes)
+      GO_LDFLAGS=$(k8s_version_ldflags v1.36.3) go_component kubernetes v1.36.3 kubernetes \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+      ;;
+    kwok) go_component kwok v0.7.0 kwok sigs.k8s.io/kwok/cmd/kwok ;;
+    *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
+  esac
+done
+log "components ready in $bin_dir"
