@@ -18,6 +18,7 @@
 //!   cuda/75/32: architecture mismatch: the cache targets sm_75, the GPU is sm_80 (…)
 //! ```
 
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -53,13 +54,15 @@ fn run(dir: &Path, specs: &[String]) -> Result<bool, String> {
         CacheKind::Triton => "triton",
         CacheKind::Vllm => "vllm",
     };
-    println!(
-        "{kind} cache, {} kernel(s), targets: {}",
+    let report = check_manifest(&manifest, &gpus, &CheckOptions::default());
+    let mut out = std::io::stdout().lock();
+    write!(
+        out,
+        "{kind} cache, {} kernel(s), targets: {}\n{report}",
         manifest.entries().len(),
         manifest.summary()
-    );
-    let report = check_manifest(&manifest, &gpus, &CheckOptions::default());
-    print!("{report}");
+    )
+    .map_err(|e| format!("writing the report: {e}"))?;
     Ok(report.compatible)
 }
 

@@ -78,7 +78,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok)
+all=(debian etcd kubernetes kwok cosign csi-sanity)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -91,6 +91,11 @@ for c in "${wanted[@]}"; do
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
       ;;
     kwok) go_component kwok v0.7.0 kwok sigs.k8s.io/kwok/cmd/kwok ;;
+    cosign)
+      go_component cosign-v2 v2.6.5 cosign-v2 cosign-v2=github.com/sigstore/cosign/v2/cmd/cosign
+      go_component cosign-v3 v3.1.3 cosign-v3 cosign-v3=github.com/sigstore/cosign/v3/cmd/cosign
+      ;;
+    csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done

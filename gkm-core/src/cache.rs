@@ -64,16 +64,36 @@ pub enum CacheKind {
     Vllm,
 }
 
-/// The layout of a vLLM cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The layout of a vLLM cache (see [the layouts](self#layouts-scan-reads)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VllmFormat {
-    /// Inductor artefacts with a `triton_cache/` per rank.
+    /// Inductor's and Triton's caches (`inductor_cache/`, `triton_cache/`)
+    /// in each rank directory.
     Triton,
-    /// Precompiled binary artefacts.
+    /// Inductor standalone artefacts (`artifact_compile_range_*`), single
+    /// files or unpacked directories.
     Binary,
-    /// `aot_compile` artefacts.
+    /// `torch_aot_compile/<hash>/rank_*/model`: the whole compiled model per
+    /// rank.
     AotCompile,
+}
+
+impl VllmFormat {
+    /// The name MCV and the manifest use: `triton`, `binary`, `aot_compile`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VllmFormat::Triton => "triton",
+            VllmFormat::Binary => "binary",
+            VllmFormat::AotCompile => "aot_compile",
+        }
+    }
+}
+
+impl std::fmt::Display for VllmFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The compile target of one kernel: backend, architecture and warp size.
@@ -221,6 +241,49 @@ impl CacheManifest {
     /// The distinct targets of its kernels.
     pub fn summary(&self) -> Summary {
         Summary::new(self.entries().iter().map(CacheEntry::target))
+    }
+
+    /// The layouts of a vLLM cache's entries, in MCV's order (`aot_compile`,
+    /// `binary`, `triton`), without repeats; when no entry records one, the
+    /// manifest's [`format`](CacheManifest::format). Empty for a Triton
+    /// cache.
+    pub fn vllm_formats(&self) -> Vec<VllmFormat> {
+        let mut formats: Vec<VllmFormat> = self
+            .vllm
+            .iter()
+            .flatten()
+            .filter_map(|e| e.cache_format)
+            .collect();
+        if formats.is_empty() && self.vllm.is_some() {
+            formats.extend(self.format);
+        }
+        formats.sort_by_key(|f| std::cmp::Reverse(*f));
+        formats.dedup();
+        formats
+    }
+
+    /// The `cache.vllm.image/format` label value as MCV writes it: the
+    /// layouts joined by commas (`aot_compile,triton`); `None` for a Triton
+    /// cache or a vLLM one without a known layout.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let key = dir.path().join("torch_compile_cache/d4ec7c2a7d/rank_0_0/triton_cache/KEY");
+    /// # std::fs::create_dir_all(&key)?;
+    /// # std::fs::write(key.join("k.json"), br#"{"hash":"h","target":{"backend":"hip","arch":"gfx90a","warp_size":64}}"#)?;
+    /// # std::fs::write(key.join("__grp__k.json"), b"{}")?;
+    /// let manifest = gkm_core::cache::scan(dir.path())?;
+    /// assert_eq!(manifest.format_label().as_deref(), Some("triton"));
+    /// # Ok(()) }
+    /// ```
+    pub fn format_label(&self) -> Option<String> {
+        let names: Vec<&str> = self
+            .vllm_formats()
+            .into_iter()
+            .map(VllmFormat::as_str)
+            .collect();
+        (!names.is_empty()).then(|| names.join(","))
     }
 
     /// Read a `manifest.json`. Never panics, whatever the bytes.

@@ -273,8 +273,8 @@ pub struct Gpu {
     pub vendor: Vendor,
     /// Marketing name, e.g. `Tesla T4`, `AMD Instinct MI210`.
     pub product: String,
-    /// The compiler backend that targets it; `None` for a device gkm cannot
-    /// compile for (for example one bound to vfio-pci).
+    /// The compiler backend that targets it; `None` for a device no kernel
+    /// can run on as it is (for example one with no compute driver bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
     /// Its architecture, when known.

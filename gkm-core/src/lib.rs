@@ -8,9 +8,21 @@
 //!   [`cache::CacheManifest`] and its [`cache::Summary`].
 //! - [`compat`]: matching a manifest or summary against GPUs, with a reason for
 //!   every mismatch.
+//!
+//! ```no_run
+//! use gkm_core::{Gpu, cache, compat};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let manifest = cache::scan("/home/me/.triton/cache".as_ref())?;
+//! println!("{} kernels for {}", manifest.entries().len(), manifest.summary());
+//! let gpus: Vec<Gpu> = serde_json::from_str(&std::fs::read_to_string("gpus.json")?)?;
+//! let report = compat::check_manifest(&manifest, &gpus, &compat::CheckOptions::default());
+//! print!("{report}");
+//! # Ok(()) }
+//! ```
 
 pub mod cache;
 pub mod compat;
 pub mod gpu;
+pub mod policy;
 
 pub use gpu::{Arch, Backend, Gpu, Vendor};

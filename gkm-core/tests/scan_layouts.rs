@@ -258,3 +258,31 @@ fn reads_mcv_vllm_manifests() {
     assert_eq!(entry.cache_format, Some(VllmFormat::Triton));
     assert_eq!(manifest.summary().to_string(), "hip/gfx90a/64");
 }
+
+#[test]
+fn format_label_lists_every_layout_in_mcv_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let compile_cache = dir.path().join("torch_compile_cache");
+    write(
+        &compile_cache.join("torch_aot_compile/aa/rank_0_0/model"),
+        &artefact(&[&rocm_kernel_json()]),
+    );
+    copy_tree(
+        &fixture("triton-vector-add-cuda-sm75").join(CUDA_KEY),
+        &compile_cache
+            .join("bb/rank_0_0/triton_cache")
+            .join(CUDA_KEY),
+        false,
+    );
+    let manifest = cache::scan(dir.path()).unwrap();
+    assert_eq!(
+        manifest.vllm_formats(),
+        [VllmFormat::AotCompile, VllmFormat::Triton]
+    );
+    assert_eq!(
+        manifest.format_label().as_deref(),
+        Some("aot_compile,triton")
+    );
+    let triton = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    assert_eq!(triton.format_label(), None);
+}

@@ -17,8 +17,14 @@ use crate::{Error, simulate, vfio};
 /// let opts = gkm_gpu::DiscoveryOptions::default();
 /// assert_eq!(opts.sysfs_root, std::path::Path::new("/sys"));
 /// assert!(opts.nvml);
-/// let test = gkm_gpu::DiscoveryOptions { sysfs_root: "testdata/sysfs/no-gpu".into(), nvml: false, ..Default::default() };
-/// # let _ = test;
+/// // A captured tree, without NVML:
+/// let captured = gkm_gpu::DiscoveryOptions {
+///     sysfs_root: "testdata/sysfs/no-gpu".into(),
+///     nvml: false,
+///     ..Default::default()
+/// };
+/// assert!(gkm_gpu::discover(&captured)?.gpus.is_empty());
+/// # Ok::<(), gkm_gpu::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryOptions {
@@ -229,6 +235,19 @@ pub(crate) fn assemble(
         apply_nvml(&mut gpu, n, &inventory.nvml);
         inventory.gpus.push(gpu);
     }
+    if let crate::NvmlStatus::NoDriver { reason } = &inventory.nvml {
+        let on_nvidia = inventory
+            .gpus
+            .iter()
+            .filter(|g| g.backend == Some(Backend::Cuda))
+            .count();
+        if on_nvidia > 0 {
+            warnings.push(format!(
+                "{on_nvidia} GPU(s) are on the nvidia driver but NVML could not be used ({reason}); \
+                 their UUID, memory and CUDA version are unknown"
+            ));
+        }
+    }
     for (i, gpu) in inventory.gpus.iter_mut().enumerate() {
         gpu.index = u32::try_from(i).unwrap_or(u32::MAX);
     }
@@ -265,4 +284,93 @@ fn module_version(root: &Path, driver: &str) -> Option<String> {
         .ok()
         .flatten()
         .filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NvmlStatus;
+    use crate::nvidia::NvmlGpu;
+    use gkm_core::gpu::MigMode;
+
+    fn h100_tree() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/sysfs/nvidia-h100")
+    }
+
+    fn nvml_gpu(addr: &str, uuid: &str) -> NvmlGpu {
+        NvmlGpu {
+            uuid: Some(uuid.into()),
+            name: Some("NVIDIA H100 80GB HBM3".into()),
+            arch: Some(Arch::from_compute_capability(9, 0)),
+            memory_bytes: Some(81559 << 20),
+            pci_address: Some(addr.into()),
+            mig_mode: Some(MigMode::Disabled),
+        }
+    }
+
+    #[test]
+    fn gpus_on_the_nvidia_driver_without_nvml_are_reported() {
+        let root = h100_tree();
+        let mut warnings = Vec::new();
+        let devices = pci::scan(&root, &mut warnings).unwrap();
+        let report = NvmlReport {
+            status: NvmlStatus::NoDriver {
+                reason: "libnvidia-ml.so.1: cannot open shared object file".into(),
+            },
+            ..NvmlReport::default()
+        };
+        let inv = assemble(&root, &devices, &PciIds::bundled(), &[], report, warnings);
+        assert_eq!(inv.gpus.len(), 2);
+        assert_eq!(inv.warnings.len(), 1);
+        assert!(inv.warnings[0].starts_with(
+            "2 GPU(s) are on the nvidia driver but NVML could not be used (libnvidia-ml.so.1"
+        ));
+    }
+
+    /// NVML's answer is matched to sysfs by PCI address; a device only NVML
+    /// lists is kept, with a warning.
+    #[test]
+    fn nvml_answers_are_matched_to_sysfs_by_pci_address() {
+        let root = h100_tree();
+        let mut warnings = Vec::new();
+        let devices = pci::scan(&root, &mut warnings).unwrap();
+        let report = NvmlReport {
+            status: NvmlStatus::Loaded {
+                driver_version: "550.90.07".into(),
+                cuda_driver_version: Some("12.4".into()),
+                device_count: 3,
+            },
+            gpus: vec![
+                nvml_gpu("0000:bd:00.0", "GPU-b"),
+                nvml_gpu("0000:18:00.0", "GPU-a"),
+                nvml_gpu("0000:f0:00.0", "GPU-c"),
+            ],
+            warnings: Vec::new(),
+        };
+        let inv = assemble(&root, &devices, &PciIds::bundled(), &[], report, warnings);
+        let seen: Vec<(u32, Option<&str>, Option<&str>)> = inv
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.as_deref(), g.pci_address.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (0, Some("GPU-a"), Some("0000:18:00.0")),
+                (1, Some("GPU-b"), Some("0000:bd:00.0")),
+                (2, Some("GPU-c"), Some("0000:f0:00.0")),
+            ]
+        );
+        let first = &inv.gpus[0];
+        assert_eq!(first.product, "NVIDIA H100 80GB HBM3");
+        assert_eq!(first.memory_bytes, Some(81559 << 20));
+        assert_eq!(first.driver_version.as_deref(), Some("550.90.07"));
+        assert_eq!(first.toolkit_version.as_deref(), Some("12.4"));
+        assert_eq!(first.mig_mode, Some(MigMode::Disabled));
+        assert_eq!(first.numa_node, Some(0), "sysfs facts are kept");
+        assert_eq!(
+            inv.warnings,
+            ["NVML reports a GPU at 0000:f0:00.0 that sysfs does not list"]
+        );
+    }
 }

@@ -151,3 +151,24 @@ fn mistakes_are_named() {
         "{err}"
     );
 }
+
+proptest::proptest! {
+    /// Whatever the file holds, reading it answers Ok or a named error.
+    #[test]
+    fn any_text_reads_without_panicking(text in "\\PC{0,200}") {
+        let _ = parse(&text);
+        let _ = simulate::parse(&text, Path::new("node.json"));
+    }
+
+    #[test]
+    fn counts_add_up(counts in proptest::collection::vec(1u32..20, 1..6)) {
+        let yaml: String = std::iter::once("gpus:\n".to_string())
+            .chain(counts.iter().zip(PROFILES.iter().cycle()).map(|(c, p)| format!("  - profile: {}\n    count: {c}\n", p.name)))
+            .collect();
+        let inv = parse(&yaml).unwrap();
+        proptest::prop_assert_eq!(inv.gpus.len() as u32, counts.iter().sum::<u32>());
+        for (i, g) in inv.gpus.iter().enumerate() {
+            proptest::prop_assert_eq!(g.index as usize, i);
+        }
+    }
+}

@@ -296,3 +296,35 @@ fn inventory_json_reads_back_as_a_simulated_inventory() {
     assert!(back.simulated);
     assert_eq!(back.gpus, inv.gpus);
 }
+
+/// Links in the trees never point at one of their own ancestors, so tools that
+/// walk the package following links (cargo among them) terminate.
+#[test]
+fn captured_trees_have_no_link_loops() {
+    fn walk(dir: &Path, links: &mut usize) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.file_type().is_symlink() {
+                *links += 1;
+                if let Ok(target) = std::fs::canonicalize(&path) {
+                    let here = std::fs::canonicalize(path.parent().unwrap()).unwrap();
+                    assert!(
+                        !here.starts_with(&target),
+                        "{} points to its ancestor {}",
+                        path.display(),
+                        target.display()
+                    );
+                }
+            } else if meta.is_dir() {
+                walk(&path, links);
+            }
+        }
+    }
+    let mut links = 0;
+    walk(&tree(""), &mut links);
+    assert!(
+        links > 50,
+        "the trees use symlinks as sysfs does ({links} found)"
+    );
+}

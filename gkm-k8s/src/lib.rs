@@ -2,4 +2,9 @@
 //! land) the operator's and agent's controllers, the CSI node service, the
 //! device plugin and the scheduler extender.
 
+pub mod cache_object;
 pub mod crd;
+pub mod error;
+pub mod operator;
+
+pub use error::{Error, Result};

@@ -170,6 +170,6 @@ async fn build_via(
         registry,
     )?;
     let dst = Repo::create(dest, registry)?;
-    copy_image(&src, &dst).await?;
+    copy_image(&src, &dst, None).await?;
     Ok(built)
 }

@@ -1,26 +1,54 @@
 //! Copying an image between registries and layouts (push and pull).
 
+use futures::StreamExt;
+
 use crate::digest::Digest;
 use crate::error::Result;
 use crate::image::{Manifest, is_index, select_from_index};
-use crate::repo::Repo;
+use crate::pipeline::Progress;
+use crate::repo::{BlobSource, Repo};
 
 /// Copy the image `src` selects to `dst`, blobs first, then the manifest
 /// (byte for byte, so the digest is kept). Blobs `dst` already has are not
 /// sent again. An index is resolved to one manifest. Returns the digest.
-pub async fn copy_image(src: &Repo, dst: &Repo) -> Result<Digest> {
+///
+/// `progress`, when given, is called with the bytes sent so far and the
+/// total size of the blobs being sent.
+pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> Result<Digest> {
     let mut raw = src.fetch_manifest().await?;
     if is_index(&raw.media_type) {
         raw = src.fetch_manifest_digest(&select_from_index(&raw.bytes)?).await?;
     }
     let manifest = Manifest::parse(&raw.bytes)?;
+    let mut missing = Vec::new();
     for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
         if dst.has_blob(&blob.digest).await? {
             tracing::debug!(digest = %blob.digest, "blob already present");
-            continue;
+        } else {
+            missing.push(blob.clone());
         }
-        let source = src.open_blob(&blob.digest).await?;
+    }
+    let total: u64 = missing.iter().map(|b| b.size).sum();
+    let mut sent = 0u64;
+    for blob in missing {
+        let mut source = src.open_blob(&blob.digest).await?;
+        if let Some(p) = progress.clone() {
+            let stream = source.into_stream().await?;
+            let base = sent;
+            let mut done = 0u64;
+            source = BlobSource::Stream(
+                stream
+                    .inspect(move |chunk| {
+                        if let Ok(c) = chunk {
+                            done += c.len() as u64;
+                            p(base + done, total);
+                        }
+                    })
+                    .boxed(),
+            );
+        }
         dst.put_blob(&blob.digest, blob.size, source).await?;
+        sent += blob.size;
     }
     dst.put_manifest(&raw).await?;
     Ok(raw.digest)

@@ -344,13 +344,29 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
     if kind == tar::EntryType::XGlobalHeader {
         return Ok(());
     }
+    check_pax(&mut entry, shown)?;
+    match kind {
+        tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous => {}
+        tar::EntryType::Link | tar::EntryType::Symlink if policy.allow_in_tree_links => {}
+        tar::EntryType::Link | tar::EntryType::Symlink => {
+            return reject(Rule::LinkNotAllowed, "links are not allowed by the extraction policy".into());
+        }
+        tar::EntryType::GNUSparse => return reject(Rule::Malformed, "sparse files are not supported".into()),
+        other => {
+            return reject(Rule::SpecialFile, format!("{other:?} entries are not allowed: only files and directories"));
+        }
+    }
     let path_bytes = entry.path_bytes().into_owned();
     let Ok(raw) = std::str::from_utf8(&path_bytes) else {
         return reject(Rule::NonUtf8Name, "path is not UTF-8".into());
     };
     let comps = components(raw, shown, policy)?;
+    if comps.len() == 1 && kind != tar::EntryType::Directory {
+        let rule = if kind.is_symlink() || kind.is_hard_link() { Rule::LinkEscape } else { Rule::OutsideLayout };
+        return reject(rule, "the cache and manifest directories must be real directories".into());
+    }
     let Some(rel) = map_entry(&comps, shown, st.mapping)? else {
-        // Checked but not written: still bound by the size rules.
+        // Checked but not written: a layout directory or the manifest.
         let size = entry.size();
         if size > policy.max_entry_size {
             return reject(Rule::EntryTooLarge, format!("{size} bytes, limit {}", policy.max_entry_size));
@@ -425,9 +441,6 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
             st.files.insert(rel);
         }
         tar::EntryType::Link | tar::EntryType::Symlink => {
-            if !policy.allow_in_tree_links {
-                return reject(Rule::LinkNotAllowed, "links are not allowed by the extraction policy".into());
-            }
             let link_bytes = entry.link_name_bytes().map(|b| b.into_owned()).unwrap_or_default();
             let Ok(link) = std::str::from_utf8(&link_bytes) else {
                 return reject(Rule::NonUtf8Name, "link target is not UTF-8".into());
@@ -450,11 +463,30 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
                 st.links.insert(rel);
             }
         }
-        tar::EntryType::GNUSparse => {
-            return reject(Rule::Malformed, "sparse files are not supported".into());
+        // Every other kind was refused above.
+        _ => {}
+    }
+    Ok(())
+}
+
+/// PAX records must parse, and a PAX size may not contradict a non-zero
+/// header size: parsers that trust one or the other would see different
+/// archives.
+fn check_pax<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<()> {
+    let header_size = entry.header().entry_size().unwrap_or(0);
+    let Some(records) = entry.pax_extensions().map_err(|e| classify(e, shown))? else { return Ok(()) };
+    let malformed = |detail: String| Err(Error::Rejected(Rejection::new(shown, Rule::Malformed, detail)));
+    for record in records {
+        let Ok(record) = record else { return malformed("unreadable PAX record".into()) };
+        if record.key() != Ok("size") {
+            continue;
         }
-        other => {
-            return reject(Rule::SpecialFile, format!("{other:?} entries are not allowed: only files and directories"));
+        let value = record.value().unwrap_or("");
+        let Ok(size) = value.parse::<u64>() else {
+            return malformed(format!("PAX size {value:?} is not a number"));
+        };
+        if header_size != 0 && size != header_size {
+            return malformed(format!("PAX size {size} contradicts the header size {header_size}"));
         }
     }
     Ok(())

@@ -29,8 +29,10 @@ pub mod layout;
 pub mod pipeline;
 pub mod reference;
 pub mod repo;
+pub mod sign;
 pub mod store;
 pub mod unpack;
+pub mod verify;
 
 pub use auth::Credentials;
 pub use build::{BuildOptions, Built, build};

@@ -48,6 +48,19 @@ pub enum BlobSource {
     Stream(BoxStream<'static, io::Result<Bytes>>),
 }
 
+impl BlobSource {
+    /// The blob as a stream of chunks.
+    pub async fn into_stream(self) -> Result<BoxStream<'static, io::Result<Bytes>>> {
+        match self {
+            BlobSource::Stream(s) => Ok(s),
+            BlobSource::File(path) => {
+                let file = tokio::fs::File::open(&path).await.map_err(|e| Error::io(&path, e))?;
+                Ok(file_stream(file))
+            }
+        }
+    }
+}
+
 /// The largest manifest or config gkm reads into memory.
 pub const MAX_DOCUMENT_SIZE: usize = 4 << 20;
 
@@ -291,13 +304,8 @@ impl Repo {
                     .auth(reference, auth, RegistryOperation::Push)
                     .await
                     .map_err(|e| self.registry_err(e))?;
-                let stream: BoxStream<'static, oci_client::errors::Result<Bytes>> = match source {
-                    BlobSource::File(path) => {
-                        let file = tokio::fs::File::open(&path).await.map_err(|e| Error::io(&path, e))?;
-                        file_stream(file).map(|r| r.map_err(Into::into)).boxed()
-                    }
-                    BlobSource::Stream(s) => s.map(|r| r.map_err(Into::into)).boxed(),
-                };
+                let stream: BoxStream<'static, oci_client::errors::Result<Bytes>> =
+                    source.into_stream().await?.map(|r| r.map_err(Into::into)).boxed();
                 client
                     .push_blob_stream(reference, stream, digest.as_str(), Some(size))
                     .await

@@ -133,6 +133,7 @@ fn corpus() -> Vec<Case> {
         case("absolute cache path", base().file(&format!("/{C}/x"), b"x").end(), Rule::AbsolutePath, format!("/{C}/x")),
         case("symlink to outside", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/tmp", 0, b"").end(), Rule::LinkNotAllowed, format!("{C}/l")),
         case("symlink as cache root", Tar::default().entry(C.as_bytes(), SYM, 0o777, b"/", 0, b"").end(), Rule::LinkNotAllowed, C),
+        with_links(case("allowed links: symlink as cache root", Tar::default().entry(C.as_bytes(), SYM, 0o777, b".", 0, b"").end(), Rule::LinkEscape, C)),
         case("hardlink to /etc/passwd", base().entry(format!("{C}/h").as_bytes(), HARD, 0o644, b"/etc/passwd", 0, b"").end(), Rule::LinkNotAllowed, format!("{C}/h")),
         with_links(case("allowed links: relative symlink escape", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"../../../outside", 0, b"").end(), Rule::LinkEscape, format!("{C}/l"))),
         with_links(case("allowed links: absolute symlink", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/etc", 0, b"").end(), Rule::LinkEscape, format!("{C}/l"))),
@@ -161,14 +162,14 @@ fn corpus() -> Vec<Case> {
         case("long path", base().pax(&[("path", long_path.as_bytes())]).file("placeholder", b"x").end(), Rule::NameTooLong, "d/d/d"),
         case("non-UTF-8 name", base().entry(b"io.triton.cache/\xff\xfekernel", REG, 0o644, b"", 1, b"x").end(), Rule::NonUtf8Name, "kernel"),
         case("non-UTF-8 pax path", base().pax(&[("path", b"io.triton.cache/\xc3\x28")]).file("placeholder", b"x").end(), Rule::NonUtf8Name, "io.triton.cache/"),
-        case("pax size smaller than data", base().pax(&[("size", b"10")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 2048, &[b'A'; 2048]).end(), Rule::Malformed, ""),
+        case("pax size smaller than data", base().pax(&[("size", b"10")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 2048, &[b'A'; 2048]).end(), Rule::Malformed, format!("{C}/p")),
         case("pax size larger than data", base().pax(&[("size", b"1048576")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 10, &[b'A'; 10]).cut(), Rule::Malformed, format!("{C}/p")),
-        case("pax size not a number", base().pax(&[("size", b"12abc")]).file(&format!("{C}/p"), b"x").end(), Rule::Malformed, ""),
-        case("pax size huge", base().pax(&[("size", b"1099511627776")]).file(&format!("{C}/p"), b"x").end(), Rule::EntryTooLarge, format!("{C}/p")),
+        case("pax size not a number", base().pax(&[("size", b"12abc")]).file(&format!("{C}/p"), b"x").end(), Rule::Malformed, format!("{C}/p")),
+        case("pax size huge", base().pax(&[("size", b"1099511627776")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 0, b"").cut(), Rule::EntryTooLarge, format!("{C}/p")),
         case("truncated data", base().entry(format!("{C}/t").as_bytes(), REG, 0o644, b"", 4096, &[b'B'; 100]).cut(), Rule::Malformed, format!("{C}/t")),
         case("outside the layout", base().file("etc/cron.d/job", b"x").end(), Rule::OutsideLayout, "etc/cron.d/job"),
         case("extra file in manifest dir", base().file("io.triton.manifest/run.sh", b"x").end(), Rule::OutsideLayout, "io.triton.manifest/run.sh"),
-        case("sparse file", base().entry(format!("{C}/s").as_bytes(), SPARSE, 0o644, b"", 0, b"").end(), Rule::Malformed, format!("{C}/s")),
+        case("sparse file", base().entry(format!("{C}/s").as_bytes(), SPARSE, 0o644, b"", 0, b"").end(), Rule::Malformed, "after io.triton.cache/ok.json"),
     ];
     let mut bad_sum = base().end();
     bad_sum[512 + 148] ^= 0x11;

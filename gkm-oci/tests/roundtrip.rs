@@ -68,7 +68,7 @@ async fn layout_round_trip() {
             let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display()).parse().expect("ref");
             let src = Repo::open(&built_ref, &opts).expect("open");
             let dst = Repo::create(&pulled, &opts).expect("create");
-            assert_eq!(copy_image(&src, &dst).await.expect("copy"), built.digest);
+            assert_eq!(copy_image(&src, &dst, None).await.expect("copy"), built.digest);
             extract_and_compare(name, &pulled, &opts, work.path()).await;
         }
     }
@@ -88,7 +88,7 @@ async fn registry_round_trip() {
         extract_and_compare(name, &remote, &opts, work.path()).await;
 
         let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display()).parse().expect("ref");
-        let digest = copy_image(&Repo::open(&remote, &opts).expect("open"), &Repo::create(&pulled, &opts).expect("create"))
+        let digest = copy_image(&Repo::open(&remote, &opts).expect("open"), &Repo::create(&pulled, &opts).expect("create"), None)
             .await
             .expect("pull");
         assert_eq!(digest, built.digest);

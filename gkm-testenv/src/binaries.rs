@@ -19,6 +19,12 @@ pub enum Component {
     Kwok,
     /// The Distribution registry, Debian package `docker-registry`.
     Registry,
+    /// cosign v2, built from `github.com/sigstore/cosign/v2`.
+    CosignV2,
+    /// cosign v3, built from `github.com/sigstore/cosign/v3`.
+    CosignV3,
+    /// csi-sanity, built from `github.com/kubernetes-csi/csi-test/v5`.
+    CsiSanity,
 }
 
 impl Component {
@@ -32,6 +38,9 @@ impl Component {
             Component::Kubectl => "kubectl",
             Component::Kwok => "kwok",
             Component::Registry => "registry",
+            Component::CosignV2 => "cosign-v2",
+            Component::CosignV3 => "cosign-v3",
+            Component::CsiSanity => "csi-sanity",
         }
     }
 
@@ -45,6 +54,8 @@ impl Component {
             | Component::Kubectl => "hack/components.sh kubernetes",
             Component::Kwok => "hack/components.sh kwok",
             Component::Registry => "hack/components.sh debian",
+            Component::CosignV2 | Component::CosignV3 => "hack/components.sh cosign",
+            Component::CsiSanity => "hack/components.sh csi-sanity",
         }
     }
 

@@ -1,12 +1,59 @@
 //! `gkm build`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use gkm_oci::{BuildOptions, Compression, ImageRef, build};
+
+use crate::push::{RegistryArgs, finish, parse_ref};
+
+/// Layer compression.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CompressionArg {
+    Zstd,
+    Gzip,
+}
 
 /// Arguments of `gkm build`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The cache directory (a Triton cache or a vLLM torch_compile_cache).
+    dir: PathBuf,
+    /// Where to write the image: `REGISTRY/REPO[:TAG]` or `oci:PATH[:TAG]`.
+    #[arg(short = 't', long = "tag", value_name = "REF", value_parser = parse_ref)]
+    tag: ImageRef,
+    /// Layer compression; gzip for tools that do not read zstd layers.
+    #[arg(long, value_enum, default_value = "zstd")]
+    compression: CompressionArg,
+    /// The `org.opencontainers.image.title` label (default: the
+    /// repository's or layout directory's last path component).
+    #[arg(long)]
+    title: Option<String>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
 
-/// Runs `gkm build`.
-pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("gkm build is not built yet")
+/// Runs `gkm build`; prints the image digest.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let options = BuildOptions {
+        compression: match args.compression {
+            CompressionArg::Zstd => Compression::Zstd,
+            CompressionArg::Gzip => Compression::Gzip,
+        },
+        title: args.title,
+    };
+    match build(&args.dir, &args.tag, &options, &args.registry.options()?).await {
+        Ok(built) => {
+            eprintln!(
+                "built {}: {} kernels, {} bytes, targets: {}",
+                args.tag,
+                built.cache.entries().len(),
+                built.layer.cache_size_bytes,
+                built.cache.summary()
+            );
+            println!("{}", built.digest);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => finish(e),
+    }
 }

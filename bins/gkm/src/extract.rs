@@ -1,12 +1,77 @@
-//! `gkm extract`.
+//! `gkm extract` (also the PVC fill job's command).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use gkm_oci::{ExtractPolicy, Image, ImageRef, Repo, UnpackOptions, extract_to_dir};
+
+use crate::push::{RegistryArgs, finish, parse_ref, progress};
 
 /// Arguments of `gkm extract`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
+    #[arg(value_parser = parse_ref)]
+    image: ImageRef,
+    /// The directory to fill with the cache tree; must be missing or empty.
+    #[arg(short = 'o', long = "output", value_name = "DIR")]
+    output: PathBuf,
+    /// Do not flush the tree to disk before moving it into place.
+    #[arg(long)]
+    no_sync: bool,
+    /// Accept hard links to extracted files and relative symbolic links that
+    /// stay in the tree (refused by default).
+    #[arg(long)]
+    allow_links: bool,
+    /// Refuse setuid/setgid/sticky bits instead of dropping them.
+    #[arg(long)]
+    reject_special_bits: bool,
+    /// Largest single file, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    max_entry_size: Option<u64>,
+    /// Largest total of file sizes, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    max_total_size: Option<u64>,
+    /// Most entries.
+    #[arg(long, value_name = "N")]
+    max_entries: Option<u64>,
+    /// Largest ratio of uncompressed to compressed size.
+    #[arg(long, value_name = "N")]
+    max_compression_ratio: Option<u64>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
 
-/// Runs `gkm extract`.
-pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("gkm extract is not built yet")
+/// Runs `gkm extract`; prints the image digest.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let d = ExtractPolicy::default();
+    let policy = ExtractPolicy {
+        max_entry_size: args.max_entry_size.unwrap_or(d.max_entry_size),
+        max_total_size: args.max_total_size.unwrap_or(d.max_total_size),
+        max_entries: args.max_entries.unwrap_or(d.max_entries),
+        max_compression_ratio: args.max_compression_ratio.unwrap_or(d.max_compression_ratio),
+        allow_in_tree_links: args.allow_links,
+        reject_special_bits: args.reject_special_bits,
+        ..d
+    };
+    let repo = Repo::open(&args.image, &args.registry.options()?)?;
+    let image = match Image::fetch(&repo).await {
+        Ok(i) => i,
+        Err(e) => return finish(e),
+    };
+    let options = UnpackOptions { policy, no_sync: args.no_sync, progress: progress("extract") };
+    match extract_to_dir(&repo, &image, &args.output, &options).await {
+        Ok(stats) => {
+            eprintln!(
+                "extracted {} to {}: {} files, {} bytes",
+                args.image,
+                args.output.display(),
+                stats.files,
+                stats.bytes
+            );
+            println!("{}", image.digest);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => finish(e),
+    }
 }

@@ -14,6 +14,8 @@ mod gpus;
 mod inspect;
 mod pull;
 mod push;
+mod sign;
+mod verify;
 
 /// GPU kernel cache manager.
 #[derive(Parser)]
@@ -40,6 +42,10 @@ enum Command {
     Check(check::Args),
     /// Extract an image's cache into a directory.
     Extract(extract::Args),
+    /// Sign an image (a sigstore bundle by default, or the cosign v2 format).
+    Sign(sign::Args),
+    /// Verify an image's signature against keys or a keyless identity.
+    Verify(verify::Args),
     /// List this node's GPUs.
     Gpus(gpus::Args),
     /// Print gkm's CustomResourceDefinitions as YAML.
@@ -70,6 +76,8 @@ async fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args).await,
         Command::Check(args) => check::run(args).await,
         Command::Extract(args) => extract::run(args).await,
+        Command::Sign(args) => sign::run(args).await,
+        Command::Verify(args) => verify::run(args).await,
         Command::Gpus(args) => gpus::run(args).await,
         Command::Crds(args) => crds::run(args),
     };

@@ -110,7 +110,9 @@ fn target(obj: &Map<String, Value>) -> Result<(Backend, Arch, u32), CacheError> 
         }
     };
     let arch = match arch {
-        Some(Value::String(s)) => s.parse::<Arch>(),
+        // A gfx target may carry its features (`gfx90a:sramecc+:xnack-`);
+        // the architecture is the part before them.
+        Some(Value::String(s)) => s.split(':').next().unwrap_or_default().parse::<Arch>(),
         Some(Value::Number(n)) => n.to_string().parse::<Arch>(),
         Some(other) => return Err(wrong_type("target.arch", "a string or a number", other)),
         None => return Err(invalid("missing field `target.arch`".into())),
@@ -184,6 +186,13 @@ mod tests {
         let json = br#"{"hash":"h","backend_name":"hip","arch":"gfx90a","warp_size":64}"#;
         let e = CacheEntry::from_kernel_json(json).unwrap();
         assert_eq!(e.target().to_string(), "hip/gfx90a/64");
+    }
+
+    #[test]
+    fn gfx_features_are_not_part_of_the_arch() {
+        let json = br#"{"hash":"h","target":{"backend":"hip","arch":"gfx90a:sramecc+:xnack-","warp_size":64}}"#;
+        let e = CacheEntry::from_kernel_json(json).unwrap();
+        assert_eq!(e.arch.as_str(), "gfx90a");
     }
 
     #[test]

@@ -1,0 +1,373 @@
+//! `gkm build`, `push`, `pull`, `inspect`, `check` and `extract` as a user
+//! runs them: on OCI layouts, on a real registry, and on images laid out as
+//! GKM/MCV builds them.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const FIXTURES: [&str; 3] =
+    ["triton-vector-add-cuda-sm75", "triton-vector-add-rocm-gfx90a", "vllm-torch-compile-inductor"];
+
+fn fixtures() -> PathBuf {
+    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    while !dir.join("Cargo.lock").exists() {
+        assert!(dir.pop(), "no workspace root above {}", env!("CARGO_MANIFEST_DIR"));
+    }
+    dir.join("../shared/fixtures/caches")
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn gkm(args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm"));
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // No credentials from the machine running the tests.
+    cmd.env("DOCKER_CONFIG", "/nonexistent-gkm-test-docker-config");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run gkm");
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("wait for gkm");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = gkm(args, &[], None);
+    assert_eq!(out.code, 0, "gkm {args:?} failed:\n{}", out.stderr);
+    out.stdout
+}
+
+/// Replace `sha256:<hex>` with a placeholder and `dir` with `[TMP]`.
+fn redact(text: &str, dir: &Path) -> String {
+    let text = text.replace(&dir.display().to_string(), "[TMP]");
+    let mut out = String::new();
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find("sha256:") {
+        out.push_str(&rest[..i + 7]);
+        let hex: String = rest[i + 7..].chars().take_while(char::is_ascii_hexdigit).collect();
+        out.push_str(if hex.len() == 64 { "<digest>" } else { &hex });
+        rest = &rest[i + 7 + hex.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every path below `root` with its bytes (None for directories) and exec bit.
+fn tree(root: &Path) -> BTreeMap<String, (Option<Vec<u8>>, bool)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(&path).expect("metadata");
+            assert!(meta.is_dir() || meta.is_file(), "{} is neither file nor directory", path.display());
+            if meta.is_dir() {
+                out.insert(rel, (None, false));
+                stack.push(path);
+            } else {
+                let exec = meta.permissions().mode() & 0o111 != 0;
+                out.insert(rel, (Some(std::fs::read(&path).expect("read")), exec));
+            }
+        }
+    }
+    out
+}
+
+fn assert_same_tree(expected: &Path, actual: &Path) {
+    let (a, b) = (tree(expected), tree(actual));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "paths differ");
+    assert!(a == b, "{} and {} differ in content", expected.display(), actual.display());
+}
+
+fn write_gpus(dir: &Path, profile: &str) -> PathBuf {
+    let path = dir.join(format!("gpus-{profile}.yaml"));
+    std::fs::write(&path, format!("gpus:\n  - profile: {profile}\n")).expect("write inventory");
+    path
+}
+
+#[test]
+fn layout_round_trip_and_inspect() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    for name in FIXTURES {
+        let src = fixtures().join(name);
+        let built = format!("oci:{}/built:{name}", w.display());
+        let digest = ok(&["build", &src.display().to_string(), "-t", &built]);
+        let digest = digest.trim();
+        assert!(digest.starts_with("sha256:") && digest.len() == 71, "{digest}");
+
+        let text = ok(&["inspect", &built]);
+        insta::assert_snapshot!(format!("inspect-{name}"), redact(&text, w));
+        let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", &built, "--json"])).expect("json");
+        assert_eq!(json["digest"], digest);
+
+        let pulled = format!("oci:{}/pulled:{name}", w.display());
+        assert_eq!(ok(&["pull", &built, &pulled]).trim(), digest);
+        let out = w.join(format!("out-{name}"));
+        assert_eq!(ok(&["extract", &pulled, "-o", &out.display().to_string()]).trim(), digest);
+        assert_same_tree(&src, &out);
+    }
+}
+
+#[test]
+fn registry_round_trip() {
+    let registry = gkm_testenv::Registry::shared().expect("start docker-registry (apt-get install -y docker-registry)");
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    for name in FIXTURES {
+        let src = fixtures().join(name);
+        let layout = format!("oci:{}/built:{name}", w.display());
+        let digest = ok(&["build", &src.display().to_string(), "-t", &layout, "--compression", "gzip"]);
+        let remote = format!("{}/cli/{name}:v1", registry.addr());
+        assert_eq!(ok(&["push", &layout, &remote, "--insecure"]), digest);
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&["inspect", &remote, "--json", "--insecure"])).expect("json");
+        assert_eq!(json["digest"], digest.trim());
+        let targets: Vec<&str> = json["targets"].as_array().expect("targets").iter().filter_map(|t| t.as_str()).collect();
+        match name {
+            "triton-vector-add-cuda-sm75" => assert!(targets.contains(&"cuda/75/32"), "{targets:?}"),
+            "triton-vector-add-rocm-gfx90a" => assert!(targets.contains(&"hip/gfx90a/64"), "{targets:?}"),
+            _ => assert!(!targets.is_empty()),
+        }
+        let pulled = format!("oci:{}/pulled:{name}", w.display());
+        assert_eq!(ok(&["pull", &remote, &pulled, "--insecure"]), digest);
+        let out = w.join(format!("out-{name}"));
+        assert_eq!(ok(&["extract", &remote, "-o", &out.display().to_string(), "--insecure"]), digest);
+        assert_same_tree(&src, &out);
+
+        // Into the node store; a second pull of the same digest does no work.
+        let store = w.join("store");
+        let line = ok(&["pull", &remote, "--store", &store.display().to_string(), "--insecure"]);
+        let path = PathBuf::from(line.split_whitespace().nth(1).expect("path"));
+        let cache_dir = if name.starts_with("vllm") { "io.vllm.cache" } else { "io.triton.cache" };
+        assert_same_tree(&src, &path.join(cache_dir));
+        assert_eq!(ok(&["pull", &remote, "--store", &store.display().to_string(), "--insecure"]), line);
+    }
+    // A build straight to the registry gives the same digest as through a layout.
+    let name = FIXTURES[0];
+    let remote = format!("{}/cli/direct:v1", registry.addr());
+    let direct = ok(&["build", &fixtures().join(name).display().to_string(), "-t", &remote, "--insecure"]);
+    let layout = format!("oci:{}/again:{name}", w.display());
+    assert_eq!(direct, ok(&["build", &fixtures().join(name).display().to_string(), "-t", &layout, "--title", "direct"]));
+}
+
+/// Writes, from a fixture, an image exactly as MCV lays it out: Docker
+/// schema2 manifest and config, one gzip layer with `io.triton.cache/` and
+/// `io.triton.manifest/manifest.json` written with real mtimes, owners and
+/// `./` prefixes, and `cache.triton.image/*` labels.
+fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
+    let mut tar = tar::Builder::new(Vec::new());
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(size);
+        h.set_mtime(1_748_444_895);
+        h.set_uid(1000);
+        h.set_gid(1000);
+        h.set_username("builder").expect("uname");
+        h.set_groupname("builder").expect("gname");
+        h
+    };
+    tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), "./io.triton.cache/", std::io::empty())
+        .expect("dir");
+    let mut hash = String::new();
+    let mut dummy_key = String::new();
+    let mut size = 0u64;
+    for (rel, (bytes, exec)) in tree(fixture) {
+        let name = format!("./io.triton.cache/{rel}");
+        match bytes {
+            None => tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), format!("{name}/"), std::io::empty()),
+            Some(b) => {
+                if rel.ends_with("/add_kernel.json") {
+                    let meta: serde_json::Value = serde_json::from_slice(&b).expect("kernel json");
+                    hash = meta["hash"].as_str().expect("hash").to_string();
+                    dummy_key = rel.split('/').next().expect("key").to_string();
+                }
+                size += b.len() as u64;
+                let mode = if exec { 0o775 } else { 0o664 };
+                tar.append_data(&mut header(tar::EntryType::Regular, mode, b.len() as u64), &name, b.as_slice())
+            }
+        }
+        .expect("append");
+    }
+    let manifest = serde_json::json!({"triton": [{
+        "hash": hash, "dummy_key": dummy_key, "ptx_version": null, "num_stages": 3, "num_warps": 4,
+        "debug": false, "backend": "cuda", "arch": 75, "warp_size": 32,
+    }]});
+    let manifest = serde_json::to_vec(&manifest).expect("manifest json");
+    tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), "./io.triton.manifest/", std::io::empty())
+        .expect("dir");
+    tar.append_data(
+        &mut header(tar::EntryType::Regular, 0o664, manifest.len() as u64),
+        "./io.triton.manifest/manifest.json",
+        manifest.as_slice(),
+    )
+    .expect("manifest");
+    let plain = tar.into_inner().expect("tar");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&plain).expect("gzip");
+    let layer = gz.finish().expect("gzip");
+
+    let layout = gkm_oci::Layout::create(layout_dir).expect("layout");
+    let layer_digest = layout.write_blob(&layer).expect("layer");
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "2025-05-28T15:08:15.773233031Z",
+        "config": {"Labels": {
+            "cache.triton.image/cache-size-bytes": size.to_string(),
+            "cache.triton.image/entry-count": "1",
+            "cache.triton.image/summary": r#"{"variant":"multi","entry_count":1,"targets":[{"backend":"cuda","arch":"75","warp_size":32}]}"#,
+            "cache.triton.image/variant": "multi",
+        }},
+        "rootfs": {"type": "layers", "diff_ids": [gkm_oci::Digest::of(&plain).to_string()]},
+    });
+    let config = serde_json::to_vec(&config).expect("config");
+    let config_digest = layout.write_blob(&config).expect("config blob");
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": config.len(), "digest": config_digest.to_string()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": layer.len(), "digest": layer_digest.to_string()}],
+    });
+    let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest");
+    let digest = layout.write_blob(&bytes).expect("manifest blob");
+    let desc = oci_spec::image::Descriptor::new(
+        oci_spec::image::MediaType::Other("application/vnd.docker.distribution.manifest.v2+json".into()),
+        bytes.len() as u64,
+        digest.as_str().parse::<oci_spec::image::Digest>().expect("digest"),
+    );
+    layout.tag("mcv", &desc).expect("tag");
+    digest.to_string()
+}
+
+#[test]
+fn reads_images_built_by_mcv() {
+    let registry = gkm_testenv::Registry::shared().expect("start docker-registry (apt-get install -y docker-registry)");
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let fixture = fixtures().join("triton-vector-add-cuda-sm75");
+    let digest = write_mcv_image(&fixture, &w.join("mcv"));
+    let layout = format!("oci:{}/mcv:mcv", w.display());
+    let remote = format!("{}/mcv/vector-add-cache:cuda", registry.addr());
+    assert_eq!(ok(&["push", &layout, &remote, "--insecure"]).trim(), digest);
+
+    for image in [layout.as_str(), remote.as_str()] {
+        let insecure = ["--insecure"];
+        let flags: &[&str] = if image == remote { &insecure } else { &[] };
+        let run = |args: &[&str]| gkm(&[args, flags].concat(), &[], None);
+
+        let out = run(&["inspect", image]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        insta::assert_snapshot!("inspect-mcv", redact(&out.stdout, w).replace(&remote, "[REMOTE]").replace(&layout.replace(&w.display().to_string(), "[TMP]"), "[REMOTE]"));
+
+        let t4 = write_gpus(w, "T4");
+        let out = run(&["check", image, "--gpus", &t4.display().to_string()]);
+        assert_eq!(out.code, 0, "a T4 (sm_75) runs a cuda/75/32 cache:\n{}{}", out.stdout, out.stderr);
+        assert!(out.stdout.ends_with("compatible\n"), "{}", out.stdout);
+        let mi300 = write_gpus(w, "MI300X");
+        let out = run(&["check", image, "--gpus", &mi300.display().to_string()]);
+        assert_eq!(out.code, 3, "an MI300X does not run CUDA kernels:\n{}{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("incompatible"), "{}", out.stdout);
+
+        let dest = w.join(format!("out-{}", if image == remote { "remote" } else { "layout" }));
+        let out = run(&["extract", image, "-o", &dest.display().to_string()]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert_eq!(out.stdout.trim(), digest);
+        assert_same_tree(&fixture, &dest);
+    }
+}
+
+#[test]
+fn check_a_directory() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let rocm = fixtures().join("triton-vector-add-rocm-gfx90a").display().to_string();
+    let mi210 = write_gpus(work.path(), "MI210");
+    let out = gkm(&["check", &rocm, "--gpus", &mi210.display().to_string()], &[], None);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    insta::assert_snapshot!("check-rocm-on-mi210", out.stdout);
+    let t4 = write_gpus(work.path(), "T4");
+    let out = gkm(&["check", &rocm, "--gpus", &t4.display().to_string()], &[], None);
+    assert_eq!(out.code, 3, "{}{}", out.stdout, out.stderr);
+    insta::assert_snapshot!("check-rocm-on-t4", out.stdout);
+}
+
+#[test]
+fn exit_codes_and_messages() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    // Usage.
+    assert_eq!(gkm(&["extract", "oci:/x"], &[], None).code, 2, "missing -o is a usage error");
+    assert_eq!(gkm(&["build", "/tmp"], &[], None).code, 2, "missing -t is a usage error");
+    // Not found.
+    let out = gkm(&["inspect", &format!("oci:{}/missing", w.display())], &[], None);
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.starts_with("gkm: error: "), "{}", out.stderr);
+    assert!(out.stderr.contains("oci-layout"), "{}", out.stderr);
+    // Not a cache.
+    let out = gkm(&["build", &w.display().to_string(), "-t", &format!("oci:{}/x", w.display())], &[], None);
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("is not a kernel cache"), "{}", out.stderr);
+    // A non-empty output directory is refused, and left alone.
+    let layout = format!("oci:{}/l:v1", w.display());
+    ok(&["build", &fixtures().join(FIXTURES[0]).display().to_string(), "-t", &layout]);
+    let busy = w.join("busy");
+    std::fs::create_dir(&busy).expect("mkdir");
+    std::fs::write(busy.join("keep"), b"mine").expect("write");
+    let out = gkm(&["extract", &layout, "-o", &busy.display().to_string()], &[], None);
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("not empty"), "{}", out.stderr);
+    assert_eq!(std::fs::read_dir(&busy).expect("read").count(), 1);
+    // A policy refusal: exit 4 naming the entry and the rule.
+    let out = gkm(&["extract", &layout, "-o", &w.join("small").display().to_string(), "--max-entries", "3"], &[], None);
+    assert_eq!(out.code, 4, "{}", out.stderr);
+    assert!(out.stderr.starts_with("gkm: rejected: layer rejected: entry "), "{}", out.stderr);
+    assert!(out.stderr.contains("too-many-entries"), "{}", out.stderr);
+    assert!(!w.join("small").exists());
+    // An empty existing directory (a mount point) is filled in place.
+    let empty = w.join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    ok(&["extract", &layout, "-o", &empty.display().to_string()]);
+    assert_same_tree(&fixtures().join(FIXTURES[0]), &empty);
+}
+
+#[test]
+fn credentials_from_docker_config_and_stdin() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let cfg = work.path().join("docker");
+    std::fs::create_dir(&cfg).expect("mkdir");
+    std::fs::write(cfg.join("config.json"), br#"{"auths":{"registry.invalid":{"auth":"not base64!"}}}"#)
+        .expect("write config");
+    // DOCKER_CONFIG is honoured: its broken entry for this registry is reported.
+    let out = gkm(&["inspect", "registry.invalid/x:y"], &[("DOCKER_CONFIG", &cfg)], None);
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains("config.json") && out.stderr.contains("auths.registry.invalid"), "{}", out.stderr);
+    // --username needs --password-stdin.
+    assert_eq!(gkm(&["inspect", "registry.invalid/x:y", "--username", "u"], &[], None).code, 2);
+    // With explicit credentials the config file is not read.
+    let out = gkm(
+        &["inspect", "127.0.0.1:9/x:y", "--insecure", "--username", "u", "--password-stdin"],
+        &[("DOCKER_CONFIG", &cfg)],
+        Some("secret\n"),
+    );
+    assert_eq!(out.code, 1);
+    assert!(!out.stderr.contains("config.json"), "{}", out.stderr);
+    assert!(!out.stderr.contains("secret"), "the password leaked: {}", out.stderr);
+}

@@ -1,0 +1,19 @@
+//! Generates the gRPC code for the CSI driver (`proto/csi.proto`, package
+//! `csi.v1`) and the kubelet plugin registration (`proto/pluginregistration.proto`).
+//!
+//! `protox` compiles the protos in Rust (no system `protoc`), and
+//! `tonic-prost-build` turns the descriptors into prost messages and tonic
+//! services.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/csi.proto", "proto/pluginregistration.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

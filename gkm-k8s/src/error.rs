@@ -1,0 +1,38 @@
+//! The error type of gkm-k8s.
+
+/// What can go wrong in the controllers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An apiserver request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An image could not be resolved, read or extracted.
+    #[error(transparent)]
+    Oci(#[from] gkm_oci::Error),
+    /// GPU discovery failed.
+    #[error("GPU discovery: {0}")]
+    Gpu(String),
+    /// A cache's spec cannot be acted on.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+    /// Deletion waits for nodes still using or reporting the cache.
+    #[error("waiting for nodes: {0}")]
+    WaitingForNodes(String),
+    /// A finalizer operation failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// A local file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A serialisation failed.
+    #[error("serialisation: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// gkm-k8s's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,152 @@
+//! The operator: one generic controller for `GKMCache` and `ClusterGKMCache`.
+//!
+//! For each cache it resolves `spec.image` to a digest (again every
+//! `resolveInterval`, so a moved tag rolls out), verifies the signature
+//! against the cache's policy or the operator's default, rolls the node
+//! agents' reports up into counts, conditions and the Status column, and
+//! writes status once per real change. Deleting a cache waits until no node
+//! uses or reports it, then releases the finalizer.
+
+mod conditions;
+mod reconcile;
+pub mod rollup;
+mod verifier;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gkm_oci::RegistryOptions;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tracing::{info, warn};
+
+pub use reconcile::{FINALIZER, parse_duration};
+pub use verifier::{ImageVerifier, deliverable};
+
+use crate::cache_object::{CacheObject, NodeReport};
+use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
+
+/// How the operator runs.
+#[derive(Clone)]
+pub struct OperatorConfig {
+    /// How to reach registries.
+    pub registry: RegistryOptions,
+    /// The policy for caches without `spec.signature`; without one, such
+    /// caches are never verified, so never delivered.
+    pub default_policy: Option<SignaturePolicy>,
+    /// How often tags are resolved again when a cache does not say.
+    pub resolve_interval: Duration,
+    /// The name events are reported under.
+    pub instance: String,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            registry: RegistryOptions::default(),
+            default_policy: None,
+            resolve_interval: Duration::from_secs(300),
+            instance: "gkm-operator".into(),
+        }
+    }
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Default)]
+pub struct Metrics {
+    /// Reconciles run.
+    pub reconciles: AtomicU64,
+    /// Reconciles that failed.
+    pub reconcile_errors: AtomicU64,
+    /// Status writes made.
+    pub status_writes: AtomicU64,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The apiserver client.
+    pub client: Client,
+    /// Configuration.
+    pub config: OperatorConfig,
+    /// Signature verification.
+    pub verifier: Arc<dyn ImageVerifier>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Runs both controllers until the process is asked to stop.
+pub async fn run(
+    client: Client,
+    config: OperatorConfig,
+    verifier: Arc<dyn ImageVerifier>,
+    metrics: Arc<Metrics>,
+) {
+    let reporter = Reporter { controller: "gkm-operator".into(), instance: Some(config.instance.clone()) };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        config,
+        verifier,
+        metrics,
+    });
+    futures::join!(controller::<GKMCache>(ctx.clone()), controller::<ClusterGKMCache>(ctx));
+}
+
+async fn controller<K: CacheObject>(ctx: Arc<Context>) {
+    let caches: Api<K> = Api::all(ctx.client.clone());
+    let reports_api: Api<K::NodeReport> = Api::all(ctx.client.clone());
+    let (reader, writer) = reflector::store();
+    let reflect = reflector::reflector(writer, watcher(reports_api.clone(), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                warn!(error = %e, "watching node reports");
+            }
+        });
+    tokio::spawn(reflect);
+    if reader.wait_until_ready().await.is_err() {
+        warn!("node report store closed before it was ready");
+        return;
+    }
+    let store = reader.clone();
+    Controller::new(caches, watcher::Config::default())
+        .watches(reports_api, watcher::Config::default(), |report: K::NodeReport| {
+            let namespace = report.namespace();
+            report
+                .report()
+                .and_then(|s| s.caches.as_ref())
+                .map(|c| c.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |name| match &namespace {
+                    Some(ns) => ObjectRef::<K>::new(&name).within(ns),
+                    None => ObjectRef::<K>::new(&name),
+                })
+        })
+        .shutdown_on_signal()
+        .run(
+            move |cache, ctx| {
+                ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                reconcile::reconcile(cache, ctx, store.clone())
+            },
+            |cache, error, ctx| {
+                ctx.metrics.reconcile_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                reconcile::error_policy(cache, error, ctx)
+            },
+            ctx,
+        )
+        .for_each(|result| async move {
+            match result {
+                Ok((cache, _)) => info!(cache = %cache.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile"),
+            }
+        })
+        .await;
+}

@@ -1,0 +1,295 @@
+//! The one reconcile for both cache kinds: resolve, verify, roll up, write
+//! status once per real change; on deletion, wait for the nodes, then let go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gkm_oci::{Image, ImageRef, Repo};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::Context;
+use super::conditions::{Cond, merge};
+use super::rollup::rollup;
+use super::verifier::deliverable;
+use crate::cache_object::{CacheObject, NodeReport};
+use crate::crd::{CacheState, CacheStatus, SignatureMode, SignaturePolicy, VerificationStatus};
+use crate::error::{Error, Result};
+
+/// The finalizer that holds a cache until no node uses or reports it.
+pub const FINALIZER: &str = "gkm.io/cleanup";
+
+/// Reconciles one cache of either kind.
+pub async fn reconcile<K: CacheObject>(
+    cache: Arc<K>,
+    ctx: Arc<Context>,
+    reports: Store<K::NodeReport>,
+) -> Result<Action> {
+    let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    finalizer(&api, FINALIZER, cache, |event| async {
+        match event {
+            Finalizer::Apply(cache) => apply(cache.as_ref(), &ctx, &reports).await,
+            Finalizer::Cleanup(cache) => cleanup(cache.as_ref(), &ctx, &reports).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// How the controller retries a failed reconcile.
+pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    match error {
+        Error::WaitingForNodes(_) => Action::requeue(Duration::from_secs(2)),
+        other => {
+            warn!(cache = %cache.key(), error = %other, "reconcile failed");
+            Action::requeue(Duration::from_secs(10))
+        }
+    }
+}
+
+async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::NodeReport>) -> Result<Action> {
+    let key = cache.key();
+    let spec = cache.cache_spec();
+    let old = cache.cache_status().cloned().unwrap_or_default();
+    let generation = cache.meta().generation;
+    let interval = spec
+        .resolve_interval
+        .as_deref()
+        .and_then(parse_duration)
+        .unwrap_or(ctx.config.resolve_interval);
+
+    let resolved = resolve(&spec.image, ctx).await;
+    let mut status = CacheStatus { observed_generation: generation, ..old.clone() };
+    let policy = spec.signature.clone().or_else(|| ctx.config.default_policy.clone());
+    let mut wanted = Vec::new();
+    match &resolved {
+        Err(message) => {
+            status.state = Some(CacheState::Error);
+            wanted.push(Cond { type_: "Ready", status: false, reason: "ResolveFailed", message: message.clone() });
+        }
+        Ok(digest) => {
+            status.resolved_digest = Some(digest.clone());
+            let verification = verification(cache, ctx, digest, policy.as_ref(), &old, generation).await;
+            let mode = policy.as_ref().map_or(SignatureMode::Enforce, |p| p.mode);
+            let ok = deliverable(mode, &verification);
+            wanted.push(Cond {
+                type_: "Verified",
+                status: verification.verified,
+                reason: if verification.verified {
+                    "SignatureVerified"
+                } else if ok {
+                    "NotEnforced"
+                } else {
+                    "VerificationFailed"
+                },
+                message: verification.message.clone().unwrap_or_default(),
+            });
+            status.verification = Some(verification);
+            let entries = reports_for(&key.name, cache, reports);
+            let (counts, state) = rollup(Some(digest), false, entries.iter());
+            status.counts = counts;
+            status.state = Some(if ok { state } else { CacheState::Error });
+            let ready = ok && (counts.node_in_use_cnt + counts.node_not_in_use_cnt) > 0;
+            wanted.push(Cond {
+                type_: "Ready",
+                status: ready,
+                reason: if !ok {
+                    "NotVerified"
+                } else if ready {
+                    "Extracted"
+                } else {
+                    "NoNodeReady"
+                },
+                message: format!(
+                    "{} of {} nodes hold {digest}",
+                    counts.node_in_use_cnt + counts.node_not_in_use_cnt,
+                    counts.node_cnt
+                ),
+            });
+            wanted.push(Cond {
+                type_: "Degraded",
+                status: !ok || counts.node_error_cnt > 0,
+                reason: if !ok {
+                    "NotVerified"
+                } else if counts.node_error_cnt > 0 {
+                    "NodeErrors"
+                } else {
+                    "AsExpected"
+                },
+                message: format!("{} nodes report an error or no compatible GPU", counts.node_error_cnt),
+            });
+        }
+    }
+    status.conditions = Some(merge(old.conditions.as_deref(), wanted, generation));
+    write_status(cache, ctx, &old, status).await?;
+    Ok(Action::requeue(interval))
+}
+
+async fn cleanup<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::NodeReport>) -> Result<Action> {
+    let key = cache.key();
+    let old = cache.cache_status().cloned().unwrap_or_default();
+    let entries = reports_for(&key.name, cache, reports);
+    let (counts, _) = rollup(old.resolved_digest.as_deref(), true, entries.iter());
+    let status = CacheStatus { state: Some(CacheState::Deleting), counts, ..old.clone() };
+    write_status(cache, ctx, &old, status).await?;
+    if !entries.is_empty() {
+        return Err(Error::WaitingForNodes(format!(
+            "{key}: {} nodes still report it ({} pods use it)",
+            entries.len(),
+            counts.pod_deleting_cnt
+        )));
+    }
+    info!(cache = %key, "no node uses or reports the cache; releasing it");
+    Ok(Action::await_change())
+}
+
+/// The entries of every node report for the cache named `name` (in the
+/// cache's namespace for a namespaced cache).
+fn reports_for<K: CacheObject>(
+    name: &str,
+    cache: &K,
+    reports: &Store<K::NodeReport>,
+) -> Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>> {
+    let namespace = cache.namespace();
+    reports
+        .state()
+        .iter()
+        .filter(|r| r.namespace() == namespace)
+        .filter_map(|r| r.report().and_then(|s| s.caches.as_ref()).and_then(|c| c.get(name)).cloned())
+        .collect()
+}
+
+async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
+    let reference: ImageRef = image.parse().map_err(|e| format!("spec.image {image:?}: {e}"))?;
+    let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
+    let image_data = Image::fetch(&repo).await.map_err(|e| format!("resolving {image}: {e}"))?;
+    Ok(image_data.digest.to_string())
+}
+
+/// The verification outcome for `digest`: the recorded one while digest and
+/// generation are unchanged, a fresh one otherwise.
+async fn verification<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    digest: &str,
+    policy: Option<&SignaturePolicy>,
+    old: &CacheStatus,
+    generation: Option<i64>,
+) -> VerificationStatus {
+    if let Some(previous) = &old.verification
+        && previous.digest.as_deref() == Some(digest)
+        && old.observed_generation == generation
+    {
+        return previous.clone();
+    }
+    let Some(policy) = policy else {
+        return VerificationStatus {
+            verified: false,
+            digest: Some(digest.to_string()),
+            message: Some(
+                "no signature policy: set spec.signature, or start the operator with a default policy".into(),
+            ),
+            ..VerificationStatus::default()
+        };
+    };
+    let outcome = ctx.verifier.verify(&cache.key(), &cache.cache_spec().image, digest, policy).await;
+    let (type_, reason) = if outcome.verified {
+        (EventType::Normal, "Verified")
+    } else {
+        (EventType::Warning, "VerificationFailed")
+    };
+    publish(cache, ctx, type_, reason, outcome.message.clone().unwrap_or_default()).await;
+    outcome
+}
+
+/// Writes `new` unless it equals `old` (ignoring `lastUpdated`), with an
+/// event when the state changes.
+async fn write_status<K: CacheObject>(cache: &K, ctx: &Context, old: &CacheStatus, mut new: CacheStatus) -> Result<()> {
+    new.last_updated = old.last_updated.clone();
+    if &new == old {
+        return Ok(());
+    }
+    if new.state != old.state {
+        let message = format!(
+            "{:?} → {:?} ({})",
+            old.state.unwrap_or_default(),
+            new.state.unwrap_or_default(),
+            new.resolved_digest.as_deref().unwrap_or("unresolved")
+        );
+        publish(cache, ctx, EventType::Normal, "StateChanged", message).await;
+    }
+    new.last_updated = Some(Time(Timestamp::now()));
+    let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    api.patch_status(&cache.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": new })))
+        .await?;
+    ctx.metrics.status_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+async fn publish<K: CacheObject>(cache: &K, ctx: &Context, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cache.object_ref(&())).await {
+        warn!(error = %e, "publishing an event failed");
+    }
+}
+
+/// Parses a duration made of whole units (`90s`, `5m`, `1h30m`, `250ms`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let value: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (Duration::from_millis(value), 2)
+        } else if rest.starts_with('s') {
+            (Duration::from_secs(value), 1)
+        } else if rest.starts_with('m') {
+            (Duration::from_secs(value * 60), 1)
+        } else if rest.starts_with('h') {
+            (Duration::from_secs(value * 3600), 1)
+        } else {
+            return None;
+        };
+        total += unit;
+        rest = &rest[len..];
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_like_the_crd_pattern() {
+        assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5 minutes"), None);
+        assert_eq!(parse_duration(""), None);
+        assert_eq!(parse_duration("10"), None);
+    }
+}

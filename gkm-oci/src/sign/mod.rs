@@ -1,0 +1,1 @@
+//! Signing cache images: sigstore bundles (default) and cosign v2 signatures.

@@ -1,0 +1,102 @@
+//! Where signatures live next to an image: cosign's `sha256-<hex>.sig` tag,
+//! the referrers API and its `sha256-<hex>` tag-schema index.
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_spec::image::ImageIndex;
+
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::reference::{ImageRef, Selector};
+use crate::repo::{RegistryOptions, Repo};
+
+/// The same repository as `image`, at `tag`.
+pub(crate) fn tagged(image: &ImageRef, tag: &str) -> ImageRef {
+    match image {
+        ImageRef::Registry(r) => ImageRef::Registry(oci_client::Reference::with_tag(
+            r.registry().to_string(),
+            r.repository().to_string(),
+            tag.to_string(),
+        )),
+        ImageRef::Layout { path, .. } => ImageRef::Layout { path: path.clone(), selector: Selector::Tag(tag.into()) },
+    }
+}
+
+/// cosign's signature tag for `digest`: `sha256-<hex>.sig`.
+pub fn signature_tag(digest: &Digest) -> String {
+    format!("sha256-{}.sig", digest.hex())
+}
+
+/// The referrers tag-schema tag for `digest`: `sha256-<hex>`.
+pub fn referrers_tag(digest: &Digest) -> String {
+    format!("sha256-{}", digest.hex())
+}
+
+/// The `registry/repository` name signatures record for `image`.
+pub(crate) fn docker_reference(image: &ImageRef) -> String {
+    match image {
+        ImageRef::Registry(r) => format!("{}/{}", r.registry(), r.repository()),
+        ImageRef::Layout { path, .. } => path.display().to_string(),
+    }
+}
+
+/// The manifest at `tag`, or `None` when the tag does not exist.
+pub(crate) async fn fetch_tag(
+    image: &ImageRef,
+    options: &RegistryOptions,
+    tag: &str,
+) -> Result<Option<crate::repo::RawManifest>> {
+    let at = tagged(image, tag);
+    let repo = match Repo::open(&at, options) {
+        Ok(r) => r,
+        Err(Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match repo.fetch_manifest().await {
+        Ok(m) => Ok(Some(m)),
+        Err(Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The referrers of `digest`: the registry's referrers API, falling back to
+/// the tag schema when the registry has none (a layout only has the tag).
+pub(crate) async fn referrers(image: &ImageRef, options: &RegistryOptions, digest: &Digest) -> Result<ImageIndex> {
+    let reference = match image {
+        ImageRef::Registry(r) => r,
+        ImageRef::Layout { .. } => return tag_schema_index(image, options, digest).await,
+    };
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: if options.insecure { ClientProtocol::Http } else { ClientProtocol::Https },
+        ..Default::default()
+    });
+    let auth = options.credentials.resolve(reference.resolve_registry())?;
+    client.store_auth_if_needed(reference.resolve_registry(), &auth).await;
+    let subject = oci_client::Reference::with_digest(
+        reference.registry().to_string(),
+        reference.repository().to_string(),
+        digest.to_string(),
+    );
+    let index = client
+        .pull_referrers(&subject, None)
+        .await
+        .map_err(|e| Error::registry(image, e))?;
+    if index.manifests.is_empty() {
+        // oci-client answers an empty index when the tag schema's index is
+        // missing or unreadable; read it ourselves to tell those apart.
+        return tag_schema_index(image, options, digest).await;
+    }
+    let json = serde_json::to_vec(&index).map_err(|e| Error::format("referrers index", e))?;
+    serde_json::from_slice(&json).map_err(|e| Error::format("referrers index", e))
+}
+
+async fn tag_schema_index(image: &ImageRef, options: &RegistryOptions, digest: &Digest) -> Result<ImageIndex> {
+    match fetch_tag(image, options, &referrers_tag(digest)).await? {
+        None => Ok(empty_index()),
+        Some(m) => serde_json::from_slice(&m.bytes)
+            .map_err(|e| Error::format(format!("referrers index at tag {}", referrers_tag(digest)), e)),
+    }
+}
+
+fn empty_index() -> ImageIndex {
+    ImageIndex::default()
+}

@@ -1,0 +1,191 @@
+//! Signature verification of cache images: cosign v2 signatures and sigstore bundles.
+//!
+//! [`verify`] finds every signature of an image digest, in both formats,
+//! and accepts the first one that a signer of the [`Policy`] made over that
+//! digest:
+//!
+//! - cosign v2: the `sha256-<hex>.sig` tag, one simple-signing payload per
+//!   layer whose `docker-manifest-digest` must equal the image digest, signed
+//!   by a key or by a certificate (annotations `dev.sigstore.cosign/certificate`);
+//! - sigstore bundles (cosign v3): OCI 1.1 referrers of the image found
+//!   through the referrers API, or the `sha256-<hex>` tag-schema index where
+//!   the registry has none; a DSSE envelope whose in-toto statement subject
+//!   must be the image digest, or a message signature over the manifest.
+//!
+//! Only the registry is contacted; the trust material comes from the policy.
+//! The outcome is a [`Verified`] saying what was proven, or a [`Rejection`]
+//! saying why not ([`VerifyError::Rejected`]); a registry that cannot be read
+//! is a [`VerifyError::Image`] instead, so callers can retry it.
+//!
+//! ```no_run
+//! use gkm_core::policy::{Policy, PublicKey};
+//! use gkm_oci::{Digest, ImageRef, RegistryOptions};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let image: ImageRef = "registry.local:5000/caches/vector-add:cuda".parse()?;
+//! let options = RegistryOptions::default();
+//! let digest: Digest = gkm_oci::Repo::open(&image, &options)?.fetch_manifest().await?.digest;
+//! let key = PublicKey::from_pem(&std::fs::read_to_string("cosign.pub")?)?;
+//! let policy = Policy::keys(vec![key])?;
+//! match gkm_oci::verify::verify(&image, &options, &digest, &policy).await {
+//!     Ok(verified) => println!("{verified}"),
+//!     Err(gkm_oci::verify::VerifyError::Rejected(why)) => println!("refused: {why}"),
+//!     Err(other) => return Err(other.into()),
+//! }
+//! # Ok(()) }
+//! ```
+
+mod bundle;
+pub(crate) mod certificate;
+mod cosign_v2;
+pub(crate) mod crypto;
+pub(crate) mod location;
+
+use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
+
+use crate::digest::Digest;
+use crate::reference::ImageRef;
+use crate::repo::RegistryOptions;
+
+pub use bundle::{BUNDLE_MEDIA_TYPE, DSSE_PAYLOAD_TYPE, IN_TOTO_STATEMENT_V1, pae};
+pub use certificate::{OID_ISSUER_V1, OID_ISSUER_V2};
+pub use cosign_v2::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
+
+/// Why [`verify`] gave no [`Verified`].
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// Signatures were read and refused, or there were none.
+    #[error("signature refused: {0}")]
+    Rejected(#[from] Rejection),
+    /// The registry or layout could not be read (unreachable, garbage,
+    /// digest mismatches): nothing was decided about the signatures.
+    #[error("reading signatures: {0}")]
+    Image(#[from] crate::Error),
+}
+
+/// One signature found for the image, in either format, before any key or
+/// certificate is checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate {
+    /// Where it was stored.
+    pub format: Format,
+    /// The bytes the signature covers.
+    pub message: Vec<u8>,
+    /// The signature.
+    pub signature: Vec<u8>,
+    /// The image digest the signed content names (checked after the signature).
+    pub signed_digest: Result<String, String>,
+    /// The signing certificate (DER), when there is one.
+    pub certificate: Option<Vec<u8>>,
+    /// A hint naming the key (a bundle's `publicKey.hint`).
+    pub key_hint: Option<String>,
+}
+
+/// Verify the signatures of `digest` in `image`'s repository against
+/// `policy`. The policy's mode is not applied here: see
+/// [`gkm_core::policy::Mode::admits`].
+pub async fn verify(
+    image: &ImageRef,
+    options: &RegistryOptions,
+    digest: &Digest,
+    policy: &Policy,
+) -> Result<Verified, VerifyError> {
+    let mut candidates = Vec::new();
+    let mut rejections = Vec::new();
+    for found in cosign_v2::find(image, options, digest).await? {
+        match found {
+            Ok(c) => candidates.push(c),
+            Err(r) => rejections.push(r),
+        }
+    }
+    for found in bundle::find(image, options, digest).await? {
+        match found {
+            Ok(c) => candidates.push(c),
+            Err(r) => rejections.push(r),
+        }
+    }
+    let now = now();
+    for candidate in &candidates {
+        match check(candidate, digest, policy, now) {
+            Ok(v) => return Ok(v),
+            Err(r) => rejections.push(r),
+        }
+    }
+    Err(VerifyError::Rejected(Rejection::combine(rejections)))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Check one candidate against the policy at time `now`.
+pub(crate) fn check(c: &Candidate, digest: &Digest, policy: &Policy, now: i64) -> Result<Verified, Rejection> {
+    if !crypto::well_formed_signature(&c.signature) {
+        return Err(Rejection::Malformed {
+            format: c.format,
+            reason: format!("the signature ({} bytes) is truncated or not a signature", c.signature.len()),
+        });
+    }
+    let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
+        let signed = c.signed_digest.clone().map_err(|reason| Rejection::Malformed { format: c.format, reason })?;
+        if signed != digest.as_str() {
+            return Err(Rejection::DigestMismatch { format: c.format, expected: digest.to_string(), signed });
+        }
+        if policy.require_tlog() {
+            return Err(Rejection::TlogMissing);
+        }
+        Ok(Verified { format: c.format, signed_by, digest: signed, tlog: false })
+    };
+    let keys: Vec<&PublicKey> =
+        policy.signers().iter().filter_map(|s| if let Signer::Key(k) = s { Some(k) } else { None }).collect();
+    for key in &keys {
+        if crypto::verify_with_key(key, &c.message, &c.signature) {
+            return covers(SignedBy::Key { fingerprint: key.fingerprint(), algorithm: key.algorithm() });
+        }
+    }
+    let identities: Vec<_> =
+        policy.signers().iter().filter_map(|s| if let Signer::Keyless(i) = s { Some(i) } else { None }).collect();
+    if let (Some(cert), false, Some(root)) = (&c.certificate, identities.is_empty(), policy.trusted_root()) {
+        let leaf = certificate::check_leaf(cert, root, now)?;
+        if !crypto::verify_with_key(&leaf.key, &c.message, &c.signature) {
+            return Err(tampered(c.format, "the signature does not verify with its own certificate"));
+        }
+        let issuer = leaf.issuer.clone().unwrap_or_default();
+        let same_issuer: Vec<_> = identities.iter().filter(|i| i.issuer() == issuer).collect();
+        if same_issuer.is_empty() {
+            return Err(Rejection::IssuerMismatch {
+                expected: identities.iter().map(|i| format!("{:?}", i.issuer())).collect::<Vec<_>>().join(" or "),
+                found: issuer,
+            });
+        }
+        for identity in &same_issuer {
+            if let Some(subject) = leaf.subjects.iter().find(|s| identity.subject().matches(s)) {
+                return covers(SignedBy::Keyless { issuer: issuer.clone(), subject: subject.clone() });
+            }
+        }
+        return Err(Rejection::IdentityMismatch {
+            expected: same_issuer.iter().map(|i| i.subject().to_string()).collect::<Vec<_>>().join(" or "),
+            found: leaf.subjects.join(", "),
+        });
+    }
+    if let Some(hint) = &c.key_hint
+        && keys.iter().any(|k| hint_names(hint, k))
+    {
+        return Err(tampered(c.format, "the signature does not match the signed content of the key it names"));
+    }
+    Err(Rejection::WrongKey { format: c.format })
+}
+
+fn tampered(format: Format, reason: &str) -> Rejection {
+    Rejection::Malformed { format, reason: format!("tampered: {reason}") }
+}
+
+/// Whether a bundle key hint names `key` (base64 or hex of its SHA-256).
+fn hint_names(hint: &str, key: &PublicKey) -> bool {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(key.der());
+    hint == base64::engine::general_purpose::STANDARD.encode(hash) || hint.eq_ignore_ascii_case(&hex::encode(hash))
+}
