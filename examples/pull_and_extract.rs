@@ -20,7 +20,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     };
     let image: ImageRef = image.parse()?;
-    let options = RegistryOptions { insecure: args.iter().any(|a| a == "--insecure"), ..Default::default() };
+    let options = RegistryOptions {
+        insecure: args.iter().any(|a| a == "--insecure"),
+        ..Default::default()
+    };
     let repo = Repo::open(&image, &options)?;
 
     // The summary is read first: a node checks it before pulling anything.
@@ -29,10 +32,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{} ({}): {}", image, fetched.digest, cache.summary);
 
     let store = Store::open(store)?;
-    let stored = store.ensure_image(&repo, &fetched, &ExtractPolicy::default(), None).await?;
+    let stored = store
+        .ensure_image(&repo, &fetched, &ExtractPolicy::default(), None)
+        .await?;
     let tree = stored.path.join(KindLayout::of(cache.kind).cache_dir);
     match stored.extracted {
-        Some(stats) => println!("extracted {} files ({} bytes) to {}", stats.files, stats.bytes, tree.display()),
+        Some(stats) => println!(
+            "extracted {} files ({} bytes) to {}",
+            stats.files,
+            stats.bytes,
+            tree.display()
+        ),
         None => println!("already stored at {}", tree.display()),
     }
     Ok(())

@@ -19,6 +19,10 @@
 //!   version, [`Gpu::toolkit_version`], is known): the ISA is not newer than
 //!   the driver supports, per [`max_ptx_version`]. A driver newer than that
 //!   table is not checked.
+//! - **CUDA major version** (CUDA targets that record the toolkit they were
+//!   built with, on GPUs whose driver's CUDA version is known): not newer
+//!   than the driver's; CUDA's minor version compatibility lets a 12.8
+//!   build run on a 12.2 driver, not a 13.0 one.
 //! - **Triton version** (targets that record one, when the caller gives
 //!   [`CheckOptions::triton_version`]): equal. Triton's cache key hashes its
 //!   own version, so a kernel compiled by another Triton is never found.
@@ -129,6 +133,15 @@ pub enum Reason {
         /// The CUDA version the driver supports.
         driver_cuda_version: String,
     },
+    /// The kernels were built with a CUDA toolkit of a newer major version
+    /// than the GPU's driver supports (CUDA's minor version compatibility
+    /// stops at the major version).
+    CudaNewerThanDriver {
+        /// The toolkit version the cache records.
+        cuda_version: String,
+        /// The CUDA version the driver supports.
+        driver_cuda_version: String,
+    },
     /// The kernels were compiled by another Triton than the workload runs.
     TritonVersionMismatch {
         /// The version that compiled the kernels.
@@ -185,6 +198,13 @@ impl fmt::Display for Reason {
                 "PTX ISA {} is newer than the driver supports (CUDA {driver_cuda_version}: up to PTX ISA {})",
                 ptx_display(*ptx_version),
                 ptx_display(*max_ptx_version)
+            ),
+            Reason::CudaNewerThanDriver {
+                cuda_version,
+                driver_cuda_version,
+            } => write!(
+                f,
+                "the kernels were built with CUDA {cuda_version}, newer than the driver's CUDA {driver_cuda_version}"
             ),
             Reason::TritonVersionMismatch { cache, expected } => write!(
                 f,
@@ -393,6 +413,18 @@ pub fn check_target(target: &Target, gpu: &Gpu, options: &CheckOptions) -> Vec<R
         reasons.push(Reason::PtxNewerThanDriver {
             ptx_version: ptx,
             max_ptx_version: max,
+            driver_cuda_version: driver.trim().to_string(),
+        });
+    }
+    if target.backend == Backend::Cuda
+        && backend == Backend::Cuda
+        && let (Some(built), Some(driver)) = (&target.cuda_version, &gpu.toolkit_version)
+        && let (Some((built_major, _)), Some((driver_major, _))) =
+            (ptx::parse_version(built), ptx::parse_version(driver))
+        && built_major > driver_major
+    {
+        reasons.push(Reason::CudaNewerThanDriver {
+            cuda_version: built.trim().to_string(),
             driver_cuda_version: driver.trim().to_string(),
         });
     }

@@ -196,7 +196,10 @@ pub fn to_pem(label: &str, der: &[u8]) -> String {
 
 /// The DER bytes of the first PEM block labelled `label` in `text`.
 pub fn pem_block(text: &str, label: &str) -> Result<Vec<u8>, String> {
-    pem_blocks(text, label)?.into_iter().next().ok_or_else(|| format!("no -----BEGIN {label}----- block"))
+    pem_blocks(text, label)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("no -----BEGIN {label}----- block"))
 }
 
 /// The DER bytes of every PEM block labelled `label` in `text`, in order.
@@ -207,10 +210,18 @@ pub fn pem_blocks(text: &str, label: &str) -> Result<Vec<Vec<u8>>, String> {
     let mut rest = text;
     while let Some(start) = rest.find(&begin) {
         let body_start = start + begin.len();
-        let stop = rest[body_start..].find(&end).ok_or_else(|| format!("{begin} without {end}"))?;
-        let body: String =
-            rest[body_start..body_start + stop].chars().filter(|c| !c.is_ascii_whitespace()).collect();
-        out.push(BASE64.decode(body.as_bytes()).map_err(|e| format!("{label} block is not base64: {e}"))?);
+        let stop = rest[body_start..]
+            .find(&end)
+            .ok_or_else(|| format!("{begin} without {end}"))?;
+        let body: String = rest[body_start..body_start + stop]
+            .chars()
+            .filter(|c| !c.is_ascii_whitespace())
+            .collect();
+        out.push(
+            BASE64
+                .decode(body.as_bytes())
+                .map_err(|e| format!("{label} block is not base64: {e}"))?,
+        );
         rest = &rest[body_start + stop + end.len()..];
     }
     Ok(out)
@@ -228,7 +239,9 @@ fn der_tlv(input: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
         if n == 0 || n > 4 || rest.len() < n {
             return Err("unsupported DER length".into());
         }
-        let len = rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | *b as usize);
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | *b as usize);
         (len, &rest[n..])
     };
     if rest.len() < len {
@@ -288,7 +301,10 @@ impl SubjectMatch {
         }
         regex::Regex::new(&format!("^(?:{pattern})$"))
             .map(SubjectMatch::Regexp)
-            .map_err(|e| PolicyError::SubjectPattern { pattern: pattern.into(), reason: e.to_string() })
+            .map_err(|e| PolicyError::SubjectPattern {
+                pattern: pattern.into(),
+                reason: e.to_string(),
+            })
     }
 
     /// Whether `subject` matches.
@@ -312,7 +328,10 @@ impl fmt::Display for SubjectMatch {
             SubjectMatch::Exact(s) => write!(f, "{s}"),
             SubjectMatch::Regexp(r) => {
                 let s = r.as_str();
-                let inner = s.strip_prefix("^(?:").and_then(|s| s.strip_suffix(")$")).unwrap_or(s);
+                let inner = s
+                    .strip_prefix("^(?:")
+                    .and_then(|s| s.strip_suffix(")$"))
+                    .unwrap_or(s);
                 write!(f, "/{inner}/")
             }
         }
@@ -335,7 +354,10 @@ impl Identity {
         if matches!(&subject, SubjectMatch::Exact(s) if s.is_empty()) {
             return Err(PolicyError::Identity("the subject is empty".into()));
         }
-        Ok(Identity { issuer: issuer.into(), subject })
+        Ok(Identity {
+            issuer: issuer.into(),
+            subject,
+        })
     }
 
     /// The OIDC issuer.
@@ -489,23 +511,34 @@ impl TrustedRoot {
     /// `application/vnd.dev.sigstore.trustedroot+json;version=0.1`).
     pub fn from_json(bytes: &[u8]) -> Result<TrustedRoot, PolicyError> {
         let bad = |what: String| PolicyError::TrustedRoot(what);
-        let root: root_json::Root =
-            serde_json::from_slice(bytes).map_err(|e| bad(format!("not a trusted_root.json: {e}")))?;
+        let root: root_json::Root = serde_json::from_slice(bytes)
+            .map_err(|e| bad(format!("not a trusted_root.json: {e}")))?;
         if let Some(m) = &root.media_type
             && !m.starts_with("application/vnd.dev.sigstore.trustedroot")
         {
             return Err(bad(format!("unexpected mediaType {m:?}")));
         }
         let window = |w: &Option<root_json::Window>, what: &str| -> Result<Validity, PolicyError> {
-            let Some(w) = w else { return Ok(Validity::default()) };
+            let Some(w) = w else {
+                return Ok(Validity::default());
+            };
             let parse = |s: &Option<String>| -> Result<Option<i64>, PolicyError> {
                 s.as_deref()
-                    .map(|s| parse_rfc3339(s).ok_or_else(|| bad(format!("{what}: invalid time {s:?}"))))
+                    .map(|s| {
+                        parse_rfc3339(s).ok_or_else(|| bad(format!("{what}: invalid time {s:?}")))
+                    })
                     .transpose()
             };
-            Ok(Validity { start: parse(&w.start)?, end: parse(&w.end)? })
+            Ok(Validity {
+                start: parse(&w.start)?,
+                end: parse(&w.end)?,
+            })
         };
-        let b64 = |s: &str, what: &str| BASE64.decode(s).map_err(|e| bad(format!("{what}: rawBytes is not base64: {e}")));
+        let b64 = |s: &str, what: &str| {
+            BASE64
+                .decode(s)
+                .map_err(|e| bad(format!("{what}: rawBytes is not base64: {e}")))
+        };
         let cas = |list: &[root_json::Ca], kind: &str| -> Result<Vec<Authority>, PolicyError> {
             list.iter()
                 .enumerate()
@@ -534,7 +567,11 @@ impl TrustedRoot {
                     let what = format!("{kind}[{i}]");
                     Ok(LogKey {
                         base_url: l.base_url.clone(),
-                        log_id: l.log_id.as_ref().map(|id| id.key_id.clone()).unwrap_or_default(),
+                        log_id: l
+                            .log_id
+                            .as_ref()
+                            .map(|id| id.key_id.clone())
+                            .unwrap_or_default(),
                         key: b64(&l.public_key.raw_bytes, &what)?,
                         valid_for: window(&l.public_key.valid_for, &what)?,
                     })
@@ -560,12 +597,25 @@ impl TrustedRoot {
 /// ```
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':'
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
     {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse::<u32>().ok().map(i64::from) };
-    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let num =
+        |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse::<u32>().ok().map(i64::from) };
+    let (y, mo, d, h, mi, sec) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
         return None;
     }
@@ -620,24 +670,41 @@ impl Policy {
         require_tlog: bool,
     ) -> Result<Policy, PolicyError> {
         if mode != Mode::Off && signers.is_empty() {
-            return Err(PolicyError::Policy("no signers: name at least one key or keyless identity".into()));
+            return Err(PolicyError::Policy(
+                "no signers: name at least one key or keyless identity".into(),
+            ));
         }
         let keyless = signers.iter().any(|s| matches!(s, Signer::Keyless(_)));
-        let has_ca = trusted_root.as_ref().is_some_and(|r| !r.certificate_authorities.is_empty());
+        let has_ca = trusted_root
+            .as_ref()
+            .is_some_and(|r| !r.certificate_authorities.is_empty());
         if keyless && !has_ca {
             return Err(PolicyError::Policy(
-                "keyless signers need a trusted root naming at least one certificate authority".into(),
+                "keyless signers need a trusted root naming at least one certificate authority"
+                    .into(),
             ));
         }
         if require_tlog && trusted_root.as_ref().is_none_or(|r| r.tlogs.is_empty()) {
-            return Err(PolicyError::Policy("requireTlog needs a trusted root naming a transparency log key".into()));
+            return Err(PolicyError::Policy(
+                "requireTlog needs a trusted root naming a transparency log key".into(),
+            ));
         }
-        Ok(Policy { mode, signers, trusted_root, require_tlog })
+        Ok(Policy {
+            mode,
+            signers,
+            trusted_root,
+            require_tlog,
+        })
     }
 
     /// A policy accepting signatures by any of `keys`.
     pub fn keys(keys: Vec<PublicKey>) -> Result<Policy, PolicyError> {
-        Policy::new(Mode::Enforce, keys.into_iter().map(Signer::Key).collect(), None, false)
+        Policy::new(
+            Mode::Enforce,
+            keys.into_iter().map(Signer::Key).collect(),
+            None,
+            false,
+        )
     }
 
     /// The mode.
@@ -703,7 +770,10 @@ pub enum SignedBy {
 impl fmt::Display for SignedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SignedBy::Key { fingerprint, algorithm } => write!(f, "{algorithm} key {fingerprint}"),
+            SignedBy::Key {
+                fingerprint,
+                algorithm,
+            } => write!(f, "{algorithm} key {fingerprint}"),
             SignedBy::Keyless { issuer, subject } => write!(f, "{subject} (issuer {issuer})"),
         }
     }
@@ -725,7 +795,11 @@ pub struct Verified {
 
 impl fmt::Display for Verified {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} signed by {} over {}", self.format, self.signed_by, self.digest)?;
+        write!(
+            f,
+            "{} signed by {} over {}",
+            self.format, self.signed_by, self.digest
+        )?;
         if self.tlog {
             f.write_str(" (transparency log entry verified)")?;
         }
@@ -738,7 +812,9 @@ impl fmt::Display for Verified {
 #[serde(rename_all = "camelCase", tag = "reason", content = "detail")]
 pub enum Rejection {
     /// The image has no signature in either format.
-    #[error("no signature: the image has neither a cosign signature tag nor a sigstore bundle referrer")]
+    #[error(
+        "no signature: the image has neither a cosign signature tag nor a sigstore bundle referrer"
+    )]
     NoSignature,
     /// A signature does not verify with any of the policy's keys.
     #[error("wrong key: the {format} does not verify with any accepted key")]
@@ -755,7 +831,9 @@ pub enum Rejection {
         found: String,
     },
     /// A certificate's OIDC issuer is not one the policy accepts.
-    #[error("issuer mismatch: the certificate names issuer {found:?}, the policy accepts {expected}")]
+    #[error(
+        "issuer mismatch: the certificate names issuer {found:?}, the policy accepts {expected}"
+    )]
     IssuerMismatch {
         /// The accepted issuers.
         expected: String,
@@ -772,12 +850,24 @@ pub enum Rejection {
         /// The digest the payload names.
         signed: String,
     },
+    /// The signature names (by key hint or certificate) a signer, but does
+    /// not match the content it claims to sign: the bundle or payload was
+    /// altered.
+    #[error("tampered {format}: {reason}")]
+    Tampered {
+        /// Where it was found.
+        format: Format,
+        /// What did not match.
+        reason: String,
+    },
     /// A signing certificate does not chain to the trusted root.
     #[error("untrusted certificate chain: {0}")]
     UntrustedChain(String),
     /// The signing certificate had expired, or was not yet valid, and no
     /// trusted timestamp shows the signature was made while it was valid.
-    #[error("certificate not valid now ({0}) and no trusted timestamp proves it was valid when signing")]
+    #[error(
+        "certificate not valid now ({0}) and no trusted timestamp proves it was valid when signing"
+    )]
     CertificateExpired(String),
     /// The policy requires a transparency-log entry and none verified.
     #[error("no verified transparency log entry, and the policy requires one")]
@@ -796,7 +886,10 @@ pub enum Rejection {
 }
 
 fn join(list: &[Rejection]) -> String {
-    list.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
+    list.iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl Rejection {
@@ -838,10 +931,17 @@ HwpN10ha6x7hHi9hnl3IBYVHkjmZvVzR1LdS6QDZ2BhQcxX1Ws07P4MNfA==
 
     #[test]
     fn refuses_what_is_not_a_supported_public_key() {
-        let err = PublicKey::from_pem("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----").unwrap_err();
+        let err = PublicKey::from_pem("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")
+            .unwrap_err();
         assert!(err.to_string().contains("DER"), "{err}");
-        let err = PublicKey::from_pem("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----").unwrap_err();
-        assert!(err.to_string().contains("no -----BEGIN PUBLIC KEY----- block"), "{err}");
+        let err =
+            PublicKey::from_pem("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----")
+                .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no -----BEGIN PUBLIC KEY----- block"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -850,12 +950,19 @@ HwpN10ha6x7hHi9hnl3IBYVHkjmZvVzR1LdS6QDZ2BhQcxX1Ws07P4MNfA==
         assert!(m.matches("ci@example.com"));
         assert!(!m.matches("ci@example.com.evil"));
         assert_eq!(m.to_string(), r"/.*@example\.com/");
-        assert!(matches!(SubjectMatch::regexp("("), Err(PolicyError::SubjectPattern { .. })));
+        assert!(matches!(
+            SubjectMatch::regexp("("),
+            Err(PolicyError::SubjectPattern { .. })
+        ));
     }
 
     #[test]
     fn keyless_signers_need_a_certificate_authority() {
-        let who = Identity::new("https://issuer", SubjectMatch::Exact("me@example.com".into())).expect("identity");
+        let who = Identity::new(
+            "https://issuer",
+            SubjectMatch::Exact("me@example.com".into()),
+        )
+        .expect("identity");
         let err = Policy::new(Mode::Enforce, vec![Signer::Keyless(who)], None, false).unwrap_err();
         assert!(err.to_string().contains("certificate authority"), "{err}");
         assert!(Policy::new(Mode::Off, vec![], None, false).is_ok());
@@ -874,10 +981,19 @@ HwpN10ha6x7hHi9hnl3IBYVHkjmZvVzR1LdS6QDZ2BhQcxX1Ws07P4MNfA==
         }"#;
         let root = TrustedRoot::from_json(json).expect("root");
         assert_eq!(root.certificate_authorities[0].chain, vec![vec![1, 2, 3]]);
-        assert_eq!(root.certificate_authorities[0].valid_for.start, Some(1704067200));
+        assert_eq!(
+            root.certificate_authorities[0].valid_for.start,
+            Some(1704067200)
+        );
         assert_eq!(root.tlogs[0].key, vec![4, 5, 6]);
-        let err = TrustedRoot::from_json(br#"{"certificateAuthorities":[{"certChain":{"certificates":[]}}]}"#)
-            .unwrap_err();
-        assert!(err.to_string().contains("certificateAuthorities[0]: empty certChain"), "{err}");
+        let err = TrustedRoot::from_json(
+            br#"{"certificateAuthorities":[{"certChain":{"certificates":[]}}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("certificateAuthorities[0]: empty certChain"),
+            "{err}"
+        );
     }
 }

@@ -135,3 +135,31 @@ fn vllm_cache_and_empty_inputs() {
         Some("incompatible: the cache holds no compiled kernel")
     );
 }
+
+#[test]
+fn mcv_labels_with_a_toolkit_version() {
+    // MCV's vLLM binary summaries write `sm_` architectures and the CUDA
+    // toolkit the cache was built with.
+    let label =
+        r#"{"targets":[{"backend":"cuda","arch":"sm_90","warp_size":32,"cuda_version":"13.0"}]}"#;
+    let summary = cache::Summary::from_label(label).unwrap();
+    let gpus = [
+        nvidia(0, "NVIDIA H100", "9.0", "12.8"),
+        nvidia(1, "NVIDIA H100", "9.0", "13.0"),
+    ];
+    let report = check_summary(&summary, &gpus, &CheckOptions::default());
+    assert_eq!(
+        report
+            .compatible_gpus()
+            .map(|g| g.index)
+            .collect::<Vec<_>>(),
+        [1]
+    );
+    assert_eq!(
+        report.gpus[0]
+            .all_reasons()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["the kernels were built with CUDA 13.0, newer than the driver's CUDA 12.8"]
+    );
+}

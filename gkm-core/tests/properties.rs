@@ -219,10 +219,14 @@ proptest! {
     }
 
     #[test]
-    fn parsers_never_panic_on_json_like_input(json in json_like()) {
-        let _ = CacheManifest::from_json(json.as_bytes());
+    fn what_parses_reads_back_the_same(json in json_like()) {
+        if let Ok(manifest) = CacheManifest::from_json(json.as_bytes()) {
+            prop_assert_eq!(CacheManifest::from_json(&manifest.to_json()).unwrap(), manifest);
+        }
+        if let Ok(summary) = Summary::from_label(&json) {
+            prop_assert_eq!(Summary::from_label(&summary.to_label()).unwrap(), summary);
+        }
         let _ = CacheEntry::from_kernel_json(json.as_bytes());
-        let _ = Summary::from_label(&json);
     }
 
     #[test]
@@ -278,7 +282,7 @@ proptest! {
     ) {
         let max = compat::max_ptx_version(driver).unwrap();
         let ptx = u32::try_from(i64::from(max) + delta).unwrap();
-        let t = Target { backend: Backend::Cuda, ptx_version: Some(ptx), ..t };
+        let t = Target { backend: Backend::Cuda, ptx_version: Some(ptx), cuda_version: None, ..t };
         let gpu = Gpu { toolkit_version: Some(driver.to_string()), ..gpu_for(&t) };
         let options = CheckOptions { triton_version: t.triton_version.clone(), ..Default::default() };
         let reasons = compat::check_target(&t, &gpu, &options);
@@ -292,6 +296,21 @@ proptest! {
             vec![]
         };
         prop_assert_eq!(reasons, expected);
+    }
+
+    #[test]
+    fn the_driver_refuses_only_a_newer_cuda_major(
+        t in target(),
+        built in (11u32..=14, 0u32..=9),
+        driver in (11u32..=14, 0u32..=9),
+    ) {
+        let t = Target { backend: Backend::Cuda, ptx_version: None, cuda_version: Some(format!("{}.{}", built.0, built.1)), ..t };
+        let gpu = Gpu { toolkit_version: Some(format!("{}.{}", driver.0, driver.1)), ..gpu_for(&t) };
+        let options = CheckOptions { triton_version: t.triton_version.clone(), ..Default::default() };
+        let reasons = compat::check_target(&t, &gpu, &options);
+        let refused = reasons.iter().any(|r| matches!(r, Reason::CudaNewerThanDriver { .. }));
+        prop_assert_eq!(refused, built.0 > driver.0, "{:?}", reasons);
+        prop_assert_eq!(reasons.len(), usize::from(refused));
     }
 
     #[test]

@@ -257,6 +257,14 @@ fn reads_mcv_vllm_manifests() {
     assert_eq!(entry.vllm_hash.as_deref(), Some("d4ec7c2a7d"));
     assert_eq!(entry.cache_format, Some(VllmFormat::Triton));
     assert_eq!(manifest.summary().to_string(), "hip/gfx90a/64");
+
+    let err = CacheManifest::from_json(br#"{"vllm":[{"vllmHash":"a","triton":[]},{"hash":"x"}]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("manifest.json") && err.contains("vllm[1]") && err.contains("backend"),
+        "{err}"
+    );
 }
 
 #[test]

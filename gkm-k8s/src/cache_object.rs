@@ -44,7 +44,14 @@ impl fmt::Display for CacheKey {
 
 /// A cache resource of either kind.
 pub trait CacheObject:
-    Resource<DynamicType = ()> + Clone + fmt::Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+    Resource<DynamicType = ()>
+    + Clone
+    + fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
 {
     /// The node report kind that carries this kind's per-node state.
     type NodeReport: NodeReport;
@@ -69,7 +76,14 @@ pub trait CacheObject:
 
 /// A node report of either kind (`GKMCacheNode`, `ClusterGKMCacheNode`).
 pub trait NodeReport:
-    Resource<DynamicType = ()> + Clone + fmt::Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+    Resource<DynamicType = ()>
+    + Clone
+    + fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
 {
     /// The report, if written.
     fn report(&self) -> Option<&CacheNodeStatus>;

@@ -97,14 +97,24 @@ pub struct Delivery {
 impl Delivery {
     /// `digest` may be mounted.
     pub fn deliverable(digest: Digest) -> Delivery {
-        Delivery { digest, verdict: Verdict::Deliverable, reason: None, updated: Timestamp::now() }
+        Delivery {
+            digest,
+            verdict: Verdict::Deliverable,
+            reason: None,
+            updated: Timestamp::now(),
+        }
     }
 
     /// `digest` may not be mounted, because `reason`. A
     /// [`Verdict::Deliverable`] verdict is kept, and the reason dropped.
     pub fn refused(digest: Digest, verdict: Verdict, reason: impl Into<String>) -> Delivery {
         let reason = (verdict != Verdict::Deliverable).then(|| reason.into());
-        Delivery { digest, verdict, reason, updated: Timestamp::now() }
+        Delivery {
+            digest,
+            verdict,
+            reason,
+            updated: Timestamp::now(),
+        }
     }
 
     /// The decision that a compatibility check implies for an extracted
@@ -114,7 +124,11 @@ impl Delivery {
         if report.compatible {
             Delivery::deliverable(digest)
         } else {
-            Delivery::refused(digest, Verdict::Incompatible, incompatibility_reason(report))
+            Delivery::refused(
+                digest,
+                Verdict::Incompatible,
+                incompatibility_reason(report),
+            )
         }
     }
 
@@ -167,14 +181,25 @@ impl DeliveryFile {
     }
 
     fn into_delivery(self) -> std::result::Result<Delivery, String> {
-        let digest: Digest = self.digest.parse().map_err(|e| format!("field digest: {e}"))?;
+        let digest: Digest = self
+            .digest
+            .parse()
+            .map_err(|e| format!("field digest: {e}"))?;
         if self.deliverable != (self.verdict == Verdict::Deliverable) {
-            return Err(format!("deliverable is {} but the verdict is {:?}", self.deliverable, self.verdict));
+            return Err(format!(
+                "deliverable is {} but the verdict is {:?}",
+                self.deliverable, self.verdict
+            ));
         }
         if !self.deliverable && self.reason.as_deref().is_none_or(str::is_empty) {
             return Err("an entry that is not deliverable needs a reason".to_string());
         }
-        Ok(Delivery { digest, verdict: self.verdict, reason: self.reason, updated: self.updated })
+        Ok(Delivery {
+            digest,
+            verdict: self.verdict,
+            reason: self.reason,
+            updated: self.updated,
+        })
     }
 }
 
@@ -187,7 +212,9 @@ pub struct DeliveryIndex {
 impl DeliveryIndex {
     /// The index of the store at `store_root`; touches nothing.
     pub fn new(store_root: &Path) -> DeliveryIndex {
-        DeliveryIndex { dir: store_root.join(DELIVERY_DIR) }
+        DeliveryIndex {
+            dir: store_root.join(DELIVERY_DIR),
+        }
     }
 
     /// The file holding `key`'s entry. Fails when a name is not a Kubernetes
@@ -213,7 +240,9 @@ impl DeliveryIndex {
         let Some(file) = read_json::<DeliveryFile>(&path)? else {
             return Ok(None);
         };
-        file.into_delivery().map(Some).map_err(|reason| invalid_data(&path, reason))
+        file.into_delivery()
+            .map(Some)
+            .map_err(|reason| invalid_data(&path, reason))
     }
 
     /// Forget `key` (the cache was deleted); whether there was an entry.
@@ -227,17 +256,30 @@ impl DeliveryIndex {
         let mut out = Vec::new();
         let namespaced = self.dir.join(NAMESPACED_DIR);
         for ns in list_dir(&namespaced)? {
-            let Some(ns_name) = ns.file_name().and_then(|n| n.to_str()).map(str::to_string) else { continue };
+            let Some(ns_name) = ns.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+                continue;
+            };
             for file in list_dir(&ns)? {
                 if let Some(name) = json_stem(&file) {
-                    let key = CacheKey { scope: Scope::Namespaced, namespace: Some(ns_name.clone()), name };
+                    let key = CacheKey {
+                        scope: Scope::Namespaced,
+                        namespace: Some(ns_name.clone()),
+                        name,
+                    };
                     self.push_entry(&mut out, key);
                 }
             }
         }
         for file in list_dir(&self.dir.join(CLUSTER_DIR))? {
             if let Some(name) = json_stem(&file) {
-                self.push_entry(&mut out, CacheKey { scope: Scope::Cluster, namespace: None, name });
+                self.push_entry(
+                    &mut out,
+                    CacheKey {
+                        scope: Scope::Cluster,
+                        namespace: None,
+                        name,
+                    },
+                );
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -329,16 +371,27 @@ impl MountFile {
     }
 
     fn into_record(self) -> std::result::Result<MountRecord, String> {
-        let digest: Digest = self.digest.parse().map_err(|e| format!("field digest: {e}"))?;
+        let digest: Digest = self
+            .digest
+            .parse()
+            .map_err(|e| format!("field digest: {e}"))?;
         let scope = match self.cache_scope {
             ScopeFile::Namespaced => Scope::Namespaced,
             ScopeFile::Cluster => Scope::Cluster,
         };
-        let cache = CacheKey { scope, namespace: self.cache_namespace, name: self.cache_name };
+        let cache = CacheKey {
+            scope,
+            namespace: self.cache_namespace,
+            name: self.cache_name,
+        };
         check_key(&cache).map_err(|e| e.to_string())?;
         Ok(MountRecord {
             volume_id: self.volume_id,
-            pod: PodRef { namespace: self.pod_namespace, name: self.pod_name, uid: self.pod_uid },
+            pod: PodRef {
+                namespace: self.pod_namespace,
+                name: self.pod_name,
+                uid: self.pod_uid,
+            },
             cache,
             digest,
             target_path: self.target_path,
@@ -356,7 +409,9 @@ pub struct MountRecords {
 impl MountRecords {
     /// The records of the store at `store_root`; touches nothing.
     pub fn new(store_root: &Path) -> MountRecords {
-        MountRecords { dir: store_root.join(MOUNTS_DIR) }
+        MountRecords {
+            dir: store_root.join(MOUNTS_DIR),
+        }
     }
 
     /// The file of `volume_id`'s record: `<id>.json` when the id is a plain
@@ -366,17 +421,23 @@ impl MountRecords {
         let plain = !volume_id.is_empty()
             && volume_id.len() <= 200
             && !volume_id.starts_with(['.', '_'])
-            && volume_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            && volume_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if plain {
             self.dir.join(format!("{volume_id}.json"))
         } else {
-            self.dir.join(format!("_{}.json", Digest::of(volume_id.as_bytes()).hex()))
+            self.dir
+                .join(format!("_{}.json", Digest::of(volume_id.as_bytes()).hex()))
         }
     }
 
     /// Write `record`, replacing any for the same volume.
     pub fn record(&self, record: &MountRecord) -> Result<()> {
-        write_json_atomically(&self.path_of(&record.volume_id), &MountFile::from_record(record))
+        write_json_atomically(
+            &self.path_of(&record.volume_id),
+            &MountFile::from_record(record),
+        )
     }
 
     /// The record of `volume_id`, if any.
@@ -385,7 +446,9 @@ impl MountRecords {
         let Some(file) = read_json::<MountFile>(&path)? else {
             return Ok(None);
         };
-        file.into_record().map(Some).map_err(|reason| invalid_data(&path, reason))
+        file.into_record()
+            .map(Some)
+            .map_err(|reason| invalid_data(&path, reason))
     }
 
     /// Remove the record of `volume_id`; whether there was one.
@@ -402,7 +465,10 @@ impl MountRecords {
                 continue;
             }
             let parsed = read_json::<MountFile>(&path).and_then(|file| match file {
-                Some(file) => file.into_record().map(Some).map_err(|reason| invalid_data(&path, reason)),
+                Some(file) => file
+                    .into_record()
+                    .map(Some)
+                    .map_err(|reason| invalid_data(&path, reason)),
                 None => Ok(None),
             });
             match parsed {
@@ -434,17 +500,27 @@ impl MountRecords {
 pub fn check_key(key: &CacheKey) -> Result<()> {
     let bad = |what: String| Err(Error::InvalidSpec(what));
     match (&key.scope, &key.namespace) {
-        (Scope::Namespaced, None) => return bad(format!("GKMCache {:?} has no namespace", key.name)),
+        (Scope::Namespaced, None) => {
+            return bad(format!("GKMCache {:?} has no namespace", key.name));
+        }
         (Scope::Cluster, Some(ns)) => {
-            return bad(format!("ClusterGKMCache {:?} cannot have a namespace (got {ns:?})", key.name));
+            return bad(format!(
+                "ClusterGKMCache {:?} cannot have a namespace (got {ns:?})",
+                key.name
+            ));
         }
         (Scope::Namespaced, Some(ns)) if !is_dns1123_label(ns) => {
-            return bad(format!("namespace {ns:?} is not a valid namespace name (a DNS-1123 label)"));
+            return bad(format!(
+                "namespace {ns:?} is not a valid namespace name (a DNS-1123 label)"
+            ));
         }
         _ => {}
     }
     if !is_dns1123_subdomain(&key.name) {
-        return bad(format!("cache name {:?} is not a valid object name (a DNS-1123 subdomain)", key.name));
+        return bad(format!(
+            "cache name {:?} is not a valid object name (a DNS-1123 subdomain)",
+            key.name
+        ));
     }
     Ok(())
 }
@@ -453,7 +529,8 @@ pub fn check_key(key: &CacheKey) -> Result<()> {
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -464,24 +541,39 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 }
 
 fn invalid_data(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Io { path: path.to_path_buf(), source: io::Error::new(io::ErrorKind::InvalidData, reason.into()) }
+    Error::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidData, reason.into()),
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Write `value` as JSON to `path` through a synced temporary file in the
 /// same directory and a rename.
 fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let dir = path.parent().ok_or_else(|| invalid_data(path, "no parent directory"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| invalid_data(path, "no parent directory"))?;
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let mut bytes = serde_json::to_vec_pretty(value)?;
     bytes.push(b'\n');
-    let mut tmp = tempfile::Builder::new().prefix(".tmp-").suffix(".json").tempfile_in(dir).map_err(io_err(dir))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .suffix(".json")
+        .tempfile_in(dir)
+        .map_err(io_err(dir))?;
     tmp.write_all(&bytes).map_err(io_err(tmp.path()))?;
     tmp.as_file().sync_all().map_err(io_err(path))?;
-    tmp.persist(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e.error })?;
+    tmp.persist(path).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e.error,
+    })?;
     Ok(())
 }
 
@@ -491,7 +583,9 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(path)(e)),
     };
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| invalid_data(path, e.to_string()))
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| invalid_data(path, e.to_string()))
 }
 
 fn remove_file(path: &Path) -> Result<bool> {
@@ -532,11 +626,19 @@ mod tests {
     }
 
     fn ns_key(ns: &str, name: &str) -> CacheKey {
-        CacheKey { scope: Scope::Namespaced, namespace: Some(ns.into()), name: name.into() }
+        CacheKey {
+            scope: Scope::Namespaced,
+            namespace: Some(ns.into()),
+            name: name.into(),
+        }
     }
 
     fn cluster_key(name: &str) -> CacheKey {
-        CacheKey { scope: Scope::Cluster, namespace: None, name: name.into() }
+        CacheKey {
+            scope: Scope::Cluster,
+            namespace: None,
+            name: name.into(),
+        }
     }
 
     #[test]
@@ -550,7 +652,8 @@ mod tests {
         index.publish(&key, &d).expect("publish");
         assert_eq!(index.get(&key).expect("get"), Some(d.clone()));
         let file = store.path().join("delivery/gkmcache/ml/llama.json");
-        let json: serde_json::Value = serde_json::from_slice(&fs::read(&file).expect("read")).expect("json");
+        let json: serde_json::Value =
+            serde_json::from_slice(&fs::read(&file).expect("read")).expect("json");
         assert_eq!(json["digest"], digest(1).to_string());
         assert_eq!(json["deliverable"], true);
         assert_eq!(json["verdict"], "deliverable");
@@ -560,14 +663,29 @@ mod tests {
         let refused = Delivery::refused(digest(2), Verdict::NotVerified, "no signature");
         index.publish(&key, &refused).expect("publish");
         assert_eq!(index.get(&key).expect("get"), Some(refused));
-        let names: Vec<_> = fs::read_dir(file.parent().expect("dir")).expect("ls").map(|e| e.expect("e").file_name()).collect();
+        let names: Vec<_> = fs::read_dir(file.parent().expect("dir"))
+            .expect("ls")
+            .map(|e| e.expect("e").file_name())
+            .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("llama.json")]);
 
         let c = cluster_key("shared.cache");
-        index.publish(&c, &Delivery::deliverable(digest(3))).expect("publish");
-        assert!(store.path().join("delivery/clustergkmcache/shared.cache.json").is_file());
+        index
+            .publish(&c, &Delivery::deliverable(digest(3)))
+            .expect("publish");
+        assert!(
+            store
+                .path()
+                .join("delivery/clustergkmcache/shared.cache.json")
+                .is_file()
+        );
 
-        let listed: Vec<CacheKey> = index.list().expect("list").into_iter().map(|(k, _)| k).collect();
+        let listed: Vec<CacheKey> = index
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         assert_eq!(listed, vec![key.clone(), c.clone()]);
 
         assert!(index.remove(&key).expect("remove"));
@@ -586,8 +704,16 @@ mod tests {
             ns_key("ML", "x"),
             ns_key("ml", "a/b"),
             cluster_key(".."),
-            CacheKey { scope: Scope::Namespaced, namespace: None, name: "x".into() },
-            CacheKey { scope: Scope::Cluster, namespace: Some("ml".into()), name: "x".into() },
+            CacheKey {
+                scope: Scope::Namespaced,
+                namespace: None,
+                name: "x".into(),
+            },
+            CacheKey {
+                scope: Scope::Cluster,
+                namespace: Some("ml".into()),
+                name: "x".into(),
+            },
         ] {
             let err = index.path_of(&key).expect_err("refused");
             assert!(matches!(err, Error::InvalidSpec(_)), "{key:?}: {err}");
@@ -602,13 +728,22 @@ mod tests {
         let path = index.path_of(&key).expect("path");
         fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
         let cases = [
-            (r#"{"digest":"sha256:00","deliverable":true,"verdict":"deliverable","updated":"2026-01-01T00:00:00Z"}"#, "digest"),
             (
-                &format!(r#"{{"digest":"{}","deliverable":true,"verdict":"incompatible","reason":"x","updated":"2026-01-01T00:00:00Z"}}"#, digest(1)),
+                r#"{"digest":"sha256:00","deliverable":true,"verdict":"deliverable","updated":"2026-01-01T00:00:00Z"}"#,
+                "digest",
+            ),
+            (
+                &format!(
+                    r#"{{"digest":"{}","deliverable":true,"verdict":"incompatible","reason":"x","updated":"2026-01-01T00:00:00Z"}}"#,
+                    digest(1)
+                ),
                 "verdict",
             ),
             (
-                &format!(r#"{{"digest":"{}","deliverable":false,"verdict":"incompatible","updated":"2026-01-01T00:00:00Z"}}"#, digest(1)),
+                &format!(
+                    r#"{{"digest":"{}","deliverable":false,"verdict":"incompatible","updated":"2026-01-01T00:00:00Z"}}"#,
+                    digest(1)
+                ),
                 "reason",
             ),
             ("not json", "expected"),
@@ -616,7 +751,10 @@ mod tests {
         for (content, mentions) in cases {
             fs::write(&path, content).expect("write");
             let err = index.get(&key).expect_err("invalid").to_string();
-            assert!(err.contains("llama.json") && err.contains(mentions), "{err}");
+            assert!(
+                err.contains("llama.json") && err.contains(mentions),
+                "{err}"
+            );
         }
         // list() skips it rather than failing.
         assert!(index.list().expect("list").is_empty());
@@ -628,7 +766,11 @@ mod tests {
         let mounts = MountRecords::new(store.path());
         let record = |vol: &str, pod: &str, d: u8| MountRecord {
             volume_id: vol.into(),
-            pod: PodRef { namespace: "ml".into(), name: pod.into(), uid: Some(format!("uid-{pod}")) },
+            pod: PodRef {
+                namespace: "ml".into(),
+                name: pod.into(),
+                uid: Some(format!("uid-{pod}")),
+            },
             cache: ns_key("ml", "llama"),
             digest: digest(d),
             target_path: PathBuf::from(format!("/var/lib/kubelet/pods/{pod}/volumes/x/mount")),
@@ -643,9 +785,17 @@ mod tests {
         assert!(store.path().join("mounts/csi-aaaa.json").is_file());
         let weird = mounts.path_of(&b.volume_id);
         assert_eq!(weird.parent(), Some(store.path().join("mounts").as_path()));
-        assert!(weird.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('_')));
+        assert!(
+            weird
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('_'))
+        );
 
-        assert_eq!(mounts.get("weird/id with spaces").expect("get"), Some(b.clone()));
+        assert_eq!(
+            mounts.get("weird/id with spaces").expect("get"),
+            Some(b.clone())
+        );
         assert_eq!(mounts.list().expect("list").len(), 3);
         let by_digest = mounts.pods_by_digest().expect("count");
         assert_eq!(by_digest[&digest(1)].len(), 2);
@@ -653,7 +803,10 @@ mod tests {
 
         assert!(mounts.remove("csi-aaaa").expect("remove"));
         assert!(!mounts.remove("csi-aaaa").expect("remove again"));
-        assert_eq!(mounts.pods_by_digest().expect("count")[&digest(1)], vec![b.pod.clone()]);
+        assert_eq!(
+            mounts.pods_by_digest().expect("count")[&digest(1)],
+            vec![b.pod.clone()]
+        );
     }
 
     #[test]
@@ -662,7 +815,10 @@ mod tests {
         use gkm_core::compat::{CheckOptions, check_summary};
         use gkm_core::{Backend, Gpu, Vendor};
 
-        let summary = Summary::from_label(r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#).expect("summary");
+        let summary = Summary::from_label(
+            r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#,
+        )
+        .expect("summary");
         let t4 = Gpu {
             vendor: Vendor::Nvidia,
             product: "Tesla T4".into(),
@@ -671,13 +827,19 @@ mod tests {
             warp_size: Some(32),
             ..Default::default()
         };
-        let d = Delivery::from_report(digest(1), &check_summary(&summary, &[t4], &CheckOptions::default()));
+        let d = Delivery::from_report(
+            digest(1),
+            &check_summary(&summary, &[t4], &CheckOptions::default()),
+        );
         assert_eq!(d.verdict, Verdict::Incompatible);
         let reason = d.reason.expect("reason");
         assert!(reason.starts_with("GPU 0 Tesla T4"), "{reason}");
         assert!(reason.contains("gfx90a"), "{reason}");
 
-        let none = Delivery::from_report(digest(1), &check_summary(&summary, &[], &CheckOptions::default()));
+        let none = Delivery::from_report(
+            digest(1),
+            &check_summary(&summary, &[], &CheckOptions::default()),
+        );
         assert_eq!(none.verdict, Verdict::Incompatible);
         assert!(!none.reason.expect("reason").is_empty());
     }

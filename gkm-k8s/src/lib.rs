@@ -2,9 +2,14 @@
 //! land) the operator's and agent's controllers, the CSI node service, the
 //! device plugin and the scheduler extender.
 
+pub mod agent;
 pub mod cache_object;
 pub mod crd;
+pub mod csi;
+pub mod delivery;
 pub mod error;
+pub mod leader;
 pub mod operator;
+pub mod serve;
 
 pub use error::{Error, Result};

@@ -70,7 +70,8 @@ fn host_matches(key: &str, registry: &str) -> bool {
         .split('/')
         .next()
         .unwrap_or_default();
-    let docker_hub = |h: &str| matches!(h, "docker.io" | "index.docker.io" | "registry-1.docker.io");
+    let docker_hub =
+        |h: &str| matches!(h, "docker.io" | "index.docker.io" | "registry-1.docker.io");
     host == registry || (docker_hub(host) && docker_hub(registry))
 }
 
@@ -84,7 +85,9 @@ impl Credentials {
                 Ok(RegistryAuth::Basic(username.clone(), password.clone()))
             }
             Credentials::DockerConfig => {
-                let Some(path) = docker_config_path() else { return Ok(RegistryAuth::Anonymous) };
+                let Some(path) = docker_config_path() else {
+                    return Ok(RegistryAuth::Anonymous);
+                };
                 let bytes = match std::fs::read(&path) {
                     Ok(b) => b,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -94,7 +97,8 @@ impl Credentials {
                 };
                 let config: DockerConfig = serde_json::from_slice(&bytes)
                     .map_err(|e| Error::format(path.display().to_string(), e))?;
-                let Some((key, entry)) = config.auths.iter().find(|(k, _)| host_matches(k, registry))
+                let Some((key, entry)) =
+                    config.auths.iter().find(|(k, _)| host_matches(k, registry))
                 else {
                     return Ok(RegistryAuth::Anonymous);
                 };
@@ -104,18 +108,19 @@ impl Credentials {
                 if let (Some(u), Some(p)) = (&entry.username, &entry.password) {
                     return Ok(RegistryAuth::Basic(u.clone(), p.clone()));
                 }
-                let Some(encoded) = &entry.auth else { return Ok(RegistryAuth::Anonymous) };
+                let Some(encoded) = &entry.auth else {
+                    return Ok(RegistryAuth::Anonymous);
+                };
                 let bad = |reason: &str| {
-                    Error::format(
-                        format!("{}: auths.{key}.auth", path.display()),
-                        reason,
-                    )
+                    Error::format(format!("{}: auths.{key}.auth", path.display()), reason)
                 };
                 let decoded = base64::engine::general_purpose::STANDARD
                     .decode(encoded.trim())
                     .map_err(|_| bad("not base64"))?;
                 let decoded = String::from_utf8(decoded).map_err(|_| bad("not UTF-8"))?;
-                let (u, p) = decoded.split_once(':').ok_or_else(|| bad("expected base64 of user:password"))?;
+                let (u, p) = decoded
+                    .split_once(':')
+                    .ok_or_else(|| bad("expected base64 of user:password"))?;
                 Ok(RegistryAuth::Basic(u.to_string(), p.to_string()))
             }
         }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use gkm_core::cache::CacheManifest;
 use oci_spec::image::{
-    Arch, ConfigBuilder, Descriptor, ImageConfigurationBuilder, ImageManifestBuilder, MediaType, Os,
-    RootFsBuilder,
+    Arch, ConfigBuilder, Descriptor, ImageConfigurationBuilder, ImageManifestBuilder, MediaType,
+    Os, RootFsBuilder,
 };
 
 use crate::copy::copy_image;
@@ -78,7 +78,12 @@ pub fn build_into_layout(
     let config = ImageConfigurationBuilder::default()
         .architecture(Arch::Amd64)
         .os(Os::Linux)
-        .config(ConfigBuilder::default().labels(hash_labels.clone()).build().map_err(spec_err("image config"))?)
+        .config(
+            ConfigBuilder::default()
+                .labels(hash_labels.clone())
+                .build()
+                .map_err(spec_err("image config"))?,
+        )
         .rootfs(
             RootFsBuilder::default()
                 .typ("layers")
@@ -94,7 +99,11 @@ pub fn build_into_layout(
     let manifest = ImageManifestBuilder::default()
         .schema_version(2u32)
         .media_type(MediaType::ImageManifest)
-        .config(Descriptor::new(MediaType::ImageConfig, config_bytes.len() as u64, oci_digest(&config_digest)?))
+        .config(Descriptor::new(
+            MediaType::ImageConfig,
+            config_bytes.len() as u64,
+            oci_digest(&config_digest)?,
+        ))
         .layers(vec![Descriptor::new(
             MediaType::from(compression.media_type()),
             layer.size,
@@ -105,12 +114,26 @@ pub fn build_into_layout(
         .map_err(spec_err("image manifest"))?;
     let bytes = json::canonical(&manifest)?;
     let digest = layout.write_blob(&bytes)?;
-    let raw = RawManifest { digest: digest.clone(), media_type: crate::labels::OCI_MANIFEST.into(), bytes };
+    let raw = RawManifest {
+        digest: digest.clone(),
+        media_type: crate::labels::OCI_MANIFEST.into(),
+        bytes,
+    };
     if let Some(tag) = tag {
-        let desc = Descriptor::new(MediaType::ImageManifest, raw.bytes.len() as u64, oci_digest(&digest)?);
+        let desc = Descriptor::new(
+            MediaType::ImageManifest,
+            raw.bytes.len() as u64,
+            oci_digest(&digest)?,
+        );
         layout.tag(tag, &desc)?;
     }
-    Ok(Built { digest, manifest: raw, layer, labels, cache })
+    Ok(Built {
+        digest,
+        manifest: raw,
+        layer,
+        labels,
+        cache,
+    })
 }
 
 /// Build the image of `cache_dir` and write it to `dest`: an OCI layout
@@ -121,7 +144,10 @@ pub async fn build(
     options: &BuildOptions,
     registry: &RegistryOptions,
 ) -> Result<Built> {
-    let title = options.title.clone().unwrap_or_else(|| dest.default_title());
+    let title = options
+        .title
+        .clone()
+        .unwrap_or_else(|| dest.default_title());
     let cache_dir = cache_dir.to_path_buf();
     let compression = options.compression;
     match dest {
@@ -166,7 +192,10 @@ async fn build_via(
     })
     .await??;
     let src = Repo::open(
-        &ImageRef::Layout { path: tmp.to_path_buf(), selector: Selector::Tag("build".into()) },
+        &ImageRef::Layout {
+            path: tmp.to_path_buf(),
+            selector: Selector::Tag("build".into()),
+        },
         registry,
     )?;
     let dst = Repo::create(dest, registry)?;

@@ -17,7 +17,9 @@ use crate::repo::{BlobSource, Repo};
 pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> Result<Digest> {
     let mut raw = src.fetch_manifest().await?;
     if is_index(&raw.media_type) {
-        raw = src.fetch_manifest_digest(&select_from_index(&raw.bytes)?).await?;
+        raw = src
+            .fetch_manifest_digest(&select_from_index(&raw.bytes)?)
+            .await?;
     }
     let manifest = Manifest::parse(&raw.bytes)?;
     let mut missing = Vec::new();

@@ -57,9 +57,18 @@ impl FromStr for Digest {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &str| Error::Reference { input: s.to_string(), reason: reason.to_string() };
-        let hex = s.strip_prefix("sha256:").ok_or_else(|| bad("expected a sha256:<hex> digest"))?;
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        let bad = |reason: &str| Error::Reference {
+            input: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let hex = s
+            .strip_prefix("sha256:")
+            .ok_or_else(|| bad("expected a sha256:<hex> digest"))?;
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(bad("expected 64 lowercase hex digits after sha256:"));
         }
         Ok(Digest(s.to_string()))
@@ -81,7 +90,11 @@ pub(crate) struct HashingWriter<W> {
 
 impl<W: Write> HashingWriter<W> {
     pub(crate) fn new(inner: W) -> Self {
-        HashingWriter { inner, hasher: Sha256::new(), count: 0 }
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            count: 0,
+        }
     }
 
     /// The inner writer, the digest and the byte count.

@@ -91,12 +91,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An I/O error on `path`.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// A malformed document.
     pub(crate) fn format(what: impl Into<String>, reason: impl std::fmt::Display) -> Error {
-        Error::Format { what: what.into(), reason: reason.to_string() }
+        Error::Format {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
     }
 
     /// A registry error for `reference`.
@@ -104,7 +110,10 @@ impl Error {
         reference: impl std::fmt::Display,
         source: oci_client::errors::OciDistributionError,
     ) -> Error {
-        Error::Registry { reference: reference.to_string(), source: Box::new(source) }
+        Error::Registry {
+            reference: reference.to_string(),
+            source: Box::new(source),
+        }
     }
 }
 

@@ -146,7 +146,11 @@ pub struct Rejection {
 
 impl Rejection {
     fn new(entry: &str, rule: Rule, detail: impl Into<String>) -> Rejection {
-        Rejection { entry: entry.to_string(), rule, detail: detail.into() }
+        Rejection {
+            entry: entry.to_string(),
+            rule,
+            detail: detail.into(),
+        }
     }
 }
 
@@ -222,7 +226,10 @@ impl<R: Read> Read for RatioGuard<R> {
         let n = self.inner.read(buf)?;
         self.seen += n as u64;
         if self.seen > self.grace {
-            let compressed = self.compressed.load(std::sync::atomic::Ordering::Relaxed).max(1);
+            let compressed = self
+                .compressed
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(1);
             if self.seen / compressed > self.max_ratio {
                 return Err(io::Error::other(Carried::Rejected(Rejection::new(
                     "(layer)",
@@ -243,20 +250,46 @@ fn display_path(bytes: &[u8]) -> String {
 }
 
 /// Normalise an archive path into components, enforcing the path rules.
-fn components<'a>(raw: &'a str, shown: &str, policy: &ExtractPolicy) -> Result<Vec<&'a str>, Rejection> {
+fn components<'a>(
+    raw: &'a str,
+    shown: &str,
+    policy: &ExtractPolicy,
+) -> Result<Vec<&'a str>, Rejection> {
     if raw.len() > policy.max_path_len {
-        return Err(Rejection::new(shown, Rule::NameTooLong, format!("path is {} bytes, limit {}", raw.len(), policy.max_path_len)));
+        return Err(Rejection::new(
+            shown,
+            Rule::NameTooLong,
+            format!("path is {} bytes, limit {}", raw.len(), policy.max_path_len),
+        ));
     }
     if raw.starts_with('/') {
-        return Err(Rejection::new(shown, Rule::AbsolutePath, "absolute paths are not allowed"));
+        return Err(Rejection::new(
+            shown,
+            Rule::AbsolutePath,
+            "absolute paths are not allowed",
+        ));
     }
     let mut out = Vec::new();
     for c in raw.split('/') {
         match c {
             "" | "." => {}
-            ".." => return Err(Rejection::new(shown, Rule::ParentDir, "paths may not contain \"..\"")),
+            ".." => {
+                return Err(Rejection::new(
+                    shown,
+                    Rule::ParentDir,
+                    "paths may not contain \"..\"",
+                ));
+            }
             c if c.len() > policy.max_name_len => {
-                return Err(Rejection::new(shown, Rule::NameTooLong, format!("component is {} bytes, limit {}", c.len(), policy.max_name_len)));
+                return Err(Rejection::new(
+                    shown,
+                    Rule::NameTooLong,
+                    format!(
+                        "component is {} bytes, limit {}",
+                        c.len(),
+                        policy.max_name_len
+                    ),
+                ));
             }
             c if c.contains('\0') => {
                 return Err(Rejection::new(shown, Rule::Malformed, "NUL byte in path"));
@@ -269,7 +302,9 @@ fn components<'a>(raw: &'a str, shown: &str, policy: &ExtractPolicy) -> Result<V
 
 /// Where an entry goes, after the layout mapping: `None` to check but skip.
 fn map_entry(comps: &[&str], shown: &str, mapping: Mapping) -> Result<Option<String>, Rejection> {
-    let Some(top) = comps.first() else { return Ok(None) };
+    let Some(top) = comps.first() else {
+        return Ok(None);
+    };
     let Some(layout) = KindLayout::for_top_dir(top) else {
         return Err(Rejection::new(
             shown,
@@ -279,7 +314,11 @@ fn map_entry(comps: &[&str], shown: &str, mapping: Mapping) -> Result<Option<Str
     };
     let is_manifest = *top == layout.manifest_dir;
     if is_manifest && comps.len() > 1 && (comps.len() != 2 || comps[1] != MANIFEST_FILE) {
-        return Err(Rejection::new(shown, Rule::OutsideLayout, format!("the manifest directory holds only {MANIFEST_FILE}")));
+        return Err(Rejection::new(
+            shown,
+            Rule::OutsideLayout,
+            format!("the manifest directory holds only {MANIFEST_FILE}"),
+        ));
     }
     Ok(match mapping {
         Mapping::Layer => Some(comps.join("/")),
@@ -301,14 +340,21 @@ struct State<'p> {
 impl State<'_> {
     fn through_link(&self, rel: &str) -> bool {
         !self.links.is_empty()
-            && rel.match_indices('/').any(|(i, _)| self.links.contains(&rel[..i]))
+            && rel
+                .match_indices('/')
+                .any(|(i, _)| self.links.contains(&rel[..i]))
     }
 }
 
 /// Extract an uncompressed layer tar from `reader` into `dest`, an empty
 /// directory the caller owns, under `policy`. On error `dest` may hold a
 /// partial tree: the caller removes it.
-pub fn extract_tar<R: Read>(reader: R, dest: &Path, mapping: Mapping, policy: &ExtractPolicy) -> Result<ExtractStats> {
+pub fn extract_tar<R: Read>(
+    reader: R,
+    dest: &Path,
+    mapping: Mapping,
+    policy: &ExtractPolicy,
+) -> Result<ExtractStats> {
     let mut archive = tar::Archive::new(reader);
     let mut state = State {
         policy,
@@ -333,12 +379,21 @@ pub fn extract_tar<R: Read>(reader: R, dest: &Path, mapping: Mapping, policy: &E
     Ok(state.stats)
 }
 
-fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut State<'_>, shown: &str) -> Result<()> {
+fn extract_entry<R: Read>(
+    mut entry: tar::Entry<'_, R>,
+    dest: &Path,
+    st: &mut State<'_>,
+    shown: &str,
+) -> Result<()> {
     let policy = st.policy;
-    let reject = |rule: Rule, detail: String| Err(Error::Rejected(Rejection::new(shown, rule, detail)));
+    let reject =
+        |rule: Rule, detail: String| Err(Error::Rejected(Rejection::new(shown, rule, detail)));
     st.stats.entries += 1;
     if st.stats.entries > policy.max_entries {
-        return reject(Rule::TooManyEntries, format!("more than {} entries", policy.max_entries));
+        return reject(
+            Rule::TooManyEntries,
+            format!("more than {} entries", policy.max_entries),
+        );
     }
     let kind = entry.header().entry_type();
     if kind == tar::EntryType::XGlobalHeader {
@@ -349,11 +404,19 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
         tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous => {}
         tar::EntryType::Link | tar::EntryType::Symlink if policy.allow_in_tree_links => {}
         tar::EntryType::Link | tar::EntryType::Symlink => {
-            return reject(Rule::LinkNotAllowed, "links are not allowed by the extraction policy".into());
+            return reject(
+                Rule::LinkNotAllowed,
+                "links are not allowed by the extraction policy".into(),
+            );
         }
-        tar::EntryType::GNUSparse => return reject(Rule::Malformed, "sparse files are not supported".into()),
+        tar::EntryType::GNUSparse => {
+            return reject(Rule::Malformed, "sparse files are not supported".into());
+        }
         other => {
-            return reject(Rule::SpecialFile, format!("{other:?} entries are not allowed: only files and directories"));
+            return reject(
+                Rule::SpecialFile,
+                format!("{other:?} entries are not allowed: only files and directories"),
+            );
         }
     }
     let path_bytes = entry.path_bytes().into_owned();
@@ -362,21 +425,34 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
     };
     let comps = components(raw, shown, policy)?;
     if comps.len() == 1 && kind != tar::EntryType::Directory {
-        let rule = if kind.is_symlink() || kind.is_hard_link() { Rule::LinkEscape } else { Rule::OutsideLayout };
-        return reject(rule, "the cache and manifest directories must be real directories".into());
+        let rule = if kind.is_symlink() || kind.is_hard_link() {
+            Rule::LinkEscape
+        } else {
+            Rule::OutsideLayout
+        };
+        return reject(
+            rule,
+            "the cache and manifest directories must be real directories".into(),
+        );
     }
     let Some(rel) = map_entry(&comps, shown, st.mapping)? else {
         // Checked but not written: a layout directory or the manifest.
         let size = entry.size();
         if size > policy.max_entry_size {
-            return reject(Rule::EntryTooLarge, format!("{size} bytes, limit {}", policy.max_entry_size));
+            return reject(
+                Rule::EntryTooLarge,
+                format!("{size} bytes, limit {}", policy.max_entry_size),
+            );
         }
         io::copy(&mut entry, &mut io::sink()).map_err(|e| classify(e, shown))?;
         return Ok(());
     };
     let mode = entry.header().mode().map_err(|e| classify(e, shown))?;
     if mode & 0o7000 != 0 && policy.reject_special_bits {
-        return reject(Rule::SpecialBits, format!("mode {mode:o} has setuid, setgid or sticky bits"));
+        return reject(
+            Rule::SpecialBits,
+            format!("mode {mode:o} has setuid, setgid or sticky bits"),
+        );
     }
     if st.through_link(&rel) {
         return reject(Rule::ThroughLink, "an ancestor directory is a link".into());
@@ -387,13 +463,21 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
     let target = dest.join(&rel);
     let io_err = |e: io::Error| -> Error {
         match e.kind() {
-            io::ErrorKind::AlreadyExists | io::ErrorKind::NotADirectory | io::ErrorKind::IsADirectory => {
-                Error::Rejected(Rejection::new(shown, Rule::Duplicate, format!("clashes with an earlier entry: {e}")))
-            }
+            io::ErrorKind::AlreadyExists
+            | io::ErrorKind::NotADirectory
+            | io::ErrorKind::IsADirectory => Error::Rejected(Rejection::new(
+                shown,
+                Rule::Duplicate,
+                format!("clashes with an earlier entry: {e}"),
+            )),
             _ => Error::io(&target, e),
         }
     };
-    let parent_of = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_else(|| dest.to_path_buf());
+    let parent_of = |p: &Path| {
+        p.parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| dest.to_path_buf())
+    };
     match kind {
         tar::EntryType::Directory => {
             match fs::create_dir(&target) {
@@ -401,7 +485,10 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     fs::create_dir_all(&target).map_err(io_err)?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && target.is_dir() && !target.is_symlink() => {}
+                Err(e)
+                    if e.kind() == io::ErrorKind::AlreadyExists
+                        && target.is_dir()
+                        && !target.is_symlink() => {}
                 Err(e) => return Err(io_err(e)),
             }
             let _ = DIR_MODE;
@@ -409,16 +496,26 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
         tar::EntryType::Regular | tar::EntryType::Continuous => {
             let size = entry.size();
             if size > policy.max_entry_size {
-                return reject(Rule::EntryTooLarge, format!("{size} bytes, limit {}", policy.max_entry_size));
+                return reject(
+                    Rule::EntryTooLarge,
+                    format!("{size} bytes, limit {}", policy.max_entry_size),
+                );
             }
             if st.stats.bytes + size > policy.max_total_size {
-                return reject(Rule::TotalTooLarge, format!("files add up to more than {} bytes", policy.max_total_size));
+                return reject(
+                    Rule::TotalTooLarge,
+                    format!("files add up to more than {} bytes", policy.max_total_size),
+                );
             }
             let parent = parent_of(&target);
             if !parent.is_dir() {
                 fs::create_dir_all(&parent).map_err(io_err)?;
             }
-            let file_mode = if mode & 0o111 != 0 { EXEC_MODE } else { FILE_MODE };
+            let file_mode = if mode & 0o111 != 0 {
+                EXEC_MODE
+            } else {
+                FILE_MODE
+            };
             let mut file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -429,11 +526,17 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
             let mut left = size;
             while left > 0 {
                 let want = left.min(st.buf.len() as u64) as usize;
-                let n = entry.read(&mut st.buf[..want]).map_err(|e| classify(e, shown))?;
+                let n = entry
+                    .read(&mut st.buf[..want])
+                    .map_err(|e| classify(e, shown))?;
                 if n == 0 {
-                    return reject(Rule::Malformed, format!("archive ends {left} bytes into a {size}-byte entry"));
+                    return reject(
+                        Rule::Malformed,
+                        format!("archive ends {left} bytes into a {size}-byte entry"),
+                    );
                 }
-                file.write_all(&st.buf[..n]).map_err(|e| Error::io(&target, e))?;
+                file.write_all(&st.buf[..n])
+                    .map_err(|e| Error::io(&target, e))?;
                 left -= n as u64;
             }
             st.stats.bytes += size;
@@ -441,7 +544,10 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
             st.files.insert(rel);
         }
         tar::EntryType::Link | tar::EntryType::Symlink => {
-            let link_bytes = entry.link_name_bytes().map(|b| b.into_owned()).unwrap_or_default();
+            let link_bytes = entry
+                .link_name_bytes()
+                .map(|b| b.into_owned())
+                .unwrap_or_default();
             let Ok(link) = std::str::from_utf8(&link_bytes) else {
                 return reject(Rule::NonUtf8Name, "link target is not UTF-8".into());
             };
@@ -450,15 +556,25 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
                 fs::create_dir_all(&parent).map_err(io_err)?;
             }
             if kind == tar::EntryType::Link {
-                let comps = components(link, shown, policy).map_err(|r| Rejection { rule: Rule::LinkEscape, ..r })?;
-                let mapped = map_entry(&comps, shown, st.mapping).map_err(|r| Rejection { rule: Rule::LinkEscape, ..r })?;
+                let comps = components(link, shown, policy).map_err(|r| Rejection {
+                    rule: Rule::LinkEscape,
+                    ..r
+                })?;
+                let mapped = map_entry(&comps, shown, st.mapping).map_err(|r| Rejection {
+                    rule: Rule::LinkEscape,
+                    ..r
+                })?;
                 let Some(to) = mapped.filter(|m| st.files.contains(m)) else {
-                    return reject(Rule::LinkEscape, format!("hard link to {link:?}, which is not a file extracted earlier"));
+                    return reject(
+                        Rule::LinkEscape,
+                        format!("hard link to {link:?}, which is not a file extracted earlier"),
+                    );
                 };
                 fs::hard_link(dest.join(&to), &target).map_err(io_err)?;
                 st.files.insert(rel);
             } else {
-                check_symlink(link, &rel, st.mapping).map_err(|d| Rejection::new(shown, Rule::LinkEscape, d))?;
+                check_symlink(link, &rel, st.mapping)
+                    .map_err(|d| Rejection::new(shown, Rule::LinkEscape, d))?;
                 std::os::unix::fs::symlink(link, &target).map_err(io_err)?;
                 st.links.insert(rel);
             }
@@ -474,10 +590,20 @@ fn extract_entry<R: Read>(mut entry: tar::Entry<'_, R>, dest: &Path, st: &mut St
 /// archives.
 fn check_pax<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<()> {
     let header_size = entry.header().entry_size().unwrap_or(0);
-    let Some(records) = entry.pax_extensions().map_err(|e| classify(e, shown))? else { return Ok(()) };
-    let malformed = |detail: String| Err(Error::Rejected(Rejection::new(shown, Rule::Malformed, detail)));
+    let Some(records) = entry.pax_extensions().map_err(|e| classify(e, shown))? else {
+        return Ok(());
+    };
+    let malformed = |detail: String| {
+        Err(Error::Rejected(Rejection::new(
+            shown,
+            Rule::Malformed,
+            detail,
+        )))
+    };
     for record in records {
-        let Ok(record) = record else { return malformed("unreadable PAX record".into()) };
+        let Ok(record) = record else {
+            return malformed("unreadable PAX record".into());
+        };
         if record.key() != Ok("size") {
             continue;
         }
@@ -486,7 +612,9 @@ fn check_pax<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<()> 
             return malformed(format!("PAX size {value:?} is not a number"));
         };
         if header_size != 0 && size != header_size {
-            return malformed(format!("PAX size {size} contradicts the header size {header_size}"));
+            return malformed(format!(
+                "PAX size {size} contradicts the header size {header_size}"
+            ));
         }
     }
     Ok(())
@@ -497,7 +625,9 @@ fn check_pax<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<()> 
 /// them from the link's directory stays inside the tree.
 fn check_symlink(link: &str, rel: &str, mapping: Mapping) -> Result<(), String> {
     if link.is_empty() || link.starts_with('/') {
-        return Err(format!("symbolic link to {link:?}: targets must be relative"));
+        return Err(format!(
+            "symbolic link to {link:?}: targets must be relative"
+        ));
     }
     let depth = rel.matches('/').count();
     // In the whole-layer mapping the first component is the io.* directory,
@@ -509,7 +639,9 @@ fn check_symlink(link: &str, rel: &str, mapping: Mapping) -> Result<(), String> 
         match c {
             "" | "." => {}
             ".." if descended => {
-                return Err(format!("symbolic link to {link:?}: \"..\" after a name is not allowed"));
+                return Err(format!(
+                    "symbolic link to {link:?}: \"..\" after a name is not allowed"
+                ));
             }
             ".." => ups += 1,
             _ => descended = true,

@@ -31,15 +31,25 @@ fn assert_only_dest(scratch: &Path, dest: &Path) {
     let names: Vec<_> = std::fs::read_dir(scratch)
         .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default();
-    assert_eq!(names, vec![dest.to_path_buf()], "extraction wrote outside its directory");
+    assert_eq!(
+        names,
+        vec![dest.to_path_buf()],
+        "extraction wrote outside its directory"
+    );
     let mut stack = vec![dest.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let ft = entry.file_type().map(|t| (t.is_dir(), t.is_file())).unwrap_or((false, false));
+            let ft = entry
+                .file_type()
+                .map(|t| (t.is_dir(), t.is_file()))
+                .unwrap_or((false, false));
             match ft {
                 (true, _) => stack.push(entry.path()),
                 (_, true) => {}
-                _ => panic!("extraction created {:?}, which is neither file nor directory", entry.path()),
+                _ => panic!(
+                    "extraction created {:?}, which is neither file nor directory",
+                    entry.path()
+                ),
             }
         }
     }
@@ -57,7 +67,10 @@ pub fn manifest_json(data: &[u8]) {
 /// round-trip.
 pub fn summary_label(data: &str) {
     if let Ok(s) = gkm_core::cache::Summary::from_label(data) {
-        assert_eq!(gkm_core::cache::Summary::from_label(&s.to_label()).ok(), Some(s));
+        assert_eq!(
+            gkm_core::cache::Summary::from_label(&s.to_label()).ok(),
+            Some(s)
+        );
     }
 }
 

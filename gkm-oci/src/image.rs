@@ -42,8 +42,12 @@ pub struct Manifest {
 }
 
 fn descriptor(d: &oci_spec::image::Descriptor) -> Result<Layer> {
-    let size = u64::try_from(d.size()).map_err(|_| Error::format("descriptor", "negative size"))?;
-    Ok(Layer { digest: d.digest().to_string().parse()?, media_type: d.media_type().to_string(), size })
+    let size = d.size();
+    Ok(Layer {
+        digest: d.digest().to_string().parse()?,
+        media_type: d.media_type().to_string(),
+        size,
+    })
 }
 
 impl Manifest {
@@ -52,7 +56,10 @@ impl Manifest {
         let m: ImageManifest =
             serde_json::from_slice(bytes).map_err(|e| Error::format("image manifest", e))?;
         if m.schema_version() != 2 {
-            return Err(Error::format("image manifest", format!("schemaVersion {}: expected 2", m.schema_version())));
+            return Err(Error::format(
+                "image manifest",
+                format!("schemaVersion {}: expected 2", m.schema_version()),
+            ));
         }
         Ok(Manifest {
             config: descriptor(m.config())?,
@@ -73,7 +80,8 @@ pub fn is_index(media_type: &str) -> bool {
 
 /// The manifest an index selects: linux/amd64 if listed, else the first.
 pub fn select_from_index(bytes: &[u8]) -> Result<Digest> {
-    let index: ImageIndex = serde_json::from_slice(bytes).map_err(|e| Error::format("image index", e))?;
+    let index: ImageIndex =
+        serde_json::from_slice(bytes).map_err(|e| Error::format("image index", e))?;
     let pick = index
         .manifests()
         .iter()
@@ -101,7 +109,8 @@ struct ContainerConfig {
 
 /// The labels of an image config (`config.Labels`). Never panics.
 pub fn config_labels(bytes: &[u8]) -> Result<BTreeMap<String, String>> {
-    let doc: ConfigDoc = serde_json::from_slice(bytes).map_err(|e| Error::format("image config", e))?;
+    let doc: ConfigDoc =
+        serde_json::from_slice(bytes).map_err(|e| Error::format("image config", e))?;
     Ok(doc.config.and_then(|c| c.labels).unwrap_or_default())
 }
 
@@ -132,7 +141,10 @@ impl Image {
             index_digest = Some(raw.digest.clone());
             raw = repo.fetch_manifest_digest(&chosen).await?;
             if is_index(&raw.media_type) {
-                return Err(Error::format("image index", "nested indexes are not supported"));
+                return Err(Error::format(
+                    "image index",
+                    "nested indexes are not supported",
+                ));
             }
         }
         let manifest = Manifest::parse(&raw.bytes)?;
@@ -151,7 +163,8 @@ impl Image {
     /// The cache labels: from the config labels, else from the manifest
     /// annotations.
     pub fn cache(&self) -> Result<CacheLabels> {
-        CacheLabels::read(&self.labels).or_else(|e| CacheLabels::read(&self.manifest.annotations).map_err(|_| e))
+        CacheLabels::read(&self.labels)
+            .or_else(|e| CacheLabels::read(&self.manifest.annotations).map_err(|_| e))
     }
 
     /// The one layer of a cache image.

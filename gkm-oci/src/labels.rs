@@ -28,7 +28,12 @@ pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json"
 pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
 
 /// Every manifest media type gkm reads.
-pub const MANIFEST_TYPES: &[&str] = &[OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST];
+pub const MANIFEST_TYPES: &[&str] = &[
+    OCI_MANIFEST,
+    DOCKER_MANIFEST,
+    OCI_INDEX,
+    DOCKER_MANIFEST_LIST,
+];
 
 /// The image title label.
 pub const TITLE: &str = "org.opencontainers.image.title";
@@ -54,7 +59,9 @@ impl Compression {
             OCI_LAYER_TAR | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Compression::None),
             other => Err(Error::format(
                 "layer",
-                format!("unsupported media type {other:?}: expected a tar, tar+gzip or tar+zstd layer"),
+                format!(
+                    "unsupported media type {other:?}: expected a tar, tar+gzip or tar+zstd layer"
+                ),
             )),
         }
     }
@@ -113,12 +120,16 @@ impl KindLayout {
     /// The layout whose cache or manifest directory is the first path
     /// component `top`.
     pub fn for_top_dir(top: &str) -> Option<KindLayout> {
-        [TRITON, VLLM].into_iter().find(|l| l.cache_dir == top || l.manifest_dir == top)
+        [TRITON, VLLM]
+            .into_iter()
+            .find(|l| l.cache_dir == top || l.manifest_dir == top)
     }
 
     /// The layout whose labels `labels` carries, if any.
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Option<KindLayout> {
-        [TRITON, VLLM].into_iter().find(|l| labels.contains_key(&l.key("summary")))
+        [TRITON, VLLM]
+            .into_iter()
+            .find(|l| labels.contains_key(&l.key("summary")))
     }
 
     /// A label key under this kind's prefix (`cache.triton.image/<name>`).
@@ -141,7 +152,10 @@ pub fn cache_labels(
     let layout = KindLayout::of(manifest.kind());
     let mut labels = BTreeMap::new();
     labels.insert(TITLE.to_string(), title.to_string());
-    labels.insert(layout.key("entry-count"), manifest.entries().len().to_string());
+    labels.insert(
+        layout.key("entry-count"),
+        manifest.entries().len().to_string(),
+    );
     labels.insert(layout.key("cache-size-bytes"), cache_size_bytes.to_string());
     labels.insert(layout.key("summary"), manifest.summary().to_label());
     if let (CacheKind::Vllm, Some(format)) = (manifest.kind(), manifest.format) {
@@ -183,13 +197,18 @@ impl CacheLabels {
             )
         })?;
         let summary_key = layout.key("summary");
-        let summary = Summary::from_label(labels.get(&summary_key).map(String::as_str).unwrap_or(""))
-            .map_err(|e| Error::format(format!("label {summary_key}"), e))?;
+        let summary =
+            Summary::from_label(labels.get(&summary_key).map(String::as_str).unwrap_or(""))
+                .map_err(|e| Error::format(format!("label {summary_key}"), e))?;
         let number = |name: &str| -> Result<Option<u64>> {
             let key = layout.key(name);
             labels
                 .get(&key)
-                .map(|v| v.trim().parse::<u64>().map_err(|e| Error::format(format!("label {key}"), e)))
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|e| Error::format(format!("label {key}"), e))
+                })
                 .transpose()
         };
         Ok(CacheLabels {

@@ -65,19 +65,34 @@ fn walk(root: &Path, rel: PathBuf, out: &mut Vec<TreeEntry>) -> Result<()> {
         let child_rel = rel.join(&name);
         let path = root.join(&child_rel);
         if name.to_str().is_none() {
-            return Err(Error::Unpackable { path, reason: "file name is not UTF-8".into() });
+            return Err(Error::Unpackable {
+                path,
+                reason: "file name is not UTF-8".into(),
+            });
         }
         let meta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
         let ft = meta.file_type();
         if ft.is_dir() {
-            out.push(TreeEntry { rel: child_rel.clone(), kind: TreeKind::Dir });
+            out.push(TreeEntry {
+                rel: child_rel.clone(),
+                kind: TreeKind::Dir,
+            });
             walk(root, child_rel, out)?;
         } else if ft.is_file() {
             let exec = meta.permissions().mode() & 0o111 != 0;
-            out.push(TreeEntry { rel: child_rel, kind: TreeKind::File { size: meta.len(), exec } });
+            out.push(TreeEntry {
+                rel: child_rel,
+                kind: TreeKind::File {
+                    size: meta.len(),
+                    exec,
+                },
+            });
         } else {
-            let what =
-                if ft.is_symlink() { "a symbolic link" } else { "not a regular file or directory" };
+            let what = if ft.is_symlink() {
+                "a symbolic link"
+            } else {
+                "not a regular file or directory"
+            };
             return Err(Error::Unpackable {
                 path,
                 reason: format!("{what}: cache images hold regular files and directories only"),
@@ -130,8 +145,12 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
         move |e: io::Error| Error::io(path, e)
     };
     let append_dir = |b: &mut tar::Builder<W>, name: String| {
-        b.append_data(&mut header(tar::EntryType::Directory, DIR_MODE, 0), format!("{name}/"), io::empty())
-            .map_err(tar_err(Path::new(&name)))
+        b.append_data(
+            &mut header(tar::EntryType::Directory, DIR_MODE, 0),
+            format!("{name}/"),
+            io::empty(),
+        )
+        .map_err(tar_err(Path::new(&name)))
     };
     append_dir(&mut b, layout.cache_dir.to_string())?;
     let mut total = 0u64;
@@ -144,10 +163,17 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
             TreeKind::File { size, exec } => {
                 let path = cache_dir.join(&entry.rel);
                 let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-                let reader = Exact { inner: file.take(size), path: path.clone() };
+                let reader = Exact {
+                    inner: file.take(size),
+                    path: path.clone(),
+                };
                 let mode = if exec { EXEC_MODE } else { FILE_MODE };
-                b.append_data(&mut header(tar::EntryType::Regular, mode, size), &name, reader)
-                    .map_err(tar_err(&path))?;
+                b.append_data(
+                    &mut header(tar::EntryType::Regular, mode, size),
+                    &name,
+                    reader,
+                )
+                .map_err(tar_err(&path))?;
                 total += size;
             }
         }
@@ -196,5 +222,11 @@ pub fn write_layer(
     let (buf, digest, size) = compressed.finish();
     let file = buf.into_inner().map_err(|e| io_err(e.into_error()))?;
     file.sync_all().map_err(io_err)?;
-    Ok(LayerInfo { digest, diff_id, size, cache_size_bytes, compression })
+    Ok(LayerInfo {
+        digest,
+        diff_id,
+        size,
+        cache_size_bytes,
+        compression,
+    })
 }

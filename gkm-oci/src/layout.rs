@@ -117,7 +117,10 @@ impl Layout {
         let path = self.root.join(tmp_name(".gkm-tmp-"));
         let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
         Ok(BlobWriter {
-            inner: Some(HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file))),
+            inner: Some(HashingWriter::new(io::BufWriter::with_capacity(
+                1 << 20,
+                file,
+            ))),
             path,
             layout: self.clone(),
         })
@@ -146,7 +149,10 @@ impl Layout {
         let index = self.index()?;
         let found = index.manifests().iter().find(|d| match selector {
             Selector::Tag(tag) => {
-                d.annotations().as_ref().and_then(|a| a.get(REF_NAME)).map(String::as_str)
+                d.annotations()
+                    .as_ref()
+                    .and_then(|a| a.get(REF_NAME))
+                    .map(String::as_str)
                     == Some(tag.as_str())
             }
             Selector::Digest(digest) => d.digest().to_string() == digest.as_str(),
@@ -155,9 +161,13 @@ impl Layout {
             (Some(d), _) => Ok(d.clone()),
             // A digest that is not listed may still be a stored manifest.
             (None, Selector::Digest(digest)) if self.has_blob(digest) => {
-                let size = fs::metadata(self.blob_path(digest)).map(|m| m.len()).unwrap_or(0);
-                let d: oci_spec::image::Digest =
-                    digest.as_str().parse().map_err(|e| Error::format("digest", e))?;
+                let size = fs::metadata(self.blob_path(digest))
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+                let d: oci_spec::image::Digest = digest
+                    .as_str()
+                    .parse()
+                    .map_err(|e| Error::format("digest", e))?;
                 Ok(Descriptor::new(MediaType::ImageManifest, size, d))
             }
             (None, _) => Err(Error::NotFound {
@@ -175,7 +185,11 @@ impl Layout {
             .manifests()
             .iter()
             .filter(|d| {
-                d.annotations().as_ref().and_then(|a| a.get(REF_NAME)).map(String::as_str) != Some(tag)
+                d.annotations()
+                    .as_ref()
+                    .and_then(|a| a.get(REF_NAME))
+                    .map(String::as_str)
+                    != Some(tag)
             })
             .cloned()
             .collect();
@@ -224,7 +238,9 @@ impl BlobWriter {
             return Err(Error::Task("blob writer already committed".into()));
         };
         let (buf, digest, _) = inner.finish();
-        let file = buf.into_inner().map_err(|e| Error::io(&self.path, e.into_error()))?;
+        let file = buf
+            .into_inner()
+            .map_err(|e| Error::io(&self.path, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.path, e))?;
         if let Some(expected) = expected
             && expected != &digest

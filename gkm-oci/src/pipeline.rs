@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,7 +13,9 @@ use futures::StreamExt;
 
 use crate::digest::{Digest, Hasher};
 use crate::error::{Error, Result};
-use crate::extract::{Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, classify, extract_tar};
+use crate::extract::{
+    Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, classify, extract_tar,
+};
 use crate::image::Layer;
 use crate::labels::Compression;
 use crate::repo::{BlobSource, Repo};
@@ -97,7 +99,10 @@ fn decompress<R: Read>(
     compression: Compression,
     tx: std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
 ) -> io::Result<Digest> {
-    fn pump(mut r: impl Read, tx: &std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>) -> io::Result<bool> {
+    fn pump(
+        mut r: impl Read,
+        tx: &std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
+    ) -> io::Result<bool> {
         loop {
             let mut chunk = vec![0u8; CHUNK];
             let mut filled = 0;
@@ -174,22 +179,38 @@ pub async fn extract_layer(
             let what = repo.image().to_string();
             tokio::spawn(async move {
                 while let Some(item) = stream.next().await {
-                    let item = item.map_err(|e| io::Error::other(Carried::Source(format!("reading {what}: {e}"))));
+                    let item = item.map_err(|e| {
+                        io::Error::other(Carried::Source(format!("reading {what}: {e}")))
+                    });
                     let stop = item.is_err();
                     if tx.send(item).await.is_err() || stop {
                         break;
                     }
                 }
             });
-            Box::new(ChannelReader { rx, current: Bytes::new() })
+            Box::new(ChannelReader {
+                rx,
+                current: Bytes::new(),
+            })
         }
     };
     let expected = layer.digest.clone();
     let size = layer.size;
     let dest = dest.to_path_buf();
     let policy = policy.clone();
-    tokio::task::spawn_blocking(move || run(raw, compression, &expected, size, &dest, mapping, &policy, progress))
-        .await?
+    tokio::task::spawn_blocking(move || {
+        run(
+            raw,
+            compression,
+            &expected,
+            size,
+            &dest,
+            mapping,
+            &policy,
+            progress,
+        )
+    })
+    .await?
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -198,7 +219,7 @@ fn run(
     compression: Compression,
     expected: &Digest,
     size: u64,
-    dest: &PathBuf,
+    dest: &Path,
     mapping: Mapping,
     policy: &ExtractPolicy,
     progress: Option<Progress>,
@@ -214,14 +235,20 @@ fn run(
     std::thread::scope(|s| {
         let decompressor = s.spawn(move || decompress(counting, compression, tx));
         let reader = RatioGuard {
-            inner: ChunkReader { rx, current: Vec::new(), pos: 0 },
+            inner: ChunkReader {
+                rx,
+                current: Vec::new(),
+                pos: 0,
+            },
             compressed: count.clone(),
             seen: 0,
             max_ratio: policy.max_compression_ratio,
             grace: policy.ratio_grace_bytes,
         };
         let extracted = extract_tar(reader, dest, mapping, policy);
-        let digest = decompressor.join().map_err(|_| Error::Task("decompression thread panicked".into()))?;
+        let digest = decompressor
+            .join()
+            .map_err(|_| Error::Task("decompression thread panicked".into()))?;
         let stats = extracted?;
         let actual = digest.map_err(|e| classify(e, "(layer)"))?;
         if &actual != expected {
@@ -250,5 +277,7 @@ pub(crate) fn sync_filesystem(dir: &Path) -> Result<()> {
 
 /// fsync a directory so a rename in it is durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(dir, e))
 }

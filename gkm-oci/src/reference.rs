@@ -63,9 +63,12 @@ impl ImageRef {
     /// of the repository or layout directory.
     pub fn default_title(&self) -> String {
         match self {
-            ImageRef::Registry(r) => {
-                r.repository().rsplit('/').next().unwrap_or_default().to_string()
-            }
+            ImageRef::Registry(r) => r
+                .repository()
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
             ImageRef::Layout { path, .. } => path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -81,9 +84,10 @@ impl ImageRef {
                 r.repository().to_string(),
                 digest.to_string(),
             )),
-            ImageRef::Layout { path, .. } => {
-                ImageRef::Layout { path: path.clone(), selector: Selector::Digest(digest.clone()) }
-            }
+            ImageRef::Layout { path, .. } => ImageRef::Layout {
+                path: path.clone(),
+                selector: Selector::Digest(digest.clone()),
+            },
         }
     }
 
@@ -91,7 +95,10 @@ impl ImageRef {
     pub fn pinned_digest(&self) -> Option<Digest> {
         match self {
             ImageRef::Registry(r) => r.digest().and_then(|d| d.parse().ok()),
-            ImageRef::Layout { selector: Selector::Digest(d), .. } => Some(d.clone()),
+            ImageRef::Layout {
+                selector: Selector::Digest(d),
+                ..
+            } => Some(d.clone()),
             ImageRef::Layout { .. } => None,
         }
     }
@@ -108,19 +115,30 @@ impl FromStr for ImageRef {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &str| Error::Reference { input: s.to_string(), reason: reason.to_string() };
+        let bad = |reason: &str| Error::Reference {
+            input: s.to_string(),
+            reason: reason.to_string(),
+        };
         if let Some(rest) = s.strip_prefix(LAYOUT_PREFIX) {
             let (path, selector) = if let Some((path, digest)) = rest.rsplit_once('@') {
-                (path, Selector::Digest(digest.parse().map_err(|_| bad("invalid digest after @"))?))
+                (
+                    path,
+                    Selector::Digest(digest.parse().map_err(|_| bad("invalid digest after @"))?),
+                )
             } else {
                 // A tag follows the last ':' after the last '/'.
                 let last = rest.rsplit('/').next().unwrap_or(rest);
                 match last.rsplit_once(':') {
                     Some((_, tag)) => {
                         if !valid_tag(tag) {
-                            return Err(bad("invalid tag: expected [A-Za-z0-9_][A-Za-z0-9._-]{0,127}"));
+                            return Err(bad(
+                                "invalid tag: expected [A-Za-z0-9_][A-Za-z0-9._-]{0,127}",
+                            ));
                         }
-                        (&rest[..rest.len() - tag.len() - 1], Selector::Tag(tag.to_string()))
+                        (
+                            &rest[..rest.len() - tag.len() - 1],
+                            Selector::Tag(tag.to_string()),
+                        )
                     }
                     None => (rest, Selector::Tag(DEFAULT_TAG.to_string())),
                 }
@@ -128,14 +146,22 @@ impl FromStr for ImageRef {
             if path.is_empty() {
                 return Err(bad("expected oci:PATH[:TAG] with a directory path"));
             }
-            return Ok(ImageRef::Layout { path: PathBuf::from(path), selector });
+            return Ok(ImageRef::Layout {
+                path: PathBuf::from(path),
+                selector,
+            });
         }
         if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(bad("expected REGISTRY/REPOSITORY[:TAG][@DIGEST] or oci:PATH[:TAG]"));
+            return Err(bad(
+                "expected REGISTRY/REPOSITORY[:TAG][@DIGEST] or oci:PATH[:TAG]",
+            ));
         }
-        let r: oci_client::Reference = s.parse().map_err(|e: oci_client::ParseError| bad(&e.to_string()))?;
+        let r: oci_client::Reference = s
+            .parse()
+            .map_err(|e: oci_client::ParseError| bad(&e.to_string()))?;
         if let Some(d) = r.digest() {
-            d.parse::<Digest>().map_err(|_| bad("only sha256 digests are supported"))?;
+            d.parse::<Digest>()
+                .map_err(|_| bad("only sha256 digests are supported"))?;
         }
         Ok(ImageRef::Registry(r))
     }

@@ -54,7 +54,9 @@ impl BlobSource {
         match self {
             BlobSource::Stream(s) => Ok(s),
             BlobSource::File(path) => {
-                let file = tokio::fs::File::open(&path).await.map_err(|e| Error::io(&path, e))?;
+                let file = tokio::fs::File::open(&path)
+                    .await
+                    .map_err(|e| Error::io(&path, e))?;
                 Ok(file_stream(file))
             }
         }
@@ -65,8 +67,15 @@ impl BlobSource {
 pub const MAX_DOCUMENT_SIZE: usize = 4 << 20;
 
 enum Backend {
-    Registry { client: Arc<oci_client::Client>, reference: Reference, auth: RegistryAuth },
-    Layout { layout: Layout, selector: Selector },
+    Registry {
+        client: Arc<oci_client::Client>,
+        reference: Reference,
+        auth: RegistryAuth,
+    },
+    Layout {
+        layout: Layout,
+        selector: Selector,
+    },
 }
 
 /// An image location opened for reading or writing.
@@ -90,7 +99,11 @@ impl Repo {
         let backend = match image {
             ImageRef::Registry(reference) => {
                 let config = ClientConfig {
-                    protocol: if options.insecure { ClientProtocol::Http } else { ClientProtocol::Https },
+                    protocol: if options.insecure {
+                        ClientProtocol::Http
+                    } else {
+                        ClientProtocol::Https
+                    },
                     ..Default::default()
                 };
                 let auth = options.credentials.resolve(reference.resolve_registry())?;
@@ -101,11 +114,18 @@ impl Repo {
                 }
             }
             ImageRef::Layout { path, selector } => Backend::Layout {
-                layout: if create { Layout::create(path)? } else { Layout::open(path)? },
+                layout: if create {
+                    Layout::create(path)?
+                } else {
+                    Layout::open(path)?
+                },
                 selector: selector.clone(),
             },
         };
-        Ok(Repo { backend, image: image.clone() })
+        Ok(Repo {
+            backend,
+            image: image.clone(),
+        })
     }
 
     /// The reference this repo was opened with.
@@ -116,12 +136,14 @@ impl Repo {
     fn registry_err(&self, e: oci_client::errors::OciDistributionError) -> Error {
         use oci_client::errors::OciDistributionError as E;
         match &e {
-            E::ImageManifestNotFoundError(_) => {
-                Error::NotFound { what: "manifest".into(), location: self.image.to_string() }
-            }
-            E::ServerError { code: 404, .. } => {
-                Error::NotFound { what: "manifest or blob".into(), location: self.image.to_string() }
-            }
+            E::ImageManifestNotFoundError(_) => Error::NotFound {
+                what: "manifest".into(),
+                location: self.image.to_string(),
+            },
+            E::ServerError { code: 404, .. } => Error::NotFound {
+                what: "manifest or blob".into(),
+                location: self.image.to_string(),
+            },
             _ => Error::registry(&self.image, e),
         }
     }
@@ -139,7 +161,11 @@ impl Repo {
     async fn fetch_manifest_at(&self, digest: Option<&Digest>) -> Result<RawManifest> {
         let expected = digest.cloned().or_else(|| self.image.pinned_digest());
         let raw = match &self.backend {
-            Backend::Registry { client, reference, auth } => {
+            Backend::Registry {
+                client,
+                reference,
+                auth,
+            } => {
                 let reference = match digest {
                     Some(d) => Reference::with_digest(
                         reference.registry().to_string(),
@@ -166,7 +192,11 @@ impl Repo {
                         actual: actual.to_string(),
                     });
                 }
-                RawManifest { digest: actual, media_type, bytes: bytes.to_vec() }
+                RawManifest {
+                    digest: actual,
+                    media_type,
+                    bytes: bytes.to_vec(),
+                }
             }
             Backend::Layout { layout, selector } => {
                 let selector = match digest {
@@ -176,8 +206,13 @@ impl Repo {
                 let desc = layout.resolve(&selector)?;
                 let digest: Digest = desc.digest().to_string().parse()?;
                 let bytes = layout.read_blob(&digest)?;
-                let media_type = media_type_of(&bytes).unwrap_or_else(|_| desc.media_type().to_string());
-                RawManifest { digest, media_type, bytes }
+                let media_type =
+                    media_type_of(&bytes).unwrap_or_else(|_| desc.media_type().to_string());
+                RawManifest {
+                    digest,
+                    media_type,
+                    bytes,
+                }
             }
         };
         if let Some(expected) = expected
@@ -199,7 +234,9 @@ impl Repo {
             Backend::Registry { .. } => {
                 let mut stream = match self.open_blob(digest).await? {
                     BlobSource::Stream(s) => s,
-                    BlobSource::File(_) => return Err(Error::Task("unexpected file source".into())),
+                    BlobSource::File(_) => {
+                        return Err(Error::Task("unexpected file source".into()));
+                    }
                 };
                 let mut out = Vec::new();
                 while let Some(chunk) = stream.next().await {
@@ -236,8 +273,14 @@ impl Repo {
                 }
                 Ok(BlobSource::File(path))
             }
-            Backend::Registry { client, reference, auth } => {
-                client.store_auth_if_needed(reference.resolve_registry(), auth).await;
+            Backend::Registry {
+                client,
+                reference,
+                auth,
+            } => {
+                client
+                    .store_auth_if_needed(reference.resolve_registry(), auth)
+                    .await;
                 let sized = client
                     .pull_blob_stream(reference, digest.as_str())
                     .await
@@ -251,12 +294,19 @@ impl Repo {
     pub async fn has_blob(&self, digest: &Digest) -> Result<bool> {
         match &self.backend {
             Backend::Layout { layout, .. } => Ok(layout.has_blob(digest)),
-            Backend::Registry { client, reference, auth } => {
+            Backend::Registry {
+                client,
+                reference,
+                auth,
+            } => {
                 client
                     .auth(reference, auth, RegistryOperation::Pull)
                     .await
                     .map_err(|e| self.registry_err(e))?;
-                client.blob_exists(reference, digest.as_str()).await.map_err(|e| self.registry_err(e))
+                client
+                    .blob_exists(reference, digest.as_str())
+                    .await
+                    .map_err(|e| self.registry_err(e))
             }
         }
     }
@@ -271,7 +321,8 @@ impl Repo {
                         let digest = digest.clone();
                         tokio::task::spawn_blocking(move || -> Result<()> {
                             let mut w = layout.blob_writer()?;
-                            let mut f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+                            let mut f =
+                                std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
                             std::io::copy(&mut f, &mut w).map_err(|e| Error::io(&path, e))?;
                             w.commit(Some(&digest)).map(|_| ())
                         })
@@ -284,7 +335,8 @@ impl Repo {
                             use std::io::Write;
                             let mut w = layout.blob_writer()?;
                             for chunk in rx {
-                                w.write_all(&chunk).map_err(|e| Error::io(layout.root(), e))?;
+                                w.write_all(&chunk)
+                                    .map_err(|e| Error::io(layout.root(), e))?;
                             }
                             w.commit(Some(&expected)).map(|_| ())
                         });
@@ -299,13 +351,20 @@ impl Repo {
                     }
                 }
             }
-            Backend::Registry { client, reference, auth } => {
+            Backend::Registry {
+                client,
+                reference,
+                auth,
+            } => {
                 client
                     .auth(reference, auth, RegistryOperation::Push)
                     .await
                     .map_err(|e| self.registry_err(e))?;
-                let stream: BoxStream<'static, oci_client::errors::Result<Bytes>> =
-                    source.into_stream().await?.map(|r| r.map_err(Into::into)).boxed();
+                let stream: BoxStream<'static, oci_client::errors::Result<Bytes>> = source
+                    .into_stream()
+                    .await?
+                    .map(|r| r.map_err(Into::into))
+                    .boxed();
                 client
                     .push_blob_stream(reference, stream, digest.as_str(), Some(size))
                     .await
@@ -326,8 +385,10 @@ impl Repo {
                 tokio::task::spawn_blocking(move || -> Result<()> {
                     let digest = layout.write_blob(&manifest.bytes)?;
                     if let Selector::Tag(tag) = selector {
-                        let d: oci_spec::image::Digest =
-                            digest.as_str().parse().map_err(|e| Error::format("digest", e))?;
+                        let d: oci_spec::image::Digest = digest
+                            .as_str()
+                            .parse()
+                            .map_err(|e| Error::format("digest", e))?;
                         let desc = Descriptor::new(
                             MediaType::from(manifest.media_type.as_str()),
                             manifest.bytes.len() as u64,
@@ -339,7 +400,11 @@ impl Repo {
                 })
                 .await?
             }
-            Backend::Registry { client, reference, auth } => {
+            Backend::Registry {
+                client,
+                reference,
+                auth,
+            } => {
                 client
                     .auth(reference, auth, RegistryOperation::Push)
                     .await

@@ -60,7 +60,10 @@ impl Store {
         for dir in [root.join("sha256"), root.join("staging")] {
             fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         }
-        let store = Store { root, durable: true };
+        let store = Store {
+            root,
+            durable: true,
+        };
         store.clean_staging()?;
         Ok(store)
     }
@@ -117,7 +120,11 @@ impl Store {
                 continue;
             }
             tracing::info!(path = %path.display(), "removing leftover staging directory");
-            let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
             removed.map_err(|e| Error::io(&path, e))?;
             let _ = fs::remove_file(&lock_path);
         }
@@ -125,12 +132,12 @@ impl Store {
         let entries = fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))?;
         for entry in entries.filter_map(|e| e.ok()) {
             let path = entry.path();
-            if path.extension().is_some_and(|e| e == "lock") && !path.with_extension("").exists() {
-                if let Ok(f) = File::open(&path)
-                    && f.try_lock().is_ok()
-                {
-                    let _ = fs::remove_file(&path);
-                }
+            if path.extension().is_some_and(|e| e == "lock")
+                && !path.with_extension("").exists()
+                && let Ok(f) = File::open(&path)
+                && f.try_lock().is_ok()
+            {
+                let _ = fs::remove_file(&path);
             }
         }
         Ok(())
@@ -143,16 +150,29 @@ impl Store {
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
         fs::create_dir(&dir).map_err(|e| Error::io(&dir, e))?;
-        Ok(Staging { dir, lock_path, _lock: lock })
+        Ok(Staging {
+            dir,
+            lock_path,
+            _lock: lock,
+        })
     }
 
     /// Make sure the image `repo` names is stored. A reference pinned by a
     /// stored digest does no network work; a tag costs one manifest fetch.
-    pub async fn ensure(&self, repo: &Repo, policy: &ExtractPolicy, progress: Option<Progress>) -> Result<Stored> {
+    pub async fn ensure(
+        &self,
+        repo: &Repo,
+        policy: &ExtractPolicy,
+        progress: Option<Progress>,
+    ) -> Result<Stored> {
         if let Some(digest) = repo.image().pinned_digest()
             && let Some(path) = self.get(&digest)
         {
-            return Ok(Stored { digest, path, extracted: None });
+            return Ok(Stored {
+                digest,
+                path,
+                extracted: None,
+            });
         }
         let image = Image::fetch(repo).await?;
         self.ensure_image(repo, &image, policy, progress).await
@@ -168,11 +188,16 @@ impl Store {
     ) -> Result<Stored> {
         let digest = image.digest.clone();
         if let Some(path) = self.get(&digest) {
-            return Ok(Stored { digest, path, extracted: None });
+            return Ok(Stored {
+                digest,
+                path,
+                extracted: None,
+            });
         }
         let layer = image.cache_layer()?.clone();
         let staging = self.staging(&digest)?;
-        let stats = extract_layer(repo, &layer, &staging.dir, Mapping::Layer, policy, progress).await?;
+        let stats =
+            extract_layer(repo, &layer, &staging.dir, Mapping::Layer, policy, progress).await?;
         let final_path = self.path_of(&digest);
         let dir = staging.dir.clone();
         let durable = self.durable;
@@ -184,7 +209,12 @@ impl Store {
             match fs::rename(&dir, &final_path) {
                 Ok(()) => {}
                 // Another extraction of the same digest won: same content.
-                Err(e) if final_path.is_dir() && matches!(e.kind(), io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty) => {}
+                Err(e)
+                    if final_path.is_dir()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
+                        ) => {}
                 Err(e) => return Err(Error::io(&final_path, e)),
             }
             if durable {
@@ -194,7 +224,11 @@ impl Store {
         })
         .await??;
         drop(staging);
-        Ok(Stored { path: self.path_of(&digest), digest, extracted: Some(stats) })
+        Ok(Stored {
+            path: self.path_of(&digest),
+            digest,
+            extracted: Some(stats),
+        })
     }
 
     /// Remove every stored digest not in `referenced`; returns what was

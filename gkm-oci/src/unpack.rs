@@ -39,12 +39,20 @@ impl Drop for Cleanup {
 /// place in one step. When it is an existing empty directory (a mount
 /// point), the tree is built in a hidden directory inside it and its
 /// top-level entries are moved in. A non-empty `out` is refused.
-pub async fn extract_to_dir(repo: &Repo, image: &Image, out: &Path, options: &UnpackOptions) -> Result<ExtractStats> {
+pub async fn extract_to_dir(
+    repo: &Repo,
+    image: &Image,
+    out: &Path,
+    options: &UnpackOptions,
+) -> Result<ExtractStats> {
     let layer = image.cache_layer()?.clone();
     let exists = match fs::read_dir(out) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                return Err(Error::Destination { path: out.to_path_buf(), reason: "directory is not empty".into() });
+                return Err(Error::Destination {
+                    path: out.to_path_buf(),
+                    reason: "directory is not empty".into(),
+                });
             }
             true
         }
@@ -63,8 +71,15 @@ pub async fn extract_to_dir(repo: &Repo, image: &Image, out: &Path, options: &Un
     };
     fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
     let mut cleanup = Cleanup(Some(staging.clone()));
-    let stats =
-        extract_layer(repo, &layer, &staging, Mapping::CacheOnly, &options.policy, options.progress.clone()).await?;
+    let stats = extract_layer(
+        repo,
+        &layer,
+        &staging,
+        Mapping::CacheOnly,
+        &options.policy,
+        options.progress.clone(),
+    )
+    .await?;
     let out = out.to_path_buf();
     let no_sync = options.no_sync;
     tokio::task::spawn_blocking(move || -> Result<()> {
@@ -82,7 +97,11 @@ pub async fn extract_to_dir(repo: &Repo, image: &Image, out: &Path, options: &Un
             fs::rename(&staging, &out).map_err(|e| Error::io(&out, e))?;
         }
         if !no_sync {
-            sync_dir(out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
+            sync_dir(
+                out.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new(".")),
+            )?;
         }
         Ok(())
     })

@@ -10,7 +10,10 @@ use gkm_oci::{BuildOptions, Compression, ImageRef, RegistryOptions, build};
 
 fn touch_all(root: &std::path::Path, when: SystemTime) {
     for rel in tree(root).keys() {
-        let f = std::fs::File::options().read(true).open(root.join(rel)).expect("open");
+        let f = std::fs::File::options()
+            .read(true)
+            .open(root.join(rel))
+            .expect("open");
         f.set_modified(when).expect("set mtime");
     }
 }
@@ -27,13 +30,21 @@ async fn same_tree_same_digest() {
             copy_tree_in_order(&fixtures().join(name), &b, true);
             touch_all(&a, SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
             touch_all(&b, SystemTime::now());
-            let options = BuildOptions { compression, title: Some(name.to_string()) };
+            let options = BuildOptions {
+                compression,
+                title: Some(name.to_string()),
+            };
             let mut digests = Vec::new();
             for (dir, layout) in [(&a, "one"), (&b, "two")] {
-                let dest: ImageRef = format!("oci:{}/{layout}:{name}", work.path().display()).parse().expect("ref");
+                let dest: ImageRef = format!("oci:{}/{layout}:{name}", work.path().display())
+                    .parse()
+                    .expect("ref");
                 digests.push(build(dir, &dest, &options, &opts).await.expect("build"));
             }
-            assert_eq!(digests[0].digest, digests[1].digest, "{name}: digests differ");
+            assert_eq!(
+                digests[0].digest, digests[1].digest,
+                "{name}: digests differ"
+            );
             assert_eq!(digests[0].layer.digest, digests[1].layer.digest);
 
             // A changed byte changes the digest: the comparison can fail.
@@ -44,7 +55,9 @@ async fn same_tree_same_digest() {
             let mut bytes = std::fs::read(b.join(&some_file)).expect("read");
             bytes.push(b'\n');
             std::fs::write(b.join(&some_file), bytes).expect("write");
-            let dest: ImageRef = format!("oci:{}/three:{name}", work.path().display()).parse().expect("ref");
+            let dest: ImageRef = format!("oci:{}/three:{name}", work.path().display())
+                .parse()
+                .expect("ref");
             let changed = build(&b, &dest, &options, &opts).await.expect("build");
             assert_ne!(changed.digest, digests[0].digest);
         }

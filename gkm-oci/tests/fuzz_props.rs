@@ -14,23 +14,39 @@ fn valid_tar() -> Vec<u8> {
         b.append_data(&mut h, name, data).expect("append");
     };
     add("io.triton.cache/", b"", tar::EntryType::Directory);
-    add("io.triton.cache/K/add_kernel.json", br#"{"hash":"ab"}"#, tar::EntryType::Regular);
-    add("io.triton.cache/K/add_kernel.cubin", &[7u8; 700], tar::EntryType::Regular);
-    add("io.triton.manifest/manifest.json", br#"{"triton":[]}"#, tar::EntryType::Regular);
+    add(
+        "io.triton.cache/K/add_kernel.json",
+        br#"{"hash":"ab"}"#,
+        tar::EntryType::Regular,
+    );
+    add(
+        "io.triton.cache/K/add_kernel.cubin",
+        &[7u8; 700],
+        tar::EntryType::Regular,
+    );
+    add(
+        "io.triton.manifest/manifest.json",
+        br#"{"triton":[]}"#,
+        tar::EntryType::Regular,
+    );
     b.into_inner().expect("finish")
 }
 
 fn mutated_tar() -> impl Strategy<Value = Vec<u8>> {
     let base = valid_tar();
     let len = base.len();
-    (proptest::collection::vec((0..len, any::<u8>()), 0..16), 0..=len).prop_map(move |(edits, cut)| {
-        let mut t = base.clone();
-        for (i, b) in edits {
-            t[i] = b;
-        }
-        t.truncate(cut.max(1));
-        t
-    })
+    (
+        proptest::collection::vec((0..len, any::<u8>()), 0..16),
+        0..=len,
+    )
+        .prop_map(move |(edits, cut)| {
+            let mut t = base.clone();
+            for (i, b) in edits {
+                t[i] = b;
+            }
+            t.truncate(cut.max(1));
+            t
+        })
 }
 
 proptest! {

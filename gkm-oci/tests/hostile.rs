@@ -7,8 +7,8 @@ use std::path::Path;
 
 use gkm_oci::labels::{OCI_CONFIG, OCI_MANIFEST};
 use gkm_oci::{
-    Compression, Error, ExtractPolicy, Image, ImageRef, Layout, RegistryOptions, Repo, Rule, Store, UnpackOptions,
-    extract_to_dir,
+    Compression, Error, ExtractPolicy, Image, ImageRef, Layout, RegistryOptions, Repo, Rule, Store,
+    UnpackOptions, extract_to_dir,
 };
 
 /// Tar entry types by their flag byte.
@@ -28,7 +28,15 @@ const SPARSE: u8 = b'S';
 struct Tar(Vec<u8>);
 
 impl Tar {
-    fn entry(mut self, name: &[u8], kind: u8, mode: u32, link: &[u8], size: u64, data: &[u8]) -> Tar {
+    fn entry(
+        mut self,
+        name: &[u8],
+        kind: u8,
+        mode: u32,
+        link: &[u8],
+        size: u64,
+        data: &[u8],
+    ) -> Tar {
         let mut h = tar::Header::new_gnu();
         {
             let gnu = h.as_gnu_mut().expect("gnu header");
@@ -88,7 +96,9 @@ impl Tar {
 const C: &str = "io.triton.cache";
 
 fn base() -> Tar {
-    Tar::default().dir("io.triton.cache/").file("io.triton.cache/ok.json", b"{}")
+    Tar::default()
+        .dir("io.triton.cache/")
+        .file("io.triton.cache/ok.json", b"{}")
 }
 
 struct Case {
@@ -101,7 +111,14 @@ struct Case {
 }
 
 fn case(name: &'static str, tar: Vec<u8>, rule: Rule, entry: impl Into<String>) -> Case {
-    Case { name, tar, policy: ExtractPolicy::default(), rule, entry: entry.into(), compression: Compression::Zstd }
+    Case {
+        name,
+        tar,
+        policy: ExtractPolicy::default(),
+        rule,
+        entry: entry.into(),
+        compression: Compression::Zstd,
+    }
 }
 
 fn with_links(mut c: Case) -> Case {
@@ -123,57 +140,473 @@ fn corpus() -> Vec<Case> {
     let long_component = "k".repeat(300);
     let long_path = format!("{C}/{}", ["d"; 2100].join("/"));
     let mut cases = vec![
-        case("traversal in cache", base().file(&format!("{C}/{ESCAPE}"), b"x").end(), Rule::ParentDir, format!("{C}/{ESCAPE}")),
-        case("traversal at top", base().file(ESCAPE, b"x").end(), Rule::ParentDir, ESCAPE),
-        case("traversal in the middle", base().file(&format!("{C}/a/../../../../outside/p"), b"x").end(), Rule::ParentDir, format!("{C}/a/../../../../outside/p")),
-        case("traversal directory", base().dir(&format!("{C}/../../../outside/d/")).end(), Rule::ParentDir, "outside/d"),
-        case("traversal via long name", base().long_name(format!("{C}/{ESCAPE}").as_bytes()).file("placeholder", b"x").end(), Rule::ParentDir, "pwned"),
-        case("traversal via pax path", base().pax(&[("path", format!("{C}/{ESCAPE}").as_bytes())]).file("placeholder", b"x").end(), Rule::ParentDir, "pwned"),
-        case("absolute path", base().file("/etc/passwd-gkm-test", b"x").end(), Rule::AbsolutePath, "/etc/passwd-gkm-test"),
-        case("absolute cache path", base().file(&format!("/{C}/x"), b"x").end(), Rule::AbsolutePath, format!("/{C}/x")),
-        case("symlink to outside", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/tmp", 0, b"").end(), Rule::LinkNotAllowed, format!("{C}/l")),
-        case("symlink as cache root", Tar::default().entry(C.as_bytes(), SYM, 0o777, b"/", 0, b"").end(), Rule::LinkNotAllowed, C),
-        with_links(case("allowed links: symlink as cache root", Tar::default().entry(C.as_bytes(), SYM, 0o777, b".", 0, b"").end(), Rule::LinkEscape, C)),
-        case("hardlink to /etc/passwd", base().entry(format!("{C}/h").as_bytes(), HARD, 0o644, b"/etc/passwd", 0, b"").end(), Rule::LinkNotAllowed, format!("{C}/h")),
-        with_links(case("allowed links: relative symlink escape", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"../../../outside", 0, b"").end(), Rule::LinkEscape, format!("{C}/l"))),
-        with_links(case("allowed links: absolute symlink", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/etc", 0, b"").end(), Rule::LinkEscape, format!("{C}/l"))),
-        with_links(case("allowed links: dotdot after a name", base().entry(format!("{C}/a/b/l").as_bytes(), SYM, 0o777, b"x/../../../..", 0, b"").end(), Rule::LinkEscape, format!("{C}/a/b/l"))),
-        with_links(case("allowed links: symlink leaving the cache dir", base().entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"..", 0, b"").end(), Rule::LinkEscape, format!("{C}/l"))),
-        with_links(case("allowed links: write through symlink", base().dir(&format!("{C}/sub/")).entry(format!("{C}/d").as_bytes(), SYM, 0o777, b"sub", 0, b"").file(&format!("{C}/d/x"), b"x").end(), Rule::ThroughLink, format!("{C}/d/x"))),
-        with_links(case("allowed links: hardlink escape", base().entry(format!("{C}/h").as_bytes(), HARD, 0o644, b"../../../outside/secret", 0, b"").end(), Rule::LinkEscape, format!("{C}/h"))),
-        with_links(case("allowed links: hardlink to absent file", base().entry(format!("{C}/h").as_bytes(), HARD, 0o644, format!("{C}/nope").as_bytes(), 0, b"").end(), Rule::LinkEscape, format!("{C}/h"))),
-        with_links(case("allowed links: absolute hardlink", base().entry(format!("{C}/h").as_bytes(), HARD, 0o644, b"/etc/shadow", 0, b"").end(), Rule::LinkEscape, format!("{C}/h"))),
-        case("character device", base().entry(format!("{C}/null").as_bytes(), CHR, 0o666, b"", 0, b"").end(), Rule::SpecialFile, format!("{C}/null")),
-        case("block device", base().entry(format!("{C}/sda").as_bytes(), BLK, 0o660, b"", 0, b"").end(), Rule::SpecialFile, format!("{C}/sda")),
-        case("fifo", base().entry(format!("{C}/fifo").as_bytes(), FIFO, 0o644, b"", 0, b"").end(), Rule::SpecialFile, format!("{C}/fifo")),
-        case("unknown type (socket-like)", base().entry(format!("{C}/sock").as_bytes(), b'Z', 0o644, b"", 0, b"").end(), Rule::SpecialFile, format!("{C}/sock")),
-        strict_bits(case("setuid file", base().entry(format!("{C}/suid").as_bytes(), REG, 0o4755, b"", 1, b"x").end(), Rule::SpecialBits, format!("{C}/suid"))),
-        strict_bits(case("setgid file", base().entry(format!("{C}/sgid").as_bytes(), REG, 0o2755, b"", 1, b"x").end(), Rule::SpecialBits, format!("{C}/sgid"))),
-        strict_bits(case("sticky directory", base().entry(format!("{C}/tmp/").as_bytes(), DIR, 0o1777, b"", 0, b"").end(), Rule::SpecialBits, format!("{C}/tmp/"))),
-        case("huge entry", base().entry(format!("{C}/huge").as_bytes(), REG, 0o644, b"", 100 << 30, b"").cut(), Rule::EntryTooLarge, format!("{C}/huge")),
-        Case { policy: ExtractPolicy { max_total_size: 1 << 20, ..Default::default() }, ..case("total too large", base().file(&format!("{C}/a"), &[1; 600 << 10]).file(&format!("{C}/b"), &[2; 600 << 10]).end(), Rule::TotalTooLarge, format!("{C}/b")) },
-        Case { policy: ExtractPolicy { max_entries: 10, ..Default::default() }, ..case("too many entries", (0..20).fold(base(), |t, i| t.file(&format!("{C}/f{i}"), b"x")).end(), Rule::TooManyEntries, "") },
-        case("zip bomb (zstd)", base().file(&format!("{C}/zeros"), &big_zero).end(), Rule::CompressionRatio, "(layer)"),
-        Case { compression: Compression::Gzip, ..case("zip bomb (gzip)", base().file(&format!("{C}/zeros"), &big_zero).end(), Rule::CompressionRatio, "(layer)") },
-        case("duplicate file", base().file(&format!("{C}/dup"), b"one").file(&format!("{C}/dup"), b"two").end(), Rule::Duplicate, format!("{C}/dup")),
-        case("file then directory", base().file(&format!("{C}/x"), b"one").dir(&format!("{C}/x/")).end(), Rule::Duplicate, format!("{C}/x/")),
-        case("file under a file", base().file(&format!("{C}/x"), b"one").file(&format!("{C}/x/y"), b"two").end(), Rule::Duplicate, format!("{C}/x/y")),
-        case("long component", base().long_name(format!("{C}/{long_component}").as_bytes()).file("placeholder", b"x").end(), Rule::NameTooLong, "kkkk"),
-        case("long path", base().pax(&[("path", long_path.as_bytes())]).file("placeholder", b"x").end(), Rule::NameTooLong, "d/d/d"),
-        case("non-UTF-8 name", base().entry(b"io.triton.cache/\xff\xfekernel", REG, 0o644, b"", 1, b"x").end(), Rule::NonUtf8Name, "kernel"),
-        case("non-UTF-8 pax path", base().pax(&[("path", b"io.triton.cache/\xc3\x28")]).file("placeholder", b"x").end(), Rule::NonUtf8Name, "io.triton.cache/"),
-        case("pax size smaller than data", base().pax(&[("size", b"10")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 2048, &[b'A'; 2048]).end(), Rule::Malformed, format!("{C}/p")),
-        case("pax size larger than data", base().pax(&[("size", b"1048576")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 10, &[b'A'; 10]).cut(), Rule::Malformed, format!("{C}/p")),
-        case("pax size not a number", base().pax(&[("size", b"12abc")]).file(&format!("{C}/p"), b"x").end(), Rule::Malformed, format!("{C}/p")),
-        case("pax size huge", base().pax(&[("size", b"1099511627776")]).entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 0, b"").cut(), Rule::EntryTooLarge, format!("{C}/p")),
-        case("truncated data", base().entry(format!("{C}/t").as_bytes(), REG, 0o644, b"", 4096, &[b'B'; 100]).cut(), Rule::Malformed, format!("{C}/t")),
-        case("outside the layout", base().file("etc/cron.d/job", b"x").end(), Rule::OutsideLayout, "etc/cron.d/job"),
-        case("extra file in manifest dir", base().file("io.triton.manifest/run.sh", b"x").end(), Rule::OutsideLayout, "io.triton.manifest/run.sh"),
-        case("sparse file", base().entry(format!("{C}/s").as_bytes(), SPARSE, 0o644, b"", 0, b"").end(), Rule::Malformed, "after io.triton.cache/ok.json"),
+        case(
+            "traversal in cache",
+            base().file(&format!("{C}/{ESCAPE}"), b"x").end(),
+            Rule::ParentDir,
+            format!("{C}/{ESCAPE}"),
+        ),
+        case(
+            "traversal at top",
+            base().file(ESCAPE, b"x").end(),
+            Rule::ParentDir,
+            ESCAPE,
+        ),
+        case(
+            "traversal in the middle",
+            base()
+                .file(&format!("{C}/a/../../../../outside/p"), b"x")
+                .end(),
+            Rule::ParentDir,
+            format!("{C}/a/../../../../outside/p"),
+        ),
+        case(
+            "traversal directory",
+            base().dir(&format!("{C}/../../../outside/d/")).end(),
+            Rule::ParentDir,
+            "outside/d",
+        ),
+        case(
+            "traversal via long name",
+            base()
+                .long_name(format!("{C}/{ESCAPE}").as_bytes())
+                .file("placeholder", b"x")
+                .end(),
+            Rule::ParentDir,
+            "pwned",
+        ),
+        case(
+            "traversal via pax path",
+            base()
+                .pax(&[("path", format!("{C}/{ESCAPE}").as_bytes())])
+                .file("placeholder", b"x")
+                .end(),
+            Rule::ParentDir,
+            "pwned",
+        ),
+        case(
+            "absolute path",
+            base().file("/etc/passwd-gkm-test", b"x").end(),
+            Rule::AbsolutePath,
+            "/etc/passwd-gkm-test",
+        ),
+        case(
+            "absolute cache path",
+            base().file(&format!("/{C}/x"), b"x").end(),
+            Rule::AbsolutePath,
+            format!("/{C}/x"),
+        ),
+        case(
+            "symlink to outside",
+            base()
+                .entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/tmp", 0, b"")
+                .end(),
+            Rule::LinkNotAllowed,
+            format!("{C}/l"),
+        ),
+        case(
+            "symlink as cache root",
+            Tar::default()
+                .entry(C.as_bytes(), SYM, 0o777, b"/", 0, b"")
+                .end(),
+            Rule::LinkNotAllowed,
+            C,
+        ),
+        with_links(case(
+            "allowed links: symlink as cache root",
+            Tar::default()
+                .entry(C.as_bytes(), SYM, 0o777, b".", 0, b"")
+                .end(),
+            Rule::LinkEscape,
+            C,
+        )),
+        case(
+            "hardlink to /etc/passwd",
+            base()
+                .entry(
+                    format!("{C}/h").as_bytes(),
+                    HARD,
+                    0o644,
+                    b"/etc/passwd",
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkNotAllowed,
+            format!("{C}/h"),
+        ),
+        with_links(case(
+            "allowed links: relative symlink escape",
+            base()
+                .entry(
+                    format!("{C}/l").as_bytes(),
+                    SYM,
+                    0o777,
+                    b"../../../outside",
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/l"),
+        )),
+        with_links(case(
+            "allowed links: absolute symlink",
+            base()
+                .entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"/etc", 0, b"")
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/l"),
+        )),
+        with_links(case(
+            "allowed links: dotdot after a name",
+            base()
+                .entry(
+                    format!("{C}/a/b/l").as_bytes(),
+                    SYM,
+                    0o777,
+                    b"x/../../../..",
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/a/b/l"),
+        )),
+        with_links(case(
+            "allowed links: symlink leaving the cache dir",
+            base()
+                .entry(format!("{C}/l").as_bytes(), SYM, 0o777, b"..", 0, b"")
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/l"),
+        )),
+        with_links(case(
+            "allowed links: write through symlink",
+            base()
+                .dir(&format!("{C}/sub/"))
+                .entry(format!("{C}/d").as_bytes(), SYM, 0o777, b"sub", 0, b"")
+                .file(&format!("{C}/d/x"), b"x")
+                .end(),
+            Rule::ThroughLink,
+            format!("{C}/d/x"),
+        )),
+        with_links(case(
+            "allowed links: hardlink escape",
+            base()
+                .entry(
+                    format!("{C}/h").as_bytes(),
+                    HARD,
+                    0o644,
+                    b"../../../outside/secret",
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/h"),
+        )),
+        with_links(case(
+            "allowed links: hardlink to absent file",
+            base()
+                .entry(
+                    format!("{C}/h").as_bytes(),
+                    HARD,
+                    0o644,
+                    format!("{C}/nope").as_bytes(),
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/h"),
+        )),
+        with_links(case(
+            "allowed links: absolute hardlink",
+            base()
+                .entry(
+                    format!("{C}/h").as_bytes(),
+                    HARD,
+                    0o644,
+                    b"/etc/shadow",
+                    0,
+                    b"",
+                )
+                .end(),
+            Rule::LinkEscape,
+            format!("{C}/h"),
+        )),
+        case(
+            "character device",
+            base()
+                .entry(format!("{C}/null").as_bytes(), CHR, 0o666, b"", 0, b"")
+                .end(),
+            Rule::SpecialFile,
+            format!("{C}/null"),
+        ),
+        case(
+            "block device",
+            base()
+                .entry(format!("{C}/sda").as_bytes(), BLK, 0o660, b"", 0, b"")
+                .end(),
+            Rule::SpecialFile,
+            format!("{C}/sda"),
+        ),
+        case(
+            "fifo",
+            base()
+                .entry(format!("{C}/fifo").as_bytes(), FIFO, 0o644, b"", 0, b"")
+                .end(),
+            Rule::SpecialFile,
+            format!("{C}/fifo"),
+        ),
+        case(
+            "unknown type (socket-like)",
+            base()
+                .entry(format!("{C}/sock").as_bytes(), b'Z', 0o644, b"", 0, b"")
+                .end(),
+            Rule::SpecialFile,
+            format!("{C}/sock"),
+        ),
+        strict_bits(case(
+            "setuid file",
+            base()
+                .entry(format!("{C}/suid").as_bytes(), REG, 0o4755, b"", 1, b"x")
+                .end(),
+            Rule::SpecialBits,
+            format!("{C}/suid"),
+        )),
+        strict_bits(case(
+            "setgid file",
+            base()
+                .entry(format!("{C}/sgid").as_bytes(), REG, 0o2755, b"", 1, b"x")
+                .end(),
+            Rule::SpecialBits,
+            format!("{C}/sgid"),
+        )),
+        strict_bits(case(
+            "sticky directory",
+            base()
+                .entry(format!("{C}/tmp/").as_bytes(), DIR, 0o1777, b"", 0, b"")
+                .end(),
+            Rule::SpecialBits,
+            format!("{C}/tmp/"),
+        )),
+        case(
+            "huge entry",
+            base()
+                .entry(
+                    format!("{C}/huge").as_bytes(),
+                    REG,
+                    0o644,
+                    b"",
+                    100 << 30,
+                    b"",
+                )
+                .cut(),
+            Rule::EntryTooLarge,
+            format!("{C}/huge"),
+        ),
+        Case {
+            policy: ExtractPolicy {
+                max_total_size: 1 << 20,
+                ..Default::default()
+            },
+            ..case(
+                "total too large",
+                base()
+                    .file(&format!("{C}/a"), &[1; 600 << 10])
+                    .file(&format!("{C}/b"), &[2; 600 << 10])
+                    .end(),
+                Rule::TotalTooLarge,
+                format!("{C}/b"),
+            )
+        },
+        Case {
+            policy: ExtractPolicy {
+                max_entries: 10,
+                ..Default::default()
+            },
+            ..case(
+                "too many entries",
+                (0..20)
+                    .fold(base(), |t, i| t.file(&format!("{C}/f{i}"), b"x"))
+                    .end(),
+                Rule::TooManyEntries,
+                "",
+            )
+        },
+        case(
+            "zip bomb (zstd)",
+            base().file(&format!("{C}/zeros"), &big_zero).end(),
+            Rule::CompressionRatio,
+            "(layer)",
+        ),
+        Case {
+            compression: Compression::Gzip,
+            ..case(
+                "zip bomb (gzip)",
+                base().file(&format!("{C}/zeros"), &big_zero).end(),
+                Rule::CompressionRatio,
+                "(layer)",
+            )
+        },
+        case(
+            "duplicate file",
+            base()
+                .file(&format!("{C}/dup"), b"one")
+                .file(&format!("{C}/dup"), b"two")
+                .end(),
+            Rule::Duplicate,
+            format!("{C}/dup"),
+        ),
+        case(
+            "file then directory",
+            base()
+                .file(&format!("{C}/x"), b"one")
+                .dir(&format!("{C}/x/"))
+                .end(),
+            Rule::Duplicate,
+            format!("{C}/x/"),
+        ),
+        case(
+            "file under a file",
+            base()
+                .file(&format!("{C}/x"), b"one")
+                .file(&format!("{C}/x/y"), b"two")
+                .end(),
+            Rule::Duplicate,
+            format!("{C}/x/y"),
+        ),
+        case(
+            "long component",
+            base()
+                .long_name(format!("{C}/{long_component}").as_bytes())
+                .file("placeholder", b"x")
+                .end(),
+            Rule::NameTooLong,
+            "kkkk",
+        ),
+        case(
+            "long path",
+            base()
+                .pax(&[("path", long_path.as_bytes())])
+                .file("placeholder", b"x")
+                .end(),
+            Rule::NameTooLong,
+            "d/d/d",
+        ),
+        case(
+            "non-UTF-8 name",
+            base()
+                .entry(b"io.triton.cache/\xff\xfekernel", REG, 0o644, b"", 1, b"x")
+                .end(),
+            Rule::NonUtf8Name,
+            "kernel",
+        ),
+        case(
+            "non-UTF-8 pax path",
+            base()
+                .pax(&[("path", b"io.triton.cache/\xc3\x28")])
+                .file("placeholder", b"x")
+                .end(),
+            Rule::NonUtf8Name,
+            "io.triton.cache/",
+        ),
+        case(
+            "pax size smaller than data",
+            base()
+                .pax(&[("size", b"10")])
+                .entry(
+                    format!("{C}/p").as_bytes(),
+                    REG,
+                    0o644,
+                    b"",
+                    2048,
+                    &[b'A'; 2048],
+                )
+                .end(),
+            Rule::Malformed,
+            format!("{C}/p"),
+        ),
+        case(
+            "pax size larger than data",
+            base()
+                .pax(&[("size", b"1048576")])
+                .entry(
+                    format!("{C}/p").as_bytes(),
+                    REG,
+                    0o644,
+                    b"",
+                    10,
+                    &[b'A'; 10],
+                )
+                .cut(),
+            Rule::Malformed,
+            format!("{C}/p"),
+        ),
+        case(
+            "pax size not a number",
+            base()
+                .pax(&[("size", b"12abc")])
+                .file(&format!("{C}/p"), b"x")
+                .end(),
+            Rule::Malformed,
+            format!("{C}/p"),
+        ),
+        case(
+            "pax size huge",
+            base()
+                .pax(&[("size", b"1099511627776")])
+                .entry(format!("{C}/p").as_bytes(), REG, 0o644, b"", 0, b"")
+                .cut(),
+            Rule::EntryTooLarge,
+            format!("{C}/p"),
+        ),
+        case(
+            "truncated data",
+            base()
+                .entry(
+                    format!("{C}/t").as_bytes(),
+                    REG,
+                    0o644,
+                    b"",
+                    4096,
+                    &[b'B'; 100],
+                )
+                .cut(),
+            Rule::Malformed,
+            format!("{C}/t"),
+        ),
+        case(
+            "outside the layout",
+            base().file("etc/cron.d/job", b"x").end(),
+            Rule::OutsideLayout,
+            "etc/cron.d/job",
+        ),
+        case(
+            "extra file in manifest dir",
+            base().file("io.triton.manifest/run.sh", b"x").end(),
+            Rule::OutsideLayout,
+            "io.triton.manifest/run.sh",
+        ),
+        case(
+            "sparse file",
+            base()
+                .entry(format!("{C}/s").as_bytes(), SPARSE, 0o644, b"", 0, b"")
+                .end(),
+            Rule::Malformed,
+            "after io.triton.cache/ok.json",
+        ),
     ];
     let mut bad_sum = base().end();
     bad_sum[512 + 148] ^= 0x11;
-    cases.push(case("corrupt header checksum", bad_sum, Rule::Malformed, ""));
+    cases.push(case(
+        "corrupt header checksum",
+        bad_sum,
+        Rule::Malformed,
+        "",
+    ));
     cases
 }
 
@@ -207,10 +640,15 @@ fn image_of(dir: &Path, blob: &[u8], compression: Compression) -> ImageRef {
     let desc = oci_spec::image::Descriptor::new(
         oci_spec::image::MediaType::ImageManifest,
         bytes.len() as u64,
-        digest.as_str().parse::<oci_spec::image::Digest>().expect("digest"),
+        digest
+            .as_str()
+            .parse::<oci_spec::image::Digest>()
+            .expect("digest"),
     );
     layout.tag("hostile", &desc).expect("tag");
-    format!("oci:{}:hostile", dir.display()).parse().expect("ref")
+    format!("oci:{}:hostile", dir.display())
+        .parse()
+        .expect("ref")
 }
 
 fn assert_empty(dir: &Path, what: &str) {
@@ -219,7 +657,9 @@ fn assert_empty(dir: &Path, what: &str) {
 }
 
 fn left_in(dir: &Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default()
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default()
 }
 
 /// Run one case; every broken expectation is returned, not panicked on.
@@ -230,7 +670,11 @@ async fn check(c: &Case) -> Vec<String> {
     let work = tempfile::tempdir().expect("tempdir");
     let outside = work.path().join("outside");
     std::fs::create_dir(&outside).expect("canary dir");
-    let image = image_of(&work.path().join("layout"), &compress(&c.tar, c.compression), c.compression);
+    let image = image_of(
+        &work.path().join("layout"),
+        &compress(&c.tar, c.compression),
+        c.compression,
+    );
     let repo = Repo::open(&image, &opts).expect("repo");
 
     // Into the node store.
@@ -261,7 +705,11 @@ async fn check(c: &Case) -> Vec<String> {
     // Into a directory.
     let img = Image::fetch(&repo).await.expect("fetch");
     let out = work.path().join("out/cache");
-    let options = UnpackOptions { policy: c.policy.clone(), no_sync: true, progress: None };
+    let options = UnpackOptions {
+        policy: c.policy.clone(),
+        no_sync: true,
+        progress: None,
+    };
     match extract_to_dir(&repo, &img, &out, &options).await {
         Err(Error::Rejected(r)) if r.rule == c.rule => {}
         other => fail(format!("extract_to_dir gave {other:?}")),
@@ -285,7 +733,12 @@ async fn hostile_corpus_is_rejected() {
     for c in &corpus {
         failures.extend(check(c).await);
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -295,27 +748,72 @@ async fn special_bits_dropped_by_default_and_safe_links_kept() {
         .entry(format!("{C}/suid").as_bytes(), REG, 0o4755, b"", 1, b"x")
         .entry(format!("{C}/sub/").as_bytes(), DIR, 0o1777, b"", 0, b"")
         .file(&format!("{C}/sub/data"), b"payload")
-        .entry(format!("{C}/sub/hard").as_bytes(), HARD, 0o644, format!("{C}/sub/data").as_bytes(), 0, b"")
-        .entry(format!("{C}/sub/soft").as_bytes(), SYM, 0o777, b"../ok.json", 0, b"")
+        .entry(
+            format!("{C}/sub/hard").as_bytes(),
+            HARD,
+            0o644,
+            format!("{C}/sub/data").as_bytes(),
+            0,
+            b"",
+        )
+        .entry(
+            format!("{C}/sub/soft").as_bytes(),
+            SYM,
+            0o777,
+            b"../ok.json",
+            0,
+            b"",
+        )
         .end();
-    let image = image_of(&work.path().join("layout"), &compress(&tar, Compression::Zstd), Compression::Zstd);
+    let image = image_of(
+        &work.path().join("layout"),
+        &compress(&tar, Compression::Zstd),
+        Compression::Zstd,
+    );
     let repo = Repo::open(&image, &RegistryOptions::default()).expect("repo");
     let img = Image::fetch(&repo).await.expect("fetch");
-    let policy = ExtractPolicy { allow_in_tree_links: true, ..Default::default() };
+    let policy = ExtractPolicy {
+        allow_in_tree_links: true,
+        ..Default::default()
+    };
     let out = work.path().join("out");
-    extract_to_dir(&repo, &img, &out, &UnpackOptions { policy, ..Default::default() }).await.expect("extract");
+    extract_to_dir(
+        &repo,
+        &img,
+        &out,
+        &UnpackOptions {
+            policy,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("extract");
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(out.join("suid")).expect("suid").permissions().mode();
+    let mode = std::fs::metadata(out.join("suid"))
+        .expect("suid")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o7000, 0, "setuid bit kept: {mode:o}");
-    let mode = std::fs::metadata(out.join("sub")).expect("sub").permissions().mode();
+    let mode = std::fs::metadata(out.join("sub"))
+        .expect("sub")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o7000, 0, "sticky bit kept: {mode:o}");
-    assert_eq!(std::fs::read(out.join("sub/hard")).expect("hard link"), b"payload");
+    assert_eq!(
+        std::fs::read(out.join("sub/hard")).expect("hard link"),
+        b"payload"
+    );
     assert_eq!(std::fs::read(out.join("sub/soft")).expect("symlink"), b"{}");
 
     // By default the same links are refused.
     let out = work.path().join("out2");
-    let err = extract_to_dir(&repo, &img, &out, &UnpackOptions::default()).await.expect_err("links refused");
-    assert!(matches!(err, Error::Rejected(ref r) if r.rule == Rule::LinkNotAllowed), "{err}");
+    let err = extract_to_dir(&repo, &img, &out, &UnpackOptions::default())
+        .await
+        .expect_err("links refused");
+    assert!(
+        matches!(err, Error::Rejected(ref r) if r.rule == Rule::LinkNotAllowed),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -331,8 +829,14 @@ async fn tampered_layer_fails_its_digest() {
     std::fs::write(layout.blob_path(&digest), &tampered).expect("tamper");
     let repo = Repo::open(&image, &RegistryOptions::default()).expect("repo");
     let store = Store::open(work.path().join("store")).expect("store");
-    let err = store.ensure(&repo, &ExtractPolicy::default(), None).await.expect_err("tampered");
-    assert!(matches!(err, Error::DigestMismatch { .. } | Error::Rejected(_)), "{err}");
+    let err = store
+        .ensure(&repo, &ExtractPolicy::default(), None)
+        .await
+        .expect_err("tampered");
+    assert!(
+        matches!(err, Error::DigestMismatch { .. } | Error::Rejected(_)),
+        "{err}"
+    );
     assert!(store.list().expect("list").is_empty());
     assert_empty(&work.path().join("store/staging"), "staging");
 }

@@ -11,10 +11,17 @@ use gkm_oci::{
 
 fn expected_targets(name: &str) -> Vec<String> {
     let scanned = gkm_core::cache::scan(&fixtures().join(name)).expect("scan fixture");
-    let mut t: Vec<String> = scanned.summary().targets.iter().map(ToString::to_string).collect();
+    let mut t: Vec<String> = scanned
+        .summary()
+        .targets
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     match name {
         "triton-vector-add-cuda-sm75" => assert!(t.contains(&"cuda/75/32".to_string()), "{t:?}"),
-        "triton-vector-add-rocm-gfx90a" => assert!(t.contains(&"hip/gfx90a/64".to_string()), "{t:?}"),
+        "triton-vector-add-rocm-gfx90a" => {
+            assert!(t.contains(&"hip/gfx90a/64".to_string()), "{t:?}")
+        }
         _ => {}
     }
     t.sort();
@@ -25,28 +32,45 @@ async fn inspect(image: &ImageRef, opts: &RegistryOptions) -> (Image, Vec<String
     let repo = Repo::open(image, opts).expect("open");
     let img = Image::fetch(&repo).await.expect("fetch image");
     let cache = img.cache().expect("cache labels");
-    let mut t: Vec<String> = cache.summary.targets.iter().map(ToString::to_string).collect();
+    let mut t: Vec<String> = cache
+        .summary
+        .targets
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     t.sort();
     // The summary is readable without the config too.
-    let from_annotations = gkm_oci::CacheLabels::read(&img.manifest.annotations).expect("annotations");
+    let from_annotations =
+        gkm_oci::CacheLabels::read(&img.manifest.annotations).expect("annotations");
     assert_eq!(from_annotations.summary, cache.summary);
     (img, t)
 }
 
-async fn extract_and_compare(name: &str, image: &ImageRef, opts: &RegistryOptions, work: &std::path::Path) {
+async fn extract_and_compare(
+    name: &str,
+    image: &ImageRef,
+    opts: &RegistryOptions,
+    work: &std::path::Path,
+) {
     let src = fixtures().join(name);
     let repo = Repo::open(image, opts).expect("open");
     let img = Image::fetch(&repo).await.expect("fetch");
     let out = work.join(format!("out-{}", img.digest.hex()));
-    extract_to_dir(&repo, &img, &out, &UnpackOptions::default()).await.expect("extract");
+    extract_to_dir(&repo, &img, &out, &UnpackOptions::default())
+        .await
+        .expect("extract");
     assert_same_tree(&src, &out);
 
     let store = Store::open(work.join("store")).expect("store");
-    let stored = store.ensure(&repo, &ExtractPolicy::default(), None).await.expect("store");
+    let stored = store
+        .ensure(&repo, &ExtractPolicy::default(), None)
+        .await
+        .expect("store");
     let layout = gkm_oci::labels::KindLayout::of(img.cache().expect("labels").kind);
     assert_same_tree(&src, &stored.path.join(layout.cache_dir));
     let manifest = std::fs::read(stored.path.join(layout.manifest_path())).expect("manifest.json");
-    let manifest = gkm_core::cache::CacheManifest::from_json(&manifest).expect("parse manifest.json");
+    let manifest =
+        gkm_core::cache::CacheManifest::from_json(&manifest).expect("parse manifest.json");
     assert_eq!(manifest, gkm_core::cache::scan(&src).expect("scan"));
 }
 
@@ -56,19 +80,40 @@ async fn layout_round_trip() {
     let opts = RegistryOptions::default();
     for name in FIXTURES {
         for compression in [Compression::Zstd, Compression::Gzip] {
-            let built_ref: ImageRef = format!("oci:{}/built:{name}", work.path().display()).parse().expect("ref");
-            let built = build(&fixtures().join(name), &built_ref, &BuildOptions { compression, title: None }, &opts)
-                .await
-                .expect("build");
+            let built_ref: ImageRef = format!("oci:{}/built:{name}", work.path().display())
+                .parse()
+                .expect("ref");
+            let built = build(
+                &fixtures().join(name),
+                &built_ref,
+                &BuildOptions {
+                    compression,
+                    title: None,
+                },
+                &opts,
+            )
+            .await
+            .expect("build");
             let (img, targets) = inspect(&built_ref, &opts).await;
             assert_eq!(img.digest, built.digest);
             assert_eq!(targets, expected_targets(name));
-            assert_eq!(img.cache_layer().expect("layer").compression().expect("compression"), compression);
+            assert_eq!(
+                img.cache_layer()
+                    .expect("layer")
+                    .compression()
+                    .expect("compression"),
+                compression
+            );
 
-            let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display()).parse().expect("ref");
+            let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display())
+                .parse()
+                .expect("ref");
             let src = Repo::open(&built_ref, &opts).expect("open");
             let dst = Repo::create(&pulled, &opts).expect("create");
-            assert_eq!(copy_image(&src, &dst, None).await.expect("copy"), built.digest);
+            assert_eq!(
+                copy_image(&src, &dst, None).await.expect("copy"),
+                built.digest
+            );
             extract_and_compare(name, &pulled, &opts, work.path()).await;
         }
     }
@@ -76,21 +121,40 @@ async fn layout_round_trip() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn registry_round_trip() {
-    let registry = gkm_testenv::Registry::shared().expect("start docker-registry (apt-get install -y docker-registry)");
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
     let work = tempfile::tempdir().expect("tempdir");
-    let opts = RegistryOptions { insecure: true, ..Default::default() };
+    let opts = RegistryOptions {
+        insecure: true,
+        ..Default::default()
+    };
     for name in FIXTURES {
-        let remote: ImageRef = format!("{}/roundtrip/{name}:v1", registry.addr()).parse().expect("ref");
-        let built = build(&fixtures().join(name), &remote, &BuildOptions::default(), &opts).await.expect("build+push");
+        let remote: ImageRef = format!("{}/roundtrip/{name}:v1", registry.addr())
+            .parse()
+            .expect("ref");
+        let built = build(
+            &fixtures().join(name),
+            &remote,
+            &BuildOptions::default(),
+            &opts,
+        )
+        .await
+        .expect("build+push");
         let (img, targets) = inspect(&remote, &opts).await;
         assert_eq!(img.digest, built.digest);
         assert_eq!(targets, expected_targets(name));
         extract_and_compare(name, &remote, &opts, work.path()).await;
 
-        let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display()).parse().expect("ref");
-        let digest = copy_image(&Repo::open(&remote, &opts).expect("open"), &Repo::create(&pulled, &opts).expect("create"), None)
-            .await
-            .expect("pull");
+        let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display())
+            .parse()
+            .expect("ref");
+        let digest = copy_image(
+            &Repo::open(&remote, &opts).expect("open"),
+            &Repo::create(&pulled, &opts).expect("create"),
+            None,
+        )
+        .await
+        .expect("pull");
         assert_eq!(digest, built.digest);
         extract_and_compare(name, &pulled, &opts, &work.path().join("from-layout")).await;
     }

@@ -9,10 +9,17 @@ use common::fixtures;
 use gkm_oci::{BuildOptions, ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store, build};
 
 async fn built(work: &std::path::Path, name: &str) -> (ImageRef, gkm_oci::Digest) {
-    let dest: ImageRef = format!("oci:{}/layout:{name}", work.display()).parse().expect("ref");
-    let b = build(&fixtures().join(name), &dest, &BuildOptions::default(), &RegistryOptions::default())
-        .await
-        .expect("build");
+    let dest: ImageRef = format!("oci:{}/layout:{name}", work.display())
+        .parse()
+        .expect("ref");
+    let b = build(
+        &fixtures().join(name),
+        &dest,
+        &BuildOptions::default(),
+        &RegistryOptions::default(),
+    )
+    .await
+    .expect("build");
     (dest, b.digest)
 }
 
@@ -22,7 +29,14 @@ async fn second_request_does_no_work() {
     let (dest, digest) = built(work.path(), "triton-vector-add-cuda-sm75").await;
     let opts = RegistryOptions::default();
     let store = Store::open(work.path().join("store")).expect("open");
-    let first = store.ensure(&Repo::open(&dest, &opts).expect("repo"), &ExtractPolicy::default(), None).await.expect("ensure");
+    let first = store
+        .ensure(
+            &Repo::open(&dest, &opts).expect("repo"),
+            &ExtractPolicy::default(),
+            None,
+        )
+        .await
+        .expect("ensure");
     assert!(first.extracted.is_some());
     assert_eq!(store.list().expect("list"), vec![digest.clone()]);
 
@@ -30,8 +44,16 @@ async fn second_request_does_no_work() {
     let repo = Repo::open(&dest, &opts).expect("repo");
     let image = Image::fetch(&repo).await.expect("fetch");
     let layer = image.cache_layer().expect("layer").digest.clone();
-    std::fs::remove_file(gkm_oci::Layout::open(work.path().join("layout")).expect("layout").blob_path(&layer)).expect("rm blob");
-    let again = store.ensure(&repo, &ExtractPolicy::default(), None).await.expect("ensure again");
+    std::fs::remove_file(
+        gkm_oci::Layout::open(work.path().join("layout"))
+            .expect("layout")
+            .blob_path(&layer),
+    )
+    .expect("rm blob");
+    let again = store
+        .ensure(&repo, &ExtractPolicy::default(), None)
+        .await
+        .expect("ensure again");
     assert_eq!(again.extracted, None);
     assert_eq!(again.path, first.path);
 
@@ -39,8 +61,19 @@ async fn second_request_does_no_work() {
     let layout_gone = dest.with_digest(&digest);
     std::fs::remove_dir_all(work.path().join("layout")).expect("rm layout");
     std::fs::create_dir_all(work.path().join("layout")).expect("mkdir");
-    std::fs::write(work.path().join("layout/oci-layout"), b"{\"imageLayoutVersion\":\"1.0.0\"}").expect("marker");
-    let third = store.ensure(&Repo::open(&layout_gone, &opts).expect("repo"), &ExtractPolicy::default(), None).await.expect("pinned");
+    std::fs::write(
+        work.path().join("layout/oci-layout"),
+        b"{\"imageLayoutVersion\":\"1.0.0\"}",
+    )
+    .expect("marker");
+    let third = store
+        .ensure(
+            &Repo::open(&layout_gone, &opts).expect("repo"),
+            &ExtractPolicy::default(),
+            None,
+        )
+        .await
+        .expect("pinned");
     assert_eq!(third.extracted, None);
 }
 
@@ -53,7 +86,11 @@ async fn leftovers_cleaned_and_gc() {
     // (no longer held) lock.
     let leftover = root.join("staging/0123456789ab-999-0-0");
     std::fs::create_dir_all(leftover.join("io.triton.cache/partial")).expect("mkdir");
-    std::fs::write(leftover.join("io.triton.cache/partial/kernel.cubin"), b"half").expect("write");
+    std::fs::write(
+        leftover.join("io.triton.cache/partial/kernel.cubin"),
+        b"half",
+    )
+    .expect("write");
     std::fs::write(leftover.with_extension("lock"), b"").expect("lock");
     // A live extraction's staging directory, whose lock is held, stays.
     let live = root.join("staging/live");
@@ -66,14 +103,24 @@ async fn leftovers_cleaned_and_gc() {
     assert!(!leftover.exists(), "leftover staging tree survived");
     assert!(!leftover.with_extension("lock").exists());
     assert!(live.exists(), "a held staging directory was removed");
-    assert!(store.list().expect("list").is_empty(), "a partial tree is visible");
+    assert!(
+        store.list().expect("list").is_empty(),
+        "a partial tree is visible"
+    );
     drop(lock);
 
     let opts = RegistryOptions::default();
     let (a, da) = built(work.path(), "triton-vector-add-cuda-sm75").await;
     let (b, db) = built(work.path(), "triton-vector-add-rocm-gfx90a").await;
     for r in [&a, &b] {
-        store.ensure(&Repo::open(r, &opts).expect("repo"), &ExtractPolicy::default(), None).await.expect("ensure");
+        store
+            .ensure(
+                &Repo::open(r, &opts).expect("repo"),
+                &ExtractPolicy::default(),
+                None,
+            )
+            .await
+            .expect("ensure");
     }
     let mut both = vec![da.clone(), db.clone()];
     both.sort();

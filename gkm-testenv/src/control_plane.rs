@@ -19,6 +19,10 @@ use crate::process::{Process, remove_at_exit};
 pub struct ControlPlaneOptions {
     /// Extra `kube-apiserver` flags (`--flag=value`); later flags win.
     pub apiserver_args: Vec<String>,
+    /// Also run kube-controller-manager's service-account, token, namespace
+    /// and garbage-collector controllers (needed to create pods: their
+    /// namespace's `default` ServiceAccount must exist).
+    pub controller_manager: bool,
 }
 
 /// A running etcd + kube-apiserver, stopped when dropped.
@@ -28,7 +32,8 @@ pub struct ControlPlaneOptions {
 /// [`ControlPlane::kubeconfig`] is an admin (`system:masters`) kubeconfig;
 /// [`ControlPlane::kubeconfig_for`] makes one for any user.
 pub struct ControlPlane {
-    // Field order is drop order: the apiserver stops before etcd.
+    // Field order is drop order: controllers, then the apiserver, then etcd.
+    controller_manager: Option<Process>,
     apiserver: Process,
     etcd: Process,
     dir: PathBuf,
@@ -139,6 +144,7 @@ impl ControlPlane {
 
         let url = format!("https://127.0.0.1:{secure_port}");
         let mut plane = ControlPlane {
+            controller_manager: None,
             apiserver,
             etcd: etcd,
             dir: dir.to_path_buf(),
@@ -150,6 +156,24 @@ impl ControlPlane {
         };
         plane.kubeconfig = plane.kubeconfig_for("gkm-admin", &["system:masters"])?;
         plane.wait_ready(Duration::from_secs(90)).await?;
+        if options.controller_manager {
+            let mut kcm = Command::new(find_binary(Component::KubeControllerManager)?);
+            kcm.args([
+                format!("--kubeconfig={}", plane.kubeconfig.display()),
+                "--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector"
+                    .to_string(),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                "--leader-elect=false".to_string(),
+                "--secure-port=0".to_string(),
+                "--v=0".to_string(),
+            ]);
+            plane.controller_manager = Some(Process::spawn(
+                "kube-controller-manager",
+                kcm,
+                &dir.join("kube-controller-manager.log"),
+            )?);
+        }
         plane.started_in = began.elapsed();
         Ok(plane)
     }
@@ -198,9 +222,12 @@ impl ControlPlane {
         self.started_in
     }
 
-    /// The process ids of kube-apiserver and etcd.
-    pub fn pids(&self) -> [u32; 2] {
-        [self.apiserver.pid(), self.etcd.pid()]
+    /// The process ids of the components (apiserver, etcd, and the
+    /// controller manager when it runs).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.apiserver.pid(), self.etcd.pid()];
+        pids.extend(self.controller_manager.as_ref().map(Process::pid));
+        pids
     }
 
     /// A new admin client, bound to the calling tokio runtime.

@@ -16,12 +16,14 @@
 mod binaries;
 mod certs;
 mod control_plane;
+mod kwok;
 mod ports;
 mod process;
 mod registry;
 
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use registry::Registry;
 
 /// A fresh temporary directory, removed on drop.

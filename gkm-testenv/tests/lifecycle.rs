@@ -112,3 +112,58 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     stream.read_to_string(&mut response)?;
     Ok(response)
 }
+
+#[tokio::test]
+async fn kwok_nodes_become_ready_and_run_pods() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use std::collections::BTreeMap;
+
+    let options = gkm_testenv::ControlPlaneOptions {
+        controller_manager: true,
+        ..Default::default()
+    };
+    let plane = ControlPlane::start_with(options).await?;
+    let mut kwok = gkm_testenv::Kwok::start(&plane)?;
+    let client = plane.client().await?;
+    let labels = BTreeMap::from([("gkm.io/test".to_string(), "yes".to_string())]);
+    let capacity = BTreeMap::from([("nvidia.com/gpu".to_string(), "2".to_string())]);
+    let node = kwok
+        .create_node(&client, "kwok-gpu-1", &labels, &capacity)
+        .await?;
+    let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
+    assert_eq!(
+        allocatable.get("nvidia.com/gpu").map(|q| q.0.as_str()),
+        Some("2")
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    // The controller manager creates the namespace's default ServiceAccount.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client, "default");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while accounts.get_opt("default").await?.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no default ServiceAccount: is kube-controller-manager running?"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "on-kwok"},
+        "spec": {"nodeName": "kwok-gpu-1", "containers": [{"name": "c", "image": "busybox"}]},
+    }))?;
+    pods.create(&Default::default(), &pod).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let phase = pods.get("on-kwok").await?.status.and_then(|s| s.phase);
+        if phase.as_deref() == Some("Running") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pod not Running on the kwok node: {phase:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}

@@ -1,15 +1,132 @@
-//! `gkm-csi`: the CSI node plugin that mounts extracted caches read-only into pods.
+//! `gkm-csi`: the CSI node plugin that mounts extracted caches read-only into
+//! pods. Flag parsing and wiring only; the driver is `gkm_k8s::csi`.
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_k8s::csi::registration::{RegistrationService, socket_name};
+use gkm_k8s::csi::{Driver, DriverConfig, serve_csi, serve_registration};
+use tokio::sync::watch;
 
 /// gkm CSI driver (`csi.gkm.io`): bind-mounts a verified, compatible cache
 /// from the node store read-only into pods.
 #[derive(Parser)]
 #[command(name = "gkm-csi", version, about)]
-struct Cli {}
+struct Cli {
+    /// The CSI endpoint to serve: `unix:///path/to/csi.sock` or a path.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    endpoint: String,
+    /// This node's name (the CSI node id).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The node store the gkm agent extracts into (its `--store`).
+    #[arg(long, env = "GKM_STORE", default_value = "/var/lib/gkm/store")]
+    store: PathBuf,
+    /// Register with the kubelet, announcing the CSI socket at this path as
+    /// the kubelet sees it (e.g. /var/lib/kubelet/plugins/csi.gkm.io/csi.sock).
+    /// Without it, no registration is served (use node-driver-registrar).
+    #[arg(long)]
+    kubelet_registration_path: Option<PathBuf>,
+    /// The kubelet's plugin registry directory as mounted in this container.
+    #[arg(long, default_value = "/registration")]
+    plugin_registration_dir: PathBuf,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() {
-    Cli::parse();
-    eprintln!("gkm-csi: the CSI driver is not built yet; see --help");
-    std::process::exit(2);
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The socket path of a CSI endpoint.
+fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
+    let path = endpoint.strip_prefix("unix://").or_else(|| endpoint.strip_prefix("unix:")).unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        bail!("--endpoint {endpoint:?}: expected unix:///absolute/path or an absolute path");
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let socket = socket_path(&cli.endpoint)?;
+    if cli.node_name.is_empty() {
+        bail!("--node-name (or NODE_NAME) is empty");
+    }
+    let config = DriverConfig { node_name: cli.node_name, store_root: cli.store };
+    let driver = Driver::new(&config).with_context(|| format!("opening the store {}", config.store_root.display()))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let registration = cli.kubelet_registration_path.map(|endpoint| {
+        let reg_socket = cli.plugin_registration_dir.join(socket_name());
+        let shutdown = stopped(stop_rx.clone());
+        tokio::spawn(async move { serve_registration(&reg_socket, RegistrationService::new(endpoint), shutdown).await })
+    });
+    tokio::spawn(async move {
+        terminated().await;
+        tracing::info!("stopping");
+        let _ = stop_tx.send(true);
+    });
+    serve_csi(&socket, driver, stopped(stop_rx)).await.context("serving CSI")?;
+    if let Some(task) = registration {
+        task.await.context("registration task")?.context("serving plugin registration")?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("gkm-csi: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(socket_path("unix:///csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
+        assert_eq!(socket_path("unix:/csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
+        assert_eq!(socket_path("/csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
+        assert!(socket_path("tcp://0.0.0.0:1").is_err());
+        assert!(socket_path("unix://relative").is_err());
+    }
 }

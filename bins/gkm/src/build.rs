@@ -16,6 +16,7 @@ enum CompressionArg {
 
 /// Arguments of `gkm build`.
 #[derive(clap::Args)]
+#[command(after_help = crate::push::EXIT_CODES_HELP)]
 pub struct Args {
     /// The cache directory (a Triton cache or a vLLM torch_compile_cache).
     dir: PathBuf,

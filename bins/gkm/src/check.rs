@@ -13,6 +13,7 @@ use crate::push::{EXIT_INCOMPATIBLE, RegistryArgs, finish};
 
 /// Arguments of `gkm check`.
 #[derive(clap::Args)]
+#[command(after_help = crate::push::EXIT_CODES_HELP)]
 pub struct Args {
     /// An image (`REGISTRY/REPO[:TAG]`, `oci:PATH[:TAG]`) or a cache directory.
     target: String,
@@ -46,20 +47,37 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return finish(e),
         }
     };
-    let opts = DiscoveryOptions { simulate: args.gpus, ..Default::default() };
+    let opts = DiscoveryOptions {
+        simulate: args.gpus,
+        ..Default::default()
+    };
     let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&opts))
         .await
         .context("GPU discovery stopped")??;
     let report = check_summary(
         &Summary::new(summary.targets),
         &inventory.gpus,
-        &CheckOptions { triton_version: args.triton_version, ..Default::default() },
+        &CheckOptions {
+            triton_version: args.triton_version,
+            ..Default::default()
+        },
     );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{report}");
-        println!("{}", if report.compatible { "compatible" } else { "incompatible" });
+        println!(
+            "{}",
+            if report.compatible {
+                "compatible"
+            } else {
+                "incompatible"
+            }
+        );
     }
-    Ok(if report.compatible { ExitCode::SUCCESS } else { ExitCode::from(EXIT_INCOMPATIBLE) })
+    Ok(if report.compatible {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INCOMPATIBLE)
+    })
 }

@@ -9,6 +9,7 @@ use crate::push::{RegistryArgs, finish, parse_ref, progress};
 
 /// Arguments of `gkm extract`.
 #[derive(clap::Args)]
+#[command(after_help = crate::push::EXIT_CODES_HELP)]
 pub struct Args {
     /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
     #[arg(value_parser = parse_ref)]
@@ -49,7 +50,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_entry_size: args.max_entry_size.unwrap_or(d.max_entry_size),
         max_total_size: args.max_total_size.unwrap_or(d.max_total_size),
         max_entries: args.max_entries.unwrap_or(d.max_entries),
-        max_compression_ratio: args.max_compression_ratio.unwrap_or(d.max_compression_ratio),
+        max_compression_ratio: args
+            .max_compression_ratio
+            .unwrap_or(d.max_compression_ratio),
         allow_in_tree_links: args.allow_links,
         reject_special_bits: args.reject_special_bits,
         ..d
@@ -59,7 +62,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(i) => i,
         Err(e) => return finish(e),
     };
-    let options = UnpackOptions { policy, no_sync: args.no_sync, progress: progress("extract") };
+    let options = UnpackOptions {
+        policy,
+        no_sync: args.no_sync,
+        progress: progress("extract"),
+    };
     match extract_to_dir(&repo, &image, &args.output, &options).await {
         Ok(stats) => {
             eprintln!(

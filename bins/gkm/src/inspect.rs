@@ -8,6 +8,7 @@ use crate::push::{RegistryArgs, finish, parse_ref};
 
 /// Arguments of `gkm inspect`.
 #[derive(clap::Args)]
+#[command(after_help = crate::push::EXIT_CODES_HELP)]
 pub struct Args {
     /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
     #[arg(value_parser = parse_ref)]
@@ -54,7 +55,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("Index:       {index}");
     }
     println!("Media type:  {}", image.raw.media_type);
-    println!("Kind:        {}", serde_json::to_value(cache.kind)?.as_str().unwrap_or("-"));
+    println!(
+        "Kind:        {}",
+        serde_json::to_value(cache.kind)?.as_str().unwrap_or("-")
+    );
     println!("Title:       {}", cache.title.as_deref().unwrap_or("-"));
     if let Some(format) = &cache.format {
         println!("Format:      {format}");
@@ -64,7 +68,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("Targets:     {}", cache.summary);
     println!("Layers:");
     for layer in &image.manifest.layers {
-        println!("  {} {} {} bytes", layer.digest, layer.media_type, layer.size);
+        println!(
+            "  {} {} {} bytes",
+            layer.digest, layer.media_type, layer.size
+        );
     }
     println!("Labels:");
     for (k, v) in &image.labels {

@@ -9,6 +9,7 @@ use crate::push::{RegistryArgs, finish, parse_ref, progress};
 
 /// Arguments of `gkm pull`.
 #[derive(clap::Args)]
+#[command(after_help = crate::push::EXIT_CODES_HELP)]
 #[command(group(clap::ArgGroup::new("into").required(true).args(["destination", "store"])))]
 pub struct Args {
     /// The image, usually in a registry.
@@ -39,9 +40,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => finish(e),
         };
     }
-    let Some(root) = args.store else { anyhow::bail!("give a destination or --store") };
+    let Some(root) = args.store else {
+        anyhow::bail!("give a destination or --store")
+    };
     let store = Store::open(&root)?;
-    match store.ensure(&src, &ExtractPolicy::default(), progress("pull")).await {
+    match store
+        .ensure(&src, &ExtractPolicy::default(), progress("pull"))
+        .await
+    {
         Ok(stored) => {
             println!("{} {}", stored.digest, stored.path.display());
             Ok(ExitCode::SUCCESS)

@@ -14,6 +14,11 @@ use anyhow::Context;
 use gkm_oci::pipeline::Progress;
 use gkm_oci::{Credentials, ImageRef, RegistryOptions, Repo, copy_image};
 
+/// The exit codes, for `--help`.
+pub const EXIT_CODES_HELP: &str = "Exit codes: 0 success, 1 error, 2 usage, \
+    3 the cache fits none of the GPUs (check), 4 the image was refused as unsafe \
+    (extraction policy or digest mismatch).";
+
 /// Exit code: the cache fits none of the GPUs.
 pub const EXIT_INCOMPATIBLE: u8 = 3;
 /// Exit code: the image was refused as unsafe.
@@ -41,13 +46,21 @@ impl RegistryArgs {
         let credentials = match &self.username {
             Some(username) => {
                 let mut password = String::new();
-                std::io::stdin().read_to_string(&mut password).context("reading the password from standard input")?;
+                std::io::stdin()
+                    .read_to_string(&mut password)
+                    .context("reading the password from standard input")?;
                 let password = password.trim_end_matches(['\n', '\r']).to_string();
-                Credentials::Basic { username: username.clone(), password }
+                Credentials::Basic {
+                    username: username.clone(),
+                    password,
+                }
             }
             None => Credentials::DockerConfig,
         };
-        Ok(RegistryOptions { insecure: self.insecure, credentials })
+        Ok(RegistryOptions {
+            insecure: self.insecure,
+            credentials,
+        })
     }
 }
 
@@ -77,11 +90,20 @@ pub fn progress(label: &str) -> Option<Progress> {
     let label = label.to_string();
     let last = Arc::new(AtomicU64::new(u64::MAX));
     Some(Arc::new(move |done: u64, total: u64| {
-        let pct = if total == 0 { 100 } else { done.saturating_mul(100) / total };
+        let pct = if total == 0 {
+            100
+        } else {
+            done.saturating_mul(100) / total
+        };
         if last.swap(pct, Ordering::Relaxed) != pct {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r{label} {:.1}/{:.1} MiB {pct:>3}%", mib(done), mib(total));
+            let _ = write!(
+                err,
+                "\r{label} {:.1}/{:.1} MiB {pct:>3}%",
+                mib(done),
+                mib(total)
+            );
             if done >= total {
                 let _ = writeln!(err);
             }
@@ -92,6 +114,7 @@ pub fn progress(label: &str) -> Option<Progress> {
 
 /// Arguments of `gkm push`.
 #[derive(clap::Args)]
+#[command(after_help = EXIT_CODES_HELP)]
 pub struct Args {
     /// The image to send, usually an OCI layout (`oci:PATH[:TAG]`).
     #[arg(value_parser = parse_ref)]

@@ -8,13 +8,20 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const FIXTURES: [&str; 3] =
-    ["triton-vector-add-cuda-sm75", "triton-vector-add-rocm-gfx90a", "vllm-torch-compile-inductor"];
+const FIXTURES: [&str; 3] = [
+    "triton-vector-add-cuda-sm75",
+    "triton-vector-add-rocm-gfx90a",
+    "vllm-torch-compile-inductor",
+];
 
 fn fixtures() -> PathBuf {
     let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     while !dir.join("Cargo.lock").exists() {
-        assert!(dir.pop(), "no workspace root above {}", env!("CARGO_MANIFEST_DIR"));
+        assert!(
+            dir.pop(),
+            "no workspace root above {}",
+            env!("CARGO_MANIFEST_DIR")
+        );
     }
     dir.join("../shared/fixtures/caches")
 }
@@ -27,7 +34,10 @@ struct Out {
 
 fn gkm(args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Out {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm"));
-    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     // No credentials from the machine running the tests.
     cmd.env("DOCKER_CONFIG", "/nonexistent-gkm-test-docker-config");
     for (k, v) in env {
@@ -35,7 +45,12 @@ fn gkm(args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Out {
     }
     let mut child = cmd.spawn().expect("run gkm");
     if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("wait for gkm");
@@ -59,7 +74,10 @@ fn redact(text: &str, dir: &Path) -> String {
     let mut rest = text.as_str();
     while let Some(i) = rest.find("sha256:") {
         out.push_str(&rest[..i + 7]);
-        let hex: String = rest[i + 7..].chars().take_while(char::is_ascii_hexdigit).collect();
+        let hex: String = rest[i + 7..]
+            .chars()
+            .take_while(char::is_ascii_hexdigit)
+            .collect();
         out.push_str(if hex.len() == 64 { "<digest>" } else { &hex });
         rest = &rest[i + 7 + hex.len()..];
     }
@@ -74,9 +92,17 @@ fn tree(root: &Path) -> BTreeMap<String, (Option<Vec<u8>>, bool)> {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("read dir") {
             let path = entry.expect("entry").path();
-            let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
+            let rel = path
+                .strip_prefix(root)
+                .expect("below root")
+                .to_string_lossy()
+                .into_owned();
             let meta = std::fs::symlink_metadata(&path).expect("metadata");
-            assert!(meta.is_dir() || meta.is_file(), "{} is neither file nor directory", path.display());
+            assert!(
+                meta.is_dir() || meta.is_file(),
+                "{} is neither file nor directory",
+                path.display()
+            );
             if meta.is_dir() {
                 out.insert(rel, (None, false));
                 stack.push(path);
@@ -91,8 +117,17 @@ fn tree(root: &Path) -> BTreeMap<String, (Option<Vec<u8>>, bool)> {
 
 fn assert_same_tree(expected: &Path, actual: &Path) {
     let (a, b) = (tree(expected), tree(actual));
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "paths differ");
-    assert!(a == b, "{} and {} differ in content", expected.display(), actual.display());
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "paths differ"
+    );
+    assert!(
+        a == b,
+        "{} and {} differ in content",
+        expected.display(),
+        actual.display()
+    );
 }
 
 fn write_gpus(dir: &Path, profile: &str) -> PathBuf {
@@ -110,61 +145,129 @@ fn layout_round_trip_and_inspect() {
         let built = format!("oci:{}/built:{name}", w.display());
         let digest = ok(&["build", &src.display().to_string(), "-t", &built]);
         let digest = digest.trim();
-        assert!(digest.starts_with("sha256:") && digest.len() == 71, "{digest}");
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 71,
+            "{digest}"
+        );
 
         let text = ok(&["inspect", &built]);
         insta::assert_snapshot!(format!("inspect-{name}"), redact(&text, w));
-        let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", &built, "--json"])).expect("json");
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&["inspect", &built, "--json"])).expect("json");
         assert_eq!(json["digest"], digest);
 
         let pulled = format!("oci:{}/pulled:{name}", w.display());
         assert_eq!(ok(&["pull", &built, &pulled]).trim(), digest);
         let out = w.join(format!("out-{name}"));
-        assert_eq!(ok(&["extract", &pulled, "-o", &out.display().to_string()]).trim(), digest);
+        assert_eq!(
+            ok(&["extract", &pulled, "-o", &out.display().to_string()]).trim(),
+            digest
+        );
         assert_same_tree(&src, &out);
     }
 }
 
 #[test]
 fn registry_round_trip() {
-    let registry = gkm_testenv::Registry::shared().expect("start docker-registry (apt-get install -y docker-registry)");
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
     for name in FIXTURES {
         let src = fixtures().join(name);
         let layout = format!("oci:{}/built:{name}", w.display());
-        let digest = ok(&["build", &src.display().to_string(), "-t", &layout, "--compression", "gzip"]);
+        let digest = ok(&[
+            "build",
+            &src.display().to_string(),
+            "-t",
+            &layout,
+            "--compression",
+            "gzip",
+        ]);
         let remote = format!("{}/cli/{name}:v1", registry.addr());
         assert_eq!(ok(&["push", &layout, &remote, "--insecure"]), digest);
         let json: serde_json::Value =
             serde_json::from_str(&ok(&["inspect", &remote, "--json", "--insecure"])).expect("json");
         assert_eq!(json["digest"], digest.trim());
-        let targets: Vec<&str> = json["targets"].as_array().expect("targets").iter().filter_map(|t| t.as_str()).collect();
+        let targets: Vec<&str> = json["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .filter_map(|t| t.as_str())
+            .collect();
         match name {
-            "triton-vector-add-cuda-sm75" => assert!(targets.contains(&"cuda/75/32"), "{targets:?}"),
-            "triton-vector-add-rocm-gfx90a" => assert!(targets.contains(&"hip/gfx90a/64"), "{targets:?}"),
+            "triton-vector-add-cuda-sm75" => {
+                assert!(targets.contains(&"cuda/75/32"), "{targets:?}")
+            }
+            "triton-vector-add-rocm-gfx90a" => {
+                assert!(targets.contains(&"hip/gfx90a/64"), "{targets:?}")
+            }
             _ => assert!(!targets.is_empty()),
         }
         let pulled = format!("oci:{}/pulled:{name}", w.display());
         assert_eq!(ok(&["pull", &remote, &pulled, "--insecure"]), digest);
         let out = w.join(format!("out-{name}"));
-        assert_eq!(ok(&["extract", &remote, "-o", &out.display().to_string(), "--insecure"]), digest);
+        assert_eq!(
+            ok(&[
+                "extract",
+                &remote,
+                "-o",
+                &out.display().to_string(),
+                "--insecure"
+            ]),
+            digest
+        );
         assert_same_tree(&src, &out);
 
         // Into the node store; a second pull of the same digest does no work.
         let store = w.join("store");
-        let line = ok(&["pull", &remote, "--store", &store.display().to_string(), "--insecure"]);
+        let line = ok(&[
+            "pull",
+            &remote,
+            "--store",
+            &store.display().to_string(),
+            "--insecure",
+        ]);
         let path = PathBuf::from(line.split_whitespace().nth(1).expect("path"));
-        let cache_dir = if name.starts_with("vllm") { "io.vllm.cache" } else { "io.triton.cache" };
+        let cache_dir = if name.starts_with("vllm") {
+            "io.vllm.cache"
+        } else {
+            "io.triton.cache"
+        };
         assert_same_tree(&src, &path.join(cache_dir));
-        assert_eq!(ok(&["pull", &remote, "--store", &store.display().to_string(), "--insecure"]), line);
+        assert_eq!(
+            ok(&[
+                "pull",
+                &remote,
+                "--store",
+                &store.display().to_string(),
+                "--insecure"
+            ]),
+            line
+        );
     }
     // A build straight to the registry gives the same digest as through a layout.
     let name = FIXTURES[0];
     let remote = format!("{}/cli/direct:v1", registry.addr());
-    let direct = ok(&["build", &fixtures().join(name).display().to_string(), "-t", &remote, "--insecure"]);
+    let direct = ok(&[
+        "build",
+        &fixtures().join(name).display().to_string(),
+        "-t",
+        &remote,
+        "--insecure",
+    ]);
     let layout = format!("oci:{}/again:{name}", w.display());
-    assert_eq!(direct, ok(&["build", &fixtures().join(name).display().to_string(), "-t", &layout, "--title", "direct"]));
+    assert_eq!(
+        direct,
+        ok(&[
+            "build",
+            &fixtures().join(name).display().to_string(),
+            "-t",
+            &layout,
+            "--title",
+            "direct"
+        ])
+    );
 }
 
 /// Writes, from a fixture, an image exactly as MCV lays it out: Docker
@@ -185,15 +288,23 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
         h.set_groupname("builder").expect("gname");
         h
     };
-    tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), "./io.triton.cache/", std::io::empty())
-        .expect("dir");
+    tar.append_data(
+        &mut header(tar::EntryType::Directory, 0o775, 0),
+        "./io.triton.cache/",
+        std::io::empty(),
+    )
+    .expect("dir");
     let mut hash = String::new();
     let mut dummy_key = String::new();
     let mut size = 0u64;
     for (rel, (bytes, exec)) in tree(fixture) {
         let name = format!("./io.triton.cache/{rel}");
         match bytes {
-            None => tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), format!("{name}/"), std::io::empty()),
+            None => tar.append_data(
+                &mut header(tar::EntryType::Directory, 0o775, 0),
+                format!("{name}/"),
+                std::io::empty(),
+            ),
             Some(b) => {
                 if rel.ends_with("/add_kernel.json") {
                     let meta: serde_json::Value = serde_json::from_slice(&b).expect("kernel json");
@@ -202,7 +313,11 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
                 }
                 size += b.len() as u64;
                 let mode = if exec { 0o775 } else { 0o664 };
-                tar.append_data(&mut header(tar::EntryType::Regular, mode, b.len() as u64), &name, b.as_slice())
+                tar.append_data(
+                    &mut header(tar::EntryType::Regular, mode, b.len() as u64),
+                    &name,
+                    b.as_slice(),
+                )
             }
         }
         .expect("append");
@@ -212,8 +327,12 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
         "debug": false, "backend": "cuda", "arch": 75, "warp_size": 32,
     }]});
     let manifest = serde_json::to_vec(&manifest).expect("manifest json");
-    tar.append_data(&mut header(tar::EntryType::Directory, 0o775, 0), "./io.triton.manifest/", std::io::empty())
-        .expect("dir");
+    tar.append_data(
+        &mut header(tar::EntryType::Directory, 0o775, 0),
+        "./io.triton.manifest/",
+        std::io::empty(),
+    )
+    .expect("dir");
     tar.append_data(
         &mut header(tar::EntryType::Regular, 0o664, manifest.len() as u64),
         "./io.triton.manifest/manifest.json",
@@ -250,9 +369,14 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
     let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest");
     let digest = layout.write_blob(&bytes).expect("manifest blob");
     let desc = oci_spec::image::Descriptor::new(
-        oci_spec::image::MediaType::Other("application/vnd.docker.distribution.manifest.v2+json".into()),
+        oci_spec::image::MediaType::Other(
+            "application/vnd.docker.distribution.manifest.v2+json".into(),
+        ),
         bytes.len() as u64,
-        digest.as_str().parse::<oci_spec::image::Digest>().expect("digest"),
+        digest
+            .as_str()
+            .parse::<oci_spec::image::Digest>()
+            .expect("digest"),
     );
     layout.tag("mcv", &desc).expect("tag");
     digest.to_string()
@@ -260,7 +384,8 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
 
 #[test]
 fn reads_images_built_by_mcv() {
-    let registry = gkm_testenv::Registry::shared().expect("start docker-registry (apt-get install -y docker-registry)");
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
     let fixture = fixtures().join("triton-vector-add-cuda-sm75");
@@ -276,18 +401,35 @@ fn reads_images_built_by_mcv() {
 
         let out = run(&["inspect", image]);
         assert_eq!(out.code, 0, "{}", out.stderr);
-        insta::assert_snapshot!("inspect-mcv", redact(&out.stdout, w).replace(&remote, "[REMOTE]").replace(&layout.replace(&w.display().to_string(), "[TMP]"), "[REMOTE]"));
+        insta::assert_snapshot!(
+            "inspect-mcv",
+            redact(&out.stdout, w).replace(&remote, "[REMOTE]").replace(
+                &layout.replace(&w.display().to_string(), "[TMP]"),
+                "[REMOTE]"
+            )
+        );
 
         let t4 = write_gpus(w, "T4");
         let out = run(&["check", image, "--gpus", &t4.display().to_string()]);
-        assert_eq!(out.code, 0, "a T4 (sm_75) runs a cuda/75/32 cache:\n{}{}", out.stdout, out.stderr);
+        assert_eq!(
+            out.code, 0,
+            "a T4 (sm_75) runs a cuda/75/32 cache:\n{}{}",
+            out.stdout, out.stderr
+        );
         assert!(out.stdout.ends_with("compatible\n"), "{}", out.stdout);
         let mi300 = write_gpus(w, "MI300X");
         let out = run(&["check", image, "--gpus", &mi300.display().to_string()]);
-        assert_eq!(out.code, 3, "an MI300X does not run CUDA kernels:\n{}{}", out.stdout, out.stderr);
+        assert_eq!(
+            out.code, 3,
+            "an MI300X does not run CUDA kernels:\n{}{}",
+            out.stdout, out.stderr
+        );
         assert!(out.stdout.contains("incompatible"), "{}", out.stdout);
 
-        let dest = w.join(format!("out-{}", if image == remote { "remote" } else { "layout" }));
+        let dest = w.join(format!(
+            "out-{}",
+            if image == remote { "remote" } else { "layout" }
+        ));
         let out = run(&["extract", image, "-o", &dest.display().to_string()]);
         assert_eq!(out.code, 0, "{}", out.stderr);
         assert_eq!(out.stdout.trim(), digest);
@@ -298,13 +440,24 @@ fn reads_images_built_by_mcv() {
 #[test]
 fn check_a_directory() {
     let work = tempfile::tempdir().expect("tempdir");
-    let rocm = fixtures().join("triton-vector-add-rocm-gfx90a").display().to_string();
+    let rocm = fixtures()
+        .join("triton-vector-add-rocm-gfx90a")
+        .display()
+        .to_string();
     let mi210 = write_gpus(work.path(), "MI210");
-    let out = gkm(&["check", &rocm, "--gpus", &mi210.display().to_string()], &[], None);
+    let out = gkm(
+        &["check", &rocm, "--gpus", &mi210.display().to_string()],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     insta::assert_snapshot!("check-rocm-on-mi210", out.stdout);
     let t4 = write_gpus(work.path(), "T4");
-    let out = gkm(&["check", &rocm, "--gpus", &t4.display().to_string()], &[], None);
+    let out = gkm(
+        &["check", &rocm, "--gpus", &t4.display().to_string()],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 3, "{}{}", out.stdout, out.stderr);
     insta::assert_snapshot!("check-rocm-on-t4", out.stdout);
 }
@@ -314,31 +467,81 @@ fn exit_codes_and_messages() {
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
     // Usage.
-    assert_eq!(gkm(&["extract", "oci:/x"], &[], None).code, 2, "missing -o is a usage error");
-    assert_eq!(gkm(&["build", "/tmp"], &[], None).code, 2, "missing -t is a usage error");
+    assert_eq!(
+        gkm(&["extract", "oci:/x"], &[], None).code,
+        2,
+        "missing -o is a usage error"
+    );
+    assert_eq!(
+        gkm(&["build", "/tmp"], &[], None).code,
+        2,
+        "missing -t is a usage error"
+    );
     // Not found.
-    let out = gkm(&["inspect", &format!("oci:{}/missing", w.display())], &[], None);
+    let out = gkm(
+        &["inspect", &format!("oci:{}/missing", w.display())],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 1);
     assert!(out.stderr.starts_with("gkm: error: "), "{}", out.stderr);
     assert!(out.stderr.contains("oci-layout"), "{}", out.stderr);
     // Not a cache.
-    let out = gkm(&["build", &w.display().to_string(), "-t", &format!("oci:{}/x", w.display())], &[], None);
+    let out = gkm(
+        &[
+            "build",
+            &w.display().to_string(),
+            "-t",
+            &format!("oci:{}/x", w.display()),
+        ],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 1);
-    assert!(out.stderr.contains("is not a kernel cache"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("is not a kernel cache"),
+        "{}",
+        out.stderr
+    );
     // A non-empty output directory is refused, and left alone.
     let layout = format!("oci:{}/l:v1", w.display());
-    ok(&["build", &fixtures().join(FIXTURES[0]).display().to_string(), "-t", &layout]);
+    ok(&[
+        "build",
+        &fixtures().join(FIXTURES[0]).display().to_string(),
+        "-t",
+        &layout,
+    ]);
     let busy = w.join("busy");
     std::fs::create_dir(&busy).expect("mkdir");
     std::fs::write(busy.join("keep"), b"mine").expect("write");
-    let out = gkm(&["extract", &layout, "-o", &busy.display().to_string()], &[], None);
+    let out = gkm(
+        &["extract", &layout, "-o", &busy.display().to_string()],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 1);
     assert!(out.stderr.contains("not empty"), "{}", out.stderr);
     assert_eq!(std::fs::read_dir(&busy).expect("read").count(), 1);
     // A policy refusal: exit 4 naming the entry and the rule.
-    let out = gkm(&["extract", &layout, "-o", &w.join("small").display().to_string(), "--max-entries", "3"], &[], None);
+    let out = gkm(
+        &[
+            "extract",
+            &layout,
+            "-o",
+            &w.join("small").display().to_string(),
+            "--max-entries",
+            "3",
+        ],
+        &[],
+        None,
+    );
     assert_eq!(out.code, 4, "{}", out.stderr);
-    assert!(out.stderr.starts_with("gkm: rejected: layer rejected: entry "), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with("gkm: rejected: layer rejected: entry "),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("too-many-entries"), "{}", out.stderr);
     assert!(!w.join("small").exists());
     // An empty existing directory (a mount point) is filled in place.
@@ -353,21 +556,51 @@ fn credentials_from_docker_config_and_stdin() {
     let work = tempfile::tempdir().expect("tempdir");
     let cfg = work.path().join("docker");
     std::fs::create_dir(&cfg).expect("mkdir");
-    std::fs::write(cfg.join("config.json"), br#"{"auths":{"registry.invalid":{"auth":"not base64!"}}}"#)
-        .expect("write config");
+    std::fs::write(
+        cfg.join("config.json"),
+        br#"{"auths":{"registry.invalid":{"auth":"not base64!"}}}"#,
+    )
+    .expect("write config");
     // DOCKER_CONFIG is honoured: its broken entry for this registry is reported.
-    let out = gkm(&["inspect", "registry.invalid/x:y"], &[("DOCKER_CONFIG", &cfg)], None);
+    let out = gkm(
+        &["inspect", "registry.invalid/x:y"],
+        &[("DOCKER_CONFIG", &cfg)],
+        None,
+    );
     assert_eq!(out.code, 1);
-    assert!(out.stderr.contains("config.json") && out.stderr.contains("auths.registry.invalid"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("config.json") && out.stderr.contains("auths.registry.invalid"),
+        "{}",
+        out.stderr
+    );
     // --username needs --password-stdin.
-    assert_eq!(gkm(&["inspect", "registry.invalid/x:y", "--username", "u"], &[], None).code, 2);
+    assert_eq!(
+        gkm(
+            &["inspect", "registry.invalid/x:y", "--username", "u"],
+            &[],
+            None
+        )
+        .code,
+        2
+    );
     // With explicit credentials the config file is not read.
     let out = gkm(
-        &["inspect", "127.0.0.1:9/x:y", "--insecure", "--username", "u", "--password-stdin"],
+        &[
+            "inspect",
+            "127.0.0.1:9/x:y",
+            "--insecure",
+            "--username",
+            "u",
+            "--password-stdin",
+        ],
         &[("DOCKER_CONFIG", &cfg)],
         Some("secret\n"),
     );
     assert_eq!(out.code, 1);
     assert!(!out.stderr.contains("config.json"), "{}", out.stderr);
-    assert!(!out.stderr.contains("secret"), "the password leaked: {}", out.stderr);
+    assert!(
+        !out.stderr.contains("secret"),
+        "the password leaked: {}",
+        out.stderr
+    );
 }

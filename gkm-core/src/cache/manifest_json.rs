@@ -17,6 +17,8 @@ where
 /// `"vllm"`: kernel entries written as MCV's groups, one per vLLM hash and
 /// layout.
 pub(super) mod vllm_groups {
+    use serde::de::Error as _;
+
     use super::*;
 
     /// One group as MCV writes it.
@@ -33,14 +35,6 @@ pub(super) mod vllm_groups {
         cache_format: Option<VllmFormat>,
         #[serde(default, deserialize_with = "null_as_empty")]
         triton: Vec<CacheEntry>,
-    }
-
-    /// An element of the `"vllm"` list: a group, or a bare entry.
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Element {
-        Entry(Box<CacheEntry>),
-        Group(Group),
     }
 
     /// A layout name; one gkm does not know (a newer MCV's) reads as `None`.
@@ -80,22 +74,26 @@ pub(super) mod vllm_groups {
     pub(in crate::cache) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Vec<CacheEntry>>, D::Error> {
-        let Some(elements) = Option::<Vec<Element>>::deserialize(d)? else {
+        let Some(elements) = Option::<Vec<serde_json::Value>>::deserialize(d)? else {
             return Ok(Some(Vec::new()));
         };
         let mut entries = Vec::new();
-        for element in elements {
-            match element {
-                Element::Entry(entry) => entries.push(*entry),
-                Element::Group(group) => {
-                    for mut entry in group.triton {
-                        if entry.vllm_hash.is_none() && !group.vllm_hash.is_empty() {
-                            entry.vllm_hash = Some(group.vllm_hash.clone());
-                        }
-                        entry.cache_format = entry.cache_format.or(group.cache_format);
-                        entries.push(entry);
-                    }
+        for (i, element) in elements.into_iter().enumerate() {
+            let context = |e: serde_json::Error| D::Error::custom(format!("vllm[{i}]: {e}"));
+            let is_group = element.as_object().is_some_and(|o| !o.contains_key("hash"));
+            if !is_group {
+                let mut entry = CacheEntry::deserialize(element).map_err(context)?;
+                entry.vllm_hash = entry.vllm_hash.filter(|h| !h.is_empty());
+                entries.push(entry);
+                continue;
+            }
+            let group = Group::deserialize(element).map_err(context)?;
+            for mut entry in group.triton {
+                if entry.vllm_hash.is_none() && !group.vllm_hash.is_empty() {
+                    entry.vllm_hash = Some(group.vllm_hash.clone());
                 }
+                entry.cache_format = entry.cache_format.or(group.cache_format);
+                entries.push(entry);
             }
         }
         Ok(Some(entries))

@@ -67,6 +67,7 @@ fn unescape(s: &str) -> String {
     while i < bytes.len() {
         if bytes[i] == b'\\'
             && let Some(octal) = s.get(i + 1..i + 4)
+            && octal.bytes().all(|b| (b'0'..=b'7').contains(&b))
             && let Ok(v) = u8::from_str_radix(octal, 8)
         {
             out.push(v);
@@ -87,7 +88,10 @@ pub fn mount_at(path: &Path) -> io::Result<Option<MountInfo>> {
         Err(e) => return Err(e),
     };
     let content = fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(parse_mountinfo(&content).into_iter().rev().find(|m| m.mount_point == path))
+    Ok(parse_mountinfo(&content)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path))
 }
 
 /// Whether `a` and `b` are the same directory (same device and inode), as a
@@ -129,7 +133,10 @@ pub fn unmount_all(target: &Path) -> io::Result<usize> {
         rustix::mount::unmount(target, UnmountFlags::empty())?;
         removed += 1;
     }
-    Err(io::Error::other(format!("{} is still a mount point after {removed} unmounts", target.display())))
+    Err(io::Error::other(format!(
+        "{} is still a mount point after {removed} unmounts",
+        target.display()
+    )))
 }
 
 #[cfg(test)]
@@ -161,7 +168,10 @@ garbage line
 
     #[test]
     fn missing_path_is_no_mount() {
-        assert_eq!(mount_at(Path::new("/nonexistent/gkm/target")).expect("mount_at"), None);
+        assert_eq!(
+            mount_at(Path::new("/nonexistent/gkm/target")).expect("mount_at"),
+            None
+        );
         assert!(mount_at(Path::new("/proc")).expect("mount_at").is_some());
     }
 }

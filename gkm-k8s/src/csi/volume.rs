@@ -9,7 +9,8 @@ use tonic::Status;
 use super::proto::NodePublishVolumeRequest;
 use super::proto::volume_capability::AccessType;
 use super::{
-    ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID,
+    ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE,
+    CTX_POD_UID,
 };
 use crate::cache_object::{CacheKey, Scope};
 use crate::delivery::{PodRef, check_key};
@@ -40,7 +41,9 @@ pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
 pub fn absolute_path(value: &str, field: &str) -> Result<PathBuf, Status> {
     let path = PathBuf::from(required(value, field)?);
     if !path.is_absolute() {
-        return Err(Status::invalid_argument(format!("{field} {value:?} is not an absolute path")));
+        return Err(Status::invalid_argument(format!(
+            "{field} {value:?} is not an absolute path"
+        )));
     }
     Ok(path)
 }
@@ -87,7 +90,11 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
                 "block access is not supported: a gkm cache is a directory (use a filesystem volume)",
             ));
         }
-        None => return Err(Status::invalid_argument("volume_capability has no access type (mount or block)")),
+        None => {
+            return Err(Status::invalid_argument(
+                "volume_capability has no access type (mount or block)",
+            ));
+        }
     }
     let ctx = &req.volume_context;
     if get(ctx, CTX_EPHEMERAL) != Some("true") {
@@ -97,7 +104,8 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
             super::DRIVER_NAME
         )));
     }
-    let pod_namespace = get(ctx, CTX_POD_NAMESPACE).ok_or_else(|| missing_pod_info(CTX_POD_NAMESPACE))?;
+    let pod_namespace =
+        get(ctx, CTX_POD_NAMESPACE).ok_or_else(|| missing_pod_info(CTX_POD_NAMESPACE))?;
     let pod_name = get(ctx, CTX_POD_NAME).ok_or_else(|| missing_pod_info(CTX_POD_NAME))?;
     let pod = PodRef {
         namespace: pod_namespace.to_string(),
@@ -118,7 +126,11 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
         }
         (Some(name), None) => CacheKey {
             scope: Scope::Namespaced,
-            namespace: Some(get(ctx, ATTR_NAMESPACE).unwrap_or(pod_namespace).to_string()),
+            namespace: Some(
+                get(ctx, ATTR_NAMESPACE)
+                    .unwrap_or(pod_namespace)
+                    .to_string(),
+            ),
             name: name.to_string(),
         },
         (None, Some(name)) => {
@@ -127,11 +139,20 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
                     "{ATTR_NAMESPACE} ({ns:?}) applies to {ATTR_CACHE}, not to a {ATTR_CLUSTER_CACHE}"
                 )));
             }
-            CacheKey { scope: Scope::Cluster, namespace: None, name: name.to_string() }
+            CacheKey {
+                scope: Scope::Cluster,
+                namespace: None,
+                name: name.to_string(),
+            }
         }
     };
     check_key(&cache).map_err(|e| Status::invalid_argument(format!("volume attributes: {e}")))?;
-    Ok(PublishRequest { volume_id, target_path, cache, pod })
+    Ok(PublishRequest {
+        volume_id,
+        target_path,
+        cache,
+        pod,
+    })
 }
 
 /// A non-empty value of `key`.
@@ -162,7 +183,10 @@ mod tests {
                 access_type: Some(AccessType::Mount(MountVolume::default())),
                 access_mode: None,
             }),
-            volume_context: ctx.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            volume_context: ctx
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Default::default()
         }
     }
@@ -188,15 +212,40 @@ mod tests {
 
     #[test]
     fn namespaced_cache_in_another_namespace() {
-        let p = parse_publish(&with(&[(ATTR_CACHE, "vector-add"), (ATTR_NAMESPACE, "shared")])).expect("ok");
-        assert_eq!(p.cache, CacheKey { scope: Scope::Namespaced, namespace: Some("shared".into()), name: "vector-add".into() });
-        assert_eq!(p.pod, PodRef { namespace: "ml".into(), name: "infer-0".into(), uid: Some("0c1d".into()) });
+        let p = parse_publish(&with(&[
+            (ATTR_CACHE, "vector-add"),
+            (ATTR_NAMESPACE, "shared"),
+        ]))
+        .expect("ok");
+        assert_eq!(
+            p.cache,
+            CacheKey {
+                scope: Scope::Namespaced,
+                namespace: Some("shared".into()),
+                name: "vector-add".into()
+            }
+        );
+        assert_eq!(
+            p.pod,
+            PodRef {
+                namespace: "ml".into(),
+                name: "infer-0".into(),
+                uid: Some("0c1d".into())
+            }
+        );
     }
 
     #[test]
     fn cluster_cache() {
         let p = parse_publish(&with(&[(ATTR_CLUSTER_CACHE, "vector-add")])).expect("ok");
-        assert_eq!(p.cache, CacheKey { scope: Scope::Cluster, namespace: None, name: "vector-add".into() });
+        assert_eq!(
+            p.cache,
+            CacheKey {
+                scope: Scope::Cluster,
+                namespace: None,
+                name: "vector-add".into()
+            }
+        );
     }
 
     #[test]
@@ -214,16 +263,27 @@ mod tests {
         assert_eq!(refusal(&no_cap), "volume_capability is required");
 
         let mut block = with(&[(ATTR_CACHE, "c")]);
-        block.volume_capability =
-            Some(VolumeCapability { access_type: Some(AccessType::Block(BlockVolume {})), access_mode: None });
+        block.volume_capability = Some(VolumeCapability {
+            access_type: Some(AccessType::Block(BlockVolume {})),
+            access_mode: None,
+        });
         assert!(refusal(&block).contains("block access is not supported"));
 
         assert!(refusal(&request(&[(ATTR_CACHE, "c")])).contains(CTX_EPHEMERAL));
-        assert!(refusal(&request(&[(CTX_EPHEMERAL, "true"), (ATTR_CACHE, "c")])).contains(CTX_POD_NAMESPACE));
+        assert!(
+            refusal(&request(&[(CTX_EPHEMERAL, "true"), (ATTR_CACHE, "c")]))
+                .contains(CTX_POD_NAMESPACE)
+        );
         assert!(refusal(&with(&[])).contains("name no cache"));
         assert!(refusal(&with(&[(ATTR_CACHE, "a"), (ATTR_CLUSTER_CACHE, "b")])).contains("both"));
-        assert!(refusal(&with(&[(ATTR_CLUSTER_CACHE, "b"), (ATTR_NAMESPACE, "ml")])).contains("applies to"));
+        assert!(
+            refusal(&with(&[(ATTR_CLUSTER_CACHE, "b"), (ATTR_NAMESPACE, "ml")]))
+                .contains("applies to")
+        );
         assert!(refusal(&with(&[(ATTR_CACHE, "../../etc")])).contains("not a valid object name"));
-        assert!(refusal(&with(&[(ATTR_CACHE, "c"), (ATTR_NAMESPACE, "a/b")])).contains("not a valid namespace"));
+        assert!(
+            refusal(&with(&[(ATTR_CACHE, "c"), (ATTR_NAMESPACE, "a/b")]))
+                .contains("not a valid namespace")
+        );
     }
 }

@@ -18,7 +18,11 @@ pub struct Cond<'a> {
 /// `wanted` as conditions, keeping each one's `lastTransitionTime` from
 /// `existing` when its status did not change, so an unchanged status
 /// compares equal and is not written again.
-pub fn merge(existing: Option<&[Condition]>, wanted: Vec<Cond<'_>>, generation: Option<i64>) -> Vec<Condition> {
+pub fn merge(
+    existing: Option<&[Condition]>,
+    wanted: Vec<Cond<'_>>,
+    generation: Option<i64>,
+) -> Vec<Condition> {
     wanted
         .into_iter()
         .map(|c| {
@@ -47,10 +51,37 @@ mod tests {
 
     #[test]
     fn an_unchanged_condition_keeps_its_transition_time() {
-        let first = merge(None, vec![Cond { type_: "Ready", status: false, reason: "Pending", message: "m".into() }], Some(1));
-        let again = merge(Some(&first), vec![Cond { type_: "Ready", status: false, reason: "Pending", message: "m".into() }], Some(1));
+        let first = merge(
+            None,
+            vec![Cond {
+                type_: "Ready",
+                status: false,
+                reason: "Pending",
+                message: "m".into(),
+            }],
+            Some(1),
+        );
+        let again = merge(
+            Some(&first),
+            vec![Cond {
+                type_: "Ready",
+                status: false,
+                reason: "Pending",
+                message: "m".into(),
+            }],
+            Some(1),
+        );
         assert_eq!(first, again);
-        let flipped = merge(Some(&first), vec![Cond { type_: "Ready", status: true, reason: "Extracted", message: "m".into() }], Some(1));
+        let flipped = merge(
+            Some(&first),
+            vec![Cond {
+                type_: "Ready",
+                status: true,
+                reason: "Extracted",
+                message: "m".into(),
+            }],
+            Some(1),
+        );
         assert_eq!(flipped[0].status, "True");
         assert!(flipped[0].last_transition_time.0 >= first[0].last_transition_time.0);
     }

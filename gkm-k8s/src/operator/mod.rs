@@ -87,7 +87,10 @@ pub async fn run(
     verifier: Arc<dyn ImageVerifier>,
     metrics: Arc<Metrics>,
 ) {
-    let reporter = Reporter { controller: "gkm-operator".into(), instance: Some(config.instance.clone()) };
+    let reporter = Reporter {
+        controller: "gkm-operator".into(),
+        instance: Some(config.instance.clone()),
+    };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -95,21 +98,27 @@ pub async fn run(
         verifier,
         metrics,
     });
-    futures::join!(controller::<GKMCache>(ctx.clone()), controller::<ClusterGKMCache>(ctx));
+    futures::join!(
+        controller::<GKMCache>(ctx.clone()),
+        controller::<ClusterGKMCache>(ctx)
+    );
 }
 
 async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     let caches: Api<K> = Api::all(ctx.client.clone());
     let reports_api: Api<K::NodeReport> = Api::all(ctx.client.clone());
     let (reader, writer) = reflector::store();
-    let reflect = reflector::reflector(writer, watcher(reports_api.clone(), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                warn!(error = %e, "watching node reports");
-            }
-        });
+    let reflect = reflector::reflector(
+        writer,
+        watcher(reports_api.clone(), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            warn!(error = %e, "watching node reports");
+        }
+    });
     tokio::spawn(reflect);
     if reader.wait_until_ready().await.is_err() {
         warn!("node report store closed before it was ready");
@@ -117,27 +126,35 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     }
     let store = reader.clone();
     Controller::new(caches, watcher::Config::default())
-        .watches(reports_api, watcher::Config::default(), |report: K::NodeReport| {
-            let namespace = report.namespace();
-            report
-                .report()
-                .and_then(|s| s.caches.as_ref())
-                .map(|c| c.keys().cloned().collect::<Vec<_>>())
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |name| match &namespace {
-                    Some(ns) => ObjectRef::<K>::new(&name).within(ns),
-                    None => ObjectRef::<K>::new(&name),
-                })
-        })
+        .watches(
+            reports_api,
+            watcher::Config::default(),
+            |report: K::NodeReport| {
+                let namespace = report.namespace();
+                report
+                    .report()
+                    .and_then(|s| s.caches.as_ref())
+                    .map(|c| c.keys().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |name| match &namespace {
+                        Some(ns) => ObjectRef::<K>::new(&name).within(ns),
+                        None => ObjectRef::<K>::new(&name),
+                    })
+            },
+        )
         .shutdown_on_signal()
         .run(
             move |cache, ctx| {
-                ctx.metrics.reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                ctx.metrics
+                    .reconciles
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 reconcile::reconcile(cache, ctx, store.clone())
             },
             |cache, error, ctx| {
-                ctx.metrics.reconcile_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                ctx.metrics
+                    .reconcile_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 reconcile::error_policy(cache, error, ctx)
             },
             ctx,

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
+use kube::{Resource as _, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -42,7 +42,8 @@ pub async fn reconcile<K: CacheObject>(
     })
     .await
     .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     })
 }
@@ -58,7 +59,11 @@ pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Cont
     }
 }
 
-async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::NodeReport>) -> Result<Action> {
+async fn apply<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    reports: &Store<K::NodeReport>,
+) -> Result<Action> {
     let key = cache.key();
     let spec = cache.cache_spec();
     let old = cache.cache_status().cloned().unwrap_or_default();
@@ -70,17 +75,29 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::Node
         .unwrap_or(ctx.config.resolve_interval);
 
     let resolved = resolve(&spec.image, ctx).await;
-    let mut status = CacheStatus { observed_generation: generation, ..old.clone() };
-    let policy = spec.signature.clone().or_else(|| ctx.config.default_policy.clone());
+    let mut status = CacheStatus {
+        observed_generation: generation,
+        ..old.clone()
+    };
+    let policy = spec
+        .signature
+        .clone()
+        .or_else(|| ctx.config.default_policy.clone());
     let mut wanted = Vec::new();
     match &resolved {
         Err(message) => {
             status.state = Some(CacheState::Error);
-            wanted.push(Cond { type_: "Ready", status: false, reason: "ResolveFailed", message: message.clone() });
+            wanted.push(Cond {
+                type_: "Ready",
+                status: false,
+                reason: "ResolveFailed",
+                message: message.clone(),
+            });
         }
         Ok(digest) => {
             status.resolved_digest = Some(digest.clone());
-            let verification = verification(cache, ctx, digest, policy.as_ref(), &old, generation).await;
+            let verification =
+                verification(cache, ctx, digest, policy.as_ref(), &old, generation).await;
             let mode = policy.as_ref().map_or(SignatureMode::Enforce, |p| p.mode);
             let ok = deliverable(mode, &verification);
             wanted.push(Cond {
@@ -127,7 +144,10 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::Node
                 } else {
                     "AsExpected"
                 },
-                message: format!("{} nodes report an error or no compatible GPU", counts.node_error_cnt),
+                message: format!(
+                    "{} nodes report an error or no compatible GPU",
+                    counts.node_error_cnt
+                ),
             });
         }
     }
@@ -136,12 +156,20 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::Node
     Ok(Action::requeue(interval))
 }
 
-async fn cleanup<K: CacheObject>(cache: &K, ctx: &Context, reports: &Store<K::NodeReport>) -> Result<Action> {
+async fn cleanup<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    reports: &Store<K::NodeReport>,
+) -> Result<Action> {
     let key = cache.key();
     let old = cache.cache_status().cloned().unwrap_or_default();
     let entries = reports_for(&key.name, cache, reports);
     let (counts, _) = rollup(old.resolved_digest.as_deref(), true, entries.iter());
-    let status = CacheStatus { state: Some(CacheState::Deleting), counts, ..old.clone() };
+    let status = CacheStatus {
+        state: Some(CacheState::Deleting),
+        counts,
+        ..old.clone()
+    };
     write_status(cache, ctx, &old, status).await?;
     if !entries.is_empty() {
         return Err(Error::WaitingForNodes(format!(
@@ -166,14 +194,23 @@ fn reports_for<K: CacheObject>(
         .state()
         .iter()
         .filter(|r| r.namespace() == namespace)
-        .filter_map(|r| r.report().and_then(|s| s.caches.as_ref()).and_then(|c| c.get(name)).cloned())
+        .filter_map(|r| {
+            r.report()
+                .and_then(|s| s.caches.as_ref())
+                .and_then(|c| c.get(name))
+                .cloned()
+        })
         .collect()
 }
 
 async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
-    let reference: ImageRef = image.parse().map_err(|e| format!("spec.image {image:?}: {e}"))?;
+    let reference: ImageRef = image
+        .parse()
+        .map_err(|e| format!("spec.image {image:?}: {e}"))?;
     let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
-    let image_data = Image::fetch(&repo).await.map_err(|e| format!("resolving {image}: {e}"))?;
+    let image_data = Image::fetch(&repo)
+        .await
+        .map_err(|e| format!("resolving {image}: {e}"))?;
     Ok(image_data.digest.to_string())
 }
 
@@ -203,19 +240,34 @@ async fn verification<K: CacheObject>(
             ..VerificationStatus::default()
         };
     };
-    let outcome = ctx.verifier.verify(&cache.key(), &cache.cache_spec().image, digest, policy).await;
+    let outcome = ctx
+        .verifier
+        .verify(&cache.key(), &cache.cache_spec().image, digest, policy)
+        .await;
     let (type_, reason) = if outcome.verified {
         (EventType::Normal, "Verified")
     } else {
         (EventType::Warning, "VerificationFailed")
     };
-    publish(cache, ctx, type_, reason, outcome.message.clone().unwrap_or_default()).await;
+    publish(
+        cache,
+        ctx,
+        type_,
+        reason,
+        outcome.message.clone().unwrap_or_default(),
+    )
+    .await;
     outcome
 }
 
 /// Writes `new` unless it equals `old` (ignoring `lastUpdated`), with an
 /// event when the state changes.
-async fn write_status<K: CacheObject>(cache: &K, ctx: &Context, old: &CacheStatus, mut new: CacheStatus) -> Result<()> {
+async fn write_status<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    old: &CacheStatus,
+    mut new: CacheStatus,
+) -> Result<()> {
     new.last_updated = old.last_updated.clone();
     if &new == old {
         return Ok(());
@@ -231,13 +283,25 @@ async fn write_status<K: CacheObject>(cache: &K, ctx: &Context, old: &CacheStatu
     }
     new.last_updated = Some(Time(Timestamp::now()));
     let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
-    api.patch_status(&cache.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": new })))
-        .await?;
-    ctx.metrics.status_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    api.patch_status(
+        &cache.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": new })),
+    )
+    .await?;
+    ctx.metrics
+        .status_writes
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
-async fn publish<K: CacheObject>(cache: &K, ctx: &Context, type_: EventType, reason: &str, note: String) {
+async fn publish<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.into(),

@@ -84,7 +84,10 @@ mod tests {
             state: Some(state),
             pods: (pods > 0).then(|| {
                 (0..pods)
-                    .map(|i| PodData { pod_name: format!("p{i}"), ..PodData::default() })
+                    .map(|i| PodData {
+                        pod_name: format!("p{i}"),
+                        ..PodData::default()
+                    })
                     .collect()
             }),
             ..NodeCacheStatus::default()
@@ -92,7 +95,10 @@ mod tests {
     }
 
     fn node(entries: &[(&str, NodeCacheStatus)]) -> BTreeMap<String, NodeCacheStatus> {
-        entries.iter().map(|(d, e)| (d.to_string(), e.clone())).collect()
+        entries
+            .iter()
+            .map(|(d, e)| (d.to_string(), e.clone()))
+            .collect()
     }
 
     #[test]
@@ -134,6 +140,9 @@ mod tests {
         let n = node(&[("sha256:a", entry(CacheState::Error, 0))]);
         assert_eq!(rollup(Some("sha256:a"), false, [&n]).1, CacheState::Error);
         let d = node(&[("sha256:a", entry(CacheState::Downloading, 0))]);
-        assert_eq!(rollup(Some("sha256:a"), false, [&n, &d]).1, CacheState::Downloading);
+        assert_eq!(
+            rollup(Some("sha256:a"), false, [&n, &d]).1,
+            CacheState::Downloading
+        );
     }
 }

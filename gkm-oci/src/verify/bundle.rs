@@ -26,7 +26,10 @@ const BUNDLE_PREFIX: &str = "application/vnd.dev.sigstore.bundle";
 const FORMAT: Format = Format::SigstoreBundle;
 
 fn malformed(reason: impl Into<String>) -> Rejection {
-    Rejection::Malformed { format: FORMAT, reason: reason.into() }
+    Rejection::Malformed {
+        format: FORMAT,
+        reason: reason.into(),
+    }
 }
 
 /// A sigstore bundle (the parts gkm reads and writes).
@@ -110,7 +113,13 @@ pub(crate) struct MessageDigest {
 /// assert_eq!(pae, b"DSSEv1 1 t 2 ab");
 /// ```
 pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
-    let mut out = format!("DSSEv1 {} {} {} ", payload_type.len(), payload_type, payload.len()).into_bytes();
+    let mut out = format!(
+        "DSSEv1 {} {} {} ",
+        payload_type.len(),
+        payload_type,
+        payload.len()
+    )
+    .into_bytes();
     out.extend_from_slice(payload);
     out
 }
@@ -126,7 +135,10 @@ pub(crate) async fn find(
     let repo = Repo::open(image, options)?;
     let mut out = Vec::new();
     for desc in index.manifests() {
-        let is_bundle = desc.artifact_type().as_ref().is_some_and(|t| t.to_string().starts_with(BUNDLE_PREFIX));
+        let is_bundle = desc
+            .artifact_type()
+            .as_ref()
+            .is_some_and(|t| t.to_string().starts_with(BUNDLE_PREFIX));
         if !is_bundle {
             continue;
         }
@@ -135,13 +147,20 @@ pub(crate) async fn find(
         let manifest: ImageManifest = match serde_json::from_slice(&raw.bytes) {
             Ok(m) => m,
             Err(e) => {
-                out.push(Err(malformed(format!("referrer {manifest_digest} is not an image manifest: {e}"))));
+                out.push(Err(malformed(format!(
+                    "referrer {manifest_digest} is not an image manifest: {e}"
+                ))));
                 continue;
             }
         };
-        let Some(layer) = manifest.layers().iter().find(|l| l.media_type().to_string().starts_with(BUNDLE_PREFIX))
+        let Some(layer) = manifest
+            .layers()
+            .iter()
+            .find(|l| l.media_type().to_string().starts_with(BUNDLE_PREFIX))
         else {
-            out.push(Err(malformed(format!("referrer {manifest_digest} has no bundle layer"))));
+            out.push(Err(malformed(format!(
+                "referrer {manifest_digest} has no bundle layer"
+            ))));
             continue;
         };
         let layer_digest: Digest = layer.digest().to_string().parse()?;
@@ -149,7 +168,9 @@ pub(crate) async fn find(
         let bundle: Bundle = match serde_json::from_slice(&bytes) {
             Ok(b) => b,
             Err(e) => {
-                out.push(Err(malformed(format!("bundle {layer_digest} is not a sigstore bundle: {e}"))));
+                out.push(Err(malformed(format!(
+                    "bundle {layer_digest} is not a sigstore bundle: {e}"
+                ))));
                 continue;
             }
         };
@@ -159,7 +180,9 @@ pub(crate) async fn find(
                 let manifest = repo.fetch_manifest_digest(digest).await?;
                 from_message(&bundle, message, manifest.bytes)
             }
-            (None, None) => Err(malformed("the bundle has neither a DSSE envelope nor a message signature")),
+            (None, None) => Err(malformed(
+                "the bundle has neither a DSSE envelope nor a message signature",
+            )),
         };
         out.push(candidate);
     }
@@ -175,41 +198,67 @@ fn certificate(material: &Material) -> std::result::Result<Option<Vec<u8>>, Reje
         },
         (None, None) => return Ok(None),
     };
-    BASE64.decode(raw).map(Some).map_err(|e| malformed(format!("the certificate is not base64: {e}")))
+    BASE64
+        .decode(raw)
+        .map(Some)
+        .map_err(|e| malformed(format!("the certificate is not base64: {e}")))
 }
 
-fn from_envelope(bundle: &Bundle, envelope: &Envelope, digest: &Digest) -> std::result::Result<Candidate, Rejection> {
+fn from_envelope(
+    bundle: &Bundle,
+    envelope: &Envelope,
+    digest: &Digest,
+) -> std::result::Result<Candidate, Rejection> {
     if envelope.payload_type != DSSE_PAYLOAD_TYPE {
-        return Err(malformed(format!("DSSE payload type {:?}, expected {DSSE_PAYLOAD_TYPE}", envelope.payload_type)));
+        return Err(malformed(format!(
+            "DSSE payload type {:?}, expected {DSSE_PAYLOAD_TYPE}",
+            envelope.payload_type
+        )));
     }
-    let payload = BASE64.decode(&envelope.payload).map_err(|e| malformed(format!("DSSE payload is not base64: {e}")))?;
-    let sig = envelope.signatures.first().ok_or_else(|| malformed("the DSSE envelope has no signature"))?;
-    let signature = BASE64.decode(&sig.sig).map_err(|e| malformed(format!("DSSE signature is not base64: {e}")))?;
+    let payload = BASE64
+        .decode(&envelope.payload)
+        .map_err(|e| malformed(format!("DSSE payload is not base64: {e}")))?;
+    let sig = envelope
+        .signatures
+        .first()
+        .ok_or_else(|| malformed("the DSSE envelope has no signature"))?;
+    let signature = BASE64
+        .decode(&sig.sig)
+        .map_err(|e| malformed(format!("DSSE signature is not base64: {e}")))?;
     Ok(Candidate {
         format: FORMAT,
         message: pae(&envelope.payload_type, &payload),
         signature,
         signed_digest: statement_digest(&payload, digest),
         certificate: certificate(&bundle.verification_material)?,
-        key_hint: bundle.verification_material.public_key.as_ref().map(|k| k.hint.clone()),
+        key_hint: bundle
+            .verification_material
+            .public_key
+            .as_ref()
+            .map(|k| k.hint.clone()),
     })
 }
 
 /// The subject digest of an in-toto statement: `digest` itself when a
 /// subject names it, else the first subject's.
 fn statement_digest(payload: &[u8], digest: &Digest) -> std::result::Result<String, String> {
-    let statement: serde_json::Value =
-        serde_json::from_slice(payload).map_err(|e| format!("the in-toto statement is not JSON: {e}"))?;
+    let statement: serde_json::Value = serde_json::from_slice(payload)
+        .map_err(|e| format!("the in-toto statement is not JSON: {e}"))?;
     let subjects = statement
         .get("subject")
         .and_then(|s| s.as_array())
         .ok_or_else(|| "the in-toto statement has no subject".to_string())?;
-    let digests: Vec<&str> =
-        subjects.iter().filter_map(|s| s.pointer("/digest/sha256").and_then(|d| d.as_str())).collect();
+    let digests: Vec<&str> = subjects
+        .iter()
+        .filter_map(|s| s.pointer("/digest/sha256").and_then(|d| d.as_str()))
+        .collect();
     if digests.contains(&digest.hex()) {
         return Ok(digest.to_string());
     }
-    digests.first().map(|d| format!("sha256:{d}")).ok_or_else(|| "no in-toto subject has a sha256 digest".into())
+    digests
+        .first()
+        .map(|d| format!("sha256:{d}"))
+        .ok_or_else(|| "no in-toto subject has a sha256 digest".into())
 }
 
 fn from_message(
@@ -217,14 +266,18 @@ fn from_message(
     message: &MessageSignature,
     manifest: Vec<u8>,
 ) -> std::result::Result<Candidate, Rejection> {
-    let signature =
-        BASE64.decode(&message.signature).map_err(|e| malformed(format!("message signature is not base64: {e}")))?;
+    let signature = BASE64
+        .decode(&message.signature)
+        .map_err(|e| malformed(format!("message signature is not base64: {e}")))?;
     let signed_digest = match &message.message_digest {
         Some(d) if d.algorithm == "SHA2_256" => BASE64
             .decode(&d.digest)
             .map(|h| format!("sha256:{}", hex::encode(h)))
             .map_err(|e| format!("message digest is not base64: {e}")),
-        Some(d) => Err(format!("unsupported message digest algorithm {:?}", d.algorithm)),
+        Some(d) => Err(format!(
+            "unsupported message digest algorithm {:?}",
+            d.algorithm
+        )),
         None => Err("the message signature names no digest".into()),
     };
     Ok(Candidate {
@@ -233,13 +286,22 @@ fn from_message(
         signature,
         signed_digest,
         certificate: certificate(&bundle.verification_material)?,
-        key_hint: bundle.verification_material.public_key.as_ref().map(|k| k.hint.clone()),
+        key_hint: bundle
+            .verification_material
+            .public_key
+            .as_ref()
+            .map(|k| k.hint.clone()),
     })
 }
 
 /// The bundle gkm writes: a DSSE envelope over the in-toto statement naming
 /// `digest` of `name`, signed by a key (hinted by its SHA-256).
-pub(crate) fn key_bundle(name: &str, digest: &Digest, key_der: &[u8], sign: impl Fn(&[u8]) -> Vec<u8>) -> Bundle {
+pub(crate) fn key_bundle(
+    name: &str,
+    digest: &Digest,
+    key_der: &[u8],
+    sign: impl FnOnce(&[u8]) -> Result<Vec<u8>>,
+) -> Result<Bundle> {
     use sha2::Digest as _;
     let statement = serde_json::json!({
         "_type": IN_TOTO_STATEMENT_V1,
@@ -248,18 +310,23 @@ pub(crate) fn key_bundle(name: &str, digest: &Digest, key_der: &[u8], sign: impl
         "predicate": {}
     });
     let payload = serde_json::to_vec(&statement).unwrap_or_default();
-    let signature = sign(&pae(DSSE_PAYLOAD_TYPE, &payload));
-    Bundle {
+    let signature = sign(&pae(DSSE_PAYLOAD_TYPE, &payload))?;
+    Ok(Bundle {
         media_type: BUNDLE_MEDIA_TYPE.into(),
         verification_material: Material {
-            public_key: Some(KeyHint { hint: BASE64.encode(sha2::Sha256::digest(key_der)) }),
+            public_key: Some(KeyHint {
+                hint: BASE64.encode(sha2::Sha256::digest(key_der)),
+            }),
             ..Material::default()
         },
         dsse_envelope: Some(Envelope {
             payload: BASE64.encode(&payload),
             payload_type: DSSE_PAYLOAD_TYPE.into(),
-            signatures: vec![EnvelopeSignature { sig: BASE64.encode(signature), keyid: String::new() }],
+            signatures: vec![EnvelopeSignature {
+                sig: BASE64.encode(signature),
+                keyid: String::new(),
+            }],
         }),
         message_signature: None,
-    }
+    })
 }

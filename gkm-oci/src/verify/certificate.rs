@@ -26,13 +26,18 @@ pub(crate) struct Leaf {
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, Rejection> {
     match X509Certificate::from_der(der) {
         Ok((rest, cert)) if rest.is_empty() => Ok(cert),
-        Ok(_) => Err(Rejection::UntrustedChain("trailing bytes after the certificate".into())),
-        Err(e) => Err(Rejection::UntrustedChain(format!("the signing certificate is not X.509: {e}"))),
+        Ok(_) => Err(Rejection::UntrustedChain(
+            "trailing bytes after the certificate".into(),
+        )),
+        Err(e) => Err(Rejection::UntrustedChain(format!(
+            "the signing certificate is not X.509: {e}"
+        ))),
     }
 }
 
 fn key_of(cert: &X509Certificate<'_>) -> Result<PublicKey, Rejection> {
-    PublicKey::from_der(cert.public_key().raw.to_vec()).map_err(|e| Rejection::UntrustedChain(e.to_string()))
+    PublicKey::from_der(cert.public_key().raw.to_vec())
+        .map_err(|e| Rejection::UntrustedChain(e.to_string()))
 }
 
 fn subject_name(cert: &X509Certificate<'_>) -> String {
@@ -48,13 +53,19 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
     let mut tried = Vec::new();
     let mut chained = false;
     for ca in &root.certificate_authorities {
-        let Some(issuer_der) = ca.chain.first() else { continue };
-        let Ok(issuer) = parse(issuer_der) else { continue };
+        let Some(issuer_der) = ca.chain.first() else {
+            continue;
+        };
+        let Ok(issuer) = parse(issuer_der) else {
+            continue;
+        };
         if issuer.subject().as_raw() != leaf.issuer().as_raw() {
             tried.push(subject_name(&issuer));
             continue;
         }
-        let Ok(issuer_key) = key_of(&issuer) else { continue };
+        let Ok(issuer_key) = key_of(&issuer) else {
+            continue;
+        };
         let signed = verify_x509_signature(
             &issuer_key,
             &leaf.signature_algorithm.algorithm.to_id_string(),
@@ -72,11 +83,17 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
             "the certificate for {:?} issued by {:?} is not signed by a certificate authority of the trusted root (tried: {})",
             subject_name(&leaf),
             leaf.issuer().to_string(),
-            if tried.is_empty() { "none".to_string() } else { tried.join(", ") }
+            if tried.is_empty() {
+                "none".to_string()
+            } else {
+                tried.join(", ")
+            }
         )));
     }
-    let (not_before, not_after) =
-        (leaf.validity().not_before.timestamp(), leaf.validity().not_after.timestamp());
+    let (not_before, not_after) = (
+        leaf.validity().not_before.timestamp(),
+        leaf.validity().not_after.timestamp(),
+    );
     if at < not_before || at > not_after {
         return Err(Rejection::CertificateExpired(format!(
             "valid from {} to {}",
@@ -86,14 +103,27 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
     }
     match leaf.extended_key_usage() {
         Ok(Some(eku)) if eku.value.code_signing => {}
-        _ => return Err(Rejection::UntrustedChain("the certificate does not allow code signing".into())),
+        _ => {
+            return Err(Rejection::UntrustedChain(
+                "the certificate does not allow code signing".into(),
+            ));
+        }
     }
-    Ok(Leaf { key: key_of(&leaf)?, issuer: oidc_issuer(&leaf), subjects: subjects(&leaf) })
+    Ok(Leaf {
+        key: key_of(&leaf)?,
+        issuer: oidc_issuer(&leaf),
+        subjects: subjects(&leaf),
+    })
 }
 
 /// The OIDC issuer Fulcio recorded: the v2 extension, else the legacy one.
 fn oidc_issuer(cert: &X509Certificate<'_>) -> Option<String> {
-    let find = |oid: &str| cert.extensions().iter().find(|e| e.oid.to_id_string() == oid).map(|e| e.value);
+    let find = |oid: &str| {
+        cert.extensions()
+            .iter()
+            .find(|e| e.oid.to_id_string() == oid)
+            .map(|e| e.value)
+    };
     if let Some(value) = find(OID_ISSUER_V2) {
         // A DER UTF8String (tag 12) with a short or long length.
         let body = match value {
@@ -106,11 +136,15 @@ fn oidc_issuer(cert: &X509Certificate<'_>) -> Option<String> {
             return Some(s.to_string());
         }
     }
-    find(OID_ISSUER_V1).and_then(|v| std::str::from_utf8(v).ok()).map(str::to_string)
+    find(OID_ISSUER_V1)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .map(str::to_string)
 }
 
 fn subjects(cert: &X509Certificate<'_>) -> Vec<String> {
-    let Ok(Some(san)) = cert.subject_alternative_name() else { return Vec::new() };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
     san.value
         .general_names
         .iter()

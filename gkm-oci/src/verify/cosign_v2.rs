@@ -25,7 +25,10 @@ pub const CHAIN_ANNOTATION: &str = "dev.sigstore.cosign/chain";
 const FORMAT: Format = Format::CosignV2;
 
 fn malformed(reason: impl Into<String>) -> Rejection {
-    Rejection::Malformed { format: FORMAT, reason: reason.into() }
+    Rejection::Malformed {
+        format: FORMAT,
+        reason: reason.into(),
+    }
 }
 
 /// The cosign v2 signatures of `digest`: one entry per layer of the `.sig`
@@ -36,10 +39,16 @@ pub(crate) async fn find(
     digest: &Digest,
 ) -> Result<Vec<std::result::Result<Candidate, Rejection>>> {
     let tag = signature_tag(digest);
-    let Some(manifest) = fetch_tag(image, options, &tag).await? else { return Ok(Vec::new()) };
+    let Some(manifest) = fetch_tag(image, options, &tag).await? else {
+        return Ok(Vec::new());
+    };
     let manifest: ImageManifest = match serde_json::from_slice(&manifest.bytes) {
         Ok(m) => m,
-        Err(e) => return Ok(vec![Err(malformed(format!("the manifest at tag {tag} is not an image manifest: {e}")))]),
+        Err(e) => {
+            return Ok(vec![Err(malformed(format!(
+                "the manifest at tag {tag} is not an image manifest: {e}"
+            )))]);
+        }
     };
     let repo = Repo::open(&super::location::tagged(image, &tag), options)?;
     let mut out = Vec::new();
@@ -49,17 +58,24 @@ pub(crate) async fn find(
         }
         let annotations = layer.annotations().clone().unwrap_or_default();
         let Some(sig_b64) = annotations.get(SIGNATURE_ANNOTATION) else {
-            out.push(Err(malformed(format!("a layer of {tag} has no {SIGNATURE_ANNOTATION} annotation"))));
+            out.push(Err(malformed(format!(
+                "a layer of {tag} has no {SIGNATURE_ANNOTATION} annotation"
+            ))));
             continue;
         };
         let signature = match BASE64.decode(sig_b64.trim()) {
             Ok(s) => s,
             Err(e) => {
-                out.push(Err(malformed(format!("the signature annotation is not base64: {e}"))));
+                out.push(Err(malformed(format!(
+                    "the signature annotation is not base64: {e}"
+                ))));
                 continue;
             }
         };
-        let certificate = match annotations.get(CERTIFICATE_ANNOTATION).filter(|c| !c.trim().is_empty()) {
+        let certificate = match annotations
+            .get(CERTIFICATE_ANNOTATION)
+            .filter(|c| !c.trim().is_empty())
+        {
             None => None,
             Some(pem) => match gkm_core::policy::pem_block(pem, "CERTIFICATE") {
                 Ok(der) => Some(der),
@@ -85,13 +101,15 @@ pub(crate) async fn find(
 
 /// The `critical.image.docker-manifest-digest` of a simple-signing payload.
 fn payload_digest(payload: &[u8]) -> std::result::Result<String, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(payload).map_err(|e| format!("the simple-signing payload is not JSON: {e}"))?;
+    let value: serde_json::Value = serde_json::from_slice(payload)
+        .map_err(|e| format!("the simple-signing payload is not JSON: {e}"))?;
     value
         .pointer("/critical/image/docker-manifest-digest")
         .and_then(|d| d.as_str())
         .map(str::to_string)
-        .ok_or_else(|| "the simple-signing payload names no critical.image.docker-manifest-digest".to_string())
+        .ok_or_else(|| {
+            "the simple-signing payload names no critical.image.docker-manifest-digest".to_string()
+        })
 }
 
 /// The simple-signing payload cosign signs for `digest` of `docker_reference`.

@@ -11,20 +11,35 @@ pub(crate) fn verify_with_key(key: &PublicKey, msg: &[u8], sig: &[u8]) -> bool {
         KeyAlgorithm::EcdsaP256 => &[&signature::ECDSA_P256_SHA256_ASN1],
         KeyAlgorithm::EcdsaP384 => &[&signature::ECDSA_P384_SHA384_ASN1],
         KeyAlgorithm::Ed25519 => &[&signature::ED25519],
-        KeyAlgorithm::Rsa => &[&signature::RSA_PKCS1_2048_8192_SHA256, &signature::RSA_PSS_2048_8192_SHA256],
+        KeyAlgorithm::Rsa => &[
+            &signature::RSA_PKCS1_2048_8192_SHA256,
+            &signature::RSA_PSS_2048_8192_SHA256,
+        ],
     };
     verify_any(algorithms, key.der(), msg, sig)
 }
 
-fn verify_any(algorithms: &[&'static dyn VerificationAlgorithm], spki: &[u8], msg: &[u8], sig: &[u8]) -> bool {
+fn verify_any(
+    algorithms: &[&'static dyn VerificationAlgorithm],
+    spki: &[u8],
+    msg: &[u8],
+    sig: &[u8],
+) -> bool {
     algorithms.iter().any(|alg| {
-        ParsedPublicKey::new(*alg, spki).map(|k| k.verify_sig(msg, sig).is_ok()).unwrap_or(false)
+        ParsedPublicKey::new(*alg, spki)
+            .map(|k| k.verify_sig(msg, sig).is_ok())
+            .unwrap_or(false)
     })
 }
 
 /// Whether `sig` (made with the X.509 signature algorithm `sig_oid`, dotted)
 /// is `issuer`'s signature of `msg`: how certificates are checked.
-pub(crate) fn verify_x509_signature(issuer: &PublicKey, sig_oid: &str, msg: &[u8], sig: &[u8]) -> bool {
+pub(crate) fn verify_x509_signature(
+    issuer: &PublicKey,
+    sig_oid: &str,
+    msg: &[u8],
+    sig: &[u8],
+) -> bool {
     use KeyAlgorithm::*;
     let alg: &'static dyn VerificationAlgorithm = match (sig_oid, issuer.algorithm()) {
         ("1.2.840.10045.4.3.2", EcdsaP256) => &signature::ECDSA_P256_SHA256_ASN1,

@@ -10,14 +10,17 @@ use crate::reference::{ImageRef, Selector};
 use crate::repo::{RegistryOptions, Repo};
 
 /// The same repository as `image`, at `tag`.
-pub(crate) fn tagged(image: &ImageRef, tag: &str) -> ImageRef {
+pub fn tagged(image: &ImageRef, tag: &str) -> ImageRef {
     match image {
         ImageRef::Registry(r) => ImageRef::Registry(oci_client::Reference::with_tag(
             r.registry().to_string(),
             r.repository().to_string(),
             tag.to_string(),
         )),
-        ImageRef::Layout { path, .. } => ImageRef::Layout { path: path.clone(), selector: Selector::Tag(tag.into()) },
+        ImageRef::Layout { path, .. } => ImageRef::Layout {
+            path: path.clone(),
+            selector: Selector::Tag(tag.into()),
+        },
     }
 }
 
@@ -53,24 +56,53 @@ pub(crate) async fn fetch_tag(
     };
     match repo.fetch_manifest().await {
         Ok(m) => Ok(Some(m)),
-        Err(Error::NotFound { .. }) => Ok(None),
+        Err(e) if is_not_found(&e) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` says the tag or manifest does not exist: gkm's own
+/// `NotFound`, or a registry's `MANIFEST_UNKNOWN` / `NAME_UNKNOWN` answer.
+fn is_not_found(e: &Error) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode};
+    match e {
+        Error::NotFound { .. } => true,
+        Error::Registry { source, .. } => match source.as_ref() {
+            E::RegistryError { envelope, .. } => envelope
+                .errors
+                .iter()
+                .any(|err| matches!(err.code, OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown)),
+            E::ImageManifestNotFoundError(_) => true,
+            E::ServerError { code: 404, .. } => true,
+            _ => false,
+        },
+        _ => false,
     }
 }
 
 /// The referrers of `digest`: the registry's referrers API, falling back to
 /// the tag schema when the registry has none (a layout only has the tag).
-pub(crate) async fn referrers(image: &ImageRef, options: &RegistryOptions, digest: &Digest) -> Result<ImageIndex> {
+pub(crate) async fn referrers(
+    image: &ImageRef,
+    options: &RegistryOptions,
+    digest: &Digest,
+) -> Result<ImageIndex> {
     let reference = match image {
         ImageRef::Registry(r) => r,
         ImageRef::Layout { .. } => return tag_schema_index(image, options, digest).await,
     };
     let client = oci_client::Client::new(ClientConfig {
-        protocol: if options.insecure { ClientProtocol::Http } else { ClientProtocol::Https },
+        protocol: if options.insecure {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
         ..Default::default()
     });
     let auth = options.credentials.resolve(reference.resolve_registry())?;
-    client.store_auth_if_needed(reference.resolve_registry(), &auth).await;
+    client
+        .store_auth_if_needed(reference.resolve_registry(), &auth)
+        .await;
     let subject = oci_client::Reference::with_digest(
         reference.registry().to_string(),
         reference.repository().to_string(),
@@ -89,11 +121,19 @@ pub(crate) async fn referrers(image: &ImageRef, options: &RegistryOptions, diges
     serde_json::from_slice(&json).map_err(|e| Error::format("referrers index", e))
 }
 
-async fn tag_schema_index(image: &ImageRef, options: &RegistryOptions, digest: &Digest) -> Result<ImageIndex> {
+async fn tag_schema_index(
+    image: &ImageRef,
+    options: &RegistryOptions,
+    digest: &Digest,
+) -> Result<ImageIndex> {
     match fetch_tag(image, options, &referrers_tag(digest)).await? {
         None => Ok(empty_index()),
-        Some(m) => serde_json::from_slice(&m.bytes)
-            .map_err(|e| Error::format(format!("referrers index at tag {}", referrers_tag(digest)), e)),
+        Some(m) => serde_json::from_slice(&m.bytes).map_err(|e| {
+            Error::format(
+                format!("referrers index at tag {}", referrers_tag(digest)),
+                e,
+            )
+        }),
     }
 }
 

@@ -38,7 +38,7 @@ mod bundle;
 pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
-pub(crate) mod location;
+pub mod location;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
 
@@ -46,9 +46,16 @@ use crate::digest::Digest;
 use crate::reference::ImageRef;
 use crate::repo::RegistryOptions;
 
-pub use bundle::{BUNDLE_MEDIA_TYPE, DSSE_PAYLOAD_TYPE, IN_TOTO_STATEMENT_V1, pae};
+pub(crate) use bundle::key_bundle;
+pub use bundle::{
+    BUNDLE_MEDIA_TYPE, COSIGN_SIGN_PREDICATE, DSSE_PAYLOAD_TYPE, IN_TOTO_STATEMENT_V1, pae,
+};
 pub use certificate::{OID_ISSUER_V1, OID_ISSUER_V2};
-pub use cosign_v2::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
+pub(crate) use cosign_v2::payload as cosign_v2_payload;
+pub use cosign_v2::{
+    CERTIFICATE_ANNOTATION, CHAIN_ANNOTATION, SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE,
+};
+pub use location::{referrers_tag, signature_tag};
 
 /// Why [`verify`] gave no [`Verified`].
 #[derive(Debug, thiserror::Error)]
@@ -121,65 +128,131 @@ fn now() -> i64 {
 }
 
 /// Check one candidate against the policy at time `now`.
-pub(crate) fn check(c: &Candidate, digest: &Digest, policy: &Policy, now: i64) -> Result<Verified, Rejection> {
+pub(crate) fn check(
+    c: &Candidate,
+    digest: &Digest,
+    policy: &Policy,
+    now: i64,
+) -> Result<Verified, Rejection> {
     if !crypto::well_formed_signature(&c.signature) {
         return Err(Rejection::Malformed {
             format: c.format,
-            reason: format!("the signature ({} bytes) is truncated or not a signature", c.signature.len()),
+            reason: format!(
+                "the signature ({} bytes) is truncated or not a signature",
+                c.signature.len()
+            ),
         });
     }
     let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
-        let signed = c.signed_digest.clone().map_err(|reason| Rejection::Malformed { format: c.format, reason })?;
+        let signed = c
+            .signed_digest
+            .clone()
+            .map_err(|reason| Rejection::Malformed {
+                format: c.format,
+                reason,
+            })?;
         if signed != digest.as_str() {
-            return Err(Rejection::DigestMismatch { format: c.format, expected: digest.to_string(), signed });
+            return Err(Rejection::DigestMismatch {
+                format: c.format,
+                expected: digest.to_string(),
+                signed,
+            });
         }
         if policy.require_tlog() {
             return Err(Rejection::TlogMissing);
         }
-        Ok(Verified { format: c.format, signed_by, digest: signed, tlog: false })
+        Ok(Verified {
+            format: c.format,
+            signed_by,
+            digest: signed,
+            tlog: false,
+        })
     };
-    let keys: Vec<&PublicKey> =
-        policy.signers().iter().filter_map(|s| if let Signer::Key(k) = s { Some(k) } else { None }).collect();
+    let keys: Vec<&PublicKey> = policy
+        .signers()
+        .iter()
+        .filter_map(|s| {
+            if let Signer::Key(k) = s {
+                Some(k)
+            } else {
+                None
+            }
+        })
+        .collect();
     for key in &keys {
         if crypto::verify_with_key(key, &c.message, &c.signature) {
-            return covers(SignedBy::Key { fingerprint: key.fingerprint(), algorithm: key.algorithm() });
+            return covers(SignedBy::Key {
+                fingerprint: key.fingerprint(),
+                algorithm: key.algorithm(),
+            });
         }
     }
-    let identities: Vec<_> =
-        policy.signers().iter().filter_map(|s| if let Signer::Keyless(i) = s { Some(i) } else { None }).collect();
-    if let (Some(cert), false, Some(root)) = (&c.certificate, identities.is_empty(), policy.trusted_root()) {
+    let identities: Vec<_> = policy
+        .signers()
+        .iter()
+        .filter_map(|s| {
+            if let Signer::Keyless(i) = s {
+                Some(i)
+            } else {
+                None
+            }
+        })
+        .collect();
+    if let (Some(cert), false, Some(root)) =
+        (&c.certificate, identities.is_empty(), policy.trusted_root())
+    {
         let leaf = certificate::check_leaf(cert, root, now)?;
         if !crypto::verify_with_key(&leaf.key, &c.message, &c.signature) {
-            return Err(tampered(c.format, "the signature does not verify with its own certificate"));
+            return Err(tampered(
+                c.format,
+                "the signature does not verify with its own certificate",
+            ));
         }
         let issuer = leaf.issuer.clone().unwrap_or_default();
         let same_issuer: Vec<_> = identities.iter().filter(|i| i.issuer() == issuer).collect();
         if same_issuer.is_empty() {
             return Err(Rejection::IssuerMismatch {
-                expected: identities.iter().map(|i| format!("{:?}", i.issuer())).collect::<Vec<_>>().join(" or "),
+                expected: identities
+                    .iter()
+                    .map(|i| format!("{:?}", i.issuer()))
+                    .collect::<Vec<_>>()
+                    .join(" or "),
                 found: issuer,
             });
         }
         for identity in &same_issuer {
             if let Some(subject) = leaf.subjects.iter().find(|s| identity.subject().matches(s)) {
-                return covers(SignedBy::Keyless { issuer: issuer.clone(), subject: subject.clone() });
+                return covers(SignedBy::Keyless {
+                    issuer: issuer.clone(),
+                    subject: subject.clone(),
+                });
             }
         }
         return Err(Rejection::IdentityMismatch {
-            expected: same_issuer.iter().map(|i| i.subject().to_string()).collect::<Vec<_>>().join(" or "),
+            expected: same_issuer
+                .iter()
+                .map(|i| i.subject().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
             found: leaf.subjects.join(", "),
         });
     }
     if let Some(hint) = &c.key_hint
         && keys.iter().any(|k| hint_names(hint, k))
     {
-        return Err(tampered(c.format, "the signature does not match the signed content of the key it names"));
+        return Err(tampered(
+            c.format,
+            "the signature does not match the signed content of the key it names",
+        ));
     }
     Err(Rejection::WrongKey { format: c.format })
 }
 
 fn tampered(format: Format, reason: &str) -> Rejection {
-    Rejection::Malformed { format, reason: format!("tampered: {reason}") }
+    Rejection::Tampered {
+        format,
+        reason: reason.into(),
+    }
 }
 
 /// Whether a bundle key hint names `key` (base64 or hex of its SHA-256).
@@ -187,5 +260,6 @@ fn hint_names(hint: &str, key: &PublicKey) -> bool {
     use base64::Engine as _;
     use sha2::Digest as _;
     let hash = sha2::Sha256::digest(key.der());
-    hint == base64::engine::general_purpose::STANDARD.encode(hash) || hint.eq_ignore_ascii_case(&hex::encode(hash))
+    hint == base64::engine::general_purpose::STANDARD.encode(hash)
+        || hint.eq_ignore_ascii_case(&hex::encode(hash))
 }

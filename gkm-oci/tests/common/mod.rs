@@ -22,8 +22,11 @@ pub fn fixtures() -> PathBuf {
 }
 
 /// The three fixture caches, by name.
-pub const FIXTURES: [&str; 3] =
-    ["triton-vector-add-cuda-sm75", "triton-vector-add-rocm-gfx90a", "vllm-torch-compile-inductor"];
+pub const FIXTURES: [&str; 3] = [
+    "triton-vector-add-cuda-sm75",
+    "triton-vector-add-rocm-gfx90a",
+    "vllm-torch-compile-inductor",
+];
 
 /// One node of a tree: a directory, or a file's bytes and exec bit.
 #[derive(Debug, PartialEq, Eq)]
@@ -40,14 +43,24 @@ pub fn tree(root: &Path) -> BTreeMap<String, Node> {
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let entry = entry.expect("dir entry");
             let path = entry.path();
-            let rel = path.strip_prefix(root).expect("below root").to_string_lossy().into_owned();
+            let rel = path
+                .strip_prefix(root)
+                .expect("below root")
+                .to_string_lossy()
+                .into_owned();
             let meta = std::fs::symlink_metadata(&path).expect("metadata");
             if meta.is_dir() {
                 out.insert(rel, Node::Dir);
                 stack.push(path);
             } else if meta.is_file() {
                 let exec = meta.permissions().mode() & 0o111 != 0;
-                out.insert(rel, Node::File { bytes: std::fs::read(&path).expect("read"), exec });
+                out.insert(
+                    rel,
+                    Node::File {
+                        bytes: std::fs::read(&path).expect("read"),
+                        exec,
+                    },
+                );
             } else {
                 panic!("{} is neither a file nor a directory", path.display());
             }
@@ -61,9 +74,20 @@ pub fn assert_same_tree(expected: &Path, actual: &Path) {
     let (a, b) = (tree(expected), tree(actual));
     let names_a: Vec<_> = a.keys().collect();
     let names_b: Vec<_> = b.keys().collect();
-    assert_eq!(names_a, names_b, "{} and {} list different paths", expected.display(), actual.display());
+    assert_eq!(
+        names_a,
+        names_b,
+        "{} and {} list different paths",
+        expected.display(),
+        actual.display()
+    );
     for (k, v) in &a {
-        assert!(b.get(k) == Some(v), "{k} differs between {} and {}", expected.display(), actual.display());
+        assert!(
+            b.get(k) == Some(v),
+            "{k} differs between {} and {}",
+            expected.display(),
+            actual.display()
+        );
     }
 }
 
@@ -84,7 +108,8 @@ pub fn copy_tree_in_order(src: &Path, dst: &Path, reverse: bool) {
                 std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
                 std::fs::write(&to, bytes).expect("write");
                 let mode = if *exec { 0o700 } else { 0o600 };
-                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).expect("chmod");
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+                    .expect("chmod");
             }
         }
     }

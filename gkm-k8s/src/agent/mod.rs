@@ -1,0 +1,155 @@
+//! The node agent: one per node.
+//!
+//! It discovers the node's GPUs, labels the Node, and keeps every cache of
+//! either kind in step on this node, level-triggered: on any change to a
+//! cache (and every `resync`) it
+//!
+//! 1. reads the image summary of the digest the operator resolved,
+//! 2. checks it against the node's GPUs ([`gkm_core::compat`]),
+//! 3. pulls and extracts compatible, verified caches into the content-addressed
+//!    store ([`gkm_oci::Store`]), never an unverified or incompatible one,
+//! 4. publishes its decision in the delivery index the CSI driver reads
+//!    ([`crate::delivery`]),
+//! 5. reports in the node's `GKMCacheNode` (one per namespace) and
+//!    `ClusterGKMCacheNode`, named after the node: GPUs, and per cache and
+//!    digest the state, compatible and incompatible GPUs with reasons, size,
+//!    and the pods using it (from the CSI driver's mount records),
+//! 6. removes store directories no cache or pod references, after a grace
+//!    period.
+
+mod plan;
+mod reports;
+mod sync;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gkm_gpu::DiscoveryOptions;
+use gkm_gpu::labels::LabelOptions;
+use gkm_oci::{ExtractPolicy, RegistryOptions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::crd::{ClusterGKMCache, GKMCache};
+use crate::error::{Error, Result};
+
+pub use plan::{NodeView, plan_cache};
+
+/// How an agent runs.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// The node this agent serves; its reports are named after it.
+    pub node_name: String,
+    /// The store root (`<store>/sha256/<hex>`, the delivery index, mount records).
+    pub store_dir: PathBuf,
+    /// Where the node's GPUs come from (sysfs + NVML, or a simulated file).
+    pub discovery: DiscoveryOptions,
+    /// How to reach registries.
+    pub registry: RegistryOptions,
+    /// Limits for extraction.
+    pub extract_policy: ExtractPolicy,
+    /// How long an unreferenced digest stays in the store.
+    pub gc_grace: Duration,
+    /// How often everything is checked even without a change.
+    pub resync: Duration,
+    /// Whether to label the Node with its GPUs.
+    pub label_node: bool,
+    /// Which labels.
+    pub label_options: LabelOptions,
+}
+
+impl AgentConfig {
+    /// A configuration for `node_name` with its store at `store_dir` and
+    /// defaults for the rest.
+    pub fn new(node_name: impl Into<String>, store_dir: impl Into<PathBuf>) -> AgentConfig {
+        AgentConfig {
+            node_name: node_name.into(),
+            store_dir: store_dir.into(),
+            discovery: DiscoveryOptions::default(),
+            registry: RegistryOptions::default(),
+            extract_policy: ExtractPolicy::default(),
+            gc_grace: Duration::from_secs(600),
+            resync: Duration::from_secs(30),
+            label_node: true,
+            label_options: LabelOptions::default(),
+        }
+    }
+}
+
+/// Runs the agent until the process is asked to stop.
+pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
+    let discovery = config.discovery.clone();
+    let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&discovery))
+        .await
+        .map_err(|e| Error::Gpu(e.to_string()))?
+        .map_err(|e| Error::Gpu(e.to_string()))?;
+    info!(node = %config.node_name, gpus = inventory.gpus.len(), simulated = inventory.simulated, "GPUs discovered");
+    for warning in &inventory.warnings {
+        warn!(%warning, "GPU discovery");
+    }
+
+    let changed = Arc::new(Notify::new());
+    let namespaced = watch_caches::<GKMCache>(&client, &changed);
+    let cluster = watch_caches::<ClusterGKMCache>(&client, &changed);
+    namespaced
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Finalizer(e.to_string()))?;
+    cluster
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Finalizer(e.to_string()))?;
+
+    let mut agent = sync::Agent::new(client, config.clone(), inventory, namespaced, cluster)?;
+    let mut tick = tokio::time::interval(config.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = tick.tick() => {}
+            _ = tokio::signal::ctrl_c() => {
+                info!("stopping");
+                return Ok(());
+            }
+        }
+        // Let a burst of events settle into one pass.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(e) = agent.sync_once().await {
+            warn!(error = %e, "sync failed; retrying at the next change or resync");
+        }
+    }
+}
+
+/// A reflector store of `K`, notifying `changed` on every event.
+fn watch_caches<K>(client: &Client, changed: &Arc<Notify>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let changed = changed.clone();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(move |event| {
+            let changed = changed.clone();
+            async move {
+                match event {
+                    Ok(_) => changed.notify_one(),
+                    Err(e) => warn!(error = %e, "watching caches"),
+                }
+            }
+        });
+    tokio::spawn(stream);
+    reader
+}

@@ -1,0 +1,236 @@
+//! What one cache should look like on this node: pure, so tests feed it
+//! caches, GPUs and mounts without a cluster.
+
+use std::collections::BTreeMap;
+
+use gkm_core::Gpu;
+use gkm_core::cache::Summary;
+use gkm_core::compat::{CheckOptions, Report, check_summary};
+use gkm_oci::Digest;
+use kube::core::{Selector, SelectorExt};
+
+use crate::cache_object::CacheKey;
+use crate::crd::{
+    CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData, SignatureMode,
+};
+use crate::delivery::{Delivery, PodRef, Verdict, incompatibility_reason};
+use crate::operator::deliverable;
+
+/// This node, as planning sees it.
+pub struct NodeView<'a> {
+    /// The Node's labels (for `spec.nodeSelector`).
+    pub labels: &'a BTreeMap<String, String>,
+    /// The node's GPUs that can run kernels.
+    pub gpus: &'a [Gpu],
+    /// How compatibility is checked.
+    pub check: &'a CheckOptions,
+}
+
+/// One cache, with what the agent knows of its image on this node.
+pub struct CacheInput<'a> {
+    /// Which cache.
+    pub key: &'a CacheKey,
+    /// Its spec.
+    pub spec: &'a CacheSpec,
+    /// Its status (the operator's resolved digest and verification).
+    pub status: Option<&'a CacheStatus>,
+    /// Whether it is being deleted.
+    pub deleting: bool,
+    /// The resolved digest's summary, or why it could not be read.
+    pub summary: Option<Result<&'a Summary, &'a str>>,
+    /// Whether the resolved digest is in the store, or why extracting failed.
+    pub stored: Result<bool, &'a str>,
+    /// Bytes of the stored tree, when known.
+    pub size: Option<i64>,
+    /// Pods mounting this cache, per digest (from the mount records).
+    pub pods: &'a BTreeMap<Digest, Vec<PodRef>>,
+}
+
+/// What to do with the delivery index entry of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryChange {
+    /// Write this decision.
+    Publish(Delivery),
+    /// Remove the entry: nothing may be mounted any more.
+    Remove,
+}
+
+/// The plan for one cache on this node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The node report entries, per digest (empty: no entry at all).
+    pub entries: BTreeMap<String, NodeCacheStatus>,
+    /// The delivery index change.
+    pub delivery: DeliveryChange,
+    /// A digest whose summary must be read before planning further.
+    pub needs_summary: Option<Digest>,
+    /// A digest to pull and extract.
+    pub extract: Option<Digest>,
+}
+
+/// Plans one cache on this node. Call again after reading the summary or
+/// extracting, with the new facts.
+pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
+    let mut plan = Plan {
+        entries: BTreeMap::new(),
+        delivery: DeliveryChange::Remove,
+        needs_summary: None,
+        extract: None,
+    };
+    let resolved: Option<Digest> = cache
+        .status
+        .and_then(|s| s.resolved_digest.as_deref())
+        .and_then(|d| d.parse().ok());
+
+    // Pods keep their digests' entries, whatever else happens: outdated when
+    // the digest is no longer the resolved one, deleting when the cache goes.
+    for (digest, pods) in cache.pods {
+        if pods.is_empty() || Some(digest) == resolved.as_ref() && !cache.deleting {
+            continue;
+        }
+        let state = if cache.deleting {
+            CacheState::Deleting
+        } else {
+            CacheState::Outdated
+        };
+        plan.entries.insert(
+            digest.to_string(),
+            NodeCacheStatus {
+                state: Some(state),
+                pods: Some(pod_data(pods, digest)),
+                ..Default::default()
+            },
+        );
+    }
+    if cache.deleting {
+        return plan;
+    }
+    if let Some(selector) = &cache.spec.node_selector {
+        let matches = Selector::try_from(selector.clone()).map(|s| s.matches(node.labels));
+        if !matches.unwrap_or(false) {
+            return plan;
+        }
+    }
+    let Some(digest) = resolved else {
+        return plan;
+    };
+    let mut entry = NodeCacheStatus::default();
+    let verification = cache.status.and_then(|s| s.verification.as_ref());
+    let mode = cache
+        .spec
+        .signature
+        .as_ref()
+        .map_or(SignatureMode::Enforce, |p| p.mode);
+    let verified_here = verification.filter(|v| v.digest.as_deref() == Some(digest.as_str()));
+    let verified = verified_here.is_some_and(|v| deliverable(mode, v));
+    if !verified {
+        let why = verified_here
+            .and_then(|v| v.message.clone())
+            .unwrap_or_else(|| "not verified yet".to_string());
+        let reason = format!("signature of {digest} not verified: {why}");
+        entry.state = Some(CacheState::Error);
+        entry.message = Some(reason.clone());
+        plan.delivery = DeliveryChange::Publish(Delivery::refused(
+            digest.clone(),
+            Verdict::NotVerified,
+            reason,
+        ));
+        plan.entries.insert(digest.to_string(), entry);
+        return plan;
+    }
+    let summary = match cache.summary {
+        None => {
+            plan.needs_summary = Some(digest.clone());
+            entry.state = Some(CacheState::Pending);
+            plan.entries.insert(digest.to_string(), entry);
+            return plan;
+        }
+        Some(Err(why)) => {
+            let reason = format!("reading image {digest}: {why}");
+            entry.state = Some(CacheState::Error);
+            entry.message = Some(reason.clone());
+            plan.delivery = DeliveryChange::Publish(Delivery::refused(
+                digest.clone(),
+                Verdict::NotExtracted,
+                reason,
+            ));
+            plan.entries.insert(digest.to_string(), entry);
+            return plan;
+        }
+        Some(Ok(summary)) => summary,
+    };
+    let report = check_summary(summary, node.gpus, node.check);
+    record_compatibility(&mut entry, &report);
+    if !report.compatible {
+        let reason = incompatibility_reason(&report);
+        entry.state = Some(CacheState::Error);
+        entry.message = Some(format!(
+            "not compatible with any GPU of this node: {reason}"
+        ));
+        plan.delivery = DeliveryChange::Publish(Delivery::refused(
+            digest.clone(),
+            Verdict::Incompatible,
+            reason,
+        ));
+        plan.entries.insert(digest.to_string(), entry);
+        return plan;
+    }
+    match cache.stored {
+        Err(why) => {
+            let reason = format!("extracting {digest}: {why}");
+            entry.state = Some(CacheState::Error);
+            entry.message = Some(reason.clone());
+            plan.delivery = DeliveryChange::Publish(Delivery::refused(
+                digest.clone(),
+                Verdict::NotExtracted,
+                reason,
+            ));
+        }
+        Ok(false) => {
+            entry.state = Some(CacheState::Downloading);
+            plan.extract = Some(digest.clone());
+            plan.delivery = DeliveryChange::Publish(Delivery::refused(
+                digest.clone(),
+                Verdict::NotExtracted,
+                format!("{digest} is being pulled and extracted"),
+            ));
+        }
+        Ok(true) => {
+            let pods = cache.pods.get(&digest).filter(|p| !p.is_empty());
+            entry.state = Some(if pods.is_some() {
+                CacheState::Running
+            } else {
+                CacheState::Extracted
+            });
+            entry.pods = pods.map(|p| pod_data(p, &digest));
+            entry.volume_size = cache.size;
+            plan.delivery = DeliveryChange::Publish(Delivery::deliverable(digest.clone()));
+        }
+    }
+    plan.entries.insert(digest.to_string(), entry);
+    plan
+}
+
+fn record_compatibility(entry: &mut NodeCacheStatus, report: &Report) {
+    entry.compatible_gpus = Some(report.compatible_gpus().map(|g| g.index as i32).collect());
+    entry.incompatible_gpus = Some(report.incompatible_gpus().map(|g| g.index as i32).collect());
+    let reasons: Vec<IncompatibleGpu> = report
+        .incompatible_gpus()
+        .map(|g| IncompatibleGpu {
+            id: g.index as i32,
+            reasons: g.all_reasons().map(ToString::to_string).collect(),
+        })
+        .collect();
+    entry.incompatible_reasons = (!reasons.is_empty()).then_some(reasons);
+}
+
+fn pod_data(pods: &[PodRef], digest: &Digest) -> Vec<PodData> {
+    pods.iter()
+        .map(|p| PodData {
+            pod_namespace: p.namespace.clone(),
+            pod_name: p.name.clone(),
+            volume_id: None,
+            digest: Some(digest.to_string()),
+        })
+        .collect()
+}

@@ -1,0 +1,195 @@
+//! The node's reports: a `GKMCacheNode` per namespace with caches and one
+//! `ClusterGKMCacheNode`, each named after the node and written only when
+//! they change.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gkm_gpu::Inventory;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+use crate::crd::{
+    CacheCounts, CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode, GpuStatus,
+    NodeCacheStatus,
+};
+use crate::error::Result;
+
+/// Entries per cache name, per digest.
+pub(super) type CacheEntries = BTreeMap<String, BTreeMap<String, NodeCacheStatus>>;
+
+const MANAGER: &str = "gkm-agent";
+
+/// Writes this node's reports.
+pub(super) struct NodeReports {
+    client: Client,
+    node: String,
+    gpus: Vec<GpuStatus>,
+    /// What was last written, per namespace (`None`: the cluster report).
+    written: HashMap<Option<String>, CacheNodeStatus>,
+    /// Namespaces holding a report of this node, found at start.
+    discovered: bool,
+}
+
+impl NodeReports {
+    pub(super) fn new(client: Client, node: &str, gpus: Vec<GpuStatus>) -> NodeReports {
+        NodeReports {
+            client,
+            node: node.to_string(),
+            gpus,
+            written: HashMap::new(),
+            discovered: false,
+        }
+    }
+
+    /// Writes a report per namespace in `namespaces` (and the cluster
+    /// report), removes this node's reports from namespaces that have no
+    /// cache any more.
+    pub(super) async fn write(
+        &mut self,
+        mut entries: BTreeMap<Option<String>, CacheEntries>,
+        namespaces: &HashSet<Option<String>>,
+    ) -> Result<()> {
+        if !self.discovered {
+            self.discover_existing().await?;
+        }
+        let mut wanted: HashSet<Option<String>> = namespaces.clone();
+        wanted.insert(None);
+        for scope in &wanted {
+            let caches = entries.remove(scope).unwrap_or_default();
+            let status = CacheNodeStatus {
+                node_name: self.node.clone(),
+                counts: node_counts(&caches),
+                gpus: Some(self.gpus.clone()),
+                caches: Some(caches),
+                conditions: None,
+            };
+            if self.written.get(scope) == Some(&status) {
+                continue;
+            }
+            match scope {
+                Some(ns) => {
+                    self.apply::<GKMCacheNode>(Api::namespaced(self.client.clone(), ns), &status)
+                        .await?
+                }
+                None => {
+                    self.apply::<ClusterGKMCacheNode>(Api::all(self.client.clone()), &status)
+                        .await?
+                }
+            }
+            self.written.insert(scope.clone(), status);
+        }
+        let stale: Vec<Option<String>> = self
+            .written
+            .keys()
+            .filter(|s| !wanted.contains(*s))
+            .cloned()
+            .collect();
+        for scope in stale {
+            if let Some(ns) = &scope {
+                let api: Api<GKMCacheNode> = Api::namespaced(self.client.clone(), ns);
+                match api.delete(&self.node, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        info!(namespace = %ns, "removed this node's report: no cache left in the namespace")
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            self.written.remove(&scope);
+        }
+        Ok(())
+    }
+
+    /// Finds this node's reports left from an earlier run, so that those in
+    /// namespaces without caches are removed too.
+    async fn discover_existing(&mut self) -> Result<()> {
+        let api: Api<GKMCacheNode> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("metadata.name={}", self.node));
+        for report in api.list(&params).await? {
+            self.written.insert(
+                report.namespace(),
+                report.status.clone().unwrap_or_default(),
+            );
+        }
+        self.discovered = true;
+        Ok(())
+    }
+
+    async fn apply<K>(&self, api: Api<K>, status: &CacheNodeStatus) -> Result<()>
+    where
+        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    {
+        let (api_version, kind) = (K::api_version(&()).to_string(), K::kind(&()).to_string());
+        let params = PatchParams::apply(MANAGER).force();
+        let object = json!({ "apiVersion": api_version, "kind": kind, "metadata": { "name": self.node }, "spec": {} });
+        api.patch(&self.node, &params, &Patch::Apply(&object))
+            .await?;
+        let status = json!({ "apiVersion": api_version, "kind": kind, "status": status });
+        api.patch_status(&self.node, &params, &Patch::Apply(&status))
+            .await?;
+        Ok(())
+    }
+}
+
+/// The node's GPUs grouped by type, as GKM reports them.
+pub(super) fn gpu_statuses(inventory: &Inventory) -> Vec<GpuStatus> {
+    let mut groups: BTreeMap<
+        (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<u32>,
+        ),
+        Vec<i32>,
+    > = BTreeMap::new();
+    for gpu in &inventory.gpus {
+        let key = (
+            gpu.product.clone(),
+            gpu.driver_version.clone(),
+            gpu.backend.map(|b| b.to_string()),
+            gpu.arch.as_ref().map(ToString::to_string),
+            gpu.warp_size,
+        );
+        groups.entry(key).or_default().push(gpu.index as i32);
+    }
+    groups
+        .into_iter()
+        .map(|((product, driver, backend, arch, warp), ids)| GpuStatus {
+            gpu_type: Some(product),
+            driver_version: driver,
+            ids: Some(ids),
+            backend,
+            arch,
+            warp_size: warp.map(|w| w as i32),
+        })
+        .collect()
+}
+
+/// A node report's counts: over its caches, how many are in use, extracted
+/// but unused, or in error here, and the pods by digest state.
+fn node_counts(caches: &CacheEntries) -> CacheCounts {
+    let mut counts = CacheCounts {
+        node_cnt: 1,
+        ..CacheCounts::default()
+    };
+    for entries in caches.values() {
+        for entry in entries.values() {
+            let pods = entry.pods.as_ref().map_or(0, Vec::len) as i32;
+            match entry.state {
+                Some(CacheState::Running) => {
+                    counts.node_in_use_cnt += 1;
+                    counts.pod_running_cnt += pods;
+                }
+                Some(CacheState::Extracted) => counts.node_not_in_use_cnt += 1,
+                Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
+                Some(CacheState::Outdated) => counts.pod_outdated_cnt += pods,
+                Some(CacheState::Deleting) => counts.pod_deleting_cnt += pods,
+                Some(CacheState::Pending | CacheState::Downloading) | None => {}
+            }
+        }
+    }
+    counts
+}

@@ -1,0 +1,348 @@
+//! One pass of the agent over every cache: read, plan, act, report.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+use gkm_core::Gpu;
+use gkm_core::cache::Summary;
+use gkm_core::compat::CheckOptions;
+use gkm_gpu::Inventory;
+use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store as Reflected;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::AgentConfig;
+use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
+use super::reports::{NodeReports, gpu_statuses};
+use crate::cache_object::{CacheKey, CacheObject};
+use crate::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
+use crate::delivery::{DeliveryIndex, MountRecords, PodRef};
+use crate::error::{Error, Result};
+
+/// The agent's state between passes.
+pub(super) struct Agent {
+    client: Client,
+    config: AgentConfig,
+    inventory: Inventory,
+    gpus: Vec<Gpu>,
+    namespaced: Reflected<GKMCache>,
+    cluster: Reflected<ClusterGKMCache>,
+    store: Store,
+    index: DeliveryIndex,
+    mounts: MountRecords,
+    reports: NodeReports,
+    /// Summaries by digest: an image digest's content never changes.
+    summaries: HashMap<Digest, Result<Summary, String>>,
+    sizes: HashMap<Digest, i64>,
+    extract_errors: HashMap<Digest, String>,
+    unreferenced_since: HashMap<Digest, Instant>,
+    labelled: Option<BTreeMap<String, String>>,
+}
+
+impl Agent {
+    pub(super) fn new(
+        client: Client,
+        config: AgentConfig,
+        inventory: Inventory,
+        namespaced: Reflected<GKMCache>,
+        cluster: Reflected<ClusterGKMCache>,
+    ) -> Result<Agent> {
+        let store = Store::open(&config.store_dir)?;
+        let gpus = inventory.usable_gpus().cloned().collect();
+        Ok(Agent {
+            index: DeliveryIndex::new(store.root()),
+            mounts: MountRecords::new(store.root()),
+            reports: NodeReports::new(client.clone(), &config.node_name, gpu_statuses(&inventory)),
+            client,
+            config,
+            inventory,
+            gpus,
+            namespaced,
+            cluster,
+            store,
+            summaries: HashMap::new(),
+            sizes: HashMap::new(),
+            extract_errors: HashMap::new(),
+            unreferenced_since: HashMap::new(),
+            labelled: None,
+        })
+    }
+
+    /// Brings every cache on this node in step and reports.
+    pub(super) async fn sync_once(&mut self) -> Result<()> {
+        let node_labels = self.label_node().await?;
+        let mounts = self.mounts.list()?;
+        let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
+        let mut referenced: HashSet<Digest> = HashSet::new();
+        for record in mounts {
+            referenced.insert(record.digest.clone());
+            pods.entry(record.cache)
+                .or_default()
+                .entry(record.digest)
+                .or_default()
+                .push(record.pod);
+        }
+
+        let mut keys = HashSet::new();
+        let mut reports: BTreeMap<
+            Option<String>,
+            BTreeMap<String, BTreeMap<String, NodeCacheStatus>>,
+        > = BTreeMap::new();
+        let caches: Vec<Box<dyn CacheView>> = self
+            .namespaced
+            .state()
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn CacheView>)
+            .chain(
+                self.cluster
+                    .state()
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn CacheView>),
+            )
+            .collect();
+        for cache in &caches {
+            let key = cache.key();
+            let cache_pods = pods.remove(&key).unwrap_or_default();
+            let entries = self
+                .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods)
+                .await?;
+            for digest in entries.keys().filter_map(|d| d.parse::<Digest>().ok()) {
+                if self.store.get(&digest).is_some() {
+                    referenced.insert(digest);
+                }
+            }
+            if !entries.is_empty() {
+                reports
+                    .entry(key.namespace.clone())
+                    .or_default()
+                    .insert(key.name.clone(), entries);
+            }
+            keys.insert(key);
+        }
+        // Delivery entries of caches that are gone.
+        for (key, _) in self.index.list()? {
+            if !keys.contains(&key) {
+                self.index.remove(&key)?;
+            }
+        }
+        let namespaces: HashSet<Option<String>> =
+            keys.iter().map(|k| k.namespace.clone()).collect();
+        self.reports.write(reports, &namespaces).await?;
+        self.collect_garbage(&referenced)?;
+        Ok(())
+    }
+
+    async fn plan_and_act(
+        &mut self,
+        cache: &dyn CacheView,
+        key: &CacheKey,
+        node_labels: &BTreeMap<String, String>,
+        pods: &BTreeMap<Digest, Vec<PodRef>>,
+    ) -> Result<BTreeMap<String, NodeCacheStatus>> {
+        let check = CheckOptions::default();
+        loop {
+            let resolved: Option<Digest> = cache.resolved().and_then(|d| d.parse().ok());
+            let summary = resolved.as_ref().and_then(|d| self.summaries.get(d));
+            let stored = match &resolved {
+                Some(d) if self.store.get(d).is_some() => Ok(true),
+                Some(d) => self
+                    .extract_errors
+                    .get(d)
+                    .map_or(Ok(false), |e| Err(e.as_str())),
+                None => Ok(false),
+            };
+            let input = CacheInput {
+                key,
+                spec: cache.spec(),
+                status: cache.status(),
+                deleting: cache.deleting(),
+                summary: summary.map(|s| s.as_ref().map_err(String::as_str)),
+                stored,
+                size: resolved.as_ref().and_then(|d| self.sizes.get(d).copied()),
+                pods,
+            };
+            let node = NodeView {
+                labels: node_labels,
+                gpus: &self.gpus,
+                check: &check,
+            };
+            let plan = plan_cache(&input, &node);
+            if let Some(digest) = plan.needs_summary {
+                let summary = self.read_summary(cache.image(), &digest).await;
+                self.summaries.insert(digest, summary);
+                continue;
+            }
+            match &plan.delivery {
+                DeliveryChange::Publish(delivery) => self.index.publish(key, delivery)?,
+                DeliveryChange::Remove => {
+                    self.index.remove(key)?;
+                }
+            }
+            if let Some(digest) = plan.extract {
+                // Pull and extract, then plan again with the outcome.
+                self.extract(cache.image(), &digest).await;
+                continue;
+            }
+            return Ok(plan.entries);
+        }
+    }
+
+    async fn read_summary(&self, image: &str, digest: &Digest) -> Result<Summary, String> {
+        let repo = self.repo(image, digest).map_err(|e| e.to_string())?;
+        let image = Image::fetch(&repo).await.map_err(|e| e.to_string())?;
+        image
+            .cache()
+            .map(|labels| labels.summary)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn extract(&mut self, image: &str, digest: &Digest) {
+        let started = Instant::now();
+        let result = match self.repo(image, digest) {
+            Ok(repo) => self
+                .store
+                .ensure(&repo, &self.config.extract_policy, None)
+                .await
+                .map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(stored) => {
+                let size = tree_size(&stored.path);
+                info!(%digest, bytes = size, elapsed = ?started.elapsed(), "extracted");
+                self.sizes.insert(digest.clone(), size);
+                self.extract_errors.remove(digest);
+            }
+            Err(e) => {
+                warn!(%digest, error = %e, "extraction failed");
+                self.extract_errors.insert(digest.clone(), e.to_string());
+            }
+        }
+    }
+
+    fn repo(&self, image: &str, digest: &Digest) -> Result<Repo> {
+        let reference: ImageRef = image
+            .parse()
+            .map_err(|e: gkm_oci::Error| Error::InvalidSpec(format!("{image}: {e}")))?;
+        Ok(Repo::open(
+            &reference.with_digest(digest),
+            &self.config.registry,
+        )?)
+    }
+
+    /// Removes stored digests nothing references once they have been
+    /// unreferenced for the grace period.
+    fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<()> {
+        let now = Instant::now();
+        let mut keep = referenced.clone();
+        for digest in self.store.list()? {
+            if referenced.contains(&digest) {
+                self.unreferenced_since.remove(&digest);
+                continue;
+            }
+            let since = *self.unreferenced_since.entry(digest.clone()).or_insert(now);
+            if now.duration_since(since) < self.config.gc_grace {
+                keep.insert(digest);
+            }
+        }
+        for digest in self.store.gc(&keep)? {
+            info!(%digest, "removed unreferenced cache from the store");
+            self.unreferenced_since.remove(&digest);
+            self.sizes.remove(&digest);
+        }
+        Ok(())
+    }
+
+    /// Applies the GPU labels to this node's Node object (when it changed)
+    /// and returns the node's labels.
+    async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let Some(node) = nodes.get_opt(&self.config.node_name).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let mut labels = node.labels().clone();
+        if !self.config.label_node {
+            return Ok(labels);
+        }
+        let wanted = gkm_gpu::labels::node_labels(&self.inventory, &self.config.label_options);
+        if self.labelled.as_ref() == Some(&wanted) {
+            return Ok(labels);
+        }
+        let mut patch = serde_json::Map::new();
+        for key in labels
+            .keys()
+            .filter(|k| k.starts_with("gkm.io/") && !wanted.contains_key(*k))
+        {
+            patch.insert(key.clone(), serde_json::Value::Null);
+        }
+        for (key, value) in &wanted {
+            patch.insert(key.clone(), json!(value));
+        }
+        nodes
+            .patch(
+                &self.config.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": patch } })),
+            )
+            .await?;
+        labels.retain(|k, _| !k.starts_with("gkm.io/"));
+        labels.extend(wanted.clone());
+        self.labelled = Some(wanted);
+        Ok(labels)
+    }
+}
+
+/// Both cache kinds, seen through the fields planning needs.
+trait CacheView: Send + Sync {
+    fn key(&self) -> CacheKey;
+    fn spec(&self) -> &crate::crd::CacheSpec;
+    fn status(&self) -> Option<&crate::crd::CacheStatus>;
+    fn image(&self) -> &str;
+    fn resolved(&self) -> Option<&str>;
+    fn deleting(&self) -> bool;
+}
+
+impl<K: CacheObject> CacheView for std::sync::Arc<K> {
+    fn key(&self) -> CacheKey {
+        CacheObject::key(self.as_ref())
+    }
+    fn spec(&self) -> &crate::crd::CacheSpec {
+        self.cache_spec()
+    }
+    fn status(&self) -> Option<&crate::crd::CacheStatus> {
+        self.cache_status()
+    }
+    fn image(&self) -> &str {
+        &self.cache_spec().image
+    }
+    fn resolved(&self) -> Option<&str> {
+        self.cache_status()
+            .and_then(|s| s.resolved_digest.as_deref())
+    }
+    fn deleting(&self) -> bool {
+        self.meta().deletion_timestamp.is_some()
+    }
+}
+
+/// Bytes of regular files under `dir`.
+fn tree_size(dir: &std::path::Path) -> i64 {
+    let mut total = 0i64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => total += m.len() as i64,
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}

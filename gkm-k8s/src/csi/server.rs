@@ -1,0 +1,116 @@
+//! Serving the driver's gRPC services on unix sockets.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use gkm_oci::Store;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
+
+use super::identity::IdentityService;
+use super::node::NodeService;
+use super::proto::identity_server::IdentityServer;
+use super::proto::node_server::NodeServer;
+use super::registration::RegistrationService;
+use super::registration_proto::registration_server::RegistrationServer;
+use crate::error::{Error, Result};
+
+/// What the driver needs to know.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// This node's name: the CSI node id, and the node named in refusals.
+    pub node_name: String,
+    /// The node store's root (the agent's `--store`).
+    pub store_root: PathBuf,
+}
+
+/// The driver's CSI services.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    /// The Identity service.
+    pub identity: IdentityService,
+    /// The Node service.
+    pub node: NodeService,
+}
+
+impl Driver {
+    /// The driver for `config`, opening (creating if needed) the store.
+    pub fn new(config: &DriverConfig) -> Result<Driver> {
+        let store = Store::open(&config.store_root)?;
+        Ok(Driver {
+            identity: IdentityService::new(config.store_root.clone()),
+            node: NodeService::new(config.node_name.clone(), store),
+        })
+    }
+}
+
+/// Serve the CSI Identity and Node services on the unix socket `socket`
+/// until `shutdown` completes; the socket file is replaced if stale and
+/// removed at the end.
+pub async fn serve_csi(
+    socket: &Path,
+    driver: Driver,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let listener = bind(socket)?;
+    tracing::info!(socket = %socket.display(), node = %driver.node.node_name(), "serving CSI");
+    let served = Server::builder()
+        .add_service(IdentityServer::new(driver.identity))
+        .add_service(NodeServer::new(driver.node))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    finish(socket, served)
+}
+
+/// Serve the kubelet plugin-registration service on `socket` until
+/// `shutdown` completes.
+pub async fn serve_registration(
+    socket: &Path,
+    service: RegistrationService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let listener = bind(socket)?;
+    tracing::info!(socket = %socket.display(), "serving kubelet plugin registration");
+    let served = Server::builder()
+        .add_service(RegistrationServer::new(service))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    finish(socket, served)
+}
+
+fn finish(socket: &Path, served: std::result::Result<(), tonic::transport::Error>) -> Result<()> {
+    let _ = std::fs::remove_file(socket);
+    served.map_err(|e| Error::Io {
+        path: socket.to_path_buf(),
+        source: io::Error::other(e),
+    })
+}
+
+/// Listen on `socket`, creating its directory and removing a stale socket
+/// file (but nothing that is not a socket).
+fn bind(socket: &Path) -> Result<UnixListener> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    match std::fs::symlink_metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(socket).map_err(io_err(socket))?
+        }
+        Ok(_) => {
+            return Err(Error::Io {
+                path: socket.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::AlreadyExists, "exists and is not a socket"),
+            });
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(socket)(e)),
+    }
+    UnixListener::bind(socket).map_err(io_err(socket))
+}

@@ -1,0 +1,389 @@
+//! The operator's and agent's HTTP endpoints: `/healthz`, `/readyz` and
+//! `/metrics`.
+//!
+//! - `/healthz` answers `ok` while the process serves requests (liveness).
+//! - `/readyz` answers `ok` once every registered [`ReadyCheck`] is set, and
+//!   `503` listing the checks that are not, in kube-apiserver's `[+]`/`[-]`
+//!   style; `/readyz?verbose` lists every check.
+//! - `/metrics` is the Prometheus registry in the OpenMetrics text format.
+//!
+//! ```no_run
+//! # async fn example() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use gkm_k8s::serve::{Endpoints, Readiness, serve};
+//! use prometheus_client::registry::Registry;
+//!
+//! let readiness = Readiness::default();
+//! let synced = readiness.check("caches-synced");
+//! let endpoints = Arc::new(Endpoints::new(Registry::with_prefix("gkm"), readiness));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! tokio::spawn(serve(listener, endpoints, std::future::pending()));
+//! // … once the controllers' caches are filled:
+//! synced.set(true);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::operator::Metrics as OperatorMetrics;
+
+/// The content type of `/metrics`.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long a client may take to send its request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The named conditions `/readyz` waits for. Clones share the same checks.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Arc<Mutex<Vec<(String, ReadyCheck)>>>,
+}
+
+/// One readiness condition, not ready until [`ReadyCheck::set`] says so.
+#[derive(Clone, Default)]
+pub struct ReadyCheck {
+    ready: Arc<AtomicBool>,
+}
+
+impl ReadyCheck {
+    /// Marks the condition ready or not ready.
+    pub fn set(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether the condition is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+impl Readiness {
+    /// Registers a condition named `name`, initially not ready, and returns
+    /// the handle that sets it.
+    pub fn check(&self, name: impl Into<String>) -> ReadyCheck {
+        let check = ReadyCheck::default();
+        self.lock().push((name.into(), check.clone()));
+        check
+    }
+
+    /// Whether every registered condition is ready.
+    pub fn is_ready(&self) -> bool {
+        self.lock().iter().all(|(_, check)| check.is_ready())
+    }
+
+    /// The `/readyz` body: one `[+]name ok` or `[-]name not ready` line per
+    /// check (only the failing ones unless `verbose`), then the verdict.
+    fn report(&self, verbose: bool) -> (bool, String) {
+        let checks = self.lock();
+        let ready = checks.iter().all(|(_, check)| check.is_ready());
+        let mut body = String::new();
+        for (name, check) in checks.iter() {
+            match check.is_ready() {
+                true if verbose => body.push_str(&format!("[+]{name} ok\n")),
+                true => {}
+                false => body.push_str(&format!("[-]{name} not ready\n")),
+            }
+        }
+        body.push_str(if ready {
+            "ok\n"
+        } else {
+            "readyz check failed\n"
+        });
+        (ready, body)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, ReadyCheck)>> {
+        // The list is only ever pushed to, so a poisoned lock still holds a
+        // consistent list.
+        self.checks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What the server answers with: the metrics registry and the readiness
+/// checks.
+pub struct Endpoints {
+    registry: Registry,
+    readiness: Readiness,
+}
+
+impl Endpoints {
+    /// Endpoints serving `registry` on `/metrics` and `readiness` on `/readyz`.
+    pub fn new(registry: Registry, readiness: Readiness) -> Self {
+        Endpoints {
+            registry,
+            readiness,
+        }
+    }
+
+    /// The readiness checks.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    /// The registry in the OpenMetrics text format, as `/metrics` serves it.
+    pub fn metrics_text(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail; an encoding error would come from
+        // a collector and leaves what was written so far.
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            warn!(error = %e, "encoding metrics");
+        }
+        text
+    }
+
+    fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        let head = request.method() == Method::HEAD;
+        if request.method() != Method::GET && !head {
+            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n".into());
+            response
+                .headers_mut()
+                .insert("allow", HeaderValue::from_static("GET, HEAD"));
+            return response;
+        }
+        let verbose = request.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p == "verbose" || p.starts_with("verbose="))
+        });
+        let mut response = match request.uri().path() {
+            "/healthz" | "/livez" => text(StatusCode::OK, "ok\n".into()),
+            "/readyz" => {
+                let (ready, body) = self.readiness.report(verbose);
+                let status = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                text(status, body)
+            }
+            "/metrics" => {
+                let mut response = text(StatusCode::OK, self.metrics_text());
+                response.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+                );
+                response
+            }
+            path => text(
+                StatusCode::NOT_FOUND,
+                format!("{path}: not found; try /healthz, /readyz or /metrics\n"),
+            ),
+        };
+        if head {
+            *response.body_mut() = Full::new(Bytes::new());
+        }
+        response
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Serves `endpoints` on `listener` (HTTP/1.1) until `shutdown` completes,
+/// then closes the connections still open.
+///
+/// Errors of single connections are logged and do not stop the server.
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    shutdown: impl Future<Output = ()>,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            // Reap finished connections so the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let endpoints = endpoints.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let response = endpoints.respond(&request);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let result = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = result {
+                debug!(%peer, error = %e, "serving a connection");
+            }
+        });
+    }
+    connections.shutdown().await;
+}
+
+/// Whether a sampled value is a counter or a gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleKind {
+    /// Only ever grows; exposed as `NAME_total`.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+type Read = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// A metric whose value is read from elsewhere (an atomic, a channel) at
+/// each scrape; register it with [`Registry::register_collector`].
+pub struct Sampled {
+    name: String,
+    help: String,
+    kind: SampleKind,
+    read: Read,
+}
+
+impl Sampled {
+    /// A metric `name` of `kind` described by `help`, whose value is `read()`.
+    pub fn new(
+        name: impl Into<String>,
+        help: impl Into<String>,
+        kind: SampleKind,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        Sampled {
+            name: name.into(),
+            help: help.into(),
+            kind,
+            read: Box::new(read),
+        }
+    }
+
+    /// A gauge that is 1 while `flag` is set and 0 otherwise.
+    pub fn flag(name: impl Into<String>, help: impl Into<String>, flag: Arc<AtomicBool>) -> Self {
+        Self::new(name, help, SampleKind::Gauge, move || {
+            u64::from(flag.load(Ordering::Relaxed))
+        })
+    }
+}
+
+impl fmt::Debug for Sampled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sampled")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl Collector for Sampled {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let value = (self.read)();
+        match self.kind {
+            SampleKind::Counter => {
+                let metric = ConstCounter::new(value);
+                let out = encoder.encode_descriptor(
+                    &self.name,
+                    &self.help,
+                    None,
+                    metric.metric_type(),
+                )?;
+                metric.encode(out)
+            }
+            SampleKind::Gauge => {
+                let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+                let out = encoder.encode_descriptor(
+                    &self.name,
+                    &self.help,
+                    None,
+                    metric.metric_type(),
+                )?;
+                metric.encode(out)
+            }
+        }
+    }
+}
+
+/// The operator's counters, read at each scrape. Under a `gkm` prefix they
+/// read `gkm_operator_reconciles_total`, `gkm_operator_reconcile_errors_total`
+/// and `gkm_operator_status_writes_total`.
+#[derive(Clone)]
+pub struct OperatorCollector(pub Arc<OperatorMetrics>);
+
+impl fmt::Debug for OperatorCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OperatorCollector")
+    }
+}
+
+impl Collector for OperatorCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let m = &self.0;
+        for (name, help, value) in [
+            (
+                "operator_reconciles",
+                "Reconciles of GKMCaches and ClusterGKMCaches run",
+                &m.reconciles,
+            ),
+            (
+                "operator_reconcile_errors",
+                "Reconciles that ended in an error",
+                &m.reconcile_errors,
+            ),
+            (
+                "operator_status_writes",
+                "Status writes made to caches",
+                &m.status_writes,
+            ),
+        ] {
+            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
+            let out = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(out)?;
+        }
+        Ok(())
+    }
+}
+
+/// Registers `gkm_build_info{version="…"} 1` in `registry` (under its prefix).
+pub fn register_build_info(registry: &mut Registry, component: &str, version: &str) {
+    let labels = [
+        ("component".to_string(), component.to_string()),
+        ("version".to_string(), version.to_string()),
+    ];
+    registry.register(
+        "build",
+        "The component and its version",
+        prometheus_client::metrics::info::Info::new(labels.to_vec()),
+    );
+}

@@ -1,0 +1,497 @@
+//! The CSI driver over its socket, against a real node store holding the
+//! fixture caches: a deliverable cache is bind-mounted read-only and recorded;
+//! every other case is refused with a status that says why; unpublish undoes
+//! it all. These tests mount for real, so they run as root.
+
+mod csi_support;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use csi_support::{clients, cluster_cache, extract_fixture, gkmcache, start_driver};
+use gkm_core::compat::{CheckOptions, check_summary};
+use gkm_core::{Backend, Gpu, Vendor};
+use gkm_k8s::csi::mount::mount_at;
+use gkm_k8s::csi::proto::node_client::NodeClient;
+use gkm_k8s::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use gkm_k8s::csi::proto::{
+    GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
+    NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest,
+    VolumeCapability,
+};
+use gkm_k8s::delivery::{Delivery, DeliveryIndex, MountRecords, PodRef, Verdict};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// A tree of relative paths and file contents.
+fn tree(root: &Path) -> HashMap<PathBuf, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut HashMap<PathBuf, Vec<u8>>) {
+        for entry in fs::read_dir(dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).expect("prefix").to_path_buf();
+                out.insert(rel, fs::read(&path).expect("read"));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn t4() -> Gpu {
+    Gpu {
+        vendor: Vendor::Nvidia,
+        product: "Tesla T4".into(),
+        backend: Some(Backend::Cuda),
+        arch: Some("sm_75".parse().expect("arch")),
+        warp_size: Some(32),
+        toolkit_version: Some("12.4".into()),
+        ..Default::default()
+    }
+}
+
+/// A publish request as the kubelet sends it for an inline volume of pod
+/// `pod` in namespace `ml`, with `attrs` as the volume attributes.
+fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    pod: &str,
+    attrs: &[(&str, &str)],
+) -> NodePublishVolumeRequest {
+    let mut ctx: HashMap<String, String> = [
+        ("csi.storage.k8s.io/ephemeral", "true"),
+        ("csi.storage.k8s.io/pod.namespace", "ml"),
+        ("csi.storage.k8s.io/pod.name", pod),
+        (
+            "csi.storage.k8s.io/pod.uid",
+            "9f6e1c2a-0000-4000-8000-000000000001",
+        ),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    ctx.extend(attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode {
+                mode: access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }),
+        volume_context: ctx,
+        ..Default::default()
+    }
+}
+
+/// Unmounts a test's target even when an assertion fails first.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = gkm_k8s::csi::mount::unmount_all(&self.0);
+    }
+}
+
+struct Setup {
+    work: tempfile::TempDir,
+    store: PathBuf,
+    index: DeliveryIndex,
+    mounts: MountRecords,
+    node: NodeClient<Channel>,
+    _driver: csi_support::RunningDriver,
+}
+
+impl Setup {
+    async fn new(node_name: &str) -> Setup {
+        let work = tempfile::tempdir().expect("tempdir");
+        let store = work.path().join("store");
+        let driver = start_driver(&work.path().join("csi.sock"), node_name, &store).await;
+        let (node, _) = clients(&driver.socket).await;
+        Setup {
+            index: DeliveryIndex::new(&store),
+            mounts: MountRecords::new(&store),
+            store,
+            node,
+            _driver: driver,
+            work,
+        }
+    }
+
+    fn target(&self, pod: &str) -> PathBuf {
+        self.work.path().join(format!(
+            "kubelet/pods/{pod}/volumes/kubernetes.io~csi/kernels/mount"
+        ))
+    }
+
+    async fn publish(&mut self, req: NodePublishVolumeRequest) -> Result<(), tonic::Status> {
+        self.node.node_publish_volume(req).await.map(|_| ())
+    }
+
+    async fn unpublish(&mut self, volume_id: &str, target: &Path) -> Result<(), tonic::Status> {
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: volume_id.into(),
+            target_path: target.display().to_string(),
+        };
+        self.node.node_unpublish_volume(req).await.map(|_| ())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_and_node_info() {
+    let s = Setup::new("node-a").await;
+    let (mut node, mut identity) = clients(&s._driver.socket).await;
+    let info = identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    assert_eq!(info.name, "csi.gkm.io");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let caps = identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .expect("caps")
+        .into_inner();
+    assert!(
+        caps.capabilities.is_empty(),
+        "no controller service: {caps:?}"
+    );
+    let probe = identity
+        .probe(ProbeRequest {})
+        .await
+        .expect("probe")
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let info = node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("node info")
+        .into_inner();
+    assert_eq!(info.node_id, "node-a");
+    let caps = node
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .expect("node caps")
+        .into_inner();
+    assert!(caps.capabilities.is_empty(), "no staging: {caps:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_mounts_the_cache_read_only_and_unpublish_undoes_it() {
+    let mut s = Setup::new("sm75-node").await;
+    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
+    let key = gkmcache("ml", "vector-add");
+    s.index
+        .publish(&key, &Delivery::deliverable(digest.clone()))
+        .expect("index");
+    let target = s.target("infer-0");
+    let _cleanup = Unmount(target.clone());
+    let req = publish_request(
+        "csi-0001",
+        &target,
+        "infer-0",
+        &[("csi.gkm.io/GKMCache", "vector-add")],
+    );
+
+    s.publish(req.clone()).await.expect("publish");
+
+    // The pod sees the extracted cache, byte for byte…
+    let source = s.store.join("sha256").join(digest.hex());
+    let seen = tree(&target);
+    assert_eq!(seen, tree(&source));
+    assert!(
+        seen.contains_key(Path::new("io.triton.manifest/manifest.json")),
+        "{:?}",
+        seen.keys()
+    );
+    // …and cannot change it.
+    let err =
+        fs::write(target.join("io.triton.manifest/manifest.json"), b"{}").expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    let err = fs::create_dir(target.join("new")).expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    let mount = mount_at(&target).expect("mountinfo").expect("mounted");
+    for opt in ["ro", "nosuid", "nodev"] {
+        assert!(
+            mount.options.split(',').any(|o| o == opt),
+            "{opt} missing in {}",
+            mount.options
+        );
+    }
+
+    // The agent can see who uses the digest.
+    let record = s
+        .mounts
+        .get("csi-0001")
+        .expect("read record")
+        .expect("recorded");
+    assert_eq!(record.digest, digest);
+    assert_eq!(record.cache, key);
+    assert_eq!(record.target_path, target);
+    assert_eq!(
+        record.pod,
+        PodRef {
+            namespace: "ml".into(),
+            name: "infer-0".into(),
+            uid: Some("9f6e1c2a-0000-4000-8000-000000000001".into())
+        }
+    );
+    assert_eq!(s.mounts.pods_by_digest().expect("count")[&digest].len(), 1);
+
+    // Publishing again is a no-op: still one mount.
+    s.publish(req).await.expect("publish again");
+    let content = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let at_target = content
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(target.to_str().expect("utf-8")))
+        .count();
+    assert_eq!(at_target, 1, "{content}");
+
+    s.unpublish("csi-0001", &target).await.expect("unpublish");
+    assert_eq!(mount_at(&target).expect("mountinfo"), None);
+    assert!(!target.exists(), "the target directory is removed");
+    assert_eq!(s.mounts.get("csi-0001").expect("read record"), None);
+    assert!(
+        source.join("io.triton.manifest/manifest.json").is_file(),
+        "the store is untouched"
+    );
+
+    // Unpublishing what is already gone succeeds.
+    s.unpublish("csi-0001", &target)
+        .await
+        .expect("unpublish again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_cache_is_published_to_pods_of_any_namespace() {
+    let mut s = Setup::new("sm75-node").await;
+    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
+    s.index
+        .publish(
+            &cluster_cache("vector-add"),
+            &Delivery::deliverable(digest.clone()),
+        )
+        .expect("index");
+    let target = s.target("infer-1");
+    let _cleanup = Unmount(target.clone());
+    let req = publish_request(
+        "csi-0002",
+        &target,
+        "infer-1",
+        &[("csi.gkm.io/ClusterGKMCache", "vector-add")],
+    );
+    s.publish(req).await.expect("publish");
+    assert!(target.join("io.triton.manifest/manifest.json").is_file());
+    assert_eq!(
+        s.mounts
+            .get("csi-0002")
+            .expect("record")
+            .expect("recorded")
+            .cache,
+        cluster_cache("vector-add")
+    );
+    s.unpublish("csi-0002", &target).await.expect("unpublish");
+    assert!(!target.exists());
+}
+
+/// The refusal of publishing `attrs`, after checking nothing was mounted or
+/// recorded.
+async fn refusal(s: &mut Setup, attrs: &[(&str, &str)]) -> tonic::Status {
+    let target = s.target("refused");
+    let _cleanup = Unmount(target.clone());
+    let status = s
+        .publish(publish_request("csi-refused", &target, "refused", attrs))
+        .await
+        .expect_err("refused");
+    assert_eq!(mount_at(&target).expect("mountinfo"), None);
+    assert_eq!(s.mounts.get("csi-refused").expect("record"), None);
+    status
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn incompatible_cache_is_refused_with_the_gpu_reasons() {
+    let mut s = Setup::new("sm75-node").await;
+    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-rocm-gfx90a").await;
+    // What the agent decides on a node with one Tesla T4.
+    let summary =
+        gkm_core::cache::scan(&csi_support::fixtures().join("triton-vector-add-rocm-gfx90a"))
+            .expect("scan")
+            .summary();
+    let report = check_summary(&summary, &[t4()], &CheckOptions::default());
+    s.index
+        .publish(
+            &gkmcache("ml", "vector-add"),
+            &Delivery::from_report(digest.clone(), &report),
+        )
+        .expect("index");
+
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "vector-add")]).await;
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let msg = status.message();
+    assert!(
+        msg.starts_with(&format!("GKMCache ml/vector-add digest {digest} is not compatible with any GPU on node sm75-node: GPU 0 Tesla T4")),
+        "{msg}"
+    );
+    assert!(msg.contains("gfx90a"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unverified_unknown_unextracted_and_missing_caches_are_refused() {
+    let mut s = Setup::new("node-b").await;
+    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
+
+    s.index
+        .publish(
+            &gkmcache("ml", "unsigned"),
+            &Delivery::refused(
+                digest.clone(),
+                Verdict::NotVerified,
+                "no signature matches the policy",
+            ),
+        )
+        .expect("index");
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "unsigned")]).await;
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        format!(
+            "GKMCache ml/unsigned digest {digest} is not verified: no signature matches the policy"
+        )
+    );
+
+    let status = refusal(
+        &mut s,
+        &[
+            ("csi.gkm.io/GKMCache", "nope"),
+            ("csi.gkm.io/namespace", "other"),
+        ],
+    )
+    .await;
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(
+        status
+            .message()
+            .starts_with("GKMCache other/nope is not known on node node-b"),
+        "{}",
+        status.message()
+    );
+
+    let other = gkm_oci::Digest::of(b"not extracted");
+    s.index
+        .publish(
+            &gkmcache("ml", "pulling"),
+            &Delivery::refused(other.clone(), Verdict::NotExtracted, "pulling"),
+        )
+        .expect("index");
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "pulling")]).await;
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        format!("GKMCache ml/pulling digest {other} is not extracted on node node-b yet: pulling")
+    );
+
+    // Marked deliverable, but the store directory is gone.
+    s.index
+        .publish(
+            &gkmcache("ml", "gone"),
+            &Delivery::deliverable(other.clone()),
+        )
+        .expect("index");
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "gone")]).await;
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("store directory") && status.message().contains(other.hex()),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_requests_are_invalid_arguments() {
+    let mut s = Setup::new("node-c").await;
+    let status = refusal(&mut s, &[]).await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("csi.gkm.io/GKMCache"),
+        "{}",
+        status.message()
+    );
+
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "../../../etc")]).await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("not a valid object name"),
+        "{}",
+        status.message()
+    );
+
+    let target = s.target("x");
+    let mut no_ephemeral = publish_request("csi-x", &target, "x", &[("csi.gkm.io/GKMCache", "c")]);
+    no_ephemeral
+        .volume_context
+        .remove("csi.storage.k8s.io/ephemeral");
+    let status = s.publish(no_ephemeral).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("inline ephemeral"),
+        "{}",
+        status.message()
+    );
+
+    let status = s.unpublish("", &target).await.expect_err("refused");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "volume_id is required")
+    );
+    let status = s
+        .unpublish("csi-x", Path::new(""))
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "target_path is required")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_target_holding_another_mount_is_refused() {
+    let mut s = Setup::new("sm75-node").await;
+    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
+    s.index
+        .publish(
+            &gkmcache("ml", "vector-add"),
+            &Delivery::deliverable(digest),
+        )
+        .expect("index");
+    let target = s.target("busy");
+    let _cleanup = Unmount(target.clone());
+    let other = s.work.path().join("other");
+    fs::create_dir_all(&other).expect("mkdir");
+    fs::create_dir_all(&target).expect("mkdir");
+    gkm_k8s::csi::mount::bind_read_only(&other, &target).expect("bind");
+
+    let status = s
+        .publish(publish_request(
+            "csi-busy",
+            &target,
+            "busy",
+            &[("csi.gkm.io/GKMCache", "vector-add")],
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("already a mount point"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(s.mounts.get("csi-busy").expect("record"), None);
+}

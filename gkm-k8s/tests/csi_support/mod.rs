@@ -1,0 +1,141 @@
+//! What the CSI tests share: fixture caches extracted into a real node store,
+//! the driver served on a unix socket in this process, gRPC clients over it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gkm_k8s::cache_object::{CacheKey, Scope};
+use gkm_k8s::csi::proto::identity_client::IdentityClient;
+use gkm_k8s::csi::proto::node_client::NodeClient;
+use gkm_k8s::csi::{Driver, DriverConfig, serve_csi};
+use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The shared fixture caches, found by walking up from this crate.
+pub fn fixtures() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .map(|d| d.join("shared/fixtures/caches"))
+        .find(|d| d.is_dir())
+        .unwrap_or_else(|| panic!("no shared/fixtures/caches above {}", here.display()))
+}
+
+/// Build the fixture cache `name` into an OCI layout under `work` and
+/// extract it into the store at `store_root`, as the agent does; its digest.
+pub async fn extract_fixture(work: &Path, store_root: &Path, name: &str) -> Digest {
+    let dest: ImageRef = format!("oci:{}/layout:{name}", work.display())
+        .parse()
+        .expect("image ref");
+    let opts = RegistryOptions::default();
+    let built = build(
+        &fixtures().join(name),
+        &dest,
+        &BuildOptions::default(),
+        &opts,
+    )
+    .await
+    .expect("build image");
+    let store = Store::open(store_root)
+        .expect("open store")
+        .with_durability(false);
+    let repo = Repo::open(&dest, &opts).expect("open layout");
+    let stored = store
+        .ensure(&repo, &ExtractPolicy::default(), None)
+        .await
+        .expect("extract");
+    assert_eq!(stored.digest, built.digest);
+    stored.digest
+}
+
+/// A `GKMCache` key.
+pub fn gkmcache(ns: &str, name: &str) -> CacheKey {
+    CacheKey {
+        scope: Scope::Namespaced,
+        namespace: Some(ns.into()),
+        name: name.into(),
+    }
+}
+
+/// A `ClusterGKMCache` key.
+pub fn cluster_cache(name: &str) -> CacheKey {
+    CacheKey {
+        scope: Scope::Cluster,
+        namespace: None,
+        name: name.into(),
+    }
+}
+
+/// The driver, serving on a socket until dropped.
+pub struct RunningDriver {
+    pub socket: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for RunningDriver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Serve the driver for node `node` and store `store_root` on `socket`.
+pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> RunningDriver {
+    let config = DriverConfig {
+        node_name: node.into(),
+        store_root: store_root.to_path_buf(),
+    };
+    let driver = Driver::new(&config).expect("driver");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let path = socket.to_path_buf();
+    tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        if let Err(e) = serve_csi(&path, driver, shutdown).await {
+            eprintln!("serve_csi: {e}");
+        }
+    });
+    RunningDriver {
+        socket: socket.to_path_buf(),
+        stop: Some(stop),
+    }
+}
+
+/// A gRPC channel to the unix socket `socket`, retried until it answers.
+pub async fn connect(socket: &Path) -> Channel {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let path = socket.to_path_buf();
+        let connected =
+            Endpoint::try_from("http://[::1]:50051")
+                .expect("endpoint")
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }))
+                .await;
+        match connected {
+            Ok(channel) => return channel,
+            Err(e) => last = format!("{e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot connect to {}: {last}", socket.display());
+}
+
+/// Node and Identity clients of the driver at `socket`.
+pub async fn clients(socket: &Path) -> (NodeClient<Channel>, IdentityClient<Channel>) {
+    let channel = connect(socket).await;
+    (
+        NodeClient::new(channel.clone()),
+        IdentityClient::new(channel),
+    )
+}
