@@ -15,7 +15,7 @@
 //! `num_warps`, `num_stages`, `ptx_version`, `triton_version`…), the group
 //! file `__grp__<kernel>.json` and the artefacts (`.ttir`, `.ttgir`,
 //! `.llir`, `.ptx`, `.cubin`, `.amdgcn`, `.hsaco`…). Other directories hold
-//! compiled launcher and driver helpers (`__triton_launcher.so`,
+//! compiled launcher and driver libraries (`__triton_launcher.so`,
 //! `cuda_utils.so`) or autotuning results (`<fn>.autotune.json`): they are
 //! not kernels and are neither listed nor counted.
 //!
@@ -445,7 +445,7 @@ const IMAGE_CACHE_DIRS: [&str; 2] = ["io.triton.cache", "io.vllm.cache"];
 ///   `io.vllm.cache/`.
 ///
 /// Entries are sorted, so the same tree always gives the same manifest.
-/// Files that are not kernels (launcher and driver helpers, autotuning
+/// Files that are not kernels (launcher and driver libraries, autotuning
 /// results, Inductor's generated Python) are not listed. Symbolic links
 /// inside the cache are not followed.
 ///

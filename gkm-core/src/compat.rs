@@ -11,14 +11,19 @@
 //!
 //! - **backend**: the target's backend is the GPU's (`cuda`, `hip`…).
 //! - **architecture** (when the backends agree): see [`CudaArchRule`] for
-//!   CUDA; gfx targets must be equal (`gfx90a` ≠ `gfx942`).
+//!   CUDA; gfx targets must be equal (`gfx90a` ≠ `gfx942`; ROCm's generic
+//!   targets such as `gfx9-generic` are not expanded).
 //! - **warp size**: equal. A CUDA GPU whose warp size is not reported counts
 //!   as 32, the only warp size NVIDIA has; for other GPUs an unknown warp
 //!   size makes the GPU incompatible ([`Reason::GpuWithoutWarpSize`]).
 //! - **PTX ISA** (CUDA targets that record one, on GPUs whose driver's CUDA
 //!   version, [`Gpu::toolkit_version`], is known): the ISA is not newer than
 //!   the driver supports, per [`max_ptx_version`]. A driver newer than that
-//!   table is not checked.
+//!   table is not checked. This is deliberately conservative: a cubin built
+//!   from newer PTX often still loads through CUDA's minor version
+//!   compatibility, but only a driver that knows the ISA can also
+//!   JIT-compile the PTX, and a cache kept from a GPU costs a recompile
+//!   while a delivered cache that does not load fails the workload.
 //! - **CUDA major version** (CUDA targets that record the toolkit they were
 //!   built with, on GPUs whose driver's CUDA version is known): not newer
 //!   than the driver's; CUDA's minor version compatibility lets a 12.8
@@ -54,7 +59,8 @@ const CUDA_WARP_SIZE: u32 = 32;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CudaArchRule {
-    /// The compute capability must be equal (`75` fits only 7.5). This is
+    /// The compute capability must be equal (`75` fits only 7.5; `90a` and
+    /// `90` both fit 9.0). This is
     /// what a Triton cache needs: Triton files a kernel under a key that
     /// includes the GPU's compute capability, so on an sm_86 GPU it never
     /// looks up the kernels it compiled for sm_80, even though they could

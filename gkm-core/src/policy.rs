@@ -15,7 +15,11 @@
 //!
 //! ```
 //! use gkm_core::policy::{Identity, Mode, Policy, Signer, SubjectMatch, TrustedRoot};
-//! let root = TrustedRoot::from_json(br#"{"mediaType":"application/vnd.dev.sigstore.trustedroot+json;version=0.1"}"#).unwrap();
+//! let root = TrustedRoot::from_json(br#"{
+//!   "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+//!   "certificateAuthorities": [{"uri": "https://fulcio.example",
+//!     "certChain": {"certificates": [{"rawBytes": "MAA="}]}}]
+//! }"#).unwrap();
 //! let who = Identity::new(
 //!     "https://token.actions.githubusercontent.com",
 //!     SubjectMatch::regexp(r"https://github.com/acme/.*").unwrap(),

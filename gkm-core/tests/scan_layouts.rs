@@ -142,7 +142,10 @@ fn aot_compile_layout_reads_the_model_file() {
         CacheManifest::from_json(&manifest.to_json()).unwrap(),
         manifest
     );
-    // The AOT hash directory on its own is a cache too.
+    // So is torch_aot_compile on its own, and one AOT hash directory.
+    let aot_root = cache::scan(&compile_cache.join("torch_aot_compile")).unwrap();
+    assert_eq!(aot_root.format, Some(VllmFormat::AotCompile));
+    assert_eq!(aot_root.entries().len(), 2);
     let alone = cache::scan(&aot).unwrap();
     assert_eq!(alone.format, Some(VllmFormat::AotCompile));
     assert_eq!(alone.entries().len(), 2);
@@ -187,7 +190,7 @@ fn not_a_cache_names_the_directory_and_what_was_expected() {
 }
 
 #[test]
-fn helper_directories_alone_are_not_a_cache() {
+fn launcher_and_autotune_directories_alone_are_not_a_cache() {
     let dir = tempfile::tempdir().unwrap();
     write(
         &dir.path()
@@ -293,4 +296,21 @@ fn format_label_lists_every_layout_in_mcv_order() {
     );
     let triton = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
     assert_eq!(triton.format_label(), None);
+}
+
+#[test]
+fn vllm_manifests_read_back_whatever_their_shape() {
+    let entry = r#"{"hash":"h","backend":"cuda","arch":"75","warp_size":32,"vllm_hash":""}"#;
+    for json in [
+        format!(r#"{{"vllm":[{entry}]}}"#),
+        format!(r#"{{"vllm":[{{"vllmHash":"","triton":[{entry}]}}]}}"#),
+        format!(r#"{{"vllm":[{{"vllmHash":"x","cacheFormat":"binary","triton":[{entry}]}}]}}"#),
+    ] {
+        let manifest = CacheManifest::from_json(json.as_bytes()).unwrap();
+        assert_eq!(
+            CacheManifest::from_json(&manifest.to_json()).unwrap(),
+            manifest,
+            "{json}"
+        );
+    }
 }

@@ -387,3 +387,68 @@ pub fn register_build_info(registry: &mut Registry, component: &str, version: &s
         prometheus_client::metrics::info::Info::new(labels.to_vec()),
     );
 }
+
+/// Sets `check` once `api` answers a list: the apiserver is reachable, the
+/// resource is served and this process may list it. Tries every 2 s, logging
+/// what went wrong, until it succeeds.
+pub async fn ready_when_listable<K>(api: kube::Api<K>, check: ReadyCheck)
+where
+    K: kube::Resource + Clone + fmt::Debug + serde::de::DeserializeOwned,
+{
+    let params = kube::api::ListParams::default().limit(1);
+    let mut logged = false;
+    loop {
+        match api.list_metadata(&params).await {
+            Ok(_) => {
+                check.set(true);
+                return;
+            }
+            Err(e) if !logged => {
+                warn!(resource = %api.resource_url(), error = %e, "not ready: cannot list; retrying");
+                logged = true;
+            }
+            Err(e) => debug!(resource = %api.resource_url(), error = %e, "not ready: cannot list"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Completes when the process gets SIGTERM (Kubernetes stopping the pod) or
+/// SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Runs `work` until it finishes or the process gets SIGTERM/SIGINT; after a
+/// signal, `work` (which may watch the signals itself, as kube-runtime
+/// controllers do) gets `grace` to finish before it is dropped. Returns the
+/// output when `work` finished.
+pub async fn until_signal<T>(work: impl Future<Output = T>, grace: Duration) -> Option<T> {
+    tokio::pin!(work);
+    tokio::select! {
+        output = &mut work => return Some(output),
+        () = shutdown_signal() => info!(?grace, "stopping"),
+    }
+    match tokio::time::timeout(grace, work).await {
+        Ok(output) => Some(output),
+        Err(_) => {
+            warn!(
+                ?grace,
+                "did not stop within the grace period; stopping anyway"
+            );
+            None
+        }
+    }
+}

@@ -316,31 +316,61 @@ async fn refusal(s: &mut Setup, attrs: &[(&str, &str)]) -> tonic::Status {
     status
 }
 
+/// The CUDA sm75 cache on two nodes, decided as each node's agent decides:
+/// mounted on the node with a Tesla T4, refused with the per-GPU reasons on
+/// the node with an MI210.
 #[tokio::test(flavor = "multi_thread")]
-async fn incompatible_cache_is_refused_with_the_gpu_reasons() {
-    let mut s = Setup::new("sm75-node").await;
-    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-rocm-gfx90a").await;
-    // What the agent decides on a node with one Tesla T4.
-    let summary =
-        gkm_core::cache::scan(&csi_support::fixtures().join("triton-vector-add-rocm-gfx90a"))
-            .expect("scan")
-            .summary();
-    let report = check_summary(&summary, &[t4()], &CheckOptions::default());
-    s.index
-        .publish(
-            &gkmcache("ml", "vector-add"),
-            &Delivery::from_report(digest.clone(), &report),
-        )
-        .expect("index");
+async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node() {
+    let fixture = "triton-vector-add-cuda-sm75";
+    let summary = gkm_core::cache::scan(&csi_support::fixtures().join(fixture))
+        .expect("scan")
+        .summary();
+    let key = gkmcache("ml", "vector-add");
+    let attrs = [("csi.gkm.io/GKMCache", "vector-add")];
 
-    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "vector-add")]).await;
+    let mut sm75 = Setup::new("sm75-node").await;
+    let digest = extract_fixture(sm75.work.path(), &sm75.store, fixture).await;
+    let report = check_summary(&summary, &[t4()], &CheckOptions::default());
+    sm75.index
+        .publish(&key, &Delivery::from_report(digest.clone(), &report))
+        .expect("index");
+    let target = sm75.target("infer-0");
+    let _cleanup = Unmount(target.clone());
+    sm75.publish(publish_request("csi-sm75", &target, "infer-0", &attrs))
+        .await
+        .expect("published on sm75-node");
+    assert!(target.join("io.triton.manifest/manifest.json").is_file());
+    sm75.unpublish("csi-sm75", &target)
+        .await
+        .expect("unpublish");
+
+    let mut gfx90a = Setup::new("gfx90a-node").await;
+    let mi210 = Gpu {
+        vendor: Vendor::Amd,
+        product: "AMD Instinct MI210".into(),
+        backend: Some(Backend::Hip),
+        arch: Some("gfx90a".parse().expect("arch")),
+        warp_size: Some(64),
+        ..Default::default()
+    };
+    let report = check_summary(&summary, &[mi210], &CheckOptions::default());
+    // The agent does not extract an incompatible cache; it records why.
+    gfx90a
+        .index
+        .publish(&key, &Delivery::from_report(digest.clone(), &report))
+        .expect("index");
+    let status = refusal(&mut gfx90a, &attrs).await;
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     let msg = status.message();
-    assert!(
-        msg.starts_with(&format!("GKMCache ml/vector-add digest {digest} is not compatible with any GPU on node sm75-node: GPU 0 Tesla T4")),
-        "{msg}"
+    println!("refusal on gfx90a-node: {msg}");
+    let expected = format!(
+        "GKMCache ml/vector-add digest {digest} is not compatible with any GPU on node gfx90a-node: GPU 0 AMD Instinct MI210"
     );
-    assert!(msg.contains("gfx90a"), "{msg}");
+    assert!(msg.starts_with(&expected), "{msg}");
+    assert!(
+        msg.contains("cuda") && msg.contains("hip"),
+        "names both backends: {msg}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

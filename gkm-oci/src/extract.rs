@@ -335,6 +335,8 @@ struct State<'p> {
     links: HashSet<String>,
     stats: ExtractStats,
     buf: Vec<u8>,
+    /// The directory the previous file went into, known to exist.
+    last_parent: Option<std::path::PathBuf>,
 }
 
 impl State<'_> {
@@ -364,6 +366,7 @@ pub fn extract_tar<R: Read>(
         links: HashSet::new(),
         stats: ExtractStats::default(),
         buf: vec![0u8; 1 << 20],
+        last_parent: None,
     };
     let mut last = String::from("(start of archive)");
     let entries = archive.entries().map_err(|e| classify(e, &last))?;
@@ -508,8 +511,11 @@ fn extract_entry<R: Read>(
                 );
             }
             let parent = parent_of(&target);
-            if !parent.is_dir() {
-                fs::create_dir_all(&parent).map_err(io_err)?;
+            if st.last_parent.as_ref() != Some(&parent) {
+                if !parent.is_dir() {
+                    fs::create_dir_all(&parent).map_err(io_err)?;
+                }
+                st.last_parent = Some(parent);
             }
             let file_mode = if mode & 0o111 != 0 {
                 EXEC_MODE

@@ -66,9 +66,11 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
-/// Reads the chunks the decompression thread sends.
+/// Reads the chunks the decompression thread sends, and hands the spent
+/// buffers back to it.
 struct ChunkReader {
     rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    recycle: std::sync::mpsc::SyncSender<Vec<u8>>,
     current: Vec<u8>,
     pos: usize,
 }
@@ -78,7 +80,10 @@ impl Read for ChunkReader {
         while self.pos == self.current.len() {
             match self.rx.recv() {
                 Ok(Ok(chunk)) => {
-                    self.current = chunk;
+                    let spent = std::mem::replace(&mut self.current, chunk);
+                    if spent.capacity() >= CHUNK {
+                        let _ = self.recycle.try_send(spent);
+                    }
                     self.pos = 0;
                 }
                 Ok(Err(e)) => return Err(e),
@@ -98,13 +103,12 @@ fn decompress<R: Read>(
     raw: Counting<R>,
     compression: Compression,
     tx: std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
+    recycled: std::sync::mpsc::Receiver<Vec<u8>>,
 ) -> io::Result<Digest> {
-    fn pump(
-        mut r: impl Read,
-        tx: &std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
-    ) -> io::Result<bool> {
+    let pump = |r: &mut dyn Read| -> io::Result<bool> {
         loop {
-            let mut chunk = vec![0u8; CHUNK];
+            let mut chunk = recycled.try_recv().unwrap_or_default();
+            chunk.resize(CHUNK, 0);
             let mut filled = 0;
             while filled < CHUNK {
                 match r.read(&mut chunk[filled..]) {
@@ -126,26 +130,27 @@ fn decompress<R: Read>(
                 return Ok(false);
             }
         }
-    }
+    };
     let mut raw = match compression {
         Compression::Zstd => {
+            // The default window limit (128 MiB) stays: a frame asking for
+            // more is refused rather than allocated.
             let mut d = zstd::Decoder::new(raw)?;
-            d.window_log_max(31)?;
-            if !pump(&mut d, &tx)? {
+            if !pump(&mut d)? {
                 return Err(stopped());
             }
             d.finish().into_inner()
         }
         Compression::Gzip => {
             let mut d = flate2::read::MultiGzDecoder::new(raw);
-            if !pump(&mut d, &tx)? {
+            if !pump(&mut d)? {
                 return Err(stopped());
             }
             d.into_inner()
         }
         Compression::None => {
             let mut r = raw;
-            if !pump(&mut r, &tx)? {
+            if !pump(&mut r)? {
                 return Err(stopped());
             }
             r
@@ -232,11 +237,13 @@ fn run(
         progress: progress.map(|p| (p, size)),
     };
     let (tx, rx) = std::sync::mpsc::sync_channel(8);
+    let (recycle, recycled) = std::sync::mpsc::sync_channel(16);
     std::thread::scope(|s| {
-        let decompressor = s.spawn(move || decompress(counting, compression, tx));
+        let decompressor = s.spawn(move || decompress(counting, compression, tx, recycled));
         let reader = RatioGuard {
             inner: ChunkReader {
                 rx,
+                recycle,
                 current: Vec::new(),
                 pos: 0,
             },

@@ -201,13 +201,14 @@ async fn cosign_v3_bundles_verify_with_gkm() {
         ),
     );
     // cosign v3 wrote a bundle referrer and no v2 signature tag.
-    let sig_tag =
-        gkm_oci::verify::location::tagged(&image, &gkm_oci::verify::signature_tag(&digest));
-    let v2 = Repo::open(&sig_tag, &options())
-        .expect("repo")
-        .fetch_manifest()
-        .await;
-    assert!(matches!(v2, Err(gkm_oci::Error::NotFound { .. })), "{v2:?}");
+    let v2 = gkm_oci::verify::location::fetch_tag(
+        &image,
+        &options(),
+        &gkm_oci::verify::signature_tag(&digest),
+    )
+    .await
+    .expect("read the signature tag");
+    assert!(v2.is_none(), "cosign v3 also wrote a v2 signature");
     let verified = verify_keys(&image, &digest, &[&public])
         .await
         .expect("cosign v3 bundle verifies");
@@ -802,9 +803,11 @@ fn keyless_policy(root: &str, issuer: &str, subject: SubjectMatch) -> Policy {
     .expect("policy")
 }
 
-/// Sign `digest` with cosign v2, the leaf's key and the leaf certificate (no
-/// Fulcio, no Rekor).
+/// Sign `digest` with cosign (`version`), the leaf's key and the leaf
+/// certificate (no Fulcio, no Rekor): cosign v2 writes the certificate into
+/// the `.sig` layer annotations, cosign v3 into the bundle.
 fn cosign_sign_with_certificate(
+    version: Component,
     dir: &Path,
     fulcio: &Fulcio,
     leaf: &(String, String),
@@ -817,7 +820,7 @@ fn cosign_sign_with_certificate(
     let _ = std::fs::remove_file(dir.join("import.key"));
     let _ = std::fs::remove_file(dir.join("import.pub"));
     cosign_ok(
-        Component::CosignV2,
+        version,
         dir,
         &[
             "import-key-pair",
@@ -827,21 +830,22 @@ fn cosign_sign_with_certificate(
             "import",
         ],
     );
+    let mut sign = vec![
+        "sign",
+        "--key",
+        "import.key",
+        "--certificate",
+        "leaf.pem",
+        "--certificate-chain",
+        "ca.pem",
+    ];
+    if version == Component::CosignV3 {
+        sign.push("--use-signing-config=false");
+    }
     cosign_ok(
-        Component::CosignV2,
+        version,
         dir,
-        &args(
-            &[
-                "sign",
-                "--key",
-                "import.key",
-                "--certificate",
-                "leaf.pem",
-                "--certificate-chain",
-                "ca.pem",
-            ],
-            &args(OFFLINE_SIGN, &[&pinned(image, digest)]),
-        ),
+        &args(&sign, &args(OFFLINE_SIGN, &[&pinned(image, digest)])),
     );
 }
 
@@ -852,7 +856,14 @@ async fn keyless_certificates_from_a_local_ca_prove_issuer_and_subject() {
     let root = fulcio.trusted_root();
     let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2020, 2100));
     let (image, digest) = push_image("keyless", CUDA).await;
-    cosign_sign_with_certificate(dir.path(), &fulcio, &leaf, &image, &digest);
+    cosign_sign_with_certificate(
+        Component::CosignV2,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
     let check = |policy: Policy| {
         let image = image.clone();
         let digest = digest.clone();
@@ -960,7 +971,14 @@ async fn keyless_certificates_with_only_the_legacy_issuer_extension_are_read() {
     let fulcio = Fulcio::new("legacy fulcio");
     let leaf = fulcio.leaf(ISSUER, SUBJECT, true, (2020, 2100));
     let (image, digest) = push_image("keyless-legacy", ROCM).await;
-    cosign_sign_with_certificate(dir.path(), &fulcio, &leaf, &image, &digest);
+    cosign_sign_with_certificate(
+        Component::CosignV2,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
     let policy = keyless_policy(
         &fulcio.trusted_root(),
         ISSUER,
@@ -984,7 +1002,14 @@ async fn an_expired_certificate_without_a_timestamp_is_refused() {
     let fulcio = Fulcio::new("expired fulcio");
     let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2021, 2022));
     let (image, digest) = push_image("keyless-expired", CUDA).await;
-    cosign_sign_with_certificate(dir.path(), &fulcio, &leaf, &image, &digest);
+    cosign_sign_with_certificate(
+        Component::CosignV2,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
     let policy = keyless_policy(
         &fulcio.trusted_root(),
         ISSUER,
@@ -993,6 +1018,73 @@ async fn an_expired_certificate_without_a_timestamp_is_refused() {
     let refused = rejection(verify(&image, &options(), &digest, &policy).await);
     assert!(
         matches!(&refused, Rejection::CertificateExpired(_)),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cosign_v3_keyless_bundles_prove_issuer_and_subject() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fulcio = Fulcio::new("bundle fulcio");
+    let root = fulcio.trusted_root();
+    let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2020, 2100));
+    let (image, digest) = push_image("keyless-bundle", CUDA).await;
+    cosign_sign_with_certificate(
+        Component::CosignV3,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
+
+    let pattern = SubjectMatch::regexp(r"https://github\.com/acme/.*").expect("pattern");
+    let verified = verify(
+        &image,
+        &options(),
+        &digest,
+        &keyless_policy(&root, ISSUER, pattern),
+    )
+    .await
+    .expect("verifies");
+    assert_eq!(verified.format, Format::SigstoreBundle);
+    assert_eq!(
+        verified.signed_by,
+        SignedBy::Keyless {
+            issuer: ISSUER.into(),
+            subject: SUBJECT.into()
+        }
+    );
+
+    let refused = rejection(
+        verify(
+            &image,
+            &options(),
+            &digest,
+            &keyless_policy(&root, ISSUER, SubjectMatch::Exact("ci@example.com".into())),
+        )
+        .await,
+    );
+    assert!(
+        matches!(&refused, Rejection::IdentityMismatch { found, .. } if found == SUBJECT),
+        "{refused}"
+    );
+    let stranger = Fulcio::new("bundle fulcio");
+    let refused = rejection(
+        verify(
+            &image,
+            &options(),
+            &digest,
+            &keyless_policy(
+                &stranger.trusted_root(),
+                ISSUER,
+                SubjectMatch::Exact(SUBJECT.into()),
+            ),
+        )
+        .await,
+    );
+    assert!(
+        matches!(&refused, Rejection::UntrustedChain(_)),
         "{refused}"
     );
 }

@@ -20,11 +20,13 @@ mod kwok;
 mod ports;
 mod process;
 mod registry;
+mod service_account;
 
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use registry::Registry;
+pub use service_account::{service_account_groups, service_account_user};
 
 /// A fresh temporary directory, removed on drop.
 pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {

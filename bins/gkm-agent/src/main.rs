@@ -1,15 +1,169 @@
 //! `gkm-agent`: one per node; checks caches against the node's GPUs and extracts them.
+//! Flag parsing and wiring only; the agent is `gkm_k8s::agent`.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_gpu::DiscoveryOptions;
+use gkm_k8s::agent::AgentConfig;
+use gkm_k8s::crd::{ClusterGKMCache, GKMCache};
+use gkm_k8s::serve::{
+    Endpoints, Readiness, ready_when_listable, register_build_info, serve, until_signal,
+};
+use gkm_oci::RegistryOptions;
+use kube::Api;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+/// How long the agent gets to finish a pass after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// gkm node agent: discovers the node's GPUs, pulls and extracts compatible
 /// caches into the node store and reports in the node's GKMCacheNode.
 #[derive(Parser)]
 #[command(name = "gkm-agent", version, about)]
-struct Cli {}
+struct Cli {
+    /// This node's name; its reports and labels are for this Node.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The node store the caches are extracted into (the CSI driver's --store).
+    #[arg(long, env = "GKM_STORE", default_value = "/var/lib/gkm/store")]
+    store: PathBuf,
+    /// Read the node's GPUs from this simulated inventory file instead of
+    /// looking at the hardware.
+    #[arg(long, env = "GKM_SIMULATE")]
+    simulate: Option<PathBuf>,
+    /// The sysfs root to scan for GPUs.
+    #[arg(long, default_value = "/sys")]
+    sysfs: PathBuf,
+    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where to serve /healthz, /readyz and /metrics (port 0 picks a free one).
+    #[arg(long, env = "GKM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Speak plain HTTP to registries (local test registries only).
+    #[arg(long, env = "GKM_INSECURE_REGISTRY")]
+    insecure_registry: bool,
+    /// How often every cache is checked even without a change (e.g. 30s).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    resync: Duration,
+    /// How long a digest no cache or pod uses stays in the store (e.g. 10m).
+    #[arg(long, default_value = "10m", value_parser = duration)]
+    gc_grace: Duration,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() {
-    Cli::parse();
-    eprintln!("gkm-agent: the node agent is not built yet; see --help");
-    std::process::exit(2);
+fn duration(text: &str) -> Result<Duration, String> {
+    gkm_k8s::operator::parse_duration(text)
+        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let Some(path) = kubeconfig else {
+        return kube::Client::try_default()
+            .await
+            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
+    };
+    let file = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("making the apiserver client")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.node_name.is_empty() {
+        bail!("--node-name (or NODE_NAME) is empty");
+    }
+    if cli.resync.is_zero() {
+        bail!("--resync must be longer than 0s");
+    }
+    if let Some(file) = &cli.simulate
+        && !file.is_file()
+    {
+        bail!("--simulate {}: no such file", file.display());
+    }
+    let client = connect(cli.kubeconfig.as_deref()).await?;
+    let mut config = AgentConfig::new(&cli.node_name, &cli.store);
+    config.discovery = DiscoveryOptions {
+        sysfs_root: cli.sysfs,
+        simulate: cli.simulate,
+        ..DiscoveryOptions::default()
+    };
+    config.registry = RegistryOptions {
+        insecure: cli.insecure_registry,
+        ..RegistryOptions::default()
+    };
+    config.resync = cli.resync;
+    config.gc_grace = cli.gc_grace;
+
+    let readiness = Readiness::default();
+    let mut registry = Registry::with_prefix("gkm");
+    register_build_info(&mut registry, "gkm-agent", env!("CARGO_PKG_VERSION"));
+    let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+        .await
+        .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
+    let (stop, stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(
+        listener,
+        Arc::new(Endpoints::new(registry, readiness.clone())),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
+        },
+    ));
+    tokio::spawn(ready_when_listable(
+        Api::<GKMCache>::all(client.clone()),
+        readiness.check("gkmcaches"),
+    ));
+    tokio::spawn(ready_when_listable(
+        Api::<ClusterGKMCache>::all(client.clone()),
+        readiness.check("clustergkmcaches"),
+    ));
+
+    let result = match until_signal(gkm_k8s::agent::run(client, config), SHUTDOWN_GRACE).await {
+        Some(result) => result.with_context(|| format!("the agent of node {}", cli.node_name)),
+        None => Ok(()),
+    };
+    let _ = stop.send(true);
+    server.await.context("the endpoints server")?;
+    result
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("gkm-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

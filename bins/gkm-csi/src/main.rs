@@ -40,7 +40,9 @@ struct Cli {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -50,7 +52,10 @@ fn init_logging(json: bool) {
 
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
-    let path = endpoint.strip_prefix("unix://").or_else(|| endpoint.strip_prefix("unix:")).unwrap_or(endpoint);
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
     if !path.starts_with('/') {
         bail!("--endpoint {endpoint:?}: expected unix:///absolute/path or an absolute path");
     }
@@ -79,8 +84,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) is empty");
     }
-    let config = DriverConfig { node_name: cli.node_name, store_root: cli.store };
-    let driver = Driver::new(&config).with_context(|| format!("opening the store {}", config.store_root.display()))?;
+    let config = DriverConfig {
+        node_name: cli.node_name,
+        store_root: cli.store,
+    };
+    let driver = Driver::new(&config)
+        .with_context(|| format!("opening the store {}", config.store_root.display()))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -89,16 +98,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let registration = cli.kubelet_registration_path.map(|endpoint| {
         let reg_socket = cli.plugin_registration_dir.join(socket_name());
         let shutdown = stopped(stop_rx.clone());
-        tokio::spawn(async move { serve_registration(&reg_socket, RegistrationService::new(endpoint), shutdown).await })
+        tokio::spawn(async move {
+            serve_registration(&reg_socket, RegistrationService::new(endpoint), shutdown).await
+        })
     });
     tokio::spawn(async move {
         terminated().await;
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
-    serve_csi(&socket, driver, stopped(stop_rx)).await.context("serving CSI")?;
+    serve_csi(&socket, driver, stopped(stop_rx))
+        .await
+        .context("serving CSI")?;
     if let Some(task) = registration {
-        task.await.context("registration task")?.context("serving plugin registration")?;
+        task.await
+            .context("registration task")?
+            .context("serving plugin registration")?;
     }
     Ok(())
 }
@@ -123,9 +138,18 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(socket_path("unix:///csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
-        assert_eq!(socket_path("unix:/csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
-        assert_eq!(socket_path("/csi/csi.sock").expect("ok"), PathBuf::from("/csi/csi.sock"));
+        assert_eq!(
+            socket_path("unix:///csi/csi.sock").expect("ok"),
+            PathBuf::from("/csi/csi.sock")
+        );
+        assert_eq!(
+            socket_path("unix:/csi/csi.sock").expect("ok"),
+            PathBuf::from("/csi/csi.sock")
+        );
+        assert_eq!(
+            socket_path("/csi/csi.sock").expect("ok"),
+            PathBuf::from("/csi/csi.sock")
+        );
         assert!(socket_path("tcp://0.0.0.0:1").is_err());
         assert!(socket_path("unix://relative").is_err());
     }

@@ -1,15 +1,235 @@
 //! `gkm-operator`: resolves, verifies and rolls out GKMCache and ClusterGKMCache.
+//! Flag parsing and wiring only; the controllers are `gkm_k8s::operator`.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_k8s::crd::{ClusterGKMCache, GKMCache, SignaturePolicy, VerificationStatus};
+use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig};
+use gkm_k8s::serve::{
+    Endpoints, OperatorCollector, Readiness, Sampled, ready_when_listable, register_build_info,
+    serve, shutdown_signal, until_signal,
+};
+use gkm_oci::RegistryOptions;
+use kube::Api;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+/// How long the controllers get to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// gkm operator: resolves cache images to digests, verifies their signatures
 /// and rolls node reports up into each cache's status.
 #[derive(Parser)]
 #[command(name = "gkm-operator", version, about)]
-struct Cli {}
+struct Cli {
+    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where to serve /healthz, /readyz and /metrics (port 0 picks a free one).
+    #[arg(long, env = "GKM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Run the controllers only while holding a Lease, so that replicas stand by.
+    #[arg(long)]
+    leader_elect: bool,
+    /// The Lease's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gkm-system")]
+    lease_namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "gkm-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease [default: $POD_NAME, else $HOSTNAME, else gkm-operator-PID].
+    #[arg(long, env = "POD_NAME")]
+    leader_identity: Option<String>,
+    /// How long a Lease not renewed stays valid (e.g. 15s).
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    lease_duration: Duration,
+    /// How often tags are resolved again when a cache does not say (e.g. 5m, 1h30m).
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    resolve_interval: Duration,
+    /// Speak plain HTTP to registries (local test registries only).
+    #[arg(long, env = "GKM_INSECURE_REGISTRY")]
+    insecure_registry: bool,
+    /// The signature policy (YAML or JSON, the shape of a cache's
+    /// `spec.signature`) for caches that set none; without it such caches are
+    /// never verified, so never delivered.
+    #[arg(long)]
+    default_policy: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() {
-    Cli::parse();
-    eprintln!("gkm-operator: the controllers are not built yet; see --help");
-    std::process::exit(2);
+fn duration(text: &str) -> Result<Duration, String> {
+    gkm_k8s::operator::parse_duration(text)
+        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let Some(path) = kubeconfig else {
+        return kube::Client::try_default()
+            .await
+            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
+    };
+    let file = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("making the apiserver client")
+}
+
+fn read_policy(path: &Path) -> anyhow::Result<SignaturePolicy> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --default-policy {}", path.display()))?;
+    serde_yaml::from_str(&text).with_context(|| {
+        format!(
+            "--default-policy {}: not a signature policy",
+            path.display()
+        )
+    })
+}
+
+fn identity(flag: Option<String>) -> String {
+    flag.filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| format!("gkm-operator-{}", std::process::id()))
+}
+
+/// Reports every image as unverified, naming why: caches whose policy
+/// enforces signatures are never delivered.
+struct NoVerifier;
+
+#[async_trait::async_trait]
+impl ImageVerifier for NoVerifier {
+    async fn verify(
+        &self,
+        _cache: &gkm_k8s::cache_object::CacheKey,
+        _image: &str,
+        digest: &str,
+        _policy: &SignaturePolicy,
+    ) -> VerificationStatus {
+        VerificationStatus {
+            verified: false,
+            digest: Some(digest.to_string()),
+            message: Some("this gkm-operator build verifies no signatures".into()),
+            ..VerificationStatus::default()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let client = connect(cli.kubeconfig.as_deref()).await?;
+    let identity = identity(cli.leader_identity);
+    let default_policy = cli.default_policy.as_deref().map(read_policy).transpose()?;
+    if cli.resolve_interval.is_zero() {
+        bail!("--resolve-interval must be longer than 0s");
+    }
+    let config = OperatorConfig {
+        registry: RegistryOptions {
+            insecure: cli.insecure_registry,
+            ..RegistryOptions::default()
+        },
+        default_policy,
+        resolve_interval: cli.resolve_interval,
+        instance: identity.clone(),
+    };
+
+    let metrics = Arc::new(Metrics::default());
+    let readiness = Readiness::default();
+    let mut registry = Registry::with_prefix("gkm");
+    registry.register_collector(Box::new(OperatorCollector(metrics.clone())));
+    register_build_info(&mut registry, "gkm-operator", env!("CARGO_PKG_VERSION"));
+    let elector = cli.leader_elect.then(|| {
+        let lease = LeaseConfig::new(&cli.lease_namespace, &cli.lease_name, &identity)
+            .with_lease_duration(cli.lease_duration);
+        LeaderElector::new(client.clone(), lease)
+    });
+    if let Some(elector) = &elector {
+        let help = "1 while this replica holds the operator's Lease and runs the controllers";
+        registry.register_collector(Box::new(Sampled::flag("leader", help, elector.leading())));
+    }
+
+    let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+        .await
+        .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
+    let (stop, stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(
+        listener,
+        Arc::new(Endpoints::new(registry, readiness.clone())),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
+        },
+    ));
+    tokio::spawn(ready_when_listable(
+        Api::<GKMCache>::all(client.clone()),
+        readiness.check("gkmcaches"),
+    ));
+    tokio::spawn(ready_when_listable(
+        Api::<ClusterGKMCache>::all(client.clone()),
+        readiness.check("clustergkmcaches"),
+    ));
+
+    // The signature verifier: replace `NoVerifier` with the registry-backed one.
+    let verifier: Arc<dyn ImageVerifier> = Arc::new(NoVerifier);
+    let controllers = until_signal(
+        gkm_k8s::operator::run(client, config, verifier, metrics),
+        SHUTDOWN_GRACE,
+    );
+    let result = match elector {
+        None => {
+            controllers.await;
+            Ok(())
+        }
+        Some(elector) => match elector.run(shutdown_signal(), controllers).await {
+            Outcome::Completed(_) | Outcome::ShutDown => Ok(()),
+            Outcome::LeadershipLost { holder } => Err(anyhow::anyhow!(
+                "lost the Lease {}/{} (held by {}); exiting so that a restart stands by",
+                cli.lease_namespace,
+                cli.lease_name,
+                holder
+                    .as_deref()
+                    .unwrap_or("nobody: it could not be renewed")
+            )),
+        },
+    };
+    let _ = stop.send(true);
+    server.await.context("the endpoints server")?;
+    result
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("gkm-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

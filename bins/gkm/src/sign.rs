@@ -1,12 +1,72 @@
 //! `gkm sign`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context;
+use gkm_oci::sign::{SignFormat, SigningKey, sign};
+use gkm_oci::{ImageRef, Repo};
+
+use crate::push::{RegistryArgs, finish, parse_ref};
+
+/// The signature format to write.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum FormatArg {
+    /// cosign v2: the `sha256-<hex>.sig` tag.
+    V2,
+    /// A sigstore bundle attached as an OCI 1.1 referrer (cosign v3).
+    #[default]
+    V3,
+}
 
 /// Arguments of `gkm sign`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`; a tag
+    /// is resolved to its digest, which is what gets signed.
+    #[arg(value_parser = parse_ref)]
+    image: ImageRef,
+    /// The private key: cosign's encrypted key (`cosign generate-key-pair`)
+    /// or an unencrypted PKCS#8 PEM (ECDSA P-256/P-384, Ed25519, RSA).
+    #[arg(long)]
+    key: PathBuf,
+    /// The password of an encrypted key.
+    #[arg(
+        long,
+        env = "COSIGN_PASSWORD",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    password: String,
+    /// The signature format.
+    #[arg(long, value_enum, default_value_t)]
+    format: FormatArg,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
 
 /// Runs `gkm sign`.
-pub async fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("gkm sign is not built yet")
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let pem = std::fs::read_to_string(&args.key)
+        .with_context(|| format!("reading {}", args.key.display()))?;
+    let key = SigningKey::from_pem(&pem, args.password.as_bytes())
+        .with_context(|| format!("reading the private key {}", args.key.display()))?;
+    let options = args.registry.options()?;
+    let digest = match Repo::open(&args.image, &options)?.fetch_manifest().await {
+        Ok(m) => m.digest,
+        Err(e) => return finish(e),
+    };
+    let format = match args.format {
+        FormatArg::V2 => SignFormat::CosignV2,
+        FormatArg::V3 => SignFormat::Bundle,
+    };
+    let signed = sign(&args.image, &options, &digest, &key, format).await?;
+    println!(
+        "Signed {} with {} key {}",
+        signed.digest,
+        key.public_key().algorithm(),
+        key.public_key().fingerprint()
+    );
+    println!("Signature: {}", signed.location);
+    Ok(ExitCode::SUCCESS)
 }

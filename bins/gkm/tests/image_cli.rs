@@ -604,3 +604,100 @@ fn credentials_from_docker_config_and_stdin() {
         out.stderr
     );
 }
+
+#[test]
+fn killed_extraction_leaves_no_partial_tree() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    // A fixture plus a 96 MiB file, so extraction takes long enough to be
+    // caught half-way.
+    let cache = w.join("cache");
+    let fixture = fixtures().join(FIXTURES[0]);
+    for (rel, (bytes, _)) in tree(&fixture) {
+        match bytes {
+            None => std::fs::create_dir_all(cache.join(&rel)).expect("mkdir"),
+            Some(b) => {
+                std::fs::create_dir_all(cache.join(&rel).parent().expect("parent")).expect("mkdir");
+                std::fs::write(cache.join(&rel), b).expect("write");
+            }
+        }
+    }
+    let kernel_dir = std::fs::read_dir(&cache)
+        .expect("read")
+        .next()
+        .expect("a dir")
+        .expect("entry")
+        .path();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let big: Vec<u8> = (0..96 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 56) as u8
+        })
+        .collect();
+    std::fs::write(kernel_dir.join("big.bin"), &big).expect("write big file");
+    let layout = format!("oci:{}/layout:big", w.display());
+    ok(&["build", &cache.display().to_string(), "-t", &layout]);
+
+    let store = w.join("store");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gkm"))
+        .args(["pull", &layout, "--store", &store.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run gkm");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let caught = loop {
+        let partial = std::fs::read_dir(store.join("staging"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .any(|e| {
+                let p = e
+                    .path()
+                    .join("io.triton.cache")
+                    .join(kernel_dir.file_name().expect("name"))
+                    .join("big.bin");
+                std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+            });
+        if partial {
+            child.kill().expect("kill gkm");
+            break true;
+        }
+        if child.try_wait().expect("wait").is_some() || std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let _ = child.wait();
+    assert!(
+        caught,
+        "extraction finished before it could be killed half-way"
+    );
+    let visible: Vec<_> = std::fs::read_dir(store.join("sha256"))
+        .expect("read")
+        .collect();
+    assert!(
+        visible.is_empty(),
+        "a killed extraction left a visible tree: {visible:?}"
+    );
+    assert!(
+        std::fs::read_dir(store.join("staging"))
+            .expect("read")
+            .next()
+            .is_some(),
+        "nothing was left to clean"
+    );
+
+    // The next run cleans the leftovers and extracts in full.
+    let line = ok(&["pull", &layout, "--store", &store.display().to_string()]);
+    let path = PathBuf::from(line.split_whitespace().nth(1).expect("path"));
+    assert_same_tree(&cache, &path.join("io.triton.cache"));
+    let left: Vec<_> = std::fs::read_dir(store.join("staging"))
+        .expect("read")
+        .collect();
+    assert!(left.is_empty(), "leftovers survived: {left:?}");
+}

@@ -82,19 +82,21 @@ pub(super) mod vllm_groups {
             let context = |e: serde_json::Error| D::Error::custom(format!("vllm[{i}]: {e}"));
             let is_group = element.as_object().is_some_and(|o| !o.contains_key("hash"));
             if !is_group {
-                let mut entry = CacheEntry::deserialize(element).map_err(context)?;
-                entry.vllm_hash = entry.vllm_hash.filter(|h| !h.is_empty());
-                entries.push(entry);
+                entries.push(CacheEntry::deserialize(element).map_err(context)?);
                 continue;
             }
             let group = Group::deserialize(element).map_err(context)?;
             for mut entry in group.triton {
-                if entry.vllm_hash.is_none() && !group.vllm_hash.is_empty() {
+                if entry.vllm_hash.as_deref().is_none_or(str::is_empty) {
                     entry.vllm_hash = Some(group.vllm_hash.clone());
                 }
                 entry.cache_format = entry.cache_format.or(group.cache_format);
                 entries.push(entry);
             }
+        }
+        // No hash and an empty one are written alike; read them alike.
+        for entry in &mut entries {
+            entry.vllm_hash = entry.vllm_hash.take().filter(|h| !h.is_empty());
         }
         Ok(Some(entries))
     }

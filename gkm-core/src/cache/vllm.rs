@@ -100,7 +100,9 @@ fn hash_dirs(compile_cache: &Path) -> Result<Vec<(PathBuf, bool)>, CacheError> {
                 }
             }
         } else if has_rank_dirs(&sub)? {
-            out.push((sub, false));
+            // `compile_cache` may be `torch_aot_compile` itself.
+            let aot = compile_cache.file_name().is_some_and(|n| n == AOT_DIR);
+            out.push((sub, aot));
         }
     }
     Ok(out)

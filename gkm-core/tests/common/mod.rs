@@ -1,4 +1,4 @@
-//! Helpers shared by the integration tests.
+//! Fixture paths and tree building shared by the integration tests.
 #![allow(dead_code)]
 
 use std::fs;
@@ -32,8 +32,9 @@ pub fn cuda_kernel_json() -> Vec<u8> {
     .expect("reading the CUDA fixture's kernel metadata")
 }
 
-/// Copy a tree (files and directories), children in `order`'s order, so
-/// tests can create the same tree in different orders.
+/// Copy a tree (files and directories), creating children in sorted or, with
+/// `reverse`, reverse order, so tests can create the same tree in different
+/// orders.
 pub fn copy_tree(from: &Path, to: &Path, reverse: bool) {
     fs::create_dir_all(to).expect("creating a directory");
     let mut children: Vec<_> = fs::read_dir(from)

@@ -189,6 +189,10 @@ pub(crate) async fn find(
     Ok(out)
 }
 
+fn tlog_entries(material: &Material) -> Vec<super::tlog::Entry> {
+    material.tlog_entries.iter().filter_map(|e| super::tlog::from_bundle_entry(e).ok()).collect()
+}
+
 fn certificate(material: &Material) -> std::result::Result<Option<Vec<u8>>, Rejection> {
     let raw = match (&material.certificate, &material.x509_certificate_chain) {
         (Some(c), _) => &c.raw_bytes,
@@ -236,6 +240,7 @@ fn from_envelope(
             .public_key
             .as_ref()
             .map(|k| k.hint.clone()),
+        tlog: tlog_entries(&bundle.verification_material),
     })
 }
 
@@ -291,6 +296,7 @@ fn from_message(
             .public_key
             .as_ref()
             .map(|k| k.hint.clone()),
+        tlog: tlog_entries(&bundle.verification_material),
     })
 }
 

@@ -25,7 +25,7 @@ pub(crate) struct Leaf {
 
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, Rejection> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok(_) => Err(Rejection::UntrustedChain(
             "trailing bytes after the certificate".into(),
         )),

@@ -19,6 +19,8 @@ pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesi
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// The layer annotation holding the PEM signing certificate.
 pub const CERTIFICATE_ANNOTATION: &str = "dev.sigstore.cosign/certificate";
+/// The layer annotation holding the Rekor entry and its signed entry timestamp.
+pub const REKOR_BUNDLE_ANNOTATION: &str = "dev.sigstore.cosign/bundle";
 /// The layer annotation holding the PEM certificate chain.
 pub const CHAIN_ANNOTATION: &str = "dev.sigstore.cosign/chain";
 
@@ -94,6 +96,11 @@ pub(crate) async fn find(
             signature,
             certificate,
             key_hint: None,
+            tlog: annotations
+                .get(REKOR_BUNDLE_ANNOTATION)
+                .and_then(|b| super::tlog::from_cosign_annotation(b).ok())
+                .into_iter()
+                .collect(),
         }));
     }
     Ok(out)

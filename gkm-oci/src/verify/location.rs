@@ -43,7 +43,7 @@ pub(crate) fn docker_reference(image: &ImageRef) -> String {
 }
 
 /// The manifest at `tag`, or `None` when the tag does not exist.
-pub(crate) async fn fetch_tag(
+pub async fn fetch_tag(
     image: &ImageRef,
     options: &RegistryOptions,
     tag: &str,
@@ -68,10 +68,12 @@ fn is_not_found(e: &Error) -> bool {
     match e {
         Error::NotFound { .. } => true,
         Error::Registry { source, .. } => match source.as_ref() {
-            E::RegistryError { envelope, .. } => envelope
-                .errors
-                .iter()
-                .any(|err| matches!(err.code, OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown)),
+            E::RegistryError { envelope, .. } => envelope.errors.iter().any(|err| {
+                matches!(
+                    err.code,
+                    OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
+                )
+            }),
             E::ImageManifestNotFoundError(_) => true,
             E::ServerError { code: 404, .. } => true,
             _ => false,

@@ -39,6 +39,7 @@ pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
 pub mod location;
+mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
 
@@ -53,7 +54,8 @@ pub use bundle::{
 pub use certificate::{OID_ISSUER_V1, OID_ISSUER_V2};
 pub(crate) use cosign_v2::payload as cosign_v2_payload;
 pub use cosign_v2::{
-    CERTIFICATE_ANNOTATION, CHAIN_ANNOTATION, SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE,
+    CERTIFICATE_ANNOTATION, CHAIN_ANNOTATION, REKOR_BUNDLE_ANNOTATION, SIGNATURE_ANNOTATION,
+    SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use location::{referrers_tag, signature_tag};
 
@@ -85,6 +87,8 @@ pub(crate) struct Candidate {
     pub certificate: Option<Vec<u8>>,
     /// A hint naming the key (a bundle's `publicKey.hint`).
     pub key_hint: Option<String>,
+    /// Transparency log entries recorded with the signature.
+    pub tlog: Vec<tlog::Entry>,
 }
 
 /// Verify the signatures of `digest` in `image`'s repository against
@@ -143,30 +147,19 @@ pub(crate) fn check(
             ),
         });
     }
+    // The time a verified log entry proves the signature existed at.
+    let logged = policy
+        .trusted_root()
+        .and_then(|root| c.tlog.iter().find_map(|e| tlog::verified_time(e, root, &c.signature)));
     let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
-        let signed = c
-            .signed_digest
-            .clone()
-            .map_err(|reason| Rejection::Malformed {
-                format: c.format,
-                reason,
-            })?;
+        let signed = c.signed_digest.clone().map_err(|reason| Rejection::Malformed { format: c.format, reason })?;
         if signed != digest.as_str() {
-            return Err(Rejection::DigestMismatch {
-                format: c.format,
-                expected: digest.to_string(),
-                signed,
-            });
+            return Err(Rejection::DigestMismatch { format: c.format, expected: digest.to_string(), signed });
         }
-        if policy.require_tlog() {
+        if policy.require_tlog() && logged.is_none() {
             return Err(Rejection::TlogMissing);
         }
-        Ok(Verified {
-            format: c.format,
-            signed_by,
-            digest: signed,
-            tlog: false,
-        })
+        Ok(Verified { format: c.format, signed_by, digest: signed, tlog: logged.is_some() })
     };
     let keys: Vec<&PublicKey> = policy
         .signers()
@@ -201,7 +194,7 @@ pub(crate) fn check(
     if let (Some(cert), false, Some(root)) =
         (&c.certificate, identities.is_empty(), policy.trusted_root())
     {
-        let leaf = certificate::check_leaf(cert, root, now)?;
+        let leaf = certificate::check_leaf(cert, root, logged.unwrap_or(now))?;
         if !crypto::verify_with_key(&leaf.key, &c.message, &c.signature) {
             return Err(tampered(
                 c.format,

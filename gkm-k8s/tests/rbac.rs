@@ -1,0 +1,918 @@
+//! The shipped deployment: every YAML file under `deploy/` parses into known
+//! kinds, `install.yaml` is exactly its parts, the apiserver accepts every
+//! object (strict field validation, dry run), and the RBAC in `deploy/rbac/`
+//! gives the operator, the agent and the CSI driver exactly what their code
+//! needs: proven with the rules the apiserver reports for each
+//! ServiceAccount, a table of SubjectAccessReviews of what each must and must
+//! not do, and real requests made as each ServiceAccount.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gkm_k8s::crd::{self, GKMCache, GKMCacheNode};
+use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    ValidationDirective,
+};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+
+const SYSTEM: &str = "gkm-system";
+/// A namespace holding a workload's caches.
+const TEAM: &str = "rbac-team";
+
+fn workspace_root() -> anyhow::Result<PathBuf> {
+    let mut dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    loop {
+        let manifest = dir.join("Cargo.toml");
+        if manifest.is_file() && std::fs::read_to_string(&manifest)?.contains("[workspace]") {
+            return Ok(dir.to_path_buf());
+        }
+        dir = dir.parent().ok_or_else(|| {
+            anyhow::anyhow!("no workspace root above {}", env!("CARGO_MANIFEST_DIR"))
+        })?;
+    }
+}
+
+fn deploy_dir() -> anyhow::Result<PathBuf> {
+    Ok(workspace_root()?.join("deploy"))
+}
+
+/// The YAML documents of `path`, empty ones left out.
+fn documents(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut docs = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let value = serde_yaml::Value::deserialize(doc)
+            .map_err(|e| anyhow::anyhow!("{} document {i}: {e}", path.display()))?;
+        if !value.is_null() {
+            docs.push(serde_json::to_value(value)?);
+        }
+    }
+    Ok(docs)
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            yaml_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(())
+}
+
+/// The files `deploy/kustomization.yaml` lists, in order.
+fn kustomization_resources() -> anyhow::Result<Vec<PathBuf>> {
+    let dir = deploy_dir()?;
+    let docs = documents(&dir.join("kustomization.yaml"))?;
+    let resources = docs
+        .first()
+        .and_then(|d| d["resources"].as_array())
+        .ok_or_else(|| anyhow::anyhow!("deploy/kustomization.yaml lists no resources"))?;
+    resources
+        .iter()
+        .map(|r| {
+            r.as_str()
+                .map(|r| dir.join(r))
+                .ok_or_else(|| anyhow::anyhow!("resource {r} is not a path"))
+        })
+        .collect()
+}
+
+fn kind_of<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
+    (K::API_VERSION, K::KIND)
+}
+
+fn id(doc: &Value) -> String {
+    format!(
+        "{} {} {}/{}",
+        doc["apiVersion"].as_str().unwrap_or("?"),
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["namespace"].as_str().unwrap_or(""),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+#[test]
+fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow::Result<()> {
+    let known: BTreeSet<(&str, &str)> = [
+        kind_of::<Namespace>(),
+        kind_of::<ServiceAccount>(),
+        kind_of::<ClusterRole>(),
+        kind_of::<ClusterRoleBinding>(),
+        kind_of::<Role>(),
+        kind_of::<RoleBinding>(),
+        kind_of::<Deployment>(),
+        kind_of::<DaemonSet>(),
+        kind_of::<Service>(),
+        kind_of::<CSIDriver>(),
+        kind_of::<CustomResourceDefinition>(),
+        ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+    ]
+    .into_iter()
+    .collect();
+
+    let mut files = Vec::new();
+    yaml_files(&deploy_dir()?, &mut files)?;
+    assert!(
+        files.len() >= 10,
+        "deploy/ holds {} YAML files",
+        files.len()
+    );
+    let mut seen = BTreeSet::new();
+    for file in &files {
+        for doc in documents(file)? {
+            let kind = (
+                doc["apiVersion"].as_str().unwrap_or(""),
+                doc["kind"].as_str().unwrap_or(""),
+            );
+            assert!(
+                known.contains(&kind),
+                "{}: unknown kind {kind:?}",
+                file.display()
+            );
+            if kind.1 != "Kustomization" {
+                assert!(
+                    doc["metadata"]["name"].is_string(),
+                    "{}: {} has no name",
+                    file.display(),
+                    id(&doc)
+                );
+            }
+            seen.insert(format!("{} {}", kind.0, kind.1));
+        }
+    }
+    for kind in [
+        "apps/v1 Deployment",
+        "apps/v1 DaemonSet",
+        "storage.k8s.io/v1 CSIDriver",
+        "v1 ServiceAccount",
+    ] {
+        assert!(seen.contains(kind), "no {kind} under deploy/");
+    }
+
+    // install.yaml holds the kustomization's parts, in order, unchanged.
+    let mut parts = Vec::new();
+    for file in kustomization_resources()? {
+        parts.extend(documents(&file)?);
+    }
+    let install = documents(&deploy_dir()?.join("install.yaml"))?;
+    let names = |docs: &[Value]| docs.iter().map(id).collect::<Vec<_>>();
+    assert_eq!(
+        names(&install),
+        names(&parts),
+        "deploy/install.yaml is stale: run deploy/render.sh"
+    );
+    assert!(
+        install == parts,
+        "deploy/install.yaml differs from its parts: run deploy/render.sh"
+    );
+
+    // The kustomization covers every file, so nothing shipped is left out.
+    let listed: BTreeSet<PathBuf> = kustomization_resources()?.into_iter().collect();
+    for file in &files {
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name != "install.yaml" && name != "kustomization.yaml" {
+            assert!(
+                listed.contains(file),
+                "{} is not in deploy/kustomization.yaml",
+                file.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
+    let dir = deploy_dir()?;
+    let csi = documents(&dir.join("manifests/csi.yaml"))?;
+    let driver = csi
+        .iter()
+        .find(|d| d["kind"] == "CSIDriver")
+        .ok_or_else(|| anyhow::anyhow!("no CSIDriver"))?;
+    assert_eq!(driver["metadata"]["name"], "csi.gkm.io");
+    assert_eq!(driver["spec"]["attachRequired"], false);
+    assert_eq!(driver["spec"]["podInfoOnMount"], true);
+    assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
+
+    let mut workloads = Vec::new();
+    for file in [
+        "manifests/operator.yaml",
+        "manifests/agent.yaml",
+        "manifests/csi.yaml",
+    ] {
+        workloads.extend(
+            documents(&dir.join(file))?
+                .into_iter()
+                .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet"),
+        );
+    }
+    let accounts: Vec<(&str, &str)> = workloads
+        .iter()
+        .map(|w| {
+            (
+                w["metadata"]["name"].as_str().unwrap_or(""),
+                w["spec"]["template"]["spec"]["serviceAccountName"]
+                    .as_str()
+                    .unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        accounts,
+        [
+            ("gkm-operator", "gkm-operator"),
+            ("gkm-agent", "gkm-agent"),
+            ("gkm-csi", "gkm-csi")
+        ]
+    );
+    let csi_pod = &workloads[2]["spec"]["template"]["spec"];
+    assert_eq!(
+        csi_pod["automountServiceAccountToken"], false,
+        "the CSI driver needs no API token"
+    );
+    let containers: Vec<&str> = csi_pod["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(containers, ["gkm-csi", "node-driver-registrar"]);
+    let operator_args = &workloads[0]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        operator_args
+            .as_array()
+            .is_some_and(|a| a.contains(&json!("--leader-elect"))),
+        "{operator_args}"
+    );
+    Ok(())
+}
+
+/// Server-side applies `doc` as admin (dry run when asked), strictly validated.
+async fn apply(client: &kube::Client, doc: &Value, dry_run: bool) -> anyhow::Result<()> {
+    let object: DynamicObject = serde_json::from_value(doc.clone())?;
+    let types = object
+        .types
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("{}: no apiVersion/kind", id(doc)))?;
+    let gvk = GroupVersionKind::try_from(&types)?;
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match caps.scope {
+        kube::discovery::Scope::Namespaced => {
+            let ns = object
+                .metadata
+                .namespace
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("{}: no namespace", id(doc)))?;
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &resource),
+    };
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let mut params = PatchParams::apply("gkm-rbac-test").force();
+    params.dry_run = dry_run;
+    params.field_validation = Some(ValidationDirective::Strict);
+    api.patch(&name, &params, &Patch::Apply(&object))
+        .await
+        .map_err(|e| anyhow::anyhow!("applying {}: {e}", id(doc)))?;
+    Ok(())
+}
+
+/// Installs the CRDs, the namespace and `deploy/rbac/` on the shared control
+/// plane, and a namespace for a workload's caches.
+async fn install_rbac() -> anyhow::Result<(&'static ControlPlane, kube::Client)> {
+    let plane = ControlPlane::shared().await?;
+    plane.install_crds(&crd::crds()).await?;
+    let admin = plane.client().await?;
+    let dir = deploy_dir()?;
+    let mut files = vec![dir.join("namespace.yaml")];
+    let mut rbac = Vec::new();
+    yaml_files(&dir.join("rbac"), &mut rbac)?;
+    files.extend(rbac);
+    for file in files {
+        for doc in documents(&file)? {
+            apply(&admin, &doc, false).await?;
+        }
+    }
+    apply(
+        &admin,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}}),
+        false,
+    )
+    .await?;
+    Ok((plane, admin))
+}
+
+#[tokio::test]
+async fn the_apiserver_accepts_every_shipped_object() -> anyhow::Result<()> {
+    let (_plane, admin) = install_rbac().await?;
+    for doc in documents(&deploy_dir()?.join("install.yaml"))? {
+        apply(&admin, &doc, true).await?;
+    }
+    Ok(())
+}
+
+/// One row of the access table.
+struct Access {
+    verb: &'static str,
+    group: &'static str,
+    resource: &'static str,
+    namespace: &'static str,
+    name: &'static str,
+}
+
+/// `verb group/resource[/subresource]` in `namespace` (`-` for cluster-wide or
+/// all namespaces), on the object `name` (`-` for any).
+fn access(spec: &'static str) -> Access {
+    let parts: Vec<&'static str> = spec.split_whitespace().collect();
+    let field = |i: usize| parts.get(i).copied().filter(|p| *p != "-").unwrap_or("");
+    let (group, resource) = field(1).split_once('/').unwrap_or(("", field(1)));
+    Access {
+        verb: field(0),
+        group,
+        resource,
+        namespace: field(2),
+        name: field(3),
+    }
+}
+
+async fn allowed(admin: &kube::Client, account: &str, a: &Access) -> anyhow::Result<bool> {
+    let (resource, subresource) = match a.resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_string())),
+        None => (a.resource, None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(service_account_user(SYSTEM, account)),
+            groups: Some(
+                service_account_groups(SYSTEM)
+                    .into_iter()
+                    .chain(["system:authenticated".to_string()])
+                    .collect(),
+            ),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(a.verb.into()),
+                group: Some(a.group.into()),
+                resource: Some(resource.into()),
+                subresource,
+                namespace: (!a.namespace.is_empty()).then(|| a.namespace.into()),
+                name: (!a.name.is_empty()).then(|| a.name.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let reviewed = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(reviewed.status.is_some_and(|s| s.allowed))
+}
+
+/// `group resource verb name` for every resource rule `account` has in
+/// `namespace`, as the apiserver reports them to the account itself, less
+/// the self-review rules every authenticated user has.
+async fn rules(
+    plane: &ControlPlane,
+    account: &str,
+    namespace: &str,
+) -> anyhow::Result<BTreeSet<String>> {
+    let client = plane.client_for_service_account(SYSTEM, account).await?;
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.into()),
+        },
+        ..SelfSubjectRulesReview::default()
+    };
+    let status = Api::<SelfSubjectRulesReview>::all(client)
+        .create(&PostParams::default(), &review)
+        .await?
+        .status;
+    let status = status.ok_or_else(|| anyhow::anyhow!("no rules review status"))?;
+    assert!(
+        !status.incomplete,
+        "rules of {account}: {:?}",
+        status.evaluation_error
+    );
+    let mut out = BTreeSet::new();
+    for rule in status.resource_rules {
+        let groups = rule.api_groups.unwrap_or_default();
+        if groups
+            .iter()
+            .all(|g| g == "authorization.k8s.io" || g == "authentication.k8s.io")
+        {
+            continue;
+        }
+        let names = rule.resource_names.unwrap_or_else(|| vec!["*".into()]);
+        for group in &groups {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    for name in &names {
+                        let group = if group.is_empty() { "core" } else { group };
+                        out.insert(format!("{group} {resource} {verb} {name}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Expands `group resources verbs [name]` lines (comma-separated lists).
+fn expect(lines: &[&str]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in lines {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        for resource in parts[1].split(',') {
+            for verb in parts[2].split(',') {
+                out.insert(format!(
+                    "{} {resource} {verb} {}",
+                    parts[0],
+                    parts.get(3).unwrap_or(&"*")
+                ));
+            }
+        }
+    }
+    out
+}
+
+const OPERATOR_RULES: &[&str] = &[
+    "gkm.io gkmcaches,clustergkmcaches get,list,watch,patch,update",
+    "gkm.io gkmcaches/status,clustergkmcaches/status get,patch,update",
+    "gkm.io gkmcaches/finalizers,clustergkmcaches/finalizers update",
+    "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch",
+    "events.k8s.io events create,patch",
+    "core events create,patch",
+    "core secrets,configmaps get",
+];
+const OPERATOR_LEASE_RULES: &[&str] = &[
+    "coordination.k8s.io leases create",
+    "coordination.k8s.io leases get,update gkm-operator",
+];
+const AGENT_RULES: &[&str] = &[
+    "gkm.io gkmcaches,clustergkmcaches get,list,watch",
+    "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,create,patch,update,delete",
+    "gkm.io gkmcachenodes/status,clustergkmcachenodes/status get,patch,update",
+    "core nodes get,patch",
+    "events.k8s.io events create,patch",
+    "core events create,patch",
+];
+
+/// Waits until the RBAC authorizer's cache has the shipped bindings.
+async fn until_bound(admin: &kube::Client) -> anyhow::Result<()> {
+    let probe = access("list gkm.io/gkmcaches - -");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(allowed(admin, "gkm-operator", &probe).await?
+        && allowed(admin, "gkm-agent", &probe).await?)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the shipped bindings never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn each_component_has_exactly_the_rules_it_needs() -> anyhow::Result<()> {
+    let (plane, admin) = install_rbac().await?;
+    until_bound(&admin).await?;
+
+    assert_eq!(
+        rules(plane, "gkm-operator", TEAM).await?,
+        expect(OPERATOR_RULES)
+    );
+    let in_system: Vec<&str> = OPERATOR_RULES
+        .iter()
+        .chain(OPERATOR_LEASE_RULES)
+        .copied()
+        .collect();
+    assert_eq!(
+        rules(plane, "gkm-operator", SYSTEM).await?,
+        expect(&in_system)
+    );
+    assert_eq!(rules(plane, "gkm-agent", TEAM).await?, expect(AGENT_RULES));
+    assert_eq!(
+        rules(plane, "gkm-agent", SYSTEM).await?,
+        expect(AGENT_RULES)
+    );
+    assert_eq!(rules(plane, "gkm-csi", TEAM).await?, BTreeSet::new());
+    assert_eq!(rules(plane, "gkm-csi", SYSTEM).await?, BTreeSet::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Result<()> {
+    let (_plane, admin) = install_rbac().await?;
+    until_bound(&admin).await?;
+
+    let table: &[(&str, &str, bool)] = &[
+        // The operator.
+        ("gkm-operator", "watch gkm.io/gkmcaches - -", true),
+        ("gkm-operator", "list gkm.io/clustergkmcaches - -", true),
+        (
+            "gkm-operator",
+            "patch gkm.io/gkmcaches rbac-team cache",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "patch gkm.io/gkmcaches/status rbac-team cache",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "patch gkm.io/clustergkmcaches/status - cache",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "update gkm.io/gkmcaches/finalizers rbac-team cache",
+            true,
+        ),
+        ("gkm-operator", "watch gkm.io/gkmcachenodes - -", true),
+        ("gkm-operator", "list gkm.io/clustergkmcachenodes - -", true),
+        (
+            "gkm-operator",
+            "create events.k8s.io/events rbac-team -",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "create events.k8s.io/events default -",
+            true,
+        ),
+        ("gkm-operator", "get secrets rbac-team cosign-pub", true),
+        (
+            "gkm-operator",
+            "get configmaps rbac-team sigstore-root",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "create coordination.k8s.io/leases gkm-system -",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "update coordination.k8s.io/leases gkm-system gkm-operator",
+            true,
+        ),
+        ("gkm-operator", "list secrets rbac-team -", false),
+        ("gkm-operator", "watch secrets - -", false),
+        ("gkm-operator", "update secrets rbac-team cosign-pub", false),
+        ("gkm-operator", "create gkm.io/gkmcaches rbac-team -", false),
+        (
+            "gkm-operator",
+            "delete gkm.io/gkmcaches rbac-team cache",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "create gkm.io/gkmcachenodes rbac-team -",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "patch gkm.io/gkmcachenodes/status rbac-team node-1",
+            false,
+        ),
+        ("gkm-operator", "delete nodes - node-1", false),
+        ("gkm-operator", "patch nodes - node-1", false),
+        ("gkm-operator", "list pods - -", false),
+        ("gkm-operator", "create pods rbac-team -", false),
+        (
+            "gkm-operator",
+            "get coordination.k8s.io/leases gkm-system kube-controller-manager",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "create coordination.k8s.io/leases kube-system -",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "create rbac.authorization.k8s.io/clusterrolebindings - -",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "impersonate serviceaccounts gkm-system gkm-agent",
+            false,
+        ),
+        // The agent.
+        ("gkm-agent", "watch gkm.io/gkmcaches - -", true),
+        ("gkm-agent", "list gkm.io/clustergkmcaches - -", true),
+        ("gkm-agent", "create gkm.io/gkmcachenodes rbac-team -", true),
+        (
+            "gkm-agent",
+            "patch gkm.io/gkmcachenodes/status rbac-team node-1",
+            true,
+        ),
+        (
+            "gkm-agent",
+            "delete gkm.io/gkmcachenodes rbac-team node-1",
+            true,
+        ),
+        (
+            "gkm-agent",
+            "patch gkm.io/clustergkmcachenodes/status - node-1",
+            true,
+        ),
+        ("gkm-agent", "get nodes - node-1", true),
+        ("gkm-agent", "patch nodes - node-1", true),
+        ("gkm-agent", "create events.k8s.io/events rbac-team -", true),
+        ("gkm-agent", "patch gkm.io/gkmcaches rbac-team cache", false),
+        (
+            "gkm-agent",
+            "patch gkm.io/gkmcaches/status rbac-team cache",
+            false,
+        ),
+        (
+            "gkm-agent",
+            "update gkm.io/clustergkmcaches/status - cache",
+            false,
+        ),
+        (
+            "gkm-agent",
+            "update gkm.io/gkmcaches/finalizers rbac-team cache",
+            false,
+        ),
+        (
+            "gkm-agent",
+            "delete gkm.io/gkmcaches rbac-team cache",
+            false,
+        ),
+        ("gkm-agent", "get secrets rbac-team cosign-pub", false),
+        ("gkm-agent", "list secrets - -", false),
+        ("gkm-agent", "get configmaps rbac-team sigstore-root", false),
+        ("gkm-agent", "list nodes - -", false),
+        ("gkm-agent", "update nodes - node-1", false),
+        ("gkm-agent", "delete nodes - node-1", false),
+        ("gkm-agent", "patch nodes/status - node-1", false),
+        ("gkm-agent", "list pods - -", false),
+        (
+            "gkm-agent",
+            "get coordination.k8s.io/leases gkm-system gkm-operator",
+            false,
+        ),
+        // The CSI driver.
+        ("gkm-csi", "list secrets - -", false),
+        ("gkm-csi", "get secrets rbac-team cosign-pub", false),
+        ("gkm-csi", "get gkm.io/gkmcaches rbac-team cache", false),
+        ("gkm-csi", "list gkm.io/gkmcachenodes - -", false),
+        ("gkm-csi", "get nodes - node-1", false),
+        ("gkm-csi", "list pods - -", false),
+        ("gkm-csi", "create events.k8s.io/events rbac-team -", false),
+        ("gkm-csi", "create events rbac-team -", false),
+    ];
+    let mut wrong = Vec::new();
+    for (account, spec, expected) in table {
+        let got = allowed(&admin, account, &access(spec)).await?;
+        if got != *expected {
+            wrong.push(format!(
+                "{account}: {spec}: {} but must be {}",
+                verdict(got),
+                verdict(*expected)
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "access differs from the table:\n{}",
+        wrong.join("\n")
+    );
+    Ok(())
+}
+
+fn verdict(allowed: bool) -> &'static str {
+    if allowed { "allowed" } else { "denied" }
+}
+
+fn forbidden<T: std::fmt::Debug>(result: kube::Result<T>) -> bool {
+    matches!(result, Err(kube::Error::Api(ref s)) if s.code == 403)
+}
+
+#[tokio::test]
+async fn requests_made_as_each_service_account() -> anyhow::Result<()> {
+    let (plane, admin) = install_rbac().await?;
+    until_bound(&admin).await?;
+    let operator = plane
+        .client_for_service_account(SYSTEM, "gkm-operator")
+        .await?;
+    let agent = plane
+        .client_for_service_account(SYSTEM, "gkm-agent")
+        .await?;
+    let csi = plane.client_for_service_account(SYSTEM, "gkm-csi").await?;
+
+    // Objects an administrator and a workload's owner made.
+    let node_name = "rbac-node";
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}}))?;
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::apply("gkm-rbac-test"),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    let cache: GKMCache = serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": "cache", "namespace": TEAM},
+        "spec": {"image": "registry.example.com/caches/triton:v1"},
+    }))?;
+    Api::<GKMCache>::namespaced(admin.clone(), TEAM)
+        .patch(
+            "cache",
+            &PatchParams::apply("gkm-rbac-test"),
+            &Patch::Apply(&cache),
+        )
+        .await?;
+    let secret: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "cosign-pub", "namespace": TEAM}, "stringData": {"cosign.pub": "x"}}),
+    )?;
+    Api::<Secret>::namespaced(admin.clone(), TEAM)
+        .patch(
+            "cosign-pub",
+            &PatchParams::apply("gkm-rbac-test"),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+
+    // The operator: its Lease, a cache's finalizer and status, a secret by name.
+    let elector = LeaderElector::new(
+        operator.clone(),
+        LeaseConfig::new(SYSTEM, "gkm-operator", "rbac-test"),
+    );
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        elector.run(std::future::pending(), async { "led" }),
+    )
+    .await?;
+    assert_eq!(
+        outcome,
+        Outcome::Completed("led"),
+        "the operator can take and release its Lease"
+    );
+    let other_lease = LeaderElector::new(
+        operator.clone(),
+        LeaseConfig::new(SYSTEM, "someone-else", "rbac-test"),
+    );
+    let blocked = tokio::time::timeout(
+        Duration::from_secs(3),
+        other_lease.run(std::future::pending(), async {}),
+    )
+    .await;
+    assert!(blocked.is_err(), "the operator cannot hold another Lease");
+    let lease = Api::<Lease>::namespaced(admin.clone(), SYSTEM)
+        .get("gkm-operator")
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        None,
+        "released on completion"
+    );
+
+    let as_operator: Api<GKMCache> = Api::namespaced(operator.clone(), TEAM);
+    let finalizer = json!({"metadata": {"finalizers": ["gkm.io/rbac-test"]}});
+    as_operator
+        .patch("cache", &PatchParams::default(), &Patch::Merge(&finalizer))
+        .await?;
+    let status = json!({"status": {"resolvedDigest": "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}});
+    as_operator
+        .patch_status("cache", &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    as_operator
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    Api::<Secret>::namespaced(operator.clone(), TEAM)
+        .get("cosign-pub")
+        .await?;
+    assert!(forbidden(
+        Api::<Secret>::namespaced(operator.clone(), TEAM)
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<GKMCache>::namespaced(operator.clone(), TEAM)
+            .delete("cache", &DeleteParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<Node>::all(operator.clone())
+            .delete(node_name, &DeleteParams::default())
+            .await
+    ));
+    let report: GKMCacheNode = serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
+        "metadata": {"name": node_name, "namespace": TEAM}, "spec": {},
+    }))?;
+    let apply = PatchParams::apply("gkm-agent").force();
+    assert!(forbidden(
+        Api::<GKMCacheNode>::namespaced(operator.clone(), TEAM)
+            .patch(node_name, &apply, &Patch::Apply(&report))
+            .await
+    ));
+
+    // The agent: its node report (server-side apply, as it writes them),
+    // its Node's labels; not the cache, not secrets, not deleting nodes.
+    let reports: Api<GKMCacheNode> = Api::namespaced(agent.clone(), TEAM);
+    reports
+        .patch(node_name, &apply, &Patch::Apply(&report))
+        .await?;
+    let report_status = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
+        "status": {"nodeName": node_name},
+    });
+    reports
+        .patch_status(node_name, &apply, &Patch::Apply(&report_status))
+        .await?;
+    let listed = Api::<GKMCacheNode>::all(agent.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={node_name}")))
+        .await?;
+    assert_eq!(listed.items.len(), 1);
+    reports.delete(node_name, &DeleteParams::default()).await?;
+    let labels = json!({"metadata": {"labels": {"gkm.io/gpu.present": "false"}}});
+    Api::<Node>::all(agent.clone())
+        .patch(node_name, &PatchParams::default(), &Patch::Merge(&labels))
+        .await?;
+    assert_eq!(
+        nodes
+            .get(node_name)
+            .await?
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("gkm.io/gpu.present")
+            .map(String::as_str),
+        Some("false")
+    );
+    let as_agent: Api<GKMCache> = Api::namespaced(agent.clone(), TEAM);
+    as_agent.get("cache").await?;
+    assert!(forbidden(
+        as_agent
+            .patch_status("cache", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+    ));
+    assert!(forbidden(
+        as_agent
+            .patch("cache", &PatchParams::default(), &Patch::Merge(&finalizer))
+            .await
+    ));
+    assert!(forbidden(
+        Api::<Secret>::namespaced(agent.clone(), TEAM)
+            .get("cosign-pub")
+            .await
+    ));
+    assert!(forbidden(
+        Api::<ConfigMap>::namespaced(agent.clone(), TEAM)
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<Node>::all(agent.clone())
+            .delete(node_name, &DeleteParams::default())
+            .await
+    ));
+
+    // The CSI driver: nothing at all.
+    assert!(forbidden(
+        Api::<Secret>::all(csi.clone())
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(forbidden(
+        Api::<GKMCache>::namespaced(csi.clone(), TEAM)
+            .get("cache")
+            .await
+    ));
+    assert!(forbidden(
+        Api::<Node>::all(csi.clone()).get(node_name).await
+    ));
+    Ok(())
+}

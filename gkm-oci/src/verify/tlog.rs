@@ -1,0 +1,107 @@
+//! Transparency log (Rekor) entries: the signed entry timestamp (SET) a log
+//! returns, checked offline against the log keys of the trusted root.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use gkm_core::policy::{PublicKey, TrustedRoot};
+
+use super::crypto::verify_with_key;
+
+/// A log entry with its signed entry timestamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The canonicalized entry body, base64 as the log returns it.
+    pub body: String,
+    /// When the log integrated the entry (Unix seconds).
+    pub integrated_time: i64,
+    /// The entry's index in the log.
+    pub log_index: i64,
+    /// The log ID: hex SHA-256 of the log's public key.
+    pub log_id: String,
+    /// The log's signature over the entry (the SET).
+    pub set: Vec<u8>,
+}
+
+/// The JSON the log signs: the canonical (sorted, compact) form of
+/// `{body, integratedTime, logID, logIndex}`.
+pub(crate) fn signed_payload(e: &Entry) -> Vec<u8> {
+    // serde_json's map is sorted, and these values need no escaping beyond
+    // what serde_json writes.
+    serde_json::to_vec(&serde_json::json!({
+        "body": e.body,
+        "integratedTime": e.integrated_time,
+        "logID": e.log_id,
+        "logIndex": e.log_index,
+    }))
+    .unwrap_or_default()
+}
+
+/// The time an entry proves, when it verifies: a log key of `root` (by log
+/// ID, in its validity window) signed it, and its body names `signature`.
+pub(crate) fn verified_time(e: &Entry, root: &TrustedRoot, signature: &[u8]) -> Option<i64> {
+    let body = BASE64.decode(&e.body).ok()?;
+    let body: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let sig_b64 = BASE64.encode(signature);
+    if !names_signature(&body, &sig_b64) {
+        return None;
+    }
+    let payload = signed_payload(e);
+    root.tlogs.iter().find_map(|log| {
+        let key = PublicKey::from_der(log.key.clone()).ok()?;
+        let id = hex::encode(sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&log.key)));
+        let id_matches = id.eq_ignore_ascii_case(&e.log_id);
+        (id_matches && log.valid_for.contains(e.integrated_time) && verify_with_key(&key, &payload, &e.set))
+            .then_some(e.integrated_time)
+    })
+}
+
+/// Whether a log entry body records this signature (hashedrekord's
+/// `spec.signature.content`, or dsse/intoto's `spec.signatures[].signature`).
+fn names_signature(body: &serde_json::Value, sig_b64: &str) -> bool {
+    if body.pointer("/spec/signature/content").and_then(|v| v.as_str()) == Some(sig_b64) {
+        return true;
+    }
+    body.pointer("/spec/signatures")
+        .and_then(|v| v.as_array())
+        .is_some_and(|list| list.iter().any(|s| s.get("signature").and_then(|v| v.as_str()) == Some(sig_b64)))
+}
+
+/// The entry of cosign v2's `dev.sigstore.cosign/bundle` annotation.
+pub(crate) fn from_cosign_annotation(text: &str) -> Result<Entry, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("the Rekor bundle is not JSON: {e}"))?;
+    let set = v
+        .get("SignedEntryTimestamp")
+        .and_then(|s| s.as_str())
+        .ok_or("the Rekor bundle has no SignedEntryTimestamp")?;
+    let p = v.get("Payload").ok_or("the Rekor bundle has no Payload")?;
+    Ok(Entry {
+        body: p.get("body").and_then(|b| b.as_str()).ok_or("the Rekor bundle has no body")?.to_string(),
+        integrated_time: p.get("integratedTime").and_then(|t| t.as_i64()).ok_or("the Rekor bundle has no integratedTime")?,
+        log_index: p.get("logIndex").and_then(|t| t.as_i64()).ok_or("the Rekor bundle has no logIndex")?,
+        log_id: p.get("logID").and_then(|b| b.as_str()).ok_or("the Rekor bundle has no logID")?.to_string(),
+        set: BASE64.decode(set).map_err(|e| format!("the SignedEntryTimestamp is not base64: {e}"))?,
+    })
+}
+
+/// The entry of a sigstore bundle's `verificationMaterial.tlogEntries[]`.
+pub(crate) fn from_bundle_entry(v: &serde_json::Value) -> Result<Entry, String> {
+    let int = |name: &str| -> Result<i64, String> {
+        match v.get(name) {
+            Some(serde_json::Value::String(s)) => s.parse().map_err(|_| format!("tlog entry {name} is not a number")),
+            Some(serde_json::Value::Number(n)) => n.as_i64().ok_or_else(|| format!("tlog entry {name} is not an integer")),
+            _ => Err(format!("tlog entry has no {name}")),
+        }
+    };
+    let key_id = v.pointer("/logId/keyId").and_then(|k| k.as_str()).ok_or("tlog entry has no logId")?;
+    let set = v
+        .pointer("/inclusionPromise/signedEntryTimestamp")
+        .and_then(|s| s.as_str())
+        .ok_or("tlog entry has no inclusion promise")?;
+    Ok(Entry {
+        body: v.get("canonicalizedBody").and_then(|b| b.as_str()).ok_or("tlog entry has no body")?.to_string(),
+        integrated_time: int("integratedTime")?,
+        log_index: int("logIndex")?,
+        log_id: hex::encode(BASE64.decode(key_id).map_err(|e| format!("tlog logId is not base64: {e}"))?),
+        set: BASE64.decode(set).map_err(|e| format!("the signedEntryTimestamp is not base64: {e}"))?,
+    })
+}
