@@ -138,15 +138,17 @@ impl Delivery {
     }
 }
 
-/// One line saying why no GPU of a node fits a cache, for pod events:
-/// `GPU 0 Tesla T4 (cuda/75/32): rocm/gfx90a/64: backend rocm ≠ cuda; …`.
+/// One line saying why no GPU of a node fits a cache, for pod events: per
+/// GPU, per cache target, every reason, all separated by `; `:
+/// `GPU 0 AMD Instinct MI210 (hip/gfx90a/64): cuda/75/32: backend mismatch:
+/// the cache targets cuda, the GPU is hip; warp size mismatch: …`.
 pub fn incompatibility_reason(report: &Report) -> String {
     let mut parts: Vec<String> = report.reasons.iter().map(ToString::to_string).collect();
     for gpu in report.incompatible_gpus() {
         let mut why: Vec<String> = gpu.reasons.iter().map(ToString::to_string).collect();
         for mismatch in &gpu.mismatches {
             let reasons: Vec<String> = mismatch.reasons.iter().map(ToString::to_string).collect();
-            why.push(format!("{}: {}", mismatch.target, reasons.join(", ")));
+            why.push(format!("{}: {}", mismatch.target, reasons.join("; ")));
         }
         parts.push(format!("GPU {}: {}", gpu.description, why.join("; ")));
     }
@@ -717,6 +719,34 @@ mod tests {
         ] {
             let err = index.path_of(&key).expect_err("refused");
             assert!(matches!(err, Error::InvalidSpec(_)), "{key:?}: {err}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever names a pod spec carries, an entry's path stays inside
+        /// the index: refused, or a plain file two levels below it.
+        #[test]
+        fn paths_stay_inside_the_index(ns in "\\PC{0,12}|[a-z.-]{0,12}", name in "\\PC{0,20}|[a-z0-9./-]{0,20}") {
+            let index = DeliveryIndex::new(Path::new("/store"));
+            for key in [ns_key(&ns, &name), cluster_key(&name)] {
+                if let Ok(path) = index.path_of(&key) {
+                    let rel = path.strip_prefix("/store/delivery").expect("inside the index");
+                    proptest::prop_assert!(rel.components().all(|c| matches!(c, std::path::Component::Normal(_))));
+                    proptest::prop_assert!(rel.components().count() <= 3);
+                    let expected = format!("{name}.json");
+                    proptest::prop_assert_eq!(path.file_name().and_then(|f| f.to_str()), Some(expected.as_str()));
+                }
+            }
+        }
+
+        /// Any volume id maps to one file directly in the mounts directory.
+        #[test]
+        fn mount_record_files_stay_inside(id in "\\PC{0,40}|[a-z0-9./_-]{0,40}") {
+            let records = MountRecords::new(Path::new("/store"));
+            let path = records.path_of(&id);
+            proptest::prop_assert_eq!(path.parent(), Some(Path::new("/store/mounts")));
+            let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default().to_string();
+            proptest::prop_assert!(file.ends_with(".json") && !file.starts_with('.'));
         }
     }
 

@@ -1088,3 +1088,218 @@ async fn cosign_v3_keyless_bundles_prove_issuer_and_subject() {
         "{refused}"
     );
 }
+
+/// A local transparency log key and the `tlogs` entry naming it.
+fn rekor_log(key: &SigningKey) -> serde_json::Value {
+    use sha2::Digest as _;
+    let spki = key.public_key().der();
+    serde_json::json!({
+        "baseUrl": "https://rekor.local",
+        "hashAlgorithm": "SHA2_256",
+        "publicKey": {
+            "rawBytes": BASE64.encode(spki),
+            "keyDetails": "PKIX_ECDSA_P256_SHA_256",
+            "validFor": {"start": "2020-01-01T00:00:00Z"}
+        },
+        "logId": {"keyId": BASE64.encode(sha2::Sha256::digest(spki))}
+    })
+}
+
+/// Add to the first layer of `digest`'s `.sig` manifest a Rekor entry for
+/// its signature, integrated at `integrated_time` and signed by `log`.
+async fn add_rekor_entry(
+    image: &ImageRef,
+    digest: &Digest,
+    log: &SigningKey,
+    integrated_time: i64,
+) {
+    use sha2::Digest as _;
+    let at = gkm_oci::verify::location::tagged(image, &gkm_oci::verify::signature_tag(digest));
+    let raw = Repo::open(&at, &options())
+        .expect("repo")
+        .fetch_manifest()
+        .await
+        .expect("sig manifest");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&raw.bytes).expect("json");
+    let layer = &mut manifest["layers"][0];
+    let signature = layer["annotations"][gkm_oci::verify::SIGNATURE_ANNOTATION]
+        .as_str()
+        .expect("sig")
+        .to_string();
+    let body = serde_json::json!({
+        "apiVersion": "0.0.1",
+        "kind": "hashedrekord",
+        "spec": {
+            "data": {"hash": {"algorithm": "sha256", "value": layer["digest"].as_str().expect("digest").trim_start_matches("sha256:")}},
+            "signature": {"content": signature}
+        }
+    });
+    let log_id = hex::encode(sha2::Sha256::digest(log.public_key().der()));
+    let payload = serde_json::json!({
+        "body": BASE64.encode(serde_json::to_vec(&body).expect("json")),
+        "integratedTime": integrated_time,
+        "logID": log_id,
+        "logIndex": 7,
+    });
+    // The log signs the canonical JSON: keys sorted, no spaces.
+    let set = log
+        .sign(&serde_json::to_vec(&payload).expect("json"))
+        .expect("sign");
+    let bundle =
+        serde_json::json!({"SignedEntryTimestamp": BASE64.encode(set), "Payload": payload});
+    layer["annotations"][gkm_oci::verify::REKOR_BUNDLE_ANNOTATION] = bundle.to_string().into();
+    let bytes = serde_json::to_vec(&manifest).expect("json");
+    Repo::create(&at, &options())
+        .expect("repo")
+        .put_manifest(&RawManifest {
+            digest: Digest::of(&bytes),
+            media_type: raw.media_type,
+            bytes,
+        })
+        .await
+        .expect("put");
+}
+
+fn with_tlogs(root: &str, logs: Vec<serde_json::Value>) -> String {
+    let mut root: serde_json::Value = serde_json::from_str(root).expect("json");
+    root["tlogs"] = logs.into();
+    root.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_required_transparency_log_entry_must_be_signed_by_a_trusted_log() {
+    let (key, public) = generated_key();
+    let (rekor, _) = SigningKey::generate_p256().expect("log key");
+    let (impostor, _) = SigningKey::generate_p256().expect("log key");
+    let (image, digest) = push_image("tlog", ROCM).await;
+    sign(&image, &options(), &digest, &key, SignFormat::CosignV2)
+        .await
+        .expect("sign");
+    let root = with_tlogs(
+        r#"{"mediaType":"application/vnd.dev.sigstore.trustedroot+json;version=0.1"}"#,
+        vec![rekor_log(&rekor)],
+    );
+    let root = TrustedRoot::from_json(root.as_bytes()).expect("root");
+    let policy = Policy::new(
+        Mode::Enforce,
+        vec![Signer::Key(public.clone())],
+        Some(root),
+        true,
+    )
+    .expect("policy");
+
+    let refused = rejection(verify(&image, &options(), &digest, &policy).await);
+    assert_eq!(refused, Rejection::TlogMissing);
+
+    add_rekor_entry(&image, &digest, &impostor, 1_700_000_000).await;
+    assert_eq!(
+        rejection(verify(&image, &options(), &digest, &policy).await),
+        Rejection::TlogMissing
+    );
+
+    add_rekor_entry(&image, &digest, &rekor, 1_700_000_000).await;
+    let verified = verify(&image, &options(), &digest, &policy)
+        .await
+        .expect("logged signature");
+    assert!(verified.tlog);
+    assert_eq!(verified.signed_by, signed_by_key(&public));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_certificate_with_a_logged_timestamp_inside_its_validity_verifies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fulcio = Fulcio::new("timestamped fulcio");
+    let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2021, 2022));
+    let (image, digest) = push_image("keyless-logged", ROCM).await;
+    cosign_sign_with_certificate(
+        Component::CosignV2,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
+    let (rekor, _) = SigningKey::generate_p256().expect("log key");
+    let root = with_tlogs(&fulcio.trusted_root(), vec![rekor_log(&rekor)]);
+    let policy = keyless_policy(&root, ISSUER, SubjectMatch::Exact(SUBJECT.into()));
+    assert!(matches!(
+        rejection(verify(&image, &options(), &digest, &policy).await),
+        Rejection::CertificateExpired(_)
+    ));
+    // Logged on 2021-06-01, while the certificate was valid.
+    add_rekor_entry(&image, &digest, &rekor, 1_622_505_600).await;
+    let verified = verify(&image, &options(), &digest, &policy)
+        .await
+        .expect("timestamped signature");
+    assert!(verified.tlog);
+    assert_eq!(
+        verified.signed_by,
+        SignedBy::Keyless {
+            issuer: ISSUER.into(),
+            subject: SUBJECT.into()
+        }
+    );
+}
+
+/// A PKCS#8 private key and its PEM public key, for `alg`.
+fn rcgen_key(alg: &'static rcgen::SignatureAlgorithm) -> (String, String) {
+    let key = rcgen::KeyPair::generate_for(alg).expect("generate key");
+    (key.serialize_pem(), key.public_key_pem())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_key_algorithm_signs_and_verifies_with_gkm_and_cosign() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (image, digest) = push_image("algorithms", ROCM).await;
+    let root = empty_trusted_root(dir.path())
+        .to_string_lossy()
+        .into_owned();
+    let target = pinned(&image, &digest);
+    let cases = [
+        (&rcgen::PKCS_ECDSA_P256_SHA256, KeyAlgorithm::EcdsaP256),
+        (&rcgen::PKCS_ECDSA_P384_SHA384, KeyAlgorithm::EcdsaP384),
+        (&rcgen::PKCS_ED25519, KeyAlgorithm::Ed25519),
+        (&rcgen::PKCS_RSA_SHA256, KeyAlgorithm::Rsa),
+    ];
+    for (alg, expected) in cases {
+        let (private_pem, public_pem) = rcgen_key(alg);
+        let key = SigningKey::from_pem(&private_pem, b"").expect("PKCS#8 key");
+        let public = PublicKey::from_pem(&public_pem).expect("public key");
+        assert_eq!(public.algorithm(), expected);
+        assert_eq!(key.public_key(), &public);
+        for format in [SignFormat::CosignV2, SignFormat::Bundle] {
+            sign(&image, &options(), &digest, &key, format)
+                .await
+                .expect("sign");
+        }
+        let pub_path = dir.path().join(format!("{expected:?}.pub"));
+        std::fs::write(&pub_path, &public_pem).expect("write");
+        let pub_path = pub_path.to_string_lossy().into_owned();
+        // cosign checks both formats with this key (it hashes for ECDSA
+        // with SHA-256 unless told otherwise; gkm signs P-384 with SHA-384).
+        let mut verify_args = vec!["verify", "--key", pub_path.as_str()];
+        if expected == KeyAlgorithm::EcdsaP384 {
+            verify_args.extend(["--signature-digest-algorithm", "sha384"]);
+        }
+        cosign_ok(
+            Component::CosignV3,
+            dir.path(),
+            &args(
+                &args(&verify_args, &["--trusted-root", &root]),
+                &args(OFFLINE_VERIFY, &[&target]),
+            ),
+        );
+        cosign_ok(
+            Component::CosignV3,
+            dir.path(),
+            &args(
+                &args(&verify_args, &["--new-bundle-format=false"]),
+                &args(OFFLINE_VERIFY, &[&target]),
+            ),
+        );
+        let verified = verify_keys(&image, &digest, &[&public])
+            .await
+            .expect("verifies");
+        assert_eq!(verified.signed_by, signed_by_key(&public));
+    }
+}

@@ -116,3 +116,28 @@ pub fn find_binary_in(component: Component, dirs: &[PathBuf]) -> anyhow::Result<
         component.install_command()
     )
 }
+
+/// A binary of this workspace (`gkm-operator`, `gkm-agent`, `gkm-csi`, …),
+/// built into the same target directory as the running test or program.
+///
+/// `hack/test.sh` builds them first (`cargo build --workspace --bins`); a
+/// missing one is an error saying so.
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // A test runs from target/<profile>/deps, a program from target/<profile>.
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .collect();
+    for path in &candidates {
+        if path.is_file() {
+            return Ok(path.clone());
+        }
+    }
+    anyhow::bail!(
+        "{name} is not built (looked in {}); build it with `cargo build --workspace --bins`",
+        candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )
+}

@@ -22,7 +22,8 @@ mod process;
 mod registry;
 mod service_account;
 
-pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir};
+pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
+pub use process::Process;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use registry::Registry;

@@ -136,6 +136,15 @@ impl Process {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Ok(mut pids) = LIVE_PIDS.lock() {
+            pids.retain(|&p| p != self.child.id());
+        }
+    }
+
     /// Stops the process: SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         let pid = self.child.id() as libc::pid_t;

@@ -90,11 +90,7 @@ pub fn progress(label: &str) -> Option<Progress> {
     let label = label.to_string();
     let last = Arc::new(AtomicU64::new(u64::MAX));
     Some(Arc::new(move |done: u64, total: u64| {
-        let pct = if total == 0 {
-            100
-        } else {
-            done.saturating_mul(100) / total
-        };
+        let pct = done.saturating_mul(100).checked_div(total).unwrap_or(100);
         if last.swap(pct, Ordering::Relaxed) != pct {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
             let mut err = std::io::stderr().lock();

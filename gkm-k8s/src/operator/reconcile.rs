@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
-use kube::{Resource as _, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 

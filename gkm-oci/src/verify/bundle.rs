@@ -190,7 +190,11 @@ pub(crate) async fn find(
 }
 
 fn tlog_entries(material: &Material) -> Vec<super::tlog::Entry> {
-    material.tlog_entries.iter().filter_map(|e| super::tlog::from_bundle_entry(e).ok()).collect()
+    material
+        .tlog_entries
+        .iter()
+        .filter_map(|e| super::tlog::from_bundle_entry(e).ok())
+        .collect()
 }
 
 fn certificate(material: &Material) -> std::result::Result<Option<Vec<u8>>, Rejection> {

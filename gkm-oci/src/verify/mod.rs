@@ -148,18 +148,35 @@ pub(crate) fn check(
         });
     }
     // The time a verified log entry proves the signature existed at.
-    let logged = policy
-        .trusted_root()
-        .and_then(|root| c.tlog.iter().find_map(|e| tlog::verified_time(e, root, &c.signature)));
+    let logged = policy.trusted_root().and_then(|root| {
+        c.tlog
+            .iter()
+            .find_map(|e| tlog::verified_time(e, root, &c.signature))
+    });
     let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
-        let signed = c.signed_digest.clone().map_err(|reason| Rejection::Malformed { format: c.format, reason })?;
+        let signed = c
+            .signed_digest
+            .clone()
+            .map_err(|reason| Rejection::Malformed {
+                format: c.format,
+                reason,
+            })?;
         if signed != digest.as_str() {
-            return Err(Rejection::DigestMismatch { format: c.format, expected: digest.to_string(), signed });
+            return Err(Rejection::DigestMismatch {
+                format: c.format,
+                expected: digest.to_string(),
+                signed,
+            });
         }
         if policy.require_tlog() && logged.is_none() {
             return Err(Rejection::TlogMissing);
         }
-        Ok(Verified { format: c.format, signed_by, digest: signed, tlog: logged.is_some() })
+        Ok(Verified {
+            format: c.format,
+            signed_by,
+            digest: signed,
+            tlog: logged.is_some(),
+        })
     };
     let keys: Vec<&PublicKey> = policy
         .signers()

@@ -1,0 +1,63 @@
+//! Signing images with the real cosign (v3, built by `hack/components.sh cosign`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gkm_testenv::{Component, find_binary};
+
+/// The password of the keys generated here (they are throwaway keys).
+const PASSWORD: &str = "gkm-local";
+
+/// A cosign key pair on disk.
+#[derive(Debug, Clone)]
+pub struct CosignKey {
+    /// `cosign.key`, encrypted with the local password.
+    pub private_key: PathBuf,
+    /// The public key, PEM.
+    pub public_pem: String,
+}
+
+fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(find_binary(Component::CosignV3)?)
+        .args(args)
+        .current_dir(dir)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .env("COSIGN_YES", "true")
+        .env("HOME", dir)
+        .env("TUF_ROOT", dir.join("tuf"))
+        .output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        anyhow::bail!("cosign {args:?} failed: {text}");
+    }
+    Ok(text)
+}
+
+/// `cosign generate-key-pair` in `dir` (created if needed).
+pub fn generate_key_pair(dir: &Path) -> anyhow::Result<CosignKey> {
+    std::fs::create_dir_all(dir)?;
+    cosign(dir, &["generate-key-pair"])?;
+    Ok(CosignKey { private_key: dir.join("cosign.key"), public_pem: std::fs::read_to_string(dir.join("cosign.pub"))? })
+}
+
+/// `cosign sign` of `image` (a digest reference) with `key`: a sigstore
+/// bundle attached as an OCI referrer, offline (no transparency log), to a
+/// plain-HTTP registry.
+pub fn sign(key: &CosignKey, image: &str) -> anyhow::Result<()> {
+    let dir = key.private_key.parent().unwrap_or(Path::new("."));
+    let key_path = key.private_key.display().to_string();
+    cosign(
+        dir,
+        &[
+            "sign",
+            "--key",
+            &key_path,
+            "--use-signing-config=false",
+            "--tlog-upload=false",
+            "--allow-http-registry",
+            "--allow-insecure-registry",
+            image,
+        ],
+    )?;
+    Ok(())
+}

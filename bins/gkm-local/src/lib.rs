@@ -1,0 +1,286 @@
+//! gkm on a local control plane: the real components (etcd, kube-apiserver,
+//! kube-controller-manager, kwok, a Distribution registry) on loopback, gkm's
+//! CRDs and RBAC installed, simulated GPU nodes, and gkm's own binaries
+//! (operator, one agent and one CSI driver per node) as processes running
+//! under their ServiceAccounts.
+//!
+//! `gkm-local` (the binary) runs this for people; the end-to-end tests drive
+//! it step by step.
+
+pub mod cosign;
+pub mod kubelet;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context as _;
+use gkm_oci::{BuildOptions, ImageRef, RegistryOptions};
+use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Registry, workspace_binary};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::{Discovery, Scope};
+use serde::Deserialize as _;
+
+/// The namespace gkm's own components run in.
+pub const SYSTEM_NAMESPACE: &str = "gkm-system";
+
+/// A simulated GPU node: its name and the simulated inventory its agent reads.
+#[derive(Debug, Clone)]
+pub struct SimulatedNode {
+    /// The Node's name.
+    pub name: String,
+    /// The inventory file's YAML (`gkm_gpu::simulate` format).
+    pub inventory: String,
+}
+
+impl SimulatedNode {
+    /// A node named `name` with `inventory` YAML.
+    pub fn new(name: &str, inventory: &str) -> SimulatedNode {
+        SimulatedNode { name: name.into(), inventory: inventory.into() }
+    }
+}
+
+/// Three nodes: an NVIDIA T4 (sm75), an AMD MI210 (gfx90a), and one without GPUs.
+pub fn default_nodes() -> Vec<SimulatedNode> {
+    vec![
+        SimulatedNode::new("node-sm75", "gpus:\n- profile: T4\n"),
+        SimulatedNode::new("node-gfx90a", "gpus:\n- profile: MI210\n"),
+        SimulatedNode::new("node-cpu", "gpus: []\n"),
+    ]
+}
+
+/// The repository root (for `deploy/` and the fixtures beside it).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The fixture caches shipped beside the repository (`../shared/fixtures/caches`).
+pub fn fixture(name: &str) -> PathBuf {
+    repo_root().join("../shared/fixtures/caches").join(name)
+}
+
+/// Everything running, stopped when dropped (gkm's processes first).
+pub struct Stack {
+    operator: Option<Process>,
+    agents: BTreeMap<String, Process>,
+    drivers: BTreeMap<String, Process>,
+    /// Simulated nodes.
+    pub kwok: Kwok,
+    /// The OCI registry.
+    pub registry: Registry,
+    /// etcd, kube-apiserver, kube-controller-manager.
+    pub plane: ControlPlane,
+    dir: PathBuf,
+    nodes: Vec<SimulatedNode>,
+    operator_kubeconfig: PathBuf,
+    agent_kubeconfig: PathBuf,
+    operator_args: Vec<String>,
+    agent_args: Vec<String>,
+}
+
+impl Stack {
+    /// Starts the control plane, kwok and the registry in `dir`, installs
+    /// the CRDs and `deploy/rbac`, and creates the simulated `nodes`. gkm's
+    /// own processes are started separately.
+    pub async fn start(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
+        std::fs::create_dir_all(dir.join("registry"))?;
+        let options = ControlPlaneOptions { controller_manager: true, ..ControlPlaneOptions::default() };
+        let plane = ControlPlane::start_in_dir(dir, options).await?;
+        plane.install_crds(&gkm_k8s::crd::crds()).await?;
+        let client = plane.client().await?;
+        apply_yaml_dir(&client, &repo_root().join("deploy/rbac")).await?;
+        let mut kwok = Kwok::start(&plane)?;
+        for node in &nodes {
+            let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
+            kwok.create_node(&client, &node.name, &labels, &BTreeMap::new()).await?;
+            let node_dir = dir.join("nodes").join(&node.name);
+            std::fs::create_dir_all(node_dir.join("store"))?;
+            std::fs::write(node_dir.join("gpus.yaml"), &node.inventory)?;
+        }
+        let registry = Registry::start_in_dir(&dir.join("registry"))?;
+        let operator_kubeconfig = plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-operator")?;
+        let agent_kubeconfig = plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-agent")?;
+        Ok(Stack {
+            operator: None,
+            agents: BTreeMap::new(),
+            drivers: BTreeMap::new(),
+            kwok,
+            registry,
+            plane,
+            dir: dir.to_path_buf(),
+            nodes,
+            operator_kubeconfig,
+            agent_kubeconfig,
+            operator_args: vec!["--resolve-interval=2s".into()],
+            agent_args: vec!["--resync=2s".into(), "--gc-grace=0s".into()],
+        })
+    }
+
+    /// Extra flags for the operator and agents started from now on.
+    pub fn set_args(&mut self, operator: Vec<String>, agent: Vec<String>) {
+        self.operator_args = operator;
+        self.agent_args = agent;
+    }
+
+    /// The simulated nodes.
+    pub fn nodes(&self) -> &[SimulatedNode] {
+        &self.nodes
+    }
+
+    /// A node's store directory.
+    pub fn store_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node).join("store")
+    }
+
+    /// A node's directory (store, CSI socket, logs, pod volumes).
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
+    }
+
+    /// A node's CSI socket.
+    pub fn csi_socket(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node).join("csi.sock")
+    }
+
+    /// Starts (or restarts) the operator, as its ServiceAccount.
+    pub fn start_operator(&mut self) -> anyhow::Result<()> {
+        self.operator = None;
+        let mut cmd = Command::new(workspace_binary("gkm-operator")?);
+        cmd.arg(format!("--kubeconfig={}", self.operator_kubeconfig.display()))
+            .arg("--metrics-addr=127.0.0.1:0")
+            .arg("--insecure-registry")
+            .args(&self.operator_args)
+            .env("GKM_LOG", "info,kube=warn");
+        self.operator = Some(Process::spawn("gkm-operator", cmd, &self.dir.join("gkm-operator.log"))?);
+        Ok(())
+    }
+
+    /// Kills the operator (SIGKILL: no chance to clean up).
+    pub fn kill_operator(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.kill();
+        }
+    }
+
+    /// Starts (or restarts) the agent of `node`, as its ServiceAccount.
+    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
+        self.agents.remove(node);
+        let node_dir = self.dir.join("nodes").join(node);
+        let mut cmd = Command::new(workspace_binary("gkm-agent")?);
+        cmd.arg(format!("--kubeconfig={}", self.agent_kubeconfig.display()))
+            .arg(format!("--node-name={node}"))
+            .arg(format!("--store={}", node_dir.join("store").display()))
+            .arg(format!("--simulate={}", node_dir.join("gpus.yaml").display()))
+            .arg("--metrics-addr=127.0.0.1:0")
+            .arg("--insecure-registry")
+            .args(&self.agent_args)
+            .env("GKM_LOG", "info,kube=warn");
+        let process = Process::spawn("gkm-agent", cmd, &node_dir.join("gkm-agent.log"))?;
+        self.agents.insert(node.to_string(), process);
+        Ok(())
+    }
+
+    /// Kills the agent of `node` (SIGKILL).
+    pub fn kill_agent(&mut self, node: &str) {
+        if let Some(mut p) = self.agents.remove(node) {
+            p.kill();
+        }
+    }
+
+    /// Starts the CSI driver of `node` on [`Stack::csi_socket`].
+    pub fn start_csi(&mut self, node: &str) -> anyhow::Result<()> {
+        self.drivers.remove(node);
+        let node_dir = self.dir.join("nodes").join(node);
+        let mut cmd = Command::new(workspace_binary("gkm-csi")?);
+        cmd.arg(format!("--endpoint=unix://{}", self.csi_socket(node).display()))
+            .arg(format!("--node-name={node}"))
+            .arg(format!("--store={}", node_dir.join("store").display()))
+            .env("GKM_LOG", "info");
+        let process = Process::spawn("gkm-csi", cmd, &node_dir.join("gkm-csi.log"))?;
+        self.drivers.insert(node.to_string(), process);
+        Ok(())
+    }
+
+    /// Starts the operator and, on every node, an agent and a CSI driver.
+    pub fn start_gkm(&mut self) -> anyhow::Result<()> {
+        self.start_operator()?;
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        for node in names {
+            self.start_agent(&node)?;
+            self.start_csi(&node)?;
+        }
+        Ok(())
+    }
+
+    /// Fails if a gkm process died, with the end of its log.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = self.operator.as_mut() {
+            p.check_running()?;
+        }
+        for p in self.agents.values_mut().chain(self.drivers.values_mut()) {
+            p.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// Builds the cache in `cache_dir` into `repository:tag` in the registry
+    /// and returns the image reference and digest.
+    pub async fn push_cache(&self, cache_dir: &Path, repository: &str, tag: &str) -> anyhow::Result<(String, String)> {
+        let reference = format!("{}/{repository}:{tag}", self.registry.addr());
+        let dest: ImageRef = reference.parse()?;
+        let registry = RegistryOptions { insecure: true, ..RegistryOptions::default() };
+        let built = gkm_oci::build(cache_dir, &dest, &BuildOptions::default(), &registry)
+            .await
+            .with_context(|| format!("building {} into {reference}", cache_dir.display()))?;
+        Ok((reference, built.digest.to_string()))
+    }
+
+    /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
+    pub fn log_tail(&self, which: &str, node: Option<&str>, lines: usize) -> String {
+        let path = match node {
+            Some(n) => self.dir.join("nodes").join(n).join(format!("gkm-{which}.log")),
+            None => self.dir.join(format!("gkm-{which}.log")),
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// Applies every YAML document of every `*.yaml` file in `dir` (server-side apply).
+pub async fn apply_yaml_dir(client: &kube::Client, dir: &Path) -> anyhow::Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    let params = PatchParams::apply("gkm-local").force();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(document)?;
+            if value.is_null() {
+                continue;
+            }
+            let object: DynamicObject = serde_json::from_value(value)
+                .with_context(|| format!("{}: not a Kubernetes object", file.display()))?;
+            let types = object.types.clone().with_context(|| format!("{}: object without apiVersion/kind", file.display()))?;
+            let gvk = kube::core::GroupVersionKind::try_from(&types)?;
+            let (resource, capabilities) = discovery
+                .resolve_gvk(&gvk)
+                .with_context(|| format!("{}: unknown kind {gvk:?}", file.display()))?;
+            let name = object.metadata.name.clone().unwrap_or_default();
+            let api: Api<DynamicObject> = match (&capabilities.scope, &object.metadata.namespace) {
+                (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+                (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+                (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+            };
+            api.patch(&name, &params, &Patch::Apply(&object))
+                .await
+                .with_context(|| format!("applying {} {name} from {}", gvk.kind, file.display()))?;
+        }
+    }
+    Ok(())
+}
