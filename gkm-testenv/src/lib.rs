@@ -13,6 +13,7 @@
 //! as long as the test process, and killed on drop and at exit, so no process
 //! outlives `cargo test`, even when a test panics or the run is killed.
 
+mod apply;
 mod binaries;
 mod certs;
 mod control_plane;
@@ -22,6 +23,7 @@ mod process;
 mod registry;
 mod service_account;
 
+pub use apply::{describe_object, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
 pub use process::Process;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};

@@ -25,7 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 pub use reconcile::{FINALIZER, parse_duration};
-pub use verifier::{ImageVerifier, deliverable};
+pub use verifier::{ImageVerifier, RegistryVerifier, deliverable};
 
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};

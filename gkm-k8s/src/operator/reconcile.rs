@@ -214,8 +214,9 @@ async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
     Ok(image_data.digest.to_string())
 }
 
-/// The verification outcome for `digest`: the recorded one while digest and
-/// generation are unchanged, a fresh one otherwise.
+/// The verification outcome for `digest`: a recorded success while digest
+/// and generation are unchanged, a fresh check otherwise (so a signature
+/// added later, or a registry that answers again, is noticed).
 async fn verification<K: CacheObject>(
     cache: &K,
     ctx: &Context,
@@ -225,6 +226,7 @@ async fn verification<K: CacheObject>(
     generation: Option<i64>,
 ) -> VerificationStatus {
     if let Some(previous) = &old.verification
+        && previous.verified
         && previous.digest.as_deref() == Some(digest)
         && old.observed_generation == generation
     {
