@@ -21,6 +21,9 @@
 //!   superset of what is mounted. The agent counts pods per digest from them,
 //!   and must not remove a store directory some record still names.
 //!
+//! Readers ignore fields they do not know, so an agent and a driver of
+//! neighbouring versions (their DaemonSets roll separately) still agree.
+//!
 //! Every file is written atomically (a temporary file in the same directory,
 //! synced, then renamed over the old one), so a reader sees the old or the new
 //! content, never a torn one. Cache and namespace names are checked to be
@@ -161,7 +164,7 @@ pub fn incompatibility_reason(report: &Report) -> String {
 
 /// The JSON form of a [`Delivery`].
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct DeliveryFile {
     digest: String,
     deliverable: bool,
@@ -337,7 +340,7 @@ enum ScopeFile {
 
 /// The JSON form of a [`MountRecord`].
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct MountFile {
     volume_id: String,
     pod_namespace: String,
@@ -786,6 +789,21 @@ mod tests {
                 "{err}"
             );
         }
+        // A field from a newer agent is ignored.
+        let newer = format!(
+            r#"{{"digest":"{}","deliverable":true,"verdict":"deliverable","updated":"2026-01-01T00:00:00Z","sizeBytes":42}}"#,
+            digest(1)
+        );
+        fs::write(&path, newer).expect("write");
+        assert!(
+            index
+                .get(&key)
+                .expect("newer entry")
+                .expect("present")
+                .is_deliverable()
+        );
+        fs::write(&path, "not json").expect("write");
+
         // list() skips it rather than failing.
         assert!(index.list().expect("list").is_empty());
     }

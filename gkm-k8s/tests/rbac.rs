@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use gkm_k8s::crd::{self, GKMCache, GKMCacheNode};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
-use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
+use gkm_testenv::{
+    ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
@@ -23,11 +25,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, Se
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-    ValidationDirective,
-};
-use serde::Deserialize as _;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const SYSTEM: &str = "gkm-system";
@@ -51,21 +49,6 @@ fn deploy_dir() -> anyhow::Result<PathBuf> {
     Ok(workspace_root()?.join("deploy"))
 }
 
-/// The YAML documents of `path`, empty ones left out.
-fn documents(path: &Path) -> anyhow::Result<Vec<Value>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let mut docs = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let value = serde_yaml::Value::deserialize(doc)
-            .map_err(|e| anyhow::anyhow!("{} document {i}: {e}", path.display()))?;
-        if !value.is_null() {
-            docs.push(serde_json::to_value(value)?);
-        }
-    }
-    Ok(docs)
-}
-
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -82,7 +65,7 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 /// The files `deploy/kustomization.yaml` lists, in order.
 fn kustomization_resources() -> anyhow::Result<Vec<PathBuf>> {
     let dir = deploy_dir()?;
-    let docs = documents(&dir.join("kustomization.yaml"))?;
+    let docs = yaml_documents(&dir.join("kustomization.yaml"))?;
     let resources = docs
         .first()
         .and_then(|d| d["resources"].as_array())
@@ -99,16 +82,6 @@ fn kustomization_resources() -> anyhow::Result<Vec<PathBuf>> {
 
 fn kind_of<K: k8s_openapi::Resource>() -> (&'static str, &'static str) {
     (K::API_VERSION, K::KIND)
-}
-
-fn id(doc: &Value) -> String {
-    format!(
-        "{} {} {}/{}",
-        doc["apiVersion"].as_str().unwrap_or("?"),
-        doc["kind"].as_str().unwrap_or("?"),
-        doc["metadata"]["namespace"].as_str().unwrap_or(""),
-        doc["metadata"]["name"].as_str().unwrap_or("?")
-    )
 }
 
 #[test]
@@ -139,7 +112,7 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
     );
     let mut seen = BTreeSet::new();
     for file in &files {
-        for doc in documents(file)? {
+        for doc in yaml_documents(file)? {
             let kind = (
                 doc["apiVersion"].as_str().unwrap_or(""),
                 doc["kind"].as_str().unwrap_or(""),
@@ -154,7 +127,7 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
                     doc["metadata"]["name"].is_string(),
                     "{}: {} has no name",
                     file.display(),
-                    id(&doc)
+                    describe_object(&doc)
                 );
             }
             seen.insert(format!("{} {}", kind.0, kind.1));
@@ -172,10 +145,10 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
     // install.yaml holds the kustomization's parts, in order, unchanged.
     let mut parts = Vec::new();
     for file in kustomization_resources()? {
-        parts.extend(documents(&file)?);
+        parts.extend(yaml_documents(&file)?);
     }
-    let install = documents(&deploy_dir()?.join("install.yaml"))?;
-    let names = |docs: &[Value]| docs.iter().map(id).collect::<Vec<_>>();
+    let install = yaml_documents(&deploy_dir()?.join("install.yaml"))?;
+    let names = |docs: &[Value]| docs.iter().map(describe_object).collect::<Vec<_>>();
     assert_eq!(
         names(&install),
         names(&parts),
@@ -204,7 +177,7 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
 #[test]
 fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
     let dir = deploy_dir()?;
-    let csi = documents(&dir.join("manifests/csi.yaml"))?;
+    let csi = yaml_documents(&dir.join("manifests/csi.yaml"))?;
     let driver = csi
         .iter()
         .find(|d| d["kind"] == "CSIDriver")
@@ -221,7 +194,7 @@ fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
         "manifests/csi.yaml",
     ] {
         workloads.extend(
-            documents(&dir.join(file))?
+            yaml_documents(&dir.join(file))?
                 .into_iter()
                 .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet"),
         );
@@ -267,36 +240,6 @@ fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Server-side applies `doc` as admin (dry run when asked), strictly validated.
-async fn apply(client: &kube::Client, doc: &Value, dry_run: bool) -> anyhow::Result<()> {
-    let object: DynamicObject = serde_json::from_value(doc.clone())?;
-    let types = object
-        .types
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("{}: no apiVersion/kind", id(doc)))?;
-    let gvk = GroupVersionKind::try_from(&types)?;
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await?;
-    let api: Api<DynamicObject> = match caps.scope {
-        kube::discovery::Scope::Namespaced => {
-            let ns = object
-                .metadata
-                .namespace
-                .as_deref()
-                .ok_or_else(|| anyhow::anyhow!("{}: no namespace", id(doc)))?;
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
-        kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &resource),
-    };
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let mut params = PatchParams::apply("gkm-rbac-test").force();
-    params.dry_run = dry_run;
-    params.field_validation = Some(ValidationDirective::Strict);
-    api.patch(&name, &params, &Patch::Apply(&object))
-        .await
-        .map_err(|e| anyhow::anyhow!("applying {}: {e}", id(doc)))?;
-    Ok(())
-}
-
 /// Installs the CRDs, the namespace and `deploy/rbac/` on the shared control
 /// plane, and a namespace for a workload's caches.
 async fn install_rbac() -> anyhow::Result<(&'static ControlPlane, kube::Client)> {
@@ -309,24 +252,18 @@ async fn install_rbac() -> anyhow::Result<(&'static ControlPlane, kube::Client)>
     yaml_files(&dir.join("rbac"), &mut rbac)?;
     files.extend(rbac);
     for file in files {
-        for doc in documents(&file)? {
-            apply(&admin, &doc, false).await?;
-        }
+        plane.apply_file(&file).await?;
     }
-    apply(
-        &admin,
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}}),
-        false,
-    )
-    .await?;
+    let team = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}});
+    plane.apply_object(&team, false).await?;
     Ok((plane, admin))
 }
 
 #[tokio::test]
 async fn the_apiserver_accepts_every_shipped_object() -> anyhow::Result<()> {
-    let (_plane, admin) = install_rbac().await?;
-    for doc in documents(&deploy_dir()?.join("install.yaml"))? {
-        apply(&admin, &doc, true).await?;
+    let (plane, _admin) = install_rbac().await?;
+    for doc in yaml_documents(&deploy_dir()?.join("install.yaml"))? {
+        plane.apply_object(&doc, true).await?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 /// gkm CSI driver (`csi.gkm.io`): bind-mounts a verified, compatible cache
 /// from the node store read-only into pods.
 #[derive(Parser)]
-#[command(name = "gkm-csi", version, about)]
+#[command(name = "gkm-csi", version)]
 struct Cli {
     /// The CSI endpoint to serve: `unix:///path/to/csi.sock` or a path.
     #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]

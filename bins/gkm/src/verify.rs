@@ -108,7 +108,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 });
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
-                eprintln!("gkm: rejected {}@{digest}: {why}", args.image);
+                eprintln!("gkm: rejected {} ({digest}): {why}", args.image);
             }
             Ok(ExitCode::from(EXIT_REJECTED))
         }

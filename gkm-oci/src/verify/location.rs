@@ -57,6 +57,10 @@ pub async fn fetch_tag(
     match repo.fetch_manifest().await {
         Ok(m) => Ok(Some(m)),
         Err(e) if is_not_found(&e) => Ok(None),
+        Err(Error::Format { what, reason }) => Err(Error::Format {
+            what: format!("{what} at {at}"),
+            reason,
+        }),
         Err(e) => Err(e),
     }
 }
