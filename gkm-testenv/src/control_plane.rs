@@ -146,7 +146,7 @@ impl ControlPlane {
         let mut plane = ControlPlane {
             controller_manager: None,
             apiserver,
-            etcd: etcd,
+            etcd,
             dir: dir.to_path_buf(),
             _tempdir: tempdir,
             authority,

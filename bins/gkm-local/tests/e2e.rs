@@ -186,7 +186,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     let mut names: Vec<String> = reports.items.iter().filter_map(|r| r.metadata.name.clone()).collect();
     names.sort();
     assert_eq!(names, ["node-cpu", "node-gfx90a", "node-sm75"], "one report per node, no duplicates");
-    assert_eq!(stored_digests(&stack.store_dir("node-sm75")), [cuda_digest.clone()]);
+    assert_eq!(stored_digests(&stack.store_dir("node-sm75")), std::slice::from_ref(&cuda_digest));
     assert!(stored_digests(&stack.store_dir("node-gfx90a")).is_empty());
     assert!(stored_digests(&stack.store_dir("node-cpu")).is_empty());
     let store_dir = stack.store_dir("node-sm75").join("sha256").join(cuda_digest.trim_start_matches("sha256:"));
@@ -207,7 +207,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
         }
     })
     .await?;
-    assert_eq!(stored_digests(&stack.store_dir("node-sm75")), [cuda_digest.clone()], "one store directory per digest");
+    assert_eq!(stored_digests(&stack.store_dir("node-sm75")), std::slice::from_ref(&cuda_digest), "one store directory per digest");
     assert_eq!(std::fs::metadata(&store_dir)?.modified()?, extracted_at, "the digest was not extracted again");
 
     // --- CSI: a pod on sm75 mounts the cache; on gfx90a the mount is refused with the reason.

@@ -135,37 +135,23 @@ impl NodeReports {
 
 /// The node's GPUs grouped by type, as GKM reports them.
 pub(super) fn gpu_statuses(inventory: &Inventory) -> Vec<GpuStatus> {
-    let mut groups: BTreeMap<
-        (
-            String,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            Option<u32>,
-        ),
-        Vec<i32>,
-    > = BTreeMap::new();
+    let mut groups: Vec<GpuStatus> = Vec::new();
     for gpu in &inventory.gpus {
-        let key = (
-            gpu.product.clone(),
-            gpu.driver_version.clone(),
-            gpu.backend.map(|b| b.to_string()),
-            gpu.arch.as_ref().map(ToString::to_string),
-            gpu.warp_size,
-        );
-        groups.entry(key).or_default().push(gpu.index as i32);
+        let kind = GpuStatus {
+            gpu_type: Some(gpu.product.clone()),
+            driver_version: gpu.driver_version.clone(),
+            ids: None,
+            backend: gpu.backend.map(|b| b.to_string()),
+            arch: gpu.arch.as_ref().map(ToString::to_string),
+            warp_size: gpu.warp_size.map(|w| w as i32),
+        };
+        let index = gpu.index as i32;
+        match groups.iter_mut().find(|g| GpuStatus { ids: None, ..(*g).clone() } == kind) {
+            Some(group) => group.ids.get_or_insert_with(Vec::new).push(index),
+            None => groups.push(GpuStatus { ids: Some(vec![index]), ..kind }),
+        }
     }
     groups
-        .into_iter()
-        .map(|((product, driver, backend, arch, warp), ids)| GpuStatus {
-            gpu_type: Some(product),
-            driver_version: driver,
-            ids: Some(ids),
-            backend,
-            arch,
-            warp_size: warp.map(|w| w as i32),
-        })
-        .collect()
 }
 
 /// A node report's counts: over its caches, how many are in use, extracted

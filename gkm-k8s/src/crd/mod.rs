@@ -13,6 +13,9 @@
 //! assert!(yaml.contains("name: gkmcaches.gkm.io"));
 //! ```
 
+// kube's `printcolumn(...)` attributes repeat keys such as `type_` by design.
+#![allow(clippy::duplicated_attributes)]
+
 mod cache;
 mod common;
 mod node;

@@ -1,0 +1,156 @@
+//! `gkm-agent` as it is deployed: running as the `gkm-agent` ServiceAccount
+//! with the shipped RBAC against a real kube-apiserver, for a node with
+//! simulated GPUs. It becomes ready, labels its Node with the GPUs, serves
+//! its metrics and stops on SIGTERM. Also what a user sees for bad flags.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gkm_testenv::{ControlPlane, Process};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const SYSTEM: &str = "gkm-system";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status and body, or `None` while
+/// nothing listens.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+#[tokio::test]
+async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Result<()> {
+    let plane = ControlPlane::shared().await?;
+    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane
+        .apply_file(&deploy_dir().join("namespace.yaml"))
+        .await?;
+    plane
+        .apply_file(&deploy_dir().join("rbac/agent.yaml"))
+        .await?;
+    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-agent")?;
+    let admin = plane.client().await?;
+    let dir = gkm_testenv::temp_dir()?;
+
+    let node_name = "agent-node-t4";
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}}))?;
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::apply("gkm-test"),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    let gpus = dir.path().join("gpus.yaml");
+    std::fs::write(&gpus, "gpus:\n  - profile: T4\n    count: 2\n")?;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--node-name={node_name}"))
+        .arg(format!("--store={}", dir.path().join("store").display()))
+        .arg(format!("--simulate={}", gpus.display()))
+        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
+        .arg("--resync=1s");
+    let mut agent = Process::spawn("gkm-agent", cmd, &dir.path().join("gkm-agent.log"))?;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let labels = loop {
+        agent.check_running()?;
+        let ready = get(port, "/readyz").await.is_some_and(|(s, _)| s == 200);
+        let labels = nodes
+            .get(node_name)
+            .await?
+            .metadata
+            .labels
+            .unwrap_or_default();
+        if ready && labels.contains_key("gkm.io/gpu.count") {
+            break labels;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "agent not ready or node not labelled (labels {labels:?}); log:\n{}",
+            agent.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        labels.get("gkm.io/gpu.count").map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(
+        labels.get("gkm.io/gpu.vendor").map(String::as_str),
+        Some("nvidia")
+    );
+    assert_eq!(
+        labels.get("gkm.io/gpu.simulated").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(get(port, "/healthz").await, Some((200, "ok\n".to_string())));
+    let (status, metrics) = get(port, "/metrics").await.unwrap_or_default();
+    assert_eq!(status, 200);
+    let version = env!("CARGO_PKG_VERSION");
+    let info = format!("gkm_build_info{{component=\"gkm-agent\",version=\"{version}\"}} 1");
+    assert!(metrics.lines().any(|l| l == info), "{metrics}");
+
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(agent.pid() as libc::pid_t, libc::SIGTERM);
+    }
+    let stopped = Instant::now();
+    let exit = loop {
+        if let Err(e) = agent.check_running() {
+            break e.to_string();
+        }
+        anyhow::ensure!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "the agent ignored SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.contains("exit status: 0"), "{exit}");
+    Ok(())
+}
+
+#[test]
+fn bad_flags_are_named() -> anyhow::Result<()> {
+    let run = |args: &[&str]| -> anyhow::Result<(bool, String)> {
+        let out = Command::new(env!("CARGO_BIN_EXE_gkm-agent"))
+            .args(args)
+            .env_remove("NODE_NAME")
+            .output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    };
+    let (ok, err) = run(&[])?;
+    assert!(!ok);
+    assert!(err.contains("--node-name"), "{err}");
+    let (ok, err) = run(&["--node-name=n1", "--simulate=/nonexistent/gpus.yaml"])?;
+    assert!(!ok);
+    assert!(err.contains("--simulate /nonexistent/gpus.yaml"), "{err}");
+    let (ok, err) = run(&["--node-name=n1", "--resync=0s"])?;
+    assert!(!ok);
+    assert!(err.contains("--resync"), "{err}");
+    Ok(())
+}
