@@ -15,6 +15,9 @@ use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::{
     ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
 };
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
@@ -98,6 +101,8 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
         kind_of::<Service>(),
         kind_of::<CSIDriver>(),
         kind_of::<CustomResourceDefinition>(),
+        kind_of::<ValidatingAdmissionPolicy>(),
+        kind_of::<ValidatingAdmissionPolicyBinding>(),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
     ]
     .into_iter()
@@ -851,5 +856,215 @@ async fn requests_made_as_each_service_account() -> anyhow::Result<()> {
     assert!(forbidden(
         Api::<Node>::all(csi.clone()).get(node_name).await
     ));
+    Ok(())
+}
+
+/// A request to the apiserver as the agent's ServiceAccount, made by the
+/// admin with impersonation so that it can carry the node-name claim a pod's
+/// bound token has.
+async fn as_agent_on(
+    admin: &kube::Client,
+    node: Option<&str>,
+    request: http::Request<Vec<u8>>,
+) -> anyhow::Result<Result<Value, kube::core::Status>> {
+    let mut request = request;
+    let headers = request.headers_mut();
+    headers.insert(
+        "Impersonate-User",
+        service_account_user(SYSTEM, "gkm-agent").parse()?,
+    );
+    for group in service_account_groups(SYSTEM) {
+        headers.append("Impersonate-Group", group.parse()?);
+    }
+    if let Some(node) = node {
+        headers.insert(
+            "Impersonate-Extra-authentication.kubernetes.io%2Fnode-name",
+            node.parse()?,
+        );
+    }
+    match admin.request::<Value>(request).await {
+        Ok(value) => Ok(Ok(value)),
+        Err(kube::Error::Api(status)) => Ok(Err(*status)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn merge_patch(path: &str, name: &str, patch: &Value) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(
+        kube::core::Request::new(path).patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )?,
+    )
+}
+
+#[tokio::test]
+async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Result<()> {
+    // A control plane of its own: the policy would also confine the agent
+    // identities the other tests use, which carry no node name.
+    let plane = ControlPlane::start().await?;
+    plane.install_crds(&crd::crds()).await?;
+    let dir = deploy_dir()?;
+    for file in [
+        "namespace.yaml",
+        "rbac/agent.yaml",
+        "policies/agent-own-node.yaml",
+    ] {
+        plane.apply_file(&dir.join(file)).await?;
+    }
+    let admin = plane.client().await?;
+    let team = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}});
+    plane.apply_object(&team, false).await?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for name in ["own-node", "other-node"] {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"team": "a"}}}))?;
+        nodes
+            .patch(
+                name,
+                &PatchParams::apply("gkm-rbac-test"),
+                &Patch::Apply(&node),
+            )
+            .await?;
+    }
+
+    let gpu_label = json!({"metadata": {"labels": {"gkm.io/gpu.count": "1"}}});
+    // Policies take effect once the apiserver has loaded them: wait until the
+    // other node's labels are refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let attempt = as_agent_on(
+            &admin,
+            Some("own-node"),
+            merge_patch("/api/v1/nodes", "other-node", &gpu_label)?,
+        )
+        .await?;
+        match attempt {
+            Err(status) if status.code == 403 && status.message.contains("own node") => break,
+            other => {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the policy never took effect: {other:?}"
+                );
+                // Undo a write that got through before the policy was active.
+                let undo = json!({"metadata": {"labels": {"gkm.io/gpu.count": null}}});
+                nodes
+                    .patch("other-node", &PatchParams::default(), &Patch::Merge(&undo))
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // Its own node's gkm.io/ labels: allowed.
+    as_agent_on(
+        &admin,
+        Some("own-node"),
+        merge_patch("/api/v1/nodes", "own-node", &gpu_label)?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("labelling its own node was refused: {}", s.message))?;
+    let own = nodes
+        .get("own-node")
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(own.get("gkm.io/gpu.count").map(String::as_str), Some("1"));
+
+    // Anything else on a Node: refused, with the reason.
+    let refused: Vec<(&str, Option<&str>, &str, Value)> = vec![
+        (
+            "another node's labels",
+            Some("own-node"),
+            "other-node",
+            gpu_label.clone(),
+        ),
+        (
+            "a label outside gkm.io/",
+            Some("own-node"),
+            "own-node",
+            json!({"metadata": {"labels": {"team": "b"}}}),
+        ),
+        (
+            "removing a label outside gkm.io/",
+            Some("own-node"),
+            "own-node",
+            json!({"metadata": {"labels": {"team": null}}}),
+        ),
+        (
+            "cordoning",
+            Some("own-node"),
+            "own-node",
+            json!({"spec": {"unschedulable": true}}),
+        ),
+        (
+            "annotations",
+            Some("own-node"),
+            "own-node",
+            json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        (
+            "labels without a node-name claim",
+            None,
+            "own-node",
+            gpu_label.clone(),
+        ),
+    ];
+    for (what, claim, node, patch) in refused {
+        let result =
+            as_agent_on(&admin, claim, merge_patch("/api/v1/nodes", node, &patch)?).await?;
+        match result {
+            Err(status) if status.code == 403 && status.message.contains("gkm-agent") => {}
+            other => panic!("{what}: expected a refusal naming gkm-agent, got {other:?}"),
+        }
+    }
+    let other = nodes.get("other-node").await?;
+    assert_eq!(
+        other
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("gkm.io/gpu.count"),
+        None
+    );
+    assert_eq!(other.spec.and_then(|s| s.unschedulable), None);
+
+    // Reports: only the one named after its node.
+    let path = format!("/apis/gkm.io/v1alpha1/namespaces/{TEAM}/gkmcachenodes");
+    let apply = PatchParams::apply("gkm-agent").force();
+    let report = |name: &str| json!({"apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode", "metadata": {"name": name}, "spec": {}});
+    let own_report = kube::core::Request::new(&path).patch(
+        "own-node",
+        &apply,
+        &Patch::Apply(report("own-node")),
+    )?;
+    as_agent_on(&admin, Some("own-node"), own_report)
+        .await?
+        .map_err(|s| anyhow::anyhow!("writing its own report was refused: {}", s.message))?;
+    let other_report = kube::core::Request::new(&path).patch(
+        "other-node",
+        &apply,
+        &Patch::Apply(report("other-node")),
+    )?;
+    match as_agent_on(&admin, Some("own-node"), other_report).await? {
+        Err(status)
+            if status.code == 403 && status.message.contains("gkmcachenodes \"other-node\"") => {}
+        other => panic!("another node's report: expected a refusal, got {other:?}"),
+    }
+    let delete = kube::core::Request::new(&path).delete("own-node", &DeleteParams::default())?;
+    as_agent_on(&admin, Some("own-node"), delete)
+        .await?
+        .map_err(|s| anyhow::anyhow!("deleting its own report was refused: {}", s.message))?;
+
+    // Nobody else is confined.
+    nodes
+        .patch(
+            "other-node",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"team": "c"}}})),
+        )
+        .await?;
     Ok(())
 }

@@ -26,7 +26,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// gkm node agent: discovers the node's GPUs, pulls and extracts compatible
 /// caches into the node store and reports in the node's GKMCacheNode.
 #[derive(Parser)]
-#[command(name = "gkm-agent", version, about)]
+#[command(name = "gkm-agent", version)]
 struct Cli {
     /// This node's name; its reports and labels are for this Node.
     #[arg(long, env = "NODE_NAME")]

@@ -88,7 +88,9 @@ impl Stack {
         let plane = ControlPlane::start_in_dir(dir, options).await?;
         plane.install_crds(&gkm_k8s::crd::crds()).await?;
         let client = plane.client().await?;
-        apply_yaml_dir(&client, &repo_root().join("deploy/rbac")).await?;
+        let deploy = repo_root().join("deploy");
+        apply_yaml(&client, &[deploy.join("namespace.yaml")]).await?;
+        apply_yaml(&client, &yaml_files(&deploy.join("rbac"))?).await?;
         let mut kwok = Kwok::start(&plane)?;
         for node in &nodes {
             let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
@@ -247,18 +249,23 @@ impl Stack {
     }
 }
 
-/// Applies every YAML document of every `*.yaml` file in `dir` (server-side apply).
-pub async fn apply_yaml_dir(client: &kube::Client, dir: &Path) -> anyhow::Result<()> {
-    let discovery = Discovery::new(client.clone()).run().await?;
+/// The `*.yaml` files in `dir`, sorted.
+pub fn yaml_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// Applies every YAML document of `files`, in order (server-side apply).
+pub async fn apply_yaml(client: &kube::Client, files: &[PathBuf]) -> anyhow::Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
     let params = PatchParams::apply("gkm-local").force();
     for file in files {
-        let text = std::fs::read_to_string(&file)?;
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         for document in serde_yaml::Deserializer::from_str(&text) {
             let value = serde_json::Value::deserialize(document)?;
             if value.is_null() {

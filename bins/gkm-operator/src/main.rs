@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::crd::{ClusterGKMCache, GKMCache, SignaturePolicy, VerificationStatus};
+use gkm_k8s::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
-use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig};
+use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier};
 use gkm_k8s::serve::{
     Endpoints, OperatorCollector, Readiness, Sampled, ready_when_listable, register_build_info,
     serve, shutdown_signal, until_signal,
@@ -27,7 +27,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// gkm operator: resolves cache images to digests, verifies their signatures
 /// and rolls node reports up into each cache's status.
 #[derive(Parser)]
-#[command(name = "gkm-operator", version, about)]
+#[command(name = "gkm-operator", version)]
 struct Cli {
     /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
     /// in-cluster service account.
@@ -48,7 +48,8 @@ struct Cli {
     /// This replica's identity in the Lease [default: $POD_NAME, else $HOSTNAME, else gkm-operator-PID].
     #[arg(long, env = "POD_NAME")]
     leader_identity: Option<String>,
-    /// How long a Lease not renewed stays valid (e.g. 15s).
+    /// How long a Lease not renewed stays valid (e.g. 15s; at least 3s). The
+    /// leader renews every 2/15 of it and gives up after 2/3 without renewal.
     #[arg(long, default_value = "15s", value_parser = duration)]
     lease_duration: Duration,
     /// How often tags are resolved again when a cache does not say (e.g. 5m, 1h30m).
@@ -117,28 +118,6 @@ fn identity(flag: Option<String>) -> String {
         .unwrap_or_else(|| format!("gkm-operator-{}", std::process::id()))
 }
 
-/// Reports every image as unverified, naming why: caches whose policy
-/// enforces signatures are never delivered.
-struct NoVerifier;
-
-#[async_trait::async_trait]
-impl ImageVerifier for NoVerifier {
-    async fn verify(
-        &self,
-        _cache: &gkm_k8s::cache_object::CacheKey,
-        _image: &str,
-        digest: &str,
-        _policy: &SignaturePolicy,
-    ) -> VerificationStatus {
-        VerificationStatus {
-            verified: false,
-            digest: Some(digest.to_string()),
-            message: Some("this gkm-operator build verifies no signatures".into()),
-            ..VerificationStatus::default()
-        }
-    }
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = connect(cli.kubeconfig.as_deref()).await?;
     let identity = identity(cli.leader_identity);
@@ -192,8 +171,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         readiness.check("clustergkmcaches"),
     ));
 
-    // The signature verifier: replace `NoVerifier` with the registry-backed one.
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(NoVerifier);
+    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
+        client.clone(),
+        config.registry.clone(),
+        &cli.lease_namespace,
+    ));
     let controllers = until_signal(
         gkm_k8s::operator::run(client, config, verifier, metrics),
         SHUTDOWN_GRACE,
