@@ -17,6 +17,9 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo build --bins (the end-to-end tests run the binaries)"
+cargo build --workspace --bins --locked
+
 step "cargo test"
 cargo test --workspace --all-targets --locked
 step "cargo test --doc"

@@ -1,25 +1,42 @@
-//! `gkm-local`: gkm on a local control plane, no cluster needed.
+//! `gkm-local`: gkm's main job on a local control plane, no cluster needed.
 //!
-//! Starts etcd, kube-apiserver and an OCI registry on loopback (the same real
-//! components the tests use, from `hack/components.sh`), installs gkm's CRDs,
-//! prints how to reach them with kubectl, and runs until interrupted.
+//! Starts etcd, kube-apiserver, kube-controller-manager, kwok and an OCI
+//! registry on loopback (the real components `hack/components.sh` builds),
+//! installs gkm's CRDs and RBAC, creates three simulated nodes (NVIDIA T4,
+//! AMD MI210, no GPU), builds the Triton CUDA fixture cache into an image,
+//! signs it with cosign, starts gkm's operator and, per node, an agent and a
+//! CSI driver, applies a `GKMCache`, and shows it converge with kubectl. Then
+//! it runs until interrupted, printing how to reach it.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
-use gkm_testenv::{ControlPlane, ControlPlaneOptions, Registry, tools_bin_dir};
+use gkm_k8s::crd::{CacheState, GKMCache};
+use gkm_local::{Stack, cosign, default_nodes, fixture};
+use gkm_testenv::{Component, find_binary, tools_bin_dir};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 
 /// Run gkm on a local control plane.
 #[derive(Parser)]
 #[command(name = "gkm-local", version, about)]
 struct Cli {
-    /// Directory for the control plane's state (wiped at start).
+    /// Directory for all state (wiped at start).
     #[arg(long, default_value = ".gkm/local")]
     dir: PathBuf,
-    /// Exit once everything is up instead of running until Ctrl-C.
+    /// Exit once the cache has converged instead of running until Ctrl-C.
     #[arg(long)]
     exit_when_ready: bool,
+    /// How long to wait for convergence.
+    #[arg(long, default_value_t = 180)]
+    timeout_secs: u64,
+}
+
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(find_binary(Component::Kubectl)?).arg("--kubeconfig").arg(kubeconfig).args(args).output()?;
+    Ok(format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
 }
 
 #[tokio::main]
@@ -29,29 +46,63 @@ async fn main() -> anyhow::Result<()> {
     if cli.dir.exists() {
         std::fs::remove_dir_all(&cli.dir)?;
     }
-    std::fs::create_dir_all(cli.dir.join("registry"))?;
+    std::fs::create_dir_all(&cli.dir)?;
     let dir = std::fs::canonicalize(&cli.dir)?;
 
-    let plane = ControlPlane::start_in_dir(&dir, ControlPlaneOptions::default()).await?;
-    eprintln!(
-        "control plane ready in {:.1?} at {}",
-        plane.started_in(),
-        plane.url()
-    );
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
-    eprintln!("gkm CRDs installed and Established");
-    let registry = Registry::start_in_dir(&dir.join("registry"))?;
-    eprintln!("OCI registry on http://{}", registry.addr());
-
+    eprintln!("==> starting etcd, kube-apiserver, kube-controller-manager, kwok and a registry");
+    let mut stack = Stack::start(&dir, default_nodes()).await?;
+    eprintln!("    control plane ready in {:.1?} at {}", stack.plane.started_in(), stack.plane.url());
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::copy(plane.kubeconfig(), &kubeconfig)?;
+    std::fs::copy(stack.plane.kubeconfig(), &kubeconfig)?;
+
+    eprintln!("==> building the Triton CUDA sm75 fixture cache into an image and signing it with cosign");
+    let key = cosign::generate_key_pair(&dir.join("keys"))?;
+    let (image, digest) =
+        stack.push_cache(&fixture("triton-vector-add-cuda-sm75"), "gkm/vector-add", "cuda").await?;
+    let repository = image.rsplit_once(':').map(|(r, _)| r.to_string()).unwrap_or_default();
+    cosign::sign(&key, &format!("{repository}@{digest}"))?;
+    eprintln!("    {image} = {digest}, signed");
+
+    eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each simulated node");
+    stack.set_args(vec!["--resolve-interval=30s".into()], vec!["--resync=10s".into()]);
+    stack.start_gkm()?;
+
+    let client = stack.plane.client().await?;
+    let cache = json!({
+        "apiVersion": "gkm.io/v1alpha1",
+        "kind": "GKMCache",
+        "metadata": {"name": "vector-add", "namespace": "default"},
+        "spec": {"image": image, "signature": {"signers": [{"key": {"publicKey": key.public_pem}}]}}
+    });
+    let caches: Api<GKMCache> = Api::namespaced(client.clone(), "default");
+    caches.patch("vector-add", &PatchParams::apply("gkm-local").force(), &Patch::Apply(&cache)).await?;
+    eprintln!("==> applied GKMCache default/vector-add; waiting for it to converge");
+
+    let deadline = Instant::now() + Duration::from_secs(cli.timeout_secs);
+    loop {
+        stack.check_running()?;
+        let status = caches.get("vector-add").await?.status.unwrap_or_default();
+        if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == 3 {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("not converged after {}s: {:?} {:?}", cli.timeout_secs, status.state, status.counts);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("\n$ kubectl get gkmcache,gkmcachenode -A\n{}", kubectl(&kubeconfig, &["get", "gkmcache,gkmcachenode", "-A"])?);
     println!(
-        "\ngkm is up in {:.1?}. In another shell:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get crds\n  kubectl api-resources --api-group=gkm.io\n  kubectl get gkmcache,gkmcachenode -A\n\nregistry: {} (push with `gkm build DIR -t {}/NAME:TAG --insecure`)\n",
+        "$ kubectl get gkmcachenode node-gfx90a -o jsonpath='{{.status.caches}}'\n{}\n",
+        kubectl(&kubeconfig, &["get", "gkmcachenode", "node-gfx90a", "-o", "jsonpath={.status.caches}"])?
+    );
+    println!(
+        "gkm converged in {:.1?}. To look around:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get gkmcache,gkmcachenode -A\n  kubectl describe gkmcache vector-add\n  kubectl get nodes --show-labels\n\nlogs: {}/gkm-operator.log, {}/nodes/*/gkm-*.log; registry: {}\n",
         began.elapsed(),
         tools_bin_dir().display(),
         kubeconfig.display(),
-        registry.addr(),
-        registry.addr(),
+        dir.display(),
+        dir.display(),
+        stack.registry.addr(),
     );
     if cli.exit_when_ready {
         return Ok(());
