@@ -7,6 +7,11 @@
 //!   style; `/readyz?verbose` lists every check.
 //! - `/metrics` is the Prometheus registry in the OpenMetrics text format.
 //!
+//! Around them, what both long-running processes share: [`Sampled`] values
+//! and the operator's counters as metrics, a readiness check that waits for
+//! the apiserver to serve a resource ([`ready_when_listable`]), and stopping
+//! on SIGTERM/SIGINT ([`shutdown_signal`], [`until_signal`]).
+//!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
 //! use std::sync::Arc;

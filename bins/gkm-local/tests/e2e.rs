@@ -12,7 +12,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::{CacheState, GKMCache, GKMCacheNode, NodeCacheStatus};
+use gkm_k8s::crd::{CacheState, ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, NodeCacheStatus};
 use gkm_local::kubelet::{self, PodVolume};
 use gkm_local::{Stack, cosign, default_nodes, fixture};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -340,5 +340,44 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
             assert!(!stored_digests(&stack.store_dir(node)).contains(&digest), "{name} was extracted on {node}");
         }
     }
+
+    // --- A cluster cache: the same pipeline through ClusterGKMCache and its node reports.
+    let (rocm, rocm_digest) = stack.push_cache(&fixture("triton-vector-add-rocm-gfx90a"), "gkm/vector-add", "rocm").await?;
+    cosign::sign(&key, &format!("{repository}@{rocm_digest}"))?;
+    let cluster_cache = json!({
+        "apiVersion": "gkm.io/v1alpha1",
+        "kind": "ClusterGKMCache",
+        "metadata": {"name": "vector-add-rocm"},
+        "spec": {
+            "image": rocm,
+            "workloadNamespaces": ["team-b"],
+            "signature": {"signers": [{"key": {"publicKey": key.public_pem}}]}
+        }
+    });
+    Api::<ClusterGKMCache>::all(client.clone())
+        .patch("vector-add-rocm", &PatchParams::apply("e2e").force(), &Patch::Apply(&cluster_cache))
+        .await?;
+    let c = client.clone();
+    let digest = rocm_digest.clone();
+    wait_for(&mut stack, "the cluster cache to converge", || {
+        let (c, digest) = (c.clone(), digest.clone());
+        async move {
+            let status = Api::<ClusterGKMCache>::all(c.clone()).get("vector-add-rocm").await?.status.unwrap_or_default();
+            let report = Api::<ClusterGKMCacheNode>::all(c.clone()).get_opt("node-gfx90a").await?;
+            let entry = report
+                .and_then(|r| r.status)
+                .and_then(|s| s.caches)
+                .and_then(|caches| caches.get("vector-add-rocm").and_then(|d| d.get(&digest)).cloned());
+            Ok(match entry.and_then(|e| e.state) {
+                Some(CacheState::Extracted) if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == 3 => {
+                    Ok(status.counts)
+                }
+                other => Err(format!("{other:?} {:?} {:?}", status.state, status.counts)),
+            })
+        }
+    })
+    .await
+    .map(|counts| assert_eq!((counts.node_not_in_use_cnt, counts.node_error_cnt), (1, 2), "{counts:?}"))?;
+    assert!(stored_digests(&stack.store_dir("node-gfx90a")).contains(&rocm_digest));
     Ok(())
 }
