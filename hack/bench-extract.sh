@@ -45,10 +45,12 @@ avg = size_mib * (1 << 20) // (kernels * 5)  # five bulky files per kernel
 # Pools sliced per file: PTX-like text compresses ~4x, cubin-like binary ~1.5x.
 ops = ["ld.global.f32", "st.global.f32", "add.f32", "mul.rn.f32", "fma.rn.f32", "mov.u32",
        "setp.lt.s32", "bra.uni", "cvt.rn.f32.s32", "shl.b32", "mad.lo.s32", "bar.sync"]
-lines = []
-while sum(map(len, lines)) < 32 << 20:
+lines, total = [], 0
+while total < 32 << 20:
     op = rng.choice(ops)
-    lines.append(f"\t{op} \t%r{rng.randrange(4096)}, [%rd{rng.randrange(512)}+{rng.randrange(1 << 16)}];\n")
+    line = f"\t{op} \t%r{rng.randrange(4096)}, [%rd{rng.randrange(512)}+{rng.randrange(1 << 16)}];\n"
+    lines.append(line)
+    total += len(line)
 text = "".join(lines).encode()
 binary = bytearray()
 while len(binary) < 32 << 20:
@@ -136,7 +138,7 @@ best_of() {
     sync
     local t0 t1
     t0=$(date +%s.%N)
-    "$@"
+    "$@" >/dev/null 2>"$WORK/last.err" || { cat "$WORK/last.err" >&2; exit 1; }
     t1=$(date +%s.%N)
     local t
     t=$(echo "$t1 - $t0" | bc -l)

@@ -183,14 +183,30 @@ pub async fn extract_layer(
             let (tx, rx) = tokio::sync::mpsc::channel(32);
             let what = repo.image().to_string();
             tokio::spawn(async move {
+                // Network chunks are small; batch them so the extractor
+                // wakes once per BATCH bytes, not once per packet.
+                const BATCH: usize = 256 << 10;
+                let mut batch = bytes::BytesMut::new();
                 while let Some(item) = stream.next().await {
-                    let item = item.map_err(|e| {
-                        io::Error::other(Carried::Source(format!("reading {what}: {e}")))
-                    });
-                    let stop = item.is_err();
-                    if tx.send(item).await.is_err() || stop {
-                        break;
+                    match item {
+                        Ok(chunk) => {
+                            batch.extend_from_slice(&chunk);
+                            if batch.len() >= BATCH
+                                && tx.send(Ok(batch.split().freeze())).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let e =
+                                io::Error::other(Carried::Source(format!("reading {what}: {e}")));
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
                     }
+                }
+                if !batch.is_empty() {
+                    let _ = tx.send(Ok(batch.freeze())).await;
                 }
             });
             Box::new(ChannelReader {

@@ -17,9 +17,6 @@ use std::process::Command;
 use anyhow::Context as _;
 use gkm_oci::{BuildOptions, ImageRef, RegistryOptions};
 use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Registry, workspace_binary};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::discovery::{Discovery, Scope};
-use serde::Deserialize as _;
 
 /// The namespace gkm's own components run in.
 pub const SYSTEM_NAMESPACE: &str = "gkm-system";
@@ -89,8 +86,10 @@ impl Stack {
         plane.install_crds(&gkm_k8s::crd::crds()).await?;
         let client = plane.client().await?;
         let deploy = repo_root().join("deploy");
-        apply_yaml(&client, &[deploy.join("namespace.yaml")]).await?;
-        apply_yaml(&client, &yaml_files(&deploy.join("rbac"))?).await?;
+        plane.apply_file(&deploy.join("namespace.yaml")).await?;
+        for file in ["operator.yaml", "agent.yaml", "csi.yaml"] {
+            plane.apply_file(&deploy.join("rbac").join(file)).await?;
+        }
         let mut kwok = Kwok::start(&plane)?;
         for node in &nodes {
             let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
@@ -247,47 +246,4 @@ impl Stack {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
-}
-
-/// The `*.yaml` files in `dir`, sorted.
-pub fn yaml_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// Applies every YAML document of `files`, in order (server-side apply).
-pub async fn apply_yaml(client: &kube::Client, files: &[PathBuf]) -> anyhow::Result<()> {
-    let discovery = Discovery::new(client.clone()).run().await?;
-    let params = PatchParams::apply("gkm-local").force();
-    for file in files {
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        for document in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_json::Value::deserialize(document)?;
-            if value.is_null() {
-                continue;
-            }
-            let object: DynamicObject = serde_json::from_value(value)
-                .with_context(|| format!("{}: not a Kubernetes object", file.display()))?;
-            let types = object.types.clone().with_context(|| format!("{}: object without apiVersion/kind", file.display()))?;
-            let gvk = kube::core::GroupVersionKind::try_from(&types)?;
-            let (resource, capabilities) = discovery
-                .resolve_gvk(&gvk)
-                .with_context(|| format!("{}: unknown kind {gvk:?}", file.display()))?;
-            let name = object.metadata.name.clone().unwrap_or_default();
-            let api: Api<DynamicObject> = match (&capabilities.scope, &object.metadata.namespace) {
-                (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-                (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
-                (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
-            };
-            api.patch(&name, &params, &Patch::Apply(&object))
-                .await
-                .with_context(|| format!("applying {} {name} from {}", gvk.kind, file.display()))?;
-        }
-    }
-    Ok(())
 }

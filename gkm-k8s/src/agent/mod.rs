@@ -108,11 +108,13 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     let mut agent = sync::Agent::new(client, config.clone(), inventory, namespaced, cluster)?;
     let mut tick = tokio::time::interval(config.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = crate::serve::shutdown_signal();
+    tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = changed.notified() => {}
             _ = tick.tick() => {}
-            _ = tokio::signal::ctrl_c() => {
+            _ = &mut shutdown => {
                 info!("stopping");
                 return Ok(());
             }
