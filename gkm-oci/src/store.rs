@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::digest::Digest;
@@ -149,7 +150,11 @@ impl Store {
         let lock_path = dir.with_extension("lock");
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
-        fs::create_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Private while it is being filled.
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| Error::io(&dir, e))?;
         Ok(Staging {
             dir,
             lock_path,
@@ -206,6 +211,8 @@ impl Store {
             if durable {
                 sync_filesystem(&dir)?;
             }
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+                .map_err(|e| Error::io(&dir, e))?;
             match fs::rename(&dir, &final_path) {
                 Ok(()) => {}
                 // Another extraction of the same digest won: same content.

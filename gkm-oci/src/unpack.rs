@@ -2,6 +2,7 @@
 //! the PVC fill job).
 
 use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -69,7 +70,11 @@ pub async fn extract_to_dir(
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         parent.join(tmp_name(".gkm-staging-"))
     };
-    fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
+    // Private while it is being filled.
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(|e| Error::io(&staging, e))?;
     let mut cleanup = Cleanup(Some(staging.clone()));
     let stats = extract_layer(
         repo,
@@ -94,6 +99,8 @@ pub async fn extract_to_dir(
                 fs::rename(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
             }
         } else {
+            fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+                .map_err(|e| Error::io(&staging, e))?;
             fs::rename(&staging, &out).map_err(|e| Error::io(&out, e))?;
         }
         if !no_sync {

@@ -2,7 +2,7 @@
 //! Flag parsing and wiring only; the agent is `gkm_k8s::agent`.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,47 +52,14 @@ struct Cli {
     #[arg(long, env = "GKM_INSECURE_REGISTRY")]
     insecure_registry: bool,
     /// How often every cache is checked even without a change (e.g. 30s).
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    #[arg(long, default_value = "30s", value_parser = gkm_bin_support::duration)]
     resync: Duration,
     /// How long a digest no cache or pod uses stays in the store (e.g. 10m).
-    #[arg(long, default_value = "10m", value_parser = duration)]
+    #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     gc_grace: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    gkm_k8s::operator::parse_duration(text)
-        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let Some(path) = kubeconfig else {
-        return kube::Client::try_default()
-            .await
-            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
-    };
-    let file = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-    let config =
-        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("--kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).context("making the apiserver client")
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -107,7 +74,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         bail!("--simulate {}: no such file", file.display());
     }
-    let client = connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let mut config = AgentConfig::new(&cli.node_name, &cli.store);
     config.discovery = DiscoveryOptions {
         sysfs_root: cli.sysfs,
@@ -157,7 +124,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    gkm_bin_support::init_logging(cli.log_json, "info");
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -37,19 +37,6 @@ struct Cli {
     log_json: bool,
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     let path = endpoint
@@ -60,23 +47,6 @@ fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
         bail!("--endpoint {endpoint:?}: expected unix:///absolute/path or an absolute path");
     }
     Ok(PathBuf::from(path))
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn terminated() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -103,7 +73,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         })
     });
     tokio::spawn(async move {
-        terminated().await;
+        gkm_k8s::serve::shutdown_signal().await;
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
@@ -121,7 +91,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    gkm_bin_support::init_logging(cli.log_json, "info");
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

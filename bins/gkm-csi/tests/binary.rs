@@ -15,10 +15,8 @@ use gkm_k8s::csi::proto::{
 };
 use gkm_k8s::csi::registration_proto::InfoRequest;
 use gkm_k8s::csi::registration_proto::registration_client::RegistrationClient;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// Kills the driver if the test fails before stopping it.
 struct Driver(Child);
@@ -31,26 +29,9 @@ impl Drop for Driver {
 }
 
 async fn connect(socket: &Path) -> Channel {
-    let mut last = String::new();
-    for _ in 0..200 {
-        let path = socket.to_path_buf();
-        let connected =
-            Endpoint::try_from("http://[::1]:50051")
-                .expect("endpoint")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }))
-                .await;
-        match connected {
-            Ok(channel) => return channel,
-            Err(e) => last = format!("{e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("cannot connect to {}: {last}", socket.display());
+    gkm_k8s::csi::client::connect(socket, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e:?}", socket.display()))
 }
 
 #[tokio::test(flavor = "multi_thread")]

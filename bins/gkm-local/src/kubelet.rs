@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use gkm_k8s::csi::proto::node_client::NodeClient;
 use gkm_k8s::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use gkm_k8s::csi::proto::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use std::time::Duration;
+
+use gkm_k8s::csi::client::connect;
 
 /// A pod's inline volume of a cache.
 #[derive(Debug, Clone)]
@@ -42,18 +42,6 @@ impl PodVolume {
     }
 }
 
-/// A gRPC channel to a CSI driver's unix socket.
-pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
-    let socket = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
-        }))
-        .await?;
-    Ok(channel)
-}
-
 /// Publishes `volume` at `target` on the driver at `socket`, as the kubelet
 /// does when the pod starts.
 pub async fn publish(socket: &Path, target: &Path, volume: &PodVolume) -> Result<(), tonic::Status> {
@@ -78,7 +66,7 @@ pub async fn publish(socket: &Path, target: &Path, volume: &PodVolume) -> Result
         volume_context: context,
         ..Default::default()
     };
-    let channel = connect(socket).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let channel = connect(socket, Duration::from_secs(5)).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     NodeClient::new(channel).node_publish_volume(request).await.map(|_| ())
 }
 
@@ -88,7 +76,7 @@ pub async fn unpublish(socket: &Path, target: &Path, volume: &PodVolume) -> Resu
         volume_id: volume.volume_id(),
         target_path: target.display().to_string(),
     };
-    let channel = connect(socket).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let channel = connect(socket, Duration::from_secs(5)).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     NodeClient::new(channel).node_unpublish_volume(request).await.map(|_| ())
 }
 

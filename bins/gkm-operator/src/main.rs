@@ -50,10 +50,10 @@ struct Cli {
     leader_identity: Option<String>,
     /// How long a Lease not renewed stays valid (e.g. 15s; at least 3s). The
     /// leader renews every 2/15 of it and gives up after 2/3 without renewal.
-    #[arg(long, default_value = "15s", value_parser = duration)]
+    #[arg(long, default_value = "15s", value_parser = gkm_bin_support::duration)]
     lease_duration: Duration,
     /// How often tags are resolved again when a cache does not say (e.g. 5m, 1h30m).
-    #[arg(long, default_value = "5m", value_parser = duration)]
+    #[arg(long, default_value = "5m", value_parser = gkm_bin_support::duration)]
     resolve_interval: Duration,
     /// Speak plain HTTP to registries (local test registries only).
     #[arg(long, env = "GKM_INSECURE_REGISTRY")]
@@ -66,39 +66,6 @@ struct Cli {
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    gkm_k8s::operator::parse_duration(text)
-        .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
-}
-
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let Some(path) = kubeconfig else {
-        return kube::Client::try_default()
-            .await
-            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
-    };
-    let file = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-    let config =
-        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("--kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).context("making the apiserver client")
 }
 
 fn read_policy(path: &Path) -> anyhow::Result<SignaturePolicy> {
@@ -119,7 +86,7 @@ fn identity(flag: Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let identity = identity(cli.leader_identity);
     let default_policy = cli.default_policy.as_deref().map(read_policy).transpose()?;
     if cli.resolve_interval.is_zero() {
@@ -205,7 +172,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    gkm_bin_support::init_logging(cli.log_json, "info");
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

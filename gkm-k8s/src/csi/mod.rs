@@ -58,6 +58,7 @@
 //! `mountPropagation: Bidirectional` so that its bind mounts reach the pods,
 //! and the node store (the agent's `--store`) mounted at the same `--store`.
 
+pub mod client;
 pub mod identity;
 pub mod mount;
 pub mod node;

@@ -11,10 +11,8 @@ use gkm_k8s::csi::proto::identity_client::IdentityClient;
 use gkm_k8s::csi::proto::node_client::NodeClient;
 use gkm_k8s::csi::{Driver, DriverConfig, serve_csi};
 use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tokio::sync::oneshot;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// The shared fixture caches, found by walking up from this crate.
 pub fn fixtures() -> PathBuf {
@@ -109,26 +107,9 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
 
 /// A gRPC channel to the unix socket `socket`, retried until it answers.
 pub async fn connect(socket: &Path) -> Channel {
-    let mut last = String::new();
-    for _ in 0..100 {
-        let path = socket.to_path_buf();
-        let connected =
-            Endpoint::try_from("http://[::1]:50051")
-                .expect("endpoint")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                    }
-                }))
-                .await;
-        match connected {
-            Ok(channel) => return channel,
-            Err(e) => last = format!("{e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("cannot connect to {}: {last}", socket.display());
+    gkm_k8s::csi::client::connect(socket, Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e:?}", socket.display()))
 }
 
 /// Node and Identity clients of the driver at `socket`.

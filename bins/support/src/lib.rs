@@ -1,0 +1,49 @@
+//! What gkm's binaries share, so each `main.rs` stays flag parsing and wiring.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// Logs to stderr, filtered by `GKM_LOG` (default `default_level`), as JSON
+/// lines when `json` is set.
+pub fn init_logging(json: bool, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A client for the apiserver: from `kubeconfig` when given, else from
+/// `$KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount.
+pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let Some(path) = kubeconfig else {
+        return kube::Client::try_default()
+            .await
+            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
+    };
+    let file = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("making the apiserver client")
+}
+
+/// Parses a duration flag made of whole units: `90s`, `5m`, `1h30m`, `250ms`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(gkm_bin_support::duration("1h30m"), Ok(Duration::from_secs(5400)));
+/// assert!(gkm_bin_support::duration("soon").is_err());
+/// ```
+pub fn duration(text: &str) -> Result<Duration, String> {
+    gkm_k8s::operator::parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
+}
