@@ -138,6 +138,10 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     }
     anyhow::bail!(
         "{name} is not built (looked in {}); build it with `cargo build --workspace --bins`",
-        candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }

@@ -25,9 +25,9 @@ mod service_account;
 
 pub use apply::{describe_object, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
-pub use process::Process;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
+pub use process::Process;
 pub use registry::Registry;
 pub use service_account::{service_account_groups, service_account_user};
 

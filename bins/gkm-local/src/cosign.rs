@@ -26,7 +26,11 @@ fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
         .env("HOME", dir)
         .env("TUF_ROOT", dir.join("tuf"))
         .output()?;
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     if !output.status.success() {
         anyhow::bail!("cosign {args:?} failed: {text}");
     }
@@ -37,7 +41,10 @@ fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
 pub fn generate_key_pair(dir: &Path) -> anyhow::Result<CosignKey> {
     std::fs::create_dir_all(dir)?;
     cosign(dir, &["generate-key-pair"])?;
-    Ok(CosignKey { private_key: dir.join("cosign.key"), public_pem: std::fs::read_to_string(dir.join("cosign.pub"))? })
+    Ok(CosignKey {
+        private_key: dir.join("cosign.key"),
+        public_pem: std::fs::read_to_string(dir.join("cosign.pub"))?,
+    })
 }
 
 /// `cosign sign` of `image` (a digest reference) with `key`: a sigstore

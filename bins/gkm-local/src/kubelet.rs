@@ -44,10 +44,17 @@ impl PodVolume {
 
 /// Publishes `volume` at `target` on the driver at `socket`, as the kubelet
 /// does when the pod starts.
-pub async fn publish(socket: &Path, target: &Path, volume: &PodVolume) -> Result<(), tonic::Status> {
+pub async fn publish(
+    socket: &Path,
+    target: &Path,
+    volume: &PodVolume,
+) -> Result<(), tonic::Status> {
     let mut context: HashMap<String, String> = [
         ("csi.storage.k8s.io/ephemeral", "true"),
-        ("csi.storage.k8s.io/pod.namespace", volume.pod_namespace.as_str()),
+        (
+            "csi.storage.k8s.io/pod.namespace",
+            volume.pod_namespace.as_str(),
+        ),
         ("csi.storage.k8s.io/pod.name", volume.pod_name.as_str()),
         ("csi.storage.k8s.io/serviceAccount.name", "default"),
     ]
@@ -60,27 +67,46 @@ pub async fn publish(socket: &Path, target: &Path, volume: &PodVolume) -> Result
         target_path: target.display().to_string(),
         volume_capability: Some(VolumeCapability {
             access_type: Some(AccessType::Mount(MountVolume::default())),
-            access_mode: Some(AccessMode { mode: access_mode::Mode::SingleNodeReaderOnly as i32 }),
+            access_mode: Some(AccessMode {
+                mode: access_mode::Mode::SingleNodeReaderOnly as i32,
+            }),
         }),
         readonly: true,
         volume_context: context,
         ..Default::default()
     };
-    let channel = connect(socket, Duration::from_secs(5)).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    NodeClient::new(channel).node_publish_volume(request).await.map(|_| ())
+    let channel = connect(socket, Duration::from_secs(5))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    NodeClient::new(channel)
+        .node_publish_volume(request)
+        .await
+        .map(|_| ())
 }
 
 /// Unpublishes `volume` from `target`, as the kubelet does when the pod goes.
-pub async fn unpublish(socket: &Path, target: &Path, volume: &PodVolume) -> Result<(), tonic::Status> {
+pub async fn unpublish(
+    socket: &Path,
+    target: &Path,
+    volume: &PodVolume,
+) -> Result<(), tonic::Status> {
     let request = NodeUnpublishVolumeRequest {
         volume_id: volume.volume_id(),
         target_path: target.display().to_string(),
     };
-    let channel = connect(socket, Duration::from_secs(5)).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    NodeClient::new(channel).node_unpublish_volume(request).await.map(|_| ())
+    let channel = connect(socket, Duration::from_secs(5))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    NodeClient::new(channel)
+        .node_unpublish_volume(request)
+        .await
+        .map(|_| ())
 }
 
 /// Where the kubelet would mount `volume` for its pod on `node_dir`.
 pub fn target_path(node_dir: &Path, volume: &PodVolume) -> PathBuf {
-    node_dir.join("pods").join(format!("{}_{}", volume.pod_namespace, volume.pod_name)).join("cache")
+    node_dir
+        .join("pods")
+        .join(format!("{}_{}", volume.pod_namespace, volume.pod_name))
+        .join("cache")
 }

@@ -33,7 +33,10 @@ pub struct SimulatedNode {
 impl SimulatedNode {
     /// A node named `name` with `inventory` YAML.
     pub fn new(name: &str, inventory: &str) -> SimulatedNode {
-        SimulatedNode { name: name.into(), inventory: inventory.into() }
+        SimulatedNode {
+            name: name.into(),
+            inventory: inventory.into(),
+        }
     }
 }
 
@@ -81,7 +84,10 @@ impl Stack {
     /// own processes are started separately.
     pub async fn start(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
         std::fs::create_dir_all(dir.join("registry"))?;
-        let options = ControlPlaneOptions { controller_manager: true, ..ControlPlaneOptions::default() };
+        let options = ControlPlaneOptions {
+            controller_manager: true,
+            ..ControlPlaneOptions::default()
+        };
         let plane = ControlPlane::start_in_dir(dir, options).await?;
         plane.install_crds(&gkm_k8s::crd::crds()).await?;
         let client = plane.client().await?;
@@ -93,14 +99,17 @@ impl Stack {
         let mut kwok = Kwok::start(&plane)?;
         for node in &nodes {
             let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
-            kwok.create_node(&client, &node.name, &labels, &BTreeMap::new()).await?;
+            kwok.create_node(&client, &node.name, &labels, &BTreeMap::new())
+                .await?;
             let node_dir = dir.join("nodes").join(&node.name);
             std::fs::create_dir_all(node_dir.join("store"))?;
             std::fs::write(node_dir.join("gpus.yaml"), &node.inventory)?;
         }
         let registry = Registry::start_in_dir(&dir.join("registry"))?;
-        let operator_kubeconfig = plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-operator")?;
-        let agent_kubeconfig = plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-agent")?;
+        let operator_kubeconfig =
+            plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-operator")?;
+        let agent_kubeconfig =
+            plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-agent")?;
         Ok(Stack {
             operator: None,
             agents: BTreeMap::new(),
@@ -147,12 +156,19 @@ impl Stack {
     pub fn start_operator(&mut self) -> anyhow::Result<()> {
         self.operator = None;
         let mut cmd = Command::new(workspace_binary("gkm-operator")?);
-        cmd.arg(format!("--kubeconfig={}", self.operator_kubeconfig.display()))
-            .arg("--metrics-addr=127.0.0.1:0")
-            .arg("--insecure-registry")
-            .args(&self.operator_args)
-            .env("GKM_LOG", "info,kube=warn");
-        self.operator = Some(Process::spawn("gkm-operator", cmd, &self.dir.join("gkm-operator.log"))?);
+        cmd.arg(format!(
+            "--kubeconfig={}",
+            self.operator_kubeconfig.display()
+        ))
+        .arg("--metrics-addr=127.0.0.1:0")
+        .arg("--insecure-registry")
+        .args(&self.operator_args)
+        .env("GKM_LOG", "info,kube=warn");
+        self.operator = Some(Process::spawn(
+            "gkm-operator",
+            cmd,
+            &self.dir.join("gkm-operator.log"),
+        )?);
         Ok(())
     }
 
@@ -171,7 +187,10 @@ impl Stack {
         cmd.arg(format!("--kubeconfig={}", self.agent_kubeconfig.display()))
             .arg(format!("--node-name={node}"))
             .arg(format!("--store={}", node_dir.join("store").display()))
-            .arg(format!("--simulate={}", node_dir.join("gpus.yaml").display()))
+            .arg(format!(
+                "--simulate={}",
+                node_dir.join("gpus.yaml").display()
+            ))
             .arg("--metrics-addr=127.0.0.1:0")
             .arg("--insecure-registry")
             .args(&self.agent_args)
@@ -193,10 +212,13 @@ impl Stack {
         self.drivers.remove(node);
         let node_dir = self.dir.join("nodes").join(node);
         let mut cmd = Command::new(workspace_binary("gkm-csi")?);
-        cmd.arg(format!("--endpoint=unix://{}", self.csi_socket(node).display()))
-            .arg(format!("--node-name={node}"))
-            .arg(format!("--store={}", node_dir.join("store").display()))
-            .env("GKM_LOG", "info");
+        cmd.arg(format!(
+            "--endpoint=unix://{}",
+            self.csi_socket(node).display()
+        ))
+        .arg(format!("--node-name={node}"))
+        .arg(format!("--store={}", node_dir.join("store").display()))
+        .env("GKM_LOG", "info");
         let process = Process::spawn("gkm-csi", cmd, &node_dir.join("gkm-csi.log"))?;
         self.drivers.insert(node.to_string(), process);
         Ok(())
@@ -226,10 +248,18 @@ impl Stack {
 
     /// Builds the cache in `cache_dir` into `repository:tag` in the registry
     /// and returns the image reference and digest.
-    pub async fn push_cache(&self, cache_dir: &Path, repository: &str, tag: &str) -> anyhow::Result<(String, String)> {
+    pub async fn push_cache(
+        &self,
+        cache_dir: &Path,
+        repository: &str,
+        tag: &str,
+    ) -> anyhow::Result<(String, String)> {
         let reference = format!("{}/{repository}:{tag}", self.registry.addr());
         let dest: ImageRef = reference.parse()?;
-        let registry = RegistryOptions { insecure: true, ..RegistryOptions::default() };
+        let registry = RegistryOptions {
+            insecure: true,
+            ..RegistryOptions::default()
+        };
         let built = gkm_oci::build(cache_dir, &dest, &BuildOptions::default(), &registry)
             .await
             .with_context(|| format!("building {} into {reference}", cache_dir.display()))?;
@@ -239,7 +269,11 @@ impl Stack {
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
     pub fn log_tail(&self, which: &str, node: Option<&str>, lines: usize) -> String {
         let path = match node {
-            Some(n) => self.dir.join("nodes").join(n).join(format!("gkm-{which}.log")),
+            Some(n) => self
+                .dir
+                .join("nodes")
+                .join(n)
+                .join(format!("gkm-{which}.log")),
             None => self.dir.join(format!("gkm-{which}.log")),
         };
         let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -35,8 +35,16 @@ struct Cli {
 }
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(find_binary(Component::Kubectl)?).arg("--kubeconfig").arg(kubeconfig).args(args).output()?;
-    Ok(format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+    let output = Command::new(find_binary(Component::Kubectl)?)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    ))
 }
 
 #[tokio::main]
@@ -51,20 +59,37 @@ async fn main() -> anyhow::Result<()> {
 
     eprintln!("==> starting etcd, kube-apiserver, kube-controller-manager, kwok and a registry");
     let mut stack = Stack::start(&dir, default_nodes()).await?;
-    eprintln!("    control plane ready in {:.1?} at {}", stack.plane.started_in(), stack.plane.url());
+    eprintln!(
+        "    control plane ready in {:.1?} at {}",
+        stack.plane.started_in(),
+        stack.plane.url()
+    );
     let kubeconfig = dir.join("kubeconfig");
     std::fs::copy(stack.plane.kubeconfig(), &kubeconfig)?;
 
-    eprintln!("==> building the Triton CUDA sm75 fixture cache into an image and signing it with cosign");
+    eprintln!(
+        "==> building the Triton CUDA sm75 fixture cache into an image and signing it with cosign"
+    );
     let key = cosign::generate_key_pair(&dir.join("keys"))?;
-    let (image, digest) =
-        stack.push_cache(&fixture("triton-vector-add-cuda-sm75"), "gkm/vector-add", "cuda").await?;
-    let repository = image.rsplit_once(':').map(|(r, _)| r.to_string()).unwrap_or_default();
+    let (image, digest) = stack
+        .push_cache(
+            &fixture("triton-vector-add-cuda-sm75"),
+            "gkm/vector-add",
+            "cuda",
+        )
+        .await?;
+    let repository = image
+        .rsplit_once(':')
+        .map(|(r, _)| r.to_string())
+        .unwrap_or_default();
     cosign::sign(&key, &format!("{repository}@{digest}"))?;
     eprintln!("    {image} = {digest}, signed");
 
     eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each simulated node");
-    stack.set_args(vec!["--resolve-interval=30s".into()], vec!["--resync=10s".into()]);
+    stack.set_args(
+        vec!["--resolve-interval=30s".into()],
+        vec!["--resync=10s".into()],
+    );
     stack.start_gkm()?;
 
     let client = stack.plane.client().await?;
@@ -75,7 +100,13 @@ async fn main() -> anyhow::Result<()> {
         "spec": {"image": image, "signature": {"signers": [{"key": {"publicKey": key.public_pem}}]}}
     });
     let caches: Api<GKMCache> = Api::namespaced(client.clone(), "default");
-    caches.patch("vector-add", &PatchParams::apply("gkm-local").force(), &Patch::Apply(&cache)).await?;
+    caches
+        .patch(
+            "vector-add",
+            &PatchParams::apply("gkm-local").force(),
+            &Patch::Apply(&cache),
+        )
+        .await?;
     eprintln!("==> applied GKMCache default/vector-add; waiting for it to converge");
 
     let deadline = Instant::now() + Duration::from_secs(cli.timeout_secs);
@@ -86,14 +117,31 @@ async fn main() -> anyhow::Result<()> {
             break;
         }
         if Instant::now() > deadline {
-            anyhow::bail!("not converged after {}s: {:?} {:?}", cli.timeout_secs, status.state, status.counts);
+            anyhow::bail!(
+                "not converged after {}s: {:?} {:?}",
+                cli.timeout_secs,
+                status.state,
+                status.counts
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!("\n$ kubectl get gkmcache,gkmcachenode -A\n{}", kubectl(&kubeconfig, &["get", "gkmcache,gkmcachenode", "-A"])?);
+    println!(
+        "\n$ kubectl get gkmcache,gkmcachenode -A\n{}",
+        kubectl(&kubeconfig, &["get", "gkmcache,gkmcachenode", "-A"])?
+    );
     println!(
         "$ kubectl get gkmcachenode node-gfx90a -o jsonpath='{{.status.caches}}'\n{}\n",
-        kubectl(&kubeconfig, &["get", "gkmcachenode", "node-gfx90a", "-o", "jsonpath={.status.caches}"])?
+        kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "gkmcachenode",
+                "node-gfx90a",
+                "-o",
+                "jsonpath={.status.caches}"
+            ]
+        )?
     );
     println!(
         "gkm converged in {:.1?}. To look around:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get gkmcache,gkmcachenode -A\n  kubectl describe gkmcache vector-add\n  kubectl get nodes --show-labels\n\nlogs: {}/gkm-operator.log, {}/nodes/*/gkm-*.log; registry: {}\n",

@@ -9,7 +9,6 @@ use gkm_core::compat::{CheckOptions, Report, check_summary};
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
-use crate::cache_object::CacheKey;
 use crate::crd::{
     CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData, SignatureMode,
 };
@@ -28,8 +27,6 @@ pub struct NodeView<'a> {
 
 /// One cache, with what the agent knows of its image on this node.
 pub struct CacheInput<'a> {
-    /// Which cache.
-    pub key: &'a CacheKey,
     /// Its spec.
     pub spec: &'a CacheSpec,
     /// Its status (the operator's resolved digest and verification).
@@ -233,4 +230,258 @@ fn pod_data(pods: &[PodRef], digest: &Digest) -> Vec<PodData> {
             digest: Some(digest.to_string()),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{SignaturePolicy, VerificationStatus};
+    use gkm_core::{Arch, Backend, Vendor};
+
+    const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const OLD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn t4() -> Gpu {
+        Gpu {
+            vendor: Vendor::Nvidia,
+            product: "Tesla T4".into(),
+            backend: Some(Backend::Cuda),
+            arch: Some("75".parse::<Arch>().unwrap()),
+            warp_size: Some(32),
+            toolkit_version: Some("12.4".into()),
+            ..Gpu::default()
+        }
+    }
+
+    fn summary(label: &str) -> Summary {
+        Summary::from_label(label).unwrap()
+    }
+
+    fn status(verified: bool) -> CacheStatus {
+        CacheStatus {
+            resolved_digest: Some(DIGEST.into()),
+            verification: Some(VerificationStatus {
+                verified,
+                digest: Some(DIGEST.into()),
+                message: Some(
+                    if verified {
+                        "signed by key"
+                    } else {
+                        "no signature"
+                    }
+                    .into(),
+                ),
+                ..VerificationStatus::default()
+            }),
+            ..CacheStatus::default()
+        }
+    }
+
+    fn spec() -> CacheSpec {
+        CacheSpec {
+            signature: Some(SignaturePolicy::default()),
+            ..CacheSpec::default()
+        }
+    }
+
+    struct Case {
+        spec: CacheSpec,
+        status: CacheStatus,
+        deleting: bool,
+        summary: Option<Result<Summary, String>>,
+        stored: Result<bool, String>,
+        pods: BTreeMap<Digest, Vec<PodRef>>,
+        gpus: Vec<Gpu>,
+    }
+
+    impl Case {
+        fn new() -> Case {
+            Case {
+                spec: spec(),
+                status: status(true),
+                deleting: false,
+                summary: Some(Ok(summary(
+                    r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
+                ))),
+                stored: Ok(true),
+                pods: BTreeMap::new(),
+                gpus: vec![t4()],
+            }
+        }
+
+        fn plan(&self) -> Plan {
+            let labels = BTreeMap::new();
+            let check = CheckOptions::default();
+            let node = NodeView {
+                labels: &labels,
+                gpus: &self.gpus,
+                check: &check,
+            };
+            let input = CacheInput {
+                spec: &self.spec,
+                status: Some(&self.status),
+                deleting: self.deleting,
+                summary: self
+                    .summary
+                    .as_ref()
+                    .map(|s| s.as_ref().map_err(String::as_str)),
+                stored: self.stored.as_ref().map(|b| *b).map_err(String::as_str),
+                size: Some(42),
+                pods: &self.pods,
+            };
+            plan_cache(&input, &node)
+        }
+    }
+
+    fn pod(name: &str) -> PodRef {
+        PodRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: None,
+        }
+    }
+
+    #[test]
+    fn a_verified_compatible_stored_cache_is_deliverable() {
+        let plan = Case::new().plan();
+        assert!(matches!(&plan.delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+        let entry = &plan.entries[DIGEST];
+        assert_eq!(entry.state, Some(CacheState::Extracted));
+        assert_eq!(entry.compatible_gpus.as_deref(), Some(&[0][..]));
+        assert_eq!(entry.volume_size, Some(42));
+        assert_eq!(plan.extract, None);
+    }
+
+    #[test]
+    fn an_unverified_cache_is_never_extracted() {
+        let mut case = Case::new();
+        case.status = status(false);
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.extract, None);
+        assert_eq!(plan.needs_summary, None, "not even the image is read");
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
+        );
+        let message = plan.entries[DIGEST].message.clone().unwrap_or_default();
+        assert!(
+            message.contains("not verified") && message.contains("no signature"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn audit_mode_delivers_an_unverified_cache() {
+        let mut case = Case::new();
+        case.status = status(false);
+        case.spec.signature = Some(SignaturePolicy {
+            mode: crate::crd::SignatureMode::Audit,
+            ..SignaturePolicy::default()
+        });
+        assert!(matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+    }
+
+    #[test]
+    fn an_incompatible_cache_is_refused_with_the_reason_and_not_extracted() {
+        let mut case = Case::new();
+        case.summary = Some(Ok(summary(
+            r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#,
+        )));
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.extract, None);
+        let entry = &plan.entries[DIGEST];
+        assert_eq!(entry.state, Some(CacheState::Error));
+        assert_eq!(entry.incompatible_gpus.as_deref(), Some(&[0][..]));
+        assert!(
+            entry
+                .incompatible_reasons
+                .as_ref()
+                .is_some_and(|r| !r[0].reasons.is_empty())
+        );
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::Incompatible)
+        );
+    }
+
+    #[test]
+    fn a_node_without_gpus_has_no_compatible_gpu() {
+        let mut case = Case::new();
+        case.gpus.clear();
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert!(
+            plan.entries[DIGEST]
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("no GPUs")
+        );
+    }
+
+    #[test]
+    fn the_summary_is_read_then_the_image_extracted() {
+        let mut case = Case::new();
+        case.summary = None;
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(
+            plan.needs_summary.as_ref().map(Digest::as_str),
+            Some(DIGEST)
+        );
+        case.summary = Some(Ok(summary(
+            r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
+        )));
+        let plan = case.plan();
+        assert_eq!(plan.extract.as_ref().map(Digest::as_str), Some(DIGEST));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Downloading));
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotExtracted)
+        );
+        case.stored = Err("layer digest mismatch".into());
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert!(
+            plan.entries[DIGEST]
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("layer digest mismatch")
+        );
+    }
+
+    #[test]
+    fn pods_on_an_old_digest_are_outdated_and_on_the_new_one_running() {
+        let mut case = Case::new();
+        case.pods.insert(OLD.parse().unwrap(), vec![pod("old")]);
+        case.pods.insert(DIGEST.parse().unwrap(), vec![pod("new")]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[OLD].state, Some(CacheState::Outdated));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Running));
+        assert_eq!(plan.entries[DIGEST].pods.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_deleted_cache_keeps_only_entries_with_pods_and_stops_delivery() {
+        let mut case = Case::new();
+        case.deleting = true;
+        assert!(case.plan().entries.is_empty());
+        assert_eq!(case.plan().delivery, DeliveryChange::Remove);
+        case.pods
+            .insert(DIGEST.parse().unwrap(), vec![pod("still")]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Deleting));
+        assert_eq!(plan.delivery, DeliveryChange::Remove);
+    }
+
+    #[test]
+    fn a_node_selector_that_does_not_match_leaves_no_entry() {
+        let mut case = Case::new();
+        case.spec.node_selector = Some(
+            serde_json::from_value(serde_json::json!({"matchLabels": {"gpu": "h100"}})).unwrap(),
+        );
+        let plan = case.plan();
+        assert!(plan.entries.is_empty());
+        assert_eq!(plan.delivery, DeliveryChange::Remove);
+    }
 }

@@ -146,9 +146,17 @@ pub(super) fn gpu_statuses(inventory: &Inventory) -> Vec<GpuStatus> {
             warp_size: gpu.warp_size.map(|w| w as i32),
         };
         let index = gpu.index as i32;
-        match groups.iter_mut().find(|g| GpuStatus { ids: None, ..(*g).clone() } == kind) {
+        match groups.iter_mut().find(|g| {
+            GpuStatus {
+                ids: None,
+                ..(*g).clone()
+            } == kind
+        }) {
             Some(group) => group.ids.get_or_insert_with(Vec::new).push(index),
-            None => groups.push(GpuStatus { ids: Some(vec![index]), ..kind }),
+            None => groups.push(GpuStatus {
+                ids: Some(vec![index]),
+                ..kind
+            }),
         }
     }
     groups

@@ -156,7 +156,6 @@ impl Agent {
                 None => Ok(false),
             };
             let input = CacheInput {
-                key,
                 spec: cache.spec(),
                 status: cache.status(),
                 deleting: cache.deleting(),

@@ -7,12 +7,12 @@ use std::time::Duration;
 use gkm_oci::{Image, ImageRef, Repo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::Store;
-use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 

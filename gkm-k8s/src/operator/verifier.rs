@@ -8,7 +8,9 @@ use gkm_oci::{Digest, ImageRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::cache_object::CacheKey;
-use crate::crd::{ConfigMapKeyRef, SecretKeyRef, SignatureMode, SignaturePolicy, VerificationStatus};
+use crate::crd::{
+    ConfigMapKeyRef, SecretKeyRef, SignatureMode, SignaturePolicy, VerificationStatus,
+};
 
 /// Verifies an image digest against a cache's signature policy.
 #[async_trait]
@@ -42,8 +44,16 @@ pub struct RegistryVerifier {
 
 impl RegistryVerifier {
     /// A verifier reading keys with `client` and images with `registry`.
-    pub fn new(client: kube::Client, registry: gkm_oci::RegistryOptions, operator_namespace: &str) -> Self {
-        RegistryVerifier { client, registry, operator_namespace: operator_namespace.into() }
+    pub fn new(
+        client: kube::Client,
+        registry: gkm_oci::RegistryOptions,
+        operator_namespace: &str,
+    ) -> Self {
+        RegistryVerifier {
+            client,
+            registry,
+            operator_namespace: operator_namespace.into(),
+        }
     }
 
     /// The namespace a reference without one is looked up in.
@@ -57,18 +67,29 @@ impl RegistryVerifier {
     async fn secret_value(&self, cache: &CacheKey, r: &SecretKeyRef) -> Result<String, String> {
         let ns = self.namespace_for(cache, r.namespace.as_ref());
         let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
-        let secret = api.get(&r.name).await.map_err(|e| format!("Secret {ns}/{}: {e}", r.name))?;
+        let secret = api
+            .get(&r.name)
+            .await
+            .map_err(|e| format!("Secret {ns}/{}: {e}", r.name))?;
         let bytes = secret
             .data
             .and_then(|d| d.get(&r.key).cloned())
             .ok_or_else(|| format!("Secret {ns}/{} has no key {:?}", r.name, r.key))?;
-        String::from_utf8(bytes.0).map_err(|_| format!("Secret {ns}/{} key {:?} is not text", r.name, r.key))
+        String::from_utf8(bytes.0)
+            .map_err(|_| format!("Secret {ns}/{} key {:?} is not text", r.name, r.key))
     }
 
-    async fn config_map_value(&self, cache: &CacheKey, r: &ConfigMapKeyRef) -> Result<String, String> {
+    async fn config_map_value(
+        &self,
+        cache: &CacheKey,
+        r: &ConfigMapKeyRef,
+    ) -> Result<String, String> {
         let ns = self.namespace_for(cache, r.namespace.as_ref());
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.client.clone(), &ns);
-        let map = api.get(&r.name).await.map_err(|e| format!("ConfigMap {ns}/{}: {e}", r.name))?;
+        let map = api
+            .get(&r.name)
+            .await
+            .map_err(|e| format!("ConfigMap {ns}/{}: {e}", r.name))?;
         map.data
             .and_then(|d| d.get(&r.key).cloned())
             .ok_or_else(|| format!("ConfigMap {ns}/{} has no key {:?}", r.name, r.key))
@@ -92,10 +113,13 @@ impl RegistryVerifier {
                 (None, Some(keyless)) => {
                     let subject = match (&keyless.subject, &keyless.subject_regexp) {
                         (Some(s), _) => SubjectMatch::Exact(s.clone()),
-                        (None, Some(p)) => SubjectMatch::regexp(p).map_err(|e| format!("{at}.keyless: {e}"))?,
+                        (None, Some(p)) => {
+                            SubjectMatch::regexp(p).map_err(|e| format!("{at}.keyless: {e}"))?
+                        }
                         (None, None) => return Err(format!("{at}.keyless names no subject")),
                     };
-                    let identity = Identity::new(&keyless.issuer, subject).map_err(|e| format!("{at}.keyless: {e}"))?;
+                    let identity = Identity::new(&keyless.issuer, subject)
+                        .map_err(|e| format!("{at}.keyless: {e}"))?;
                     signers.push(Signer::Keyless(identity));
                 }
                 (None, None) => return Err(format!("{at} names no signer")),
@@ -104,7 +128,10 @@ impl RegistryVerifier {
         let trusted_root = match &policy.trusted_root {
             Some(r) => {
                 let json = self.config_map_value(cache, r).await?;
-                Some(TrustedRoot::from_json(json.as_bytes()).map_err(|e| format!("spec.signature.trustedRoot: {e}"))?)
+                Some(
+                    TrustedRoot::from_json(json.as_bytes())
+                        .map_err(|e| format!("spec.signature.trustedRoot: {e}"))?,
+                )
             }
             None => None,
         };
@@ -113,7 +140,13 @@ impl RegistryVerifier {
             SignatureMode::Audit => Mode::Audit,
             SignatureMode::Off => Mode::Off,
         };
-        Policy::new(mode, signers, trusted_root, policy.require_tlog.unwrap_or(false)).map_err(|e| e.to_string())
+        Policy::new(
+            mode,
+            signers,
+            trusted_root,
+            policy.require_tlog.unwrap_or(false),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -139,7 +172,8 @@ impl ImageVerifier for RegistryVerifier {
             Ok(p) => p,
             Err(e) => return refused(format!("signature policy: {e}")),
         };
-        let (reference, parsed_digest) = match (image.parse::<ImageRef>(), digest.parse::<Digest>()) {
+        let (reference, parsed_digest) = match (image.parse::<ImageRef>(), digest.parse::<Digest>())
+        {
             (Ok(r), Ok(d)) => (r, d),
             (Err(e), _) => return refused(format!("{image}: {e}")),
             (_, Err(e)) => return refused(format!("{digest}: {e}")),
