@@ -44,6 +44,7 @@ impl fmt::Display for Selector {
 /// let r: ImageRef = "127.0.0.1:5000/caches/vector-add:cuda".parse().unwrap();
 /// assert_eq!(r.to_string(), "127.0.0.1:5000/caches/vector-add:cuda");
 /// assert!("oci:".parse::<ImageRef>().is_err());
+/// assert!("Caches/x".parse::<ImageRef>().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageRef {
@@ -159,6 +160,11 @@ impl FromStr for ImageRef {
         let r: oci_client::Reference = s
             .parse()
             .map_err(|e: oci_client::ParseError| bad(&e.to_string()))?;
+        // The parser normalises some names it would not read back (an
+        // upper-case first component becomes a Docker Hub repository).
+        if r.whole().parse::<oci_client::Reference>().is_err() {
+            return Err(bad("repository names must be lowercase"));
+        }
         if let Some(d) = r.digest() {
             d.parse::<Digest>()
                 .map_err(|_| bad("only sha256 digests are supported"))?;
