@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use gkm_oci::{BuildOptions, Compression, ImageRef, build};
 
-use crate::push::{RegistryArgs, finish, parse_ref};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
 
 /// Layer compression.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -16,7 +16,7 @@ enum CompressionArg {
 
 /// Arguments of `gkm build`.
 #[derive(clap::Args)]
-#[command(after_help = crate::push::EXIT_CODES_HELP)]
+#[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
     /// The cache directory (a Triton cache or a vLLM torch_compile_cache).
     dir: PathBuf,

@@ -9,11 +9,11 @@ use gkm_core::compat::{CheckOptions, check_summary};
 use gkm_gpu::DiscoveryOptions;
 use gkm_oci::{Image, ImageRef, Repo};
 
-use crate::push::{EXIT_INCOMPATIBLE, RegistryArgs, finish};
+use crate::image_args::{EXIT_INCOMPATIBLE, RegistryArgs, finish};
 
 /// Arguments of `gkm check`.
 #[derive(clap::Args)]
-#[command(after_help = crate::push::EXIT_CODES_HELP)]
+#[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
     /// An image (`REGISTRY/REPO[:TAG]`, `oci:PATH[:TAG]`) or a cache directory.
     target: String,

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 
 use gkm_oci::{ExtractPolicy, Image, ImageRef, Repo, UnpackOptions, extract_to_dir};
 
-use crate::push::{RegistryArgs, finish, parse_ref, progress};
+use crate::image_args::{RegistryArgs, finish, parse_ref, progress};
 
 /// Arguments of `gkm extract`.
 #[derive(clap::Args)]
-#[command(after_help = crate::push::EXIT_CODES_HELP)]
+#[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
     /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
     #[arg(value_parser = parse_ref)]

@@ -4,11 +4,11 @@ use std::process::ExitCode;
 
 use gkm_oci::{Image, ImageRef, Repo};
 
-use crate::push::{RegistryArgs, finish, parse_ref};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
 
 /// Arguments of `gkm inspect`.
 #[derive(clap::Args)]
-#[command(after_help = crate::push::EXIT_CODES_HELP)]
+#[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
     /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
     #[arg(value_parser = parse_ref)]

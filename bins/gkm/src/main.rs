@@ -11,6 +11,7 @@ mod check;
 mod crds;
 mod extract;
 mod gpus;
+mod image_args;
 mod inspect;
 mod pull;
 mod push;
@@ -52,23 +53,10 @@ enum Command {
     Crds(crds::Args),
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    gkm_bin_support::init_logging(cli.log_json, "warn");
     let result = match cli.command {
         Command::Build(args) => build::run(args).await,
         Command::Push(args) => push::run(args).await,

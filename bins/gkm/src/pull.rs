@@ -5,11 +5,11 @@ use std::process::ExitCode;
 
 use gkm_oci::{ExtractPolicy, ImageRef, Repo, Store, copy_image};
 
-use crate::push::{RegistryArgs, finish, parse_ref, progress};
+use crate::image_args::{RegistryArgs, finish, parse_ref, progress};
 
 /// Arguments of `gkm pull`.
 #[derive(clap::Args)]
-#[command(after_help = crate::push::EXIT_CODES_HELP)]
+#[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 #[command(group(clap::ArgGroup::new("into").required(true).args(["destination", "store"])))]
 pub struct Args {
     /// The image, usually in a registry.

@@ -7,7 +7,7 @@ use anyhow::Context;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_oci::{ImageRef, Repo};
 
-use crate::push::{RegistryArgs, finish, parse_ref};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
 
 /// The signature format to write.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]

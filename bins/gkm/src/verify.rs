@@ -11,7 +11,7 @@ use gkm_core::policy::{Identity, Mode, Policy, PublicKey, Signer, SubjectMatch, 
 use gkm_oci::verify::{VerifyError, verify};
 use gkm_oci::{ImageRef, Repo};
 
-use crate::push::{EXIT_REJECTED, RegistryArgs, finish, parse_ref};
+use crate::image_args::{EXIT_REJECTED, RegistryArgs, finish, parse_ref};
 
 /// Arguments of `gkm verify`.
 #[derive(clap::Args)]

@@ -1,0 +1,109 @@
+//! The flags, exit codes and progress display shared by the image commands
+//! (`build`, `push`, `pull`, `inspect`, `check`, `extract`, `sign`, `verify`).
+//!
+//! Exit codes: 0 success; 1 error (I/O, registry, not found, bad input);
+//! 2 usage; 3 the cache fits none of the GPUs (`check`); 4 the image was
+//! refused as unsafe (extraction policy or digest mismatch).
+
+use std::io::{IsTerminal, Read, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use gkm_oci::pipeline::Progress;
+use gkm_oci::{Credentials, ImageRef, RegistryOptions};
+
+/// The exit codes, for `--help`.
+pub const EXIT_CODES_HELP: &str = "Exit codes: 0 success, 1 error, 2 usage, \
+    3 the cache fits none of the GPUs (check), 4 the image was refused as unsafe \
+    (extraction policy or digest mismatch).";
+
+/// Exit code: the cache fits none of the GPUs.
+pub const EXIT_INCOMPATIBLE: u8 = 3;
+/// Exit code: the image was refused as unsafe.
+pub const EXIT_REJECTED: u8 = 4;
+
+/// Registry flags.
+#[derive(clap::Args, Clone, Default)]
+pub struct RegistryArgs {
+    /// Speak plain HTTP to the registry instead of HTTPS.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry user name; the password is read from standard input
+    /// (--password-stdin). Without it, ~/.docker/config.json
+    /// ($DOCKER_CONFIG/config.json) is used.
+    #[arg(long, requires = "password_stdin")]
+    pub username: Option<String>,
+    /// Read the registry password from standard input.
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+}
+
+impl RegistryArgs {
+    /// The registry options these flags ask for.
+    pub fn options(&self) -> anyhow::Result<RegistryOptions> {
+        let credentials = match &self.username {
+            Some(username) => {
+                let mut password = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut password)
+                    .context("reading the password from standard input")?;
+                let password = password.trim_end_matches(['\n', '\r']).to_string();
+                Credentials::Basic {
+                    username: username.clone(),
+                    password,
+                }
+            }
+            None => Credentials::DockerConfig,
+        };
+        Ok(RegistryOptions {
+            insecure: self.insecure,
+            credentials,
+        })
+    }
+}
+
+/// Parse an image reference flag.
+pub fn parse_ref(s: &str) -> Result<ImageRef, String> {
+    s.parse::<ImageRef>().map_err(|e| e.to_string())
+}
+
+/// Report an error: refusals get their own exit code, the rest go to main
+/// (exit code 1).
+pub fn finish(err: gkm_oci::Error) -> anyhow::Result<ExitCode> {
+    match err {
+        gkm_oci::Error::Rejected(_) | gkm_oci::Error::DigestMismatch { .. } => {
+            eprintln!("gkm: rejected: {err}");
+            Ok(ExitCode::from(EXIT_REJECTED))
+        }
+        other => Err(other.into()),
+    }
+}
+
+/// A progress display on standard error when it is a terminal; `None`
+/// otherwise, so scripts and logs stay quiet.
+pub fn progress(label: &str) -> Option<Progress> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let label = label.to_string();
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    Some(Arc::new(move |done: u64, total: u64| {
+        let pct = done.saturating_mul(100).checked_div(total).unwrap_or(100);
+        if last.swap(pct, Ordering::Relaxed) != pct {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r{label} {:.1}/{:.1} MiB {pct:>3}%",
+                mib(done),
+                mib(total)
+            );
+            if done >= total {
+                let _ = writeln!(err);
+            }
+            let _ = err.flush();
+        }
+    }))
+}

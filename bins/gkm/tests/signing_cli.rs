@@ -1,0 +1,162 @@
+//! `gkm sign` and `gkm verify` as a user runs them, against a real registry
+//! and the real cosign: what gkm signs cosign accepts, a stranger's key is
+//! refused with exit code 4, and `--json` says what was proven.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gkm_testenv::{Component, Registry, find_binary};
+
+const PASSWORD: &str = "gkm-cli-test";
+
+fn run(program: &Path, args: &[&str], dir: &Path) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .env("COSIGN_YES", "true")
+        .env("HOME", dir)
+        .env("DOCKER_CONFIG", dir.join("docker"))
+        .output()
+        .expect("run")
+}
+
+fn gkm(args: &[&str], dir: &Path) -> Output {
+    run(Path::new(env!("CARGO_BIN_EXE_gkm")), args, dir)
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn key_pair(dir: &Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).expect("key dir");
+    let cosign = find_binary(Component::CosignV2).unwrap_or_else(|e| panic!("{e:#}"));
+    let out = run(&cosign, &["generate-key-pair"], dir);
+    assert!(
+        out.status.success(),
+        "cosign generate-key-pair: {}",
+        text(&out)
+    );
+    dir.to_path_buf()
+}
+
+fn fixture() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn signed_by_gkm_verified_by_gkm_and_cosign_refused_for_a_stranger() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    let image = format!("{}/cli/signed:v1", registry.addr());
+    let built = gkm(&["build", &fixture(), "-t", &image, "--insecure"], dir);
+    assert!(built.status.success(), "gkm build: {}", text(&built));
+    let digest = String::from_utf8_lossy(&built.stdout).trim().to_string();
+
+    let ours = key_pair(&dir.join("ours"));
+    let stranger = key_pair(&dir.join("stranger"));
+    let key = ours.join("cosign.key").display().to_string();
+    let public = ours.join("cosign.pub").display().to_string();
+
+    // The legacy (v2) signature first: cosign v2 accepts it.
+    let signed = gkm(
+        &[
+            "sign",
+            &image,
+            "--key",
+            &key,
+            "--format",
+            "v2",
+            "--insecure",
+        ],
+        dir,
+    );
+    assert!(
+        signed.status.success(),
+        "gkm sign --format v2: {}",
+        text(&signed)
+    );
+    let cosign = find_binary(Component::CosignV2).unwrap_or_else(|e| panic!("{e:#}"));
+    let pinned = format!("{}/cli/signed@{digest}", registry.addr());
+    let out = run(
+        &cosign,
+        &[
+            "verify",
+            "--key",
+            &public,
+            "--insecure-ignore-tlog=true",
+            "--allow-insecure-registry",
+            "--allow-http-registry",
+            &pinned,
+        ],
+        dir,
+    );
+    assert!(
+        out.status.success(),
+        "cosign verify of gkm's signature: {}",
+        text(&out)
+    );
+
+    // Then a sigstore bundle (the default); gkm verifies the image.
+    let signed = gkm(&["sign", &image, "--key", &key, "--insecure"], dir);
+    assert!(signed.status.success(), "gkm sign: {}", text(&signed));
+    let verified = gkm(
+        &["verify", &image, "--key", &public, "--insecure", "--json"],
+        dir,
+    );
+    assert_eq!(verified.status.code(), Some(0), "{}", text(&verified));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&verified.stdout).expect("--json prints JSON");
+    assert_eq!(doc["verified"], true);
+    assert_eq!(doc["result"]["digest"], digest.as_str(), "{doc}");
+
+    // A key that did not sign: refused, exit code 4, saying why.
+    let wrong = stranger.join("cosign.pub").display().to_string();
+    let refused = gkm(&["verify", &image, "--key", &wrong, "--insecure"], dir);
+    assert_eq!(refused.status.code(), Some(4), "{}", text(&refused));
+    assert!(text(&refused).contains("rejected"), "{}", text(&refused));
+
+    // An image nobody signed: refused too.
+    let unsigned = format!("{}/cli/unsigned:v1", registry.addr());
+    let built = gkm(
+        &[
+            "build",
+            &fixture(),
+            "-t",
+            &unsigned,
+            "--insecure",
+            "--compression",
+            "gzip",
+        ],
+        dir,
+    );
+    assert!(built.status.success(), "gkm build: {}", text(&built));
+    let refused = gkm(
+        &[
+            "verify",
+            &unsigned,
+            "--key",
+            &public,
+            "--insecure",
+            "--json",
+        ],
+        dir,
+    );
+    assert_eq!(refused.status.code(), Some(4), "{}", text(&refused));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&refused.stdout).expect("--json prints JSON");
+    assert_eq!(doc["verified"], false);
+    assert!(
+        doc["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{doc}"
+    );
+}
