@@ -457,3 +457,49 @@ pub async fn until_signal<T>(work: impl Future<Output = T>, grace: Duration) -> 
         }
     }
 }
+
+/// The endpoints server of a gkm daemon, running in the background.
+pub struct EndpointServer {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EndpointServer {
+    /// Binds `addr` and serves `/healthz`, `/readyz` and `/metrics` from
+    /// `registry` and `readiness` until [`EndpointServer::stop`].
+    pub async fn start(
+        addr: std::net::SocketAddr,
+        registry: Registry,
+        readiness: Readiness,
+    ) -> std::io::Result<EndpointServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve(
+            listener,
+            Arc::new(Endpoints::new(registry, readiness)),
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            },
+        ));
+        Ok(EndpointServer { stop, task })
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub async fn stop(self) -> Result<(), tokio::task::JoinError> {
+        let _ = self.stop.send(true);
+        self.task.await
+    }
+}
+
+/// Marks `readiness` ready for `gkmcaches` and `clustergkmcaches` once each
+/// can be listed (in the background).
+pub fn ready_when_caches_listable(client: &kube::Client, readiness: &Readiness) {
+    tokio::spawn(ready_when_listable(
+        kube::Api::<crate::crd::GKMCache>::all(client.clone()),
+        readiness.check("gkmcaches"),
+    ));
+    tokio::spawn(ready_when_listable(
+        kube::Api::<crate::crd::ClusterGKMCache>::all(client.clone()),
+        readiness.check("clustergkmcaches"),
+    ));
+}

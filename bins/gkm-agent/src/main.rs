@@ -4,21 +4,17 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_gpu::DiscoveryOptions;
 use gkm_k8s::agent::AgentConfig;
-use gkm_k8s::crd::{ClusterGKMCache, GKMCache};
 use gkm_k8s::serve::{
-    Endpoints, Readiness, ready_when_listable, register_build_info, serve, until_signal,
+    EndpointServer, Readiness, ready_when_caches_listable, register_build_info, until_signal,
 };
 use gkm_oci::RegistryOptions;
-use kube::Api;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 /// How long the agent gets to finish a pass after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -91,33 +87,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let mut registry = Registry::with_prefix("gkm");
     register_build_info(&mut registry, "gkm-agent", env!("CARGO_PKG_VERSION"));
-    let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+    let server = EndpointServer::start(cli.metrics_addr, registry, readiness.clone())
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
-    let (stop, stopped) = watch::channel(false);
-    let server = tokio::spawn(serve(
-        listener,
-        Arc::new(Endpoints::new(registry, readiness.clone())),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|stop| *stop).await;
-        },
-    ));
-    tokio::spawn(ready_when_listable(
-        Api::<GKMCache>::all(client.clone()),
-        readiness.check("gkmcaches"),
-    ));
-    tokio::spawn(ready_when_listable(
-        Api::<ClusterGKMCache>::all(client.clone()),
-        readiness.check("clustergkmcaches"),
-    ));
+    ready_when_caches_listable(&client, &readiness);
 
     let result = match until_signal(gkm_k8s::agent::run(client, config), SHUTDOWN_GRACE).await {
         Some(result) => result.with_context(|| format!("the agent of node {}", cli.node_name)),
         None => Ok(()),
     };
-    let _ = stop.send(true);
-    server.await.context("the endpoints server")?;
+    server.stop().await.context("the endpoints server")?;
     result
 }
 

@@ -9,17 +9,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
+use gkm_k8s::crd::SignaturePolicy;
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier};
 use gkm_k8s::serve::{
-    Endpoints, OperatorCollector, Readiness, Sampled, ready_when_listable, register_build_info,
-    serve, shutdown_signal, until_signal,
+    EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
+    register_build_info, shutdown_signal, until_signal,
 };
 use gkm_oci::RegistryOptions;
-use kube::Api;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 /// How long the controllers get to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -117,26 +115,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         registry.register_collector(Box::new(Sampled::flag("leader", help, elector.leading())));
     }
 
-    let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+    let server = EndpointServer::start(cli.metrics_addr, registry, readiness.clone())
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
-    let (stop, stopped) = watch::channel(false);
-    let server = tokio::spawn(serve(
-        listener,
-        Arc::new(Endpoints::new(registry, readiness.clone())),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|stop| *stop).await;
-        },
-    ));
-    tokio::spawn(ready_when_listable(
-        Api::<GKMCache>::all(client.clone()),
-        readiness.check("gkmcaches"),
-    ));
-    tokio::spawn(ready_when_listable(
-        Api::<ClusterGKMCache>::all(client.clone()),
-        readiness.check("clustergkmcaches"),
-    ));
+    ready_when_caches_listable(&client, &readiness);
 
     let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
         client.clone(),
@@ -164,8 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )),
         },
     };
-    let _ = stop.send(true);
-    server.await.context("the endpoints server")?;
+    server.stop().await.context("the endpoints server")?;
     result
 }
 

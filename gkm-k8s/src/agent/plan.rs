@@ -65,6 +65,25 @@ pub struct Plan {
     pub extract: Option<Digest>,
 }
 
+impl Plan {
+    /// This plan with `digest` refused (`verdict`, `reason` for the CSI
+    /// driver) and its entry in error (`message` for the node report).
+    fn refused(
+        mut self,
+        digest: Digest,
+        mut entry: NodeCacheStatus,
+        verdict: Verdict,
+        reason: String,
+        message: String,
+    ) -> Plan {
+        entry.state = Some(CacheState::Error);
+        entry.message = Some(message);
+        self.entries.insert(digest.to_string(), entry);
+        self.delivery = DeliveryChange::Publish(Delivery::refused(digest, verdict, reason));
+        self
+    }
+}
+
 /// Plans one cache on this node. Call again after reading the summary or
 /// extracting, with the new facts.
 pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
@@ -125,15 +144,7 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             .and_then(|v| v.message.clone())
             .unwrap_or_else(|| "not verified yet".to_string());
         let reason = format!("signature of {digest} not verified: {why}");
-        entry.state = Some(CacheState::Error);
-        entry.message = Some(reason.clone());
-        plan.delivery = DeliveryChange::Publish(Delivery::refused(
-            digest.clone(),
-            Verdict::NotVerified,
-            reason,
-        ));
-        plan.entries.insert(digest.to_string(), entry);
-        return plan;
+        return plan.refused(digest, entry, Verdict::NotVerified, reason.clone(), reason);
     }
     let summary = match cache.summary {
         None => {
@@ -144,15 +155,7 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         }
         Some(Err(why)) => {
             let reason = format!("reading image {digest}: {why}");
-            entry.state = Some(CacheState::Error);
-            entry.message = Some(reason.clone());
-            plan.delivery = DeliveryChange::Publish(Delivery::refused(
-                digest.clone(),
-                Verdict::NotExtracted,
-                reason,
-            ));
-            plan.entries.insert(digest.to_string(), entry);
-            return plan;
+            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
         }
         Some(Ok(summary)) => summary,
     };
@@ -160,28 +163,13 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     record_compatibility(&mut entry, &report);
     if !report.compatible {
         let reason = incompatibility_reason(&report);
-        entry.state = Some(CacheState::Error);
-        entry.message = Some(format!(
-            "not compatible with any GPU of this node: {reason}"
-        ));
-        plan.delivery = DeliveryChange::Publish(Delivery::refused(
-            digest.clone(),
-            Verdict::Incompatible,
-            reason,
-        ));
-        plan.entries.insert(digest.to_string(), entry);
-        return plan;
+        let message = format!("not compatible with any GPU of this node: {reason}");
+        return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
     }
     match cache.stored {
         Err(why) => {
             let reason = format!("extracting {digest}: {why}");
-            entry.state = Some(CacheState::Error);
-            entry.message = Some(reason.clone());
-            plan.delivery = DeliveryChange::Publish(Delivery::refused(
-                digest.clone(),
-                Verdict::NotExtracted,
-                reason,
-            ));
+            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
         }
         Ok(false) => {
             entry.state = Some(CacheState::Downloading);
