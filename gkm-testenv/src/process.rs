@@ -136,6 +136,30 @@ impl Process {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit by
+    /// itself, returning how it exited; an error if it ignored the signal
+    /// (it is then killed).
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if let Ok(mut pids) = LIVE_PIDS.lock() {
+                    pids.retain(|&p| p != self.child.id());
+                }
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                anyhow::bail!("{} ignored SIGTERM for {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -112,22 +112,8 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
     let info = format!("gkm_build_info{{component=\"gkm-agent\",version=\"{version}\"}} 1");
     assert!(metrics.lines().any(|l| l == info), "{metrics}");
 
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(agent.pid() as libc::pid_t, libc::SIGTERM);
-    }
-    let stopped = Instant::now();
-    let exit = loop {
-        if let Err(e) = agent.check_running() {
-            break e.to_string();
-        }
-        anyhow::ensure!(
-            stopped.elapsed() < Duration::from_secs(15),
-            "the agent ignored SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(exit.contains("exit status: 0"), "{exit}");
+    let exit = agent.terminate(Duration::from_secs(15))?;
+    assert!(exit.success(), "the agent exited with {exit}");
     Ok(())
 }
 

@@ -92,14 +92,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     gkm_bin_support::init_logging(cli.log_json, "info");
-    match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("gkm-csi: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    gkm_bin_support::exit_code("gkm-csi", run(cli).await)
 }
 
 #[cfg(test)]

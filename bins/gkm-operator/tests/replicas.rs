@@ -166,22 +166,9 @@ async fn one_replica_leads_and_a_clean_stop_hands_over() -> anyhow::Result<()> {
 
     // SIGTERM: the leader stops by itself, successfully, and releases the
     // Lease, so the standby takes over well within the lease duration.
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(a.pid() as libc::pid_t, libc::SIGTERM);
-    }
     let stopped = Instant::now();
-    let exit = loop {
-        if let Err(e) = a.check_running() {
-            break e.to_string();
-        }
-        anyhow::ensure!(
-            stopped.elapsed() < Duration::from_secs(15),
-            "replica-a ignored SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(exit.contains("exit status: 0"), "{exit}");
+    let exit = a.terminate(Duration::from_secs(15))?;
+    assert!(exit.success(), "replica-a exited with {exit}");
     let took = until(
         &mut b,
         "replica-b takes over",

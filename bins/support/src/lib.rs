@@ -1,6 +1,7 @@
 //! What gkm's binaries share, so each `main.rs` stays flag parsing and wiring.
 
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -47,4 +48,17 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
 pub fn duration(text: &str) -> Result<Duration, String> {
     gkm_k8s::operator::parse_duration(text)
         .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
+}
+
+/// The exit code for a daemon's outcome: failure after logging the error
+/// (and printing it, for those who read stderr rather than logs).
+pub fn exit_code(program: &str, outcome: anyhow::Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("{program}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

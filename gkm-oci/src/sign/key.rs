@@ -37,6 +37,15 @@ fn bad(reason: impl std::fmt::Display) -> Error {
     Error::format("signing key", reason)
 }
 
+/// The DER SubjectPublicKeyInfo of an encoded public key.
+fn spki<E>(
+    encoded: std::result::Result<aws_lc_rs::encoding::PublicKeyX509Der<'_>, E>,
+) -> Result<Vec<u8>> {
+    encoded
+        .map(|der| der.as_ref().to_vec())
+        .map_err(|_| bad("cannot encode the public key"))
+}
+
 impl SigningKey {
     /// Read a private key: `-----BEGIN PRIVATE KEY-----` (PKCS#8: ECDSA
     /// P-256/P-384, Ed25519, RSA), or cosign's `ENCRYPTED SIGSTORE PRIVATE
@@ -60,38 +69,18 @@ impl SigningKey {
         let (inner, spki) = if let Ok(k) =
             EcdsaKeyPair::from_pkcs8(&signature::ECDSA_P256_SHA256_ASN1_SIGNING, der)
         {
-            let spki = k
-                .public_key()
-                .as_der()
-                .map_err(|_| bad("cannot encode the public key"))?
-                .as_ref()
-                .to_vec();
+            let spki = spki(k.public_key().as_der())?;
             (Inner::Ecdsa(k), spki)
         } else if let Ok(k) =
             EcdsaKeyPair::from_pkcs8(&signature::ECDSA_P384_SHA384_ASN1_SIGNING, der)
         {
-            let spki = k
-                .public_key()
-                .as_der()
-                .map_err(|_| bad("cannot encode the public key"))?
-                .as_ref()
-                .to_vec();
+            let spki = spki(k.public_key().as_der())?;
             (Inner::Ecdsa(k), spki)
         } else if let Ok(k) = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der) {
-            let spki = k
-                .public_key()
-                .as_der()
-                .map_err(|_| bad("cannot encode the public key"))?
-                .as_ref()
-                .to_vec();
+            let spki = spki(k.public_key().as_der())?;
             (Inner::Ed25519(k), spki)
         } else if let Ok(k) = RsaKeyPair::from_pkcs8(der) {
-            let spki = k
-                .public_key()
-                .as_der()
-                .map_err(|_| bad("cannot encode the public key"))?
-                .as_ref()
-                .to_vec();
+            let spki = spki(k.public_key().as_der())?;
             (Inner::Rsa(k), spki)
         } else {
             return Err(bad(
