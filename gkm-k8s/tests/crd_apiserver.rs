@@ -4,24 +4,14 @@
 
 use gkm_k8s::crd::{self, ClusterGKMCache, GKMCache, GKMCacheNode};
 use gkm_testenv::ControlPlane;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 async fn setup(namespace: &str) -> anyhow::Result<kube::Client> {
     let plane = ControlPlane::shared().await?;
     plane.install_crds(&crd::crds()).await?;
-    let client = plane.client().await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
-    namespaces
-        .patch(
-            namespace,
-            &PatchParams::apply("gkm-test"),
-            &Patch::Apply(&ns),
-        )
-        .await?;
-    Ok(client)
+    plane.ensure_namespace(namespace).await?;
+    plane.client().await
 }
 
 /// Creates `obj` with strict field validation, as `kubectl create` does: unknown

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::ControlPlane;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, PostParams};
 
 const LEASE: &str = "gkm-operator";
 /// Short enough to keep the tests quick: 3 s lease, 2 s renew deadline,
@@ -20,17 +18,8 @@ const DURATION: Duration = Duration::from_secs(3);
 
 async fn setup(namespace: &str) -> anyhow::Result<kube::Client> {
     let plane = ControlPlane::shared().await?;
-    let client = plane.client().await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
-    namespaces
-        .patch(
-            namespace,
-            &PatchParams::apply("gkm-test"),
-            &Patch::Apply(&ns),
-        )
-        .await?;
-    Ok(client)
+    plane.ensure_namespace(namespace).await?;
+    plane.client().await
 }
 
 fn config(namespace: &str, identity: &str) -> LeaseConfig {

@@ -271,6 +271,17 @@ impl ControlPlane {
         client_from_kubeconfig(&self.kubeconfig_for(user, groups)?).await
     }
 
+    /// Makes sure the namespace `name` exists (server-side apply).
+    pub async fn ensure_namespace(&self, name: &str) -> anyhow::Result<()> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client().await?);
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        namespaces
+            .patch(name, &PatchParams::apply("gkm-testenv"), &Patch::Apply(&ns))
+            .await?;
+        Ok(())
+    }
+
     /// Applies `crds` (server-side apply) and waits until each is Established.
     pub async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> anyhow::Result<()> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);

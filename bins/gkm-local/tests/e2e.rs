@@ -17,7 +17,7 @@ use gkm_k8s::crd::{
 };
 use gkm_local::kubelet::{self, PodVolume};
 use gkm_local::{Stack, cosign, default_nodes, fixture};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -130,14 +130,6 @@ async fn cache_status(
         .await?)
 }
 
-async fn create_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(())
-}
-
 /// A pod on `node` with an inline `csi.gkm.io` volume of `cache`, run by kwok.
 async fn create_pod(
     client: &kube::Client,
@@ -168,7 +160,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     let mut stack = Stack::start(tmp.path(), default_nodes()).await?;
     let client = stack.plane.client().await?;
     for ns in ["team-a", "team-b"] {
-        create_namespace(&client, ns).await?;
+        stack.plane.ensure_namespace(ns).await?;
     }
 
     // Images from the fixtures, in the local registry, signed with cosign.
