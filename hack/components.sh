@@ -17,7 +17,11 @@ mkdir -p "$bin_dir"
 find "$bin_dir" -xtype l -delete # links to versions no longer built
 
 # Debian packages the tests use, pinned by the Debian release.
-DEBIAN_PACKAGES=(docker-registry pci.ids)
+# Real nodes: CNI plugins, static busybox for test images, libseccomp and
+# pkg-config to build runc with seccomp, iproute2 and iptables for the
+# node network.
+DEBIAN_PACKAGES=(docker-registry pci.ids containernetworking-plugins busybox-static
+  libseccomp-dev pkg-config gcc libc6-dev iproute2 iptables util-linux mount)
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -30,7 +34,7 @@ go_component() {
   shift 3
   local dest=$tools_dir/$name-$version
   local key
-  key="$(go env GOVERSION) $(sha256sum "$root/hack/tools/$module/go.sum" | cut -d' ' -f1) $* ${GO_LDFLAGS:-}"
+  key="$(go env GOVERSION) $(sha256sum "$root/hack/tools/$module/go.sum" | cut -d' ' -f1) $* ${GO_LDFLAGS:-} cgo=${GO_CGO:-0} tags=${GO_TAGS:-}"
   if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
     log "$name $version: cached in $dest"
   else
@@ -40,7 +44,7 @@ go_component() {
     for pkg in "$@"; do
       out=$dest.tmp/
       if [[ $pkg == *=* ]]; then out=$dest.tmp/${pkg%%=*}; pkg=${pkg#*=}; fi
-      (cd "$root/hack/tools/$module" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w ${GO_LDFLAGS:-}" -o "$out" "$pkg")
+      (cd "$root/hack/tools/$module" && CGO_ENABLED=${GO_CGO:-0} go build -trimpath -tags="${GO_TAGS:-}" -ldflags="-s -w ${GO_LDFLAGS:-}" -o "$out" "$pkg")
     done
     printf '%s' "$key" > "$dest.tmp/.stamp"
     rm -rf "$dest" && mv "$dest.tmp" "$dest"
@@ -78,7 +82,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -88,13 +92,20 @@ for c in "${wanted[@]}"; do
     kubernetes)
       GO_LDFLAGS=$(k8s_version_ldflags v1.36.3) go_component kubernetes v1.36.3 kubernetes \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+        k8s.io/kubernetes/cmd/kubelet
       ;;
     kwok) go_component kwok v0.7.0 kwok sigs.k8s.io/kwok/cmd/kwok ;;
     cosign)
       go_component cosign-v2 v2.6.5 cosign-v2 cosign-v2=github.com/sigstore/cosign/v2/cmd/cosign
       go_component cosign-v3 v3.1.3 cosign-v3 cosign-v3=github.com/sigstore/cosign/v3/cmd/cosign
       ;;
+    containerd)
+      go_component containerd v2.4.2 containerd github.com/containerd/containerd/v2/cmd/containerd \
+        github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+      ;;
+    # runc needs cgo and libseccomp (Debian's runc is too old for containerd 2.x).
+    runc) GO_CGO=1 GO_TAGS=seccomp go_component runc v1.5.2 runc github.com/opencontainers/runc ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
