@@ -389,7 +389,10 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     // The kubelet unmounts once the pod is gone.
     let deadline = std::time::Instant::now() + TIMEOUT;
     while !pod_mounts(&stack, SM75, &reader).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "still mounted after {TIMEOUT:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still mounted after {TIMEOUT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let real = stack.real_node(SM75).expect("real node");
