@@ -152,18 +152,14 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     }
 
     let key = cosign::generate_key_pair(&tmp.path().join("keys/release"))?;
-    let (image, digest) = stack
-        .push_cache(
+    let (image, _digest) = stack
+        .push_signed_cache(
             &fixture("triton-vector-add-cuda-sm75"),
             "gkm/vector-add",
             "cuda",
+            &key,
         )
         .await?;
-    let repository = image
-        .rsplit_once(':')
-        .map(|(r, _)| r.to_string())
-        .unwrap_or_default();
-    cosign::sign(&key, &format!("{repository}@{digest}"))?;
     stack.start_gkm()?;
     for node in [SM75, GFX90A] {
         wait_registered(&client, node).await?;
