@@ -72,6 +72,45 @@ async fn a_pod_runs_in_a_real_container_and_nothing_is_left() -> anyhow::Result<
         "the container's own output, through the apiserver"
     );
 
+    // exec through the apiserver, the kubelet and containerd's stream server.
+    let kubectl = gkm_testenv::find_binary(gkm_testenv::Component::Kubectl)?;
+    let exec = std::process::Command::new(kubectl)
+        .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+        .args(["-n", "real", "exec", "hello", "--", "cat", "/proc/1/comm"])
+        .output()?;
+    assert_eq!(
+        String::from_utf8_lossy(&exec.stdout).trim(),
+        "sleep",
+        "kubectl exec: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+
+    // An image of a dynamically linked program, with its shared libraries.
+    let ls = gkm_testenv::TestImage::new(&["gkm.test/ls:1"])
+        .with_binary("bin/ls", std::path::Path::new("/bin/ls"))?
+        .with_entrypoint(&["/bin/ls", "/bin"]);
+    node.import_image(&ls)?;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "ls", "namespace": "real"},
+        "spec": {
+            "nodeName": "real-0",
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "containers": [{"name": "ls", "image": "gkm.test/ls:1", "imagePullPolicy": "Never"}],
+        }
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let succeeded =
+        |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+    wait_for_pod(&pods, "ls", TIMEOUT, succeeded).await?;
+    assert_eq!(
+        pod_log(&pods, "ls", "ls").await?.trim(),
+        "ls",
+        "the program ran with its libraries"
+    );
+    pods.delete("ls", &DeleteParams::default().grace_period(0))
+        .await?;
+
     node.restart_kubelet().await?;
     assert!(
         running(&pods.get("hello").await?),

@@ -241,6 +241,41 @@ garbage line
     }
 
     #[test]
+    fn the_cache_tree_is_a_real_directory_inside_the_entry() {
+        let store = tempfile::tempdir().expect("tempdir");
+        let entry = store.path().join("sha256/ab");
+        fs::create_dir_all(entry.join("io.triton.cache/HASH")).expect("tree");
+        fs::create_dir_all(entry.join("io.triton.manifest")).expect("manifest dir");
+        let tree = CacheTree::open(&entry).expect("opened");
+        assert_eq!(tree.path, entry.join("io.triton.cache"));
+        assert!(
+            tree.mount_source().join("HASH").is_dir(),
+            "the descriptor names the tree"
+        );
+
+        // A symbolic link where the tree should be is refused, wherever it points.
+        let linked = store.path().join("sha256/cd");
+        fs::create_dir_all(&linked).expect("entry");
+        std::os::unix::fs::symlink(
+            entry.join("io.triton.cache"),
+            linked.join("io.triton.cache"),
+        )
+        .expect("symlink");
+        let err = CacheTree::open(&linked).expect_err("refused");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        // So is an entry that is itself a link, or one with two trees or none.
+        std::os::unix::fs::symlink(&entry, store.path().join("sha256/ef")).expect("symlink");
+        assert!(CacheTree::open(&store.path().join("sha256/ef")).is_err());
+        fs::create_dir_all(entry.join("io.vllm.cache")).expect("second tree");
+        let err = CacheTree::open(&entry).expect_err("two trees");
+        assert!(err.to_string().contains("more than one"), "{err}");
+        let empty = store.path().join("sha256/00");
+        fs::create_dir_all(&empty).expect("entry");
+        let err = CacheTree::open(&empty).expect_err("no tree");
+        assert!(err.to_string().contains("holds no cache tree"), "{err}");
+    }
+
+    #[test]
     fn missing_path_is_no_mount() {
         assert_eq!(
             mount_at(Path::new("/nonexistent/gkm/target")).expect("mount_at"),
