@@ -38,24 +38,36 @@ pub struct NvmlReport {
     pub warnings: Vec<String>,
 }
 
+/// Loads NVML (`libnvidia-ml.so.1`) and initialises it.
+///
+/// A missing library or kernel driver is [`NvmlStatus::NoDriver`]; any other
+/// failure is [`NvmlStatus::Failed`].
+pub fn open() -> Result<Nvml, NvmlStatus> {
+    Nvml::init().map_err(|e| {
+        if means_no_driver(&e) {
+            NvmlStatus::NoDriver {
+                reason: e.to_string(),
+            }
+        } else {
+            NvmlStatus::Failed {
+                reason: e.to_string(),
+            }
+        }
+    })
+}
+
 /// Asks NVML for the node's NVIDIA GPUs.
 pub fn query() -> NvmlReport {
-    let nvml = match Nvml::init() {
+    let nvml = match open() {
         Ok(nvml) => nvml,
-        Err(e) if means_no_driver(&e) => {
-            return NvmlReport {
-                status: NvmlStatus::NoDriver {
-                    reason: e.to_string(),
-                },
-                ..NvmlReport::default()
+        Err(status) => {
+            let warnings = match &status {
+                NvmlStatus::Failed { reason } => vec![format!("NVML failed to start: {reason}")],
+                _ => Vec::new(),
             };
-        }
-        Err(e) => {
             return NvmlReport {
-                status: NvmlStatus::Failed {
-                    reason: e.to_string(),
-                },
-                warnings: vec![format!("NVML failed to start: {e}")],
+                status,
+                warnings,
                 ..NvmlReport::default()
             };
         }

@@ -3,6 +3,8 @@
 //! - [`ControlPlane`]: etcd + kube-apiserver with generated certificates, RBAC
 //!   authorization and an admin kubeconfig.
 //! - [`Registry`]: a Distribution registry (`docker-registry`) on a free port.
+//! - [`promlint`]: a metrics exposition checked by Prometheus's parser and
+//!   promlint.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -18,6 +20,7 @@ mod binaries;
 mod certs;
 mod control_plane;
 mod kwok;
+mod metrics;
 mod ports;
 mod process;
 mod registry;
@@ -27,6 +30,7 @@ pub use apply::{describe_object, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
+pub use metrics::{Sample, promlint, samples};
 pub use process::Process;
 pub use registry::Registry;
 pub use service_account::{service_account_groups, service_account_user};

@@ -9,10 +9,9 @@ use gkm_core::compat::CheckOptions;
 use gkm_gpu::Inventory;
 use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::reflector::Store as Reflected;
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::AgentConfig;
@@ -256,40 +255,22 @@ impl Agent {
         Ok(())
     }
 
-    /// Applies the GPU labels to this node's Node object (when it changed)
-    /// and returns the node's labels.
+    /// Applies the GPU labels to this node's Node object (when they
+    /// changed) and returns the node's labels.
     async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) = nodes.get_opt(&self.config.node_name).await? else {
             return Ok(BTreeMap::new());
         };
-        let mut labels = node.labels().clone();
         if !self.config.label_node {
-            return Ok(labels);
+            return Ok(node.labels().clone());
         }
         let wanted = gkm_gpu::labels::node_labels(&self.inventory, &self.config.label_options);
         if self.labelled.as_ref() == Some(&wanted) {
-            return Ok(labels);
+            return Ok(node.labels().clone());
         }
-        let mut patch = serde_json::Map::new();
-        for key in labels
-            .keys()
-            .filter(|k| k.starts_with("gkm.io/") && !wanted.contains_key(*k))
-        {
-            patch.insert(key.clone(), serde_json::Value::Null);
-        }
-        for (key, value) in &wanted {
-            patch.insert(key.clone(), json!(value));
-        }
-        nodes
-            .patch(
-                &self.config.node_name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": patch } })),
-            )
-            .await?;
-        labels.retain(|k, _| !k.starts_with("gkm.io/"));
-        labels.extend(wanted.clone());
+        let labels =
+            super::labels::apply_node_labels(&self.client, &self.config.node_name, &wanted).await?;
         self.labelled = Some(wanted);
         Ok(labels)
     }

@@ -1,0 +1,201 @@
+//! NVIDIA readings through NVML, with XID errors counted by a thread that
+//! waits for NVML's critical-XID events.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use gkm_core::Gpu;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use tracing::debug;
+
+use super::{GpuReadings, Source};
+use crate::inventory::NvmlStatus;
+
+/// XID counts by GPU UUID, then by XID number.
+type XidCounts = Arc<Mutex<BTreeMap<String, BTreeMap<u64, u64>>>>;
+
+/// How long one wait for an XID event lasts before the thread checks
+/// whether it should stop.
+const XID_WAIT: Duration = Duration::from_secs(1);
+
+/// An open NVML and the XID counts its event thread keeps.
+pub(super) struct NvmlReader {
+    nvml: Arc<Nvml>,
+    /// `None` when the driver offers no XID events.
+    xids: Option<XidCounts>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NvmlReader {
+    /// Loads NVML and starts counting XID errors.
+    pub(super) fn open() -> Result<NvmlReader, NvmlStatus> {
+        let nvml = Arc::new(crate::nvidia::open()?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let xids = watch_xids(nvml.clone(), stop.clone());
+        Ok(NvmlReader { nvml, xids, stop })
+    }
+
+    /// Reads one GPU, found by UUID or else by PCI address.
+    pub(super) fn read(&self, gpu: &Gpu) -> GpuReadings {
+        let mut r = GpuReadings::identity(gpu, Source::Nvml);
+        let device = match (&gpu.uuid, &gpu.pci_address) {
+            (Some(uuid), _) => self.nvml.device_by_uuid(uuid.as_str()),
+            (None, Some(address)) => self.nvml.device_by_pci_bus_id(address.as_str()),
+            (None, None) => return r,
+        };
+        let device = match device {
+            Ok(d) => d,
+            Err(e) => {
+                debug!(gpu = gpu.index, error = %e, "NVML does not know this GPU");
+                return r;
+            }
+        };
+        read_device(&device, &mut r);
+        if let (Some(xids), Some(uuid)) = (&self.xids, &r.uuid) {
+            let counts = xids.lock().unwrap_or_else(PoisonError::into_inner);
+            r.xid_errors = Some(counts.get(uuid).cloned().unwrap_or_default());
+        }
+        r
+    }
+}
+
+impl Drop for NvmlReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn read_device(device: &Device<'_>, r: &mut GpuReadings) {
+    if r.uuid.is_none() {
+        r.uuid = device.uuid().ok();
+    }
+    r.utilization_ratio = device
+        .utilization_rates()
+        .ok()
+        .map(|u| f64::from(u.gpu) / 100.0);
+    if let Ok(memory) = device.memory_info() {
+        r.memory_used_bytes = Some(memory.used);
+        r.memory_free_bytes = Some(memory.free);
+        r.memory_total_bytes = Some(memory.total);
+    }
+    r.temperature_celsius = device
+        .temperature(TemperatureSensor::Gpu)
+        .ok()
+        .map(f64::from);
+    r.power_watts = device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0);
+    r.energy_joules = device
+        .total_energy_consumption()
+        .ok()
+        .map(|mj| mj as f64 / 1000.0);
+    r.sm_clock_hertz = device
+        .clock_info(Clock::SM)
+        .ok()
+        .map(|mhz| f64::from(mhz) * 1e6);
+    r.memory_clock_hertz = device
+        .clock_info(Clock::Memory)
+        .ok()
+        .map(|mhz| f64::from(mhz) * 1e6);
+    r.ecc_corrected_errors = device
+        .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        .ok();
+    r.ecc_uncorrected_errors = device
+        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        .ok();
+    r.throttle_reasons = device.current_throttle_reasons().ok().map(throttle_reasons);
+}
+
+/// NVML's throttle reasons by the names gkm's metrics use.
+const THROTTLE_REASONS: &[(&str, ThrottleReasons)] = &[
+    ("gpu_idle", ThrottleReasons::GPU_IDLE),
+    (
+        "applications_clocks_setting",
+        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+    ),
+    ("sw_power_cap", ThrottleReasons::SW_POWER_CAP),
+    ("hw_slowdown", ThrottleReasons::HW_SLOWDOWN),
+    ("sync_boost", ThrottleReasons::SYNC_BOOST),
+    ("sw_thermal_slowdown", ThrottleReasons::SW_THERMAL_SLOWDOWN),
+    ("hw_thermal_slowdown", ThrottleReasons::HW_THERMAL_SLOWDOWN),
+    (
+        "hw_power_brake_slowdown",
+        ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+    ),
+    (
+        "display_clock_setting",
+        ThrottleReasons::DISPLAY_CLOCK_SETTING,
+    ),
+];
+
+fn throttle_reasons(active: ThrottleReasons) -> BTreeMap<&'static str, bool> {
+    THROTTLE_REASONS
+        .iter()
+        .map(|(name, flag)| (*name, active.contains(*flag)))
+        .collect()
+}
+
+/// Starts the thread that counts critical XID events of every device;
+/// `None` when the driver offers no such events.
+fn watch_xids(nvml: Arc<Nvml>, stop: Arc<AtomicBool>) -> Option<XidCounts> {
+    let counts: XidCounts = Arc::default();
+    let (ready, registered) = std::sync::mpsc::channel();
+    let thread_counts = counts.clone();
+    let spawned = std::thread::Builder::new()
+        .name("nvml-xid".into())
+        .spawn(move || {
+            let set = match register_xid_events(&nvml) {
+                Ok(set) => {
+                    let _ = ready.send(true);
+                    set
+                }
+                Err(e) => {
+                    debug!(error = %e, "no NVML XID events");
+                    let _ = ready.send(false);
+                    return;
+                }
+            };
+            let timeout = u32::try_from(XID_WAIT.as_millis()).unwrap_or(u32::MAX);
+            while !stop.load(Ordering::Relaxed) {
+                match set.wait(timeout) {
+                    Ok(event) => {
+                        let (Ok(uuid), Some(xid)) = (event.device.uuid(), event.event_data) else {
+                            continue;
+                        };
+                        let number = match xid {
+                            XidError::Value(v) => v,
+                            XidError::Unknown => 999,
+                        };
+                        let mut counts =
+                            thread_counts.lock().unwrap_or_else(PoisonError::into_inner);
+                        *counts.entry(uuid).or_default().entry(number).or_default() += 1;
+                    }
+                    Err(NvmlError::Timeout) => {}
+                    Err(e) => {
+                        debug!(error = %e, "waiting for NVML XID events; stopping");
+                        return;
+                    }
+                }
+            }
+        });
+    match spawned {
+        Ok(_) if registered.recv().unwrap_or(false) => Some(counts),
+        _ => None,
+    }
+}
+
+fn register_xid_events(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, NvmlError> {
+    let mut set = nvml.create_event_set()?;
+    for index in 0..nvml.device_count()? {
+        let device = nvml.device_by_index(index)?;
+        set = device
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| e.error)?;
+    }
+    Ok(set)
+}
