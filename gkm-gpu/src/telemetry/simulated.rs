@@ -45,7 +45,8 @@ pub fn readings(gpu: &Gpu) -> GpuReadings {
         let used = (total / MIB) * percent / 100 * 9 / 10 * MIB;
         r.memory_used_bytes = Some(used);
     }
-    r.temperature_celsius = Some(30.0 + ((seed >> 8) % 10) as f64 + 40.0 * utilization);
+    let temperature = 30.0 + ((seed >> 8) % 10) as f64 + 40.0 * utilization;
+    r.temperature_celsius = Some((temperature * 10.0).round() / 10.0);
     r.power_watts = Some((idle_watts + (max_watts - idle_watts) * utilization).round());
     r.sm_clock_hertz = Some((345.0 + 1635.0 * utilization).round() * 1e6);
     r.memory_clock_hertz = Some(memory_mhz * 1e6);

@@ -40,9 +40,16 @@ use crate::podresources::{Allocations, ContainerRef};
 /// Label pairs of one series.
 type Labels = Vec<(String, String)>;
 
+/// A reading: counts and bytes stay integers in the exposition.
+#[derive(Clone, Copy)]
+enum Num {
+    Int(u64),
+    Float(f64),
+}
+
 /// One sample of a family for one GPU: an extra label, if the family has
 /// one, and the value.
-type Sample = (Option<(&'static str, String)>, f64);
+type Sample = (Option<(&'static str, String)>, Num);
 
 /// A metric family read from [`GpuReadings`].
 struct Family {
@@ -55,11 +62,11 @@ struct Family {
 }
 
 fn one(value: Option<f64>) -> Vec<Sample> {
-    value.map(|v| (None, v)).into_iter().collect()
+    value.map(|v| (None, Num::Float(v))).into_iter().collect()
 }
 
 fn bytes(value: Option<u64>) -> Vec<Sample> {
-    one(value.map(|v| v as f64))
+    value.map(|v| (None, Num::Int(v))).into_iter().collect()
 }
 
 /// Every GPU family but `gkm_gpu_info`, in the order they are exposed.
@@ -138,7 +145,7 @@ const FAMILIES: &[Family] = &[
                 ("uncorrected", r.ecc_uncorrected_errors),
             ]
             .into_iter()
-            .filter_map(|(kind, v)| v.map(|v| (Some(("type", kind.to_string())), v as f64)))
+            .filter_map(|(kind, v)| v.map(|v| (Some(("type", kind.to_string())), Num::Int(v))))
             .collect()
         },
     },
@@ -151,7 +158,7 @@ const FAMILIES: &[Family] = &[
             r.xid_errors
                 .iter()
                 .flatten()
-                .map(|(xid, n)| (Some(("xid", xid.to_string())), *n as f64))
+                .map(|(xid, n)| (Some(("xid", xid.to_string())), Num::Int(*n)))
                 .collect()
         },
     },
@@ -167,7 +174,7 @@ const FAMILIES: &[Family] = &[
                 .map(|(reason, on)| {
                     (
                         Some(("reason", reason.to_string())),
-                        f64::from(u8::from(*on)),
+                        Num::Int(u64::from(*on)),
                     )
                 })
                 .collect()
@@ -311,10 +318,14 @@ impl Collector for GpuCollector {
                         let mut labels = labels.clone();
                         labels.extend(extra.iter().map(|(k, v)| ((*k).to_string(), v.clone())));
                         let series = out.encode_family(&labels)?;
-                        if family.counter {
-                            ConstCounter::new(*value).encode(series)?;
-                        } else {
-                            ConstGauge::new(*value).encode(series)?;
+                        match (family.counter, *value) {
+                            (true, Num::Int(v)) => ConstCounter::new(v).encode(series)?,
+                            (true, Num::Float(v)) => ConstCounter::new(v).encode(series)?,
+                            (false, Num::Int(v)) => {
+                                ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
+                                    .encode(series)?
+                            }
+                            (false, Num::Float(v)) => ConstGauge::new(v).encode(series)?,
                         }
                     }
                 }
