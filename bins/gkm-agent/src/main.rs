@@ -60,7 +60,7 @@ struct Cli {
     vendor_labels: bool,
     /// The kubelet's pod-resources socket, read to label GPU metrics with the
     /// namespace, pod and container holding each GPU; empty for no pod labels.
-    #[arg(long, env = "GKM_POD_RESOURCES_SOCKET", default_value = gkm_k8s::podresources::DEFAULT_SOCKET)]
+    #[arg(long, env = "GKM_POD_RESOURCES_SOCKET", default_value = gkm_k8s::podresources::DEFAULT_SOCKET, value_parser = path_or_empty)]
     pod_resources_socket: PathBuf,
     /// How often the kubelet is asked which containers hold which GPUs.
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
@@ -124,6 +124,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     server.stop().await.context("the endpoints server")?;
     result
+}
+
+/// A path, where an empty value (which clap's path parser refuses) means none.
+fn path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
 }
 
 #[tokio::main]
