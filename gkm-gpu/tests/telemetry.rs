@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gkm_gpu::telemetry::{Source, Telemetry, TelemetryOptions};
-use gkm_gpu::{DiscoveryOptions, Inventory, PciIdsSource};
+use gkm_gpu::{DiscoveryOptions, PciIdsSource};
 
 fn tree(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -12,27 +12,29 @@ fn tree(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn discover(root: &Path) -> Inventory {
-    gkm_gpu::discover(&DiscoveryOptions {
-        sysfs_root: root.to_path_buf(),
+/// The readings of a captured tree's GPUs (discovered without NVML), with
+/// NVML asked for readings when `nvml`.
+fn telemetry(name: &str, nvml: bool) -> Telemetry {
+    let root = tree(name);
+    let inventory = gkm_gpu::discover(&DiscoveryOptions {
+        sysfs_root: root.clone(),
         nvml: false,
         simulate: None,
         pci_ids: PciIdsSource::Bundled,
     })
-    .unwrap_or_else(|e| panic!("discovery on {} failed: {e}", root.display()))
+    .unwrap_or_else(|e| panic!("discovery on {name} failed: {e}"));
+    Telemetry::open(
+        &inventory,
+        &TelemetryOptions {
+            sysfs_root: root,
+            nvml,
+        },
+    )
 }
 
 #[test]
 fn amd_readings_come_from_the_driver_files() {
-    let root = tree("amd-mi210");
-    let inventory = discover(&root);
-    let telemetry = Telemetry::open(
-        &inventory,
-        &TelemetryOptions {
-            sysfs_root: root,
-            nvml: true,
-        },
-    );
+    let telemetry = telemetry("amd-mi210", true);
     assert!(telemetry.notes().is_empty(), "{:?}", telemetry.notes());
     let readings = telemetry.read();
     assert_eq!(readings.len(), 1);
@@ -57,15 +59,7 @@ fn amd_readings_come_from_the_driver_files() {
 
 #[test]
 fn nvidia_gpus_without_nvml_have_no_readings_and_a_reason() {
-    let root = tree("nvidia-h100");
-    let inventory = discover(&root);
-    let telemetry = Telemetry::open(
-        &inventory,
-        &TelemetryOptions {
-            sysfs_root: root,
-            nvml: false,
-        },
-    );
+    let telemetry = telemetry("nvidia-h100", false);
     assert_eq!(
         telemetry.notes(),
         ["NVML is switched off: no readings for 2 NVIDIA GPU(s)"]
@@ -81,15 +75,7 @@ fn nvidia_gpus_without_nvml_have_no_readings_and_a_reason() {
 
 #[test]
 fn without_an_nvidia_library_the_reason_names_nvml() {
-    let root = tree("nvidia-h100");
-    let inventory = discover(&root);
-    let telemetry = Telemetry::open(
-        &inventory,
-        &TelemetryOptions {
-            sysfs_root: root,
-            nvml: true,
-        },
-    );
+    let telemetry = telemetry("nvidia-h100", true);
     if gkm_gpu::nvidia::open().is_ok() {
         eprintln!(
             "skipped: this machine has NVML, so the GPUs of the captured tree are looked up in it"

@@ -1,45 +1,46 @@
 //! NVIDIA readings through NVML, with XID errors counted by a thread that
-//! waits for NVML's critical-XID events.
+//! waits for NVML's critical-XID events ([`crate::nvidia::watch_xids`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use gkm_core::Gpu;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
-use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
-use nvml_wrapper::enums::event::XidError;
-use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use tracing::debug;
 
 use super::{GpuReadings, Source};
 use crate::inventory::NvmlStatus;
 
-/// XID counts by GPU UUID, then by XID number.
+/// XID counts by GPU PCI address, then by XID number.
 type XidCounts = Arc<Mutex<BTreeMap<String, BTreeMap<u64, u64>>>>;
-
-/// How long one wait for an XID event lasts before the thread checks
-/// whether it should stop.
-const XID_WAIT: Duration = Duration::from_secs(1);
 
 /// An open NVML and the XID counts its event thread keeps.
 pub(super) struct NvmlReader {
-    nvml: Arc<Nvml>,
-    /// `None` when the driver offers no XID events.
-    xids: Option<XidCounts>,
+    nvml: Nvml,
+    xids: XidCounts,
+    /// Whether the XID thread is watching; it stops at once where the driver
+    /// offers no XID events, and then there are no XID readings.
+    watching: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
 
 impl NvmlReader {
     /// Loads NVML and starts counting XID errors.
     pub(super) fn open() -> Result<NvmlReader, NvmlStatus> {
-        let nvml = Arc::new(crate::nvidia::open()?);
+        let nvml = crate::nvidia::open()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let xids = watch_xids(nvml.clone(), stop.clone());
-        Ok(NvmlReader { nvml, xids, stop })
+        let watching = Arc::new(AtomicBool::new(true));
+        let xids = XidCounts::default();
+        watch_xids(xids.clone(), watching.clone(), stop.clone());
+        Ok(NvmlReader {
+            nvml,
+            xids,
+            watching,
+            stop,
+        })
     }
 
     /// Reads one GPU, found by UUID or else by PCI address.
@@ -58,9 +59,11 @@ impl NvmlReader {
             }
         };
         read_device(&device, &mut r);
-        if let (Some(xids), Some(uuid)) = (&self.xids, &r.uuid) {
-            let counts = xids.lock().unwrap_or_else(PoisonError::into_inner);
-            r.xid_errors = Some(counts.get(uuid).cloned().unwrap_or_default());
+        if let Some(address) = &r.pci_bus_id
+            && self.watching.load(Ordering::Relaxed)
+        {
+            let counts = self.xids.lock().unwrap_or_else(PoisonError::into_inner);
+            r.xid_errors = Some(counts.get(address).cloned().unwrap_or_default());
         }
         r
     }
@@ -140,62 +143,25 @@ fn throttle_reasons(active: ThrottleReasons) -> BTreeMap<&'static str, bool> {
         .collect()
 }
 
-/// Starts the thread that counts critical XID events of every device;
-/// `None` when the driver offers no such events.
-fn watch_xids(nvml: Arc<Nvml>, stop: Arc<AtomicBool>) -> Option<XidCounts> {
-    let counts: XidCounts = Arc::default();
-    let (ready, registered) = std::sync::mpsc::channel();
-    let thread_counts = counts.clone();
+/// Starts the thread that counts the critical XID events of every device
+/// into `counts`, clearing `watching` when it stops.
+fn watch_xids(counts: XidCounts, watching: Arc<AtomicBool>, stop: Arc<AtomicBool>) {
+    let thread_watching = watching.clone();
     let spawned = std::thread::Builder::new()
         .name("nvml-xid".into())
         .spawn(move || {
-            let set = match register_xid_events(&nvml) {
-                Ok(set) => {
-                    let _ = ready.send(true);
-                    set
-                }
-                Err(e) => {
-                    debug!(error = %e, "no NVML XID events");
-                    let _ = ready.send(false);
+            let ended = crate::nvidia::watch_xids(&stop, |event| {
+                let (Some(address), Some(xid)) = (event.pci_address, event.xid) else {
                     return;
-                }
-            };
-            let timeout = u32::try_from(XID_WAIT.as_millis()).unwrap_or(u32::MAX);
-            while !stop.load(Ordering::Relaxed) {
-                match set.wait(timeout) {
-                    Ok(event) => {
-                        let (Ok(uuid), Some(xid)) = (event.device.uuid(), event.event_data) else {
-                            continue;
-                        };
-                        let number = match xid {
-                            XidError::Value(v) => v,
-                            XidError::Unknown => 999,
-                        };
-                        let mut counts =
-                            thread_counts.lock().unwrap_or_else(PoisonError::into_inner);
-                        *counts.entry(uuid).or_default().entry(number).or_default() += 1;
-                    }
-                    Err(NvmlError::Timeout) => {}
-                    Err(e) => {
-                        debug!(error = %e, "waiting for NVML XID events; stopping");
-                        return;
-                    }
-                }
-            }
+                };
+                let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+                *counts.entry(address).or_default().entry(xid).or_default() += 1;
+            });
+            thread_watching.store(false, Ordering::Relaxed);
+            debug!(reason = %ended, "no longer watching NVML XID events");
         });
-    match spawned {
-        Ok(_) if registered.recv().unwrap_or(false) => Some(counts),
-        _ => None,
+    if let Err(e) = spawned {
+        debug!(error = %e, "cannot start watching NVML XID events");
+        watching.store(false, Ordering::Relaxed);
     }
-}
-
-fn register_xid_events(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, NvmlError> {
-    let mut set = nvml.create_event_set()?;
-    for index in 0..nvml.device_count()? {
-        let device = nvml.device_by_index(index)?;
-        set = device
-            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-            .map_err(|e| e.error)?;
-    }
-    Ok(set)
 }
