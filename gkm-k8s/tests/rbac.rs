@@ -972,6 +972,24 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
         .await?
         .map_err(|s| anyhow::anyhow!("labelling its own node was refused: {}", s.message))?;
     }
+    // As the agent writes them: server-side apply, which also drops the
+    // labels its field manager applied before and no longer applies.
+    for labels in [
+        json!({"gkm.io/gpu.count": "1", "nvidia.com/gpu.family": "hopper"}),
+        json!({"gkm.io/gpu.count": "1"}),
+    ] {
+        let applied = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "own-node", "labels": labels}});
+        let request = kube::core::Request::new("/api/v1/nodes").patch(
+            "own-node",
+            &PatchParams::apply(gkm_k8s::agent::LABELS_FIELD_MANAGER).force(),
+            &Patch::Apply(&applied),
+        )?;
+        as_agent_on(&admin, Some("own-node"), request)
+            .await?
+            .map_err(|s| {
+                anyhow::anyhow!("applying its own node's labels was refused: {}", s.message)
+            })?;
+    }
     let own = nodes
         .get("own-node")
         .await?
