@@ -255,21 +255,22 @@ impl Agent {
         Ok(())
     }
 
-    /// Applies the GPU labels to this node's Node object (when they
-    /// changed) and returns the node's labels.
+    /// Applies the GPU labels to this node's Node object (when it changed)
+    /// and returns the node's labels.
     async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) = nodes.get_opt(&self.config.node_name).await? else {
             return Ok(BTreeMap::new());
         };
+        let mut labels = node.labels().clone();
         if !self.config.label_node {
-            return Ok(node.labels().clone());
+            return Ok(labels);
         }
         let wanted = gkm_gpu::labels::node_labels(&self.inventory, &self.config.label_options);
         if self.labelled.as_ref() == Some(&wanted) {
-            return Ok(node.labels().clone());
+            return Ok(labels);
         }
-        let labels =
+        labels =
             super::labels::apply_node_labels(&self.client, &self.config.node_name, &wanted).await?;
         self.labelled = Some(wanted);
         Ok(labels)
