@@ -165,3 +165,26 @@ fn watch_xids(counts: XidCounts, watching: Arc<AtomicBool>, stop: Arc<AtomicBool
         watching.store(false, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_throttle_reason_is_named_once_and_read_from_its_bit() {
+        let active = ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+        let reasons = throttle_reasons(active);
+        assert_eq!(reasons.len(), THROTTLE_REASONS.len());
+        let on: Vec<&str> = reasons
+            .iter()
+            .filter(|(_, on)| **on)
+            .map(|(name, _)| *name)
+            .collect();
+        assert_eq!(on, ["hw_thermal_slowdown", "sw_power_cap"]);
+        assert!(
+            throttle_reasons(ThrottleReasons::empty())
+                .values()
+                .all(|on| !on)
+        );
+    }
+}
