@@ -31,6 +31,7 @@ pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, worksp
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use metrics::{Sample, promlint, samples};
+pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;
 pub use service_account::{service_account_groups, service_account_user};

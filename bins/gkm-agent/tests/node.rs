@@ -13,7 +13,8 @@ use serde_json::json;
 
 mod support;
 
-use support::{deploy_dir, free_port, get};
+use gkm_testenv::{free_port, http_get as get};
+use support::deploy_dir;
 
 const SYSTEM: &str = "gkm-system";
 
