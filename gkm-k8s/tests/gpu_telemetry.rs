@@ -6,10 +6,8 @@
 //! labels the agent writes, the Grafana dashboard asks only for metrics the
 //! agent serves.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gkm_gpu::labels::{LabelOptions, node_labels};
 use gkm_gpu::telemetry::{Telemetry, TelemetryOptions};
 use gkm_k8s::agent::telemetry::{GpuCollector, family_names, metrics_text};
 use gkm_k8s::podresources::{Allocations, proto};
@@ -155,77 +153,68 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../gkm-gpu/tests/fixtures/nvml-h100")
 }
 
-/// What `gkm gpus --metrics`, `--labels --vendor-labels` and `--json`
-/// printed on a machine with an NVIDIA H100 and its driver.
+/// What `gkm gpus --metrics` printed through real NVML on an NVIDIA H100
+/// (`metrics.txt`, recorded by `hack/gpu/record.sh`): it passes Prometheus's
+/// parser and promlint, every GPU has its readings under its UUID, and its
+/// memory is what NVML reported for that product in the recorded inventory
+/// (`gpus.json`).
 #[test]
-fn real_nvml_output_from_an_h100_parses_and_matches_its_inventory() -> anyhow::Result<()> {
+fn real_nvml_metrics_from_an_h100_parse_and_carry_every_reading() -> anyhow::Result<()> {
     let dir = fixture_dir();
-    if !dir.is_dir() {
+    let metrics = dir.join("metrics.txt");
+    if !metrics.is_file() {
         eprintln!(
-            "skipped: {} is absent (capture it on a GPU machine; see the README's GPU telemetry section)",
-            dir.display()
+            "skipped: {} is absent (record it on a GPU machine with hack/gpu/record.sh)",
+            metrics.display()
         );
         return Ok(());
     }
-    let text = std::fs::read_to_string(dir.join("metrics.txt"))?;
+    let text = std::fs::read_to_string(&metrics)?;
     promlint(&text)?;
     let series = samples(&text)?;
     let inventory: gkm_gpu::Inventory =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("inventory.json"))?)?;
-    let nvidia: Vec<&gkm_core::Gpu> = inventory.usable_gpus().collect();
-    assert!(!nvidia.is_empty(), "the fixture has no GPU");
-    for gpu in &nvidia {
-        let uuid = gpu.uuid.as_deref().unwrap_or_default();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gpus.json"))?)?;
+    let gpus: Vec<&Sample> = series.iter().filter(|s| s.name == "gkm_gpu_info").collect();
+    assert!(!gpus.is_empty(), "the recording has no GPU");
+    for info in gpus {
+        assert_eq!(info.label("source"), Some("nvml"), "{info:?}");
+        assert_eq!(info.label("vendor"), Some("nvidia"), "{info:?}");
+        let uuid = info.label("UUID").unwrap_or_default();
         assert!(uuid.starts_with("GPU-"), "{uuid}");
+        let product = info.label("model_name").unwrap_or_default();
+        assert!(product.contains("H100"), "{product}");
+        assert!(info.label("pci_bus_id").is_some(), "{info:?}");
         let of_gpu = |name: &str| {
             series
                 .iter()
                 .find(|s| s.name == name && s.label("UUID") == Some(uuid))
+                .map(|s| s.value)
         };
-        let info =
-            of_gpu("gkm_gpu_info").ok_or_else(|| anyhow::anyhow!("no gkm_gpu_info for {uuid}"))?;
-        assert_eq!(info.label("source"), Some("nvml"));
-        assert_eq!(info.label("model_name"), Some(gpu.product.as_str()));
-        assert!(gpu.product.contains("H100"), "{}", gpu.product);
         for name in [
             "gkm_gpu_utilization_ratio",
             "gkm_gpu_memory_used_bytes",
             "gkm_gpu_memory_free_bytes",
             "gkm_gpu_temperature_celsius",
             "gkm_gpu_power_watts",
+            "gkm_gpu_energy_joules_total",
             "gkm_gpu_sm_clock_hertz",
             "gkm_gpu_memory_clock_hertz",
         ] {
             assert!(of_gpu(name).is_some(), "no {name} for {uuid}");
         }
-        let total = of_gpu("gkm_gpu_memory_total_bytes").map(|s| s.value);
-        assert_eq!(total, gpu.memory_bytes.map(|m| m as f64));
-        let temperature = of_gpu("gkm_gpu_temperature_celsius").map_or(0.0, |s| s.value);
+        let recorded = inventory
+            .usable_gpus()
+            .find(|g| g.product == product)
+            .and_then(|g| g.memory_bytes);
+        assert_eq!(
+            of_gpu("gkm_gpu_memory_total_bytes"),
+            recorded.map(|m| m as f64)
+        );
+        let temperature = of_gpu("gkm_gpu_temperature_celsius").unwrap_or_default();
         assert!((10.0..100.0).contains(&temperature), "{temperature}");
+        let utilization = of_gpu("gkm_gpu_utilization_ratio").unwrap_or_default();
+        assert!((0.0..=1.0).contains(&utilization), "{utilization}");
     }
-    // The labels printed there are the labels its inventory gives here.
-    let printed: BTreeMap<String, String> = std::fs::read_to_string(dir.join("labels.txt"))?
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    assert_eq!(
-        printed,
-        node_labels(
-            &inventory,
-            &LabelOptions {
-                vendor_labels: true
-            }
-        )
-    );
-    assert_eq!(
-        printed.get("nvidia.com/gpu.family").map(String::as_str),
-        Some("hopper")
-    );
-    assert_eq!(
-        printed.get("gkm.io/gpu.arch").map(String::as_str),
-        Some("sm_90")
-    );
     Ok(())
 }
 

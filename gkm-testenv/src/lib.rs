@@ -5,6 +5,8 @@
 //! - [`Registry`]: a Distribution registry (`docker-registry`) on a free port.
 //! - [`promlint`]: a metrics exposition checked by Prometheus's parser and
 //!   promlint.
+//! - [`RealNode`]: a real node (kubelet, containerd, runc, CNI) registered
+//!   with a control plane, running pods in real containers.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -21,6 +23,8 @@ mod certs;
 mod control_plane;
 mod kwok;
 mod metrics;
+mod node;
+mod pods;
 mod ports;
 mod process;
 mod registry;
@@ -31,6 +35,10 @@ pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, worksp
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use metrics::{Sample, promlint, samples};
+pub use node::{
+    BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
+};
+pub use pods::{pod_events, pod_log, wait_for_pod};
 pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;
