@@ -1,9 +1,11 @@
 //! `gkm-agent`'s GPU labels and GPU metrics against a real kube-apiserver,
-//! running as its ServiceAccount with the shipped RBAC: the Node's labels
-//! follow the (simulated) inventory, with GPU Feature Discovery's and AMD's
-//! names when asked, labels that no longer apply go and labels the agent does
-//! not own stay; `/metrics` passes Prometheus's parser and promlint; without
-//! NVML every other metric is still served and the log says why, once.
+//! running as its ServiceAccount with the shipped RBAC: on a real node (a
+//! kubelet registered it), the Node's labels follow the (simulated)
+//! inventory, with GPU Feature Discovery's and AMD's names when asked, labels
+//! that no longer apply go and labels the agent does not own (the kubelet's,
+//! a person's) stay; `/metrics` passes Prometheus's parser and promlint;
+//! without NVML every other metric is still served and the log says why,
+//! once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_gpu::labels::{LabelOptions, node_labels};
-use gkm_testenv::{ControlPlane, Process, promlint, samples};
+use gkm_testenv::{ControlPlane, Process, RealNode, RealNodeOptions, promlint, samples};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -81,11 +83,16 @@ async fn labels_when(
     }
 }
 
-/// What the Node should carry: the inventory's labels and the hand-set ones.
-fn expected(inventory: &str, vendor_labels: bool) -> anyhow::Result<BTreeMap<String, String>> {
+/// What the Node should carry: the labels it had before the agent came (the
+/// kubelet's and a person's) and the inventory's.
+fn expected(
+    before: &BTreeMap<String, String>,
+    inventory: &str,
+    vendor_labels: bool,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let inventory = gkm_gpu::simulate::parse(inventory, "gpus.yaml".as_ref())?;
-    let mut labels = node_labels(&inventory, &LabelOptions { vendor_labels });
-    labels.extend(HAND_SET.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut labels = before.clone();
+    labels.extend(node_labels(&inventory, &LabelOptions { vendor_labels }));
     Ok(labels)
 }
 
@@ -94,6 +101,14 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
     let (plane, kubeconfig) = plane().await?;
     let nodes: Api<Node> = Api::all(plane.client().await?);
     let node = "agent-node-labels";
+    let _kubelet = RealNode::start(
+        plane,
+        RealNodeOptions {
+            name: node.into(),
+            ..RealNodeOptions::default()
+        },
+    )
+    .await?;
     let hand_set: BTreeMap<&str, &str> = HAND_SET.iter().copied().collect();
     let object: Node =
         serde_json::from_value(json!({"metadata": {"name": node, "labels": hand_set}}))?;
@@ -104,6 +119,12 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
             &Patch::Apply(&object),
         )
         .await?;
+    let before = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        before.get("kubernetes.io/hostname").map(String::as_str),
+        Some(node),
+        "the kubelet's own labels"
+    );
     let dir = gkm_testenv::temp_dir()?;
     let gpus = dir.path().join("gpus.yaml");
     let simulate = format!("--simulate={}", gpus.display());
@@ -118,21 +139,12 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
         dir.path(),
         &[simulate.clone(), vendor.clone()],
     )?;
-    let want = expected(h100, true)?;
+    let want = expected(&before, h100, true)?;
     let labels = labels_when(&nodes, node, &mut running, |l| {
         l.contains_key("nvidia.com/gpu.family")
     })
     .await?;
-    let ours = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
-        labels
-            .iter()
-            .filter(|(k, _)| {
-                !k.starts_with("kubernetes.io/") && !k.starts_with("beta.kubernetes.io/")
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    };
-    assert_eq!(ours(&labels), want);
+    assert_eq!(labels, want);
     for (key, value) in [
         ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
         ("nvidia.com/gpu.count", "8"),
@@ -166,7 +178,7 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
         l.contains_key("amd.com/gpu.family") && !l.contains_key("nvidia.com/gpu.family")
     })
     .await?;
-    assert_eq!(ours(&labels), expected(mi300x, true)?);
+    assert_eq!(labels, expected(&before, mi300x, true)?);
     assert!(!labels.contains_key("nvidia.com/gpu.present"));
     running.terminate(Duration::from_secs(15))?;
 
@@ -176,7 +188,7 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
         !l.contains_key("amd.com/gpu.family")
     })
     .await?;
-    assert_eq!(ours(&labels), expected(mi300x, false)?);
+    assert_eq!(labels, expected(&before, mi300x, false)?);
     running.terminate(Duration::from_secs(15))?;
     Ok(())
 }
