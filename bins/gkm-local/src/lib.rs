@@ -343,6 +343,21 @@ impl Stack {
         Ok((reference, built.digest.to_string()))
     }
 
+    /// Builds the cache in `cache_dir` into `repository:tag`, signs its
+    /// digest with `key` (cosign), and returns the image reference and digest.
+    pub async fn push_signed_cache(
+        &self,
+        cache_dir: &Path,
+        repository: &str,
+        tag: &str,
+        key: &cosign::CosignKey,
+    ) -> anyhow::Result<(String, String)> {
+        let (image, digest) = self.push_cache(cache_dir, repository, tag).await?;
+        let repository = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
+        cosign::sign(key, &format!("{repository}@{digest}"))?;
+        Ok((image, digest))
+    }
+
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
     pub fn log_tail(&self, which: &str, node: Option<&str>, lines: usize) -> String {
         let path = match node {

@@ -94,17 +94,13 @@ async fn main() -> anyhow::Result<()> {
     );
     let key = cosign::generate_key_pair(&dir.join("keys"))?;
     let (image, digest) = stack
-        .push_cache(
+        .push_signed_cache(
             &fixture("triton-vector-add-cuda-sm75"),
             "gkm/vector-add",
             "cuda",
+            &key,
         )
         .await?;
-    let repository = image
-        .rsplit_once(':')
-        .map(|(r, _)| r.to_string())
-        .unwrap_or_default();
-    cosign::sign(&key, &format!("{repository}@{digest}"))?;
     eprintln!("    {image} = {digest}, signed");
 
     eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each node");

@@ -152,18 +152,14 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     }
 
     let key = cosign::generate_key_pair(&tmp.path().join("keys/release"))?;
-    let (image, digest) = stack
-        .push_cache(
+    let (image, _digest) = stack
+        .push_signed_cache(
             &fixture("triton-vector-add-cuda-sm75"),
             "gkm/vector-add",
             "cuda",
+            &key,
         )
         .await?;
-    let repository = image
-        .rsplit_once(':')
-        .map(|(r, _)| r.to_string())
-        .unwrap_or_default();
-    cosign::sign(&key, &format!("{repository}@{digest}"))?;
     stack.start_gkm()?;
     for node in [SM75, GFX90A] {
         wait_registered(&client, node).await?;
@@ -386,7 +382,15 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
         "held while a pod uses it"
     );
     delete_pod_and_wait(&pods_a, "reader").await?;
-    assert!(pod_mounts(&stack, SM75, &reader).is_empty(), "unmounted");
+    // The kubelet unmounts once the pod is gone.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !pod_mounts(&stack, SM75, &reader).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still mounted after {TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     let real = stack.real_node(SM75).expect("real node");
     assert!(
         mounts_under(&real.pods_dir()).is_empty(),

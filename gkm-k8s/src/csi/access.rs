@@ -66,7 +66,7 @@ pub fn check_workload_namespace(req: &PublishRequest, delivery: &Delivery) -> Re
         return Ok(());
     }
     match &delivery.workload_namespaces {
-        Some(allowed) if !allowed.iter().any(|n| *n == req.pod.namespace) => {
+        Some(allowed) if !allowed.contains(&req.pod.namespace) => {
             Err(Status::permission_denied(format!(
                 "pod {}/{} may not mount ClusterGKMCache {}: its workloadNamespaces ({}) do not include namespace {}",
                 req.pod.namespace,

@@ -197,7 +197,7 @@ impl Rewriter {
         if self.mode == Mode::Preface {
             let n = self.pending.len().min(PREFACE.len());
             if self.pending[..n] != PREFACE[..n] {
-                return Ok(self.go_raw(out));
+                return self.go_raw(out);
             }
             if n < PREFACE.len() {
                 return Ok(());
@@ -213,7 +213,7 @@ impl Rewriter {
                 usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
             if length > MAX_FRAME {
                 self.pending.drain(..at);
-                return Ok(self.go_raw(out));
+                return self.go_raw(out);
             }
             if self.pending.len() - at < FRAME_HEADER + length {
                 break;
@@ -230,7 +230,7 @@ impl Rewriter {
                         // Malformed padding: let the server say so.
                         None => {
                             self.pending.drain(..at);
-                            return Ok(self.go_raw(out));
+                            return self.go_raw(out);
                         }
                     };
                     self.block = Some(Block {
@@ -271,9 +271,11 @@ impl Rewriter {
         Ok(())
     }
 
-    fn go_raw(&mut self, out: &mut Vec<u8>) {
+    /// Passes what is pending and everything after it through untouched.
+    fn go_raw(&mut self, out: &mut Vec<u8>) -> Result<(), RewriteError> {
         out.append(&mut self.pending);
         self.mode = Mode::Raw;
+        Ok(())
     }
 
     /// Decode `block`, fix its authority, encode it again as one HEADERS
