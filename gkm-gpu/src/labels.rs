@@ -2,10 +2,15 @@
 //!
 //! gkm's own labels are `gkm.io/gpu.*` (plus `gkm.io/vfio.count` and
 //! `gkm.io/vgpu.count`). With [`LabelOptions::vendor_labels`], the names
-//! NVIDIA GPU Feature Discovery (`nvidia.com/…`) and AMD's node labeller
-//! (`amd.com/gpu.…`) use are added, so selectors written for them keep
-//! working. When a node has GPUs of several kinds, the per-GPU labels describe
-//! its first GPU and `gkm.io/gpu.mixed` is `true`.
+//! NVIDIA GPU Feature Discovery (`nvidia.com/…`, both its current
+//! `cuda.driver-version.*` names and the older `cuda.driver.*` ones) and AMD's
+//! node labeller (`amd.com/gpu.…`) use are added, so selectors written for
+//! them keep working. When a node has GPUs of several kinds, the per-GPU
+//! labels describe its first GPU and `gkm.io/gpu.mixed` is `true`.
+//!
+//! [`KEYS`] lists every label this module may write: a labeller removes the
+//! ones it wrote that no longer apply, and the agent's admission policy
+//! allows exactly these.
 
 use std::collections::BTreeMap;
 
@@ -20,8 +25,7 @@ pub struct LabelOptions {
     pub vendor_labels: bool,
 }
 
-/// The prefixes of every label [`node_labels`] may write, so a labeller can
-/// remove the ones that no longer apply.
+/// The prefixes of every label [`node_labels`] may write.
 pub const MANAGED_PREFIXES: &[&str] = &[
     "gkm.io/gpu.",
     "gkm.io/vfio.",
@@ -30,6 +34,51 @@ pub const MANAGED_PREFIXES: &[&str] = &[
     "nvidia.com/cuda.",
     "nvidia.com/mig.capable",
     "amd.com/gpu.",
+];
+
+/// Every label [`node_labels`] may write, gkm's first, then GPU Feature
+/// Discovery's, then AMD's.
+pub const KEYS: &[&str] = &[
+    "gkm.io/gpu.count",
+    "gkm.io/gpu.simulated",
+    "gkm.io/vfio.count",
+    "gkm.io/vgpu.count",
+    "gkm.io/gpu.mixed",
+    "gkm.io/gpu.vendor",
+    "gkm.io/gpu.product",
+    "gkm.io/gpu.backend",
+    "gkm.io/gpu.arch",
+    "gkm.io/gpu.warp-size",
+    "gkm.io/gpu.memory",
+    "gkm.io/gpu.driver.major",
+    "gkm.io/gpu.driver.minor",
+    "gkm.io/gpu.toolkit.major",
+    "gkm.io/gpu.toolkit.minor",
+    "nvidia.com/gpu.present",
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.family",
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+    "nvidia.com/cuda.runtime.major",
+    "nvidia.com/cuda.runtime.minor",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+    "nvidia.com/cuda.runtime-version.full",
+    "nvidia.com/cuda.runtime-version.major",
+    "nvidia.com/cuda.runtime-version.minor",
+    "nvidia.com/mig.capable",
+    "amd.com/gpu.product-name",
+    "amd.com/gpu.device-id",
+    "amd.com/gpu.family",
+    "amd.com/gpu.vram",
+    "amd.com/gpu.driver-version",
 ];
 
 /// The labels that describe a node's GPUs.
@@ -97,6 +146,15 @@ pub fn node_labels(inventory: &Inventory, opts: &LabelOptions) -> BTreeMap<Strin
         "gkm.io/gpu.driver.minor",
         driver.get(1).cloned().unwrap_or_default(),
     );
+    let toolkit = version_parts(first.toolkit_version.as_deref());
+    put(
+        "gkm.io/gpu.toolkit.major",
+        toolkit.first().cloned().unwrap_or_default(),
+    );
+    put(
+        "gkm.io/gpu.toolkit.minor",
+        toolkit.get(1).cloned().unwrap_or_default(),
+    );
     if opts.vendor_labels {
         if let Some(nv) = usable.iter().find(|g| g.vendor == Vendor::Nvidia) {
             let count = usable.iter().filter(|g| g.vendor == Vendor::Nvidia).count();
@@ -111,6 +169,7 @@ pub fn node_labels(inventory: &Inventory, opts: &LabelOptions) -> BTreeMap<Strin
 
 /// NVIDIA GPU Feature Discovery's names.
 fn nvidia_labels(gpu: &Gpu, count: usize, put: &mut impl FnMut(&str, String)) {
+    put("nvidia.com/gpu.present", "true".into());
     put("nvidia.com/gpu.product", sanitize(&gpu.product, '-'));
     put("nvidia.com/gpu.count", count.to_string());
     if let Some(m) = gpu.memory_bytes {
@@ -124,9 +183,13 @@ fn nvidia_labels(gpu: &Gpu, count: usize, put: &mut impl FnMut(&str, String)) {
     if let Some(full) = &gpu.driver_version {
         put("nvidia.com/cuda.driver-version.full", sanitize(full, '-'));
         let parts = version_parts(Some(full));
-        for (i, name) in ["major", "minor", "revision"].iter().enumerate() {
+        for (i, (old, new)) in [("major", "major"), ("minor", "minor"), ("rev", "revision")]
+            .iter()
+            .enumerate()
+        {
             if let Some(p) = parts.get(i) {
-                put(&format!("nvidia.com/cuda.driver-version.{name}"), p.clone());
+                put(&format!("nvidia.com/cuda.driver.{old}"), p.clone());
+                put(&format!("nvidia.com/cuda.driver-version.{new}"), p.clone());
             }
         }
     }
@@ -135,6 +198,7 @@ fn nvidia_labels(gpu: &Gpu, count: usize, put: &mut impl FnMut(&str, String)) {
         let parts = version_parts(Some(full));
         for (i, name) in ["major", "minor"].iter().enumerate() {
             if let Some(p) = parts.get(i) {
+                put(&format!("nvidia.com/cuda.runtime.{name}"), p.clone());
                 put(
                     &format!("nvidia.com/cuda.runtime-version.{name}"),
                     p.clone(),
@@ -265,6 +329,7 @@ mod tests {
             for (key, value) in node_labels(&inventory, &LabelOptions { vendor_labels: true }) {
                 prop_assert!(is_valid_label_value(&value), "{} = {:?}", key, value);
                 prop_assert!(MANAGED_PREFIXES.iter().any(|p| key.starts_with(p)), "{}", key);
+                prop_assert!(KEYS.contains(&key.as_str()), "{} is not in KEYS", key);
             }
         }
     }

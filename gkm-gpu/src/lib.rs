@@ -5,8 +5,9 @@
 //! so captured trees work in tests), NVIDIA's NVML (loaded at run time; no
 //! library means no NVIDIA driver, not an error) and AMD's KFD topology, with
 //! VFIO passthrough devices and mdev vGPUs alongside. A [`simulate`]d
-//! inventory file stands in on clusters without GPUs, and [`labels`] turns an
-//! inventory into node labels.
+//! inventory file stands in on clusters without GPUs, [`labels`] turns an
+//! inventory into node labels, and [`telemetry`] reads each GPU's
+//! utilization, memory, temperature, power, clocks and errors.
 //!
 //! This crate has no OCI or Kubernetes dependency.
 //!
@@ -34,6 +35,7 @@ pub mod pci;
 pub mod pci_ids;
 pub mod report;
 pub mod simulate;
+pub mod telemetry;
 mod vfio;
 
 pub use discover::{DiscoveryOptions, discover};

@@ -32,6 +32,14 @@ pub enum Error {
     /// A serialisation failed.
     #[error("serialisation: {0}")]
     Json(#[from] serde_json::Error),
+    /// The kubelet's pod-resources API could not be asked.
+    #[error("kubelet pod-resources API at {socket}: {message}")]
+    PodResources {
+        /// The kubelet's socket.
+        socket: std::path::PathBuf,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// gkm-k8s's result type.

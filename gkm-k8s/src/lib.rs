@@ -10,6 +10,7 @@ pub mod delivery;
 pub mod error;
 pub mod leader;
 pub mod operator;
+pub mod podresources;
 pub mod serve;
 
 pub use error::{Error, Result};

@@ -957,14 +957,39 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
         }
     }
 
-    // Its own node's gkm.io/ labels: allowed.
-    as_agent_on(
-        &admin,
-        Some("own-node"),
-        merge_patch("/api/v1/nodes", "own-node", &gpu_label)?,
-    )
-    .await?
-    .map_err(|s| anyhow::anyhow!("labelling its own node was refused: {}", s.message))?;
+    // Its own node's GPU labels, gkm's and (for --vendor-labels) GPU Feature
+    // Discovery's and AMD's: allowed.
+    let vendor_labels = json!({"metadata": {"labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "amd.com/gpu.family": "AI",
+    }}});
+    for patch in [&gpu_label, &vendor_labels] {
+        as_agent_on(
+            &admin,
+            Some("own-node"),
+            merge_patch("/api/v1/nodes", "own-node", patch)?,
+        )
+        .await?
+        .map_err(|s| anyhow::anyhow!("labelling its own node was refused: {}", s.message))?;
+    }
+    // As the agent writes them: server-side apply, which also drops the
+    // labels its field manager applied before and no longer applies.
+    for labels in [
+        json!({"gkm.io/gpu.count": "1", "nvidia.com/gpu.family": "hopper"}),
+        json!({"gkm.io/gpu.count": "1"}),
+    ] {
+        let applied = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "own-node", "labels": labels}});
+        let request = kube::core::Request::new("/api/v1/nodes").patch(
+            "own-node",
+            &PatchParams::apply(gkm_k8s::agent::LABELS_FIELD_MANAGER).force(),
+            &Patch::Apply(&applied),
+        )?;
+        as_agent_on(&admin, Some("own-node"), request)
+            .await?
+            .map_err(|s| {
+                anyhow::anyhow!("applying its own node's labels was refused: {}", s.message)
+            })?;
+    }
     let own = nodes
         .get("own-node")
         .await?
@@ -986,6 +1011,18 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
             Some("own-node"),
             "own-node",
             json!({"metadata": {"labels": {"team": "b"}}}),
+        ),
+        (
+            "an nvidia.com/ label gkm never writes",
+            Some("own-node"),
+            "own-node",
+            json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "false"}}}),
+        ),
+        (
+            "a gkm.io/ label gkm never writes",
+            Some("own-node"),
+            "own-node",
+            json!({"metadata": {"labels": {"gkm.io/anything": "x"}}}),
         ),
         (
             "removing a label outside gkm.io/",

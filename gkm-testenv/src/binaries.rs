@@ -25,6 +25,10 @@ pub enum Component {
     CosignV3,
     /// csi-sanity, built from `github.com/kubernetes-csi/csi-test/v5`.
     CsiSanity,
+    /// A metrics checker built in `hack/tools/promlint`: Prometheus's own
+    /// scrape parser (`github.com/prometheus/prometheus/model/textparse`) and
+    /// client_golang's `promlint`.
+    Promlint,
     /// The kubelet, built from `k8s.io/kubernetes`.
     Kubelet,
     /// containerd (with its runc shim and `ctr` beside it), built from
@@ -48,6 +52,7 @@ impl Component {
             Component::CosignV2 => "cosign-v2",
             Component::CosignV3 => "cosign-v3",
             Component::CsiSanity => "csi-sanity",
+            Component::Promlint => "promlint",
             Component::Kubelet => "kubelet",
             Component::Containerd => "containerd",
             Component::Runc => "runc",
@@ -69,6 +74,7 @@ impl Component {
             Component::Registry => "hack/components.sh debian",
             Component::CosignV2 | Component::CosignV3 => "hack/components.sh cosign",
             Component::CsiSanity => "hack/components.sh csi-sanity",
+            Component::Promlint => "hack/components.sh promlint",
         }
     }
 

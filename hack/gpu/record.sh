@@ -2,7 +2,7 @@
 # Records what gkm sees on a machine with a real NVIDIA GPU, for the fixtures
 # the tests replay without one (gkm-gpu/tests/fixtures/nvml-<gpu>/ and
 # fixtures/caches/triton-vector-add-cuda-sm<arch>/):
-#   - `gkm gpus` (table, --json, --labels --vendor-labels) through NVML,
+#   - `gkm gpus` (table, --json, --labels --vendor-labels, --metrics) through NVML,
 #   - Triton's vector-add kernel compiled and run there (hack/gpu/triton_vector_add.py,
 #     needs PyTorch and Triton), its cache, and `gkm check` of that cache and
 #     of the sm75 fixture against the GPU.
@@ -20,6 +20,8 @@ echo "== nvidia-smi"; nvidia-smi
 echo "== gkm gpus"; "$gkm" gpus; echo "rc=$?"
 "$gkm" gpus --json > "$out/gpus.json"; echo "json rc=$?"
 echo "== gkm gpus --labels --vendor-labels"; "$gkm" gpus --labels --vendor-labels; echo "rc=$?"
+echo "== gkm gpus --metrics"; "$gkm" gpus --metrics --node-name gpu-node-1 > "$out/metrics.txt"; echo "rc=$?"
+cat "$out/metrics.txt"
 echo "== triton"
 export TRITON_CACHE_DIR=/tmp/triton-vector-add-cuda
 rm -rf "$TRITON_CACHE_DIR"

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_gpu::DiscoveryOptions;
-use gkm_k8s::agent::AgentConfig;
+use gkm_gpu::{DiscoveryOptions, LabelOptions};
+use gkm_k8s::agent::{AgentConfig, GpuMetrics, TelemetryConfig};
 use gkm_k8s::serve::{
     EndpointServer, Readiness, ready_when_caches_listable, register_build_info, until_signal,
 };
@@ -53,6 +53,18 @@ struct Cli {
     /// How long a digest no cache or pod uses stays in the store (e.g. 10m).
     #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     gc_grace: Duration,
+    /// Also write the node labels NVIDIA GPU Feature Discovery and AMD's node
+    /// labeller write (nvidia.com/gpu.product, amd.com/gpu.family…), so
+    /// selectors written for them keep working without those daemons.
+    #[arg(long, env = "GKM_VENDOR_LABELS")]
+    vendor_labels: bool,
+    /// The kubelet's pod-resources socket, read to label GPU metrics with the
+    /// namespace, pod and container holding each GPU; empty for no pod labels.
+    #[arg(long, env = "GKM_POD_RESOURCES_SOCKET", default_value = gkm_k8s::podresources::DEFAULT_SOCKET, value_parser = path_or_empty)]
+    pod_resources_socket: PathBuf,
+    /// How often the kubelet is asked which containers hold which GPUs.
+    #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
+    pod_resources_interval: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -64,6 +76,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.resync.is_zero() {
         bail!("--resync must be longer than 0s");
+    }
+    if cli.pod_resources_interval.is_zero() {
+        bail!("--pod-resources-interval must be longer than 0s");
     }
     if let Some(file) = &cli.simulate
         && !file.is_file()
@@ -83,10 +98,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     config.resync = cli.resync;
     config.gc_grace = cli.gc_grace;
+    config.label_options = LabelOptions {
+        vendor_labels: cli.vendor_labels,
+    };
+    let gpu_metrics = GpuMetrics::default();
+    config.telemetry = Some(TelemetryConfig {
+        pod_resources_socket: (!cli.pod_resources_socket.as_os_str().is_empty())
+            .then_some(cli.pod_resources_socket),
+        pod_resources_every: cli.pod_resources_interval,
+        ..TelemetryConfig::new(gpu_metrics.clone())
+    });
 
     let readiness = Readiness::default();
     let mut registry = Registry::with_prefix("gkm");
     register_build_info(&mut registry, "gkm-agent", env!("CARGO_PKG_VERSION"));
+    registry.register_collector(Box::new(gpu_metrics));
     let server = EndpointServer::start(cli.metrics_addr, registry, readiness.clone())
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
@@ -98,6 +124,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     server.stop().await.context("the endpoints server")?;
     result
+}
+
+/// A path, where an empty value (which clap's path parser refuses) means none.
+fn path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(value))
 }
 
 #[tokio::main]

@@ -3,7 +3,6 @@
 //! simulated GPUs. It becomes ready, labels its Node with the GPUs, serves
 //! its metrics and stops on SIGTERM. Also what a user sees for bad flags.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -11,28 +10,13 @@ use gkm_testenv::{ControlPlane, Process};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod support;
+
+use gkm_testenv::{free_port, http_get as get};
+use support::deploy_dir;
 
 const SYSTEM: &str = "gkm-system";
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-/// `GET path` on 127.0.0.1:`port`: the status and body, or `None` while
-/// nothing listens.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).await.ok()?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
 
 #[tokio::test]
 async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Result<()> {
@@ -61,9 +45,7 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
     let gpus = dir.path().join("gpus.yaml");
     std::fs::write(&gpus, "gpus:\n  - profile: T4\n    count: 2\n")?;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--node-name={node_name}"))

@@ -232,6 +232,13 @@ impl Stack {
     pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
         self.agents.remove(node);
         let node_dir = self.dir.join("nodes").join(node);
+        // A real node's kubelet says which pods hold which GPUs; a kwok node
+        // has no kubelet to ask.
+        let pod_resources = self
+            .real_nodes
+            .get(node)
+            .map(RealNode::pod_resources_socket)
+            .unwrap_or_default();
         let mut cmd = Command::new(workspace_binary("gkm-agent")?);
         cmd.arg(format!("--kubeconfig={}", self.agent_kubeconfig.display()))
             .arg(format!("--node-name={node}"))
@@ -241,6 +248,10 @@ impl Stack {
                 node_dir.join("gpus.yaml").display()
             ))
             .arg("--metrics-addr=127.0.0.1:0")
+            .arg(format!(
+                "--pod-resources-socket={}",
+                pod_resources.display()
+            ))
             .arg("--insecure-registry")
             .args(&self.agent_args)
             .env("GKM_LOG", "info,kube=warn");

@@ -8,38 +8,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_testenv::{ControlPlane, Process};
+use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SYSTEM: &str = "gkm-system";
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// `GET path` on 127.0.0.1:`port`: the status and body, or `None` while
-/// nothing listens.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(head.as_bytes()).await.ok()?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
 }
 
 /// The value of the sample `name` (no labels) on `/metrics`.

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gkm_gpu::telemetry::{Telemetry, TelemetryOptions};
 use gkm_gpu::{DiscoveryOptions, LabelOptions, PciIdsSource};
+use gkm_k8s::agent::telemetry::{GpuCollector, metrics_text};
 
 /// Arguments of `gkm gpus`.
 #[derive(clap::Args)]
@@ -30,12 +32,20 @@ pub struct Args {
     /// With --labels, add NVIDIA GPU Feature Discovery's and AMD's label names.
     #[arg(long, requires = "labels")]
     vendor_labels: bool,
+    /// Print the GPU metrics gkm-agent serves on /metrics for these GPUs
+    /// instead (readings from NVML, amdgpu's sysfs files, or simulated).
+    #[arg(long, conflicts_with_all = ["labels", "json"])]
+    metrics: bool,
+    /// With --metrics, the node name for the Hostname label (default: this
+    /// machine's host name).
+    #[arg(long, requires = "metrics")]
+    node_name: Option<String>,
 }
 
 /// Runs `gkm gpus`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let opts = DiscoveryOptions {
-        sysfs_root: args.sysfs,
+        sysfs_root: args.sysfs.clone(),
         nvml: !args.no_nvml,
         simulate: args.simulate,
         pci_ids: args
@@ -45,7 +55,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&opts))
         .await
         .context("GPU discovery stopped")??;
-    if args.labels {
+    if args.metrics {
+        let telemetry_opts = TelemetryOptions {
+            sysfs_root: args.sysfs,
+            nvml: !args.no_nvml,
+        };
+        let telemetry =
+            tokio::task::spawn_blocking(move || Telemetry::open(&inventory, &telemetry_opts))
+                .await
+                .context("opening GPU readings stopped")?;
+        for note in telemetry.notes() {
+            eprintln!("gkm: GPU readings missing: {note}");
+        }
+        let hostname = args.node_name.unwrap_or_else(host_name);
+        print!("{}", metrics_text(GpuCollector::new(telemetry, hostname)));
+    } else if args.labels {
         let labels = gkm_gpu::node_labels(
             &inventory,
             &LabelOptions {
@@ -65,4 +89,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         print!("{}", gkm_gpu::report::render(&inventory));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// This machine's host name, as the kernel has it.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

@@ -138,6 +138,54 @@ fn labels_of_a_simulated_node() {
     insta::assert_snapshot!("gpus-simulated-labels", text);
 }
 
+/// What gkm-agent serves on /metrics for these GPUs, printed without a
+/// cluster: the same every run for a simulated inventory.
+#[test]
+fn metrics_of_a_simulated_node() {
+    let file = repo().join("gkm-gpu/testdata/simulate/mixed.yaml");
+    let file = file.display().to_string();
+    let args = [
+        "gpus",
+        "--simulate",
+        &file,
+        "--metrics",
+        "--node-name",
+        "node-1",
+    ];
+    let out = gkm(&args);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert_eq!(stdout(&gkm(&args)), text, "deterministic");
+    insta::assert_snapshot!("gpus-simulated-metrics", text);
+}
+
+#[test]
+fn metrics_without_nvml_name_the_gpus_and_say_why() {
+    let out = gkm(&[
+        "gpus",
+        "--sysfs",
+        &sysfs("nvidia-h100"),
+        "--no-nvml",
+        "--metrics",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("gkm_gpu_info{"))
+            .count(),
+        2,
+        "{text}"
+    );
+    assert!(!text.contains("gkm_gpu_utilization_ratio"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NVML is switched off: no readings for 2 NVIDIA GPU(s)"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_root_that_is_not_sysfs_fails_with_its_name() {
     let out = gkm(&["gpus", "--sysfs", "/nonexistent-root"]);

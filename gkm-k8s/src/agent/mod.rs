@@ -1,6 +1,7 @@
 //! The node agent: one per node.
 //!
-//! It discovers the node's GPUs, labels the Node, and keeps every cache of
+//! It discovers the node's GPUs, labels the Node, serves the GPUs' readings
+//! as metrics ([`telemetry`]), and keeps every cache of
 //! either kind in step on this node, level-triggered: on any change to a
 //! cache (and every `resync`) it
 //!
@@ -17,9 +18,11 @@
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
 
+mod labels;
 mod plan;
 mod reports;
 mod sync;
+pub mod telemetry;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,7 +41,9 @@ use tracing::{info, warn};
 use crate::crd::{ClusterGKMCache, GKMCache};
 use crate::error::{Error, Result};
 
+pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
 pub use plan::{NodeView, plan_cache};
+pub use telemetry::{GpuMetrics, TelemetryConfig};
 
 /// How an agent runs.
 #[derive(Clone)]
@@ -61,6 +66,8 @@ pub struct AgentConfig {
     pub label_node: bool,
     /// Which labels.
     pub label_options: LabelOptions,
+    /// GPU metrics and their pod attribution; `None` for no GPU metrics.
+    pub telemetry: Option<TelemetryConfig>,
 }
 
 impl AgentConfig {
@@ -77,6 +84,7 @@ impl AgentConfig {
             resync: Duration::from_secs(30),
             label_node: true,
             label_options: LabelOptions::default(),
+            telemetry: None,
         }
     }
 }
@@ -91,6 +99,15 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     info!(node = %config.node_name, gpus = inventory.gpus.len(), simulated = inventory.simulated, "GPUs discovered");
     for warning in &inventory.warnings {
         warn!(%warning, "GPU discovery");
+    }
+    if let Some(telemetry) = &config.telemetry {
+        telemetry::start(
+            telemetry,
+            &config.node_name,
+            &config.discovery,
+            inventory.clone(),
+        )
+        .await;
     }
 
     let changed = Arc::new(Notify::new());

@@ -9,10 +9,9 @@ use gkm_core::compat::CheckOptions;
 use gkm_gpu::Inventory;
 use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::reflector::Store as Reflected;
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::AgentConfig;
@@ -271,25 +270,8 @@ impl Agent {
         if self.labelled.as_ref() == Some(&wanted) {
             return Ok(labels);
         }
-        let mut patch = serde_json::Map::new();
-        for key in labels
-            .keys()
-            .filter(|k| k.starts_with("gkm.io/") && !wanted.contains_key(*k))
-        {
-            patch.insert(key.clone(), serde_json::Value::Null);
-        }
-        for (key, value) in &wanted {
-            patch.insert(key.clone(), json!(value));
-        }
-        nodes
-            .patch(
-                &self.config.node_name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": patch } })),
-            )
-            .await?;
-        labels.retain(|k, _| !k.starts_with("gkm.io/"));
-        labels.extend(wanted.clone());
+        labels =
+            super::labels::apply_node_labels(&self.client, &self.config.node_name, &wanted).await?;
         self.labelled = Some(wanted);
         Ok(labels)
     }
