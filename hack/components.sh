@@ -82,7 +82,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -106,6 +106,9 @@ for c in "${wanted[@]}"; do
       ;;
     # runc needs cgo and libseccomp (Debian's runc is too old for containerd 2.x).
     runc) GO_CGO=1 GO_TAGS=seccomp go_component runc v1.5.2 runc github.com/opencontainers/runc ;;
+    # Prometheus's own text parser and linter (client_golang's promlint), for
+    # checking gkm's /metrics.
+    promlint) go_component promlint v0.72.1 promlint promlint=. ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac

@@ -157,19 +157,26 @@ fn fixture_dir() -> PathBuf {
 /// (`metrics.txt`, recorded by `hack/gpu/record.sh`): it passes Prometheus's
 /// parser and promlint, every GPU has its readings under its UUID, and its
 /// memory is what NVML reported for that product in the recorded inventory
-/// (`gpus.json`).
+/// (`gpus.json`). Both were recorded on H100s of one kind, not one card.
 #[test]
 fn real_nvml_metrics_from_an_h100_parse_and_carry_every_reading() -> anyhow::Result<()> {
     let dir = fixture_dir();
-    let metrics = dir.join("metrics.txt");
-    if !metrics.is_file() {
-        eprintln!(
-            "skipped: {} is absent (record it on a GPU machine with hack/gpu/record.sh)",
-            metrics.display()
-        );
-        return Ok(());
-    }
-    let text = std::fs::read_to_string(&metrics)?;
+    // Recorded with a matrix-multiply load running, and again idle.
+    let text = std::fs::read_to_string(dir.join("metrics.txt"))?;
+    let idle = std::fs::read_to_string(dir.join("metrics-idle.txt"))?;
+    promlint(&idle)?;
+    let loaded = samples(&text)?;
+    let busy = loaded
+        .iter()
+        .find(|s| s.name == "gkm_gpu_utilization_ratio")
+        .map(|s| s.value);
+    assert_eq!(busy, Some(1.0), "the GPU was busy during the recording");
+    assert!(
+        loaded
+            .iter()
+            .any(|s| s.name == "gkm_gpu_throttled" && s.label("reason") == Some("sw_power_cap")),
+        "throttle reasons are reported"
+    );
     promlint(&text)?;
     let series = samples(&text)?;
     let inventory: gkm_gpu::Inventory =
