@@ -34,7 +34,7 @@ pub mod pci;
 pub mod pci_ids;
 pub mod report;
 pub mod simulate;
-mod vfio;
+pub mod vfio;
 
 pub use discover::{DiscoveryOptions, discover};
 pub use error::Error;

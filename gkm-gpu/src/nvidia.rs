@@ -114,6 +114,125 @@ pub fn query() -> NvmlReport {
     report
 }
 
+/// What the NVIDIA kernel driver tells about one GPU in
+/// `/proc/driver/nvidia/gpus/<address>/information`, without NVML.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcGpuInfo {
+    /// `GPU UUID`, `GPU-…`.
+    pub uuid: Option<String>,
+    /// `Device Minor`: the GPU's `/dev/nvidia<minor>`.
+    pub minor: Option<u32>,
+}
+
+/// Reads `PROC/driver/nvidia/gpus/<address>/information`; `None` when the
+/// file is missing (no NVIDIA driver, or the GPU is not on it).
+///
+/// ```
+/// let proc_root = tempfile::tempdir().unwrap();
+/// let dir = proc_root.path().join("driver/nvidia/gpus/0000:3b:00.0");
+/// std::fs::create_dir_all(&dir).unwrap();
+/// std::fs::write(dir.join("information"),
+///     "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-8f3a\nDevice Minor: \t 2\n").unwrap();
+/// let info = gkm_gpu::nvidia::proc_info(proc_root.path(), "0000:3b:00.0").unwrap();
+/// assert_eq!(info.uuid.as_deref(), Some("GPU-8f3a"));
+/// assert_eq!(info.minor, Some(2));
+/// ```
+pub fn proc_info(proc_root: &std::path::Path, address: &str) -> Option<ProcGpuInfo> {
+    let path = proc_root
+        .join("driver/nvidia/gpus")
+        .join(address)
+        .join("information");
+    let text = crate::pci::read_trimmed(&path).ok().flatten()?;
+    let mut info = ProcGpuInfo::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key.trim() {
+            "GPU UUID" if !value.is_empty() => info.uuid = Some(value.to_string()),
+            "Device Minor" => info.minor = value.parse().ok(),
+            _ => {}
+        }
+    }
+    Some(info)
+}
+
+/// XIDs that report an application's fault, not the GPU's, and so do not
+/// make a GPU unhealthy: 31 (memory page fault), 43 (a channel stopped),
+/// 45 (preemptive cleanup).
+pub const IGNORED_XIDS: &[u64] = &[31, 43, 45];
+
+/// A critical XID error NVML reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidEvent {
+    /// The GPU's PCI address, sysfs form; `None` when NVML could not say.
+    pub pci_address: Option<String>,
+    /// The XID; `None` when NVML reports it as unknown.
+    pub xid: Option<u64>,
+}
+
+impl XidEvent {
+    /// Whether the event marks the GPU unhealthy (an unknown XID does).
+    pub fn is_critical(&self) -> bool {
+        self.xid.is_none_or(|x| !IGNORED_XIDS.contains(&x))
+    }
+}
+
+/// Waits for NVML's critical XID events on every NVIDIA GPU and hands each
+/// to `on_event`, until `stop` is set (checked every few seconds). Blocking:
+/// run it on a thread of its own. Returns why it ended: at once when NVML is
+/// absent or cannot watch events, which is not an error for callers (no
+/// NVML, no XIDs).
+pub fn watch_xids(
+    stop: &std::sync::atomic::AtomicBool,
+    mut on_event: impl FnMut(XidEvent),
+) -> String {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    let nvml = match Nvml::init() {
+        Ok(nvml) => nvml,
+        Err(e) => return format!("NVML not available: {e}"),
+    };
+    let Ok(count) = nvml.device_count() else {
+        return "NVML cannot count devices".to_string();
+    };
+    let mut set = match nvml.create_event_set() {
+        Ok(set) => set,
+        Err(e) => return format!("NVML cannot create an event set: {e}"),
+    };
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(set) => set,
+            Err(e) => return format!("NVML cannot watch XIDs of device {index}: {}", e.error),
+        };
+    }
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match set.wait(2000) {
+            Ok(data) => {
+                let event = XidEvent {
+                    pci_address: data
+                        .device
+                        .pci_info()
+                        .ok()
+                        .and_then(|p| normalise_bus_id(&p.bus_id)),
+                    xid: match data.event_data {
+                        Some(XidError::Value(v)) => Some(v),
+                        _ => None,
+                    },
+                };
+                on_event(event);
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => return format!("NVML stopped reporting events: {e}"),
+        }
+    }
+    "stopped".to_string()
+}
+
 fn means_no_driver(e: &NvmlError) -> bool {
     matches!(
         e,
