@@ -269,6 +269,61 @@ impl NodeTree {
     }
 }
 
+/// The PCI address, group and NUMA node of each GPU [`NodeTree::example`]
+/// creates, with its PCI device id: two H100s, an A100, and an H100 whose
+/// group 13 also holds its audio function `0000:4c:00.1` on `snd_hda_intel`.
+pub const EXAMPLE_PASSTHROUGH: [(&str, u16, u32, u32); 4] = [
+    ("0000:18:00.0", 0x2330, 10, 0),
+    ("0000:2a:00.0", 0x2330, 11, 0),
+    ("0000:3b:00.0", 0x20b5, 12, 1),
+    ("0000:4c:00.0", 0x2330, 13, 1),
+];
+
+/// The T4 on `nvidia` that [`NodeTree::example`]'s vGPUs live on.
+pub const EXAMPLE_VGPU_PARENT: &str = "0000:5d:00.0";
+
+/// The UUID and group of each `GRID T4-2Q` vGPU [`NodeTree::example`] creates.
+pub const EXAMPLE_VGPUS: [(&str, u32); 2] = [
+    ("0b1c5e8a-1111-4d2e-9c3a-000000000001", 30),
+    ("0b1c5e8a-1111-4d2e-9c3a-000000000002", 31),
+];
+
+impl NodeTree {
+    /// Fills the tree with the example node: the GPUs of
+    /// [`EXAMPLE_PASSTHROUGH`] on `vfio-pci` with their group nodes, the
+    /// audio function of group 13 on `snd_hda_intel` (so that group is not
+    /// viable), and the [`EXAMPLE_VGPUS`] (`nvidia-222`, `GRID T4-2Q`) on the
+    /// T4 [`EXAMPLE_VGPU_PARENT`]. Named with the bundled PCI IDs, it offers
+    /// `nvidia.com/GH100_H100_SXM5_80GB` ×2, `nvidia.com/GA100_A100_PCIE_80GB`
+    /// ×1 and `nvidia.com/GRID_T4-2Q` ×2.
+    pub fn example(&self) -> io::Result<()> {
+        const NVIDIA: u16 = 0x10de;
+        for (address, device, group, numa) in EXAMPLE_PASSTHROUGH {
+            self.pci(
+                &Pci::gpu(address, NVIDIA, device)
+                    .driver("vfio-pci")
+                    .group(group)
+                    .numa(numa),
+            )?;
+            self.group_node(group)?;
+        }
+        self.pci(
+            &Pci::audio("0000:4c:00.1", NVIDIA, 0x22ba)
+                .driver("snd_hda_intel")
+                .group(13),
+        )?;
+        self.pci(
+            &Pci::gpu(EXAMPLE_VGPU_PARENT, NVIDIA, 0x1eb8)
+                .driver("nvidia")
+                .numa(1),
+        )?;
+        for (uuid, group) in EXAMPLE_VGPUS {
+            self.mdev(uuid, EXAMPLE_VGPU_PARENT, "nvidia-222", "GRID T4-2Q", group)?;
+        }
+        Ok(())
+    }
+}
+
 fn replace_link(target: &str, link: &Path) -> io::Result<()> {
     if let Some(dir) = link.parent() {
         std::fs::create_dir_all(dir)?;

@@ -35,43 +35,11 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-/// Two H100s with their groups, an A100, an H100 whose group also holds an
-/// audio function on `snd_hda_intel`, and two T4-2Q vGPUs on a T4.
+/// The example node: two H100s, an A100, an H100 in a group that is not
+/// viable, and two T4-2Q vGPUs on a T4.
 fn mixed_node(dir: &std::path::Path) -> NodeTree {
     let tree = NodeTree::new(dir).expect("tree");
-    let vfio = |addr: &str, device: u16, group: u32, numa: u32| {
-        tree.pci(
-            &Pci::gpu(addr, NV, device)
-                .driver("vfio-pci")
-                .group(group)
-                .numa(numa),
-        )
-        .expect("pci");
-        tree.group_node(group).expect("group node");
-    };
-    vfio("0000:18:00.0", 0x2330, 10, 0);
-    vfio("0000:2a:00.0", 0x2330, 11, 0);
-    vfio("0000:3b:00.0", 0x20b5, 12, 1);
-    vfio("0000:4c:00.0", 0x2330, 13, 1);
-    tree.pci(
-        &Pci::audio("0000:4c:00.1", NV, 0x22ba)
-            .driver("snd_hda_intel")
-            .group(13),
-    )
-    .expect("audio");
-    tree.pci(
-        &Pci::gpu("0000:5d:00.0", NV, 0x1eb8)
-            .driver("nvidia")
-            .numa(1),
-    )
-    .expect("t4");
-    for (uuid, group) in [
-        ("0b1c5e8a-1111-4d2e-9c3a-000000000001", 30),
-        ("0b1c5e8a-1111-4d2e-9c3a-000000000002", 31),
-    ] {
-        tree.mdev(uuid, "0000:5d:00.0", "nvidia-222", "GRID T4-2Q", group)
-            .expect("mdev");
-    }
+    tree.example().expect("example node");
     tree
 }
 
