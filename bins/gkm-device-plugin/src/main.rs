@@ -75,11 +75,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let assignments: Option<Arc<dyn AssignmentSource>> = match cli.node_name {
         Some(node) if !node.is_empty() => {
             let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
-            let socket = cli
-                .pod_resources_socket
-                .exists()
-                .then_some(cli.pod_resources_socket);
-            Some(Arc::new(PodAssignments::new(client, node, socket)))
+            Some(Arc::new(PodAssignments::new(
+                client,
+                node,
+                Some(cli.pod_resources_socket),
+            )))
         }
         _ => None,
     };

@@ -94,7 +94,7 @@ pub async fn run(
     });
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     let mut kubelet = None;
-    let mut last_excluded = Vec::new();
+    let mut last: Option<Snapshot> = None;
     tokio::pin!(shutdown);
     loop {
         let snapshot = {
@@ -107,13 +107,18 @@ pub async fn run(
         };
         match snapshot {
             Ok(snapshot) => {
-                if snapshot.excluded != last_excluded {
-                    for ex in &snapshot.excluded {
-                        tracing::warn!(device = %ex.device, reason = %ex.reason, "not offered");
+                // Written again when it changed or was removed (a kubelet
+                // restart clears the device-plugins directory).
+                let missing = config.status_file.as_deref().is_some_and(|p| !p.exists());
+                if missing || last.as_ref() != Some(&snapshot) {
+                    if last.as_ref().map(|l| &l.excluded) != Some(&snapshot.excluded) {
+                        for ex in &snapshot.excluded {
+                            tracing::warn!(device = %ex.device, reason = %ex.reason, "not offered");
+                        }
                     }
-                    last_excluded = snapshot.excluded.clone();
+                    write_status(config.status_file.as_deref(), &snapshot);
+                    last = Some(snapshot.clone());
                 }
-                write_status(config.status_file.as_deref(), &snapshot);
                 update(&config, &options, &assignments, &mut served, snapshot).await;
             }
             Err(e) => tracing::error!(error = %e, "cannot read the node's devices"),
