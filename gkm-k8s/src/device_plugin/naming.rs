@@ -117,14 +117,32 @@ pub fn env_var(prefix: &str, resource: &str) -> String {
     )
 }
 
-/// The file name of a resource's socket in the device-plugins directory.
+/// The longest socket file name: unix socket paths hold at most 107 bytes,
+/// and the device-plugins directory takes some of them.
+const MAX_SOCKET_NAME: usize = 48;
+
+/// The file name of a resource's socket in the device-plugins directory; a
+/// long resource name is cut and made unique with a hash of the whole name.
 ///
 /// ```
 /// use gkm_k8s::device_plugin::naming::socket_name;
 /// assert_eq!(socket_name("nvidia.com/GRID_T4-2Q"), "gkm-nvidia.com_GRID_T4-2Q.sock");
+/// let long = socket_name("nvidia.com/TU104GL_QUADRO_RTX_4000_MOBILE___MAXQ");
+/// assert_eq!(long, "gkm-nvidia.com_TU104GL_QUADRO_RTX_-5f24acf1.sock");
+/// assert!(long.len() <= 48);
 /// ```
 pub fn socket_name(resource: &str) -> String {
-    format!("gkm-{}.sock", resource.replace('/', "_"))
+    let name = format!("gkm-{}.sock", resource.replace('/', "_"));
+    if name.len() <= MAX_SOCKET_NAME {
+        return name;
+    }
+    // FNV-1a: stable across builds and platforms.
+    let hash = resource.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let keep = MAX_SOCKET_NAME - ".sock".len() - 9;
+    let head: String = name.chars().take(keep).collect();
+    format!("{head}-{hash:08x}.sock")
 }
 
 #[cfg(test)]
