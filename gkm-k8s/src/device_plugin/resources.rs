@@ -150,6 +150,16 @@ pub struct Snapshot {
     pub warnings: Vec<String>,
 }
 
+impl Snapshot {
+    /// Records that `device` is not offered, and why.
+    fn exclude(&mut self, device: impl Into<String>, reason: String) {
+        self.excluded.push(Excluded {
+            device: device.into(),
+            reason,
+        });
+    }
+}
+
 /// What the plugin knows besides the trees: GPU UUIDs NVML reported, and
 /// GPUs NVML reported critical XIDs on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -219,30 +229,27 @@ fn passthrough(
     let mut by_group: BTreeMap<u32, Vec<(String, PluginDevice)>> = BTreeMap::new();
     for v in &inventory.vfio {
         let Some(domain) = naming::vendor_domain(v.vendor) else {
-            snapshot.excluded.push(Excluded {
-                device: v.pci_address.clone(),
-                reason: format!(
+            snapshot.exclude(
+                v.pci_address.clone(),
+                format!(
                     "{} {} is from a vendor gkm names no resources for",
                     v.pci_id, v.product
                 ),
-            });
+            );
             continue;
         };
         let Some(group) = v.iommu_group else {
-            snapshot.excluded.push(Excluded {
-                device: v.pci_address.clone(),
-                reason: format!(
+            snapshot.exclude(
+                v.pci_address.clone(),
+                format!(
                     "{} is bound to {} but has no IOMMU group (is the IOMMU on?)",
                     v.pci_address, v.driver
                 ),
-            });
+            );
             continue;
         };
         if !v.group_viable {
-            snapshot.excluded.push(Excluded {
-                device: v.pci_address.clone(),
-                reason: not_viable_reason(v, group),
-            });
+            snapshot.exclude(v.pci_address.clone(), not_viable_reason(v, group));
             continue;
         }
         let (vendor_id, device_id) = split_pci_id(&v.pci_id);
@@ -280,12 +287,9 @@ fn passthrough(
         if names.len() > 1 {
             let models = names.into_iter().collect::<Vec<_>>().join(", ");
             for (_, dev) in &gpus {
-                snapshot.excluded.push(Excluded {
-                    device: dev.id.clone(),
-                    reason: format!(
+                snapshot.exclude(dev.id.clone(), format!(
                         "IOMMU group {group} holds GPUs of different models ({models}); one VM must take the whole group"
-                    ),
-                });
+                    ));
             }
             continue;
         }
@@ -344,20 +348,20 @@ fn vgpus(
             .iter()
             .find(|g| g.pci_address.as_deref() == Some(&m.parent_address));
         let Some(domain) = parent.and_then(|g| naming::vendor_domain(g.vendor)) else {
-            snapshot.excluded.push(Excluded {
-                device: m.uuid.clone(),
-                reason: format!(
+            snapshot.exclude(
+                m.uuid.clone(),
+                format!(
                     "vGPU {}: its parent {} is not a GPU gkm knows",
                     m.uuid, m.parent_address
                 ),
-            });
+            );
             continue;
         };
         let Some(group) = m.iommu_group else {
-            snapshot.excluded.push(Excluded {
-                device: m.uuid.clone(),
-                reason: format!("vGPU {} has no IOMMU group", m.uuid),
-            });
+            snapshot.exclude(
+                m.uuid.clone(),
+                format!("vGPU {} has no IOMMU group", m.uuid),
+            );
             continue;
         };
         let name = format!(
@@ -423,12 +427,9 @@ fn container_gpus(
                     .join("mdev_supported_types")
                     .exists())
         {
-            snapshot.excluded.push(Excluded {
-                device: address.to_string(),
-                reason: format!(
+            snapshot.exclude(address.to_string(), format!(
                     "{address} hosts vGPUs (it has mdev types); it is offered through its vGPU types, not to containers"
-                ),
-            });
+                ));
             continue;
         }
         match backend {

@@ -27,6 +27,13 @@ fn counts(snapshot: &Snapshot) -> BTreeMap<&str, (usize, usize)> {
         .collect()
 }
 
+fn options(tree: &NodeTree, nvidia_cdi: bool) -> AllocateOptions {
+    AllocateOptions {
+        dev_root: tree.paths().dev_root.clone(),
+        nvidia_cdi,
+    }
+}
+
 fn ids(resource: &Resource) -> Vec<&str> {
     resource.devices.iter().map(|d| d.id.as_str()).collect()
 }
@@ -183,10 +190,7 @@ fn gpus_sharing_a_group_go_together_and_mixed_model_groups_are_refused() {
             .contains("holds GPUs of different models")
     );
 
-    let opts = AllocateOptions {
-        dev_root: tree.paths().dev_root.clone(),
-        nvidia_cdi: false,
-    };
+    let opts = options(&tree, false);
     let refused = allocate(h100, &strings(&["0000:18:00.0"]), &opts).unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(
@@ -235,10 +239,7 @@ fn passthrough_allocation_names_the_addresses_and_group_nodes() {
     let tree = mixed_node(dir.path());
     let snapshot = look(&tree);
     let dev_root = tree.paths().dev_root.clone();
-    let opts = AllocateOptions {
-        dev_root: dev_root.clone(),
-        nvidia_cdi: false,
-    };
+    let opts = options(&tree, false);
     let answer = allocate(
         &snapshot.resources[H100],
         &strings(&["0000:2a:00.0", "0000:18:00.0"]),
@@ -306,10 +307,7 @@ fn with_iommufd_the_cdevs_and_dev_iommu_are_handed_over() {
     tree.iommufd_cdev("0000:4c:00.0", 4).expect("cdev");
     tree.iommufd_cdev("0000:4c:00.1", 5).expect("cdev");
     let snapshot = look(&tree);
-    let opts = AllocateOptions {
-        dev_root: tree.paths().dev_root.clone(),
-        nvidia_cdi: false,
-    };
+    let opts = options(&tree, false);
     let answer = allocate(
         &snapshot.resources[H100],
         &strings(&["0000:4c:00.0"]),
@@ -365,10 +363,7 @@ fn container_gpus_get_uuids_device_nodes_and_cdi_names() {
         ids(nvidia),
         ["0000:2a:00.0", "GPU-11111111-2222-3333-4444-555555555555"]
     );
-    let opts = AllocateOptions {
-        dev_root: tree.paths().dev_root.clone(),
-        nvidia_cdi: true,
-    };
+    let opts = options(&tree, true);
     let answer = allocate(
         nvidia,
         &strings(&["GPU-11111111-2222-3333-4444-555555555555", "0000:2a:00.0"]),
