@@ -93,6 +93,7 @@ pub async fn run(
         nvidia_cdi: config.nvidia_cdi,
     });
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
+    // The last kubelet socket seen; it stays while the kubelet is down.
     let mut kubelet = None;
     let mut last: Option<Snapshot> = None;
     tokio::pin!(shutdown);
@@ -124,8 +125,8 @@ pub async fn run(
             Err(e) => tracing::error!(error = %e, "cannot read the node's devices"),
         }
         let now = kubelet_identity(&config.device_plugins_dir);
-        let restarted = now.is_some() && now != kubelet;
-        if restarted && kubelet.is_some() {
+        let restarted = now.is_some() && kubelet.is_some() && now != kubelet;
+        if restarted {
             tracing::info!("the kubelet's socket was recreated; registering again");
         }
         for (name, s) in served.iter_mut() {
@@ -143,7 +144,9 @@ pub async fn run(
                     .is_ok();
             }
         }
-        kubelet = now;
+        if now.is_some() {
+            kubelet = now;
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(config.poll) => {}
