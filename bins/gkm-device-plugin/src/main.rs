@@ -47,6 +47,11 @@ struct Cli {
     /// (nvidia.com/gpu=<UUID>), for runtimes with NVIDIA's CDI specs.
     #[arg(long)]
     nvidia_cdi: bool,
+    /// Offer container GPUs as gkm.io/gpu-cores (100 per GPU) and
+    /// gkm.io/gpu-memory (one per MiB) units, for gkm's scheduler extender
+    /// to share them, instead of whole (nvidia.com/gpu, amd.com/gpu).
+    #[arg(long)]
+    gpu_shares: bool,
     /// Write the resources and the GPUs not offered (with reasons) as JSON
     /// to this file after every look.
     #[arg(long)]
@@ -94,6 +99,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         poll: cli.poll,
         nvml: !cli.no_nvml,
         nvidia_cdi: cli.nvidia_cdi,
+        gpu_shares: cli.gpu_shares,
         status_file: cli.status_file,
     };
     gkm_k8s::device_plugin::run(config, assignments, gkm_k8s::serve::shutdown_signal())

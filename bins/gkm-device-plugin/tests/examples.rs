@@ -6,7 +6,7 @@ use std::path::Path;
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_k8s::device_plugin::node_tree::NodeTree;
-use gkm_k8s::device_plugin::resources::{HealthInputs, scan};
+use gkm_k8s::device_plugin::resources::{ScanInputs, scan};
 use serde_yaml::Value;
 
 /// Every value under a `deviceName` or `resourceName` key, and every
@@ -59,7 +59,7 @@ fn the_examples_request_resources_the_plugin_offers() {
             .driver("nvidia"),
     )
     .expect("gpu");
-    let snapshot = scan(tree.paths(), &PciIds::bundled(), &HealthInputs::default()).expect("scan");
+    let snapshot = scan(tree.paths(), &PciIds::bundled(), &ScanInputs::default()).expect("scan");
     for name in &requested {
         assert!(
             snapshot.resources.contains_key(name),

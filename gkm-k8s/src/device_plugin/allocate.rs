@@ -7,7 +7,7 @@ use tonic::Status;
 
 use super::naming;
 use super::proto::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
-use super::resources::{Access, PluginDevice, Resource, ResourceKind};
+use super::resources::{Access, NVIDIA_GPU, PluginDevice, Resource, ResourceKind};
 
 /// How allocations are answered beyond what the devices say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,6 +25,10 @@ pub const PCI_RESOURCE: &str = "PCI_RESOURCE";
 pub const MDEV_PCI_RESOURCE: &str = "MDEV_PCI_RESOURCE";
 /// The environment variable the NVIDIA container runtime reads.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Compute units given per GPU, `<gpu>=<units>,…` (100 units are a GPU).
+pub const GKM_GPU_CORES: &str = "GKM_GPU_CORES";
+/// Memory given per GPU in MiB, `<gpu>=<MiB>,…`.
+pub const GKM_GPU_MEMORY_MIB: &str = "GKM_GPU_MEMORY_MIB";
 
 /// The answer for one container given `ids` of `resource`.
 ///
@@ -81,46 +85,78 @@ pub fn allocate(
                 .envs
                 .insert(naming::env_var(prefix, &resource.name), ids.join(","));
         }
-        ResourceKind::NvidiaGpu => {
-            let mut visible = Vec::new();
-            for device in &devices {
-                if let Access::Nvidia { visible_as, minor } = &device.access {
-                    visible.push(visible_as.clone());
-                    if let Some(minor) = minor {
-                        specs.add_present(&format!("nvidia{minor}"));
-                    }
-                    if opts.nvidia_cdi {
-                        response.cdi_devices.push(CdiDevice {
-                            name: format!("{}={visible_as}", resource.name),
-                        });
-                    }
-                }
-            }
-            if !devices.is_empty() {
-                for shared in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
-                    specs.add_present(shared);
-                }
-            }
-            response
-                .envs
-                .insert(NVIDIA_VISIBLE_DEVICES.to_string(), visible.join(","));
+        ResourceKind::NvidiaGpu | ResourceKind::AmdGpu => {
+            let whole: Vec<&Access> = devices.iter().map(|d| &d.access).collect();
+            container_gpus(&whole, opts, &mut response, &mut specs);
         }
-        ResourceKind::AmdGpu => {
-            if !devices.is_empty() {
-                specs.add("kfd");
-            }
+        ResourceKind::GpuCores | ResourceKind::GpuMemory => {
+            // Units per GPU, GPUs in the order first asked for.
+            let mut per_gpu: Vec<(&str, &Access, usize)> = Vec::new();
             for device in &devices {
-                if let Access::Amd {
-                    render_minor: Some(minor),
-                } = &device.access
-                {
-                    specs.add(&format!("dri/renderD{minor}"));
+                if let Access::Share { gpu, whole } = &device.access {
+                    match per_gpu.iter_mut().find(|(g, _, _)| g == gpu) {
+                        Some(entry) => entry.2 += 1,
+                        None => per_gpu.push((gpu, whole, 1)),
+                    }
                 }
             }
+            let whole: Vec<&Access> = per_gpu.iter().map(|(_, a, _)| *a).collect();
+            container_gpus(&whole, opts, &mut response, &mut specs);
+            let variable = if resource.kind == ResourceKind::GpuCores {
+                GKM_GPU_CORES
+            } else {
+                GKM_GPU_MEMORY_MIB
+            };
+            let shares: Vec<String> = per_gpu
+                .iter()
+                .map(|(gpu, _, n)| format!("{gpu}={n}"))
+                .collect();
+            response.envs.insert(variable.to_string(), shares.join(","));
         }
     }
     response.devices = specs.specs;
     Ok(response)
+}
+
+/// What whole container GPUs need: `NVIDIA_VISIBLE_DEVICES`, the NVIDIA
+/// device nodes that exist and CDI names; `/dev/kfd` and render nodes.
+fn container_gpus(
+    gpus: &[&Access],
+    opts: &AllocateOptions,
+    response: &mut ContainerAllocateResponse,
+    specs: &mut Specs<'_>,
+) {
+    let mut visible = Vec::new();
+    for access in gpus {
+        match access {
+            Access::Nvidia { visible_as, minor } => {
+                visible.push(visible_as.clone());
+                if let Some(minor) = minor {
+                    specs.add_present(&format!("nvidia{minor}"));
+                }
+                if opts.nvidia_cdi {
+                    response.cdi_devices.push(CdiDevice {
+                        name: format!("{NVIDIA_GPU}={visible_as}"),
+                    });
+                }
+            }
+            Access::Amd { render_minor } => {
+                specs.add("kfd");
+                if let Some(minor) = render_minor {
+                    specs.add(&format!("dri/renderD{minor}"));
+                }
+            }
+            Access::Vfio { .. } | Access::Share { .. } => {}
+        }
+    }
+    if !visible.is_empty() {
+        for shared in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+            specs.add_present(shared);
+        }
+        response
+            .envs
+            .insert(NVIDIA_VISIBLE_DEVICES.to_string(), visible.join(","));
+    }
 }
 
 /// Refuses taking part of a group: every GPU of the resource that shares an

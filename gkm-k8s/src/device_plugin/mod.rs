@@ -13,8 +13,18 @@
 //! | NVIDIA GPUs on `nvidia` | `nvidia.com/gpu` | GPU UUIDs (PCI address when no UUID is known) | `NVIDIA_VISIBLE_DEVICES`, the GPU's `/dev/nvidia*` nodes that exist, CDI names `nvidia.com/gpu=<UUID>` when configured |
 //! | AMD GPUs on `amdgpu` | `amd.com/gpu` | PCI addresses | `/dev/kfd` and the GPU's `/dev/dri/renderD*` |
 //!
-//! A GPU is offered under one resource only: a GPU hosting vGPUs is offered
-//! through its vGPU types, not to containers.
+//! With `gpu_shares` ([`PluginConfig::gpu_shares`], `--gpu-shares`),
+//! container GPUs are offered in units instead of whole, for gkm's scheduler
+//! extender to share them: `gkm.io/gpu-cores` (100 per GPU) and
+//! `gkm.io/gpu-memory` (one per MiB, when the memory size is known: NVML on
+//! NVIDIA, sysfs on AMD), device IDs `<gpu>-<n>`; a container gets the GPU's
+//! devices and variables as above, plus `GKM_GPU_CORES` or
+//! `GKM_GPU_MEMORY_MIB` (`<gpu>=<units>`). The kubelet reads at most 4 MiB
+//! per `ListAndWatch` message, so memory units stop at 60 000 per node
+//! (about 58 GiB); a GPU beyond that gets none, with the reason reported.
+//!
+//! A GPU is offered under one resource only (or, with shares, one pair): a
+//! GPU hosting vGPUs is offered through its vGPU types, not to containers.
 //!
 //! # IOMMU groups
 //!

@@ -23,7 +23,7 @@ use super::naming;
 use super::proto::device_plugin_server::DevicePluginServer;
 use super::proto::registration_client::RegistrationClient;
 use super::proto::{DevicePluginOptions, RegisterRequest};
-use super::resources::{HealthInputs, NodePaths, Resource, Snapshot, scan};
+use super::resources::{NodePaths, Resource, ScanInputs, Snapshot, scan};
 use super::service::ResourceService;
 use crate::error::{Error, Result};
 
@@ -48,6 +48,9 @@ pub struct PluginConfig {
     pub nvml: bool,
     /// Also name `nvidia.com/gpu` devices as CDI devices.
     pub nvidia_cdi: bool,
+    /// Offer container GPUs as `gkm.io/gpu-cores` and `gkm.io/gpu-memory`
+    /// units instead of whole.
+    pub gpu_shares: bool,
     /// Where to write the latest snapshot (resources, excluded GPUs with
     /// reasons) as JSON, when set.
     pub status_file: Option<PathBuf>,
@@ -65,7 +68,7 @@ struct Served {
 /// What the plugin shares with its NVML watcher.
 #[derive(Debug, Default)]
 struct Health {
-    inputs: Mutex<HealthInputs>,
+    inputs: Mutex<ScanInputs>,
     stop: AtomicBool,
 }
 
@@ -85,6 +88,7 @@ pub async fn run(
     let ids = PciIds::open(&config.pci_ids).map_err(|e| Error::Gpu(e.to_string()))?;
     let ids = Arc::new(ids);
     let health = Arc::new(Health::default());
+    lock(&health.inputs).gpu_shares = config.gpu_shares;
     if config.nvml {
         start_nvml(&health);
     }
@@ -334,8 +338,14 @@ fn start_nvml(health: &Arc<Health>) {
     {
         let mut inputs = lock(&health.inputs);
         for gpu in report.gpus {
-            if let (Some(address), Some(uuid)) = (gpu.pci_address, gpu.uuid) {
-                inputs.nvml_uuids.insert(address, uuid);
+            let Some(address) = gpu.pci_address else {
+                continue;
+            };
+            if let Some(uuid) = gpu.uuid {
+                inputs.nvml_uuids.insert(address.clone(), uuid);
+            }
+            if let Some(bytes) = gpu.memory_bytes {
+                inputs.nvml_memory.insert(address, bytes);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Which devices to prefer when the kubelet asks: the scheduler's assignment
-//! when the pod has one, else whole IOMMU groups on one NUMA node.
+//! when the pod has one, else whole IOMMU groups close together.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::resources::{Access, Resource};
 
@@ -22,104 +22,149 @@ pub struct Request<'a> {
 /// node (oldest first, see [`gkm_core::assignment`]): the first set that the
 /// request can be served from (it holds the must-include devices, and enough
 /// of it is available) is the answer. Otherwise the choice keeps the
-/// must-include devices, completes IOMMU groups, and takes the rest from
-/// one NUMA node where one can hold them all (the fullest such node first,
-/// leaving emptier nodes whole), whole groups before split ones.
+/// must-include devices, completes IOMMU groups, and takes the rest from one
+/// place where one can hold them all: one GPU for GPU shares, else one NUMA
+/// node; the fullest such place first, leaving emptier ones whole; whole
+/// groups before split ones.
 pub fn preferred(
     resource: &Resource,
     request: Request<'_>,
     assigned: &[Vec<String>],
 ) -> Vec<String> {
-    let usable = |id: &String| request.available.contains(id) || request.must_include.contains(id);
+    let available: HashSet<&str> = request.available.iter().map(String::as_str).collect();
+    let usable = |id: &str| available.contains(id) || request.must_include.iter().any(|m| m == id);
+    let mut chosen = Chosen::default();
     for set in assigned {
         let fits = request.must_include.iter().all(|m| set.contains(m))
             && set.iter().filter(|id| usable(id)).count() >= request.size;
         if fits {
-            let mut chosen: Vec<String> = request.must_include.to_vec();
+            chosen.take(request.must_include.iter());
             for id in set.iter().filter(|id| usable(id)) {
                 if chosen.len() >= request.size {
                     break;
                 }
-                if !chosen.contains(id) {
-                    chosen.push(id.clone());
-                }
+                chosen.take(std::iter::once(id));
             }
-            return chosen;
+            return chosen.ids;
         }
     }
 
-    let mut chosen: Vec<String> = Vec::new();
-    let take = |chosen: &mut Vec<String>, unit: &[String]| {
-        for id in unit {
-            if !chosen.contains(id) {
-                chosen.push(id.clone());
-            }
-        }
-    };
     for id in request.must_include {
-        take(&mut chosen, &unit_of(resource, id, request.available));
+        chosen.take(unit_of(resource, id, &available).iter());
     }
     // Units (a device with its available group peers) not yet chosen.
+    let mut in_unit: HashSet<&str> = HashSet::new();
     let mut units: Vec<Vec<String>> = Vec::new();
     for id in request.available {
-        if chosen.contains(id) || units.iter().any(|u| u.contains(id)) {
+        if chosen.has(id) || in_unit.contains(id.as_str()) {
             continue;
         }
-        units.push(unit_of(resource, id, request.available));
+        let unit = unit_of(resource, id, &available);
+        in_unit.extend(
+            request
+                .available
+                .iter()
+                .filter(|a| unit.contains(a))
+                .map(String::as_str),
+        );
+        units.push(unit);
     }
-    let numa = |id: &String| resource.device(id).and_then(|d| d.numa_node);
-    let mut per_node: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+    let place = |id: &String| place_of(resource, id);
+    let mut free: BTreeMap<Place, usize> = BTreeMap::new();
     for unit in &units {
-        *per_node.entry(unit.first().and_then(numa)).or_default() += unit.len();
+        if let Some(first) = unit.first() {
+            *free.entry(place(first)).or_default() += unit.len();
+        }
     }
     let needed = request.size.saturating_sub(chosen.len());
-    // Nodes of the must-include devices first, then those that can hold the
-    // rest alone, fullest first.
-    let chosen_nodes: Vec<Option<u32>> = chosen.iter().map(numa).collect();
-    let mut nodes: Vec<(Option<u32>, usize)> = per_node.into_iter().collect();
-    nodes.sort_by_key(|(node, count)| {
-        (!chosen_nodes.contains(node), *count < needed, *count, *node)
+    // Places of the must-include devices first, then those that can hold
+    // the rest alone, fullest first.
+    let chosen_places: Vec<Place> = chosen.ids.iter().map(place).collect();
+    let mut places: Vec<(Place, usize)> = free.into_iter().collect();
+    places.sort_by(|(a, a_free), (b, b_free)| {
+        let key = |p: &Place, n: usize| (!chosen_places.contains(p), n < needed, n);
+        key(a, *a_free).cmp(&key(b, *b_free)).then_with(|| a.cmp(b))
     });
-    for (node, _) in nodes {
-        let mut on_node: Vec<&Vec<String>> = units
+    for (where_, _) in places {
+        let mut here: Vec<&Vec<String>> = units
             .iter()
-            .filter(|u| u.first().and_then(numa) == node)
+            .filter(|u| u.first().map(place) == Some(where_.clone()))
             .collect();
         // Largest units that still fit first, so groups stay whole.
-        on_node.sort_by_key(|u| std::cmp::Reverse(u.len()));
-        for unit in on_node.iter().copied() {
+        here.sort_by_key(|u| std::cmp::Reverse(u.len()));
+        for unit in here {
             let room = request.size.saturating_sub(chosen.len());
             if room == 0 {
                 break;
             }
-            if unit.len() <= room && !unit.iter().any(|id| chosen.contains(id)) {
-                take(&mut chosen, unit);
+            if unit.len() <= room && !unit.iter().any(|id| chosen.has(id)) {
+                chosen.take(unit.iter());
             }
         }
     }
     // Still short (only units larger than the room are left): split one.
-    for unit in &units {
-        for id in unit {
-            if chosen.len() >= request.size {
-                break;
-            }
-            if !chosen.contains(id) {
-                chosen.push(id.clone());
+    for id in units.iter().flatten() {
+        if chosen.len() >= request.size {
+            break;
+        }
+        chosen.take(std::iter::once(id));
+    }
+    let mut ids = chosen.ids;
+    ids.truncate(request.size.max(request.must_include.len()));
+    ids
+}
+
+/// Devices chosen so far, in order, each once.
+#[derive(Default)]
+struct Chosen {
+    ids: Vec<String>,
+    set: HashSet<String>,
+}
+
+impl Chosen {
+    fn take<'a>(&mut self, ids: impl Iterator<Item = &'a String>) {
+        for id in ids {
+            if self.set.insert(id.clone()) {
+                self.ids.push(id.clone());
             }
         }
     }
-    chosen.truncate(request.size.max(request.must_include.len()));
-    chosen
+
+    fn has(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// Where a device is, for keeping a choice together: its GPU for a share,
+/// else its NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Place {
+    Numa(Option<u32>),
+    Gpu(String),
+}
+
+fn place_of(resource: &Resource, id: &str) -> Place {
+    match resource.device(id) {
+        Some(d) => match &d.access {
+            Access::Share { gpu, .. } => Place::Gpu(gpu.clone()),
+            _ => Place::Numa(d.numa_node),
+        },
+        None => Place::Numa(None),
+    }
 }
 
 /// `id` with its group peers that are available, in ID order.
-fn unit_of(resource: &Resource, id: &str, available: &[String]) -> Vec<String> {
+fn unit_of(resource: &Resource, id: &str, available: &HashSet<&str>) -> Vec<String> {
     let mut unit = vec![id.to_string()];
     if let Some(Access::Vfio { group_peers, .. }) = resource.device(id).map(|d| &d.access) {
         unit.extend(
             group_peers
                 .iter()
-                .filter(|p| available.contains(p))
+                .filter(|p| available.contains(p.as_str()))
                 .cloned(),
         );
     }

@@ -48,6 +48,10 @@ pub enum ResourceKind {
     NvidiaGpu,
     /// `amd.com/gpu`: AMD GPUs on `amdgpu`, for containers.
     AmdGpu,
+    /// `gkm.io/gpu-cores`: compute shares of container GPUs.
+    GpuCores,
+    /// `gkm.io/gpu-memory`: memory shares (MiB) of container GPUs.
+    GpuMemory,
 }
 
 /// What a device needs in a container besides its ID.
@@ -78,6 +82,13 @@ pub enum Access {
     Amd {
         /// Its `/dev/dri/renderD<minor>`, when known.
         render_minor: Option<u32>,
+    },
+    /// One unit of a container GPU's compute or memory.
+    Share {
+        /// The GPU's own ID (UUID or PCI address).
+        gpu: String,
+        /// What the whole GPU needs in a container.
+        whole: Box<Access>,
     },
 }
 
@@ -113,9 +124,12 @@ pub struct Resource {
 }
 
 impl Resource {
-    /// The device with this ID.
+    /// The device with this ID (devices are kept in ID order).
     pub fn device(&self, id: &str) -> Option<&PluginDevice> {
-        self.devices.iter().find(|d| d.id == id)
+        self.devices
+            .binary_search_by(|d| d.id.as_str().cmp(id))
+            .ok()
+            .and_then(|i| self.devices.get(i))
     }
 
     /// How many devices are healthy.
@@ -160,15 +174,28 @@ impl Snapshot {
     }
 }
 
-/// What the plugin knows besides the trees: GPU UUIDs NVML reported, and
-/// GPUs NVML reported critical XIDs on.
+/// What the plugin knows and wants besides the trees: what NVML reported,
+/// and whether container GPUs are offered in shares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HealthInputs {
+pub struct ScanInputs {
     /// PCI address → UUID, from NVML.
     pub nvml_uuids: BTreeMap<String, String>,
+    /// PCI address → device memory in bytes, from NVML.
+    pub nvml_memory: BTreeMap<String, u64>,
     /// PCI address → the XID that made it unhealthy.
     pub xids: BTreeMap<String, String>,
+    /// Offer container GPUs as [`GPU_CORES`] and [`GPU_MEMORY`] units
+    /// instead of whole (`nvidia.com/gpu`, `amd.com/gpu`).
+    pub gpu_shares: bool,
 }
+
+/// Shares of a GPU's compute: 100 units per GPU, IDs `<gpu>-<n>`.
+pub const GPU_CORES: &str = "gkm.io/gpu-cores";
+/// Shares of a GPU's memory: one unit per MiB, IDs `<gpu>-<n>`.
+pub const GPU_MEMORY: &str = "gkm.io/gpu-memory";
+/// The most units one resource may list: the kubelet reads `ListAndWatch`
+/// messages of at most 4 MiB, about 60 bytes a device.
+pub const MAX_UNITS: u64 = 60_000;
 
 /// Reads the node into resources. Only a sysfs root with no PCI bus is an
 /// error; anything odd about one device leaves it out with a reason.
@@ -177,7 +204,7 @@ pub struct HealthInputs {
 pub fn scan(
     paths: &NodePaths,
     ids: &PciIds,
-    health: &HealthInputs,
+    inputs: &ScanInputs,
 ) -> Result<Snapshot, gkm_gpu::Error> {
     let inventory = gkm_gpu::discover(&DiscoveryOptions {
         sysfs_root: paths.sysfs_root.clone(),
@@ -185,13 +212,13 @@ pub fn scan(
         simulate: None,
         pci_ids: PciIdsSource::Bundled,
     })?;
-    Ok(from_inventory(paths, ids, health, inventory))
+    Ok(from_inventory(paths, ids, inputs, inventory))
 }
 
 fn from_inventory(
     paths: &NodePaths,
     ids: &PciIds,
-    health: &HealthInputs,
+    inputs: &ScanInputs,
     inventory: Inventory,
 ) -> Snapshot {
     let mut snapshot = Snapshot {
@@ -200,8 +227,8 @@ fn from_inventory(
     };
     let iommufd = paths.dev_root.join("iommu").exists();
     passthrough(paths, ids, iommufd, &inventory, &mut snapshot);
-    vgpus(paths, iommufd, health, &inventory, &mut snapshot);
-    container_gpus(paths, health, &inventory, &mut snapshot);
+    vgpus(paths, iommufd, inputs, &inventory, &mut snapshot);
+    container_gpus(paths, inputs, &inventory, &mut snapshot);
     for resource in snapshot.resources.values_mut() {
         resource.devices.sort_by(|a, b| a.id.cmp(&b.id));
     }
@@ -338,7 +365,7 @@ fn split_pci_id(pci_id: &str) -> (u16, u16) {
 fn vgpus(
     paths: &NodePaths,
     iommufd: bool,
-    health: &HealthInputs,
+    inputs: &ScanInputs,
     inventory: &Inventory,
     snapshot: &mut Snapshot,
 ) {
@@ -375,7 +402,7 @@ fn vgpus(
             Vec::new()
         };
         let unhealthy = group_node_health(paths, group).or_else(|| {
-            health
+            inputs
                 .xids
                 .get(&m.parent_address)
                 .map(|xid| format!("its GPU {} reported XID {xid}", m.parent_address))
@@ -407,7 +434,7 @@ pub const AMD_GPU: &str = "amd.com/gpu";
 
 fn container_gpus(
     paths: &NodePaths,
-    health: &HealthInputs,
+    inputs: &ScanInputs,
     inventory: &Inventory,
     snapshot: &mut Snapshot,
 ) {
@@ -435,14 +462,14 @@ fn container_gpus(
         match backend {
             Backend::Cuda => {
                 let proc_info = gkm_gpu::nvidia::proc_info(&paths.proc_root, address);
-                let uuid = health
+                let uuid = inputs
                     .nvml_uuids
                     .get(address)
                     .cloned()
                     .or(gpu.uuid.clone())
                     .or_else(|| proc_info.as_ref().and_then(|p| p.uuid.clone()));
                 let minor = proc_info.and_then(|p| p.minor);
-                let mut unhealthy = health
+                let mut unhealthy = inputs
                     .xids
                     .get(address)
                     .map(|xid| format!("NVML reported XID {xid}"));
@@ -453,10 +480,16 @@ fn container_gpus(
                     }
                 }
                 let id = uuid.clone().unwrap_or_else(|| address.to_string());
-                add(
+                let memory = inputs
+                    .nvml_memory
+                    .get(address)
+                    .copied()
+                    .or(gpu.memory_bytes);
+                offer(
                     snapshot,
-                    NVIDIA_GPU,
-                    ResourceKind::NvidiaGpu,
+                    inputs,
+                    (NVIDIA_GPU, ResourceKind::NvidiaGpu),
+                    memory,
                     PluginDevice {
                         id: id.clone(),
                         pci_address: address.to_string(),
@@ -484,10 +517,11 @@ fn container_gpus(
                     .flatten()
                     .find(|p| !p.exists())
                     .map(|p| format!("{} is missing", p.display()));
-                add(
+                offer(
                     snapshot,
-                    AMD_GPU,
-                    ResourceKind::AmdGpu,
+                    inputs,
+                    (AMD_GPU, ResourceKind::AmdGpu),
+                    gpu.memory_bytes,
                     PluginDevice {
                         id: address.to_string(),
                         pci_address: address.to_string(),
@@ -498,6 +532,70 @@ fn container_gpus(
                 );
             }
             Backend::Xpu | Backend::Hpu => {}
+        }
+    }
+}
+
+/// Offers a container GPU whole, or with `gpu_shares` as 100 compute units
+/// and one memory unit per MiB (when its memory size is known and the units
+/// fit in a kubelet message).
+fn offer(
+    snapshot: &mut Snapshot,
+    inputs: &ScanInputs,
+    (whole_name, whole_kind): (&str, ResourceKind),
+    memory_bytes: Option<u64>,
+    device: PluginDevice,
+) {
+    if !inputs.gpu_shares {
+        add(snapshot, whole_name, whole_kind, device);
+        return;
+    }
+    let memory_mib = memory_bytes.map(|b| b >> 20);
+    let already = snapshot
+        .resources
+        .get(GPU_MEMORY)
+        .map_or(0, |r| r.devices.len() as u64);
+    let memory_units = match memory_mib {
+        Some(mib) if already + mib <= MAX_UNITS => mib,
+        Some(mib) => {
+            snapshot.exclude(
+                device.id.clone(),
+                format!(
+                    "{}: {mib} MiB would make {GPU_MEMORY} list more than {MAX_UNITS} units, more than the kubelet reads in one message; no memory units for it",
+                    device.id
+                ),
+            );
+            0
+        }
+        None => {
+            snapshot.exclude(
+                device.id.clone(),
+                format!(
+                    "{}: its memory size is unknown (NVIDIA GPUs need NVML for it); no {GPU_MEMORY} units for it",
+                    device.id
+                ),
+            );
+            0
+        }
+    };
+    for (name, kind, units) in [
+        (GPU_CORES, ResourceKind::GpuCores, 100),
+        (GPU_MEMORY, ResourceKind::GpuMemory, memory_units),
+    ] {
+        for n in 0..units {
+            add(
+                snapshot,
+                name,
+                kind,
+                PluginDevice {
+                    id: format!("{}-{n}", device.id),
+                    access: Access::Share {
+                        gpu: device.id.clone(),
+                        whole: Box::new(device.access.clone()),
+                    },
+                    ..device.clone()
+                },
+            );
         }
     }
 }

@@ -8,7 +8,7 @@ use gkm_gpu::pci_ids::PciIds;
 use super::allocate::{AllocateOptions, allocate};
 use super::node_tree::{NodeTree, Pci};
 use super::preferred::{Request, preferred};
-use super::resources::{HealthInputs, Resource, Snapshot, scan};
+use super::resources::{Resource, ScanInputs, Snapshot, scan};
 
 const NV: u16 = 0x10de;
 const H100: &str = "nvidia.com/GH100_H100_SXM5_80GB";
@@ -16,7 +16,7 @@ const A100: &str = "nvidia.com/GA100_A100_PCIE_80GB";
 const T4_2Q: &str = "nvidia.com/GRID_T4-2Q";
 
 fn look(tree: &NodeTree) -> Snapshot {
-    scan(tree.paths(), &PciIds::bundled(), &HealthInputs::default()).expect("scan")
+    scan(tree.paths(), &PciIds::bundled(), &ScanInputs::default()).expect("scan")
 }
 
 fn counts(snapshot: &Snapshot) -> BTreeMap<&str, (usize, usize)> {
@@ -408,9 +408,9 @@ fn container_gpus_get_uuids_device_nodes_and_cdi_names() {
 fn xids_mark_a_gpu_and_its_vgpus_unhealthy() {
     let dir = tempfile::tempdir().expect("tmp");
     let tree = mixed_node(dir.path());
-    let health = HealthInputs {
+    let health = ScanInputs {
         xids: BTreeMap::from([("0000:5d:00.0".to_string(), "79".to_string())]),
-        ..HealthInputs::default()
+        ..ScanInputs::default()
     };
     let snapshot = scan(tree.paths(), &PciIds::bundled(), &health).expect("scan");
     let vgpus = &snapshot.resources[T4_2Q];
@@ -472,5 +472,103 @@ fn preferences_follow_the_assignment_then_numa() {
     assert_eq!(
         preferred(h100, ask(2), &gone),
         ["0000:18:00.0", "0000:1b:00.0"]
+    );
+}
+
+#[test]
+fn shared_gpus_are_offered_in_compute_and_memory_units() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tree = NodeTree::new(dir.path()).expect("tree");
+    let uuid = "GPU-11111111-2222-3333-4444-555555555555";
+    tree.pci(&Pci::gpu("0000:18:00.0", NV, 0x2330).driver("nvidia"))
+        .expect("pci");
+    tree.nvidia_gpu("0000:18:00.0", uuid, 0).expect("proc");
+    tree.pci(&Pci::gpu("0000:40:00.0", 0x1002, 0x74a1).driver("amdgpu"))
+        .expect("amd");
+    std::fs::write(
+        tree.paths()
+            .sysfs_root
+            .join("bus/pci/devices/0000:40:00.0/mem_info_vram_total"),
+        format!("{}\n", 64u64 << 20),
+    )
+    .expect("vram");
+    tree.dev_node("kfd").expect("kfd");
+    let mut inputs = ScanInputs {
+        gpu_shares: true,
+        ..ScanInputs::default()
+    };
+    // Without NVML the NVIDIA GPU's memory is unknown: compute units only.
+    let snapshot = scan(tree.paths(), &PciIds::bundled(), &inputs).expect("scan");
+    assert_eq!(
+        counts(&snapshot),
+        BTreeMap::from([
+            ("gkm.io/gpu-cores", (200, 200)),
+            ("gkm.io/gpu-memory", (64, 64))
+        ])
+    );
+    assert!(
+        snapshot.excluded[0]
+            .reason
+            .contains("memory size is unknown")
+    );
+    inputs
+        .nvml_memory
+        .insert("0000:18:00.0".to_string(), 32 << 20);
+    let snapshot = scan(tree.paths(), &PciIds::bundled(), &inputs).expect("scan");
+    assert_eq!(counts(&snapshot)["gkm.io/gpu-memory"], (96, 96));
+    let cores = &snapshot.resources["gkm.io/gpu-cores"];
+    assert!(cores.device(&format!("{uuid}-99")).is_some());
+    assert!(cores.device(&format!("{uuid}-100")).is_none());
+
+    let asked: Vec<String> = (0..30).map(|n| format!("{uuid}-{n}")).collect();
+    let answer = allocate(cores, &asked, &options(&tree, false)).expect("cores");
+    assert_eq!(answer.envs["GKM_GPU_CORES"], format!("{uuid}=30"));
+    assert_eq!(answer.envs["NVIDIA_VISIBLE_DEVICES"], uuid);
+    let paths: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/dev/nvidia0", "/dev/nvidiactl"]);
+    let memory = &snapshot.resources["gkm.io/gpu-memory"];
+    let asked: Vec<String> = (0..16).map(|n| format!("0000:40:00.0-{n}")).collect();
+    let answer = allocate(memory, &asked, &options(&tree, false)).expect("memory");
+    assert_eq!(answer.envs["GKM_GPU_MEMORY_MIB"], "0000:40:00.0=16");
+    let paths: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/dev/kfd"]);
+
+    // Preferences keep a share on one GPU, the fullest that can hold it:
+    // 40 units free on the NVIDIA GPU, 100 on the AMD one.
+    let available: Vec<String> = (60..100)
+        .map(|n| format!("{uuid}-{n}"))
+        .chain((0..100).map(|n| format!("0000:40:00.0-{n}")))
+        .collect();
+    let ask = |size| Request {
+        available: &available,
+        must_include: &[],
+        size,
+    };
+    let on_gpus = |ids: Vec<String>| -> BTreeMap<String, usize> {
+        let mut per = BTreeMap::new();
+        for id in ids {
+            let gpu = id
+                .rsplit_once('-')
+                .map(|(g, _)| g.to_string())
+                .unwrap_or_default();
+            *per.entry(gpu).or_default() += 1;
+        }
+        per
+    };
+    assert_eq!(
+        on_gpus(preferred(cores, ask(30), &[])),
+        BTreeMap::from([(uuid.to_string(), 30)])
+    );
+    assert_eq!(
+        on_gpus(preferred(cores, ask(50), &[])),
+        BTreeMap::from([("0000:40:00.0".to_string(), 50)])
     );
 }
