@@ -19,6 +19,11 @@
 //!
 //! The assignment is for the whole pod: when several containers request the
 //! same resource, each gets its share of the listed devices.
+//!
+//! For resources made of units of a GPU (`gkm.io/gpu-cores`,
+//! `gkm.io/gpu-memory`, IDs `<gpu>-<n>`), an ID stands for one unit of that
+//! GPU, whichever `n`: `["GPU-8f3a-0", "GPU-8f3a-1"]` asks for two units of
+//! `GPU-8f3a`, and the device plugin picks two free ones.
 
 use std::collections::BTreeMap;
 

@@ -35,6 +35,9 @@ pub fn preferred(
     let usable = |id: &str| available.contains(id) || request.must_include.iter().any(|m| m == id);
     let mut chosen = Chosen::default();
     for set in assigned {
+        if let Some(ids) = assigned_shares(resource, request, set) {
+            return ids;
+        }
         let fits = request.must_include.iter().all(|m| set.contains(m))
             && set.iter().filter(|id| usable(id)).count() >= request.size;
         if fits {
@@ -112,6 +115,40 @@ pub fn preferred(
     let mut ids = chosen.ids;
     ids.truncate(request.size.max(request.must_include.len()));
     ids
+}
+
+/// For a unit resource (GPU shares), an assignment names how many units of
+/// which GPUs: `<gpu>-<n>` is one unit of `<gpu>`, whichever `n`. The answer
+/// is that many available units of each named GPU, when they are there.
+/// `None` when the resource is not made of units or the units are not free.
+fn assigned_shares(
+    resource: &Resource,
+    request: Request<'_>,
+    set: &[String],
+) -> Option<Vec<String>> {
+    let first = resource.devices.first()?;
+    if !matches!(first.access, Access::Share { .. }) {
+        return None;
+    }
+    let gpu_of = |id: &str| id.rsplit_once('-').map(|(gpu, _)| gpu.to_string());
+    let mut wanted: BTreeMap<String, usize> = BTreeMap::new();
+    for id in set {
+        *wanted.entry(gpu_of(id)?).or_default() += 1;
+    }
+    if wanted.values().sum::<usize>() != request.size {
+        return None;
+    }
+    let mut chosen = Chosen::default();
+    for id in request.must_include.iter().chain(request.available) {
+        let gpu = gpu_of(id)?;
+        if let Some(left) = wanted.get_mut(&gpu).filter(|n| **n > 0) {
+            if !chosen.has(id) {
+                *left -= 1;
+                chosen.take(std::iter::once(id));
+            }
+        }
+    }
+    (chosen.len() == request.size).then_some(chosen.ids)
 }
 
 /// Devices chosen so far, in order, each once.

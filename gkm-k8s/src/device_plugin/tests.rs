@@ -572,3 +572,39 @@ fn shared_gpus_are_offered_in_compute_and_memory_units() {
         BTreeMap::from([("0000:40:00.0".to_string(), 50)])
     );
 }
+
+#[test]
+fn an_assignment_of_gpu_units_is_served_with_free_units_of_the_same_gpus() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tree = NodeTree::new(dir.path()).expect("tree");
+    for (addr, uuid) in [("0000:18:00.0", "GPU-a"), ("0000:19:00.0", "GPU-b")] {
+        tree.pci(&Pci::gpu(addr, NV, 0x2330).driver("nvidia"))
+            .expect("pci");
+        tree.nvidia_gpu(addr, uuid, 0).expect("proc");
+    }
+    let inputs = ScanInputs {
+        gpu_shares: true,
+        ..ScanInputs::default()
+    };
+    let snapshot = scan(tree.paths(), &PciIds::bundled(), &inputs).expect("scan");
+    let cores = &snapshot.resources["gkm.io/gpu-cores"];
+    // Units 0-9 of GPU-b are taken; the assignment names them anyway.
+    let available: Vec<String> = (0..100)
+        .map(|n| format!("GPU-a-{n}"))
+        .chain((10..100).map(|n| format!("GPU-b-{n}")))
+        .collect();
+    let request = Request {
+        available: &available,
+        must_include: &[],
+        size: 3,
+    };
+    let assigned = vec![strings(&["GPU-b-0", "GPU-b-1", "GPU-b-2"])];
+    assert_eq!(
+        preferred(cores, request, &assigned),
+        ["GPU-b-10", "GPU-b-11", "GPU-b-12"]
+    );
+    // An assignment of another size is for another container or pod.
+    let other = vec![strings(&["GPU-b-0"])];
+    let ids = preferred(cores, request, &other);
+    assert_eq!(ids.len(), 3);
+}
