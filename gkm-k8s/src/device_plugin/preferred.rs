@@ -141,11 +141,11 @@ fn assigned_shares(
     let mut chosen = Chosen::default();
     for id in request.must_include.iter().chain(request.available) {
         let gpu = gpu_of(id)?;
-        if let Some(left) = wanted.get_mut(&gpu).filter(|n| **n > 0) {
-            if !chosen.has(id) {
-                *left -= 1;
-                chosen.take(std::iter::once(id));
-            }
+        if let Some(left) = wanted.get_mut(&gpu).filter(|n| **n > 0)
+            && !chosen.has(id)
+        {
+            *left -= 1;
+            chosen.take(std::iter::once(id));
         }
     }
     (chosen.len() == request.size).then_some(chosen.ids)
