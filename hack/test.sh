@@ -33,3 +33,14 @@ if strays=$(pgrep -a -f "$tools_dir/|docker-registry serve|/gkm-test-" ); then
   exit 1
 fi
 echo "none"
+
+step "no mount, bridge or network namespace outlived the tests"
+leftovers=$(grep -F "/gkm-test-" /proc/self/mountinfo || true)
+leftovers+=$(ip -o link show type bridge 2>/dev/null | grep -o "gkmb[0-9a-f]*n[0-9]*" || true)
+leftovers+=$(find /var/log/containers -maxdepth 1 -lname "*/gkm-test-*" 2>/dev/null || true)
+if [[ -n $leftovers ]]; then
+  echo "left behind by the tests:" >&2
+  echo "$leftovers" >&2
+  exit 1
+fi
+echo "none"

@@ -10,7 +10,8 @@
 //!   - `<store>/delivery/clustergkmcache/<name>.json` for a `ClusterGKMCache`,
 //!
 //!   each `{"digest": "sha256:…", "deliverable": bool, "verdict": …,
-//!   "reason": "…", "updated": "<RFC 3339>"}`, where `verdict` is one of
+//!   "reason": "…", "updated": "<RFC 3339>", "workloadNamespaces": […]}`
+//!   (the last for a `ClusterGKMCache` that names them), where `verdict` is one of
 //!   `deliverable`, `notVerified`, `incompatible`, `notExtracted` and `reason`
 //!   (absent when deliverable) says why not, in words that end up in the pod's
 //!   events.
@@ -95,6 +96,9 @@ pub struct Delivery {
     pub reason: Option<String>,
     /// When the agent decided.
     pub updated: Timestamp,
+    /// For a `ClusterGKMCache` with `workloadNamespaces`, the namespaces
+    /// whose pods may mount it; `None`: pods of any namespace may.
+    pub workload_namespaces: Option<Vec<String>>,
 }
 
 impl Delivery {
@@ -105,6 +109,7 @@ impl Delivery {
             verdict: Verdict::Deliverable,
             reason: None,
             updated: Timestamp::now(),
+            workload_namespaces: None,
         }
     }
 
@@ -117,7 +122,14 @@ impl Delivery {
             verdict,
             reason,
             updated: Timestamp::now(),
+            workload_namespaces: None,
         }
+    }
+
+    /// This decision, limited to pods of `namespaces` (`None`: any).
+    pub fn for_namespaces(mut self, namespaces: Option<Vec<String>>) -> Delivery {
+        self.workload_namespaces = namespaces;
+        self
     }
 
     /// The decision that a compatibility check implies for an extracted
@@ -172,6 +184,8 @@ struct DeliveryFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
     updated: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workload_namespaces: Option<Vec<String>>,
 }
 
 impl DeliveryFile {
@@ -182,6 +196,7 @@ impl DeliveryFile {
             verdict: d.verdict,
             reason: d.reason.clone(),
             updated: d.updated,
+            workload_namespaces: d.workload_namespaces.clone(),
         }
     }
 
@@ -204,6 +219,7 @@ impl DeliveryFile {
             verdict: self.verdict,
             reason: self.reason,
             updated: self.updated,
+            workload_namespaces: self.workload_namespaces,
         })
     }
 }

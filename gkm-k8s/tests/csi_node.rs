@@ -55,6 +55,14 @@ fn t4() -> Gpu {
     }
 }
 
+/// The uid of test pod `pod` (the kubelet's target path names it).
+fn pod_uid(pod: &str) -> String {
+    format!("9f6e1c2a-0000-4000-8000-{pod:0>12}")
+}
+
+/// The kernel binary of the Triton sm75 fixture, relative to the volume root.
+const CUBIN: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ/add_kernel.cubin";
+
 /// A publish request as the kubelet sends it for an inline volume of pod
 /// `pod` in namespace `ml`, with `attrs` as the volume attributes.
 fn publish_request(
@@ -63,14 +71,12 @@ fn publish_request(
     pod: &str,
     attrs: &[(&str, &str)],
 ) -> NodePublishVolumeRequest {
+    let uid = pod_uid(pod);
     let mut ctx: HashMap<String, String> = [
         ("csi.storage.k8s.io/ephemeral", "true"),
         ("csi.storage.k8s.io/pod.namespace", "ml"),
         ("csi.storage.k8s.io/pod.name", pod),
-        (
-            "csi.storage.k8s.io/pod.uid",
-            "9f6e1c2a-0000-4000-8000-000000000001",
-        ),
+        ("csi.storage.k8s.io/pod.uid", uid.as_str()),
         ("csi.storage.k8s.io/serviceAccount.name", "default"),
     ]
     .into_iter()
@@ -127,7 +133,8 @@ impl Setup {
 
     fn target(&self, pod: &str) -> PathBuf {
         self.work.path().join(format!(
-            "kubelet/pods/{pod}/volumes/kubernetes.io~csi/kernels/mount"
+            "kubelet/pods/{}/volumes/kubernetes.io~csi/kernels/mount",
+            pod_uid(pod)
         ))
     }
 
@@ -203,18 +210,15 @@ async fn publish_mounts_the_cache_read_only_and_unpublish_undoes_it() {
 
     s.publish(req.clone()).await.expect("publish");
 
-    // The pod sees the extracted cache, byte for byte…
+    // The pod sees the cache tree at the volume root, byte for byte, as
+    // GKM's pods do (the image's manifest stays outside)…
     let source = s.store.join("sha256").join(digest.hex());
     let seen = tree(&target);
-    assert_eq!(seen, tree(&source));
-    assert!(
-        seen.contains_key(Path::new("io.triton.manifest/manifest.json")),
-        "{:?}",
-        seen.keys()
-    );
+    assert_eq!(seen, tree(&source.join("io.triton.cache")));
+    assert!(seen.contains_key(Path::new(CUBIN)), "{:?}", seen.keys());
+    assert!(!seen.keys().any(|k| k.starts_with("io.triton.manifest")));
     // …and cannot change it.
-    let err =
-        fs::write(target.join("io.triton.manifest/manifest.json"), b"{}").expect_err("read-only");
+    let err = fs::write(target.join(CUBIN), b"{}").expect_err("read-only");
     assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
     let err = fs::create_dir(target.join("new")).expect_err("read-only");
     assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
@@ -241,7 +245,7 @@ async fn publish_mounts_the_cache_read_only_and_unpublish_undoes_it() {
         PodRef {
             namespace: "ml".into(),
             name: "infer-0".into(),
-            uid: Some("9f6e1c2a-0000-4000-8000-000000000001".into())
+            uid: Some(pod_uid("infer-0"))
         }
     );
     assert_eq!(s.mounts.pods_by_digest().expect("count")[&digest].len(), 1);
@@ -289,7 +293,7 @@ async fn cluster_cache_is_published_to_pods_of_any_namespace() {
         &[("csi.gkm.io/ClusterGKMCache", "vector-add")],
     );
     s.publish(req).await.expect("publish");
-    assert!(target.join("io.triton.manifest/manifest.json").is_file());
+    assert!(target.join(CUBIN).is_file());
     assert_eq!(
         s.mounts
             .get("csi-0002")
@@ -339,7 +343,7 @@ async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node
     sm75.publish(publish_request("csi-sm75", &target, "infer-0", &attrs))
         .await
         .expect("published on sm75-node");
-    assert!(target.join("io.triton.manifest/manifest.json").is_file());
+    assert!(target.join(CUBIN).is_file());
     sm75.unpublish("csi-sm75", &target)
         .await
         .expect("unpublish");
@@ -397,21 +401,42 @@ async fn unverified_unknown_unextracted_and_missing_caches_are_refused() {
         )
     );
 
-    let status = refusal(
-        &mut s,
-        &[
-            ("csi.gkm.io/GKMCache", "nope"),
-            ("csi.gkm.io/namespace", "other"),
-        ],
-    )
-    .await;
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "nope")]).await;
     assert_eq!(status.code(), Code::NotFound);
     assert!(
         status
             .message()
-            .starts_with("GKMCache other/nope is not known on node node-b"),
+            .starts_with("GKMCache ml/nope is not known on node node-b"),
         "{}",
         status.message()
+    );
+
+    // Another namespace's cache: refused by rule, known or not, so the
+    // refusal tells nothing about what exists there.
+    s.index
+        .publish(
+            &gkmcache("other", "known"),
+            &Delivery::deliverable(digest.clone()),
+        )
+        .expect("index");
+    let mut messages = Vec::new();
+    for name in ["known", "nope"] {
+        let status = refusal(
+            &mut s,
+            &[
+                ("csi.gkm.io/GKMCache", name),
+                ("csi.gkm.io/namespace", "other"),
+            ],
+        )
+        .await;
+        assert_eq!(status.code(), Code::PermissionDenied);
+        messages.push(status.message().replace(name, "NAME"));
+    }
+    assert_eq!(messages[0], messages[1]);
+    assert!(
+        messages[0].contains("only by pods in its own namespace"),
+        "{}",
+        messages[0]
     );
 
     let other = gkm_oci::Digest::of(b"not extracted");

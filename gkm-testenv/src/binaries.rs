@@ -25,6 +25,13 @@ pub enum Component {
     CosignV3,
     /// csi-sanity, built from `github.com/kubernetes-csi/csi-test/v5`.
     CsiSanity,
+    /// The kubelet, built from `k8s.io/kubernetes`.
+    Kubelet,
+    /// containerd (with its runc shim and `ctr` beside it), built from
+    /// `github.com/containerd/containerd/v2`.
+    Containerd,
+    /// runc, built from `github.com/opencontainers/runc`.
+    Runc,
 }
 
 impl Component {
@@ -41,6 +48,9 @@ impl Component {
             Component::CosignV2 => "cosign-v2",
             Component::CosignV3 => "cosign-v3",
             Component::CsiSanity => "csi-sanity",
+            Component::Kubelet => "kubelet",
+            Component::Containerd => "containerd",
+            Component::Runc => "runc",
         }
     }
 
@@ -51,7 +61,10 @@ impl Component {
             Component::KubeApiserver
             | Component::KubeControllerManager
             | Component::KubeScheduler
-            | Component::Kubectl => "hack/components.sh kubernetes",
+            | Component::Kubectl
+            | Component::Kubelet => "hack/components.sh kubernetes",
+            Component::Containerd => "hack/components.sh containerd",
+            Component::Runc => "hack/components.sh runc",
             Component::Kwok => "hack/components.sh kwok",
             Component::Registry => "hack/components.sh debian",
             Component::CosignV2 | Component::CosignV3 => "hack/components.sh cosign",

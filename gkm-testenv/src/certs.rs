@@ -46,10 +46,18 @@ impl Authority {
 
     /// A serving certificate for localhost and 127.0.0.1.
     pub fn serving(&self, name: &str) -> anyhow::Result<Pem> {
+        self.serving_for(name, &[])
+    }
+
+    /// A serving certificate for `name`, localhost, 127.0.0.1 and `ips`.
+    pub fn serving_for(&self, name: &str, ips: &[IpAddr]) -> anyhow::Result<Pem> {
         let mut params = CertificateParams::new(vec!["localhost".to_string(), name.to_string()])?;
         params
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        params
+            .subject_alt_names
+            .extend(ips.iter().copied().map(SanType::IpAddress));
         params.distinguished_name = dn(name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         self.sign(params)

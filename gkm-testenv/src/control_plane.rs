@@ -99,6 +99,17 @@ impl ControlPlane {
         let (sa_key, sa_pub) = certs::service_account_key()?;
         write(&pki.join("sa.key"), &sa_key)?;
         write(&pki.join("sa.pub"), &sa_pub)?;
+        // The apiserver's identity towards kubelets (logs, exec, port-forward).
+        let kubelet_client =
+            authority.client("kube-apiserver-kubelet-client", &["system:masters"])?;
+        write(
+            &pki.join("apiserver-kubelet-client.crt"),
+            &kubelet_client.cert,
+        )?;
+        write(
+            &pki.join("apiserver-kubelet-client.key"),
+            &kubelet_client.key,
+        )?;
 
         let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
         let client_url = format!("http://127.0.0.1:{client_port}");
@@ -133,7 +144,15 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
                 format!("--service-account-key-file={}", p("sa.pub")),
                 format!("--service-account-signing-key-file={}", p("sa.key")),
-                "--authorization-mode=RBAC".to_string(),
+                // Node: real nodes' kubelets are authorized as on any cluster.
+                "--authorization-mode=Node,RBAC".to_string(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    p("apiserver-kubelet-client.crt")
+                ),
+                format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+                format!("--kubelet-certificate-authority={}", p("ca.crt")),
+                "--kubelet-preferred-address-types=InternalIP,Hostname".to_string(),
                 "--allow-privileged=true".to_string(),
                 "--enable-priority-and-fairness=false".to_string(),
                 "--v=0".to_string(),
@@ -200,6 +219,11 @@ impl ControlPlane {
             "kube-apiserver not ready after {timeout:?}: {last_error}\nlast log lines:\n{}",
             self.apiserver.log_tail(30)
         )
+    }
+
+    /// The control plane's certificate authority.
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.authority
     }
 
     /// The apiserver's URL, `https://127.0.0.1:PORT`.
@@ -317,7 +341,7 @@ impl ControlPlane {
     }
 }
 
-async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
+pub(crate) async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
     let kubeconfig = Kubeconfig::read_from(path)?;
     let config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;

@@ -3,6 +3,8 @@
 //! - [`ControlPlane`]: etcd + kube-apiserver with generated certificates, RBAC
 //!   authorization and an admin kubeconfig.
 //! - [`Registry`]: a Distribution registry (`docker-registry`) on a free port.
+//! - [`RealNode`]: a real node (kubelet, containerd, runc, CNI) registered
+//!   with a control plane, running pods in real containers.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -18,6 +20,8 @@ mod binaries;
 mod certs;
 mod control_plane;
 mod kwok;
+mod node;
+mod pods;
 mod ports;
 mod process;
 mod registry;
@@ -27,6 +31,10 @@ pub use apply::{describe_object, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
+pub use node::{
+    BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
+};
+pub use pods::{pod_events, pod_log, wait_for_pod};
 pub use process::Process;
 pub use registry::Registry;
 pub use service_account::{service_account_groups, service_account_user};

@@ -24,8 +24,16 @@ struct Supervisor {
 static SUPERVISOR: OnceLock<Supervisor> = OnceLock::new();
 static LIVE_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static EXIT_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+type ExitHook = Box<dyn Fn() + Send>;
+static EXIT_HOOKS: Mutex<Vec<ExitHook>> = Mutex::new(Vec::new());
 
 extern "C" fn cleanup_at_exit() {
+    // Hooks first (real nodes: containers, shims, mounts), then processes.
+    if let Ok(hooks) = EXIT_HOOKS.lock() {
+        for hook in hooks.iter() {
+            hook();
+        }
+    }
     if let Ok(pids) = LIVE_PIDS.lock() {
         for &pid in pids.iter() {
             // SAFETY: kill(2) has no memory-safety preconditions.
@@ -76,6 +84,15 @@ pub fn remove_at_exit(dir: &Path) {
     supervisor();
     if let Ok(mut dirs) = EXIT_DIRS.lock() {
         dirs.push(dir.to_path_buf());
+    }
+}
+
+/// Runs `hook` when the test process exits normally, before the remaining
+/// processes are killed and the registered directories removed.
+pub(crate) fn at_exit(hook: ExitHook) {
+    supervisor();
+    if let Ok(mut hooks) = EXIT_HOOKS.lock() {
+        hooks.push(hook);
     }
 }
 

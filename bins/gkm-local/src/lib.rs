@@ -16,7 +16,10 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use gkm_oci::{BuildOptions, ImageRef, RegistryOptions};
-use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Registry, workspace_binary};
+use gkm_testenv::{
+    ControlPlane, ControlPlaneOptions, Kwok, Process, RealNode, RealNodeOptions, Registry,
+    workspace_binary, yaml_documents,
+};
 
 /// The namespace gkm's own components run in.
 pub const SYSTEM_NAMESPACE: &str = "gkm-system";
@@ -59,11 +62,13 @@ pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("../shared/fixtures/caches").join(name)
 }
 
-/// Everything running, stopped when dropped (gkm's processes first).
+/// Everything running, stopped when dropped (gkm's processes first, then
+/// the real nodes, then the rest).
 pub struct Stack {
     operator: Option<Process>,
     agents: BTreeMap<String, Process>,
     drivers: BTreeMap<String, Process>,
+    real_nodes: BTreeMap<String, RealNode>,
     /// Simulated nodes.
     pub kwok: Kwok,
     /// The OCI registry.
@@ -96,6 +101,12 @@ impl Stack {
         for file in ["operator.yaml", "agent.yaml", "csi.yaml"] {
             plane.apply_file(&deploy.join("rbac").join(file)).await?;
         }
+        // The CSIDriver object, as deploy/ ships it (real kubelets read it).
+        for doc in yaml_documents(&deploy.join("manifests/csi.yaml"))? {
+            if doc["kind"] == "CSIDriver" {
+                plane.apply_object(&doc, false).await?;
+            }
+        }
         let mut kwok = Kwok::start(&plane)?;
         for node in &nodes {
             let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
@@ -114,6 +125,7 @@ impl Stack {
             operator: None,
             agents: BTreeMap::new(),
             drivers: BTreeMap::new(),
+            real_nodes: BTreeMap::new(),
             kwok,
             registry,
             plane,
@@ -132,7 +144,40 @@ impl Stack {
         self.agent_args = agent;
     }
 
-    /// The simulated nodes.
+    /// Adds a real node (kubelet, containerd, runc) named like `node`, whose
+    /// agent reads `node`'s simulated inventory, and waits until it is Ready.
+    /// Its CSI driver registers with its kubelet, which then calls it for
+    /// pods' `csi.gkm.io` volumes.
+    pub async fn add_real_node(&mut self, node: SimulatedNode) -> anyhow::Result<()> {
+        let labels = BTreeMap::from([
+            ("gkm.io/simulated".to_string(), "true".to_string()),
+            ("gkm.io/real-node".to_string(), "true".to_string()),
+        ]);
+        let options = RealNodeOptions {
+            name: node.name.clone(),
+            labels,
+            images: Vec::new(),
+        };
+        let real = RealNode::start(&self.plane, options).await?;
+        let node_dir = self.dir.join("nodes").join(&node.name);
+        std::fs::create_dir_all(node_dir.join("store"))?;
+        std::fs::write(node_dir.join("gpus.yaml"), &node.inventory)?;
+        self.real_nodes.insert(node.name.clone(), real);
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// The real node `name`, if it is one.
+    pub fn real_node(&self, name: &str) -> Option<&RealNode> {
+        self.real_nodes.get(name)
+    }
+
+    /// The real node `name`, to restart its kubelet.
+    pub fn real_node_mut(&mut self, name: &str) -> Option<&mut RealNode> {
+        self.real_nodes.get_mut(name)
+    }
+
+    /// The nodes, simulated and real.
     pub fn nodes(&self) -> &[SimulatedNode] {
         &self.nodes
     }
@@ -147,9 +192,13 @@ impl Stack {
         self.dir.join("nodes").join(node)
     }
 
-    /// A node's CSI socket.
+    /// A node's CSI socket: in a real node's kubelet plugins directory, where
+    /// the kubelet is told to find it.
     pub fn csi_socket(&self, node: &str) -> PathBuf {
-        self.dir.join("nodes").join(node).join("csi.sock")
+        match self.real_nodes.get(node) {
+            Some(real) => real.plugins_dir().join("csi.gkm.io/csi.sock"),
+            None => self.dir.join("nodes").join(node).join("csi.sock"),
+        }
     }
 
     /// Starts (or restarts) the operator, as its ServiceAccount.
@@ -200,6 +249,13 @@ impl Stack {
         Ok(())
     }
 
+    /// Kills the CSI driver of `node` (SIGKILL).
+    pub fn kill_csi(&mut self, node: &str) {
+        if let Some(mut p) = self.drivers.remove(node) {
+            p.kill();
+        }
+    }
+
     /// Kills the agent of `node` (SIGKILL).
     pub fn kill_agent(&mut self, node: &str) {
         if let Some(mut p) = self.agents.remove(node) {
@@ -219,6 +275,16 @@ impl Stack {
         .arg(format!("--node-name={node}"))
         .arg(format!("--store={}", node_dir.join("store").display()))
         .env("GKM_LOG", "info");
+        if let Some(real) = self.real_nodes.get(node) {
+            cmd.arg(format!(
+                "--kubelet-registration-path={}",
+                self.csi_socket(node).display()
+            ))
+            .arg(format!(
+                "--plugin-registration-dir={}",
+                real.plugins_registry_dir().display()
+            ));
+        }
         let process = Process::spawn("gkm-csi", cmd, &node_dir.join("gkm-csi.log"))?;
         self.drivers.insert(node.to_string(), process);
         Ok(())

@@ -3,10 +3,13 @@
 //! Starts etcd, kube-apiserver, kube-controller-manager, kwok and an OCI
 //! registry on loopback (the real components `hack/components.sh` builds),
 //! installs gkm's CRDs and RBAC, creates three simulated nodes (NVIDIA T4,
-//! AMD MI210, no GPU), builds the Triton CUDA fixture cache into an image,
-//! signs it with cosign, starts gkm's operator and, per node, an agent and a
-//! CSI driver, applies a `GKMCache`, and shows it converge with kubectl. Then
-//! it runs until interrupted, printing how to reach it.
+//! AMD MI210, no GPU) and one real node (kubelet, containerd, runc; its
+//! agent reads a simulated T4), builds the Triton CUDA fixture cache into an
+//! image, signs it with cosign, starts gkm's operator and, per node, an agent
+//! and a CSI driver, applies a `GKMCache`, shows it converge with kubectl,
+//! and runs a pod on the real node whose container reads the cache through
+//! gkm's CSI driver. Then it runs until interrupted, printing how to reach
+//! it.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gkm_k8s::crd::{CacheState, GKMCache};
-use gkm_local::{Stack, cosign, default_nodes, fixture};
-use gkm_testenv::{Component, find_binary, tools_bin_dir};
-use kube::api::{Api, Patch, PatchParams};
+use gkm_local::{SimulatedNode, Stack, cosign, default_nodes, fixture};
+use gkm_testenv::{BUSYBOX_IMAGE, Component, find_binary, pod_log, tools_bin_dir, wait_for_pod};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Run gkm on a local control plane.
@@ -32,7 +36,15 @@ struct Cli {
     /// How long to wait for convergence.
     #[arg(long, default_value_t = 180)]
     timeout_secs: u64,
+    /// Run only simulated nodes (no kubelet, containerd or runc; no root
+    /// needed).
+    #[arg(long)]
+    no_real_node: bool,
 }
+
+/// The real node: a kubelet with containerd and runc, its agent reading a
+/// simulated T4.
+const REAL_NODE: &str = "real-sm75";
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(find_binary(Component::Kubectl)?)
@@ -66,6 +78,16 @@ async fn main() -> anyhow::Result<()> {
     );
     let kubeconfig = dir.join("kubeconfig");
     std::fs::copy(stack.plane.kubeconfig(), &kubeconfig)?;
+    if !cli.no_real_node {
+        eprintln!("==> starting a real node: kubelet, containerd and runc ({REAL_NODE})");
+        stack
+            .add_real_node(SimulatedNode::new(REAL_NODE, "gpus:\n- profile: T4\n"))
+            .await?;
+        if let Some(node) = stack.real_node(REAL_NODE) {
+            eprintln!("    {REAL_NODE} Ready in {:.1?}", node.started_in());
+        }
+    }
+    let nodes = stack.nodes().len() as i32;
 
     eprintln!(
         "==> building the Triton CUDA sm75 fixture cache into an image and signing it with cosign"
@@ -85,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
     cosign::sign(&key, &format!("{repository}@{digest}"))?;
     eprintln!("    {image} = {digest}, signed");
 
-    eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each simulated node");
+    eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each node");
     stack.set_args(
         vec!["--resolve-interval=30s".into()],
         vec!["--resync=10s".into()],
@@ -113,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
     loop {
         stack.check_running()?;
         let status = caches.get("vector-add").await?.status.unwrap_or_default();
-        if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == 3 {
+        if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == nodes {
             break;
         }
         if Instant::now() > deadline {
@@ -143,6 +165,41 @@ async fn main() -> anyhow::Result<()> {
             ]
         )?
     );
+    if !cli.no_real_node {
+        eprintln!("==> a pod on {REAL_NODE} reads the cache through gkm's CSI driver");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "triton-reader", "namespace": "default"},
+            "spec": {
+                "nodeName": REAL_NODE,
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "reader", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                    "env": [{"name": "TRITON_CACHE_DIR", "value": "/root/.triton/cache"}],
+                    "command": ["/bin/sh", "-c",
+                        "ls \"$TRITON_CACHE_DIR\"; sha256sum \"$TRITON_CACHE_DIR\"/*/*.cubin; exec sleep 100000"],
+                    "volumeMounts": [{"name": "kernels", "mountPath": "/root/.triton/cache", "readOnly": true}],
+                }],
+                "volumes": [{"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                             "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}}],
+            }
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+        let running =
+            |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        wait_for_pod(
+            &pods,
+            "triton-reader",
+            Duration::from_secs(cli.timeout_secs),
+            running,
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        println!(
+            "$ kubectl logs triton-reader\n{}",
+            pod_log(&pods, "triton-reader", "reader").await?
+        );
+    }
     println!(
         "gkm converged in {:.1?}. To look around:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get gkmcache,gkmcachenode -A\n  kubectl describe gkmcache vector-add\n  kubectl get nodes --show-labels\n\nlogs: {}/gkm-operator.log, {}/nodes/*/gkm-*.log; registry: {}\n",
         began.elapsed(),

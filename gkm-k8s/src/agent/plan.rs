@@ -86,7 +86,22 @@ impl Plan {
 
 /// Plans one cache on this node. Call again after reading the summary or
 /// extracting, with the new facts.
+///
+/// A published decision carries the cache's `workloadNamespaces`, so the
+/// CSI driver mounts a `ClusterGKMCache` only into pods of those namespaces.
 pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
+    let mut plan = plan_delivery(cache, node);
+    if let DeliveryChange::Publish(delivery) = &mut plan.delivery {
+        delivery.workload_namespaces = cache
+            .spec
+            .workload_namespaces
+            .as_ref()
+            .map(|namespaces| namespaces.iter().map(|n| n.0.clone()).collect());
+    }
+    plan
+}
+
+fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut plan = Plan {
         entries: BTreeMap::new(),
         delivery: DeliveryChange::Remove,

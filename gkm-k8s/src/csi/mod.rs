@@ -25,13 +25,21 @@
 //! decisions from the node-local [delivery index](crate::delivery) and writes
 //! [mount records](crate::delivery::MountRecords) the agent counts pods from:
 //!
-//! - `NodePublishVolume` looks the cache up in the index. Only when the entry
-//!   is deliverable (verified, compatible with a GPU of this node, extracted)
-//!   and the digest's store directory `<store>/sha256/<hex>` exists
-//!   ([`gkm_oci::Store::get`]), it records the mount and bind-mounts that
-//!   directory onto the target path, then remounts it read-only, `nosuid`,
-//!   `nodev`. Otherwise it fails, and the message (shown in the pod's events)
-//!   says why:
+//! - `NodePublishVolume` first applies the [access rules](access): a
+//!   `GKMCache` only for pods of its namespace, a `ClusterGKMCache` only for
+//!   pods of its `workloadNamespaces` (any namespace when unset)
+//!   (`PERMISSION_DENIED` otherwise). It then looks the cache up in the
+//!   index. Only when the entry is deliverable (verified, compatible with a
+//!   GPU of this node, extracted) and the digest's store directory
+//!   `<store>/sha256/<hex>` exists ([`gkm_oci::Store::get`]), it records the
+//!   mount and bind-mounts the entry's cache tree (`io.triton.cache/` or
+//!   `io.vllm.cache/`, a real directory, never a symbolic link:
+//!   [`mount::CacheTree`]) onto the target path, then remounts it read-only,
+//!   `nosuid`, `nodev`. The pod sees the cache at its volume root, as GKM's
+//!   pods do: a Triton cache's hash directories (what `TRITON_CACHE_DIR`
+//!   points at), a vLLM cache's `torch_compile_cache/`. One store copy per
+//!   digest serves every pod. Otherwise it fails, and the message (shown in
+//!   the pod's events) says why:
 //!   - `NOT_FOUND`: the index has no entry for the cache (unknown cache, or
 //!     the agent has not seen it yet);
 //!   - `FAILED_PRECONDITION`: the digest is not verified, or no GPU of the
@@ -49,7 +57,9 @@
 //! [`registration`] serves the kubelet's plugin-registration API
 //! (`pluginregistration.Registration`) on a socket in the kubelet's
 //! `plugins_registry` directory, so no node-driver-registrar sidecar is
-//! needed. The socket path the kubelet is told (`--kubelet-registration-path`)
+//! needed. The kubelet's plugin watcher sends the socket path as the HTTP/2
+//! `:authority`, which h2 refuses; [`authority::AuthorityFix`] replaces it
+//! with `localhost` before the server reads it. The socket path the kubelet is told (`--kubelet-registration-path`)
 //! is the CSI socket as seen from the host.
 //!
 //! # Host setup
@@ -58,6 +68,8 @@
 //! `mountPropagation: Bidirectional` so that its bind mounts reach the pods,
 //! and the node store (the agent's `--store`) mounted at the same `--store`.
 
+pub mod access;
+pub mod authority;
 pub mod client;
 pub mod identity;
 pub mod mount;

@@ -107,6 +107,80 @@ pub fn is_read_only(path: &Path) -> io::Result<bool> {
     Ok(st.f_flag.contains(StatVfsMountFlags::RDONLY))
 }
 
+/// The cache tree of a store entry (`io.triton.cache/` or `io.vllm.cache/`
+/// inside `<store>/sha256/<hex>/`), the directory a pod sees at its volume
+/// root: a Triton cache's hash directories, a vLLM cache's
+/// `torch_compile_cache/`. The image's manifest directory stays outside it.
+///
+/// The entry and the tree are opened with `O_PATH | O_NOFOLLOW`, so neither
+/// may be a symbolic link, and the mount is made from the open descriptor
+/// ([`CacheTree::mount_source`]), so nothing can swap the directory between
+/// the check and the mount.
+#[derive(Debug)]
+pub struct CacheTree {
+    fd: std::os::fd::OwnedFd,
+    /// The tree's path, for messages.
+    pub path: PathBuf,
+}
+
+impl CacheTree {
+    /// Opens the single cache tree of the store entry `entry`.
+    pub fn open(entry: &Path) -> io::Result<CacheTree> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let not_a_directory = |path: &Path, e: rustix::io::Errno| {
+            if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is not a directory (a symbolic link or a file): refused",
+                        path.display()
+                    ),
+                )
+            } else {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("opening {}: {e}", path.display()),
+                )
+            }
+        };
+        let entry_fd =
+            rustix::fs::open(entry, flags, Mode::empty()).map_err(|e| not_a_directory(entry, e))?;
+        let mut found = None;
+        for layout in [gkm_oci::labels::TRITON, gkm_oci::labels::VLLM] {
+            let path = entry.join(layout.cache_dir);
+            match rustix::fs::openat(&entry_fd, layout.cache_dir, flags, Mode::empty()) {
+                Ok(fd) if found.is_none() => found = Some(CacheTree { fd, path }),
+                Ok(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{} holds more than one cache tree", entry.display()),
+                    ));
+                }
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(not_a_directory(&path, e)),
+            }
+        }
+        found.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} holds no cache tree ({}/ or {}/)",
+                    entry.display(),
+                    gkm_oci::labels::TRITON.cache_dir,
+                    gkm_oci::labels::VLLM.cache_dir
+                ),
+            )
+        })
+    }
+
+    /// The path to mount from: the open descriptor in `/proc/self/fd`.
+    pub fn mount_source(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+}
+
 /// Bind-mount `source` onto `target` (an existing directory), read-only,
 /// `nosuid`, `nodev`. A bind mount takes the read-only flag only on a
 /// remount, so this is two calls; if the second fails the first is undone.

@@ -11,7 +11,8 @@ use gkm_oci::Store;
 use k8s_openapi::jiff::Timestamp;
 use tonic::{Request, Response, Status};
 
-use super::mount::{bind_read_only, mount_at, same_directory, unmount_all};
+use super::access::{check_pod, check_workload_namespace};
+use super::mount::{CacheTree, bind_read_only, mount_at, same_directory, unmount_all};
 use super::proto::node_server::Node;
 use super::proto::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
@@ -67,6 +68,7 @@ impl NodeService {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let node = &inner.node_name;
+        check_pod(req)?;
         let delivery = inner.index.get(&req.cache).map_err(internal)?.ok_or_else(|| {
             let path = inner.index.path_of(&req.cache).map(|p| p.display().to_string()).unwrap_or_default();
             Status::not_found(format!(
@@ -75,6 +77,7 @@ impl NodeService {
                 req.cache
             ))
         })?;
+        check_workload_namespace(req, &delivery)?;
         let what = format!("{} digest {}", req.cache, delivery.digest);
         let reason = delivery.reason.as_deref().unwrap_or("no reason recorded");
         match delivery.verdict {
@@ -95,12 +98,16 @@ impl NodeService {
                 )));
             }
         }
-        let source = inner.store.get(&delivery.digest).ok_or_else(|| {
+        let entry = inner.store.get(&delivery.digest).ok_or_else(|| {
             Status::unavailable(format!(
                 "{what} is deliverable but its store directory {} is missing on node {node}",
                 inner.store.path_of(&delivery.digest).display()
             ))
         })?;
+        let tree = CacheTree::open(&entry).map_err(|e| {
+            Status::failed_precondition(format!("{what} cannot be mounted on node {node}: {e}"))
+        })?;
+        let source = tree.mount_source();
 
         if let Ok(Some(existing)) = inner.mounts.get(&req.volume_id)
             && existing.target_path != req.target_path
@@ -163,7 +170,7 @@ impl NodeService {
             let _ = inner.mounts.remove(&req.volume_id);
             return Err(Status::internal(format!(
                 "bind-mounting {} read-only onto {} on node {node}: {e}",
-                source.display(),
+                tree.path.display(),
                 req.target_path.display()
             )));
         }

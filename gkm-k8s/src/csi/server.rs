@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 use gkm_oci::Store;
 use tokio::net::UnixListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
+use super::authority::AuthorityFix;
 use super::identity::IdentityService;
 use super::node::NodeService;
 use super::proto::identity_server::IdentityServer;
@@ -66,7 +68,9 @@ pub async fn serve_csi(
 }
 
 /// Serve the kubelet plugin-registration service on `socket` until
-/// `shutdown` completes.
+/// `shutdown` completes. Connections go through [`AuthorityFix`], so the
+/// kubelet's plugin watcher, which sends the socket path as `:authority`, is
+/// answered.
 pub async fn serve_registration(
     socket: &Path,
     service: RegistrationService,
@@ -76,7 +80,10 @@ pub async fn serve_registration(
     tracing::info!(socket = %socket.display(), "serving kubelet plugin registration");
     let served = Server::builder()
         .add_service(RegistrationServer::new(service))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new)),
+            shutdown,
+        )
         .await;
     finish(socket, served)
 }

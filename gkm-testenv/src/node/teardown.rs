@@ -1,0 +1,151 @@
+//! Removing everything a real node started or made: containers, shims and
+//! daemons, mounts, its bridge, and the kubelet's log links. Every step is
+//! idempotent, so teardown may run on drop and again at exit.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory where the kubelet links container logs (fixed in the kubelet).
+const CONTAINER_LOG_LINKS: &str = "/var/log/containers";
+
+/// Tears down the node living in `dir`: its containers (through `runc` with
+/// state root `runc_root`), every process whose command line names `dir`
+/// (the kubelet, containerd, the shims), the mounts under `dir`, the bridge
+/// `bridge`, and the kubelet's log links into `dir`.
+pub fn teardown(dir: &Path, runc: &Path, runc_root: &Path, bridge: &str) {
+    kill_containers(runc, runc_root);
+    kill_processes_naming(dir);
+    for mount in mounts_under(dir).iter().rev() {
+        unmount(mount);
+    }
+    let _ = Command::new("ip")
+        .args(["link", "delete", bridge])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    remove_log_links(dir);
+}
+
+/// Kills and deletes every container in runc's state root.
+fn kill_containers(runc: &Path, root: &Path) {
+    if !root.is_dir() {
+        return;
+    }
+    let Ok(out) = Command::new(runc)
+        .arg("--root")
+        .arg(root)
+        .args(["list", "-q"])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return;
+    };
+    for id in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+    {
+        for args in [vec!["kill", id, "KILL"], vec!["delete", "--force", id]] {
+            let _ = Command::new(runc)
+                .arg("--root")
+                .arg(root)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// SIGKILLs every process (but this one) whose command line contains
+/// `dir`, until none is left or five seconds pass.
+fn kill_processes_naming(dir: &Path) {
+    let needle = dir.as_os_str().as_bytes();
+    let me = std::process::id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = processes_naming(needle, me);
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn processes_naming(needle: &[u8], me: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// The mount points at or below `dir`, in the order they were mounted.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape(field)))
+        .filter(|mount| mount.starts_with(dir))
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Detaches the mount at `path` (lazily, so a busy mount goes too).
+fn unmount(path: &Path) {
+    if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+        // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+        unsafe {
+            libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+}
+
+/// Removes the links in `/var/log/containers` that point into `dir`.
+fn remove_log_links(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(CONTAINER_LOG_LINKS) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let link = entry.path();
+        if std::fs::read_link(&link).is_ok_and(|target| target.starts_with(dir)) {
+            let _ = std::fs::remove_file(&link);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_read_back() {
+        assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+    }
+}
