@@ -3,6 +3,8 @@
 //! This crate does no network and no Kubernetes work, so third parties can use
 //! it (with `gkm-oci`) to check and extract a cache without pulling in kube.
 //!
+//! - [`assignment`]: the `gkm.io/gpu-assignment` pod annotation a scheduler
+//!   writes and the device plugin honours.
 //! - [`gpu`]: the vendor-neutral GPU model every discovery backend produces.
 //! - [`cache`]: cache kinds, scanning a cache directory into a
 //!   [`cache::CacheManifest`] and its [`cache::Summary`].
@@ -20,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod assignment;
 pub mod cache;
 pub mod compat;
 pub mod gpu;

@@ -124,6 +124,19 @@ pub struct PciFunction {
     pub driver: Option<String>,
 }
 
+impl PciFunction {
+    /// Whether this function lets its IOMMU group be passed through: bound
+    /// to a VFIO driver, to `pci-stub` or to no driver, or a PCI bridge.
+    /// A function on any other host driver (`snd_hda_intel`, `nvidia`…)
+    /// makes the kernel refuse the group ("group not viable").
+    pub fn allows_passthrough(&self) -> bool {
+        match self.driver.as_deref() {
+            None | Some("pci-stub") => true,
+            Some(driver) => crate::pci::is_vfio_driver(driver) || self.class.starts_with("0x0604"),
+        }
+    }
+}
+
 /// A mediated device (vGPU) from `/sys/bus/mdev/devices`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -36,7 +36,7 @@ pub mod pci_ids;
 pub mod report;
 pub mod simulate;
 pub mod telemetry;
-mod vfio;
+pub mod vfio;
 
 pub use discover::{DiscoveryOptions, discover};
 pub use error::Error;

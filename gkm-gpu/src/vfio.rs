@@ -6,9 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use gkm_core::Vendor;
 
 use crate::inventory::{MdevDevice, PciFunction, VfioDevice};
-use crate::pci::{
-    PciDevice, is_pci_address, is_vfio_driver, link_name, read_trimmed, sorted_entries,
-};
+use crate::pci::{PciDevice, is_pci_address, link_name, read_trimmed, sorted_entries};
 use crate::pci_ids::PciIds;
 
 /// Describes a VFIO-bound GPU with the other members of its IOMMU group.
@@ -20,10 +18,19 @@ pub(crate) fn vfio_device(dev: &PciDevice, all: &[PciDevice], ids: &PciIds) -> V
             .collect(),
         None => Vec::new(),
     };
-    let group_viable = members.iter().all(|m| match m.driver.as_deref() {
-        None | Some("pci-stub") => true,
-        Some(driver) => is_vfio_driver(driver) || m.is_bridge(),
-    });
+    let group_members: Vec<PciFunction> = members
+        .into_iter()
+        .map(|m| PciFunction {
+            pci_address: m.address.clone(),
+            pci_id: m.pci_id(),
+            class: m.class_code(),
+            name: ids
+                .device(m.vendor_id, m.device_id)
+                .map_or_else(|| format!("device {}", m.pci_id()), str::to_string),
+            driver: m.driver.clone(),
+        })
+        .collect();
+    let group_viable = group_members.iter().all(PciFunction::allows_passthrough);
     VfioDevice {
         pci_address: dev.address.clone(),
         vendor: Vendor::from_pci_id(dev.vendor_id),
@@ -32,18 +39,7 @@ pub(crate) fn vfio_device(dev: &PciDevice, all: &[PciDevice], ids: &PciIds) -> V
         driver: dev.driver.clone().unwrap_or_default(),
         numa_node: dev.numa_node,
         iommu_group: dev.iommu_group,
-        group_members: members
-            .into_iter()
-            .map(|m| PciFunction {
-                pci_address: m.address.clone(),
-                pci_id: m.pci_id(),
-                class: m.class_code(),
-                name: ids
-                    .device(m.vendor_id, m.device_id)
-                    .map_or_else(|| format!("device {}", m.pci_id()), str::to_string),
-                driver: m.driver.clone(),
-            })
-            .collect(),
+        group_members,
         group_viable,
     }
 }
@@ -99,6 +95,24 @@ pub(crate) fn read_mdevs(
     }
     mdevs.sort_by(|a, b| (&a.parent_address, &a.uuid).cmp(&(&b.parent_address, &b.uuid)));
     mdevs
+}
+
+/// The VFIO character device of a device bound to VFIO, `vfio3`, read from
+/// `<device dir>/vfio-dev/`: where the kernel offers iommufd, this is the
+/// `/dev/vfio/devices/<name>` node a VMM opens instead of the group.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// assert_eq!(gkm_gpu::vfio::iommufd_cdev(dir.path()), None);
+/// std::fs::create_dir_all(dir.path().join("vfio-dev/vfio3")).unwrap();
+/// assert_eq!(gkm_gpu::vfio::iommufd_cdev(dir.path()).as_deref(), Some("vfio3"));
+/// ```
+pub fn iommufd_cdev(device_dir: &Path) -> Option<String> {
+    sorted_entries(&device_dir.join("vfio-dev"))
+        .ok()?
+        .into_iter()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with("vfio"))
 }
 
 /// The parent PCI address of an mdev link, read from where the link points

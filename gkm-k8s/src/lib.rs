@@ -7,6 +7,7 @@ pub mod cache_object;
 pub mod crd;
 pub mod csi;
 pub mod delivery;
+pub mod device_plugin;
 pub mod error;
 pub mod leader;
 pub mod operator;

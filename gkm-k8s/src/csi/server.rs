@@ -98,7 +98,7 @@ fn finish(socket: &Path, served: std::result::Result<(), tonic::transport::Error
 
 /// Listen on `socket`, creating its directory and removing a stale socket
 /// file (but nothing that is not a socket).
-fn bind(socket: &Path) -> Result<UnixListener> {
+pub(crate) fn bind(socket: &Path) -> Result<UnixListener> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| Error::Io { path, source }

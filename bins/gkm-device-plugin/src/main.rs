@@ -1,0 +1,115 @@
+//! `gkm-device-plugin`: the kubelet device plugin for VFIO-passthrough GPUs,
+//! mediated vGPUs and container GPUs. Flag parsing and wiring only; the
+//! plugin is `gkm_k8s::device_plugin`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use gkm_gpu::PciIdsSource;
+use gkm_k8s::device_plugin::assignments::{AssignmentSource, PodAssignments};
+use gkm_k8s::device_plugin::{NodePaths, PluginConfig};
+
+/// gkm device plugin: offers VFIO-bound GPUs (one resource per model), mdev
+/// vGPUs (one resource per type), nvidia.com/gpu and amd.com/gpu to the
+/// kubelet.
+#[derive(Parser)]
+#[command(name = "gkm-device-plugin", version)]
+struct Cli {
+    /// The kubelet's device-plugins directory (kubelet.sock and the plugin's
+    /// sockets).
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
+    device_plugins_dir: PathBuf,
+    /// The sysfs root to read devices from.
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    /// The /dev root: device nodes are looked up here and handed to
+    /// containers under this path, so it must be the host's /dev at the
+    /// same path.
+    #[arg(long, default_value = "/dev")]
+    dev_root: PathBuf,
+    /// The procfs root (NVIDIA GPU UUIDs and minors without NVML).
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// A pci.ids file naming passthrough models (default: the system's).
+    #[arg(long)]
+    pci_ids: Option<PathBuf>,
+    /// How often to look at the node again (30s, 500ms…).
+    #[arg(long, default_value = "2s", value_parser = gkm_bin_support::duration)]
+    poll: Duration,
+    /// Do not use NVML (no XID health checks, no UUIDs from NVML).
+    #[arg(long)]
+    no_nvml: bool,
+    /// Also hand nvidia.com/gpu devices over as CDI devices
+    /// (nvidia.com/gpu=<UUID>), for runtimes with NVIDIA's CDI specs.
+    #[arg(long)]
+    nvidia_cdi: bool,
+    /// Offer container GPUs as gkm.io/gpu-cores (100 per GPU) and
+    /// gkm.io/gpu-memory (one per MiB) units, for gkm's scheduler extender
+    /// to share them, instead of whole (nvidia.com/gpu, amd.com/gpu).
+    #[arg(long)]
+    gpu_shares: bool,
+    /// Write the resources and the GPUs not offered (with reasons) as JSON
+    /// to this file after every look.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// This node's name. With it, GetPreferredAllocation honours the
+    /// gkm.io/gpu-assignment of pods waiting on this node (needs API access
+    /// to list pods).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The kubelet's pod-resources socket, to tell pods that already hold
+    /// devices from those still waiting.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pod_resources_socket: PathBuf,
+    /// A kubeconfig (default: in-cluster or $KUBECONFIG).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.poll.is_zero() {
+        bail!("--poll must be longer than zero");
+    }
+    let assignments: Option<Arc<dyn AssignmentSource>> = match cli.node_name {
+        Some(node) if !node.is_empty() => {
+            let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+            Some(Arc::new(PodAssignments::new(
+                client,
+                node,
+                Some(cli.pod_resources_socket),
+            )))
+        }
+        _ => None,
+    };
+    let config = PluginConfig {
+        paths: NodePaths {
+            sysfs_root: cli.sysfs_root,
+            dev_root: cli.dev_root,
+            proc_root: cli.proc_root,
+        },
+        device_plugins_dir: cli.device_plugins_dir,
+        pci_ids: cli.pci_ids.map_or(PciIdsSource::System, PciIdsSource::File),
+        poll: cli.poll,
+        nvml: !cli.no_nvml,
+        nvidia_cdi: cli.nvidia_cdi,
+        gpu_shares: cli.gpu_shares,
+        status_file: cli.status_file,
+    };
+    gkm_k8s::device_plugin::run(config, assignments, gkm_k8s::serve::shutdown_signal())
+        .await
+        .context("running the device plugin")
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    gkm_bin_support::init_logging(cli.log_json, "info");
+    gkm_bin_support::exit_code("gkm-device-plugin", run(cli).await)
+}
