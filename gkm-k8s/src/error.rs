@@ -29,6 +29,9 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Reconciling one object panicked; the others go on.
+    #[error("reconcile panicked: {0}")]
+    Panicked(String),
     /// A serialisation failed.
     #[error("serialisation: {0}")]
     Json(#[from] serde_json::Error),

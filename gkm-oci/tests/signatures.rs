@@ -805,6 +805,7 @@ fn keyless_policy(root: &str, issuer: &str, subject: SubjectMatch) -> Policy {
         false,
     )
     .expect("policy")
+    .allowing_unlogged_keyless()
 }
 
 /// Sign `digest` with cosign (`version`), the leaf's key and the leaf

@@ -10,6 +10,7 @@
 mod conditions;
 mod reconcile;
 pub mod rollup;
+mod verdict;
 mod verifier;
 
 use std::sync::Arc;
@@ -24,8 +25,11 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
-pub use reconcile::{FINALIZER, parse_duration};
-pub use verifier::{ImageVerifier, RegistryVerifier, deliverable};
+pub use reconcile::{
+    FINALIZER, MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, parse_duration, resolve_interval,
+};
+pub use verdict::PolicyFloor;
+pub use verifier::{ImageVerifier, RegistryVerifier};
 
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
@@ -40,6 +44,11 @@ pub struct OperatorConfig {
     pub default_policy: Option<SignaturePolicy>,
     /// How often tags are resolved again when a cache does not say.
     pub resolve_interval: Duration,
+    /// What every cache's signature policy must meet.
+    pub floor: PolicyFloor,
+    /// How long a verified image stays verified before its signatures are
+    /// checked again (also when nothing changed).
+    pub reverify_interval: Duration,
     /// The name events are reported under.
     pub instance: String,
 }
@@ -50,6 +59,8 @@ impl Default for OperatorConfig {
             registry: RegistryOptions::default(),
             default_policy: None,
             resolve_interval: Duration::from_secs(300),
+            floor: PolicyFloor::default(),
+            reverify_interval: Duration::from_secs(3600),
             instance: "gkm-operator".into(),
         }
     }
@@ -149,7 +160,7 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
                 ctx.metrics
                     .reconciles
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                reconcile::reconcile(cache, ctx, store.clone())
+                contained(reconcile::reconcile(cache, ctx, store.clone()))
             },
             |cache, error, ctx| {
                 ctx.metrics
@@ -166,4 +177,51 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
             }
         })
         .await;
+}
+
+/// `reconcile`, with a panic turned into an error for that object alone, so
+/// one object can never stop the controller and every other cache with it.
+pub(crate) async fn contained<F>(
+    reconcile: F,
+) -> crate::error::Result<kube::runtime::controller::Action>
+where
+    F: std::future::Future<Output = crate::error::Result<kube::runtime::controller::Action>>,
+{
+    use futures::FutureExt as _;
+    match std::panic::AssertUnwindSafe(reconcile).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(crate::error::Error::Panicked(what))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contained;
+    use kube::runtime::controller::Action;
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_an_error_not_the_end() {
+        let outcome = contained(async {
+            let values: Vec<u64> = Vec::new();
+            if values.is_empty() {
+                panic!("reconcile met an impossible object");
+            }
+            Ok(Action::await_change())
+        })
+        .await;
+        let err = outcome.expect_err("a panic is an error");
+        assert!(err.to_string().contains("impossible object"), "{err}");
+        assert!(
+            contained(async { Ok(Action::await_change()) })
+                .await
+                .is_ok()
+        );
+    }
 }

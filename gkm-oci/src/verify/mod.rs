@@ -154,6 +154,7 @@ pub(crate) fn check(
             .find_map(|e| tlog::verified_time(e, root, &c.signature))
     });
     let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
+        let keyless = matches!(signed_by, SignedBy::Keyless { .. });
         let signed = c
             .signed_digest
             .clone()
@@ -168,7 +169,8 @@ pub(crate) fn check(
                 signed,
             });
         }
-        if policy.require_tlog() && logged.is_none() {
+        let needs_tlog = policy.require_tlog() || (keyless && policy.keyless_needs_tlog());
+        if needs_tlog && logged.is_none() {
             return Err(Rejection::TlogMissing);
         }
         Ok(Verified {
