@@ -1354,3 +1354,71 @@ async fn images_in_an_oci_layout_are_signed_and_verified_in_both_formats() {
         );
     }
 }
+
+/// A bundle whose in-toto statement is an attestation (here a provenance)
+/// signed by the accepted key says something about the image, but is not a
+/// signature of it: refused, naming the predicate type.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attestation_by_the_accepted_key_is_not_a_signature() {
+    let (key, public) = generated_key();
+    let (image, digest) = push_image("attestation", CUDA).await;
+    sign(&image, &options(), &digest, &key, SignFormat::Bundle)
+        .await
+        .expect("sign");
+    assert!(verify_keys(&image, &digest, &[&public]).await.is_ok());
+    // The same key signs a provenance statement about the same digest.
+    edit_bundle(&image, &digest, |bundle| {
+        let envelope = &mut bundle["dsseEnvelope"];
+        let payload = envelope["payload"].as_str().expect("payload");
+        let mut statement: serde_json::Value =
+            serde_json::from_slice(&BASE64.decode(payload).expect("base64")).expect("statement");
+        statement["predicateType"] = "https://slsa.dev/provenance/v1".into();
+        let payload = serde_json::to_vec(&statement).expect("json");
+        let payload_type = envelope["payloadType"].as_str().expect("type").to_string();
+        let signature = key
+            .sign(&gkm_oci::verify::pae(&payload_type, &payload))
+            .expect("sign");
+        envelope["payload"] = BASE64.encode(&payload).into();
+        envelope["signatures"][0]["sig"] = BASE64.encode(signature).into();
+    })
+    .await;
+    let refused = rejection(verify_keys(&image, &digest, &[&public]).await);
+    let message = refused.to_string();
+    assert!(
+        message.contains("\"https://slsa.dev/provenance/v1\"")
+            && message.contains("not a signature"),
+        "{message}"
+    );
+}
+
+/// A keyless signature no transparency log vouches for is refused unless
+/// the policy says otherwise in so many words.
+#[tokio::test(flavor = "multi_thread")]
+async fn keyless_without_a_log_entry_is_refused_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fulcio = Fulcio::new("unlogged fulcio");
+    let root = fulcio.trusted_root();
+    let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2020, 2100));
+    let (image, digest) = push_image("keyless-unlogged", CUDA).await;
+    cosign_sign_with_certificate(
+        Component::CosignV2,
+        dir.path(),
+        &fulcio,
+        &leaf,
+        &image,
+        &digest,
+    );
+    let identity = Identity::new(ISSUER, SubjectMatch::Exact(SUBJECT.into())).expect("identity");
+    let strict = Policy::new(
+        Mode::Enforce,
+        vec![Signer::Keyless(identity)],
+        Some(TrustedRoot::from_json(root.as_bytes()).expect("root")),
+        false,
+    )
+    .expect("policy");
+    assert!(strict.keyless_needs_tlog());
+    let refused = rejection(verify(&image, &options(), &digest, &strict).await);
+    assert_eq!(refused, Rejection::TlogMissing, "{refused}");
+    let lenient = strict.allowing_unlogged_keyless();
+    assert!(verify(&image, &options(), &digest, &lenient).await.is_ok());
+}
