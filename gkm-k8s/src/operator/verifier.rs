@@ -76,7 +76,9 @@ impl RegistryVerifier {
         }
     }
 
-    async fn secret_value(&self, cache: &CacheKey, r: &SecretKeyRef) -> Result<String, String> {
+    /// The public key in a Secret: the same words whether the Secret is
+    /// missing, lacks the key, or holds no usable public key there.
+    async fn secret_key(&self, cache: &CacheKey, r: &SecretKeyRef) -> Result<PublicKey, String> {
         let ns = self.namespace_for(cache, r.namespace.as_ref(), "Secret")?;
         let unusable = || {
             format!(
@@ -93,7 +95,8 @@ impl RegistryVerifier {
             .and_then(|s| s.data)
             .and_then(|d| d.get(&r.key).cloned())
             .ok_or_else(unusable)?;
-        String::from_utf8(bytes.0).map_err(|_| unusable())
+        let pem = String::from_utf8(bytes.0).map_err(|_| unusable())?;
+        PublicKey::from_pem(&pem).map_err(|_| unusable())
     }
 
     async fn config_map_value(
@@ -133,14 +136,10 @@ impl RegistryVerifier {
                         (Some(pem), _) => {
                             PublicKey::from_pem(pem).map_err(|e| format!("{at}.key: {e}"))?
                         }
-                        (None, Some(r)) => {
-                            // The same words whether the Secret is missing or
-                            // holds no usable key.
-                            let pem = self.secret_value(cache, r).await?;
-                            PublicKey::from_pem(&pem).map_err(|_| {
-                                format!("{at}.key: Secret key {:?} is missing or not usable", r.key)
-                            })?
-                        }
+                        (None, Some(r)) => self
+                            .secret_key(cache, r)
+                            .await
+                            .map_err(|e| format!("{at}.key: {e}"))?,
                         (None, None) => return Err(format!("{at}.key names no public key")),
                     };
                     signers.push(Signer::Key(key));
