@@ -9,6 +9,7 @@ pub mod csi;
 pub mod delivery;
 pub mod error;
 pub mod leader;
+pub mod mount_table;
 pub mod operator;
 pub mod serve;
 
