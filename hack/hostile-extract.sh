@@ -117,14 +117,20 @@ def layout(name, layer_path, media_type, declared=None, config=None, manifest_pa
                    "digest": "sha256:" + md, "size": ms,
                    "annotations": {"org.opencontainers.image.ref.name": "x"}}]}, f)
 
-def tar_layer(name, entries, media_type=GZ, **kw):
+def tar_blob(name, entries):
     path = os.path.join(work, name + ".blob")
     b = Blob(path)
     for e in entries:
         b.write(e)
     b.write(b"\0" * 1024)
     b.close()
-    layout(name, path, media_type, **kw)
+    return path
+
+def tar_layer(name, entries, media_type=GZ, **kw):
+    layout(name, tar_blob(name, entries), media_type, **kw)
+
+def small_blob(name):
+    return tar_blob(name, small_cache())
 
 def dirs():
     yield header("io.triton.cache/", b"5", 0)
@@ -219,32 +225,17 @@ path = os.path.join(work, "window.blob")
 open(path, "wb").write(frame)
 layout("zstd-window-2GiB", path, ZST)
 # A layer blob longer than its descriptor says.
-path = os.path.join(work, "long.blob")
-b = Blob(path)
-for e in small_cache():
-    b.write(e)
-b.write(b"\0" * 1024)
-b.close()
+path = small_blob("long")
 declared = os.path.getsize(path)
 with open(path, "ab") as f:
     for _ in range(256):
         f.write(os.urandom(1 << 20))
 layout("layer-256MiB-past-its-size", path, GZ, declared=declared)
 # A config blob and a manifest that do not end where a document should.
-path = os.path.join(work, "ok.blob")
-b = Blob(path)
-for e in small_cache():
-    b.write(e)
-b.write(b"\0" * 1024)
-b.close()
+path = small_blob("ok")
 big = json.dumps({"config": {"Labels": {"pad": "x" * (scale)}}}).encode()
 layout("config-%dMiB" % (scale >> 20), path, GZ, config=big)
-path2 = os.path.join(work, "ok2.blob")
-b = Blob(path2)
-for e in small_cache():
-    b.write(e)
-b.write(b"\0" * 1024)
-b.close()
+path2 = small_blob("ok2")
 layout("manifest-%dMiB" % (scale >> 20), path2, GZ, manifest_pad=scale)
 PY
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::csi::mount::parse_mountinfo;
 use crate::delivery::{MountRecord, MountRecords};
 use crate::error::{Error, Result};
 
@@ -22,39 +23,12 @@ use crate::error::{Error, Result};
 pub const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// The mount points listed in `mountinfo` (the text of a
-/// `/proc/<pid>/mountinfo`), with the kernel's octal escapes decoded.
+/// `/proc/<pid>/mountinfo`).
 pub fn mounted_targets(mountinfo: &str) -> HashSet<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape(field)))
+    parse_mountinfo(mountinfo)
+        .into_iter()
+        .map(|m| m.mount_point)
         .collect()
-}
-
-/// Decodes the `\ooo` escapes (space, tab, newline, backslash) the kernel
-/// writes in mountinfo paths.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)))
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match octal {
-            Some(b) => {
-                out.push(b);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Removes the records whose target is not in `mountinfo` and that were

@@ -345,7 +345,9 @@ pub(crate) fn check_free_space(dir: &Path, image: &Image) -> Result<()> {
     }
     // SAFETY: statvfs returned 0, so it initialised `stat`.
     let stat = unsafe { stat.assume_init() };
-    let free = (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64);
+    // The fields are narrower than u64 on 32-bit targets.
+    #[allow(clippy::useless_conversion)]
+    let free = u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize));
     if free < needed {
         return Err(Error::io(
             dir,

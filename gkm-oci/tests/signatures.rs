@@ -946,6 +946,19 @@ async fn keyless_certificates_from_a_local_ca_prove_issuer_and_subject() {
         "{refused}"
     );
 
+    // No transparency log vouches for the signature: refused unless the
+    // policy says otherwise in so many words (`keyless_policy` does).
+    let identity = Identity::new(ISSUER, SubjectMatch::Exact(SUBJECT.into())).expect("identity");
+    let strict = Policy::new(
+        Mode::Enforce,
+        vec![Signer::Keyless(identity)],
+        Some(TrustedRoot::from_json(root.as_bytes()).expect("root")),
+        false,
+    )
+    .expect("policy");
+    assert!(strict.keyless_needs_tlog());
+    assert_eq!(rejection(check(strict).await), Rejection::TlogMissing);
+
     // cosign agrees, offline, with the same trusted root.
     let root_path = dir.path().join("trusted_root.json");
     std::fs::write(&root_path, &root).expect("write");
@@ -1389,36 +1402,4 @@ async fn an_attestation_by_the_accepted_key_is_not_a_signature() {
             && message.contains("not a signature"),
         "{message}"
     );
-}
-
-/// A keyless signature no transparency log vouches for is refused unless
-/// the policy says otherwise in so many words.
-#[tokio::test(flavor = "multi_thread")]
-async fn keyless_without_a_log_entry_is_refused_by_default() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let fulcio = Fulcio::new("unlogged fulcio");
-    let root = fulcio.trusted_root();
-    let leaf = fulcio.leaf(ISSUER, SUBJECT, false, (2020, 2100));
-    let (image, digest) = push_image("keyless-unlogged", CUDA).await;
-    cosign_sign_with_certificate(
-        Component::CosignV2,
-        dir.path(),
-        &fulcio,
-        &leaf,
-        &image,
-        &digest,
-    );
-    let identity = Identity::new(ISSUER, SubjectMatch::Exact(SUBJECT.into())).expect("identity");
-    let strict = Policy::new(
-        Mode::Enforce,
-        vec![Signer::Keyless(identity)],
-        Some(TrustedRoot::from_json(root.as_bytes()).expect("root")),
-        false,
-    )
-    .expect("policy");
-    assert!(strict.keyless_needs_tlog());
-    let refused = rejection(verify(&image, &options(), &digest, &strict).await);
-    assert_eq!(refused, Rejection::TlogMissing, "{refused}");
-    let lenient = strict.allowing_unlogged_keyless();
-    assert!(verify(&image, &options(), &digest, &lenient).await.is_ok());
 }

@@ -220,6 +220,27 @@ where
     }
 }
 
+/// Waits until this node reports `cache` extracted at `digest`.
+async fn until_extracted(
+    setup: &Setup,
+    agent: &mut Process,
+    cache: &str,
+    digest: &Digest,
+) -> anyhow::Result<()> {
+    until(
+        agent,
+        "the cache extracted",
+        Duration::from_secs(300),
+        || async {
+            Ok(setup
+                .entry(cache, digest)
+                .await?
+                .is_some_and(|(state, _)| state == "Extracted"))
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Result<()> {
     let setup = Setup::new("blip-node", "agent-blip").await?;
@@ -246,18 +267,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     assert!(message.contains("(attempt "), "{message}");
     // The registry answers now: the same agent delivers, no restart.
     push(&layout, &remote).await?;
-    until(
-        &mut agent,
-        "the cache extracted",
-        Duration::from_secs(120),
-        || async {
-            Ok(setup
-                .entry("blip", &digest)
-                .await?
-                .is_some_and(|(state, _)| state == "Extracted"))
-        },
-    )
-    .await?;
+    until_extracted(&setup, &mut agent, "blip", &digest).await?;
     let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
     assert!(delivery.is_some_and(|d| d.is_deliverable()));
     agent.terminate(Duration::from_secs(15))?;
@@ -301,22 +311,23 @@ fn assert_no_partial_tree(store: &Path, key: &CacheKey, digest: &Digest, want: &
     );
 }
 
-/// Waits until the agent is extracting (its staging directory fills).
+/// Whether an extraction is under way: a staging directory is filling.
+fn extracting(store: &Path) -> bool {
+    std::fs::read_dir(store.join("staging"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .any(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()))
+}
+
+/// Waits until the agent is extracting.
 async fn until_extracting(agent: &mut Process, store: &Path) -> anyhow::Result<()> {
-    let staging = store.join("staging");
     until(
         agent,
         "extraction under way",
         Duration::from_secs(60),
-        || async {
-            let busy = std::fs::read_dir(&staging)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.path().is_dir())
-                .any(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()));
-            Ok(busy)
-        },
+        || async { Ok(extracting(store)) },
     )
     .await
 }
@@ -402,16 +413,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
                 )?)
                 .spawn()?;
             let began = Instant::now();
-            let staging = store.join("staging");
-            loop {
-                let busy = std::fs::read_dir(&staging)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()));
-                if busy {
-                    break;
-                }
+            while !extracting(&store) {
                 anyhow::ensure!(began.elapsed() < Duration::from_secs(60), "no extraction");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -437,18 +439,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
 
     // Undisturbed, it converges: the whole tree, deliverable, no leftovers.
     let mut agent = setup.agent("agent-final")?;
-    until(
-        &mut agent,
-        "the cache extracted",
-        Duration::from_secs(300),
-        || async {
-            Ok(setup
-                .entry("crash", &digest)
-                .await?
-                .is_some_and(|(state, _)| state == "Extracted"))
-        },
-    )
-    .await?;
+    until_extracted(&setup, &mut agent, "crash", &digest).await?;
     assert_no_partial_tree(&store, &key, &digest, &want);
     assert_eq!(files(&store.join("sha256").join(digest.hex())), want);
     let delivery = DeliveryIndex::new(&store).get(&key)?;
@@ -458,6 +449,14 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
         .map(|e| e.path())
         .collect();
     assert!(leftovers.is_empty(), "staging holds {leftovers:?}");
+    // Its peak memory, the whole extraction included.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(peak_kib < 128 << 10, "the agent peaked at {peak_kib} KiB");
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
 }
