@@ -266,7 +266,15 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
             name,
             json!({"image": image, "resolveInterval": interval}),
         )?;
-        caches.patch(name, &apply, &Patch::Apply(&object)).await?;
+        // The apiserver takes the relaxed schema up a moment later.
+        until("the relaxed schema in effect", || async {
+            match caches.patch(name, &apply, &Patch::Apply(&object)).await {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(s)) if s.code == 422 => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await?;
     }
     for name in ["overflow", "spin"] {
         let reason = until("the hostile interval reported", || async {
