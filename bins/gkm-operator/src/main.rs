@@ -104,7 +104,6 @@ fn identity(flag: Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -131,6 +130,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.reverify_interval < min {
         bail!("--reverify-interval must be at least {min:?}");
     }
+    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
