@@ -137,7 +137,7 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
         }
         // Let a burst of events settle into one pass.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Err(e) = agent.sync_once().await {
+        if let Err(e) = crate::error::contained(agent.sync_once()).await {
             warn!(error = %e, "sync failed; retrying at the next change or resync");
         }
     }

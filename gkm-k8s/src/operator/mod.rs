@@ -160,7 +160,7 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
                 ctx.metrics
                     .reconciles
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                contained(reconcile::reconcile(cache, ctx, store.clone()))
+                crate::error::contained(reconcile::reconcile(cache, ctx, store.clone()))
             },
             |cache, error, ctx| {
                 ctx.metrics
@@ -179,31 +179,9 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
         .await;
 }
 
-/// `reconcile`, with a panic turned into an error for that object alone, so
-/// one object can never stop the controller and every other cache with it.
-pub(crate) async fn contained<F>(
-    reconcile: F,
-) -> crate::error::Result<kube::runtime::controller::Action>
-where
-    F: std::future::Future<Output = crate::error::Result<kube::runtime::controller::Action>>,
-{
-    use futures::FutureExt as _;
-    match std::panic::AssertUnwindSafe(reconcile).catch_unwind().await {
-        Ok(outcome) => outcome,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            Err(crate::error::Error::Panicked(what))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::contained;
+    use crate::error::contained;
     use kube::runtime::controller::Action;
 
     #[tokio::test]
