@@ -195,7 +195,7 @@ pub struct VerificationStatus {
     /// verdict is reused only while it is unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
-    /// When the signatures were last checked.
+    /// When the signatures were last proven (a verified image only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checked_at: Option<Time>,
     /// The digest the signature covers.

@@ -123,9 +123,11 @@ pub(super) async fn verdict<K: CacheObject>(
         let checked = ctx.verifier.verify(&spec.image, digest, policy).await;
         if !checked.verified {
             let why = checked.message.clone().unwrap_or_default();
+            // No time on a refusal: it is checked again at every reconcile
+            // anyway, and a status that changes at each would trigger the
+            // next reconcile itself.
             let mut refused = outcome(false, format!("{what}: {why}"));
             refused.policy = Some(fingerprint);
-            refused.checked_at = Some(Time(Timestamp::now()));
             return (refused, true);
         }
         signers.extend(checked.signer.clone());
