@@ -260,7 +260,7 @@ for dir in "$WORK"/*/; do
     if [[ -n $rule ]]; then
       outcome="rejected: $rule: ${last##*: }"
     else
-      outcome="refused: ${last#gkm: }"
+      outcome="refused: $(sed 's/sha256:\([0-9a-f]\{8\}\)[0-9a-f]*/sha256:\1…/g' <<<"${last#gkm: }")"
     fi
     outcome=$(sed 's/|/\\|/g' <<<"$outcome" | cut -c1-100)
   fi
