@@ -39,6 +39,7 @@ pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
 pub mod location;
+mod sct;
 mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
@@ -58,6 +59,7 @@ pub use cosign_v2::{
     SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use location::{referrers_tag, signature_tag};
+pub use sct::OID_SCT_LIST;
 
 /// Why [`verify`] gave no [`Verified`].
 #[derive(Debug, thiserror::Error)]
