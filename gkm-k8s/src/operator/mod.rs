@@ -2,7 +2,8 @@
 //!
 //! For each cache it resolves `spec.image` to a digest (again every
 //! `resolveInterval`, so a moved tag rolls out), verifies the signature
-//! against the cache's policy or the operator's default, rolls the node
+//! against the cache's policy or the operator's default as the operator's
+//! [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
 //! writes status once per real change. Deleting a cache waits until no node
 //! uses or reports it, then releases the finalizer.
