@@ -1,8 +1,7 @@
 //! Mount records checked against the kernel's mount table.
 //!
-//! The CSI driver writes a [`MountRecord`](crate::delivery::MountRecord)
-//! before each bind mount and removes it after the unmount, so the records
-//! are a superset of what is mounted. A node crash, or a driver killed
+//! The CSI driver writes a [`MountRecord`] before each bind mount and removes
+//! it after the unmount, so the records are a superset of what is mounted. A node crash, or a driver killed
 //! between an unmount and the record's removal, leaves records no mount
 //! backs; the agent would count their pods forever, keep their store
 //! directories, and a cache's deletion would wait on them. The CSI driver
