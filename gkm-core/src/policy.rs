@@ -662,6 +662,7 @@ pub struct Policy {
     signers: Vec<Signer>,
     trusted_root: Option<TrustedRoot>,
     require_tlog: bool,
+    unlogged_keyless: bool,
 }
 
 impl Policy {
@@ -698,7 +699,24 @@ impl Policy {
             signers,
             trusted_root,
             require_tlog,
+            unlogged_keyless: false,
         })
+    }
+
+    /// This policy accepting keyless signatures that no transparency-log
+    /// entry proves were made while their short-lived certificate was valid.
+    /// By default a keyless signature needs one: without it, nothing shows
+    /// when the signature was made, and the certificate is checked against
+    /// the current time only.
+    pub fn allowing_unlogged_keyless(mut self) -> Policy {
+        self.unlogged_keyless = true;
+        self
+    }
+
+    /// Whether a keyless signature needs a verified transparency-log entry
+    /// (the default; keys need one only under [`Policy::require_tlog`]).
+    pub fn keyless_needs_tlog(&self) -> bool {
+        !self.unlogged_keyless
     }
 
     /// A policy accepting signatures by any of `keys`.

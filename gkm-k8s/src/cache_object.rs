@@ -87,6 +87,8 @@ pub trait NodeReport:
 {
     /// The report, if written.
     fn report(&self) -> Option<&CacheNodeStatus>;
+    /// The API for this kind, in `namespace` when it is namespaced.
+    fn api(client: Client, namespace: Option<&str>) -> Api<Self>;
 }
 
 impl CacheObject for GKMCache {
@@ -124,10 +126,19 @@ impl NodeReport for GKMCacheNode {
     fn report(&self) -> Option<&CacheNodeStatus> {
         self.status.as_ref()
     }
+    fn api(client: Client, namespace: Option<&str>) -> Api<Self> {
+        match namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        }
+    }
 }
 
 impl NodeReport for ClusterGKMCacheNode {
     fn report(&self) -> Option<&CacheNodeStatus> {
         self.status.as_ref()
+    }
+    fn api(client: Client, _namespace: Option<&str>) -> Api<Self> {
+        Api::all(client)
     }
 }

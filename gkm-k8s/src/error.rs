@@ -29,6 +29,9 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// Reconciling one object panicked; the others go on.
+    #[error("reconcile panicked: {0}")]
+    Panicked(String),
     /// A serialisation failed.
     #[error("serialisation: {0}")]
     Json(#[from] serde_json::Error),
@@ -44,3 +47,24 @@ pub enum Error {
 
 /// gkm-k8s's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `work`, with a panic turned into [`Error::Panicked`]: one object's
+/// reconcile (or one agent pass) can never stop the controller, and every
+/// other cache with it.
+pub(crate) async fn contained<T, F>(work: F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    use futures::FutureExt as _;
+    match std::panic::AssertUnwindSafe(work).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Panicked(what))
+        }
+    }
+}

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -46,6 +46,15 @@ pub struct ExtractPolicy {
     /// Reject setuid, setgid and sticky bits instead of dropping them
     /// (default false: they are dropped).
     pub reject_special_bits: bool,
+    /// Largest GNU long-name or long-link entry or PAX extended header, in
+    /// bytes (default 64 KiB): their data is read into memory whole.
+    pub max_header_size: u64,
+    /// Most bytes of paths remembered to detect duplicates and check links
+    /// (default 32 MiB), so very many long paths cannot exhaust memory.
+    pub max_path_bookkeeping: u64,
+    /// Largest zstd window, as a power of two (default 25: 32 MiB); a frame
+    /// asking for more is refused rather than allocated.
+    pub max_zstd_window_log: u32,
 }
 
 impl Default for ExtractPolicy {
@@ -60,6 +69,9 @@ impl Default for ExtractPolicy {
             max_name_len: 255,
             allow_in_tree_links: false,
             reject_special_bits: false,
+            max_header_size: 64 << 10,
+            max_path_bookkeeping: 32 << 20,
+            max_zstd_window_log: 25,
         }
     }
 }
@@ -98,6 +110,8 @@ pub enum Rule {
     TooManyEntries,
     /// The layer decompresses to more than `max_compression_ratio` times its size.
     CompressionRatio,
+    /// A long-name, long-link or PAX header larger than `max_header_size`.
+    OversizedHeader,
     /// The archive is corrupt or truncated, or its headers contradict each other.
     Malformed,
 }
@@ -121,6 +135,7 @@ impl Rule {
             Rule::TotalTooLarge => "total-too-large",
             Rule::TooManyEntries => "too-many-entries",
             Rule::CompressionRatio => "compression-ratio",
+            Rule::OversizedHeader => "oversized-header",
             Rule::Malformed => "malformed",
         }
     }
@@ -145,7 +160,7 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    fn new(entry: &str, rule: Rule, detail: impl Into<String>) -> Rejection {
+    pub(crate) fn new(entry: &str, rule: Rule, detail: impl Into<String>) -> Rejection {
         Rejection {
             entry: entry.to_string(),
             rule,
@@ -337,9 +352,30 @@ struct State<'p> {
     buf: Vec<u8>,
     /// The directory the previous file went into, known to exist.
     last_parent: Option<std::path::PathBuf>,
+    /// Bytes of paths held in `seen`, `files` and `links`, with overhead.
+    kept: u64,
 }
 
+/// What remembering one path costs besides its bytes (set slot, allocation).
+const PATH_OVERHEAD: u64 = 48;
+
 impl State<'_> {
+    /// Counts `rel` against the path bookkeeping budget.
+    fn account(&mut self, rel: &str, shown: &str) -> Result<()> {
+        self.kept += rel.len() as u64 + PATH_OVERHEAD;
+        if self.kept > self.policy.max_path_bookkeeping {
+            return Err(Error::Rejected(Rejection::new(
+                shown,
+                Rule::TooManyEntries,
+                format!(
+                    "the paths add up to more than {} bytes of bookkeeping",
+                    self.policy.max_path_bookkeeping
+                ),
+            )));
+        }
+        Ok(())
+    }
+
     fn through_link(&self, rel: &str) -> bool {
         !self.links.is_empty()
             && rel
@@ -357,7 +393,8 @@ pub fn extract_tar<R: Read>(
     mapping: Mapping,
     policy: &ExtractPolicy,
 ) -> Result<ExtractStats> {
-    let mut archive = tar::Archive::new(reader);
+    let guarded = crate::tar_guard::HeaderGuard::new(reader, policy.max_header_size);
+    let mut archive = tar::Archive::new(guarded);
     let mut state = State {
         policy,
         mapping,
@@ -367,6 +404,7 @@ pub fn extract_tar<R: Read>(
         stats: ExtractStats::default(),
         buf: vec![0u8; 1 << 20],
         last_parent: None,
+        kept: 0,
     };
     let mut last = String::from("(start of archive)");
     let entries = archive.entries().map_err(|e| classify(e, &last))?;
@@ -460,6 +498,7 @@ fn extract_entry<R: Read>(
     if st.through_link(&rel) {
         return reject(Rule::ThroughLink, "an ancestor directory is a link".into());
     }
+    st.account(&rel, shown)?;
     if !st.seen.insert(rel.clone()) {
         return reject(Rule::Duplicate, "the archive holds this path twice".into());
     }
@@ -482,20 +521,17 @@ fn extract_entry<R: Read>(
             .unwrap_or_else(|| dest.to_path_buf())
     };
     match kind {
-        tar::EntryType::Directory => {
-            match fs::create_dir(&target) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    fs::create_dir_all(&target).map_err(io_err)?;
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::AlreadyExists
-                        && target.is_dir()
-                        && !target.is_symlink() => {}
-                Err(e) => return Err(io_err(e)),
+        tar::EntryType::Directory => match make_dir(&target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                make_dirs(dest, &target).map_err(io_err)?;
             }
-            let _ = DIR_MODE;
-        }
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists
+                    && target.is_dir()
+                    && !target.is_symlink() => {}
+            Err(e) => return Err(io_err(e)),
+        },
         tar::EntryType::Regular | tar::EntryType::Continuous => {
             let size = entry.size();
             if size > policy.max_entry_size {
@@ -512,9 +548,7 @@ fn extract_entry<R: Read>(
             }
             let parent = parent_of(&target);
             if st.last_parent.as_ref() != Some(&parent) {
-                if !parent.is_dir() {
-                    fs::create_dir_all(&parent).map_err(io_err)?;
-                }
+                make_dirs(dest, &parent).map_err(io_err)?;
                 st.last_parent = Some(parent);
             }
             let file_mode = if mode & 0o111 != 0 {
@@ -529,6 +563,9 @@ fn extract_entry<R: Read>(
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&target)
                 .map_err(io_err)?;
+            // The mode given at creation is masked by the umask: set it.
+            file.set_permissions(fs::Permissions::from_mode(file_mode))
+                .map_err(|e| Error::io(&target, e))?;
             let mut left = size;
             while left > 0 {
                 let want = left.min(st.buf.len() as u64) as usize;
@@ -547,7 +584,11 @@ fn extract_entry<R: Read>(
             }
             st.stats.bytes += size;
             st.stats.files += 1;
-            st.files.insert(rel);
+            if policy.allow_in_tree_links {
+                // Only hard links look files up.
+                st.account(&rel, shown)?;
+                st.files.insert(rel);
+            }
         }
         tar::EntryType::Link | tar::EntryType::Symlink => {
             let link_bytes = entry
@@ -558,9 +599,8 @@ fn extract_entry<R: Read>(
                 return reject(Rule::NonUtf8Name, "link target is not UTF-8".into());
             };
             let parent = parent_of(&target);
-            if !parent.is_dir() {
-                fs::create_dir_all(&parent).map_err(io_err)?;
-            }
+            make_dirs(dest, &parent).map_err(io_err)?;
+            st.account(&rel, shown)?;
             if kind == tar::EntryType::Link {
                 let comps = components(link, shown, policy).map_err(|r| Rejection {
                     rule: Rule::LinkEscape,
@@ -587,6 +627,33 @@ fn extract_entry<R: Read>(
         }
         // Every other kind was refused above.
         _ => {}
+    }
+    Ok(())
+}
+
+/// Creates the directory `dir` with [`DIR_MODE`], whatever the umask.
+fn make_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new().mode(DIR_MODE).create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))
+}
+
+/// Creates `dir` and its missing ancestors below `dest` with [`DIR_MODE`].
+fn make_dirs(dest: &Path, dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while at != dest && !at.is_dir() {
+        missing.push(at);
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    for dir in missing.into_iter().rev() {
+        match make_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use crate::digest::{Digest, HashingWriter};
 use crate::error::{Error, Result};
 use crate::json;
 use crate::reference::Selector;
+use crate::repo::MAX_DOCUMENT_SIZE;
 
 /// The annotation an OCI layout names its images by.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
@@ -84,16 +85,25 @@ impl Layout {
         self.blob_path(digest).is_file()
     }
 
-    /// Read a whole blob, checking its digest.
+    /// Read a whole blob of at most [`MAX_DOCUMENT_SIZE`] bytes (a manifest
+    /// or config), checking its digest.
     pub fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        use std::io::Read as _;
         let path = self.blob_path(digest);
-        let bytes = fs::read(&path).map_err(|e| match e.kind() {
+        let file = File::open(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => Error::NotFound {
                 what: format!("blob {digest}"),
                 location: self.root.display().to_string(),
             },
             _ => Error::io(&path, e),
         })?;
+        let mut bytes = Vec::new();
+        file.take(MAX_DOCUMENT_SIZE as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(&path, e))?;
+        if bytes.len() > MAX_DOCUMENT_SIZE {
+            return Err(Error::format(format!("blob {digest}"), "larger than 4 MiB"));
+        }
         let actual = Digest::of(&bytes);
         if &actual != digest {
             return Err(Error::DigestMismatch {

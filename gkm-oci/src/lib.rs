@@ -31,6 +31,7 @@ pub mod reference;
 pub mod repo;
 pub mod sign;
 pub mod store;
+mod tar_guard;
 pub mod unpack;
 pub mod verify;
 

@@ -14,9 +14,10 @@ use futures::StreamExt;
 use crate::digest::{Digest, Hasher};
 use crate::error::{Error, Result};
 use crate::extract::{
-    Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, classify, extract_tar,
+    Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, Rejection, Rule, classify,
+    extract_tar,
 };
-use crate::image::Layer;
+use crate::image::{Image, Layer};
 use crate::labels::Compression;
 use crate::repo::{BlobSource, Repo};
 
@@ -46,11 +47,13 @@ impl Read for ChannelReader {
     }
 }
 
-/// Hashes and counts the compressed bytes.
+/// Hashes and counts the compressed bytes, refusing more than the layer's
+/// declared size (a source that never ends is cut off there).
 struct Counting<R> {
     inner: R,
     hasher: Hasher,
     count: Arc<AtomicU64>,
+    declared: u64,
     progress: Option<(Progress, u64)>,
 }
 
@@ -59,6 +62,16 @@ impl<R: Read> Read for Counting<R> {
         let n = self.inner.read(buf)?;
         self.hasher.update(&buf[..n]);
         let total = self.count.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if total > self.declared {
+            return Err(io::Error::other(Carried::Rejected(Rejection::new(
+                "(layer)",
+                Rule::Malformed,
+                format!(
+                    "the layer is longer than its declared {} bytes",
+                    self.declared
+                ),
+            ))));
+        }
         if let Some((p, size)) = &self.progress {
             p(total, *size);
         }
@@ -102,6 +115,7 @@ impl Read for ChunkReader {
 fn decompress<R: Read>(
     raw: Counting<R>,
     compression: Compression,
+    max_window_log: u32,
     tx: std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
     recycled: std::sync::mpsc::Receiver<Vec<u8>>,
 ) -> io::Result<Digest> {
@@ -133,9 +147,10 @@ fn decompress<R: Read>(
     };
     let mut raw = match compression {
         Compression::Zstd => {
-            // The default window limit (128 MiB) stays: a frame asking for
-            // more is refused rather than allocated.
+            // A frame asking for a larger window is refused rather than
+            // allocated.
             let mut d = zstd::Decoder::new(raw)?;
+            d.window_log_max(max_window_log)?;
             if !pump(&mut d)? {
                 return Err(stopped());
             }
@@ -250,12 +265,14 @@ fn run(
         inner: raw,
         hasher: Hasher::default(),
         count: count.clone(),
+        declared: size,
         progress: progress.map(|p| (p, size)),
     };
+    let window = policy.max_zstd_window_log;
     let (tx, rx) = std::sync::mpsc::sync_channel(8);
     let (recycle, recycled) = std::sync::mpsc::sync_channel(16);
     std::thread::scope(|s| {
-        let decompressor = s.spawn(move || decompress(counting, compression, tx, recycled));
+        let decompressor = s.spawn(move || decompress(counting, compression, window, tx, recycled));
         let reader = RatioGuard {
             inner: ChunkReader {
                 rx,
@@ -303,4 +320,42 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io(dir, e))
+}
+
+/// Fails when the filesystem of `dir` has less room for unprivileged
+/// writers than `image`'s tree takes: its size label when it has one, and at
+/// least its compressed layer.
+pub(crate) fn check_free_space(dir: &Path, image: &Image) -> Result<()> {
+    let layer = image.cache_layer()?.size;
+    let needed = image
+        .cache()
+        .ok()
+        .and_then(|labels| labels.cache_size_bytes)
+        .unwrap_or(0)
+        .max(layer);
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| Error::io(dir, io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `stat` points to memory
+    // large enough for the statvfs structure the call fills in.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(Error::io(dir, io::Error::last_os_error()));
+    }
+    // SAFETY: statvfs returned 0, so it initialised `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // The fields are narrower than u64 on 32-bit targets.
+    #[allow(clippy::useless_conversion)]
+    let free = u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize));
+    if free < needed {
+        return Err(Error::io(
+            dir,
+            io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("{free} bytes free, the cache needs {needed}"),
+            ),
+        ));
+    }
+    Ok(())
 }

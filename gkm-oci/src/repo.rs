@@ -66,6 +66,11 @@ impl BlobSource {
 /// The largest manifest or config gkm reads into memory.
 pub const MAX_DOCUMENT_SIZE: usize = 4 << 20;
 
+/// How long connecting to a registry may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long a registry may stay silent in the middle of an answer.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 enum Backend {
     Registry {
         client: Arc<oci_client::Client>,
@@ -104,6 +109,8 @@ impl Repo {
                     } else {
                         ClientProtocol::Https
                     },
+                    connect_timeout: Some(CONNECT_TIMEOUT),
+                    read_timeout: Some(READ_TIMEOUT),
                     ..Default::default()
                 };
                 let auth = options.credentials.resolve(reference.resolve_registry())?;

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{Progress, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{Progress, check_free_space, extract_layer, sync_dir, sync_filesystem};
 use crate::repo::Repo;
 
 /// A node's store of extracted caches.
@@ -58,8 +58,11 @@ impl Store {
     /// directories no live process holds.
     pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
         let root = root.into();
-        for dir in [root.join("sha256"), root.join("staging")] {
+        for (dir, mode) in [(root.join("sha256"), 0o755), (root.join("staging"), 0o700)] {
             fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            // Whatever the umask: readers need the entries, not the staging.
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io(&dir, e))?;
         }
         let store = Store {
             root,
@@ -200,6 +203,7 @@ impl Store {
             });
         }
         let layer = image.cache_layer()?.clone();
+        check_free_space(&self.root.join("staging"), image)?;
         let staging = self.staging(&digest)?;
         let stats =
             extract_layer(repo, &layer, &staging.dir, Mapping::Layer, policy, progress).await?;

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{Progress, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{Progress, check_free_space, extract_layer, sync_dir, sync_filesystem};
 use crate::repo::Repo;
 
 /// Options of [`extract_to_dir`].
@@ -70,6 +70,7 @@ pub async fn extract_to_dir(
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         parent.join(tmp_name(".gkm-staging-"))
     };
+    check_free_space(staging.parent().unwrap_or(out), image)?;
     // Private while it is being filled.
     fs::DirBuilder::new()
         .mode(0o700)

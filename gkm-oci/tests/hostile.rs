@@ -599,6 +599,9 @@ fn corpus() -> Vec<Case> {
             "after io.triton.cache/ok.json",
         ),
     ];
+    // Memory an input controls: extension headers are read whole by the tar
+    // parser, remembered paths add up.
+    cases.extend(memory_cases());
     let mut bad_sum = base().end();
     bad_sum[512 + 148] ^= 0x11;
     cases.push(case(
@@ -608,6 +611,57 @@ fn corpus() -> Vec<Case> {
         "",
     ));
     cases
+}
+
+/// Inputs that would make the extractor allocate what they ask for.
+fn memory_cases() -> Vec<Case> {
+    let huge = vec![b'n'; 16 << 20];
+    let long_pax = vec![b'p'; 1 << 20];
+    let mut many_paths = base();
+    let stem = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]
+        .map(|c| c.repeat(250))
+        .join("/");
+    for i in 0..64 {
+        let name = format!("{C}/{stem}/{i:04}/");
+        many_paths = many_paths.long_name(name.as_bytes()).dir("placeholder");
+    }
+    let mut bookkeeping = case(
+        "64 paths of 2.8 KiB over a 64 KiB bookkeeping budget",
+        many_paths.end(),
+        Rule::TooManyEntries,
+        "/0023/",
+    );
+    bookkeeping.policy.max_path_bookkeeping = 64 << 10;
+    vec![
+        case(
+            "GNU long name of 16 MiB",
+            base()
+                .long_name(&huge)
+                .file("io.triton.cache/after", b"x")
+                .end(),
+            Rule::OversizedHeader,
+            "(header at byte 1536)",
+        ),
+        case(
+            "GNU long link of 16 MiB",
+            base()
+                .entry(b"././@LongLink", b'K', 0o644, b"", huge.len() as u64, &huge)
+                .file("io.triton.cache/after", b"x")
+                .end(),
+            Rule::OversizedHeader,
+            "(header at byte 1536)",
+        ),
+        case(
+            "PAX header of 1 MiB",
+            base()
+                .pax(&[("comment", &long_pax)])
+                .file("io.triton.cache/after", b"x")
+                .end(),
+            Rule::OversizedHeader,
+            "(header at byte 1536)",
+        ),
+        bookkeeping,
+    ]
 }
 
 fn compress(tar: &[u8], c: Compression) -> Vec<u8> {
@@ -839,4 +893,71 @@ async fn tampered_layer_fails_its_digest() {
     );
     assert!(store.list().expect("list").is_empty());
     assert_empty(&work.path().join("store/staging"), "staging");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_layer_longer_than_its_descriptor_is_cut_off() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let blob = compress(&base().end(), Compression::Gzip);
+    let image = image_of(&work.path().join("layout"), &blob, Compression::Gzip);
+    // The blob grows past the size its descriptor declares (a source that
+    // does not end); reading stops at the declared size.
+    let layout = Layout::open(work.path().join("layout")).expect("layout");
+    let digest = gkm_oci::Digest::of(&blob);
+    let mut longer = blob.clone();
+    longer.extend(std::iter::repeat_n(0x5a, 8 << 20));
+    std::fs::write(layout.blob_path(&digest), &longer).expect("grow");
+    let repo = Repo::open(&image, &RegistryOptions::default()).expect("repo");
+    let store = Store::open(work.path().join("store")).expect("store");
+    let err = store
+        .ensure(&repo, &ExtractPolicy::default(), None)
+        .await
+        .expect_err("longer than declared");
+    assert!(
+        err.to_string().contains("longer than its declared"),
+        "{err}"
+    );
+    assert!(store.list().expect("list").is_empty());
+    assert_empty(&work.path().join("store/staging"), "staging");
+}
+
+/// The memory cases, served by a real registry: refused with their rule
+/// before their data is read, nothing left in the store.
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_hostile_layers_from_a_registry_are_refused() {
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let opts = RegistryOptions {
+        insecure: true,
+        ..Default::default()
+    };
+    let work = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(work.path().join("store")).expect("store");
+    for (i, c) in memory_cases().into_iter().enumerate() {
+        let local = image_of(
+            &work.path().join(format!("layout-{i}")),
+            &compress(&c.tar, c.compression),
+            c.compression,
+        );
+        let remote: ImageRef = format!("{}/hostile/memory-{i}:v1", registry.addr())
+            .parse()
+            .expect("ref");
+        gkm_oci::copy_image(
+            &Repo::open(&local, &opts).expect("open"),
+            &Repo::create(&remote, &opts).expect("create"),
+            None,
+        )
+        .await
+        .expect("push");
+        let repo = Repo::open(&remote, &opts).expect("open");
+        match store.ensure(&repo, &c.policy, None).await {
+            Err(Error::Rejected(r)) => {
+                assert_eq!(r.rule, c.rule, "{}: {r}", c.name);
+                assert!(r.entry.contains(&c.entry), "{}: {r}", c.name);
+            }
+            other => panic!("{}: {other:?}", c.name),
+        }
+        assert!(store.list().expect("list").is_empty(), "{}", c.name);
+        assert_empty(&work.path().join("store/staging"), "staging");
+    }
 }

@@ -747,12 +747,28 @@ impl Fulcio {
         legacy_only: bool,
         years: (i32, i32),
     ) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = self.leaf_with(issuer, subject, legacy_only, years, &key, None);
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// The leaf of [`Fulcio::leaf`] for `key`, with `extra` as its last
+    /// extension; the same `TBSCertificate` for the same arguments.
+    fn leaf_with(
+        &self,
+        issuer: &str,
+        subject: &str,
+        legacy_only: bool,
+        years: (i32, i32),
+        key: &rcgen::KeyPair,
+        extra: Option<rcgen::CustomExtension>,
+    ) -> rcgen::Certificate {
         use rcgen::{
-            CertificateParams, CustomExtension, ExtendedKeyUsagePurpose, Issuer, KeyPair,
-            KeyUsagePurpose, SanType,
+            CertificateParams, CustomExtension, ExtendedKeyUsagePurpose, Issuer, KeyUsagePurpose,
+            SanType, SerialNumber,
         };
-        let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::default();
+        params.serial_number = Some(SerialNumber::from(vec![0x14, 0x14]));
         params.subject_alt_names = vec![SanType::URI(subject.try_into().expect("uri"))];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::CodeSigning];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -772,9 +788,9 @@ impl Fulcio {
                     der_utf8(issuer),
                 ));
         }
+        params.custom_extensions.extend(extra);
         let ca = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &ca).expect("sign leaf");
-        (cert.pem(), key.serialize_pem())
+        params.signed_by(key, &ca).expect("sign leaf")
     }
 
     fn trusted_root(&self) -> String {
@@ -805,6 +821,7 @@ fn keyless_policy(root: &str, issuer: &str, subject: SubjectMatch) -> Policy {
         false,
     )
     .expect("policy")
+    .allowing_unlogged_keyless()
 }
 
 /// Sign `digest` with cosign (`version`), the leaf's key and the leaf
@@ -944,6 +961,19 @@ async fn keyless_certificates_from_a_local_ca_prove_issuer_and_subject() {
         matches!(&refused, Rejection::UntrustedChain(_)),
         "{refused}"
     );
+
+    // No transparency log vouches for the signature: refused unless the
+    // policy says otherwise in so many words (`keyless_policy` does).
+    let identity = Identity::new(ISSUER, SubjectMatch::Exact(SUBJECT.into())).expect("identity");
+    let strict = Policy::new(
+        Mode::Enforce,
+        vec![Signer::Keyless(identity)],
+        Some(TrustedRoot::from_json(root.as_bytes()).expect("root")),
+        false,
+    )
+    .expect("policy");
+    assert!(strict.keyless_needs_tlog());
+    assert_eq!(rejection(check(strict).await), Rejection::TlogMissing);
 
     // cosign agrees, offline, with the same trusted root.
     let root_path = dir.path().join("trusted_root.json");
@@ -1352,4 +1382,162 @@ async fn images_in_an_oci_layout_are_signed_and_verified_in_both_formats() {
             "{refused}"
         );
     }
+}
+
+/// A bundle whose in-toto statement is an attestation (here a provenance)
+/// signed by the accepted key says something about the image, but is not a
+/// signature of it: refused, naming the predicate type.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attestation_by_the_accepted_key_is_not_a_signature() {
+    let (key, public) = generated_key();
+    let (image, digest) = push_image("attestation", CUDA).await;
+    sign(&image, &options(), &digest, &key, SignFormat::Bundle)
+        .await
+        .expect("sign");
+    assert!(verify_keys(&image, &digest, &[&public]).await.is_ok());
+    // The same key signs a provenance statement about the same digest.
+    edit_bundle(&image, &digest, |bundle| {
+        let envelope = &mut bundle["dsseEnvelope"];
+        let payload = envelope["payload"].as_str().expect("payload");
+        let mut statement: serde_json::Value =
+            serde_json::from_slice(&BASE64.decode(payload).expect("base64")).expect("statement");
+        statement["predicateType"] = "https://slsa.dev/provenance/v1".into();
+        let payload = serde_json::to_vec(&statement).expect("json");
+        let payload_type = envelope["payloadType"].as_str().expect("type").to_string();
+        let signature = key
+            .sign(&gkm_oci::verify::pae(&payload_type, &payload))
+            .expect("sign");
+        envelope["payload"] = BASE64.encode(&payload).into();
+        envelope["signatures"][0]["sig"] = BASE64.encode(signature).into();
+    })
+    .await;
+    let refused = rejection(verify_keys(&image, &digest, &[&public]).await);
+    let message = refused.to_string();
+    assert!(
+        message.contains("\"https://slsa.dev/provenance/v1\"")
+            && message.contains("not a signature"),
+        "{message}"
+    );
+}
+
+/// A CT log of the trusted root: (its entry in `ctlogs`, its signing key).
+fn ct_log() -> (serde_json::Value, SigningKey) {
+    use sha2::Digest as _;
+    let (key, public) = generated_key();
+    let entry = serde_json::json!({
+        "baseUrl": "https://ct.local",
+        "hashAlgorithm": "SHA2_256",
+        "publicKey": {
+            "rawBytes": BASE64.encode(public.der()),
+            "keyDetails": "PKIX_ECDSA_P256_SHA_256",
+            "validFor": {"start": "2020-01-01T00:00:00Z"}
+        },
+        "logId": {"keyId": BASE64.encode(sha2::Sha256::digest(public.der()))}
+    });
+    (entry, key)
+}
+
+/// The SCT extension a CT log signing with `log` gives the precertificate
+/// `tbs` issued by the CA whose public key is `issuer_spki` (RFC 6962 §3.2).
+fn sct_extension(log: &SigningKey, tbs: &[u8], issuer_spki: &[u8]) -> rcgen::CustomExtension {
+    use sha2::Digest as _;
+    let timestamp: u64 = 1_700_000_000_000;
+    let mut signed = vec![0u8, 0];
+    signed.extend_from_slice(&timestamp.to_be_bytes());
+    signed.extend_from_slice(&[0, 1]);
+    signed.extend_from_slice(&sha2::Sha256::digest(issuer_spki));
+    signed.extend_from_slice(&(tbs.len() as u32).to_be_bytes()[1..]);
+    signed.extend_from_slice(tbs);
+    signed.extend_from_slice(&[0, 0]);
+    let signature = log.sign(&signed).expect("sign");
+    let mut sct = vec![0u8];
+    sct.extend_from_slice(&sha2::Sha256::digest(log.public_key().der()));
+    sct.extend_from_slice(&timestamp.to_be_bytes());
+    sct.extend_from_slice(&[0, 0, 4, 3]);
+    sct.extend_from_slice(&(signature.len() as u16).to_be_bytes());
+    sct.extend_from_slice(&signature);
+    let mut list = ((sct.len() + 2) as u16).to_be_bytes().to_vec();
+    list.extend_from_slice(&(sct.len() as u16).to_be_bytes());
+    list.extend_from_slice(&sct);
+    let mut value = vec![0x04, 0x82];
+    value.extend_from_slice(&(list.len() as u16).to_be_bytes());
+    value.extend_from_slice(&list);
+    rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 11129, 2, 4, 2], value)
+}
+
+/// When the trusted root names a CT log, a keyless certificate counts only
+/// with an SCT that log signed over its precertificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn keyless_certificates_need_an_sct_when_the_root_names_ct_logs() {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fulcio = Fulcio::new("ct fulcio");
+    let (log_entry, log) = ct_log();
+    let (_, stranger) = ct_log();
+    let mut root: serde_json::Value =
+        serde_json::from_str(&fulcio.trusted_root()).expect("root json");
+    root["ctlogs"] = serde_json::json!([log_entry]);
+    let root = root.to_string();
+    let policy = || keyless_policy(&root, ISSUER, SubjectMatch::Exact(SUBJECT.into()));
+    let (_, ca) = X509Certificate::from_der(&fulcio.cert_der).expect("ca");
+    let issuer_spki = ca.public_key().raw.to_vec();
+
+    let key = rcgen::KeyPair::generate().expect("key");
+    let precert = fulcio.leaf_with(ISSUER, SUBJECT, false, (2020, 2100), &key, None);
+    let (_, parsed) = X509Certificate::from_der(precert.der()).expect("precert");
+    let tbs = parsed.tbs_certificate.as_ref().to_vec();
+    let mut other_tbs = tbs.clone();
+    let last = other_tbs.len() - 1;
+    other_tbs[last] ^= 1;
+    let cases = [
+        (
+            "sct-by-the-log",
+            Some(sct_extension(&log, &tbs, &issuer_spki)),
+        ),
+        ("sct-none", None),
+        (
+            "sct-by-another-log",
+            Some(sct_extension(&stranger, &tbs, &issuer_spki)),
+        ),
+        (
+            "sct-over-another-certificate",
+            Some(sct_extension(&log, &other_tbs, &issuer_spki)),
+        ),
+    ];
+    let mut outcomes = Vec::new();
+    for (name, extension) in cases {
+        let cert = fulcio.leaf_with(ISSUER, SUBJECT, false, (2020, 2100), &key, extension);
+        let (image, digest) = push_image(name, CUDA).await;
+        let leaf = (cert.pem(), key.serialize_pem());
+        cosign_sign_with_certificate(
+            Component::CosignV2,
+            dir.path(),
+            &fulcio,
+            &leaf,
+            &image,
+            &digest,
+        );
+        outcomes.push(verify(&image, &options(), &digest, &policy()).await);
+    }
+    let mut outcomes = outcomes.into_iter();
+    let proven = outcomes
+        .next()
+        .expect("outcome")
+        .expect("an SCT of the log verifies");
+    assert_eq!(
+        proven.signed_by,
+        SignedBy::Keyless {
+            issuer: ISSUER.into(),
+            subject: SUBJECT.into()
+        }
+    );
+    let none = rejection(outcomes.next().expect("outcome")).to_string();
+    assert!(
+        none.contains("carries no signed certificate timestamp"),
+        "{none}"
+    );
+    let other = rejection(outcomes.next().expect("outcome")).to_string();
+    assert!(other.contains("unknown log"), "{other}");
+    let forged = rejection(outcomes.next().expect("outcome")).to_string();
+    assert!(forged.contains("signature does not verify"), "{forged}");
 }

@@ -120,5 +120,11 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
     let (ok, err) = run(&["--node-name=n1", "--resync=0s"])?;
     assert!(!ok);
     assert!(err.contains("--resync"), "{err}");
+    let (ok, err) = run(&["--node-name=n1", "--resync=9999999999999999h"])?;
+    assert!(!ok);
+    assert!(
+        err.contains("is not a duration") && !err.contains("panicked"),
+        "{err}"
+    );
     Ok(())
 }

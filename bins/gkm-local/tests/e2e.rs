@@ -89,8 +89,9 @@ async fn apply_cache(
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "image": image,
-            "signature": {"signers": [{"key": {"publicKey": public_pem}}]},
-            "resolveInterval": "2s"
+            // Resolved again every 2s: the stack's operator default (a
+            // cache may ask for no less than 10s).
+            "signature": {"signers": [{"key": {"publicKey": public_pem}}]}
         }
     });
     Api::<GKMCache>::namespaced(client.clone(), ns)

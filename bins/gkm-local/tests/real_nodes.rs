@@ -169,7 +169,7 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     let cache = json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
         "metadata": {"name": "vector-add", "namespace": "team-a"},
-        "spec": {"image": image, "signature": signature, "resolveInterval": "5s"},
+        "spec": {"image": image, "signature": signature, "resolveInterval": "10s"},
     });
     let caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-a");
     caches
@@ -182,7 +182,7 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     let cluster_cache = json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
         "metadata": {"name": "shared-add"},
-        "spec": {"image": image, "signature": signature, "resolveInterval": "5s",
+        "spec": {"image": image, "signature": signature, "resolveInterval": "10s",
                  "workloadNamespaces": ["team-a"]},
     });
     Api::<gkm_k8s::crd::ClusterGKMCache>::all(client.clone())

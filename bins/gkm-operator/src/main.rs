@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::crd::SignaturePolicy;
+use gkm_k8s::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
-use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier};
+use gkm_k8s::operator::{
+    ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier,
+};
 use gkm_k8s::serve::{
     EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
     register_build_info, shutdown_signal, until_signal,
@@ -61,20 +63,38 @@ struct Cli {
     /// never verified, so never delivered.
     #[arg(long)]
     default_policy: Option<PathBuf>,
+    /// The signature modes a cache (or the default policy) may choose; any
+    /// other is tightened to Enforce (comma-separated: Enforce, Audit, Off).
+    #[arg(long, value_delimiter = ',', default_value = "Enforce", value_parser = signature_mode)]
+    allowed_signature_modes: Vec<SignatureMode>,
+    /// Signers every cache image must be signed by, whatever its policy
+    /// says (YAML or JSON, the shape of `spec.signature`: `signers`,
+    /// `trustedRoot`, `requireTlog`; references in the operator's namespace).
+    #[arg(long)]
+    required_signers: Option<PathBuf>,
+    /// How long a verified image stays verified before its signatures are
+    /// checked again, even when nothing changed (e.g. 1h).
+    #[arg(long, default_value = "1h", value_parser = gkm_bin_support::duration)]
+    reverify_interval: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
 }
 
-fn read_policy(path: &Path) -> anyhow::Result<SignaturePolicy> {
+fn read_policy(flag: &str, path: &Path) -> anyhow::Result<SignaturePolicy> {
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading --default-policy {}", path.display()))?;
-    serde_yaml::from_str(&text).with_context(|| {
-        format!(
-            "--default-policy {}: not a signature policy",
-            path.display()
-        )
-    })
+        .with_context(|| format!("reading --{flag} {}", path.display()))?;
+    serde_yaml::from_str(&text)
+        .with_context(|| format!("--{flag} {}: not a signature policy", path.display()))
+}
+
+fn signature_mode(text: &str) -> Result<SignatureMode, String> {
+    match text.trim() {
+        "Enforce" => Ok(SignatureMode::Enforce),
+        "Audit" => Ok(SignatureMode::Audit),
+        "Off" => Ok(SignatureMode::Off),
+        other => Err(format!("{other:?} is not Enforce, Audit or Off")),
+    }
 }
 
 fn identity(flag: Option<String>) -> String {
@@ -84,12 +104,33 @@ fn identity(flag: Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let identity = identity(cli.leader_identity);
-    let default_policy = cli.default_policy.as_deref().map(read_policy).transpose()?;
-    if cli.resolve_interval.is_zero() {
-        bail!("--resolve-interval must be longer than 0s");
+    let default_policy = cli
+        .default_policy
+        .as_deref()
+        .map(|p| read_policy("default-policy", p))
+        .transpose()?;
+    let required = cli
+        .required_signers
+        .as_deref()
+        .map(|p| read_policy("required-signers", p))
+        .transpose()?;
+    if required
+        .as_ref()
+        .is_some_and(|p| p.signers.as_ref().is_none_or(Vec::is_empty))
+    {
+        bail!("--required-signers must name at least one signer");
     }
+    // The admin's own intervals may be shorter than a cache's (tests, labs),
+    // never zero: that would spin against the registry.
+    let min = Duration::from_secs(1);
+    if cli.resolve_interval < min || cli.resolve_interval > MAX_RESOLVE_INTERVAL {
+        bail!("--resolve-interval must be from {min:?} to {MAX_RESOLVE_INTERVAL:?}");
+    }
+    if cli.reverify_interval < min {
+        bail!("--reverify-interval must be at least {min:?}");
+    }
+    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
@@ -97,6 +138,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         default_policy,
         resolve_interval: cli.resolve_interval,
+        floor: PolicyFloor {
+            allowed_modes: cli.allowed_signature_modes,
+            required,
+        },
+        reverify_interval: cli.reverify_interval,
         instance: identity.clone(),
     };
 

@@ -182,6 +182,24 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
     let (ok, err) = run(&["--resolve-interval=soon"])?;
     assert!(!ok);
     assert!(err.contains("\"soon\" is not a duration"), "{err}");
+    // Out of range or overflowing: an error naming the flag, never a panic.
+    for (flag, says) in [
+        ("--resolve-interval=0s", "--resolve-interval must be from"),
+        ("--resolve-interval=9999999999999999h", "is not a duration"),
+        (
+            "--reverify-interval=18446744073709551615m",
+            "is not a duration",
+        ),
+        (
+            "--allowed-signature-modes=Enforce,Sometimes",
+            "\"Sometimes\" is not Enforce",
+        ),
+    ] {
+        let (ok, err) = run(&[flag])?;
+        assert!(!ok, "{flag}");
+        assert!(err.contains(says), "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{flag}: {err}");
+    }
     let (ok, err) = run(&["--metrics-addr=everywhere"])?;
     assert!(!ok);
     assert!(err.contains("--metrics-addr"), "{err}");

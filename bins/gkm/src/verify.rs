@@ -41,6 +41,10 @@ pub struct Args {
     /// signatures (never fetched from the internet).
     #[arg(long)]
     trusted_root: Option<PathBuf>,
+    /// Accept keyless signatures without a verified transparency-log entry
+    /// (refused by default: nothing then shows when they were made).
+    #[arg(long)]
+    allow_unlogged_keyless: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -76,7 +80,12 @@ fn policy(args: &Args) -> anyhow::Result<Policy> {
         }
         None => None,
     };
-    Ok(Policy::new(Mode::Enforce, signers, trusted_root, false)?)
+    let policy = Policy::new(Mode::Enforce, signers, trusted_root, false)?;
+    Ok(if args.allow_unlogged_keyless {
+        policy.allowing_unlogged_keyless()
+    } else {
+        policy
+    })
 }
 
 /// Runs `gkm verify`.

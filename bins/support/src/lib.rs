@@ -44,6 +44,8 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
 /// use std::time::Duration;
 /// assert_eq!(gkm_bin_support::duration("1h30m"), Ok(Duration::from_secs(5400)));
 /// assert!(gkm_bin_support::duration("soon").is_err());
+/// // Too large for a duration: an error, not a panic.
+/// assert!(gkm_bin_support::duration("9999999999999999h").is_err());
 /// ```
 pub fn duration(text: &str) -> Result<Duration, String> {
     gkm_k8s::operator::parse_duration(text)

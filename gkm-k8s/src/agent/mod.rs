@@ -21,6 +21,7 @@
 mod labels;
 mod plan;
 mod reports;
+mod retry;
 mod sync;
 pub mod telemetry;
 
@@ -122,15 +123,30 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
         .await
         .map_err(|e| Error::Finalizer(e.to_string()))?;
 
-    let mut agent = sync::Agent::new(client, config.clone(), inventory, namespaced, cluster)?;
+    let mut agent = sync::Agent::new(
+        client,
+        config.clone(),
+        inventory,
+        namespaced,
+        cluster,
+        changed.clone(),
+    )?;
     let mut tick = tokio::time::interval(config.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = crate::serve::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
+        let retry = agent.next_retry();
+        let due = async move {
+            match retry {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = changed.notified() => {}
             _ = tick.tick() => {}
+            _ = due => {}
             _ = &mut shutdown => {
                 info!("stopping");
                 return Ok(());
@@ -138,7 +154,7 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
         }
         // Let a burst of events settle into one pass.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Err(e) = agent.sync_once().await {
+        if let Err(e) = crate::error::contained(agent.sync_once()).await {
             warn!(error = %e, "sync failed; retrying at the next change or resync");
         }
     }

@@ -9,11 +9,8 @@ use gkm_core::compat::{CheckOptions, Report, check_summary};
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
-use crate::crd::{
-    CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData, SignatureMode,
-};
+use crate::crd::{CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData};
 use crate::delivery::{Delivery, PodRef, Verdict, incompatibility_reason};
-use crate::operator::deliverable;
 
 /// This node, as planning sees it.
 pub struct NodeView<'a> {
@@ -146,14 +143,11 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         return plan;
     };
     let mut entry = NodeCacheStatus::default();
+    // The operator's recorded verdict decides, never the spec: the spec's
+    // mode is only what the cache asked for, not what the floor allows.
     let verification = cache.status.and_then(|s| s.verification.as_ref());
-    let mode = cache
-        .spec
-        .signature
-        .as_ref()
-        .map_or(SignatureMode::Enforce, |p| p.mode);
     let verified_here = verification.filter(|v| v.digest.as_deref() == Some(digest.as_str()));
-    let verified = verified_here.is_some_and(|v| deliverable(mode, v));
+    let verified = verified_here.is_some_and(|v| v.is_deliverable());
     if !verified {
         let why = verified_here
             .and_then(|v| v.message.clone())
@@ -374,14 +368,35 @@ mod tests {
     }
 
     #[test]
-    fn audit_mode_delivers_an_unverified_cache() {
+    fn the_operators_verdict_decides_not_the_spec() {
+        // The operator recorded an unverified image as deliverable (Audit
+        // allowed by its floor): delivered.
         let mut case = Case::new();
         case.status = status(false);
-        case.spec.signature = Some(SignaturePolicy {
-            mode: crate::crd::SignatureMode::Audit,
-            ..SignaturePolicy::default()
-        });
+        if let Some(v) = case.status.verification.as_mut() {
+            v.deliverable = Some(true);
+        }
         assert!(matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+
+        // The spec asks for Audit (or Off), but the operator's floor
+        // enforces: not delivered.
+        let mut case = Case::new();
+        case.status = status(false);
+        if let Some(v) = case.status.verification.as_mut() {
+            v.deliverable = Some(false);
+        }
+        for mode in [
+            crate::crd::SignatureMode::Audit,
+            crate::crd::SignatureMode::Off,
+        ] {
+            case.spec.signature = Some(SignaturePolicy {
+                mode,
+                ..SignaturePolicy::default()
+            });
+            assert!(
+                matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
+            );
+        }
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub(super) struct NodeReports {
     written: HashMap<Option<String>, CacheNodeStatus>,
     /// Namespaces holding a report of this node, found at start.
     discovered: bool,
+    /// The Node's uid: reports are owned by their Node, so they go when it
+    /// goes (where the garbage collector runs).
+    node_uid: Option<String>,
 }
 
 impl NodeReports {
@@ -40,6 +43,18 @@ impl NodeReports {
             gpus,
             written: HashMap::new(),
             discovered: false,
+            node_uid: None,
+        }
+    }
+
+    /// Records the Node's uid, once known; reports written from then on name
+    /// the Node as their owner.
+    pub(super) fn set_node_uid(&mut self, uid: Option<String>) {
+        if self.node_uid != uid {
+            self.node_uid = uid;
+            // Write every report again, with its owner.
+            self.written.clear();
+            self.discovered = false;
         }
     }
 
@@ -123,7 +138,13 @@ impl NodeReports {
     {
         let (api_version, kind) = (K::api_version(&()).to_string(), K::kind(&()).to_string());
         let params = PatchParams::apply(MANAGER).force();
-        let object = json!({ "apiVersion": api_version, "kind": kind, "metadata": { "name": self.node }, "spec": {} });
+        let mut metadata = json!({ "name": self.node });
+        if let Some(uid) = &self.node_uid {
+            metadata["ownerReferences"] =
+                json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid }]);
+        }
+        let object =
+            json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": {} });
         api.patch(&self.node, &params, &Patch::Apply(&object))
             .await?;
         let status = json!({ "apiVersion": api_version, "kind": kind, "status": status });

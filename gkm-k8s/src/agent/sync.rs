@@ -1,6 +1,7 @@
 //! One pass of the agent over every cache: read, plan, act, report.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use gkm_core::Gpu;
@@ -12,11 +13,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::reflector::Store as Reflected;
 use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::AgentConfig;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
 use super::reports::{NodeReports, gpu_statuses};
+use super::retry::Backoff;
 use crate::cache_object::{CacheKey, CacheObject};
 use crate::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
 use crate::delivery::{DeliveryIndex, MountRecords, PodRef};
@@ -35,9 +39,18 @@ pub(super) struct Agent {
     mounts: MountRecords,
     reports: NodeReports,
     /// Summaries by digest: an image digest's content never changes.
-    summaries: HashMap<Digest, Result<Summary, String>>,
+    summaries: HashMap<Digest, Summary>,
+    /// Summary reads that failed, tried again with backoff.
+    summary_failures: Backoff,
     sizes: HashMap<Digest, i64>,
-    extract_errors: HashMap<Digest, String>,
+    /// Extractions that failed, tried again with backoff.
+    extract_failures: Backoff,
+    /// Extractions under way, off the agent's loop.
+    extractions: HashMap<Digest, JoinHandle<Result<i64, String>>>,
+    /// One extraction at a time, so their memory never adds up.
+    extract_slots: Arc<Semaphore>,
+    /// Wakes the agent's loop when an extraction ends.
+    changed: Arc<Notify>,
     unreferenced_since: HashMap<Digest, Instant>,
     labelled: Option<BTreeMap<String, String>>,
 }
@@ -49,6 +62,7 @@ impl Agent {
         inventory: Inventory,
         namespaced: Reflected<GKMCache>,
         cluster: Reflected<ClusterGKMCache>,
+        changed: Arc<Notify>,
     ) -> Result<Agent> {
         let store = Store::open(&config.store_dir)?;
         let gpus = inventory.usable_gpus().cloned().collect();
@@ -64,15 +78,31 @@ impl Agent {
             cluster,
             store,
             summaries: HashMap::new(),
+            summary_failures: Backoff::default(),
             sizes: HashMap::new(),
-            extract_errors: HashMap::new(),
+            extract_failures: Backoff::default(),
+            extractions: HashMap::new(),
+            extract_slots: Arc::new(Semaphore::new(1)),
+            changed,
             unreferenced_since: HashMap::new(),
             labelled: None,
         })
     }
 
+    /// When a failed step is due to be tried again.
+    pub(super) fn next_retry(&self) -> Option<Instant> {
+        match (
+            self.summary_failures.next_due(),
+            self.extract_failures.next_due(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Brings every cache on this node in step and reports.
     pub(super) async fn sync_once(&mut self) -> Result<()> {
+        self.harvest_extractions().await;
         let node_labels = self.label_node().await?;
         let mounts = self.mounts.list()?;
         let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
@@ -145,20 +175,26 @@ impl Agent {
         let check = CheckOptions::default();
         loop {
             let resolved: Option<Digest> = cache.resolved().and_then(|d| d.parse().ok());
-            let summary = resolved.as_ref().and_then(|d| self.summaries.get(d));
+            let summary_failed = resolved
+                .as_ref()
+                .and_then(|d| self.summary_failures.waiting(d));
+            let summary = match resolved.as_ref().and_then(|d| self.summaries.get(d)) {
+                Some(s) => Some(Ok(s)),
+                None => summary_failed.as_deref().map(Err),
+            };
+            let extract_failed = resolved
+                .as_ref()
+                .and_then(|d| self.extract_failures.waiting(d));
             let stored = match &resolved {
                 Some(d) if self.store.get(d).is_some() => Ok(true),
-                Some(d) => self
-                    .extract_errors
-                    .get(d)
-                    .map_or(Ok(false), |e| Err(e.as_str())),
+                Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
                 None => Ok(false),
             };
             let input = CacheInput {
                 spec: cache.spec(),
                 status: cache.status(),
                 deleting: cache.deleting(),
-                summary: summary.map(|s| s.as_ref().map_err(String::as_str)),
+                summary,
                 stored,
                 size: resolved.as_ref().and_then(|d| self.sizes.get(d).copied()),
                 pods,
@@ -170,8 +206,16 @@ impl Agent {
             };
             let plan = plan_cache(&input, &node);
             if let Some(digest) = plan.needs_summary {
-                let summary = self.read_summary(cache.image(), &digest).await;
-                self.summaries.insert(digest, summary);
+                match self.read_summary(cache.image(), &digest).await {
+                    Ok(summary) => {
+                        self.summary_failures.succeeded(&digest);
+                        self.summaries.insert(digest, summary);
+                    }
+                    Err(why) => {
+                        warn!(%digest, error = %why, "reading the image summary failed");
+                        self.summary_failures.failed(&digest, why);
+                    }
+                }
                 continue;
             }
             match &plan.delivery {
@@ -181,9 +225,8 @@ impl Agent {
                 }
             }
             if let Some(digest) = plan.extract {
-                // Pull and extract, then plan again with the outcome.
-                self.extract(cache.image(), &digest).await;
-                continue;
+                // Off the loop: the next pass plans again with the outcome.
+                self.start_extraction(cache.image(), digest);
             }
             return Ok(plan.entries);
         }
@@ -198,26 +241,71 @@ impl Agent {
             .map_err(|e| e.to_string())
     }
 
-    async fn extract(&mut self, image: &str, digest: &Digest) {
-        let started = Instant::now();
-        let result = match self.repo(image, digest) {
-            Ok(repo) => self
-                .store
-                .ensure(&repo, &self.config.extract_policy, None)
-                .await
-                .map_err(Error::from),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(stored) => {
-                let size = tree_size(&stored.path);
-                info!(%digest, bytes = size, elapsed = ?started.elapsed(), "extracted");
-                self.sizes.insert(digest.clone(), size);
-                self.extract_errors.remove(digest);
-            }
+    /// Pulls and extracts `digest` in a task of its own, unless one is
+    /// already under way; its outcome is collected by the next pass.
+    fn start_extraction(&mut self, image: &str, digest: Digest) {
+        if self.extractions.contains_key(&digest) {
+            return;
+        }
+        let repo = match self.repo(image, &digest) {
+            Ok(repo) => repo,
             Err(e) => {
-                warn!(%digest, error = %e, "extraction failed");
-                self.extract_errors.insert(digest.clone(), e.to_string());
+                self.extract_failures.failed(&digest, e.to_string());
+                return;
+            }
+        };
+        let store = self.store.clone();
+        let policy = self.config.extract_policy.clone();
+        let slots = self.extract_slots.clone();
+        let changed = self.changed.clone();
+        let what = digest.clone();
+        let task = tokio::spawn(async move {
+            let outcome = async {
+                let _slot = slots.acquire_owned().await.map_err(|e| e.to_string())?;
+                let started = Instant::now();
+                let stored = store
+                    .ensure(&repo, &policy, None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let path = stored.path.clone();
+                let size = tokio::task::spawn_blocking(move || tree_size(&path))
+                    .await
+                    .unwrap_or_default();
+                info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
+                Ok(size)
+            }
+            .await;
+            changed.notify_one();
+            outcome
+        });
+        self.extractions.insert(digest, task);
+    }
+
+    /// Collects the outcome of the extractions that ended.
+    async fn harvest_extractions(&mut self) {
+        let ended: Vec<Digest> = self
+            .extractions
+            .iter()
+            .filter(|(_, task)| task.is_finished())
+            .map(|(digest, _)| digest.clone())
+            .collect();
+        for digest in ended {
+            let Some(task) = self.extractions.remove(&digest) else {
+                continue;
+            };
+            match task.await {
+                Ok(Ok(size)) => {
+                    self.sizes.insert(digest.clone(), size);
+                    self.extract_failures.succeeded(&digest);
+                }
+                Ok(Err(why)) => {
+                    warn!(%digest, error = %why, "extraction failed");
+                    self.extract_failures.failed(&digest, why);
+                }
+                Err(e) => {
+                    warn!(%digest, error = %e, "extraction task failed");
+                    self.extract_failures.failed(&digest, e.to_string());
+                }
             }
         }
     }
@@ -262,6 +350,7 @@ impl Agent {
         let Some(node) = nodes.get_opt(&self.config.node_name).await? else {
             return Ok(BTreeMap::new());
         };
+        self.reports.set_node_uid(node.metadata.uid.clone());
         let mut labels = node.labels().clone();
         if !self.config.label_node {
             return Ok(labels);

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use super::common::{CacheCounts, CacheState, PodTemplate, PvcOwner, PvcStatus};
-use super::signature::SignaturePolicy;
+use super::signature::{SignatureMode, SignaturePolicy};
 use super::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERENCE};
 
 /// What both cache kinds ask for. GKM's fields keep GKM's names, so GKM's
@@ -49,9 +49,12 @@ pub struct CacheSpec {
     /// Deliver only to nodes matching this selector (on top of GPU fit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
-    /// How often the tag is resolved again to follow a moved tag (`5m`).
+    /// How often the tag is resolved again to follow a moved tag (`5m`):
+    /// from 10s to 168h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION))]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10s') && duration(self) <= duration('168h')")
+        .message("resolveInterval must be a duration from 10s to 168h"))]
     pub resolve_interval: Option<String>,
 }
 
@@ -171,12 +174,30 @@ pub struct CacheStatus {
     pub last_updated: Option<Time>,
 }
 
-/// The outcome of verifying a cache image's signature.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+/// The outcome of verifying a cache image's signature, and the operator's
+/// verdict on it: the agents and the CSI driver deliver what `deliverable`
+/// says and decide nothing themselves. Only the operator writes it: being
+/// allowed to write a cache's `status` is being allowed to deliver it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VerificationStatus {
     /// Whether a signer of the policy was proven.
     pub verified: bool,
+    /// Whether the image may be delivered: verified, or not required to be
+    /// by the mode in force. Absent (from an older operator): `verified`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliverable: Option<bool>,
+    /// The mode in force: the cache's (or the default policy's) as the
+    /// operator's floor allows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SignatureMode>,
+    /// A fingerprint of the policy in force and its key material; a
+    /// verdict is reused only while it is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// When the signatures were last proven (a verified image only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<Time>,
     /// The digest the signature covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
@@ -189,4 +210,11 @@ pub struct VerificationStatus {
     /// Why verification failed, or a note.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+impl VerificationStatus {
+    /// The operator's verdict: may the image be delivered?
+    pub fn is_deliverable(&self) -> bool {
+        self.deliverable.unwrap_or(self.verified)
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! For each cache it resolves `spec.image` to a digest (again every
 //! `resolveInterval`, so a moved tag rolls out), verifies the signature
-//! against the cache's policy or the operator's default, rolls the node
+//! against the cache's policy or the operator's default as the operator's
+//! [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
 //! writes status once per real change. Deleting a cache waits until no node
 //! uses or reports it, then releases the finalizer.
@@ -10,6 +11,7 @@
 mod conditions;
 mod reconcile;
 pub mod rollup;
+mod verdict;
 mod verifier;
 
 use std::sync::Arc;
@@ -24,8 +26,11 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
-pub use reconcile::{FINALIZER, parse_duration};
-pub use verifier::{ImageVerifier, RegistryVerifier, deliverable};
+pub use reconcile::{
+    FINALIZER, MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, parse_duration, resolve_interval,
+};
+pub use verdict::PolicyFloor;
+pub use verifier::{ImageVerifier, RegistryVerifier};
 
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
@@ -40,6 +45,11 @@ pub struct OperatorConfig {
     pub default_policy: Option<SignaturePolicy>,
     /// How often tags are resolved again when a cache does not say.
     pub resolve_interval: Duration,
+    /// What every cache's signature policy must meet.
+    pub floor: PolicyFloor,
+    /// How long a verified image stays verified before its signatures are
+    /// checked again (also when nothing changed).
+    pub reverify_interval: Duration,
     /// The name events are reported under.
     pub instance: String,
 }
@@ -50,6 +60,8 @@ impl Default for OperatorConfig {
             registry: RegistryOptions::default(),
             default_policy: None,
             resolve_interval: Duration::from_secs(300),
+            floor: PolicyFloor::default(),
+            reverify_interval: Duration::from_secs(3600),
             instance: "gkm-operator".into(),
         }
     }
@@ -149,7 +161,7 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
                 ctx.metrics
                     .reconciles
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                reconcile::reconcile(cache, ctx, store.clone())
+                crate::error::contained(reconcile::reconcile(cache, ctx, store.clone()))
             },
             |cache, error, ctx| {
                 ctx.metrics
@@ -166,4 +178,29 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::contained;
+    use kube::runtime::controller::Action;
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_an_error_not_the_end() {
+        let outcome = contained(async {
+            let values: Vec<u64> = Vec::new();
+            if values.is_empty() {
+                panic!("reconcile met an impossible object");
+            }
+            Ok(Action::await_change())
+        })
+        .await;
+        let err = outcome.expect_err("a panic is an error");
+        assert!(err.to_string().contains("impossible object"), "{err}");
+        assert!(
+            contained(async { Ok(Action::await_change()) })
+                .await
+                .is_ok()
+        );
+    }
 }

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_oci::{Image, ImageRef, Repo};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -19,9 +21,9 @@ use tracing::{info, warn};
 use super::Context;
 use super::conditions::{Cond, merge};
 use super::rollup::rollup;
-use super::verifier::deliverable;
+use super::verdict::verdict;
 use crate::cache_object::{CacheObject, NodeReport};
-use crate::crd::{CacheState, CacheStatus, SignatureMode, SignaturePolicy, VerificationStatus};
+use crate::crd::{CacheState, CacheStatus};
 use crate::error::{Error, Result};
 
 /// The finalizer that holds a cache until no node uses or reports it.
@@ -52,6 +54,11 @@ pub async fn reconcile<K: CacheObject>(
 pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
     match error {
         Error::WaitingForNodes(_) => Action::requeue(Duration::from_secs(2)),
+        // Retrying at once would only panic again: back off a while.
+        Error::Panicked(why) => {
+            tracing::error!(cache = %cache.key(), %why, "reconcile panicked");
+            Action::requeue(Duration::from_secs(300))
+        }
         other => {
             warn!(cache = %cache.key(), error = %other, "reconcile failed");
             Action::requeue(Duration::from_secs(10))
@@ -68,21 +75,19 @@ async fn apply<K: CacheObject>(
     let spec = cache.cache_spec();
     let old = cache.cache_status().cloned().unwrap_or_default();
     let generation = cache.meta().generation;
-    let interval = spec
-        .resolve_interval
-        .as_deref()
-        .and_then(parse_duration)
-        .unwrap_or(ctx.config.resolve_interval);
+    let (interval, interval_note) = resolve_interval(
+        spec.resolve_interval.as_deref(),
+        ctx.config.resolve_interval,
+    );
+    if let Some(note) = &interval_note {
+        warn!(cache = %key, "{note}");
+    }
 
     let resolved = resolve(&spec.image, ctx).await;
     let mut status = CacheStatus {
         observed_generation: generation,
         ..old.clone()
     };
-    let policy = spec
-        .signature
-        .clone()
-        .or_else(|| ctx.config.default_policy.clone());
     let mut wanted = Vec::new();
     match &resolved {
         Err(message) => {
@@ -96,10 +101,17 @@ async fn apply<K: CacheObject>(
         }
         Ok(digest) => {
             status.resolved_digest = Some(digest.clone());
-            let verification =
-                verification(cache, ctx, digest, policy.as_ref(), &old, generation).await;
-            let mode = policy.as_ref().map_or(SignatureMode::Enforce, |p| p.mode);
-            let ok = deliverable(mode, &verification);
+            let (verification, checked) = verdict(cache, ctx, digest, &old).await;
+            if checked {
+                let (type_, reason) = if verification.verified {
+                    (EventType::Normal, "Verified")
+                } else {
+                    (EventType::Warning, "VerificationFailed")
+                };
+                let note = verification.message.clone().unwrap_or_default();
+                publish(cache, ctx, type_, reason, note).await;
+            }
+            let ok = verification.is_deliverable();
             wanted.push(Cond {
                 type_: "Verified",
                 status: verification.verified,
@@ -151,6 +163,14 @@ async fn apply<K: CacheObject>(
             });
         }
     }
+    if let Some(message) = interval_note {
+        wanted.push(Cond {
+            type_: "ResolveIntervalValid",
+            status: false,
+            reason: "OutOfBounds",
+            message,
+        });
+    }
     status.conditions = Some(merge(old.conditions.as_deref(), wanted, generation));
     write_status(cache, ctx, &old, status).await?;
     Ok(Action::requeue(interval))
@@ -163,7 +183,7 @@ async fn cleanup<K: CacheObject>(
 ) -> Result<Action> {
     let key = cache.key();
     let old = cache.cache_status().cloned().unwrap_or_default();
-    let entries = reports_for(&key.name, cache, reports);
+    let entries = live_reports_for(cache, ctx, reports).await?;
     let (counts, _) = rollup(old.resolved_digest.as_deref(), true, entries.iter());
     let status = CacheStatus {
         state: Some(CacheState::Deleting),
@@ -203,6 +223,46 @@ fn reports_for<K: CacheObject>(
         .collect()
 }
 
+/// Like [`reports_for`], but reports of nodes that no longer exist (scaled
+/// down, deleted) are removed rather than waited for: no agent will ever
+/// update them, and a deletion waiting on them would never end.
+async fn live_reports_for<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    reports: &Store<K::NodeReport>,
+) -> Result<Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>>> {
+    let name = cache.key().name;
+    let namespace = cache.namespace();
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut out = Vec::new();
+    for report in reports.state() {
+        if report.namespace() != namespace {
+            continue;
+        }
+        let Some(entries) = report
+            .report()
+            .and_then(|s| s.caches.as_ref())
+            .and_then(|c| c.get(&name))
+        else {
+            continue;
+        };
+        let node = report.name_any();
+        if nodes.get_opt(&node).await?.is_some() {
+            out.push(entries.clone());
+            continue;
+        }
+        let api = K::NodeReport::api(ctx.client.clone(), namespace.as_deref());
+        match api.delete(&node, &DeleteParams::default()).await {
+            Ok(_) => {
+                info!(cache = %cache.key(), %node, "removed the report of a node that no longer exists")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
 async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
     let reference: ImageRef = image
         .parse()
@@ -212,54 +272,6 @@ async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
         .await
         .map_err(|e| format!("resolving {image}: {e}"))?;
     Ok(image_data.digest.to_string())
-}
-
-/// The verification outcome for `digest`: a recorded success while digest
-/// and generation are unchanged, a fresh check otherwise (so a signature
-/// added later, or a registry that answers again, is noticed).
-async fn verification<K: CacheObject>(
-    cache: &K,
-    ctx: &Context,
-    digest: &str,
-    policy: Option<&SignaturePolicy>,
-    old: &CacheStatus,
-    generation: Option<i64>,
-) -> VerificationStatus {
-    if let Some(previous) = &old.verification
-        && previous.verified
-        && previous.digest.as_deref() == Some(digest)
-        && old.observed_generation == generation
-    {
-        return previous.clone();
-    }
-    let Some(policy) = policy else {
-        return VerificationStatus {
-            verified: false,
-            digest: Some(digest.to_string()),
-            message: Some(
-                "no signature policy: set spec.signature, or start the operator with a default policy".into(),
-            ),
-            ..VerificationStatus::default()
-        };
-    };
-    let outcome = ctx
-        .verifier
-        .verify(&cache.key(), &cache.cache_spec().image, digest, policy)
-        .await;
-    let (type_, reason) = if outcome.verified {
-        (EventType::Normal, "Verified")
-    } else {
-        (EventType::Warning, "VerificationFailed")
-    };
-    publish(
-        cache,
-        ctx,
-        type_,
-        reason,
-        outcome.message.clone().unwrap_or_default(),
-    )
-    .await;
-    outcome
 }
 
 /// Writes `new` unless it equals `old` (ignoring `lastUpdated`), with an
@@ -316,7 +328,8 @@ async fn publish<K: CacheObject>(
     }
 }
 
-/// Parses a duration made of whole units (`90s`, `5m`, `1h30m`, `250ms`).
+/// Parses a duration made of whole units (`90s`, `5m`, `1h30m`, `250ms`);
+/// `None` for anything else, a value that overflows included. Never panics.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
@@ -332,17 +345,52 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         } else if rest.starts_with('s') {
             (Duration::from_secs(value), 1)
         } else if rest.starts_with('m') {
-            (Duration::from_secs(value * 60), 1)
+            (Duration::from_secs(value.checked_mul(60)?), 1)
         } else if rest.starts_with('h') {
-            (Duration::from_secs(value * 3600), 1)
+            (Duration::from_secs(value.checked_mul(3600)?), 1)
         } else {
             return None;
         };
-        total += unit;
+        total = total.checked_add(unit)?;
         rest = &rest[len..];
     }
     Some(total)
 }
+
+/// The interval a cache's tags are resolved again at: `spec.resolveInterval`
+/// within [`MIN_RESOLVE_INTERVAL`] and [`MAX_RESOLVE_INTERVAL`], else
+/// `default`; with a note when the spec's value was not used as written.
+pub fn resolve_interval(spec: Option<&str>, default: Duration) -> (Duration, Option<String>) {
+    let Some(text) = spec else {
+        return (default, None);
+    };
+    match parse_duration(text) {
+        None => (
+            default,
+            Some(format!(
+                "resolveInterval {text:?} is not a duration; using {default:?}"
+            )),
+        ),
+        Some(d) if d < MIN_RESOLVE_INTERVAL => (
+            MIN_RESOLVE_INTERVAL,
+            Some(format!(
+                "resolveInterval {text:?} is below the minimum; using {MIN_RESOLVE_INTERVAL:?}"
+            )),
+        ),
+        Some(d) if d > MAX_RESOLVE_INTERVAL => (
+            MAX_RESOLVE_INTERVAL,
+            Some(format!(
+                "resolveInterval {text:?} is above the maximum; using {MAX_RESOLVE_INTERVAL:?}"
+            )),
+        ),
+        Some(d) => (d, None),
+    }
+}
+
+/// The shortest `resolveInterval` honoured (the CRD refuses shorter ones).
+pub const MIN_RESOLVE_INTERVAL: Duration = Duration::from_secs(10);
+/// The longest `resolveInterval` honoured (the CRD refuses longer ones).
+pub const MAX_RESOLVE_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
@@ -357,5 +405,42 @@ mod tests {
         assert_eq!(parse_duration("5 minutes"), None);
         assert_eq!(parse_duration(""), None);
         assert_eq!(parse_duration("10"), None);
+    }
+
+    #[test]
+    fn durations_that_overflow_are_refused_not_panics() {
+        assert_eq!(parse_duration("9999999999999999h"), None);
+        assert_eq!(parse_duration("18446744073709551615m"), None);
+        assert_eq!(parse_duration("18446744073709551615s1s"), None);
+        assert_eq!(parse_duration("99999999999999999999s"), None);
+    }
+
+    #[test]
+    fn resolve_intervals_are_bounded() {
+        use super::{MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, resolve_interval};
+        let default = Duration::from_secs(300);
+        assert_eq!(resolve_interval(None, default), (default, None));
+        assert_eq!(
+            resolve_interval(Some("1m"), default).0,
+            Duration::from_secs(60)
+        );
+        let (d, note) = resolve_interval(Some("0s"), default);
+        assert_eq!(d, MIN_RESOLVE_INTERVAL);
+        assert!(note.is_some_and(|n| n.contains("minimum")));
+        assert_eq!(
+            resolve_interval(Some("9999h"), default).0,
+            MAX_RESOLVE_INTERVAL
+        );
+        let (d, note) = resolve_interval(Some("9999999999999999h"), default);
+        assert_eq!(d, default);
+        assert!(note.is_some_and(|n| n.contains("not a duration")));
+    }
+
+    proptest::proptest! {
+        /// No text makes the parser panic.
+        #[test]
+        fn parsing_never_panics(text in "\\PC{0,40}|[0-9]{0,25}(ms|s|m|h)([0-9]{0,25}(ms|s|m|h)){0,3}") {
+            let _ = parse_duration(&text);
+        }
     }
 }

@@ -12,25 +12,18 @@ use crate::crd::{
     ConfigMapKeyRef, SecretKeyRef, SignatureMode, SignaturePolicy, VerificationStatus,
 };
 
-/// Verifies an image digest against a cache's signature policy.
+/// Verifies image digests: resolving a cache's policy (its Secret and
+/// ConfigMap references) and checking signatures are separate steps, so the
+/// operator can key what it remembers on the resolved policy.
 #[async_trait]
 pub trait ImageVerifier: Send + Sync {
-    /// What verifying `digest` of `image` against `policy` proved, or why not.
-    async fn verify(
-        &self,
-        cache: &CacheKey,
-        image: &str,
-        digest: &str,
-        policy: &SignaturePolicy,
-    ) -> VerificationStatus;
-}
+    /// `policy` with every reference resolved, for `cache` (which decides
+    /// the namespaces references may name), or why it cannot be.
+    async fn resolve(&self, cache: &CacheKey, policy: &SignaturePolicy) -> Result<Policy, String>;
 
-/// Whether a verification outcome lets the cache be delivered under `mode`.
-pub fn deliverable(mode: SignatureMode, status: &VerificationStatus) -> bool {
-    match mode {
-        SignatureMode::Enforce => status.verified,
-        SignatureMode::Audit | SignatureMode::Off => true,
-    }
+    /// What verifying `digest` of `image` against `policy` proved, or why
+    /// not. The policy's mode is not applied here.
+    async fn verify(&self, image: &str, digest: &str, policy: &Policy) -> VerificationStatus;
 }
 
 /// Verifies against the registry with [`gkm_oci::verify`], resolving the
@@ -56,27 +49,54 @@ impl RegistryVerifier {
         }
     }
 
-    /// The namespace a reference without one is looked up in.
-    fn namespace_for(&self, cache: &CacheKey, explicit: Option<&String>) -> String {
-        explicit
-            .cloned()
-            .or_else(|| cache.namespace.clone())
-            .unwrap_or_else(|| self.operator_namespace.clone())
+    /// The namespace a reference is looked up in: a namespaced cache may
+    /// name only its own namespace, a cluster cache only the operator's.
+    /// A reference elsewhere is refused without reading anything, in words
+    /// that say nothing about what exists there.
+    fn namespace_for(
+        &self,
+        cache: &CacheKey,
+        explicit: Option<&String>,
+        what: &str,
+    ) -> Result<String, String> {
+        let allowed = cache
+            .namespace
+            .clone()
+            .unwrap_or_else(|| self.operator_namespace.clone());
+        match explicit {
+            Some(ns) if *ns != allowed => Err(format!(
+                "{what} in namespace {ns:?}: a {} may only reference objects in {allowed:?}",
+                if cache.namespace.is_some() {
+                    "GKMCache"
+                } else {
+                    "ClusterGKMCache"
+                }
+            )),
+            _ => Ok(allowed),
+        }
     }
 
-    async fn secret_value(&self, cache: &CacheKey, r: &SecretKeyRef) -> Result<String, String> {
-        let ns = self.namespace_for(cache, r.namespace.as_ref());
+    /// The public key in a Secret: the same words whether the Secret is
+    /// missing, lacks the key, or holds no usable public key there.
+    async fn secret_key(&self, cache: &CacheKey, r: &SecretKeyRef) -> Result<PublicKey, String> {
+        let ns = self.namespace_for(cache, r.namespace.as_ref(), "Secret")?;
+        let unusable = || {
+            format!(
+                "Secret {ns}/{} key {:?} is missing or not usable",
+                r.name, r.key
+            )
+        };
         let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
-        let secret = api
-            .get(&r.name)
-            .await
-            .map_err(|e| format!("Secret {ns}/{}: {e}", r.name))?;
+        let secret = api.get_opt(&r.name).await.map_err(|e| {
+            tracing::warn!(secret = %r.name, namespace = %ns, error = %e, "reading a Secret");
+            unusable()
+        })?;
         let bytes = secret
-            .data
+            .and_then(|s| s.data)
             .and_then(|d| d.get(&r.key).cloned())
-            .ok_or_else(|| format!("Secret {ns}/{} has no key {:?}", r.name, r.key))?;
-        String::from_utf8(bytes.0)
-            .map_err(|_| format!("Secret {ns}/{} key {:?} is not text", r.name, r.key))
+            .ok_or_else(unusable)?;
+        let pem = String::from_utf8(bytes.0).map_err(|_| unusable())?;
+        PublicKey::from_pem(&pem).map_err(|_| unusable())
     }
 
     async fn config_map_value(
@@ -84,30 +104,44 @@ impl RegistryVerifier {
         cache: &CacheKey,
         r: &ConfigMapKeyRef,
     ) -> Result<String, String> {
-        let ns = self.namespace_for(cache, r.namespace.as_ref());
+        let ns = self.namespace_for(cache, r.namespace.as_ref(), "ConfigMap")?;
+        let unusable = || {
+            format!(
+                "ConfigMap {ns}/{} key {:?} is missing or not usable",
+                r.name, r.key
+            )
+        };
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.client.clone(), &ns);
-        let map = api
-            .get(&r.name)
-            .await
-            .map_err(|e| format!("ConfigMap {ns}/{}: {e}", r.name))?;
-        map.data
+        let map = api.get_opt(&r.name).await.map_err(|e| {
+            tracing::warn!(config_map = %r.name, namespace = %ns, error = %e, "reading a ConfigMap");
+            unusable()
+        })?;
+        map.and_then(|m| m.data)
             .and_then(|d| d.get(&r.key).cloned())
-            .ok_or_else(|| format!("ConfigMap {ns}/{} has no key {:?}", r.name, r.key))
+            .ok_or_else(unusable)
     }
 
     /// The policy as gkm-core states it, with every reference resolved.
-    async fn policy(&self, cache: &CacheKey, policy: &SignaturePolicy) -> Result<Policy, String> {
+    async fn core_policy(
+        &self,
+        cache: &CacheKey,
+        policy: &SignaturePolicy,
+    ) -> Result<Policy, String> {
         let mut signers = Vec::new();
         for (i, signer) in policy.signers.iter().flatten().enumerate() {
             let at = format!("spec.signature.signers[{i}]");
             match (&signer.key, &signer.keyless) {
                 (Some(key), _) => {
-                    let pem = match (&key.public_key, &key.secret_ref) {
-                        (Some(pem), _) => pem.clone(),
-                        (None, Some(r)) => self.secret_value(cache, r).await?,
+                    let key = match (&key.public_key, &key.secret_ref) {
+                        (Some(pem), _) => {
+                            PublicKey::from_pem(pem).map_err(|e| format!("{at}.key: {e}"))?
+                        }
+                        (None, Some(r)) => self
+                            .secret_key(cache, r)
+                            .await
+                            .map_err(|e| format!("{at}.key: {e}"))?,
                         (None, None) => return Err(format!("{at}.key names no public key")),
                     };
-                    let key = PublicKey::from_pem(&pem).map_err(|e| format!("{at}.key: {e}"))?;
                     signers.push(Signer::Key(key));
                 }
                 (None, Some(keyless)) => {
@@ -140,37 +174,35 @@ impl RegistryVerifier {
             SignatureMode::Audit => Mode::Audit,
             SignatureMode::Off => Mode::Off,
         };
-        Policy::new(
+        let core = Policy::new(
             mode,
             signers,
             trusted_root,
             policy.require_tlog.unwrap_or(false),
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        // Keyless signatures need a log entry unless the policy says
+        // `requireTlog: false` in so many words.
+        Ok(if policy.require_tlog == Some(false) {
+            core.allowing_unlogged_keyless()
+        } else {
+            core
+        })
     }
 }
 
 #[async_trait]
 impl ImageVerifier for RegistryVerifier {
-    async fn verify(
-        &self,
-        cache: &CacheKey,
-        image: &str,
-        digest: &str,
-        policy: &SignaturePolicy,
-    ) -> VerificationStatus {
+    async fn resolve(&self, cache: &CacheKey, policy: &SignaturePolicy) -> Result<Policy, String> {
+        self.core_policy(cache, policy).await
+    }
+
+    async fn verify(&self, image: &str, digest: &str, policy: &Policy) -> VerificationStatus {
         let refused = |message: String| VerificationStatus {
             verified: false,
             digest: Some(digest.to_string()),
             message: Some(message),
             ..VerificationStatus::default()
-        };
-        if policy.mode == SignatureMode::Off {
-            return refused("signature verification is off for this cache".into());
-        }
-        let core = match self.policy(cache, policy).await {
-            Ok(p) => p,
-            Err(e) => return refused(format!("signature policy: {e}")),
         };
         let (reference, parsed_digest) = match (image.parse::<ImageRef>(), digest.parse::<Digest>())
         {
@@ -178,13 +210,14 @@ impl ImageVerifier for RegistryVerifier {
             (Err(e), _) => return refused(format!("{image}: {e}")),
             (_, Err(e)) => return refused(format!("{digest}: {e}")),
         };
-        match gkm_oci::verify::verify(&reference, &self.registry, &parsed_digest, &core).await {
+        match gkm_oci::verify::verify(&reference, &self.registry, &parsed_digest, policy).await {
             Ok(verified) => VerificationStatus {
                 verified: true,
                 digest: Some(verified.digest.clone()),
                 format: Some(verified.format.to_string()),
                 signer: Some(verified.signed_by.to_string()),
                 message: Some(verified.to_string()),
+                ..VerificationStatus::default()
             },
             Err(VerifyError::Rejected(why)) => refused(why.to_string()),
             Err(VerifyError::Image(e)) => refused(format!("reading signatures: {e}")),

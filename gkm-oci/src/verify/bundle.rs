@@ -249,10 +249,21 @@ fn from_envelope(
 }
 
 /// The subject digest of an in-toto statement: `digest` itself when a
-/// subject names it, else the first subject's.
+/// subject names it, else the first subject's. Only cosign's signature
+/// predicate is a signature: a provenance or scan attestation by the same
+/// key says something else about the image, and is refused.
 fn statement_digest(payload: &[u8], digest: &Digest) -> std::result::Result<String, String> {
     let statement: serde_json::Value = serde_json::from_slice(payload)
         .map_err(|e| format!("the in-toto statement is not JSON: {e}"))?;
+    match statement.get("predicateType").and_then(|t| t.as_str()) {
+        Some(COSIGN_SIGN_PREDICATE) => {}
+        other => {
+            return Err(format!(
+                "the in-toto statement's predicate type is {}, not a signature ({COSIGN_SIGN_PREDICATE})",
+                other.map_or_else(|| "missing".to_string(), |t| format!("{t:?}"))
+            ));
+        }
+    }
     let subjects = statement
         .get("subject")
         .and_then(|s| s.as_array())

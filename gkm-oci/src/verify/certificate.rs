@@ -51,7 +51,7 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
     let leaf = parse(leaf_der)?;
     let issued = leaf.validity().not_before.timestamp();
     let mut tried = Vec::new();
-    let mut chained = false;
+    let mut chained = None;
     for ca in &root.certificate_authorities {
         let Some(issuer_der) = ca.chain.first() else {
             continue;
@@ -73,12 +73,12 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
             &leaf.signature_value.data,
         );
         if signed && issuer.is_ca() && ca.valid_for.contains(issued) {
-            chained = true;
+            chained = Some(issuer.public_key().raw.to_vec());
             break;
         }
         tried.push(subject_name(&issuer));
     }
-    if !chained {
+    let Some(issuer_spki) = chained else {
         return Err(Rejection::UntrustedChain(format!(
             "the certificate for {:?} issued by {:?} is not signed by a certificate authority of the trusted root (tried: {})",
             subject_name(&leaf),
@@ -89,7 +89,13 @@ pub(crate) fn check_leaf(leaf_der: &[u8], root: &TrustedRoot, at: i64) -> Result
                 tried.join(", ")
             }
         )));
-    }
+    };
+    let scts = leaf
+        .extensions()
+        .iter()
+        .find(|e| e.oid.to_id_string() == super::sct::OID_SCT_LIST)
+        .map(|e| e.value);
+    super::sct::check(scts, leaf.tbs_certificate.as_ref(), &issuer_spki, root)?;
     let (not_before, not_after) = (
         leaf.validity().not_before.timestamp(),
         leaf.validity().not_after.timestamp(),

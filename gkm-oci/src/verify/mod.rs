@@ -39,6 +39,7 @@ pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
 pub mod location;
+mod sct;
 mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
@@ -58,6 +59,7 @@ pub use cosign_v2::{
     SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use location::{referrers_tag, signature_tag};
+pub use sct::OID_SCT_LIST;
 
 /// Why [`verify`] gave no [`Verified`].
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +156,7 @@ pub(crate) fn check(
             .find_map(|e| tlog::verified_time(e, root, &c.signature))
     });
     let covers = |signed_by: SignedBy| -> Result<Verified, Rejection> {
+        let keyless = matches!(signed_by, SignedBy::Keyless { .. });
         let signed = c
             .signed_digest
             .clone()
@@ -168,7 +171,8 @@ pub(crate) fn check(
                 signed,
             });
         }
-        if policy.require_tlog() && logged.is_none() {
+        let needs_tlog = policy.require_tlog() || (keyless && policy.keyless_needs_tlog());
+        if needs_tlog && logged.is_none() {
             return Err(Rejection::TlogMissing);
         }
         Ok(Verified {

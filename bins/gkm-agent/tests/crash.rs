@@ -1,0 +1,462 @@
+//! `gkm-agent` against a real kube-apiserver and a real registry when things
+//! go wrong: a registry that fails once is tried again (the node report says
+//! when), and an agent killed in the middle of an extraction (SIGKILL, 20
+//! times in a row, then by the kernel for exceeding a memory cgroup's limit)
+//! never leaves a partial tree where the CSI driver looks, and converges once
+//! it runs undisturbed.
+//!
+//! The memory limit is a cgroup (v1 `memory` controller), as Kubernetes
+//! applies to the agent's pod: the kernel kills the process when its charged
+//! memory passes the limit, exactly what a pod limit does. An address-space
+//! rlimit would instead fail allocations (reserved thread stacks and malloc
+//! arenas count), which is not what happens to an agent on a node.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gkm_k8s::cache_object::{CacheKey, Scope};
+use gkm_k8s::crd::{GKMCache, GKMCacheNode};
+use gkm_k8s::delivery::DeliveryIndex;
+use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
+use gkm_testenv::{ControlPlane, Process, Registry};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+fn registry_options() -> RegistryOptions {
+    RegistryOptions {
+        insecure: true,
+        ..RegistryOptions::default()
+    }
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
+}
+
+/// A copy of the sm75 fixture with `extra` more 1 KiB files, so extracting
+/// it takes a while.
+fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
+    let root = dir.join("cache");
+    let copy = Command::new("cp")
+        .arg("-r")
+        .arg(fixture())
+        .arg(&root)
+        .status()?;
+    anyhow::ensure!(copy.success(), "copying the fixture");
+    let launcher = root.join("Q4KTBUSJ2LEGOHKSPJA2BG4BDURWUGYX7YU6TXZ7DZBKCDBQVGZQ");
+    for i in 0..extra {
+        let body: Vec<u8> = (0..1024u32).map(|b| (b as usize * 31 + i) as u8).collect();
+        std::fs::write(launcher.join(format!("extra-{i:05}.so")), body)?;
+    }
+    Ok(root)
+}
+
+/// Builds `tree` into a layout and returns it with the image digest.
+async fn build_layout(tree: &Path, dir: &Path) -> anyhow::Result<(ImageRef, Digest)> {
+    let layout: ImageRef = format!("oci:{}:v1", dir.join("layout").display()).parse()?;
+    let options = BuildOptions {
+        compression: Compression::None,
+        ..BuildOptions::default()
+    };
+    let built = build(tree, &layout, &options, &registry_options()).await?;
+    Ok((layout, built.digest))
+}
+
+async fn push(layout: &ImageRef, remote: &str) -> anyhow::Result<()> {
+    let remote: ImageRef = remote.parse()?;
+    gkm_oci::copy_image(
+        &Repo::open(layout, &registry_options())?,
+        &Repo::create(&remote, &registry_options())?,
+        None,
+    )
+    .await?;
+    Ok(())
+}
+
+struct Setup {
+    plane: &'static ControlPlane,
+    client: kube::Client,
+    dir: tempfile::TempDir,
+    node: String,
+    namespace: String,
+}
+
+impl Setup {
+    async fn new(node: &str, namespace: &str) -> anyhow::Result<Setup> {
+        let plane = ControlPlane::shared().await?;
+        plane.install_crds(&gkm_k8s::crd::crds()).await?;
+        plane.ensure_namespace(namespace).await?;
+        let client = plane.client().await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let object: Node = serde_json::from_value(json!({"metadata": {"name": node}}))?;
+        nodes
+            .patch(
+                node,
+                &PatchParams::apply("gkm-test"),
+                &Patch::Apply(&object),
+            )
+            .await?;
+        let dir = gkm_testenv::temp_dir()?;
+        std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
+        Ok(Setup {
+            plane,
+            client,
+            dir,
+            node: node.into(),
+            namespace: namespace.into(),
+        })
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn agent_command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
+        cmd.arg(format!(
+            "--kubeconfig={}",
+            self.plane.kubeconfig().display()
+        ))
+        .arg(format!("--node-name={}", self.node))
+        .arg(format!("--store={}", self.store().display()))
+        .arg(format!(
+            "--simulate={}",
+            self.dir.path().join("gpus.yaml").display()
+        ))
+        .arg("--metrics-addr=127.0.0.1:0")
+        .arg("--insecure-registry")
+        .arg("--resync=1s")
+        .env("GKM_LOG", "info");
+        cmd
+    }
+
+    fn agent(&self, name: &str) -> anyhow::Result<Process> {
+        Process::spawn(
+            name,
+            self.agent_command(),
+            &self.dir.path().join(format!("{name}.log")),
+        )
+    }
+
+    /// A cache of `image` whose status says what the operator would: the
+    /// digest, verified and deliverable.
+    async fn cache(&self, name: &str, image: &str, digest: &Digest) -> anyhow::Result<()> {
+        let api: Api<GKMCache> = Api::namespaced(self.client.clone(), &self.namespace);
+        let object: GKMCache = serde_json::from_value(json!({
+            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"image": image},
+        }))?;
+        let apply = PatchParams::apply("gkm-test").force();
+        api.patch(name, &apply, &Patch::Apply(&object)).await?;
+        let status = json!({"status": {
+            "resolvedDigest": digest.to_string(),
+            "verification": {"verified": true, "deliverable": true, "digest": digest.to_string()},
+        }});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        Ok(())
+    }
+
+    /// This node's report entry for `cache` and `digest`: state and message.
+    async fn entry(
+        &self,
+        cache: &str,
+        digest: &Digest,
+    ) -> anyhow::Result<Option<(String, String)>> {
+        let api: Api<GKMCacheNode> = Api::namespaced(self.client.clone(), &self.namespace);
+        let Some(report) = api.get_opt(&self.node).await? else {
+            return Ok(None);
+        };
+        let entry = report
+            .status
+            .and_then(|s| s.caches)
+            .and_then(|c| c.get(cache).cloned())
+            .and_then(|e| e.get(digest.as_str()).cloned());
+        Ok(entry.map(|e| {
+            (
+                e.state.map(|s| format!("{s:?}")).unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        }))
+    }
+
+    fn key(&self, cache: &str) -> CacheKey {
+        CacheKey {
+            scope: Scope::Namespaced,
+            namespace: Some(self.namespace.clone()),
+            name: cache.into(),
+        }
+    }
+}
+
+/// Polls `probe` every 100 ms until it holds, failing after `limit` or when
+/// `agent` exits.
+async fn until<F, Fut>(
+    agent: &mut Process,
+    what: &str,
+    limit: Duration,
+    mut probe: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let began = Instant::now();
+    loop {
+        agent.check_running()?;
+        if probe().await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            began.elapsed() < limit,
+            "{what}: not within {limit:?}; log:\n{}",
+            agent.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until this node reports `cache` extracted at `digest`.
+async fn until_extracted(
+    setup: &Setup,
+    agent: &mut Process,
+    cache: &str,
+    digest: &Digest,
+) -> anyhow::Result<()> {
+    until(
+        agent,
+        "the cache extracted",
+        Duration::from_secs(300),
+        || async {
+            Ok(setup
+                .entry(cache, digest)
+                .await?
+                .is_some_and(|(state, _)| state == "Extracted"))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Result<()> {
+    let setup = Setup::new("blip-node", "agent-blip").await?;
+    let registry = Registry::shared()?;
+    let tree = cache_tree(setup.dir.path(), 0)?;
+    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
+    // The image is not in the registry yet: reading it fails.
+    let remote = format!("{}/agent/blip:v1", registry.addr());
+    setup.cache("blip", &remote, &digest).await?;
+    let mut agent = setup.agent("agent-blip")?;
+    until(
+        &mut agent,
+        "the failure reported",
+        Duration::from_secs(60),
+        || async {
+            Ok(setup
+                .entry("blip", &digest)
+                .await?
+                .is_some_and(|(state, m)| state == "Error" && m.contains("next try at")))
+        },
+    )
+    .await?;
+    let (_, message) = setup.entry("blip", &digest).await?.unwrap_or_default();
+    assert!(message.contains("(attempt "), "{message}");
+    // The registry answers now: the same agent delivers, no restart.
+    push(&layout, &remote).await?;
+    until_extracted(&setup, &mut agent, "blip", &digest).await?;
+    let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
+    assert!(delivery.is_some_and(|d| d.is_deliverable()));
+    agent.terminate(Duration::from_secs(15))?;
+    Ok(())
+}
+
+/// Every regular file below `dir`, relative, sorted.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                out.push(rel.to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What the CSI driver could see now: nothing, or the whole tree; and a
+/// deliverable entry only with the whole tree in place.
+fn assert_no_partial_tree(store: &Path, key: &CacheKey, digest: &Digest, want: &[PathBuf]) {
+    let entry = store.join("sha256").join(digest.hex());
+    let present = entry.exists();
+    if present {
+        assert_eq!(files(&entry), want, "a partial tree at {}", entry.display());
+    }
+    let deliverable = DeliveryIndex::new(store)
+        .get(key)
+        .ok()
+        .flatten()
+        .is_some_and(|d| d.is_deliverable());
+    assert!(
+        !deliverable || present,
+        "deliverable without its tree in the store"
+    );
+}
+
+/// Whether an extraction is under way: a staging directory is filling.
+fn extracting(store: &Path) -> bool {
+    std::fs::read_dir(store.join("staging"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .any(|e| std::fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_some()))
+}
+
+/// Waits until the agent is extracting.
+async fn until_extracting(agent: &mut Process, store: &Path) -> anyhow::Result<()> {
+    until(
+        agent,
+        "extraction under way",
+        Duration::from_secs(60),
+        || async { Ok(extracting(store)) },
+    )
+    .await
+}
+
+/// A memory cgroup of its own, removed when dropped.
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn new(name: &str, limit: u64) -> Option<MemoryCgroup> {
+        let dir = Path::new("/sys/fs/cgroup/memory").join(name);
+        std::fs::create_dir(&dir).ok()?;
+        let group = MemoryCgroup(dir);
+        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(group)
+    }
+
+    fn add(&self, pid: u32) -> std::io::Result<()> {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string())
+    }
+
+    fn failures(&self) -> u64 {
+        std::fs::read_to_string(self.0.join("memory.failcnt"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow::Result<()> {
+    let setup = Setup::new("crash-node", "agent-crash").await?;
+    let registry = Registry::shared()?;
+    let tree = cache_tree(setup.dir.path(), 20_000)?;
+    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
+    let remote = format!("{}/agent/crash:v1", registry.addr());
+    push(&layout, &remote).await?;
+    let mut want: Vec<PathBuf> = files(&tree)
+        .into_iter()
+        .map(|p| Path::new("io.triton.cache").join(p))
+        .collect();
+    want.push(PathBuf::from("io.triton.manifest/manifest.json"));
+    want.sort();
+    setup.cache("crash", &remote, &digest).await?;
+    let key = setup.key("crash");
+    let store = setup.store();
+
+    // SIGKILL in the middle of extracting, 20 times in a row, at a different
+    // point each time.
+    for round in 0..20u64 {
+        let mut agent = setup.agent(&format!("agent-kill-{round}"))?;
+        until_extracting(&mut agent, &store).await?;
+        tokio::time::sleep(Duration::from_millis(round * 97 % 1500)).await;
+        agent.kill();
+        let entry = store.join("sha256").join(digest.hex());
+        assert!(
+            !entry.exists(),
+            "round {round}: the extraction finished before the kill; make the image larger"
+        );
+        assert_no_partial_tree(&store, &key, &digest, &want);
+    }
+
+    // Killed by the kernel: the agent joins a memory cgroup once it
+    // extracts, whose limit its extraction's memory exceeds.
+    let name = format!("gkm-agent-test-{}", std::process::id());
+    match MemoryCgroup::new(&name, 4 << 20) {
+        None => eprintln!(
+            "skipping the memory-limit part: cannot create a memory cgroup under /sys/fs/cgroup/memory (needs root and cgroup v1)"
+        ),
+        Some(group) => {
+            let mut child = setup
+                .agent_command()
+                .stdout(std::fs::File::create(
+                    setup.dir.path().join("agent-oom.log"),
+                )?)
+                .stderr(std::fs::File::create(
+                    setup.dir.path().join("agent-oom.err"),
+                )?)
+                .spawn()?;
+            let began = Instant::now();
+            while !extracting(&store) {
+                anyhow::ensure!(began.elapsed() < Duration::from_secs(60), "no extraction");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            group.add(child.id())?;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let status = loop {
+                if let Some(status) = child.try_wait()? {
+                    break status;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    anyhow::bail!("the agent outlived its memory limit");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            use std::os::unix::process::ExitStatusExt as _;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+            assert!(group.failures() > 0, "the limit was never hit");
+            assert!(!store.join("sha256").join(digest.hex()).exists());
+            assert_no_partial_tree(&store, &key, &digest, &want);
+        }
+    }
+
+    // Undisturbed, it converges: the whole tree, deliverable, no leftovers.
+    let mut agent = setup.agent("agent-final")?;
+    until_extracted(&setup, &mut agent, "crash", &digest).await?;
+    assert_no_partial_tree(&store, &key, &digest, &want);
+    assert_eq!(files(&store.join("sha256").join(digest.hex())), want);
+    let delivery = DeliveryIndex::new(&store).get(&key)?;
+    assert!(delivery.is_some_and(|d| d.is_deliverable()));
+    let leftovers: Vec<_> = std::fs::read_dir(store.join("staging"))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(leftovers.is_empty(), "staging holds {leftovers:?}");
+    // Its peak memory, the whole extraction included.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(peak_kib < 128 << 10, "the agent peaked at {peak_kib} KiB");
+    agent.terminate(Duration::from_secs(15))?;
+    Ok(())
+}
