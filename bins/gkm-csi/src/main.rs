@@ -37,6 +37,10 @@ struct Cli {
     log_json: bool,
 }
 
+/// How often mount records are checked against the kernel's mount table
+/// (and how old a record must be to be forgotten).
+const MOUNT_RECORD_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     let path = endpoint
@@ -77,6 +81,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
+    tokio::spawn(gkm_k8s::csi::server::forget_stale_mount_records(
+        config.store_root.clone(),
+        MOUNT_RECORD_CHECK,
+        MOUNT_RECORD_CHECK,
+        stopped(stop_rx.clone()),
+    ));
     serve_csi(&socket, driver, stopped(stop_rx))
         .await
         .context("serving CSI")?;

@@ -88,6 +88,46 @@ pub async fn serve_registration(
     finish(socket, served)
 }
 
+/// Removes mount records no mount backs (a node crash, a driver killed
+/// between an unmount and the record's removal) at once and then every
+/// `every`, until `shutdown` completes; records younger than `grace` are
+/// kept, as their publish may still be under way. See
+/// [`crate::mount_table`].
+pub async fn forget_stale_mount_records(
+    store_root: PathBuf,
+    every: std::time::Duration,
+    grace: std::time::Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let records = crate::delivery::MountRecords::new(&store_root);
+    let work = async {
+        loop {
+            let records = records.clone();
+            match tokio::task::spawn_blocking(move || {
+                crate::mount_table::reconcile_with_kernel(&records, grace)
+            })
+            .await
+            {
+                Ok(Ok(removed)) => {
+                    for record in removed {
+                        tracing::info!(volume = %record.volume_id, target = %record.target_path.display(),
+                            "forgot a mount record no mount backs");
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "checking mount records against the mount table")
+                }
+                Err(e) => tracing::warn!(error = %e, "mount record check"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    };
+    tokio::select! {
+        () = work => {}
+        () = shutdown => {}
+    }
+}
+
 fn finish(socket: &Path, served: std::result::Result<(), tonic::transport::Error>) -> Result<()> {
     let _ = std::fs::remove_file(socket);
     served.map_err(|e| Error::Io {
