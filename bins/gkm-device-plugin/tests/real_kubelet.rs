@@ -194,6 +194,14 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 
+    // The plugin reads pods with the RBAC deploy/ ships, as its account.
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in ["namespace.yaml", "rbac/device-plugin.yaml"] {
+        plane.apply_file(&deploy.join(file)).await?;
+    }
+    let plugin_kubeconfig =
+        plane.kubeconfig_for_service_account("gkm-system", "gkm-device-plugin")?;
+
     let work = gkm_testenv::temp_dir()?;
     let tree = NodeTree::new(&work.path().join("node"))?.with_char_devices()?;
     tree.example()?;
@@ -220,7 +228,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         "--pod-resources-socket={}",
         node.pod_resources_socket().display()
     ))
-    .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+    .arg(format!("--kubeconfig={}", plugin_kubeconfig.display()))
     .arg(format!("--node-name={NODE}"))
     .arg("--poll=500ms")
     .arg("--no-nvml");
@@ -382,14 +390,21 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     eprintln!("allocatable back {took:?} after the kubelet was Ready again");
     plugin.check_running()?;
     assert_eq!(plugin.pid(), pid);
-    assert!(
-        plugin.log_tail(200).contains("registering again"),
-        "{}",
-        plugin.log_tail(40)
-    );
-    assert_eq!(
-        pod_resources(&socket).await?["vm-h100"],
-        held(H100, &["0000:2a:00.0"])
-    );
+    let log = std::fs::read_to_string(work.path().join("plugin.log"))?;
+    assert!(log.contains("registering again"), "{log}");
+    // The restarted kubelet lists the pod again once it has synced it, with
+    // the device it had.
+    let began = Instant::now();
+    loop {
+        let now = pod_resources(&socket).await?;
+        if let Some(devices) = now.get("vm-h100") {
+            assert_eq!(devices, &held(H100, &["0000:2a:00.0"]));
+            break;
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("vm-h100 not in pod-resources after the restart: {now:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     Ok(())
 }
