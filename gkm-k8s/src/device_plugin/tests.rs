@@ -388,6 +388,21 @@ fn container_gpus_get_uuids_device_nodes_and_cdi_names() {
     assert!(answer.envs.is_empty());
     let paths = container_paths(&answer);
     assert_eq!(paths, ["/dev/kfd"]);
+    // With its render node in sysfs (drm/renderD129), that node too.
+    std::fs::create_dir_all(
+        tree.paths()
+            .sysfs_root
+            .join("bus/pci/devices/0000:40:00.0/drm/renderD129"),
+    )
+    .expect("drm");
+    tree.dev_node("dri/renderD129").expect("render node");
+    let snapshot = look(&tree);
+    let amd = &snapshot.resources["amd.com/gpu"];
+    let answer = allocate(amd, &strings(&["0000:40:00.0"]), &opts).expect("amd");
+    assert_eq!(
+        container_paths(&answer),
+        ["/dev/kfd", "/dev/dri/renderD129"]
+    );
     // No /dev/kfd: the AMD GPU is unhealthy.
     std::fs::remove_file(tree.paths().dev_root.join("kfd")).expect("rm");
     assert_eq!(look(&tree).resources["amd.com/gpu"].healthy(), 0);
