@@ -299,6 +299,45 @@ pub fn compute_capability(device_id: u16) -> Option<(u32, u32)> {
 mod tests {
     use super::*;
 
+    /// `/proc/driver/nvidia/gpus/0000:00:06.0/information` as the 580
+    /// driver wrote it for an H100.
+    const H100_INFORMATION: &str = "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 41\n\
+        GPU UUID: \t GPU-371a41ef-f7a7-1e92-4980-6239ca4d139c\nVideo BIOS: \t 96.00.da.00.0c\n\
+        Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n\
+        Bus Location: \t 0000:00:06.0\nDevice Minor: \t 0\nGPU Firmware: \t 580.159.04\n\
+        GPU Excluded:\t No\n";
+
+    #[test]
+    fn the_drivers_proc_information_gives_uuid_and_minor() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("driver/nvidia/gpus/0000:00:06.0");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("information"), H100_INFORMATION).unwrap();
+        assert_eq!(
+            proc_info(root.path(), "0000:00:06.0"),
+            Some(ProcGpuInfo {
+                uuid: Some("GPU-371a41ef-f7a7-1e92-4980-6239ca4d139c".into()),
+                minor: Some(0),
+            })
+        );
+        assert_eq!(proc_info(root.path(), "0000:00:07.0"), None);
+    }
+
+    #[test]
+    fn xids_of_application_faults_are_not_critical() {
+        let event = |xid| XidEvent {
+            pci_address: Some("0000:00:06.0".into()),
+            xid,
+        };
+        for xid in [31, 43, 45] {
+            assert!(!event(Some(xid)).is_critical(), "{xid}");
+        }
+        for xid in [48, 63, 64, 74, 79, 94, 95] {
+            assert!(event(Some(xid)).is_critical(), "{xid}");
+        }
+        assert!(event(None).is_critical());
+    }
+
     #[test]
     fn cuda_versions_read_as_major_minor() {
         assert_eq!(cuda_version_string(12040), "12.4");

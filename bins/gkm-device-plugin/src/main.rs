@@ -113,3 +113,34 @@ async fn main() -> ExitCode {
     gkm_bin_support::init_logging(cli.log_json, "info");
     gkm_bin_support::exit_code("gkm-device-plugin", run(cli).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The DaemonSet in deploy/ passes flags this binary takes.
+    #[test]
+    fn the_daemonset_args_parse() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/manifests/device-plugin.yaml"
+        );
+        let text = std::fs::read_to_string(path).expect("the DaemonSet manifest");
+        let daemonset: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let args: Vec<String> = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        assert!(args.len() >= 5, "{args:?}");
+        let cli = Cli::try_parse_from(std::iter::once("gkm-device-plugin".to_string()).chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.sysfs_root, PathBuf::from("/host/sys"));
+        assert_eq!(cli.dev_root, PathBuf::from("/dev"));
+        assert_eq!(
+            cli.device_plugins_dir,
+            PathBuf::from("/var/lib/kubelet/device-plugins")
+        );
+    }
+}

@@ -20,9 +20,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_core::assignment::{ANNOTATION, Assignment};
-use gkm_k8s::device_plugin::node_tree::{NodeTree, Pci};
-use gkm_k8s::device_plugin::podresources_proto::ListPodResourcesRequest;
+use gkm_k8s::device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree, Pci};
 use gkm_k8s::device_plugin::podresources_proto::pod_resources_lister_client::PodResourcesListerClient;
+use gkm_k8s::device_plugin::podresources_proto::{
+    AllocatableResourcesRequest, ListPodResourcesRequest,
+};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, pod_log, wait_for_pod,
 };
@@ -148,6 +150,21 @@ async fn pod_resources(
     Ok(out)
 }
 
+/// What the kubelet itself can allocate now (pod-resources
+/// `GetAllocatableResources`): resource → device count.
+async fn kubelet_devices(socket: &Path) -> anyhow::Result<BTreeMap<String, String>> {
+    let channel = gkm_k8s::csi::client::connect(socket, Duration::from_secs(10)).await?;
+    let all = PodResourcesListerClient::new(channel)
+        .get_allocatable_resources(AllocatableResourcesRequest {})
+        .await?
+        .into_inner();
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for devices in all.devices {
+        *per.entry(devices.resource_name).or_default() += devices.device_ids.len();
+    }
+    Ok(per.into_iter().map(|(r, n)| (r, n.to_string())).collect())
+}
+
 fn held(resource: &str, ids: &[&str]) -> BTreeMap<String, Vec<String>> {
     BTreeMap::from([(
         resource.to_string(),
@@ -194,6 +211,14 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 
+    // The plugin reads pods with the RBAC deploy/ ships, as its account.
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    for file in ["namespace.yaml", "rbac/device-plugin.yaml"] {
+        plane.apply_file(&deploy.join(file)).await?;
+    }
+    let plugin_kubeconfig =
+        plane.kubeconfig_for_service_account("gkm-system", "gkm-device-plugin")?;
+
     let work = gkm_testenv::temp_dir()?;
     let tree = NodeTree::new(&work.path().join("node"))?.with_char_devices()?;
     tree.example()?;
@@ -220,7 +245,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         "--pod-resources-socket={}",
         node.pod_resources_socket().display()
     ))
-    .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+    .arg(format!("--kubeconfig={}", plugin_kubeconfig.display()))
     .arg(format!("--node-name={NODE}"))
     .arg("--poll=500ms")
     .arg("--no-nvml");
@@ -311,6 +336,18 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     let took = wait_allocatable(&nodes, &full).await?;
     eprintln!("allocatable restored {took:?} after the group node came back");
 
+    // A vGPU created while the plugin runs is offered; removed, it is gone.
+    let third = "0b1c5e8a-1111-4d2e-9c3a-000000000003";
+    tree.mdev(third, EXAMPLE_VGPU_PARENT, "nvidia-222", "GRID T4-2Q", 32)?;
+    let took = wait_allocatable(
+        &nodes,
+        &counts(&[(H100, "2"), (A100, "1"), (T4_2Q, "3"), (GPU, "1")]),
+    )
+    .await?;
+    eprintln!("a new vGPU offered {took:?} after it was created");
+    tree.remove_mdev(third)?;
+    wait_allocatable(&nodes, &full).await?;
+
     // Two H100s asked while one is free: the kubelet's device manager
     // refuses the pod at admission, whole (it holds no device).
     pods.create(
@@ -375,21 +412,47 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     assert!(!pod_resources(&socket).await?.contains_key("waits"));
     drop(scheduler);
 
-    // The kubelet restarts: the plugin registers again by itself.
+    // The kubelet restarts: the plugin registers again by itself. The
+    // restarted kubelet knows devices only from plugins registered with it
+    // (the Node object may still show the old allocatable for a while).
     let pid = plugin.pid();
     node.restart_kubelet().await?;
-    let took = wait_allocatable(&nodes, &full).await?;
-    eprintln!("allocatable back {took:?} after the kubelet was Ready again");
+    let began = Instant::now();
+    loop {
+        let now = kubelet_devices(&socket).await.unwrap_or_default();
+        if now == full {
+            eprintln!(
+                "the restarted kubelet has every device again {:?} after it was Ready",
+                began.elapsed()
+            );
+            break;
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!(
+                "the restarted kubelet has {now:?}, not {full:?}; plugin log:\n{}",
+                plugin.log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_allocatable(&nodes, &full).await?;
     plugin.check_running()?;
     assert_eq!(plugin.pid(), pid);
-    assert!(
-        plugin.log_tail(200).contains("registering again"),
-        "{}",
-        plugin.log_tail(40)
-    );
-    assert_eq!(
-        pod_resources(&socket).await?["vm-h100"],
-        held(H100, &["0000:2a:00.0"])
-    );
+    let log = std::fs::read_to_string(work.path().join("plugin.log"))?;
+    assert!(log.contains("registering again"), "{log}");
+    // The restarted kubelet lists the pod again once it has synced it, with
+    // the device it had.
+    let began = Instant::now();
+    loop {
+        let now = pod_resources(&socket).await?;
+        if let Some(devices) = now.get("vm-h100") {
+            assert_eq!(devices, &held(H100, &["0000:2a:00.0"]));
+            break;
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("vm-h100 not in pod-resources after the restart: {now:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     Ok(())
 }

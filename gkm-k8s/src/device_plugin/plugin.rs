@@ -279,7 +279,7 @@ pub async fn register(device_plugins_dir: &Path, resource: &str, socket: &Path) 
         path: kubelet.clone(),
         source: io::Error::other(e),
     };
-    let channel = crate::csi::client::connect(&kubelet, Duration::from_secs(5))
+    let channel = crate::csi::client::connect(&kubelet, Duration::from_secs(2))
         .await
         .map_err(|e| io_err(e.to_string()))?;
     let endpoint = socket

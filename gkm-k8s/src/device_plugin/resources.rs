@@ -509,7 +509,8 @@ fn container_gpus(
                 let render_minor = topology
                     .iter()
                     .find(|n| n.pci_address == address)
-                    .and_then(|n| n.drm_render_minor);
+                    .and_then(|n| n.drm_render_minor)
+                    .or_else(|| render_minor_in_sysfs(&pci_dir(paths, address)));
                 let kfd_node = paths.dev_root.join("kfd");
                 let render = render_minor.map(|m| paths.dev_root.join(format!("dri/renderD{m}")));
                 let unhealthy = [Some(kfd_node), render]
@@ -534,6 +535,21 @@ fn container_gpus(
             Backend::Xpu | Backend::Hpu => {}
         }
     }
+}
+
+/// The render node minor from `<device>/drm/renderD<minor>`, for when KFD
+/// does not say.
+fn render_minor_in_sysfs(device_dir: &std::path::Path) -> Option<u32> {
+    std::fs::read_dir(device_dir.join("drm"))
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("renderD")?
+                .parse()
+                .ok()
+        })
 }
 
 /// Offers a container GPU whole, or with `gpu_shares` as 100 compute units

@@ -8,6 +8,7 @@ use gkm_gpu::pci_ids::PciIds;
 use super::allocate::{AllocateOptions, allocate};
 use super::node_tree::{NodeTree, Pci};
 use super::preferred::{Request, preferred};
+use super::proto::ContainerAllocateResponse;
 use super::resources::{Resource, ScanInputs, Snapshot, scan};
 
 const NV: u16 = 0x10de;
@@ -32,6 +33,14 @@ fn options(tree: &NodeTree, nvidia_cdi: bool) -> AllocateOptions {
         dev_root: tree.paths().dev_root.clone(),
         nvidia_cdi,
     }
+}
+
+fn container_paths(answer: &ContainerAllocateResponse) -> Vec<&str> {
+    answer
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect()
 }
 
 fn ids(resource: &Resource) -> Vec<&str> {
@@ -201,11 +210,7 @@ fn gpus_sharing_a_group_go_together_and_mixed_model_groups_are_refused() {
         refused.message()
     );
     let both = allocate(h100, &strings(&["0000:18:00.0", "0000:19:00.0"]), &opts).expect("ok");
-    let paths: Vec<&str> = both
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&both);
     assert_eq!(paths, ["/dev/vfio/vfio", "/dev/vfio/7"]);
 
     // Preferences keep groups whole: one device asked, the lone group; two
@@ -279,11 +284,7 @@ fn passthrough_allocation_names_the_addresses_and_group_nodes() {
         vgpu.envs["MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-2Q"],
         "0b1c5e8a-1111-4d2e-9c3a-000000000002"
     );
-    let paths: Vec<&str> = vgpu
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&vgpu);
     assert_eq!(paths, ["/dev/vfio/vfio", "/dev/vfio/31"]);
 
     let unknown = allocate(
@@ -314,11 +315,7 @@ fn with_iommufd_the_cdevs_and_dev_iommu_are_handed_over() {
         &opts,
     )
     .expect("ok");
-    let paths: Vec<&str> = answer
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&answer);
     assert_eq!(
         paths,
         [
@@ -374,11 +371,7 @@ fn container_gpus_get_uuids_device_nodes_and_cdi_names() {
         answer.envs["NVIDIA_VISIBLE_DEVICES"],
         "GPU-11111111-2222-3333-4444-555555555555,0000:2a:00.0"
     );
-    let paths: Vec<&str> = answer
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&answer);
     assert_eq!(paths, ["/dev/nvidia0", "/dev/nvidiactl"]);
     let cdi: Vec<&str> = answer.cdi_devices.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(
@@ -393,12 +386,23 @@ fn container_gpus_get_uuids_device_nodes_and_cdi_names() {
     assert_eq!(ids(amd), ["0000:40:00.0"]);
     let answer = allocate(amd, &strings(&["0000:40:00.0"]), &opts).expect("amd");
     assert!(answer.envs.is_empty());
-    let paths: Vec<&str> = answer
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&answer);
     assert_eq!(paths, ["/dev/kfd"]);
+    // With its render node in sysfs (drm/renderD129), that node too.
+    std::fs::create_dir_all(
+        tree.paths()
+            .sysfs_root
+            .join("bus/pci/devices/0000:40:00.0/drm/renderD129"),
+    )
+    .expect("drm");
+    tree.dev_node("dri/renderD129").expect("render node");
+    let snapshot = look(&tree);
+    let amd = &snapshot.resources["amd.com/gpu"];
+    let answer = allocate(amd, &strings(&["0000:40:00.0"]), &opts).expect("amd");
+    assert_eq!(
+        container_paths(&answer),
+        ["/dev/kfd", "/dev/dri/renderD129"]
+    );
     // No /dev/kfd: the AMD GPU is unhealthy.
     std::fs::remove_file(tree.paths().dev_root.join("kfd")).expect("rm");
     assert_eq!(look(&tree).resources["amd.com/gpu"].healthy(), 0);
@@ -524,21 +528,13 @@ fn shared_gpus_are_offered_in_compute_and_memory_units() {
     let answer = allocate(cores, &asked, &options(&tree, false)).expect("cores");
     assert_eq!(answer.envs["GKM_GPU_CORES"], format!("{uuid}=30"));
     assert_eq!(answer.envs["NVIDIA_VISIBLE_DEVICES"], uuid);
-    let paths: Vec<&str> = answer
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&answer);
     assert_eq!(paths, ["/dev/nvidia0", "/dev/nvidiactl"]);
     let memory = &snapshot.resources["gkm.io/gpu-memory"];
     let asked: Vec<String> = (0..16).map(|n| format!("0000:40:00.0-{n}")).collect();
     let answer = allocate(memory, &asked, &options(&tree, false)).expect("memory");
     assert_eq!(answer.envs["GKM_GPU_MEMORY_MIB"], "0000:40:00.0=16");
-    let paths: Vec<&str> = answer
-        .devices
-        .iter()
-        .map(|d| d.container_path.as_str())
-        .collect();
+    let paths = container_paths(&answer);
     assert_eq!(paths, ["/dev/kfd"]);
 
     // Preferences keep a share on one GPU, the fullest that can hold it:
