@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod assignment;
 pub mod cache;
 pub mod compat;
 pub mod gpu;

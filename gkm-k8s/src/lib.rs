@@ -8,6 +8,7 @@ pub mod crd;
 pub mod csi;
 pub mod delivery;
 pub mod error;
+pub mod extender;
 pub mod leader;
 pub mod operator;
 pub mod serve;

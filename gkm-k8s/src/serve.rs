@@ -6,6 +6,8 @@
 //!   `503` listing the checks that are not, in kube-apiserver's `[+]`/`[-]`
 //!   style; `/readyz?verbose` lists every check.
 //! - `/metrics` is the Prometheus registry in the OpenMetrics text format.
+//! - Any other path a daemon adds with [`Endpoints::with_routes`] (the
+//!   scheduler extender's `POST` verbs).
 //!
 //! Around them, what both long-running processes share: [`Sampled`] values
 //! and the operator's counters as metrics, a readiness check that waits for
@@ -32,11 +34,12 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -125,11 +128,27 @@ impl Readiness {
     }
 }
 
-/// What the server answers with: the metrics registry and the readiness
-/// checks.
+/// A response being computed.
+pub type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send + 'a>>;
+
+/// Paths a daemon serves beside `/healthz`, `/readyz` and `/metrics`.
+pub trait Routes: Send + Sync {
+    /// Whether these routes answer `path`.
+    fn serves(&self, path: &str) -> bool;
+    /// The response to `method` on `path` with the request `body` (at most
+    /// [`MAX_BODY_BYTES`]).
+    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a>;
+}
+
+/// The largest request body a [`Routes`] path accepts.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// What the server answers with: the metrics registry, the readiness
+/// checks and any extra routes.
 pub struct Endpoints {
     registry: Registry,
     readiness: Readiness,
+    routes: Option<Arc<dyn Routes>>,
 }
 
 impl Endpoints {
@@ -138,6 +157,36 @@ impl Endpoints {
         Endpoints {
             registry,
             readiness,
+            routes: None,
+        }
+    }
+
+    /// Also serves `routes`.
+    pub fn with_routes(mut self, routes: Arc<dyn Routes>) -> Self {
+        self.routes = Some(routes);
+        self
+    }
+
+    /// Answers `request`: from the extra routes when they serve its path.
+    async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(routes) = self
+            .routes
+            .as_ref()
+            .filter(|r| r.serves(request.uri().path()))
+        else {
+            return self.respond(&request);
+        };
+        let (parts, body) = request.into_parts();
+        match Limited::new(body, MAX_BODY_BYTES).collect().await {
+            Ok(body) => {
+                routes
+                    .respond(&parts.method, parts.uri.path(), body.to_bytes())
+                    .await
+            }
+            Err(e) => text(
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {e}\n"),
+            ),
         }
     }
 
@@ -201,7 +250,8 @@ impl Endpoints {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+/// A plain-text response.
+pub fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -243,8 +293,8 @@ pub async fn serve(
         let endpoints = endpoints.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let response = endpoints.respond(&request);
-                async move { Ok::<_, Infallible>(response) }
+                let endpoints = endpoints.clone();
+                async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
             });
             let result = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -472,15 +522,19 @@ impl EndpointServer {
         registry: Registry,
         readiness: Readiness,
     ) -> std::io::Result<EndpointServer> {
+        Self::start_endpoints(addr, Endpoints::new(registry, readiness)).await
+    }
+
+    /// Binds `addr` and serves `endpoints` until [`EndpointServer::stop`].
+    pub async fn start_endpoints(
+        addr: std::net::SocketAddr,
+        endpoints: Endpoints,
+    ) -> std::io::Result<EndpointServer> {
         let listener = TcpListener::bind(addr).await?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve(
-            listener,
-            Arc::new(Endpoints::new(registry, readiness)),
-            async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            },
-        ));
+        let task = tokio::spawn(serve(listener, Arc::new(endpoints), async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
         Ok(EndpointServer { stop, task })
     }
 

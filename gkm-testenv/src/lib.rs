@@ -3,6 +3,7 @@
 //! - [`ControlPlane`]: etcd + kube-apiserver with generated certificates, RBAC
 //!   authorization and an admin kubeconfig.
 //! - [`Registry`]: a Distribution registry (`docker-registry`) on a free port.
+//! - [`Scheduler`]: kube-scheduler with a configuration of the test's choosing.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -21,6 +22,7 @@ mod kwok;
 mod ports;
 mod process;
 mod registry;
+mod scheduler;
 mod service_account;
 
 pub use apply::{describe_object, yaml_documents};
@@ -29,6 +31,7 @@ pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use process::Process;
 pub use registry::Registry;
+pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
 
 /// A fresh temporary directory, removed on drop.
