@@ -249,7 +249,9 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
     cluster.start_scheduler(&config)?;
 
     let creates = (0..50).map(|i| {
-        cluster.pod("burst", &format!("job-{i:02}"), json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))}))
+        let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});
+        let cluster = &cluster;
+        async move { cluster.pod("burst", &format!("job-{i:02}"), spec).await }
     });
     for created in futures::future::join_all(creates).await {
         created?;

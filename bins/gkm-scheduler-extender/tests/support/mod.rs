@@ -169,6 +169,9 @@ impl Cluster {
             spec["containers"] = json!([{"name": "c", "image": "busybox"}]);
         }
         spec["automountServiceAccountToken"] = json!(false);
+        // No node lifecycle controller runs to lift the taint the apiserver
+        // puts on new nodes.
+        spec["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]);
         spec["terminationGracePeriodSeconds"] = json!(0);
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": ns},
