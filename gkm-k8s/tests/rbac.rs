@@ -104,7 +104,10 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
         kind_of::<ValidatingAdmissionPolicy>(),
         kind_of::<ValidatingAdmissionPolicyBinding>(),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
-        ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration"),
+        (
+            "kubescheduler.config.k8s.io/v1",
+            "KubeSchedulerConfiguration",
+        ),
     ]
     .into_iter()
     .collect();

@@ -26,12 +26,17 @@ impl Scheduler {
         let mut config: serde_yaml::Value = serde_yaml::from_str(config_yaml)
             .map_err(|e| anyhow::anyhow!("the scheduler configuration is not YAML: {e}"))?;
         let map = config.as_mapping_mut().ok_or_else(|| {
-            anyhow::anyhow!("the scheduler configuration is not a KubeSchedulerConfiguration object")
+            anyhow::anyhow!(
+                "the scheduler configuration is not a KubeSchedulerConfiguration object"
+            )
         })?;
         let kubeconfig = plane.kubeconfig().display().to_string();
         map.insert(
             "clientConnection".into(),
-            serde_yaml::to_value(std::collections::BTreeMap::from([("kubeconfig", kubeconfig)]))?,
+            serde_yaml::to_value(std::collections::BTreeMap::from([(
+                "kubeconfig",
+                kubeconfig,
+            )]))?,
         );
         if !map.contains_key("leaderElection") {
             map.insert(

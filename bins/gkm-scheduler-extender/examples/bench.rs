@@ -29,7 +29,8 @@ async fn create_nodes(cluster: &Cluster, count: usize) -> anyhow::Result<()> {
         .map(|i| {
             let nodes = nodes.clone();
             async move {
-                let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"});
+                let resources =
+                    json!({"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"});
                 let node: Node = serde_json::from_value(json!({
                     "metadata": {
                         "name": format!("gpu-{i:04}"),
@@ -53,7 +54,12 @@ async fn create_pods(cluster: &Cluster, ns: &str, count: usize) -> anyhow::Resul
     futures::stream::iter(0..count)
         .map(|i| {
             let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});
-            async move { cluster.pod(ns, &format!("pod-{i:04}"), spec).await.map(|_| ()) }
+            async move {
+                cluster
+                    .pod(ns, &format!("pod-{i:04}"), spec)
+                    .await
+                    .map(|_| ())
+            }
         })
         .buffer_unordered(16)
         .try_collect::<Vec<()>>()
@@ -63,7 +69,12 @@ async fn create_pods(cluster: &Cluster, ns: &str, count: usize) -> anyhow::Resul
 
 /// Starts the scheduler with `config` and returns how long it took from the
 /// first pod bound to the last, as the pod watch saw them.
-async fn schedule(cluster: &mut Cluster, ns: &str, count: usize, config: &str) -> anyhow::Result<Duration> {
+async fn schedule(
+    cluster: &mut Cluster,
+    ns: &str,
+    count: usize,
+    config: &str,
+) -> anyhow::Result<Duration> {
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let stream = watcher(pods, watcher::Config::default()).applied_objects();
     futures::pin_mut!(stream);
@@ -71,13 +82,28 @@ async fn schedule(cluster: &mut Cluster, ns: &str, count: usize, config: &str) -
     let mut bound: HashMap<String, Instant> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(900);
     while bound.len() < count {
-        anyhow::ensure!(Instant::now() < deadline, "only {} of {count} pods bound", bound.len());
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {count} pods bound",
+            bound.len()
+        );
         let next = tokio::time::timeout(Duration::from_secs(60), stream.try_next()).await;
         let Ok(Ok(Some(pod))) = next else {
-            anyhow::bail!("the pod watch stalled at {} of {count} bound:\n{}", bound.len(), cluster.logs());
+            anyhow::bail!(
+                "the pod watch stalled at {} of {count} bound:\n{}",
+                bound.len(),
+                cluster.logs()
+            );
         };
-        if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-            bound.entry(pod.metadata.name.unwrap_or_default()).or_insert_with(Instant::now);
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+        {
+            bound
+                .entry(pod.metadata.name.unwrap_or_default())
+                .or_insert_with(Instant::now);
         }
     }
     cluster.scheduler = None;
@@ -95,7 +121,11 @@ fn quantile(metrics: &str, verb: &str, q: f64) -> Option<f64> {
         .filter(|l| l.starts_with(prefix) && l.contains(&format!("verb=\"{verb}\"")))
         .filter_map(|l| {
             let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
             let count: f64 = l.rsplit(' ').next()?.parse().ok()?;
             Some((le, count))
         })
@@ -127,7 +157,10 @@ fn rss(pid: u32) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let extender = PathBuf::from(args.next().ok_or_else(|| anyhow::anyhow!("usage: bench EXTENDER_BINARY [NODES] [PODS]"))?);
+    let extender = PathBuf::from(
+        args.next()
+            .ok_or_else(|| anyhow::anyhow!("usage: bench EXTENDER_BINARY [NODES] [PODS]"))?,
+    );
     let nodes: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1000);
     let count: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(2000);
 
@@ -151,9 +184,17 @@ async fn main() -> anyhow::Result<()> {
     let plain = schedule(&mut cluster, "bench-plain", count, PLAIN_SCHEDULER).await?;
     eprintln!("== without the extender: {count} pods in {plain:.2?}");
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "bench-plain");
-    pods.delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default())
-        .await?;
-    while !pods.list(&ListParams::default().limit(1)).await?.items.is_empty() {
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await?;
+    while !pods
+        .list(&ListParams::default().limit(1))
+        .await?
+        .items
+        .is_empty()
+    {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
@@ -164,11 +205,22 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("== with the extender: {count} pods in {with:.2?}");
 
     let metrics = support::http_get(&cluster.extender_addr, "/metrics").await?;
-    let pid = cluster.extender.as_ref().map(|p| p.pid()).unwrap_or_default();
-    let per_second = |d: Duration| count.saturating_sub(1) as f64 / d.as_secs_f64().max(f64::EPSILON);
+    let pid = cluster
+        .extender
+        .as_ref()
+        .map(|p| p.pid())
+        .unwrap_or_default();
+    let per_second =
+        |d: Duration| count.saturating_sub(1) as f64 / d.as_secs_f64().max(f64::EPSILON);
     println!("nodes {nodes}, GPU pods {count}");
-    println!("without extender: {:8.1} pods/s ({plain:.2?})", per_second(plain));
-    println!("with extender:    {:8.1} pods/s ({with:.2?})", per_second(with));
+    println!(
+        "without extender: {:8.1} pods/s ({plain:.2?})",
+        per_second(plain)
+    );
+    println!(
+        "with extender:    {:8.1} pods/s ({with:.2?})",
+        per_second(with)
+    );
     println!(
         "time ratio (with / without): {:.2}x (target <= 1.30x)",
         with.as_secs_f64() / plain.as_secs_f64().max(f64::EPSILON)

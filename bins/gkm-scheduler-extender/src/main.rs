@@ -49,11 +49,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         model_label: cli.model_label,
     };
     let readiness = Readiness::default();
-    let (extender, work) =
-        extender::start(client, config, &readiness, cli.quota_status_interval);
+    let (extender, work) = extender::start(client, config, &readiness, cli.quota_status_interval);
     let mut registry = Registry::with_prefix("gkm");
     extender.register_metrics(&mut registry);
-    register_build_info(&mut registry, "gkm-scheduler-extender", env!("CARGO_PKG_VERSION"));
+    register_build_info(
+        &mut registry,
+        "gkm-scheduler-extender",
+        env!("CARGO_PKG_VERSION"),
+    );
     let endpoints = Endpoints::new(registry, readiness).with_routes(extender);
     let server = EndpointServer::start_endpoints(cli.address, endpoints)
         .await

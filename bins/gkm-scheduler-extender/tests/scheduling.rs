@@ -12,7 +12,13 @@ use serde_json::{Value, json};
 use support::{Cluster, Outcome, asking, outcome, wait_for};
 
 /// A quota on `model` for `ns`.
-async fn quota(cluster: &Cluster, ns: &str, name: &str, model: &str, gpus: i64) -> anyhow::Result<()> {
+async fn quota(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    model: &str,
+    gpus: i64,
+) -> anyhow::Result<()> {
     let quota: GKMGPUQuota = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMGPUQuota",
         "metadata": {"name": name, "namespace": ns},
@@ -25,7 +31,13 @@ async fn quota(cluster: &Cluster, ns: &str, name: &str, model: &str, gpus: i64) 
 }
 
 /// A node report for `node` in `ns` on the cache `vector-add`.
-async fn report(cluster: &Cluster, ns: &str, node: &str, fits: bool, extracted: bool) -> anyhow::Result<()> {
+async fn report(
+    cluster: &Cluster,
+    ns: &str,
+    node: &str,
+    fits: bool,
+    extracted: bool,
+) -> anyhow::Result<()> {
     let api: Api<gkm_k8s::crd::GKMCacheNode> = Api::namespaced(cluster.client.clone(), ns);
     let object: gkm_k8s::crd::GKMCacheNode = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
@@ -69,10 +81,17 @@ async fn scenario_table() -> anyhow::Result<()> {
         cluster.namespace(ns).await?;
     }
     let gpus = |n: &'static str| [("nvidia.com/gpu", n)];
-    cluster.gpu_node("t4-packed", "Tesla-T4", &gpus("4"), &[]).await?;
-    cluster.gpu_node("t4-empty", "Tesla-T4", &gpus("4"), &[]).await?;
-    cluster.gpu_node("t4-half", "Tesla-T4", &gpus("4"), &[]).await?;
-    let devices = r#"[{"id":"GPU-0","cores":100,"memory":16384},{"id":"GPU-1","cores":100,"memory":16384}]"#;
+    cluster
+        .gpu_node("t4-packed", "Tesla-T4", &gpus("4"), &[])
+        .await?;
+    cluster
+        .gpu_node("t4-empty", "Tesla-T4", &gpus("4"), &[])
+        .await?;
+    cluster
+        .gpu_node("t4-half", "Tesla-T4", &gpus("4"), &[])
+        .await?;
+    let devices =
+        r#"[{"id":"GPU-0","cores":100,"memory":16384},{"id":"GPU-1","cores":100,"memory":16384}]"#;
     cluster
         .gpu_node(
             "shared",
@@ -81,7 +100,9 @@ async fn scenario_table() -> anyhow::Result<()> {
             &[("gkm.io/gpu-devices", devices)],
         )
         .await?;
-    cluster.gpu_node("a100", "NVIDIA-A100", &gpus("2"), &[]).await?;
+    cluster
+        .gpu_node("a100", "NVIDIA-A100", &gpus("2"), &[])
+        .await?;
     for node in ["l4-ready", "l4-compatible", "l4-unknown", "l4-wrong"] {
         cluster.gpu_node(node, "NVIDIA-L4", &gpus("1"), &[]).await?;
     }
@@ -98,7 +119,11 @@ async fn scenario_table() -> anyhow::Result<()> {
         cluster.pod("fill", &format!("packed-{i}"), spec).await?;
     }
     cluster
-        .pod("fill", "half-0", bound("t4-half", asking(json!({"nvidia.com/gpu": "1"}))))
+        .pod(
+            "fill",
+            "half-0",
+            bound("t4-half", asking(json!({"nvidia.com/gpu": "1"}))),
+        )
         .await?;
     let on_gpu1 = bound(
         "shared",
@@ -108,10 +133,18 @@ async fn scenario_table() -> anyhow::Result<()> {
     let assigned = json!({"metadata": {"annotations": {
         "gkm.io/gpu-assignment": r#"{"gkm.io/gpu-cores":["GPU-1"],"gkm.io/gpu-memory":["GPU-1"]}"#}}});
     Api::<Pod>::namespaced(cluster.client.clone(), "fill")
-        .patch("shared-0", &PatchParams::default(), &Patch::Merge(&assigned))
+        .patch(
+            "shared-0",
+            &PatchParams::default(),
+            &Patch::Merge(&assigned),
+        )
         .await?;
     cluster
-        .pod("team", "a100-0", bound("a100", asking(json!({"nvidia.com/gpu": "1"}))))
+        .pod(
+            "team",
+            "a100-0",
+            bound("a100", asking(json!({"nvidia.com/gpu": "1"}))),
+        )
         .await?;
 
     cluster.start_extender().await?;
@@ -120,17 +153,84 @@ async fn scenario_table() -> anyhow::Result<()> {
 
     let one_gpu = || asking(json!({"nvidia.com/gpu": "1"}));
     let rows: Vec<(&str, &str, Value, Expect)> = vec![
-        ("whole GPU: the most packed T4 node that fits", "ml", on_model("Tesla-T4", one_gpu()), Expect::On("t4-packed")),
-        ("whole GPU: then the next most packed, the idle node stays whole", "ml", on_model("Tesla-T4", one_gpu()), Expect::On("t4-half")),
-        ("whole GPUs: more than any node has free", "ml", on_model("Tesla-T4", asking(json!({"nvidia.com/gpu": "5"}))), Expect::PendingWith("Insufficient nvidia.com/gpu")),
-        ("shared GPU: the device that strands least (GPU-1)", "ml", on_model("Tesla-V100", asking(json!({"gkm.io/gpu-cores": "20", "gkm.io/gpu-memory": "2048"}))), Expect::On("shared")),
-        ("shared GPU: no device has the memory", "ml", on_model("Tesla-V100", asking(json!({"gkm.io/gpu-cores": "50", "gkm.io/gpu-memory": "20000"}))), Expect::PendingWith("gkm: no GPU has 50% cores and 20000 MiB free")),
-        ("quota: namespace team at its A100 limit", "team", on_model("NVIDIA-A100", one_gpu()), Expect::PendingWith("gkm: quota team/a100 reached: namespace team holds 1 of 1 GPUs of model NVIDIA-A100, the pod asks 1")),
-        ("another namespace is not held by team's quota", "ml", on_model("NVIDIA-A100", one_gpu()), Expect::On("a100")),
-        ("cache: where it is extracted", "ml", with_cache(on_model("NVIDIA-L4", one_gpu())), Expect::On("l4-ready")),
-        ("cache: then where a GPU fits it", "ml", with_cache(on_model("NVIDIA-L4", one_gpu())), Expect::On("l4-compatible")),
-        ("cache: never where no GPU fits it", "ml", with_cache(json!({"nodeSelector": {"kubernetes.io/hostname": "l4-wrong"}, "containers": one_gpu()})), Expect::PendingWith("gkm: GKMCache ml/vector-add does not fit this node's GPUs (GPU 0: backend cuda does not match hip)")),
-        ("no GPUs: scheduled as usual", "ml", json!({"nodeSelector": {"kubernetes.io/hostname": "cpu-only"}}), Expect::On("cpu-only")),
+        (
+            "whole GPU: the most packed T4 node that fits",
+            "ml",
+            on_model("Tesla-T4", one_gpu()),
+            Expect::On("t4-packed"),
+        ),
+        (
+            "whole GPU: then the next most packed, the idle node stays whole",
+            "ml",
+            on_model("Tesla-T4", one_gpu()),
+            Expect::On("t4-half"),
+        ),
+        (
+            "whole GPUs: more than any node has free",
+            "ml",
+            on_model("Tesla-T4", asking(json!({"nvidia.com/gpu": "5"}))),
+            Expect::PendingWith("Insufficient nvidia.com/gpu"),
+        ),
+        (
+            "shared GPU: the device that strands least (GPU-1)",
+            "ml",
+            on_model(
+                "Tesla-V100",
+                asking(json!({"gkm.io/gpu-cores": "20", "gkm.io/gpu-memory": "2048"})),
+            ),
+            Expect::On("shared"),
+        ),
+        (
+            "shared GPU: no device has the memory",
+            "ml",
+            on_model(
+                "Tesla-V100",
+                asking(json!({"gkm.io/gpu-cores": "50", "gkm.io/gpu-memory": "20000"})),
+            ),
+            Expect::PendingWith("gkm: no GPU has 50% cores and 20000 MiB free"),
+        ),
+        (
+            "quota: namespace team at its A100 limit",
+            "team",
+            on_model("NVIDIA-A100", one_gpu()),
+            Expect::PendingWith(
+                "gkm: quota team/a100 reached: namespace team holds 1 of 1 GPUs of model NVIDIA-A100, the pod asks 1",
+            ),
+        ),
+        (
+            "another namespace is not held by team's quota",
+            "ml",
+            on_model("NVIDIA-A100", one_gpu()),
+            Expect::On("a100"),
+        ),
+        (
+            "cache: where it is extracted",
+            "ml",
+            with_cache(on_model("NVIDIA-L4", one_gpu())),
+            Expect::On("l4-ready"),
+        ),
+        (
+            "cache: then where a GPU fits it",
+            "ml",
+            with_cache(on_model("NVIDIA-L4", one_gpu())),
+            Expect::On("l4-compatible"),
+        ),
+        (
+            "cache: never where no GPU fits it",
+            "ml",
+            with_cache(
+                json!({"nodeSelector": {"kubernetes.io/hostname": "l4-wrong"}, "containers": one_gpu()}),
+            ),
+            Expect::PendingWith(
+                "gkm: GKMCache ml/vector-add does not fit this node's GPUs (GPU 0: backend cuda does not match hip)",
+            ),
+        ),
+        (
+            "no GPUs: scheduled as usual",
+            "ml",
+            json!({"nodeSelector": {"kubernetes.io/hostname": "cpu-only"}}),
+            Expect::On("cpu-only"),
+        ),
     ];
     let mut table = Vec::new();
     let mut failures = 0;
@@ -138,9 +238,20 @@ async fn scenario_table() -> anyhow::Result<()> {
         let name = format!("row-{i}");
         cluster.pod(ns, &name, spec).await?;
         let got = match &expect {
-            Expect::On(_) => wait_for(&cluster.client, ns, &name, |o| matches!(o, Outcome::Bound(_))).await?,
+            Expect::On(_) => {
+                wait_for(&cluster.client, ns, &name, |o| {
+                    matches!(o, Outcome::Bound(_))
+                })
+                .await?
+            }
             Expect::PendingWith(text) => {
-                wait_for(&cluster.client, ns, &name, |o| matches!(o, Outcome::Pending(m) if m.contains(text))).await?
+                wait_for(
+                    &cluster.client,
+                    ns,
+                    &name,
+                    |o| matches!(o, Outcome::Pending(m) if m.contains(text)),
+                )
+                .await?
             }
         };
         let ok = match (&expect, &got) {
@@ -149,7 +260,10 @@ async fn scenario_table() -> anyhow::Result<()> {
             _ => false,
         };
         failures += usize::from(!ok);
-        table.push(format!("{} {what}: {got:?}", if ok { "ok  " } else { "FAIL" }));
+        table.push(format!(
+            "{} {what}: {got:?}",
+            if ok { "ok  " } else { "FAIL" }
+        ));
     }
     let table = table.join("\n");
     assert_eq!(failures, 0, "\n{table}\n{}", cluster.logs());
@@ -173,14 +287,21 @@ async fn scenario_table() -> anyhow::Result<()> {
     let quotas: Api<GKMGPUQuota> = Api::namespaced(cluster.client.clone(), "team");
     let deadline = std::time::Instant::now() + support::SETTLE;
     let used = loop {
-        let used = quotas.get("a100").await?.status.map(|s| s.used).unwrap_or_default();
+        let used = quotas
+            .get("a100")
+            .await?
+            .status
+            .map(|s| s.used)
+            .unwrap_or_default();
         if !used.is_empty() || std::time::Instant::now() > deadline {
             break used;
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     };
     assert_eq!(
-        used.iter().map(|u| (u.model.as_str(), u.gpus)).collect::<Vec<_>>(),
+        used.iter()
+            .map(|u| (u.model.as_str(), u.gpus))
+            .collect::<Vec<_>>(),
         [("NVIDIA-A100", 1)]
     );
 
@@ -189,16 +310,28 @@ async fn scenario_table() -> anyhow::Result<()> {
     if let Some(mut extender) = cluster.extender.take() {
         extender.kill();
     }
-    cluster.pod("ml", "gpu-while-down", on_model("Tesla-T4", one_gpu())).await?;
     cluster
-        .pod("ml", "cpu-while-down", json!({"nodeSelector": {"kubernetes.io/hostname": "cpu-only"}}))
+        .pod("ml", "gpu-while-down", on_model("Tesla-T4", one_gpu()))
+        .await?;
+    cluster
+        .pod(
+            "ml",
+            "cpu-while-down",
+            json!({"nodeSelector": {"kubernetes.io/hostname": "cpu-only"}}),
+        )
         .await?;
     let addr = cluster.extender_addr.clone();
-    let gpu = wait_for(&cluster.client, "ml", "gpu-while-down", |o| {
-        matches!(o, Outcome::Pending(m) if m.contains(&addr))
+    let gpu = wait_for(
+        &cluster.client,
+        "ml",
+        "gpu-while-down",
+        |o| matches!(o, Outcome::Pending(m) if m.contains(&addr)),
+    )
+    .await?;
+    let cpu = wait_for(&cluster.client, "ml", "cpu-while-down", |o| {
+        matches!(o, Outcome::Bound(_))
     })
     .await?;
-    let cpu = wait_for(&cluster.client, "ml", "cpu-while-down", |o| matches!(o, Outcome::Bound(_))).await?;
     assert!(
         matches!(&gpu, Outcome::Pending(m) if m.contains(&addr)),
         "{gpu:?}"
@@ -240,7 +373,12 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
     cluster.namespace("burst").await?;
     for i in 0..4 {
         cluster
-            .gpu_node(&format!("a100-{i}"), "NVIDIA-A100", &[("nvidia.com/gpu", "8")], &[])
+            .gpu_node(
+                &format!("a100-{i}"),
+                "NVIDIA-A100",
+                &[("nvidia.com/gpu", "8")],
+                &[],
+            )
             .await?;
     }
     quota(&cluster, "burst", "a100", "NVIDIA-A100", 8).await?;
@@ -257,7 +395,8 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
         created?;
     }
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "burst");
-    let reason = "gkm: quota burst/a100 reached: namespace burst holds 8 of 8 GPUs of model NVIDIA-A100";
+    let reason =
+        "gkm: quota burst/a100 reached: namespace burst holds 8 of 8 GPUs of model NVIDIA-A100";
     let (list, bound) = settle(&pods, reason).await?;
     let pending: Vec<String> = list
         .iter()
@@ -278,7 +417,8 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
         .filter_map(|p| p.metadata.name.clone())
         .collect();
     for name in &deleted {
-        pods.delete(name, &DeleteParams::default().grace_period(0)).await?;
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
     }
     let deadline = std::time::Instant::now() + support::SETTLE;
     let (list, bound) = loop {

@@ -19,7 +19,11 @@ use serde::{Deserialize, Serialize};
     shortname = "gkmq",
     category = "gkm",
     doc = "Caps the GPUs (whole, and shared cores and memory) of each GPU model that the pods of a namespace may hold; enforced by gkm's scheduler extender.",
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GKMGPUQuotaSpec {

@@ -40,7 +40,9 @@ pub(super) async fn bind(
         return if bound == node {
             Ok(())
         } else {
-            Err(format!("gkm: pod {namespace}/{name} is already bound to {bound}"))
+            Err(format!(
+                "gkm: pod {namespace}/{name} is already bound to {bound}"
+            ))
         };
     }
     let request = GpuRequest::from_pod(&pod, &extender.read().config().whole_resources)
@@ -116,7 +118,12 @@ async fn create_binding(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), Str
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     });
     let created = api
-        .create_subresource::<_, serde_json::Value>("binding", name, &PostParams::default(), &binding)
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            name,
+            &PostParams::default(),
+            &binding,
+        )
         .await;
     match created {
         Ok(_) => Ok(()),

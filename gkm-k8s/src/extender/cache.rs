@@ -59,7 +59,10 @@ fn summarize_cache(digests: &BTreeMap<String, NodeCacheStatus>) -> CacheOnNode {
     let mut summary = CacheOnNode::default();
     let mut reasons = Vec::new();
     for (digest, entry) in digests {
-        let compatible = entry.compatible_gpus.as_ref().is_some_and(|g| !g.is_empty());
+        let compatible = entry
+            .compatible_gpus
+            .as_ref()
+            .is_some_and(|g| !g.is_empty());
         let incompatible = entry
             .incompatible_gpus
             .as_ref()

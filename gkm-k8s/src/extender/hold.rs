@@ -177,9 +177,7 @@ mod tests {
         );
         let two = split_shares(&["0".into(), "1".into()], 200, 1001);
         assert_eq!(
-            two.iter()
-                .map(|s| (s.cores, s.memory))
-                .collect::<Vec<_>>(),
+            two.iter().map(|s| (s.cores, s.memory)).collect::<Vec<_>>(),
             vec![(100, 501), (100, 500)]
         );
         assert!(split_shares(&[], 10, 10).is_empty());

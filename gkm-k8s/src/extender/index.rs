@@ -88,7 +88,8 @@ impl Index {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
-        let gpus = NodeGpus::from_node(node, &self.config.whole_resources, &self.config.model_label);
+        let gpus =
+            NodeGpus::from_node(node, &self.config.whole_resources, &self.config.model_label);
         let model = gpus.model.clone();
         let previous = self.nodes.insert(name.clone(), gpus);
         if previous.map(|p| p.model) != Some(model.clone()) {
@@ -335,7 +336,9 @@ impl Index {
             .get(&(namespace.to_string(), model.to_string()))
             .copied()
             .unwrap_or_default();
-        if let Some(own) = own.filter(|h| h.namespace == namespace && h.model.as_deref() == Some(model)) {
+        if let Some(own) =
+            own.filter(|h| h.namespace == namespace && h.model.as_deref() == Some(model))
+        {
             used -= own.amount;
         }
         let quotas = self

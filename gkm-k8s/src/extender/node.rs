@@ -160,7 +160,8 @@ mod tests {
         let gpus = NodeGpus::from_node(&n, &[], "gkm.io/gpu.product");
         assert_eq!(gpus.devices[0].id, "GPU-a");
         assert_eq!(gpus.devices[0].cores, 100);
-        let bad = node(json!({"metadata": {"name": "n", "annotations": {DEVICES_ANNOTATION: "[{]"}}}));
+        let bad =
+            node(json!({"metadata": {"name": "n", "annotations": {DEVICES_ANNOTATION: "[{]"}}}));
         let gpus = NodeGpus::from_node(&bad, &[], "gkm.io/gpu.product");
         assert!(gpus.devices.is_empty());
         assert!(

@@ -114,10 +114,9 @@ mod tests {
         )
         .unwrap_or_default();
         assert_eq!(args.candidates(), ["a", "b"]);
-        let bind: ExtenderBindingArgs = serde_json::from_str(
-            r#"{"PodName":"p","PodNamespace":"ml","PodUID":"u1","Node":"a"}"#,
-        )
-        .unwrap_or_default();
+        let bind: ExtenderBindingArgs =
+            serde_json::from_str(r#"{"PodName":"p","PodNamespace":"ml","PodUID":"u1","Node":"a"}"#)
+                .unwrap_or_default();
         assert_eq!(bind.node, "a");
         let result = ExtenderFilterResult {
             node_names: Some(vec!["a".into()]),

@@ -258,14 +258,16 @@ mod tests {
 
     #[test]
     fn reads_cache_volumes_and_claims() {
-        let p = pod(json!({"metadata": {"name": "p", "namespace": "ml"}, "spec": {
+        let p = pod(
+            json!({"metadata": {"name": "p", "namespace": "ml"}, "spec": {
             "containers": [{"name": "a"}],
             "volumes": [
                 {"name": "k", "csi": {"driver": "csi.gkm.io", "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}},
                 {"name": "c", "csi": {"driver": "csi.gkm.io", "volumeAttributes": {"csi.gkm.io/ClusterGKMCache": "shared"}}},
                 {"name": "o", "csi": {"driver": "other.csi", "volumeAttributes": {"csi.gkm.io/GKMCache": "x"}}},
                 {"name": "v", "persistentVolumeClaim": {"claimName": "kernels"}},
-            ]}}));
+            ]}}),
+        );
         let r = GpuRequest::from_pod(&p, &whole()).unwrap_or_default();
         assert_eq!(
             r.caches,

@@ -6,10 +6,10 @@
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Response, StatusCode};
-use http_body_util::Full;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -22,7 +22,9 @@ use serde::de::DeserializeOwned;
 
 use super::bind;
 use super::index::{Index, IndexConfig};
-use super::protocol::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult};
+use super::protocol::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+};
 use super::verbs;
 use crate::serve::{Readiness, ResponseFuture, Routes, text};
 
@@ -174,7 +176,9 @@ impl Routes for Extender {
                 "filter" | "predicates" => {
                     parse(&body).map(|args: ExtenderArgs| json(&self.filter(&args)))
                 }
-                "prioritize" => parse(&body).map(|args: ExtenderArgs| json(&self.prioritize(&args))),
+                "prioritize" => {
+                    parse(&body).map(|args: ExtenderArgs| json(&self.prioritize(&args)))
+                }
                 "bind" => match parse::<ExtenderBindingArgs>(&body) {
                     Ok(args) => Ok(json(&self.bind(&args).await)),
                     Err(e) => Err(e),
@@ -207,6 +211,9 @@ fn json(value: &impl Serialize) -> Response<Full<Bytes>> {
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding: {e}\n")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding: {e}\n"),
+        ),
     }
 }

@@ -40,7 +40,9 @@ pub async fn run(client: Client, extender: Arc<Extender>, period: Duration) {
                     debug!(namespace = %key.0, quota = %key.1, "wrote quota use");
                     written.insert(key, used);
                 }
-                Err(e) => warn!(namespace = %key.0, quota = %key.1, error = %e, "writing quota use"),
+                Err(e) => {
+                    warn!(namespace = %key.0, quota = %key.1, error = %e, "writing quota use")
+                }
             }
         }
         tokio::time::sleep(period).await;

@@ -56,7 +56,10 @@ fn whole_gpus_fit_where_enough_are_free() {
     index.upsert_node(&node("a", "T4", json!({"nvidia.com/gpu": "2"})));
     index.upsert_node(&node("b", "T4", json!({"nvidia.com/gpu": "4"})));
     index.upsert_pod(&pod("old", "ml", Some("a"), json!({"nvidia.com/gpu": "1"})));
-    let a = args(pod("p", "ml", None, json!({"nvidia.com/gpu": "2"})), &["a", "b"]);
+    let a = args(
+        pod("p", "ml", None, json!({"nvidia.com/gpu": "2"})),
+        &["a", "b"],
+    );
     let result = filter(&index, &a);
     assert_eq!(result.node_names, Some(vec!["b".to_string()]));
     assert_eq!(
@@ -71,7 +74,10 @@ fn a_pod_without_gpus_passes_everywhere_with_no_preference() {
     index.upsert_node(&node("a", "T4", json!({})));
     let a = args(pod("p", "ml", None, json!({"cpu": "1"})), &["a", "unknown"]);
     assert_eq!(passed(&index, &a), ["a", "unknown"]);
-    assert_eq!(scores(&index, &a), BTreeMap::from([("a".into(), 0), ("unknown".into(), 0)]));
+    assert_eq!(
+        scores(&index, &a),
+        BTreeMap::from([("a".into(), 0), ("unknown".into(), 0)])
+    );
 }
 
 #[test]
@@ -79,14 +85,24 @@ fn shared_gpus_go_to_the_device_that_strands_least() {
     let mut index = Index::new(IndexConfig::default());
     let shared = json!({"gkm.io/gpu-cores": "200", "gkm.io/gpu-memory": "32768"});
     index.upsert_node(&node("a", "T4", shared));
-    let mut old: Pod = pod("old", "ml", Some("a"), json!({"gkm.io/gpu-cores": "70", "gkm.io/gpu-memory": "1024"}));
+    let mut old: Pod = pod(
+        "old",
+        "ml",
+        Some("a"),
+        json!({"gkm.io/gpu-cores": "70", "gkm.io/gpu-memory": "1024"}),
+    );
     old.metadata.annotations = Some(BTreeMap::from([(
         "gkm.io/gpu-assignment".to_string(),
         r#"{"gkm.io/gpu-cores":["1"]}"#.to_string(),
     )]));
     index.upsert_pod(&old);
     // 30% is left on device 1: a 20% pod goes there, not onto the idle device 0.
-    let small = pod("small", "ml", None, json!({"gkm.io/gpu-cores": "20", "gkm.io/gpu-memory": "1024"}));
+    let small = pod(
+        "small",
+        "ml",
+        None,
+        json!({"gkm.io/gpu-cores": "20", "gkm.io/gpu-memory": "1024"}),
+    );
     let shares = index.reserve("uid-ml-small", "small", "ml", &request(&small), "a");
     assert_eq!(shares.map(|s| s[0].device.clone()), Ok("1".to_string()));
     // 10% is left on device 1 now: a 50% pod gets device 0.
@@ -94,7 +110,10 @@ fn shared_gpus_go_to_the_device_that_strands_least() {
     let shares = index.reserve("uid-ml-half", "half", "ml", &request(&half), "a");
     assert_eq!(shares.map(|s| s[0].device.clone()), Ok("0".to_string()));
     // 60% of a GPU is free nowhere.
-    let big = args(pod("big", "ml", None, json!({"gkm.io/gpu-cores": "60"})), &["a"]);
+    let big = args(
+        pod("big", "ml", None, json!({"gkm.io/gpu-cores": "60"})),
+        &["a"],
+    );
     assert_eq!(
         filter(&index, &big).failed_and_unresolvable_nodes["a"],
         "gkm: no GPU has 60% cores and 0 MiB free (the freest has 50% cores and 16384 MiB)"
@@ -112,8 +131,16 @@ fn quota_refusals_name_namespace_model_use_and_limit() {
         ..GpuModelLimit::default()
     };
     index.upsert_quota("team", "gpus", vec![limit.clone()]);
-    index.upsert_pod(&pod("one", "team", Some("a"), json!({"nvidia.com/gpu": "2"})));
-    let a = args(pod("p", "team", None, json!({"nvidia.com/gpu": "1"})), &["a", "t"]);
+    index.upsert_pod(&pod(
+        "one",
+        "team",
+        Some("a"),
+        json!({"nvidia.com/gpu": "2"}),
+    ));
+    let a = args(
+        pod("p", "team", None, json!({"nvidia.com/gpu": "1"})),
+        &["a", "t"],
+    );
     let result = filter(&index, &a);
     assert_eq!(result.node_names, Some(vec!["t".to_string()]));
     assert_eq!(
@@ -121,7 +148,10 @@ fn quota_refusals_name_namespace_model_use_and_limit() {
         "gkm: quota team/gpus reached: namespace team holds 2 of 2 GPUs of model A100, the pod asks 1"
     );
     // Another namespace is not limited.
-    let other = args(pod("p", "other", None, json!({"nvidia.com/gpu": "1"})), &["a"]);
+    let other = args(
+        pod("p", "other", None, json!({"nvidia.com/gpu": "1"})),
+        &["a"],
+    );
     assert_eq!(passed(&index, &other), ["a"]);
     let used = index.quota_use("team", &[limit]);
     assert_eq!((used[0].model.as_str(), used[0].gpus), ("A100", 2));
@@ -140,7 +170,14 @@ fn reservations_never_overshoot_a_quota_and_free_on_release_or_delete() {
     };
     index.upsert_quota("team", "gpus", vec![limit]);
     let pods: Vec<Pod> = (0..12)
-        .map(|i| pod(&format!("p{i}"), "team", None, json!({"nvidia.com/gpu": "1"})))
+        .map(|i| {
+            pod(
+                &format!("p{i}"),
+                "team",
+                None,
+                json!({"nvidia.com/gpu": "1"}),
+            )
+        })
         .collect();
     let reserved: Vec<bool> = pods
         .iter()
@@ -155,11 +192,21 @@ fn reservations_never_overshoot_a_quota_and_free_on_release_or_delete() {
         .collect();
     assert_eq!(reserved.iter().filter(|r| **r).count(), 8);
     // A retried bind of a pod holding room succeeds again.
-    assert!(index.reserve("uid-team-p0", "p0", "team", &request(&pods[0]), "a").is_ok());
+    assert!(
+        index
+            .reserve("uid-team-p0", "p0", "team", &request(&pods[0]), "a")
+            .is_ok()
+    );
     index.release("uid-team-p0");
     index.remove_pod("uid-team-p1");
     let next = |index: &mut Index, i: usize| {
-        index.reserve(&format!("uid-team-p{i}"), "p", "team", &request(&pods[i]), "a")
+        index.reserve(
+            &format!("uid-team-p{i}"),
+            "p",
+            "team",
+            &request(&pods[i]),
+            "a",
+        )
     };
     assert!(next(&mut index, 8).is_ok());
     assert!(next(&mut index, 9).is_ok());
@@ -171,7 +218,11 @@ fn the_watch_takes_over_a_reservation() {
     let mut index = Index::new(IndexConfig::default());
     index.upsert_node(&node("a", "T4", json!({"nvidia.com/gpu": "1"})));
     let p = pod("p", "ml", None, json!({"nvidia.com/gpu": "1"}));
-    assert!(index.reserve("uid-ml-p", "p", "ml", &request(&p), "a").is_ok());
+    assert!(
+        index
+            .reserve("uid-ml-p", "p", "ml", &request(&p), "a")
+            .is_ok()
+    );
     // The watch still shows the pod unbound: the reservation stays.
     index.upsert_pod(&p);
     let q = args(pod("q", "ml", None, json!({"nvidia.com/gpu": "1"})), &["a"]);
@@ -190,10 +241,18 @@ fn the_most_packed_node_that_fits_scores_highest() {
     for (n, used) in [("a", 3), ("b", 0), ("c", 1), ("d", 4)] {
         index.upsert_node(&node(n, "T4", json!({"nvidia.com/gpu": "4"})));
         for i in 0..used {
-            index.upsert_pod(&pod(&format!("{n}{i}"), "ml", Some(n), json!({"nvidia.com/gpu": "1"})));
+            index.upsert_pod(&pod(
+                &format!("{n}{i}"),
+                "ml",
+                Some(n),
+                json!({"nvidia.com/gpu": "1"}),
+            ));
         }
     }
-    let a = args(pod("p", "ml", None, json!({"nvidia.com/gpu": "1"})), &["a", "b", "c", "d"]);
+    let a = args(
+        pod("p", "ml", None, json!({"nvidia.com/gpu": "1"})),
+        &["a", "b", "c", "d"],
+    );
     let s = scores(&index, &a);
     assert!(s["a"] > s["c"] && s["c"] > s["b"], "{s:?}");
     assert_eq!(s["d"], 0);
@@ -229,10 +288,26 @@ fn caches_keep_pods_off_nodes_they_do_not_fit_and_prefer_extracted_ones() {
     for n in ["ready", "compatible", "unknown", "wrong", "old"] {
         index.upsert_node(&node(n, "T4", json!({"nvidia.com/gpu": "1"})));
     }
-    index.upsert_report(Some("ml"), "ready", &report(true, CacheState::Extracted, "sha256:new"));
-    index.upsert_report(Some("ml"), "compatible", &report(true, CacheState::Downloading, "sha256:new"));
-    index.upsert_report(Some("ml"), "wrong", &report(false, CacheState::Error, "sha256:new"));
-    index.upsert_report(Some("ml"), "old", &report(true, CacheState::Extracted, "sha256:old"));
+    index.upsert_report(
+        Some("ml"),
+        "ready",
+        &report(true, CacheState::Extracted, "sha256:new"),
+    );
+    index.upsert_report(
+        Some("ml"),
+        "compatible",
+        &report(true, CacheState::Downloading, "sha256:new"),
+    );
+    index.upsert_report(
+        Some("ml"),
+        "wrong",
+        &report(false, CacheState::Error, "sha256:new"),
+    );
+    index.upsert_report(
+        Some("ml"),
+        "old",
+        &report(true, CacheState::Extracted, "sha256:old"),
+    );
     index.upsert_cache(
         crate::cache_object::CacheKey {
             scope: crate::cache_object::Scope::Namespaced,
@@ -255,6 +330,9 @@ fn caches_keep_pods_off_nodes_they_do_not_fit_and_prefer_extracted_ones() {
     );
     let s = scores(&index, &a);
     assert!(s["ready"] > s["compatible"], "{s:?}");
-    assert_eq!(s["compatible"], s["old"], "an outdated digest is not ready: {s:?}");
+    assert_eq!(
+        s["compatible"], s["old"],
+        "an outdated digest is not ready: {s:?}"
+    );
     assert!(s["compatible"] > s["unknown"], "{s:?}");
 }

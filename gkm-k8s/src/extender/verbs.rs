@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 
 use super::cache::CacheFit;
 use super::index::{Choice, Index};
-use super::protocol::{ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY};
+use super::protocol::{
+    ExtenderArgs, ExtenderFilterResult, HostPriority, HostPriorityList, MAX_PRIORITY,
+};
 use super::request::GpuRequest;
 
 /// The filter verb: the candidates that fit, and why the others do not.
@@ -39,7 +41,10 @@ pub fn filter(index: &Index, args: &ExtenderArgs) -> ExtenderFilterResult {
     match GpuRequest::from_pod(pod, &index.config().whole_resources) {
         Err(e) => {
             let reason = format!("gkm: {e}");
-            failed = candidates.into_iter().map(|n| (n, reason.clone())).collect();
+            failed = candidates
+                .into_iter()
+                .map(|n| (n, reason.clone()))
+                .collect();
         }
         Ok(request) if request.is_empty() => passed = candidates,
         Ok(request) => {

@@ -3,8 +3,8 @@
 //! readiness check once its first list is in.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::fmt::Debug;
+use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -21,10 +21,12 @@ use super::index::Index;
 use super::server::Extender;
 use crate::cache_object::{CacheKey, Scope};
 use crate::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, GKMGPUQuota};
-use crate::serve::{ReadyCheck, Readiness};
+use crate::serve::{Readiness, ReadyCheck};
 
 /// An object the index follows.
-pub trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static {
+pub trait Indexed:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
     /// What identifies it in the index.
     type Key: Hash + Eq + Send;
     /// Its key.
@@ -212,7 +214,9 @@ pub fn run(
     pods: Writer<Pod>,
     readiness: &Readiness,
 ) -> impl Future<Output = ()> + Send + 'static {
-    fn watch<K: Indexed>(api: Api<K>) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
+    fn watch<K: Indexed>(
+        api: Api<K>,
+    ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> {
         watcher(api, watcher::Config::default()).default_backoff()
     }
     let nodes = readiness.check("nodes");
@@ -235,9 +239,17 @@ pub fn run(
             follow(pod_stream, e, pod_check),
             follow(watch(Api::<GKMGPUQuota>::all(client.clone())), e, quotas),
             follow(watch(Api::<GKMCacheNode>::all(client.clone())), e, reports),
-            follow(watch(Api::<ClusterGKMCacheNode>::all(client.clone())), e, cluster_reports),
+            follow(
+                watch(Api::<ClusterGKMCacheNode>::all(client.clone())),
+                e,
+                cluster_reports
+            ),
             follow(watch(Api::<GKMCache>::all(client.clone())), e, caches),
-            follow(watch(Api::<ClusterGKMCache>::all(client)), e, cluster_caches),
+            follow(
+                watch(Api::<ClusterGKMCache>::all(client)),
+                e,
+                cluster_caches
+            ),
         );
     }
 }

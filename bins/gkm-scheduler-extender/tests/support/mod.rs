@@ -38,7 +38,11 @@ pub fn scheduler_config(addr: &str) -> anyhow::Result<String> {
     let path = workspace_root().join("deploy/scheduler-extender/kube-scheduler-config.yaml");
     let text = std::fs::read_to_string(&path)?;
     let shipped = "http://gkm-scheduler-extender.gkm-system.svc:8888/scheduler";
-    anyhow::ensure!(text.contains(shipped), "{} no longer calls {shipped}", path.display());
+    anyhow::ensure!(
+        text.contains(shipped),
+        "{} no longer calls {shipped}",
+        path.display()
+    );
     Ok(text.replace(shipped, &format!("http://{addr}/scheduler")))
 }
 
@@ -63,7 +67,9 @@ impl Cluster {
         plane
             .apply_file(&deploy.join("scheduler-extender/rbac.yaml"))
             .await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         Ok(Cluster {
             scheduler: None,
             extender: None,
@@ -129,7 +135,10 @@ impl Cluster {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
         let deadline = Instant::now() + Duration::from_secs(60);
         while accounts.get_opt("default").await?.is_none() {
-            anyhow::ensure!(Instant::now() < deadline, "no default ServiceAccount in {ns}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no default ServiceAccount in {ns}"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
