@@ -9,6 +9,8 @@
 //! - Any other path a daemon adds with [`Endpoints::with_routes`] (the
 //!   scheduler extender's `POST` verbs).
 //!
+//! Plain HTTP, or TLS with [`serve_with`] and [`tls_acceptor`].
+//!
 //! Around them, what both long-running processes share: [`Sampled`] values
 //! and the operator's counters as metrics, a readiness check that waits for
 //! the apiserver to serve a resource ([`ready_when_listable`]), and stopping
@@ -51,6 +53,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+pub use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::operator::Metrics as OperatorMetrics;
@@ -270,8 +273,19 @@ pub async fn serve(
     endpoints: Arc<Endpoints>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, endpoints, None, shutdown).await;
+}
+
+/// Like [`serve`], over TLS when `tls` is given (see [`tls_acceptor`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /healthz, /readyz and /metrics");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(%addr, scheme, "serving /healthz, /readyz and /metrics");
     }
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -291,22 +305,60 @@ pub async fn serve(
             },
         };
         let endpoints = endpoints.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let endpoints = endpoints.clone();
-                async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
-            });
-            let result = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "serving a connection");
+            match tls {
+                None => serve_connection(stream, endpoints, peer).await,
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => serve_connection(stream, endpoints, peer).await,
+                    Err(e) => debug!(%peer, error = %e, "TLS handshake"),
+                },
             }
         });
     }
     connections.shutdown().await;
+}
+
+async fn serve_connection(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    endpoints: Arc<Endpoints>,
+    peer: std::net::SocketAddr,
+) {
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let endpoints = endpoints.clone();
+        async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "serving a connection");
+    }
+}
+
+/// A TLS acceptor serving the PEM certificate chain `cert` with the PEM
+/// private key `key` (TLS 1.2 and 1.3, aws-lc-rs).
+pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, String> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|e| format!("the certificate and key do not make a TLS configuration: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Whether a sampled value is a counter or a gauge.
@@ -522,17 +574,20 @@ impl EndpointServer {
         registry: Registry,
         readiness: Readiness,
     ) -> std::io::Result<EndpointServer> {
-        Self::start_endpoints(addr, Endpoints::new(registry, readiness)).await
+        Self::start_endpoints(addr, Endpoints::new(registry, readiness), None).await
     }
 
-    /// Binds `addr` and serves `endpoints` until [`EndpointServer::stop`].
+    /// Binds `addr` and serves `endpoints` (over TLS when `tls` is given)
+    /// until [`EndpointServer::stop`].
     pub async fn start_endpoints(
         addr: std::net::SocketAddr,
         endpoints: Endpoints,
+        tls: Option<TlsAcceptor>,
     ) -> std::io::Result<EndpointServer> {
         let listener = TcpListener::bind(addr).await?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve(listener, Arc::new(endpoints), async move {
+        let endpoints = Arc::new(endpoints);
+        let task = tokio::spawn(serve_with(listener, endpoints, tls, async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         }));
         Ok(EndpointServer { stop, task })

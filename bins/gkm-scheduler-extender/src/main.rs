@@ -4,14 +4,17 @@
 //! `gkm_k8s::extender`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use gkm_k8s::extender::{self, IndexConfig};
-use gkm_k8s::serve::{EndpointServer, Endpoints, Readiness, register_build_info, until_signal};
+use gkm_k8s::serve::{
+    EndpointServer, Endpoints, Readiness, TlsAcceptor, register_build_info, tls_acceptor,
+    until_signal,
+};
 use prometheus_client::registry::Registry;
 
 /// gkm scheduler extender: serves `POST /scheduler/filter`,
@@ -37,12 +40,31 @@ struct Cli {
     /// How often quota use is written to GKMGPUQuota status (when it changed).
     #[arg(long, default_value = "2s", value_parser = gkm_bin_support::duration)]
     quota_status_interval: Duration,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key-file);
+    /// the scheduler's extender entry then sets `enableHTTPS: true` and
+    /// `tlsConfig.caData`.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
 }
 
+fn tls(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    let read =
+        |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    tls_acceptor(&read(cert)?, &read(key)?)
+        .map_err(|e| anyhow::anyhow!("--tls-cert-file {}: {e}", cert.display()))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let tls = match (&cli.tls_cert_file, &cli.tls_key_file) {
+        (Some(cert), Some(key)) => Some(tls(cert, key)?),
+        _ => None,
+    };
     let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
     let config = IndexConfig {
         whole_resources: cli.whole_gpu_resources,
@@ -58,7 +80,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION"),
     );
     let endpoints = Endpoints::new(registry, readiness).with_routes(extender);
-    let server = EndpointServer::start_endpoints(cli.address, endpoints)
+    let server = EndpointServer::start_endpoints(cli.address, endpoints, tls)
         .await
         .with_context(|| format!("listening on --address {}", cli.address))?;
     tracing::info!(address = %cli.address, "serving the extender");

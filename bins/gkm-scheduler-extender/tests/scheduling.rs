@@ -367,6 +367,7 @@ async fn settle(pods: &Api<Pod>, reason: &str) -> anyhow::Result<(Vec<Pod>, usiz
     }
 }
 
+/// The scheduler calls the extender over HTTPS here.
 #[tokio::test]
 async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
     let mut cluster = Cluster::start().await?;
@@ -382,9 +383,10 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
             .await?;
     }
     quota(&cluster, "burst", "a100", "NVIDIA-A100", 8).await?;
-    cluster.start_extender().await?;
+    // Over HTTPS: the scheduler trusts the extender's CA.
+    let ca = cluster.start_extender_tls().await?;
     let config = support::scheduler_config(&cluster.extender_addr)?;
-    cluster.start_scheduler(&config)?;
+    cluster.start_scheduler(&support::over_tls(&config, &ca)?)?;
 
     let creates = (0..50).map(|i| {
         let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});

@@ -44,10 +44,11 @@ struct ResultLabel {
     result: String,
 }
 
+/// Fine buckets below 5 ms, where the extender's answers should fall.
 fn latency_histogram() -> Histogram {
     Histogram::new([
-        0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-        1.0,
+        0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_3, 0.000_5, 0.000_75, 0.001, 0.001_5, 0.002,
+        0.003, 0.004, 0.005, 0.007_5, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
     ])
 }
 

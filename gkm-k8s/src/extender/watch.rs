@@ -19,7 +19,7 @@ use tracing::warn;
 
 use super::index::Index;
 use super::server::Extender;
-use crate::cache_object::{CacheKey, Scope};
+use crate::cache_object::{CacheKey, CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, GKMGPUQuota};
 use crate::serve::{Readiness, ReadyCheck};
 
@@ -89,81 +89,48 @@ impl Indexed for GKMGPUQuota {
     }
 }
 
-impl Indexed for GKMCacheNode {
-    type Key = (Option<String>, String);
-    fn key(&self) -> Self::Key {
-        (self.namespace(), self.name_any())
-    }
-    fn upsert(&self, index: &mut Index) {
-        if let Some(status) = &self.status {
-            index.upsert_report(self.namespace().as_deref(), &self.name_any(), status);
+/// The node reports of both kinds: keyed by namespace (none for a
+/// `ClusterGKMCacheNode`) and node name.
+macro_rules! indexed_report {
+    ($kind:ty, $cluster:expr) => {
+        impl Indexed for $kind {
+            type Key = (Option<String>, String);
+            fn key(&self) -> Self::Key {
+                (self.namespace(), self.name_any())
+            }
+            fn upsert(&self, index: &mut Index) {
+                if let Some(status) = self.report() {
+                    index.upsert_report(self.namespace().as_deref(), &self.name_any(), status);
+                }
+            }
+            fn delete(&self, index: &mut Index) {
+                index.remove_report(self.namespace().as_deref(), &self.name_any());
+            }
+            fn retain(index: &mut Index, keys: &HashSet<Self::Key>) {
+                index.retain_reports($cluster, keys);
+            }
         }
-    }
-    fn delete(&self, index: &mut Index) {
-        index.remove_report(self.namespace().as_deref(), &self.name_any());
-    }
-    fn retain(index: &mut Index, keys: &HashSet<Self::Key>) {
-        index.retain_reports(false, keys);
-    }
+    };
 }
 
-impl Indexed for ClusterGKMCacheNode {
-    type Key = (Option<String>, String);
-    fn key(&self) -> Self::Key {
-        (None, self.name_any())
-    }
-    fn upsert(&self, index: &mut Index) {
-        if let Some(status) = &self.status {
-            index.upsert_report(None, &self.name_any(), status);
-        }
-    }
-    fn delete(&self, index: &mut Index) {
-        index.remove_report(None, &self.name_any());
-    }
-    fn retain(index: &mut Index, keys: &HashSet<Self::Key>) {
-        index.retain_reports(true, keys);
-    }
-}
+indexed_report!(GKMCacheNode, false);
+indexed_report!(ClusterGKMCacheNode, true);
 
-fn cache_key(scope: Scope, namespace: Option<String>, name: String) -> CacheKey {
-    CacheKey {
-        scope,
-        namespace,
-        name,
-    }
-}
-
-impl Indexed for GKMCache {
+/// Both cache kinds: the digest each resolves to now.
+impl<K: CacheObject> Indexed for K {
     type Key = CacheKey;
     fn key(&self) -> CacheKey {
-        cache_key(Scope::Namespaced, self.namespace(), self.name_any())
+        CacheObject::key(self)
     }
     fn upsert(&self, index: &mut Index) {
-        let digest = self.status.as_ref().and_then(|s| s.resolved_digest.clone());
-        index.upsert_cache(self.key(), digest);
+        let digest = self.cache_status().and_then(|s| s.resolved_digest.clone());
+        index.upsert_cache(CacheObject::key(self), digest);
     }
     fn delete(&self, index: &mut Index) {
-        index.upsert_cache(self.key(), None);
+        index.upsert_cache(CacheObject::key(self), None);
     }
     fn retain(index: &mut Index, keys: &HashSet<CacheKey>) {
-        index.retain_caches(Scope::Namespaced, keys);
-    }
-}
-
-impl Indexed for ClusterGKMCache {
-    type Key = CacheKey;
-    fn key(&self) -> CacheKey {
-        cache_key(Scope::Cluster, None, self.name_any())
-    }
-    fn upsert(&self, index: &mut Index) {
-        let digest = self.status.as_ref().and_then(|s| s.resolved_digest.clone());
-        index.upsert_cache(self.key(), digest);
-    }
-    fn delete(&self, index: &mut Index) {
-        index.upsert_cache(self.key(), None);
-    }
-    fn retain(index: &mut Index, keys: &HashSet<CacheKey>) {
-        index.retain_caches(Scope::Cluster, keys);
+        index.retain_caches(K::SCOPE, keys);
     }
 }
 

@@ -92,6 +92,30 @@ impl Cluster {
     /// Starts the extender `binary` as its ServiceAccount and waits until it
     /// is ready.
     pub async fn start_extender_from(&mut self, binary: &Path) -> anyhow::Result<()> {
+        self.spawn_extender(binary, &[]).await
+    }
+
+    /// Starts this crate's extender serving HTTPS with a certificate for
+    /// 127.0.0.1 and returns the CA certificate (PEM) that signed it. Waits
+    /// only until it accepts connections.
+    pub async fn start_extender_tls(&mut self) -> anyhow::Result<String> {
+        let binary = option_env!("CARGO_BIN_EXE_gkm-scheduler-extender")
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow::anyhow!("not built as a test: name the extender binary"))?;
+        let (ca, cert, key) = serving_certificate()?;
+        let dir = self.plane.dir();
+        let (cert_path, key_path) = (dir.join("extender.crt"), dir.join("extender.key"));
+        std::fs::write(&cert_path, cert)?;
+        std::fs::write(&key_path, key)?;
+        let flags = [
+            format!("--tls-cert-file={}", cert_path.display()),
+            format!("--tls-key-file={}", key_path.display()),
+        ];
+        self.spawn_extender(&binary, &flags).await?;
+        Ok(ca)
+    }
+
+    async fn spawn_extender(&mut self, binary: &Path, flags: &[String]) -> anyhow::Result<()> {
         let kubeconfig = self
             .plane
             .kubeconfig_for_service_account("gkm-system", "gkm-scheduler-extender")?;
@@ -99,16 +123,23 @@ impl Cluster {
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--address={}", self.extender_addr))
             .arg("--quota-status-interval=1s")
+            .args(flags)
             .env("GKM_LOG", "info");
         let log = self.plane.dir().join("gkm-scheduler-extender.log");
         let mut process = Process::spawn("gkm-scheduler-extender", cmd, &log)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             process.check_running()?;
-            if http_get(&self.extender_addr, "/readyz")
-                .await
-                .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-            {
+            let up = if flags.is_empty() {
+                http_get(&self.extender_addr, "/readyz")
+                    .await
+                    .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+            } else {
+                tokio::net::TcpStream::connect(&self.extender_addr)
+                    .await
+                    .is_ok()
+            };
+            if up {
                 break;
             }
             anyhow::ensure!(
@@ -263,4 +294,44 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut reply = String::new();
     stream.read_to_string(&mut reply).await?;
     Ok(reply)
+}
+
+/// A CA and a serving certificate for 127.0.0.1 it signed: (CA PEM,
+/// certificate PEM, key PEM).
+fn serving_certificate() -> anyhow::Result<(String, String, String)> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(vec!["localhost".to_string()])?;
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+    let cert = params.signed_by(&key, &Issuer::from_params(&ca, &ca_key))?;
+    Ok((ca_pem, cert.pem(), key.serialize_pem()))
+}
+
+/// `config` (a scheduler configuration calling the extender over HTTP)
+/// calling it over HTTPS, trusting `ca_pem`.
+pub fn over_tls(config: &str, ca_pem: &str) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    let mut value: serde_yaml::Value = serde_yaml::from_str(config)?;
+    let extender = value
+        .get_mut("extenders")
+        .and_then(|e| e.get_mut(0))
+        .and_then(|e| e.as_mapping_mut())
+        .ok_or_else(|| anyhow::anyhow!("the configuration has no extender"))?;
+    let url = extender
+        .get("urlPrefix")
+        .and_then(|u| u.as_str())
+        .unwrap_or_default()
+        .replacen("http://", "https://", 1);
+    extender.insert("urlPrefix".into(), url.into());
+    extender.insert("enableHTTPS".into(), true.into());
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let tls = serde_yaml::to_value(BTreeMap::from([("caData", ca)]))?;
+    extender.insert("tlsConfig".into(), tls);
+    Ok(serde_yaml::to_string(&value)?)
 }
