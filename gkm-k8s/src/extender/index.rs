@@ -62,8 +62,10 @@ pub struct Index {
     holds: HashMap<String, Hold>,
     by_node: HashMap<String, HashSet<String>>,
     node_use: HashMap<String, NodeUse>,
-    quota_use: HashMap<(String, String), Amount>,
-    quotas: BTreeMap<(String, String), Vec<GpuModelLimit>>,
+    /// Use per namespace, per model.
+    quota_use: HashMap<String, HashMap<String, Amount>>,
+    /// Quotas per namespace, per name.
+    quotas: HashMap<String, BTreeMap<String, Vec<GpuModelLimit>>>,
     reports: HashMap<(Option<String>, String), BTreeMap<String, CacheOnNode>>,
     claims: HashMap<(String, String), String>,
     resolved: HashMap<CacheKey, String>,
@@ -152,18 +154,27 @@ impl Index {
     /// Adds or updates the quota `namespace/name`.
     pub fn upsert_quota(&mut self, namespace: &str, name: &str, limits: Vec<GpuModelLimit>) {
         self.quotas
-            .insert((namespace.to_string(), name.to_string()), limits);
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(name.to_string(), limits);
     }
 
     /// Forgets a quota.
     pub fn remove_quota(&mut self, namespace: &str, name: &str) {
-        self.quotas
-            .remove(&(namespace.to_string(), name.to_string()));
+        if let Some(quotas) = self.quotas.get_mut(namespace) {
+            quotas.remove(name);
+            if quotas.is_empty() {
+                self.quotas.remove(namespace);
+            }
+        }
     }
 
     /// Keeps only the quotas in `keys` (`(namespace, name)`).
     pub fn retain_quotas(&mut self, keys: &HashSet<(String, String)>) {
-        self.quotas.retain(|k, _| keys.contains(k));
+        for (namespace, quotas) in self.quotas.iter_mut() {
+            quotas.retain(|name, _| keys.contains(&(namespace.clone(), name.clone())));
+        }
+        self.quotas.retain(|_, quotas| !quotas.is_empty());
     }
 
     /// Adds or updates a node report: `namespace` for a `GKMCacheNode`,
@@ -216,43 +227,26 @@ impl Index {
         request: &GpuRequest,
         node: &str,
     ) -> Result<Choice, String> {
-        let gpus = self
-            .nodes
-            .get(node)
-            .ok_or_else(|| "gkm: the extender has not seen this node yet".to_string())?;
-        let own = self.holds.get(uid);
-        let empty = NodeUse::default();
-        let used = self.node_use.get(node).unwrap_or(&empty);
-        let cache = self.cache_fit(node, request)?;
-        if let Some(own) = own.filter(|h| h.node == node) {
-            // Room is already held here (a retried bind).
-            return Ok(Choice {
-                shares: own.shares.clone(),
-                packing: packing(gpus, used, &GpuRequest::default()),
-                cache,
-            });
+        self.placer(uid, namespace, request).check(node)
+    }
+
+    /// What checks one pod against many nodes, with what is the same for
+    /// every node looked up once.
+    pub fn placer<'a>(
+        &'a self,
+        uid: &str,
+        namespace: &'a str,
+        request: &'a GpuRequest,
+    ) -> Placer<'a> {
+        Placer {
+            index: self,
+            namespace,
+            request,
+            asked: Amount::of(request),
+            own: self.holds.get(uid),
+            quotas: self.quotas.get(namespace),
+            used: self.quota_use.get(namespace),
         }
-        for (resource, &asked) in &request.whole {
-            let allocatable = gpus.whole.get(resource).copied().unwrap_or(0);
-            let taken = used.whole.get(resource).copied().unwrap_or(0);
-            if taken + asked > allocatable {
-                return Err(format!(
-                    "gkm: {} of {allocatable} {resource} free, the pod asks {asked}",
-                    (allocatable - taken).max(0)
-                ));
-            }
-        }
-        let shares = if request.is_shared() {
-            choose_devices(gpus, used, request)?
-        } else {
-            Vec::new()
-        };
-        self.check_quota(namespace, gpus.model.as_deref(), request, own)?;
-        Ok(Choice {
-            shares,
-            packing: packing(gpus, used, request),
-            cache,
-        })
     }
 
     /// Checks `request` on `node` and, when it fits, holds the room for the
@@ -292,76 +286,40 @@ impl Index {
 
     /// What `namespace` holds of each model `limits` names.
     pub fn quota_use(&self, namespace: &str, limits: &[GpuModelLimit]) -> Vec<GpuModelUse> {
+        let used = self.quota_use.get(namespace);
         limits
             .iter()
             .map(|limit| {
-                let used = self
-                    .quota_use
-                    .get(&(namespace.to_string(), limit.model.clone()))
+                let amount = used
+                    .and_then(|u| u.get(&limit.model))
                     .copied()
                     .unwrap_or_default();
                 GpuModelUse {
                     model: limit.model.clone(),
-                    gpus: used.gpus,
-                    cores: used.cores,
-                    memory: used.memory,
+                    gpus: amount.gpus,
+                    cores: amount.cores,
+                    memory: amount.memory,
                 }
             })
             .collect()
     }
 
-    /// The quotas, by `(namespace, name)`.
-    pub fn quotas(&self) -> &BTreeMap<(String, String), Vec<GpuModelLimit>> {
-        &self.quotas
+    /// Every quota, as `(namespace, name)`, with its use per model.
+    pub fn quota_statuses(&self) -> Vec<((String, String), Vec<GpuModelUse>)> {
+        self.quotas
+            .iter()
+            .flat_map(|(namespace, quotas)| {
+                quotas.iter().map(move |(name, limits)| {
+                    let key = (namespace.clone(), name.clone());
+                    (key, self.quota_use(namespace, limits))
+                })
+            })
+            .collect()
     }
 
     /// Pods holding GPUs, reservations included.
     pub fn holds(&self) -> impl Iterator<Item = (&String, &Hold)> {
         self.holds.iter()
-    }
-
-    fn check_quota(
-        &self,
-        namespace: &str,
-        model: Option<&str>,
-        request: &GpuRequest,
-        own: Option<&Hold>,
-    ) -> Result<(), String> {
-        let Some(model) = model else {
-            return Ok(());
-        };
-        let asked = Amount::of(request);
-        let mut used = self
-            .quota_use
-            .get(&(namespace.to_string(), model.to_string()))
-            .copied()
-            .unwrap_or_default();
-        if let Some(own) =
-            own.filter(|h| h.namespace == namespace && h.model.as_deref() == Some(model))
-        {
-            used -= own.amount;
-        }
-        let quotas = self
-            .quotas
-            .range((namespace.to_string(), String::new())..)
-            .take_while(|((ns, _), _)| ns == namespace);
-        for ((_, quota), limits) in quotas {
-            for limit in limits.iter().filter(|l| l.model == model) {
-                let dimensions = [
-                    (limit.gpus, used.gpus, asked.gpus, "GPUs"),
-                    (limit.cores, used.cores, asked.cores, "GPU cores (%)"),
-                    (limit.memory, used.memory, asked.memory, "GPU memory (MiB)"),
-                ];
-                for (cap, held, ask, what) in dimensions {
-                    if let Some(cap) = cap.filter(|&cap| ask > 0 && held + ask > cap) {
-                        return Err(format!(
-                            "gkm: quota {namespace}/{quota} reached: namespace {namespace} holds {held} of {cap} {what} of model {model}, the pod asks {ask}"
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     fn cache_fit(&self, node: &str, request: &GpuRequest) -> Result<CacheFit, String> {
@@ -448,8 +406,12 @@ impl Index {
             device.1 += sign * share.memory;
         }
         if let Some(model) = &hold.model {
-            let key = (hold.namespace.clone(), model.clone());
-            let quota = self.quota_use.entry(key).or_default();
+            let quota = self
+                .quota_use
+                .entry(hold.namespace.clone())
+                .or_default()
+                .entry(model.clone())
+                .or_default();
             if sign > 0 {
                 *quota += hold.amount;
             } else {
@@ -472,6 +434,102 @@ impl Index {
                 self.put_hold(&uid, hold);
             }
         }
+    }
+}
+
+/// One pod's checks against nodes; see [`Index::placer`].
+pub struct Placer<'a> {
+    index: &'a Index,
+    namespace: &'a str,
+    request: &'a GpuRequest,
+    asked: Amount,
+    own: Option<&'a Hold>,
+    quotas: Option<&'a BTreeMap<String, Vec<GpuModelLimit>>>,
+    used: Option<&'a HashMap<String, Amount>>,
+}
+
+impl Placer<'_> {
+    /// Whether the pod fits `node`, and how; or why not, in words for the
+    /// pod's events.
+    pub fn check(&self, node: &str) -> Result<Choice, String> {
+        let index = self.index;
+        let request = self.request;
+        let gpus = index
+            .nodes
+            .get(node)
+            .ok_or_else(|| "gkm: the extender has not seen this node yet".to_string())?;
+        let empty = NodeUse::default();
+        let used = index.node_use.get(node).unwrap_or(&empty);
+        let cache = index.cache_fit(node, request)?;
+        if let Some(own) = self.own.filter(|h| h.node == node) {
+            // Room is already held here (a retried bind).
+            return Ok(Choice {
+                shares: own.shares.clone(),
+                packing: packing(gpus, used, &GpuRequest::default()),
+                cache,
+            });
+        }
+        for (resource, &asked) in &request.whole {
+            let allocatable = gpus.whole.get(resource).copied().unwrap_or(0);
+            let taken = used.whole.get(resource).copied().unwrap_or(0);
+            if taken + asked > allocatable {
+                return Err(format!(
+                    "gkm: {} of {allocatable} {resource} free, the pod asks {asked}",
+                    (allocatable - taken).max(0)
+                ));
+            }
+        }
+        let shares = if request.is_shared() {
+            choose_devices(gpus, used, request)?
+        } else {
+            Vec::new()
+        };
+        if let Some(model) = gpus.model.as_deref() {
+            self.check_quota(model)?;
+        }
+        Ok(Choice {
+            shares,
+            packing: packing(gpus, used, request),
+            cache,
+        })
+    }
+
+    /// Whether the pod stays within every quota of its namespace on a node
+    /// of `model`.
+    fn check_quota(&self, model: &str) -> Result<(), String> {
+        let Some(quotas) = self.quotas else {
+            return Ok(());
+        };
+        let namespace = self.namespace;
+        let mut used = self
+            .used
+            .and_then(|u| u.get(model))
+            .copied()
+            .unwrap_or_default();
+        if let Some(own) = self
+            .own
+            .filter(|h| h.namespace == namespace && h.model.as_deref() == Some(model))
+        {
+            used -= own.amount;
+        }
+        let asked = self.asked;
+        for (quota, limits) in quotas {
+            for limit in limits.iter().filter(|l| l.model == model) {
+                let dimensions = [
+                    (limit.gpus, used.gpus, asked.gpus, "GPUs"),
+                    (limit.cores, used.cores, asked.cores, "GPU cores (%)"),
+                    (limit.memory, used.memory, asked.memory, "GPU memory (MiB)"),
+                ];
+                for (cap, held, ask, what) in dimensions {
+                    if let Some(cap) = cap.filter(|&cap| ask > 0 && held + ask > cap) {
+                        return Err(format!(
+                            "gkm: quota {namespace}/{quota} reached: namespace {namespace} holds {held} of {cap} {what} of model {model}, the pod asks {ask}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -527,32 +585,31 @@ fn choose_devices(
 }
 
 /// How full the asked-for GPUs of the node would be with `request` placed:
-/// whole GPUs of the asked resources, and the cores of shared devices.
+/// whole GPUs of the asked resources (all of the node's for a pod asking
+/// none), and the cores of shared devices; the mean when both count.
 fn packing(gpus: &NodeGpus, used: &NodeUse, request: &GpuRequest) -> f64 {
-    let mut ratios = Vec::new();
-    let whole: Vec<&String> = if request.whole.is_empty() {
-        gpus.whole.keys().collect()
-    } else {
-        request.whole.keys().collect()
-    };
-    let total: i64 = whole
-        .iter()
-        .map(|r| gpus.whole.get(*r).copied().unwrap_or(0))
-        .sum();
-    if total > 0 && (!request.whole.is_empty() || !request.is_shared()) {
-        let taken: i64 = whole
-            .iter()
-            .map(|r| used.whole.get(*r).copied().unwrap_or(0))
-            .sum();
-        ratios.push((taken + request.gpus()) as f64 / total as f64);
+    let (mut sum, mut parts) = (0.0, 0.0);
+    if !request.whole.is_empty() || !request.is_shared() {
+        let (mut total, mut taken) = (0, request.gpus());
+        for (resource, allocatable) in &gpus.whole {
+            if request.whole.is_empty() || request.whole.contains_key(resource) {
+                total += allocatable;
+                taken += used.whole.get(resource).copied().unwrap_or(0);
+            }
+        }
+        if total > 0 {
+            sum += taken as f64 / total as f64;
+            parts += 1.0;
+        }
     }
     let cores: i64 = gpus.devices.iter().map(|d| d.cores).sum();
     if cores > 0 && request.is_shared() {
         let taken: i64 = used.devices.values().map(|d| d.0).sum();
-        ratios.push((taken + request.cores) as f64 / cores as f64);
+        sum += (taken + request.cores) as f64 / cores as f64;
+        parts += 1.0;
     }
-    if ratios.is_empty() {
+    if parts == 0.0 {
         return 0.0;
     }
-    (ratios.iter().sum::<f64>() / ratios.len() as f64).clamp(0.0, 1.0)
+    (sum / parts).clamp(0.0, 1.0)
 }

@@ -17,14 +17,7 @@ use crate::crd::{GKMGPUQuota, GpuModelUse};
 pub async fn run(client: Client, extender: Arc<Extender>, period: Duration) {
     let mut written: HashMap<(String, String), Vec<GpuModelUse>> = HashMap::new();
     loop {
-        let current: Vec<((String, String), Vec<GpuModelUse>)> = {
-            let index = extender.read();
-            index
-                .quotas()
-                .iter()
-                .map(|(key, limits)| (key.clone(), index.quota_use(&key.0, limits)))
-                .collect()
-        };
+        let current = extender.read().quota_statuses();
         written.retain(|key, _| current.iter().any(|(k, _)| k == key));
         for (key, used) in current {
             if written.get(&key) == Some(&used) {

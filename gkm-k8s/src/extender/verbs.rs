@@ -50,8 +50,9 @@ pub fn filter(index: &Index, args: &ExtenderArgs) -> ExtenderFilterResult {
         Ok(request) => {
             let uid = pod.metadata.uid.as_deref().unwrap_or_default();
             let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            let placer = index.placer(uid, namespace, &request);
             for node in candidates {
-                match index.check(uid, namespace, &request, &node) {
+                match placer.check(&node) {
                     Ok(_) => passed.push(node),
                     Err(reason) => {
                         failed.insert(node, reason);
@@ -87,11 +88,12 @@ pub fn prioritize(index: &Index, args: &ExtenderArgs) -> HostPriorityList {
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let placer = index.placer(uid, namespace, &request);
     candidates
         .into_iter()
         .map(|host| {
-            let score = index
-                .check(uid, namespace, &request, &host)
+            let score = placer
+                .check(&host)
                 .map_or(0, |choice| score(&choice, !request.caches.is_empty()));
             HostPriority { host, score }
         })
