@@ -336,3 +336,74 @@ fn caches_keep_pods_off_nodes_they_do_not_fit_and_prefer_extracted_ones() {
     );
     assert!(s["compatible"] > s["unknown"], "{s:?}");
 }
+
+#[test]
+fn a_claim_of_a_pvc_gkm_filled_counts_as_its_cache() {
+    let mut index = Index::new(IndexConfig::default());
+    index.upsert_node(&node("wrong", "T4", json!({"nvidia.com/gpu": "1"})));
+    let mut status = report(false, CacheState::Error, "sha256:new");
+    if let Some(entry) = status
+        .caches
+        .as_mut()
+        .and_then(|c| c.get_mut("vector-add"))
+        .and_then(|d| d.get_mut("sha256:new"))
+    {
+        entry.pvc_status = Some(BTreeMap::from([(
+            "ml".to_string(),
+            crate::crd::PvcStatus {
+                pvc_name: Some("kernels".into()),
+                ..Default::default()
+            },
+        )]));
+    }
+    index.upsert_report(Some("ml"), "wrong", &status);
+    let mut p = pod("p", "ml", None, json!({"nvidia.com/gpu": "1"}));
+    if let Some(spec) = p.spec.as_mut() {
+        spec.volumes = serde_json::from_value(json!([
+            {"name": "k", "persistentVolumeClaim": {"claimName": "kernels"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}},
+        ]))
+        .ok();
+    }
+    let result = filter(&index, &args(p, &["wrong"]));
+    assert!(
+        result.failed_and_unresolvable_nodes["wrong"]
+            .starts_with("gkm: GKMCache ml/vector-add does not fit this node's GPUs"),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn more_than_one_gpu_of_cores_takes_whole_free_devices() {
+    let mut index = Index::new(IndexConfig::default());
+    let shared = json!({"gkm.io/gpu-cores": "300", "gkm.io/gpu-memory": "3000"});
+    index.upsert_node(&node("a", "T4", shared));
+    let small = pod("s", "ml", None, json!({"gkm.io/gpu-cores": "10"}));
+    let taken = index.reserve("uid-ml-s", "s", "ml", &request(&small), "a");
+    assert_eq!(taken.map(|s| s[0].device.clone()), Ok("0".to_string()));
+    let two = pod(
+        "two",
+        "ml",
+        None,
+        json!({"gkm.io/gpu-cores": "200", "gkm.io/gpu-memory": "2000"}),
+    );
+    let shares = index.reserve("uid-ml-two", "two", "ml", &request(&two), "a");
+    assert_eq!(
+        shares.map(|s| s
+            .iter()
+            .map(|s| (s.device.clone(), s.cores, s.memory))
+            .collect::<Vec<_>>()),
+        Ok(vec![
+            ("1".to_string(), 100, 1000),
+            ("2".to_string(), 100, 1000)
+        ])
+    );
+    let three = args(
+        pod("three", "ml", None, json!({"gkm.io/gpu-cores": "200"})),
+        &["a"],
+    );
+    assert_eq!(
+        filter(&index, &three).failed_and_unresolvable_nodes["a"],
+        "gkm: 0 of the 2 whole GPUs the pod asks are free"
+    );
+}
