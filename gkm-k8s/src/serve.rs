@@ -309,10 +309,14 @@ pub async fn serve_with(
         connections.spawn(async move {
             match tls {
                 None => serve_connection(stream, endpoints, peer).await,
-                Some(tls) => match tls.accept(stream).await {
-                    Ok(stream) => serve_connection(stream, endpoints, peer).await,
-                    Err(e) => debug!(%peer, error = %e, "TLS handshake"),
-                },
+                // A client gets as long for its handshake as for its request head.
+                Some(tls) => {
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, endpoints, peer).await,
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake"),
+                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
             }
         });
     }
