@@ -6,6 +6,10 @@
 //!   `503` listing the checks that are not, in kube-apiserver's `[+]`/`[-]`
 //!   style; `/readyz?verbose` lists every check.
 //! - `/metrics` is the Prometheus registry in the OpenMetrics text format.
+//! - Any other path a daemon adds with [`Endpoints::with_routes`] (the
+//!   scheduler extender's `POST` verbs).
+//!
+//! Plain HTTP, or TLS with [`serve_with`] and [`tls_acceptor`].
 //!
 //! Around them, what both long-running processes share: [`Sampled`] values
 //! and the operator's counters as metrics, a readiness check that waits for
@@ -32,11 +36,12 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -48,6 +53,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+pub use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::operator::Metrics as OperatorMetrics;
@@ -125,11 +131,27 @@ impl Readiness {
     }
 }
 
-/// What the server answers with: the metrics registry and the readiness
-/// checks.
+/// A response being computed.
+pub type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send + 'a>>;
+
+/// Paths a daemon serves beside `/healthz`, `/readyz` and `/metrics`.
+pub trait Routes: Send + Sync {
+    /// Whether these routes answer `path`.
+    fn serves(&self, path: &str) -> bool;
+    /// The response to `method` on `path` with the request `body` (at most
+    /// [`MAX_BODY_BYTES`]).
+    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a>;
+}
+
+/// The largest request body a [`Routes`] path accepts.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// What the server answers with: the metrics registry, the readiness
+/// checks and any extra routes.
 pub struct Endpoints {
     registry: Registry,
     readiness: Readiness,
+    routes: Option<Arc<dyn Routes>>,
 }
 
 impl Endpoints {
@@ -138,6 +160,36 @@ impl Endpoints {
         Endpoints {
             registry,
             readiness,
+            routes: None,
+        }
+    }
+
+    /// Also serves `routes`.
+    pub fn with_routes(mut self, routes: Arc<dyn Routes>) -> Self {
+        self.routes = Some(routes);
+        self
+    }
+
+    /// Answers `request`: from the extra routes when they serve its path.
+    async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(routes) = self
+            .routes
+            .as_ref()
+            .filter(|r| r.serves(request.uri().path()))
+        else {
+            return self.respond(&request);
+        };
+        let (parts, body) = request.into_parts();
+        match Limited::new(body, MAX_BODY_BYTES).collect().await {
+            Ok(body) => {
+                routes
+                    .respond(&parts.method, parts.uri.path(), body.to_bytes())
+                    .await
+            }
+            Err(e) => text(
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {e}\n"),
+            ),
         }
     }
 
@@ -201,7 +253,8 @@ impl Endpoints {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+/// A plain-text response.
+pub fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -220,8 +273,19 @@ pub async fn serve(
     endpoints: Arc<Endpoints>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, endpoints, None, shutdown).await;
+}
+
+/// Like [`serve`], over TLS when `tls` is given (see [`tls_acceptor`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /healthz, /readyz and /metrics");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(%addr, scheme, "serving /healthz, /readyz and /metrics");
     }
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -241,22 +305,64 @@ pub async fn serve(
             },
         };
         let endpoints = endpoints.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let response = endpoints.respond(&request);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let result = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = result {
-                debug!(%peer, error = %e, "serving a connection");
+            match tls {
+                None => serve_connection(stream, endpoints, peer).await,
+                // A client gets as long for its handshake as for its request head.
+                Some(tls) => {
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, endpoints, peer).await,
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake"),
+                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
             }
         });
     }
     connections.shutdown().await;
+}
+
+async fn serve_connection(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    endpoints: Arc<Endpoints>,
+    peer: std::net::SocketAddr,
+) {
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let endpoints = endpoints.clone();
+        async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "serving a connection");
+    }
+}
+
+/// A TLS acceptor serving the PEM certificate chain `cert` with the PEM
+/// private key `key` (TLS 1.2 and 1.3, aws-lc-rs).
+pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, String> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|e| format!("the certificate and key do not make a TLS configuration: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Whether a sampled value is a counter or a gauge.
@@ -472,15 +578,22 @@ impl EndpointServer {
         registry: Registry,
         readiness: Readiness,
     ) -> std::io::Result<EndpointServer> {
+        Self::start_endpoints(addr, Endpoints::new(registry, readiness), None).await
+    }
+
+    /// Binds `addr` and serves `endpoints` (over TLS when `tls` is given)
+    /// until [`EndpointServer::stop`].
+    pub async fn start_endpoints(
+        addr: std::net::SocketAddr,
+        endpoints: Endpoints,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<EndpointServer> {
         let listener = TcpListener::bind(addr).await?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve(
-            listener,
-            Arc::new(Endpoints::new(registry, readiness)),
-            async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            },
-        ));
+        let endpoints = Arc::new(endpoints);
+        let task = tokio::spawn(serve_with(listener, endpoints, tls, async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
         Ok(EndpointServer { stop, task })
     }
 

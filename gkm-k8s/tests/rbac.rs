@@ -104,6 +104,10 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
         kind_of::<ValidatingAdmissionPolicy>(),
         kind_of::<ValidatingAdmissionPolicyBinding>(),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+        (
+            "kubescheduler.config.k8s.io/v1",
+            "KubeSchedulerConfiguration",
+        ),
     ]
     .into_iter()
     .collect();
@@ -127,7 +131,7 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
                 "{}: unknown kind {kind:?}",
                 file.display()
             );
-            if kind.1 != "Kustomization" {
+            if kind.1 != "Kustomization" && kind.1 != "KubeSchedulerConfiguration" {
                 assert!(
                     doc["metadata"]["name"].is_string(),
                     "{}: {} has no name",
@@ -168,7 +172,11 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
     let listed: BTreeSet<PathBuf> = kustomization_resources()?.into_iter().collect();
     for file in &files {
         let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name != "install.yaml" && name != "kustomization.yaml" {
+        // A KubeSchedulerConfiguration is kube-scheduler's file, not an API object.
+        let component_config = yaml_documents(file)?
+            .iter()
+            .all(|d| d["kind"] == "KubeSchedulerConfiguration");
+        if name != "install.yaml" && name != "kustomization.yaml" && !component_config {
             assert!(
                 listed.contains(file),
                 "{} is not in deploy/kustomization.yaml",
@@ -234,7 +242,18 @@ fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
         .flatten()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(containers, ["gkm-csi", "node-driver-registrar"]);
+    assert_eq!(
+        containers,
+        ["gkm-csi"],
+        "gkm-csi registers itself: no sidecar"
+    );
+    let csi_args = &csi_pod["containers"][0]["args"];
+    assert!(
+        csi_args.as_array().is_some_and(|a| a.iter().any(|arg| arg
+            .as_str()
+            .is_some_and(|s| s.starts_with("--kubelet-registration-path=")))),
+        "{csi_args}"
+    );
     let operator_args = &workloads[0]["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(
         operator_args

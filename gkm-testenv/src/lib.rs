@@ -7,6 +7,7 @@
 //!   promlint.
 //! - [`RealNode`]: a real node (kubelet, containerd, runc, CNI) registered
 //!   with a control plane, running pods in real containers.
+//! - [`Scheduler`]: kube-scheduler with a configuration of the test's choosing.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -28,6 +29,7 @@ mod pods;
 mod ports;
 mod process;
 mod registry;
+mod scheduler;
 mod service_account;
 
 pub use apply::{describe_object, yaml_documents};
@@ -42,6 +44,7 @@ pub use pods::{pod_events, pod_log, wait_for_pod};
 pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;
+pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
 
 /// A fresh temporary directory, removed on drop.

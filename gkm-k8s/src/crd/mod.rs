@@ -4,6 +4,8 @@
 //!   GKM's field names so GKM's YAML applies unchanged.
 //! - [`GKMCacheNode`] and [`ClusterGKMCacheNode`]: one per node, written by
 //!   that node's agent.
+//! - [`GKMGPUQuota`]: the GPUs of each model a namespace may hold, enforced
+//!   by the scheduler extender.
 //!
 //! Validation is in the schema (OpenAPI and CEL), so the apiserver rejects an
 //! invalid object with a message naming the field.
@@ -19,6 +21,7 @@
 mod cache;
 mod common;
 mod node;
+mod quota;
 mod signature;
 pub mod validation;
 
@@ -37,6 +40,7 @@ pub use node::{
     CacheNodeStatus, ClusterGKMCacheNode, ClusterGKMCacheNodeSpec, GKMCacheNode, GKMCacheNodeSpec,
     GpuStatus, IncompatibleGpu, NodeCacheStatus,
 };
+pub use quota::{GKMGPUQuota, GKMGPUQuotaSpec, GpuModelLimit, GpuModelUse, GpuQuotaStatus};
 pub use signature::{
     ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
 };
@@ -48,6 +52,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ClusterGKMCache::crd(),
         GKMCacheNode::crd(),
         ClusterGKMCacheNode::crd(),
+        GKMGPUQuota::crd(),
     ]
 }
 

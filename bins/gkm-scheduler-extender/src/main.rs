@@ -1,0 +1,97 @@
+//! `gkm-scheduler-extender`: the kube-scheduler extender (filter,
+//! prioritize, bind) for GPU fit, shared GPUs, GPU-model quotas, packing and
+//! cache-aware placement. Flag parsing and wiring only; the extender is
+//! `gkm_k8s::extender`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use gkm_k8s::extender::{self, IndexConfig};
+use gkm_k8s::serve::{
+    EndpointServer, Endpoints, Readiness, TlsAcceptor, register_build_info, tls_acceptor,
+    until_signal,
+};
+use prometheus_client::registry::Registry;
+
+/// gkm scheduler extender: serves `POST /scheduler/filter`,
+/// `/scheduler/prioritize` and `/scheduler/bind` to kube-scheduler, and
+/// `/healthz`, `/readyz` and `/metrics`.
+#[derive(Parser)]
+#[command(name = "gkm-scheduler-extender", version)]
+struct Cli {
+    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where to serve the extender's verbs and the health and metrics endpoints.
+    #[arg(long, env = "GKM_EXTENDER_ADDR", default_value = "0.0.0.0:8888")]
+    address: SocketAddr,
+    /// An extended resource counted as whole GPUs (repeat for several; e.g.
+    /// the device plugin's passthrough resources).
+    #[arg(long = "whole-gpu-resource", default_values = ["nvidia.com/gpu", "amd.com/gpu"])]
+    whole_gpu_resources: Vec<String>,
+    /// The node label naming the GPU model that quotas count by.
+    #[arg(long, default_value = extender::DEFAULT_MODEL_LABEL)]
+    model_label: String,
+    /// How often quota use is written to GKMGPUQuota status (when it changed).
+    #[arg(long, default_value = "2s", value_parser = gkm_bin_support::duration)]
+    quota_status_interval: Duration,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key-file);
+    /// the scheduler's extender entry then sets `enableHTTPS: true` and
+    /// `tlsConfig.caData`.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn tls(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    let read =
+        |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    tls_acceptor(&read(cert)?, &read(key)?)
+        .map_err(|e| anyhow::anyhow!("--tls-cert-file {}: {e}", cert.display()))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let tls = match (&cli.tls_cert_file, &cli.tls_key_file) {
+        (Some(cert), Some(key)) => Some(tls(cert, key)?),
+        _ => None,
+    };
+    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    let config = IndexConfig {
+        whole_resources: cli.whole_gpu_resources,
+        model_label: cli.model_label,
+    };
+    let readiness = Readiness::default();
+    let (extender, work) = extender::start(client, config, &readiness, cli.quota_status_interval);
+    let mut registry = Registry::with_prefix("gkm");
+    extender.register_metrics(&mut registry);
+    register_build_info(
+        &mut registry,
+        "gkm-scheduler-extender",
+        env!("CARGO_PKG_VERSION"),
+    );
+    let endpoints = Endpoints::new(registry, readiness).with_routes(extender);
+    let server = EndpointServer::start_endpoints(cli.address, endpoints, tls)
+        .await
+        .with_context(|| format!("listening on --address {}", cli.address))?;
+    tracing::info!(address = %cli.address, "serving the extender");
+    until_signal(work, Duration::from_secs(1)).await;
+    server.stop().await.context("the extender server")?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    gkm_bin_support::init_logging(cli.log_json, "info");
+    gkm_bin_support::exit_code("gkm-scheduler-extender", run(cli).await)
+}

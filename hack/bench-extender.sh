@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Benchmark gkm-scheduler-extender behind a real kube-scheduler: the same
+# GPU pods on the same kwok nodes, scheduled without and then with the
+# extender, in one run. Prints pods per second for both, the ratio of the
+# times (target <= 1.30x), the extender's filter / prioritize / bind
+# latency p50 and p99 (upper bounds of its histogram buckets; filter p99
+# target < 5 ms) and its resident memory.
+#
+#   hack/bench-extender.sh                  # 1000 nodes, 2000 pods
+#   NODES=200 PODS=400 hack/bench-extender.sh
+#
+# Needs the real components (hack/components.sh: etcd, kubernetes, kwok) and
+# builds the extender in release mode unless EXTENDER names a binary.
+set -euo pipefail
+
+NODES=${NODES:-1000}
+PODS=${PODS:-2000}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+
+if [[ -z ${EXTENDER:-} ]]; then
+  (cd "$ROOT" && cargo build --release -q -p gkm-scheduler-extender --bin gkm-scheduler-extender)
+  EXTENDER=$TARGET/release/gkm-scheduler-extender
+fi
+cd "$ROOT"
+exec cargo run -q -p gkm-scheduler-extender --example bench -- "$EXTENDER" "$NODES" "$PODS"
