@@ -33,7 +33,8 @@ fn gkm_crds_prints_the_shipped_crds() {
             "clustergkmcachenodes.gkm.io",
             "clustergkmcaches.gkm.io",
             "gkmcachenodes.gkm.io",
-            "gkmcaches.gkm.io"
+            "gkmcaches.gkm.io",
+            "gkmgpuquotas.gkm.io"
         ]
     );
 }
