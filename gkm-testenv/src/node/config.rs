@@ -200,9 +200,9 @@ pub fn kubelet_config(paths: &NodePaths, ca: &Path, address: &str, port: u16) ->
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "1%",
+            "nodefs.available": "100Mi",
             "nodefs.inodesFree": "1%",
-            "imagefs.available": "1%",
+            "imagefs.available": "100Mi",
         },
         "nodeStatusUpdateFrequency": "4s",
         "syncFrequency": "10s",
