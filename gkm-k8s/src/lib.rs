@@ -9,6 +9,7 @@ pub mod csi;
 pub mod delivery;
 pub mod device_plugin;
 pub mod error;
+pub mod fuzzing;
 pub mod leader;
 pub mod mount_table;
 pub mod operator;
