@@ -10,6 +10,7 @@ pub mod delivery;
 pub mod device_plugin;
 pub mod error;
 pub mod extender;
+pub mod fuzzing;
 pub mod leader;
 pub mod mount_table;
 pub mod operator;

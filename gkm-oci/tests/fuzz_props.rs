@@ -108,3 +108,16 @@ fn valid_tar_is_accepted() {
     let scratch = tempfile::tempdir().expect("tempdir");
     assert!(fuzzing::tar_extraction(&valid_tar(), scratch.path()));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn parsers_of_signatures_images_and_caches_never_panic(
+        data in proptest::collection::vec(any::<u8>(), 0..2048),
+    ) {
+        for (_, body) in fuzzing::TARGETS {
+            body(&data);
+        }
+    }
+}

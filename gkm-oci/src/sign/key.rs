@@ -156,6 +156,12 @@ struct Cipher {
     nonce: String,
 }
 
+/// The largest scrypt cost parameters an encrypted key may ask for (at most
+/// 256 MiB of memory, 128·N·r); cosign writes N = 2^15, r = 8, p = 1.
+const MAX_SCRYPT_N: u64 = 1 << 17;
+const MAX_SCRYPT_R: u32 = 16;
+const MAX_SCRYPT_P: u32 = 4;
+
 fn decrypt(sealed: &[u8], password: &[u8]) -> Result<Vec<u8>> {
     use crypto_secretbox::aead::{Aead, KeyInit};
     let sealed: Sealed = serde_json::from_slice(sealed)
@@ -166,17 +172,25 @@ fn decrypt(sealed: &[u8], password: &[u8]) -> Result<Vec<u8>> {
             sealed.kdf.name, sealed.cipher.name
         )));
     }
-    let n = sealed.kdf.params.N;
+    let (n, r, p) = (
+        sealed.kdf.params.N,
+        sealed.kdf.params.r,
+        sealed.kdf.params.p,
+    );
     if !n.is_power_of_two() || n < 2 {
         return Err(bad("scrypt N is not a power of two"));
     }
-    let params = scrypt::Params::new(
-        n.trailing_zeros() as u8,
-        sealed.kdf.params.r,
-        sealed.kdf.params.p,
-        32,
-    )
-    .map_err(|e| bad(format!("scrypt parameters: {e}")))?;
+    // scrypt needs 128·N·r bytes and N·r·p work: bound them, so a key file
+    // cannot make gkm allocate or compute without end. cosign writes
+    // N = 32768, r = 8, p = 1.
+    if n > MAX_SCRYPT_N || r == 0 || r > MAX_SCRYPT_R || p == 0 || p > MAX_SCRYPT_P {
+        return Err(bad(format!(
+            "scrypt parameters N={n} r={r} p={p} are outside what gkm accepts \
+             (N up to {MAX_SCRYPT_N}, r up to {MAX_SCRYPT_R}, p up to {MAX_SCRYPT_P})"
+        )));
+    }
+    let params = scrypt::Params::new(n.trailing_zeros() as u8, r, p, 32)
+        .map_err(|e| bad(format!("scrypt parameters: {e}")))?;
     let decode = |s: &str, what: &str| {
         BASE64
             .decode(s)

@@ -174,19 +174,31 @@ pub(crate) async fn find(
                 continue;
             }
         };
-        let candidate = match (&bundle.dsse_envelope, &bundle.message_signature) {
-            (Some(envelope), _) => from_envelope(&bundle, envelope, digest),
-            (None, Some(message)) => {
-                let manifest = repo.fetch_manifest_digest(digest).await?;
-                from_message(&bundle, message, manifest.bytes)
-            }
-            (None, None) => Err(malformed(
-                "the bundle has neither a DSSE envelope nor a message signature",
-            )),
+        let manifest = if bundle.dsse_envelope.is_none() && bundle.message_signature.is_some() {
+            repo.fetch_manifest_digest(digest).await?.bytes
+        } else {
+            Vec::new()
         };
-        out.push(candidate);
+        out.push(candidate(&bundle, digest, manifest));
     }
     Ok(out)
+}
+
+/// The candidate signature of a parsed bundle over `digest`: its DSSE
+/// envelope, else its message signature over `manifest` (the image
+/// manifest's bytes, used only then).
+pub(crate) fn candidate(
+    bundle: &Bundle,
+    digest: &Digest,
+    manifest: Vec<u8>,
+) -> std::result::Result<Candidate, Rejection> {
+    match (&bundle.dsse_envelope, &bundle.message_signature) {
+        (Some(envelope), _) => from_envelope(bundle, envelope, digest),
+        (None, Some(message)) => from_message(bundle, message, manifest),
+        (None, None) => Err(malformed(
+            "the bundle has neither a DSSE envelope nor a message signature",
+        )),
+    }
 }
 
 fn tlog_entries(material: &Material) -> Vec<super::tlog::Entry> {

@@ -34,12 +34,12 @@
 //! # Ok(()) }
 //! ```
 
-mod bundle;
+pub(crate) mod bundle;
 pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
 pub mod location;
-mod sct;
+pub(crate) mod sct;
 mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};

@@ -1,0 +1,7 @@
+//! Duration flags and `resolveInterval`: parsing never panics; what parses
+//! prints back to the same duration.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| gkm_k8s::fuzzing::duration(data));
