@@ -45,6 +45,7 @@ features_of() {
   ' Cargo.toml
 }
 
+failed=()
 for target in "${targets[@]}"; do
   # Targets with features build in a target directory of their own, so the
   # two kinds of build do not undo each other's feature set.
@@ -61,6 +62,14 @@ for target in "${targets[@]}"; do
   cargo +nightly fuzz run "${features[@]}" "$target" "$corpus" -- \
     "${fuzz_flags[@]}" -max_total_time="$seconds" -artifact_prefix="$artifacts/" \
     2>&1 | tee "$log" | grep -E '^(#[0-9]+ +(INITED|DONE|pulse)|==[0-9]+==|SUMMARY|Done [0-9]+ runs|stat::)' >&2 || status=$?
+  if ! grep -qE '^Done [0-9]+ runs' "$log" && [[ -z "$(ls -A "$artifacts")" ]]; then
+    # Neither finished nor crashed: the build or libFuzzer failed.
+    grep -vE '^ +([0-9]+:|at )' "$log" | tail -20 >&2
+    echo "   $target did not run" >&2
+    failed+=("$target")
+    rm -f "$log"
+    continue
+  fi
   for crash in "$artifacts"/*; do
     [[ -f "$crash" ]] || continue
     cp "$crash" "$regressions/"
@@ -83,3 +92,7 @@ for target in "${targets[@]}"; do
   echo "RESULT target=$target seconds=$seconds runs=${runs:-?} execs_per_s=${execs:-?} corpus_files=$files corpus_bytes=$bytes crashes=$(find "$regressions" -type f | wc -l)" >&2
   rm -rf "$tmp" "$tmp.log" "$log"
 done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "did not run: ${failed[*]}" >&2
+  exit 1
+fi
