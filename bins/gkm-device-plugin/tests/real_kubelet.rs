@@ -21,10 +21,8 @@ use std::time::{Duration, Instant};
 
 use gkm_core::assignment::{ANNOTATION, Assignment};
 use gkm_k8s::device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree, Pci};
-use gkm_k8s::device_plugin::podresources_proto::pod_resources_lister_client::PodResourcesListerClient;
-use gkm_k8s::device_plugin::podresources_proto::{
-    AllocatableResourcesRequest, ListPodResourcesRequest,
-};
+use gkm_k8s::podresources::proto::pod_resources_lister_client::PodResourcesListerClient;
+use gkm_k8s::podresources::proto::{AllocatableResourcesRequest, ListPodResourcesRequest};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, pod_log, wait_for_pod,
 };

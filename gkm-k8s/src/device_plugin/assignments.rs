@@ -15,9 +15,6 @@ use gkm_core::assignment::{ANNOTATION, Assignment};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::podresources_proto::ListPodResourcesRequest;
-use super::podresources_proto::pod_resources_lister_client::PodResourcesListerClient;
-
 /// Where assignments come from.
 #[tonic::async_trait]
 pub trait AssignmentSource: Send + Sync {
@@ -64,19 +61,8 @@ impl PodAssignments {
         let Some(socket) = &self.pod_resources_socket else {
             return BTreeSet::new();
         };
-        let channel = match crate::csi::client::connect(socket, Duration::from_secs(2)).await {
-            Ok(channel) => channel,
-            Err(e) => {
-                tracing::warn!(socket = %socket.display(), error = %e, "cannot reach the kubelet's pod-resources API");
-                return BTreeSet::new();
-            }
-        };
-        let listed = PodResourcesListerClient::new(channel)
-            .list(ListPodResourcesRequest {})
-            .await;
-        match listed {
+        match crate::podresources::list(socket, Duration::from_secs(2)).await {
             Ok(response) => response
-                .into_inner()
                 .pod_resources
                 .into_iter()
                 .filter(|p| {
@@ -88,7 +74,7 @@ impl PodAssignments {
                 .map(|p| format!("{}/{}", p.namespace, p.name))
                 .collect(),
             Err(e) => {
-                tracing::warn!(error = %e, "pod-resources List failed");
+                tracing::warn!(error = %e, "cannot ask the kubelet which pods hold devices");
                 BTreeSet::new()
             }
         }

@@ -82,11 +82,5 @@ pub mod proto {
     tonic::include_proto!("v1beta1");
 }
 
-/// The generated kubelet pod-resources messages and service (package `v1`).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod podresources_proto {
-    tonic::include_proto!("v1");
-}
-
 #[cfg(test)]
 mod tests;
