@@ -62,6 +62,38 @@ pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("../shared/fixtures/caches").join(name)
 }
 
+/// A busybox pod on `node` (container `triton`) mounting the cache that
+/// `attributes` name (`csi.gkm.io` volume attributes) read-only at
+/// `mount_path`, which `TRITON_CACHE_DIR` points at, and running `script`
+/// with `sh -c`.
+pub fn cache_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    mount_path: &str,
+    attributes: serde_json::Value,
+    script: &str,
+) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "triton",
+                "image": gkm_testenv::BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "env": [{"name": "TRITON_CACHE_DIR", "value": mount_path}],
+                "command": ["/bin/sh", "-c", script],
+                "volumeMounts": [{"name": "kernels", "mountPath": mount_path, "readOnly": true}],
+            }],
+            "volumes": [{"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                         "volumeAttributes": attributes}}],
+        }
+    }))?)
+}
+
 /// Everything running, stopped when dropped (gkm's processes first, then
 /// the real nodes, then the rest).
 pub struct Stack {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gkm_k8s::crd::{CacheState, GKMCache};
-use gkm_local::{SimulatedNode, Stack, cosign, default_nodes, fixture};
-use gkm_testenv::{BUSYBOX_IMAGE, Component, find_binary, pod_log, tools_bin_dir, wait_for_pod};
+use gkm_local::{SimulatedNode, Stack, cache_pod, cosign, default_nodes, fixture};
+use gkm_testenv::{Component, find_binary, pod_log, tools_bin_dir, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -164,22 +164,14 @@ async fn main() -> anyhow::Result<()> {
     if !cli.no_real_node {
         eprintln!("==> a pod on {REAL_NODE} reads the cache through gkm's CSI driver");
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "triton-reader", "namespace": "default"},
-            "spec": {
-                "nodeName": REAL_NODE,
-                "automountServiceAccountToken": false,
-                "containers": [{
-                    "name": "reader", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                    "env": [{"name": "TRITON_CACHE_DIR", "value": "/root/.triton/cache"}],
-                    "command": ["/bin/sh", "-c",
-                        "ls \"$TRITON_CACHE_DIR\"; sha256sum \"$TRITON_CACHE_DIR\"/*/*.cubin; exec sleep 100000"],
-                    "volumeMounts": [{"name": "kernels", "mountPath": "/root/.triton/cache", "readOnly": true}],
-                }],
-                "volumes": [{"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
-                             "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}}],
-            }
-        }))?;
+        let pod = cache_pod(
+            "default",
+            "triton-reader",
+            REAL_NODE,
+            "/root/.triton/cache",
+            json!({"csi.gkm.io/GKMCache": "vector-add"}),
+            "ls \"$TRITON_CACHE_DIR\"; sha256sum \"$TRITON_CACHE_DIR\"/*/*.cubin; exec sleep 100000",
+        )?;
         pods.create(&PostParams::default(), &pod).await?;
         let running =
             |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
@@ -193,7 +185,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         println!(
             "$ kubectl logs triton-reader\n{}",
-            pod_log(&pods, "triton-reader", "reader").await?
+            pod_log(&pods, "triton-reader", "triton").await?
         );
     }
     println!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use gkm_k8s::crd::GKMCache;
 use gkm_local::{SimulatedNode, Stack, cosign, fixture};
-use gkm_testenv::{BUSYBOX_IMAGE, mounts_under, pod_events, pod_log, wait_for_pod};
+use gkm_testenv::{mounts_under, pod_events, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -27,36 +27,25 @@ const GFX90A: &str = "real-gfx90a";
 /// The fixture's kernel directory and binary.
 const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
 
-/// A busybox pod on `node` mounting the cache named by `attributes` at
-/// `/cache` (what `TRITON_CACHE_DIR` would point at), listing the volume
-/// root and printing the kernel's sha256, then waiting.
+/// A pod on `node` mounting the cache named by `attributes` at `/cache`,
+/// listing the volume root, printing the kernel's sha256 and whether the
+/// volume takes a write, then waiting.
 fn cache_pod(
     ns: &str,
     name: &str,
     node: &str,
     attributes: serde_json::Value,
 ) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "nodeName": node,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "triton",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "env": [{"name": "TRITON_CACHE_DIR", "value": "/cache"}],
-                "command": ["/bin/sh", "-c",
-                    "ls -1 \"$TRITON_CACHE_DIR\"; sha256sum \"$TRITON_CACHE_DIR\"/*/add_kernel.cubin; \
-                     if touch \"$TRITON_CACHE_DIR\"/written 2>/dev/null; then echo WRITABLE; else echo READ-ONLY; fi; \
-                     exec sleep 100000"],
-                "volumeMounts": [{"name": "kernels", "mountPath": "/cache", "readOnly": true}],
-            }],
-            "volumes": [{"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
-                         "volumeAttributes": attributes}}],
-        }
-    }))?)
+    gkm_local::cache_pod(
+        ns,
+        name,
+        node,
+        "/cache",
+        attributes,
+        "ls -1 \"$TRITON_CACHE_DIR\"; sha256sum \"$TRITON_CACHE_DIR\"/*/add_kernel.cubin; \
+         if touch \"$TRITON_CACHE_DIR\"/written 2>/dev/null; then echo WRITABLE; else echo READ-ONLY; fi; \
+         exec sleep 100000",
+    )
 }
 
 fn running(pod: &Pod) -> bool {
