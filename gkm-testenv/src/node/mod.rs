@@ -82,7 +82,6 @@ pub struct RealNode {
     ctr: PathBuf,
     admin_kubeconfig: PathBuf,
     started_in: Duration,
-    torn_down: Arc<AtomicBool>,
     teardown: Arc<dyn Fn() + Send + Sync>,
 }
 
@@ -112,15 +111,10 @@ impl RealNode {
         let subnet = format!("10.{}.{}.0/24", 64 + index % 64, pid % 256);
         let node_ip = node_address(pid, index);
 
-        let torn_down = Arc::new(AtomicBool::new(false));
         let teardown: Arc<dyn Fn() + Send + Sync> = {
-            let (dir, runc, runc_root, bridge, done) = (
-                dir.clone(),
-                runc.clone(),
-                paths.runc_root(),
-                bridge.clone(),
-                torn_down.clone(),
-            );
+            let done = AtomicBool::new(false);
+            let (dir, runc, runc_root, bridge) =
+                (dir.clone(), runc.clone(), paths.runc_root(), bridge.clone());
             Arc::new(move || {
                 if !done.swap(true, Ordering::SeqCst) {
                     teardown::teardown(&dir, &runc, &runc_root, &bridge);
@@ -167,7 +161,6 @@ impl RealNode {
             ctr,
             admin_kubeconfig: plane.kubeconfig().to_path_buf(),
             started_in: Duration::ZERO,
-            torn_down,
             teardown,
         };
 
@@ -323,12 +316,8 @@ impl RealNode {
     /// configuration, waiting until it serves again: its device-plugin
     /// socket is new and the Node is Ready. Pods and their mounts stay.
     pub async fn restart_kubelet(&mut self) -> anyhow::Result<()> {
-        if let Some(mut kubelet) = self.kubelet.take() {
-            kubelet.stop(Duration::from_secs(10));
-        }
-        let restarted = SystemTime::now();
-        self.spawn_kubelet()?;
-        self.wait_ready(restarted).await
+        self.stop_kubelet();
+        self.start_kubelet().await
     }
 
     /// Stops the kubelet, as a crash or an upgrade would; see
@@ -472,9 +461,7 @@ impl Drop for RealNode {
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop(Duration::from_secs(2));
         }
-        if self.torn_down.load(Ordering::SeqCst) {
-            return;
-        }
+        // Idempotent: a node torn down already is left as it is.
         (self.teardown)();
         if let Some(mut containerd) = self.containerd.take() {
             containerd.kill();
