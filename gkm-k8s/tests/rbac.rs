@@ -691,14 +691,7 @@ async fn requests_made_as_each_service_account() -> anyhow::Result<()> {
     // Objects an administrator and a workload's owner made.
     let node_name = "rbac-node";
     let nodes: Api<Node> = Api::all(admin.clone());
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}}))?;
-    nodes
-        .patch(
-            node_name,
-            &PatchParams::apply("gkm-rbac-test"),
-            &Patch::Apply(&node),
-        )
-        .await?;
+    plane.ensure_node(node_name).await?;
     let cache: GKMCache = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
         "metadata": {"name": "cache", "namespace": TEAM},

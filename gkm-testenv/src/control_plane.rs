@@ -306,6 +306,22 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Makes sure a Node object named `name` exists (server-side apply), for
+    /// tests of components that act on a Node without a kubelet behind it.
+    pub async fn ensure_node(&self, name: &str) -> anyhow::Result<()> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client().await?);
+        let node: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        nodes
+            .patch(
+                name,
+                &PatchParams::apply("gkm-testenv"),
+                &Patch::Apply(&node),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Applies `crds` (server-side apply) and waits until each is Established.
     pub async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> anyhow::Result<()> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);

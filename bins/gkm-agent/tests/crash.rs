@@ -20,7 +20,6 @@ use gkm_k8s::crd::{GKMCache, GKMCacheNode};
 use gkm_k8s::delivery::DeliveryIndex;
 use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
 use gkm_testenv::{ControlPlane, Process, Registry};
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -90,15 +89,7 @@ impl Setup {
         plane.install_crds(&gkm_k8s::crd::crds()).await?;
         plane.ensure_namespace(namespace).await?;
         let client = plane.client().await?;
-        let nodes: Api<Node> = Api::all(client.clone());
-        let object: Node = serde_json::from_value(json!({"metadata": {"name": node}}))?;
-        nodes
-            .patch(
-                node,
-                &PatchParams::apply("gkm-test"),
-                &Patch::Apply(&object),
-            )
-            .await?;
+        plane.ensure_node(node).await?;
         let dir = gkm_testenv::temp_dir()?;
         std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
         Ok(Setup {

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use gkm_testenv::{ControlPlane, Process};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
 mod support;
 
@@ -34,14 +33,7 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
 
     let node_name = "agent-node-t4";
     let nodes: Api<Node> = Api::all(admin.clone());
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": node_name}}))?;
-    nodes
-        .patch(
-            node_name,
-            &PatchParams::apply("gkm-test"),
-            &Patch::Apply(&node),
-        )
-        .await?;
+    plane.ensure_node(node_name).await?;
     let gpus = dir.path().join("gpus.yaml");
     std::fs::write(&gpus, "gpus:\n  - profile: T4\n    count: 2\n")?;
 

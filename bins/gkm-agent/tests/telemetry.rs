@@ -203,14 +203,7 @@ async fn without_nvml_the_agent_serves_every_other_metric_and_says_why_once() ->
     let (plane, kubeconfig) = plane().await?;
     let nodes: Api<Node> = Api::all(plane.client().await?);
     let node = "agent-node-no-nvml";
-    let object: Node = serde_json::from_value(json!({"metadata": {"name": node}}))?;
-    nodes
-        .patch(
-            node,
-            &PatchParams::apply("gkm-test"),
-            &Patch::Apply(&object),
-        )
-        .await?;
+    plane.ensure_node(node).await?;
     let dir = gkm_testenv::temp_dir()?;
     // Two H100s on the nvidia driver, as a captured sysfs tree shows them.
     let sysfs =
