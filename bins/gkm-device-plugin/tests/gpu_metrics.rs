@@ -5,14 +5,15 @@
 //! GPU's series carry the pod's `namespace`, `pod` and `container` until the
 //! pod goes.
 
-use std::process::Command;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use gkm_k8s::agent::{AgentConfig, GpuMetrics, TelemetryConfig};
 use gkm_k8s::device_plugin::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, Process, RealNode, RealNodeOptions, Sample,
-    samples, wait_for_pod,
+    BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Sample, samples,
+    wait_for_pod,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -83,24 +84,13 @@ async fn a_gpu_held_by_a_pod_carries_its_namespace_pod_and_container() -> anyhow
         tree.pci(&Pci::gpu(address, 0x10de, 0x2330).driver("nvidia"))?;
         tree.nvidia_gpu(address, uuid, minor as u32)?;
     }
-    let paths = tree.paths();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-device-plugin"));
-    cmd.arg(format!(
-        "--device-plugins-dir={}",
-        node.device_plugins_dir().display()
-    ))
-    .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
-    .arg(format!("--dev-root={}", paths.dev_root.display()))
-    .arg(format!("--proc-root={}", paths.proc_root.display()))
-    .arg(format!(
-        "--pod-resources-socket={}",
-        node.pod_resources_socket().display()
-    ))
-    .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
-    .arg(format!("--node-name={NODE}"))
-    .arg("--poll=500ms")
-    .arg("--no-nvml");
-    let mut plugin = Process::spawn("gkm-device-plugin", cmd, &work.path().join("plugin.log"))?;
+    let mut plugin = support::start_plugin(
+        &node,
+        &tree,
+        plane.kubeconfig(),
+        &[],
+        &work.path().join("plugin.log"),
+    )?;
     let nodes: Api<Node> = Api::all(client.clone());
     let deadline = Instant::now() + TIMEOUT;
     loop {

@@ -14,6 +14,8 @@
 //! pod-resources API agreeing, a group node removed and restored, a request
 //! larger than what is free refused whole, and a kubelet restart.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -228,26 +230,16 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         "10de  NVIDIA Corporation\n\t20b5  GA100 [A100 PCIe 80GB]\n\t2330  GH100 [H100 SXM5 80GB]\n",
     )?;
     let status_file = work.path().join("status.json");
-    let paths = tree.paths();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-device-plugin"));
-    cmd.arg(format!(
-        "--device-plugins-dir={}",
-        node.device_plugins_dir().display()
-    ))
-    .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
-    .arg(format!("--dev-root={}", paths.dev_root.display()))
-    .arg(format!("--proc-root={}", paths.proc_root.display()))
-    .arg(format!("--pci-ids={}", pci_ids.display()))
-    .arg(format!("--status-file={}", status_file.display()))
-    .arg(format!(
-        "--pod-resources-socket={}",
-        node.pod_resources_socket().display()
-    ))
-    .arg(format!("--kubeconfig={}", plugin_kubeconfig.display()))
-    .arg(format!("--node-name={NODE}"))
-    .arg("--poll=500ms")
-    .arg("--no-nvml");
-    let mut plugin = Process::spawn("gkm-device-plugin", cmd, &work.path().join("plugin.log"))?;
+    let mut plugin = support::start_plugin(
+        &node,
+        &tree,
+        &plugin_kubeconfig,
+        &[
+            format!("--pci-ids={}", pci_ids.display()),
+            format!("--status-file={}", status_file.display()),
+        ],
+        &work.path().join("plugin.log"),
+    )?;
 
     // Allocatable: each resource with its count; the H100 in the group that
     // is not viable is left out, with its reason in the status file.

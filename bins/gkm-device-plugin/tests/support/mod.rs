@@ -1,0 +1,39 @@
+//! What the real-kubelet tests share: the plugin started the way a node's
+//! DaemonSet would start it, against a test-made tree.
+
+use std::path::Path;
+use std::process::Command;
+
+use gkm_k8s::device_plugin::node_tree::NodeTree;
+use gkm_testenv::{Process, RealNode};
+
+/// Starts `gkm-device-plugin` for `node`, reading `tree`, as the user of
+/// `kubeconfig`, without NVML, polling every 500 ms, with `extra` flags;
+/// its log goes to `log`.
+pub fn start_plugin(
+    node: &RealNode,
+    tree: &NodeTree,
+    kubeconfig: &Path,
+    extra: &[String],
+    log: &Path,
+) -> anyhow::Result<Process> {
+    let paths = tree.paths();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-device-plugin"));
+    cmd.arg(format!(
+        "--device-plugins-dir={}",
+        node.device_plugins_dir().display()
+    ))
+    .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
+    .arg(format!("--dev-root={}", paths.dev_root.display()))
+    .arg(format!("--proc-root={}", paths.proc_root.display()))
+    .arg(format!(
+        "--pod-resources-socket={}",
+        node.pod_resources_socket().display()
+    ))
+    .arg(format!("--kubeconfig={}", kubeconfig.display()))
+    .arg(format!("--node-name={}", node.name()))
+    .arg("--poll=500ms")
+    .arg("--no-nvml")
+    .args(extra);
+    Process::spawn("gkm-device-plugin", cmd, log)
+}
