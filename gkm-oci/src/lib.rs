@@ -26,6 +26,7 @@ pub mod json;
 pub mod labels;
 pub mod layer;
 pub mod layout;
+mod manifest_get;
 pub mod pipeline;
 pub mod reference;
 pub mod repo;
