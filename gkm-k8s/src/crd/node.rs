@@ -40,6 +40,11 @@ use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
         json_path = ".status.counts.nodeErrorCnt"
     ),
     printcolumn(
+        name = "Node-Incompatible",
+        type_ = "integer",
+        json_path = ".status.counts.nodeIncompatibleCnt"
+    ),
+    printcolumn(
         name = "Pod-Running",
         type_ = "integer",
         json_path = ".status.counts.podRunningCnt"
@@ -83,6 +88,11 @@ pub struct GKMCacheNodeSpec {}
         name = "Node-Error",
         type_ = "integer",
         json_path = ".status.counts.nodeErrorCnt"
+    ),
+    printcolumn(
+        name = "Node-Incompatible",
+        type_ = "integer",
+        json_path = ".status.counts.nodeIncompatibleCnt"
     ),
     printcolumn(
         name = "Pod-Running",
