@@ -35,6 +35,11 @@ go_component() {
   local dest=$tools_dir/$name-$version
   local key
   key="$(go env GOVERSION) $(sha256sum "$root/hack/tools/$module/go.sum" | cut -d' ' -f1) $* ${GO_LDFLAGS:-} cgo=${GO_CGO:-0} tags=${GO_TAGS:-}"
+  # A module with Go sources of its own (a small checker) rebuilds when they change.
+  local sources=("$root/hack/tools/$module"/*.go)
+  if [[ -e ${sources[0]} ]]; then
+    key+=" src=$(cat "${sources[@]}" | sha256sum | cut -d' ' -f1)"
+  fi
   if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
     log "$name $version: cached in $dest"
   else

@@ -162,6 +162,32 @@ impl Agent {
             keys.iter().map(|k| k.namespace.clone()).collect();
         self.reports.write(reports, &namespaces).await?;
         self.collect_garbage(&referenced)?;
+        self.measure_store().await?;
+        Ok(())
+    }
+
+    /// Sets the store metrics, measuring (off the loop) the digests whose
+    /// size is not known yet, such as those extracted before a restart.
+    async fn measure_store(&mut self) -> Result<()> {
+        let stored = self.store.list()?;
+        let unknown: Vec<(Digest, std::path::PathBuf)> = stored
+            .iter()
+            .filter(|d| !self.sizes.contains_key(*d))
+            .filter_map(|d| self.store.get(d).map(|path| (d.clone(), path)))
+            .collect();
+        if !unknown.is_empty() {
+            let measured = tokio::task::spawn_blocking(move || {
+                unknown
+                    .into_iter()
+                    .map(|(digest, path)| (digest, tree_size(&path)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| Error::Panicked(format!("measuring the store: {e}")))?;
+            self.sizes.extend(measured);
+        }
+        let bytes = stored.iter().filter_map(|d| self.sizes.get(d)).sum();
+        self.config.metrics.store(stored.len(), bytes);
         Ok(())
     }
 
@@ -206,7 +232,9 @@ impl Agent {
             };
             let plan = plan_cache(&input, &node);
             if let Some(digest) = plan.needs_summary {
-                match self.read_summary(cache.image(), &digest).await {
+                let read = self.read_summary(cache.image(), &digest).await;
+                self.config.metrics.summary_read(read.is_ok());
+                match read {
                     Ok(summary) => {
                         self.summary_failures.succeeded(&digest);
                         self.summaries.insert(digest, summary);
@@ -258,23 +286,30 @@ impl Agent {
         let policy = self.config.extract_policy.clone();
         let slots = self.extract_slots.clone();
         let changed = self.changed.clone();
+        let metrics = self.config.metrics.clone();
         let what = digest.clone();
         let task = tokio::spawn(async move {
-            let outcome = async {
-                let _slot = slots.acquire_owned().await.map_err(|e| e.to_string())?;
-                let started = Instant::now();
-                let stored = store
-                    .ensure(&repo, &policy, None)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let path = stored.path.clone();
-                let size = tokio::task::spawn_blocking(move || tree_size(&path))
-                    .await
-                    .unwrap_or_default();
-                info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
-                Ok(size)
-            }
-            .await;
+            let outcome = match slots.acquire_owned().await {
+                Err(e) => Err(e.to_string()),
+                Ok(_slot) => {
+                    let started = Instant::now();
+                    let outcome = async {
+                        let stored = store
+                            .ensure(&repo, &policy, None)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let path = stored.path.clone();
+                        let size = tokio::task::spawn_blocking(move || tree_size(&path))
+                            .await
+                            .unwrap_or_default();
+                        info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
+                        Ok(size)
+                    }
+                    .await;
+                    metrics.extraction(outcome.is_ok(), started.elapsed());
+                    outcome
+                }
+            };
             changed.notify_one();
             outcome
         });
