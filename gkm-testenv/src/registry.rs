@@ -27,7 +27,15 @@ impl Registry {
     pub fn start() -> anyhow::Result<Registry> {
         let tempdir = crate::temp_dir()?;
         let root = tempdir.path().to_path_buf();
-        Self::start_in(&root, Some(tempdir))
+        Self::start_in(&root, Some(tempdir), None)
+    }
+
+    /// Starts a registry of its own that answers 401 to anyone without the
+    /// HTTP basic credentials of `htpasswd` (`user:<bcrypt hash>` lines).
+    pub fn start_with_htpasswd(htpasswd: &str) -> anyhow::Result<Registry> {
+        let tempdir = crate::temp_dir()?;
+        let root = tempdir.path().to_path_buf();
+        Self::start_in(&root, Some(tempdir), Some(htpasswd))
     }
 
     /// The registry shared by every test of this test binary. Tests should
@@ -44,20 +52,35 @@ impl Registry {
         }
         let dir = crate::temp_dir()?.keep();
         remove_at_exit(&dir);
-        let registry = Self::start_in(&dir, None)?;
+        let registry = Self::start_in(&dir, None, None)?;
         Ok(SHARED.get_or_init(|| registry))
     }
 
     /// Starts a registry storing its blobs under `root`, which must exist.
     pub fn start_in_dir(root: &Path) -> anyhow::Result<Registry> {
-        Self::start_in(root, None)
+        Self::start_in(root, None, None)
     }
 
-    fn start_in(root: &Path, tempdir: Option<tempfile::TempDir>) -> anyhow::Result<Registry> {
+    fn start_in(
+        root: &Path,
+        tempdir: Option<tempfile::TempDir>,
+        htpasswd: Option<&str>,
+    ) -> anyhow::Result<Registry> {
         let binary = find_binary(Component::Registry)?;
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
         let config = root.join("config.yml");
+        let auth = match htpasswd {
+            Some(lines) => {
+                let path = root.join("htpasswd");
+                std::fs::write(&path, lines)?;
+                format!(
+                    "auth:\n  htpasswd:\n    realm: gkm-test\n    path: {}\n",
+                    path.display()
+                )
+            }
+            None => String::new(),
+        };
         std::fs::write(
             &config,
             format!(
@@ -65,7 +88,7 @@ impl Registry {
                  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: \
                  {addr}\n",
                 root.join("data").display()
-            ),
+            ) + &auth,
         )?;
         let mut cmd = Command::new(binary);
         cmd.arg("serve").arg(&config);
@@ -73,7 +96,7 @@ impl Registry {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             process.check_running()?;
-            if registry_answers(&addr) {
+            if registry_answers(&addr, htpasswd.is_some()) {
                 break;
             }
             if Instant::now() > deadline {
@@ -109,7 +132,8 @@ impl Registry {
 }
 
 /// Whether `GET /v2/` answers 200 (a bare HTTP/1.0 request, no client needed).
-fn registry_answers(addr: &str) -> bool {
+/// Whether `/v2/` answers 200 (401 when the registry wants credentials).
+fn registry_answers(addr: &str, wants_credentials: bool) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
         return false;
@@ -123,5 +147,9 @@ fn registry_answers(addr: &str) -> bool {
     }
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+    let status = if wants_credentials { "401" } else { "200" };
+    response
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|code| code == status)
 }

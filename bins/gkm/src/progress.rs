@@ -55,13 +55,13 @@ impl Bar {
 
 impl Report for Bar {
     fn step(&self, name: &str, total: Option<u64>) {
+        self.0.set_message(name.to_string());
+        self.0.set_length(total.unwrap_or(0));
+        self.0.reset();
         let template = if total.is_some() { BYTES } else { SPINNER };
         if let Ok(style) = ProgressStyle::with_template(template) {
             self.0.set_style(style.progress_chars("=> "));
         }
-        self.0.set_length(total.unwrap_or(0));
-        self.0.reset();
-        self.0.set_message(name.to_string());
     }
 
     fn bytes(&self, done: u64) {

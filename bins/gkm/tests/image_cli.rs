@@ -205,16 +205,12 @@ fn registry_round_trip() {
         assert_same_tree(&src, &out);
 
         // Into the node store; a second pull of the same digest does no work.
-        let store = w.join("store");
-        let line = ok(&[
-            "pull",
-            &remote,
-            "--store",
-            &store.display().to_string(),
-            "--insecure",
-            "--json",
-        ]);
-        let stored: serde_json::Value = serde_json::from_str(&line).expect("json");
+        let store = w.join("store").display().to_string();
+        let pull_into_store = || -> serde_json::Value {
+            let args = ["pull", &remote, "--store", &store, "--insecure", "--json"];
+            serde_json::from_str(&ok(&args)).expect("json")
+        };
+        let stored = pull_into_store();
         assert_eq!(stored["digest"], digest.trim());
         let path = PathBuf::from(stored["path"].as_str().expect("path"));
         let cache_dir = if name.starts_with("vllm") {
@@ -223,15 +219,7 @@ fn registry_round_trip() {
             "io.triton.cache"
         };
         assert_same_tree(&src, &path.join(cache_dir));
-        let again: serde_json::Value = serde_json::from_str(&ok(&[
-            "pull",
-            &remote,
-            "--store",
-            &store.display().to_string(),
-            "--insecure",
-            "--json",
-        ]))
-        .expect("json");
+        let again = pull_into_store();
         assert_eq!(again["path"], stored["path"]);
         assert_eq!(again["extracted"], false, "stored already: {again}");
     }
@@ -752,6 +740,62 @@ fn a_plain_http_registry_suggests_insecure() {
         &out,
         "does not speak HTTPS; if it is a plain-HTTP registry, add --insecure",
     );
+}
+
+/// A registry that wants credentials gkm does not have: the error says
+/// which config file gkm read, what it lacked, and how to log in.
+#[test]
+fn a_registry_wanting_credentials_says_where_gkm_looked() {
+    // User `gkm`, password `secret` (bcrypt, cost 4).
+    let registry = gkm_testenv::Registry::start_with_htpasswd(
+        "gkm:$2b$04$dur5Cxs7eQWJWZpF5MzWV.VdljZlY1o4EnoQ5MFStfdBnVz01xgNS\n",
+    )
+    .expect("start docker-registry with htpasswd");
+    let work = tempfile::tempdir().expect("tempdir");
+    let cfg = work.path().join("docker");
+    let remote = format!("{}/cli/private:v1", registry.addr());
+    let host = registry.addr();
+    let inspect = |env: &[(&str, &Path)], stdin: Option<&str>, extra: &[&str]| {
+        let mut args = vec!["inspect", remote.as_str(), "--insecure"];
+        args.extend_from_slice(extra);
+        gkm(&args, env, stdin)
+    };
+    // No config file.
+    let out = inspect(&[("DOCKER_CONFIG", &cfg)], None, &[]);
+    fails_saying(
+        &out,
+        &format!(
+            "{host} wants credentials; gkm looked for them in {}/config.json, which does not exist; run `docker login {host}`",
+            cfg.display()
+        ),
+    );
+    // A config file without this registry.
+    std::fs::create_dir(&cfg).expect("mkdir");
+    std::fs::write(
+        cfg.join("config.json"),
+        r#"{"auths":{"other.example":{"auth":"dTpw"}}}"#,
+    )
+    .expect("write config");
+    let out = inspect(&[("DOCKER_CONFIG", &cfg)], None, &[]);
+    fails_saying(&out, &format!("which has no entry for {host}"));
+    // A wrong password given on the command line.
+    let out = inspect(
+        &[("DOCKER_CONFIG", &cfg)],
+        Some("wrong\n"),
+        &["--username", "gkm", "--password-stdin"],
+    );
+    fails_saying(
+        &out,
+        &format!("{host} refused the user name and password given with --username"),
+    );
+    // The right one gets through to the (missing) image.
+    let out = inspect(
+        &[("DOCKER_CONFIG", &cfg)],
+        Some("secret\n"),
+        &["--username", "gkm", "--password-stdin"],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(!out.stderr.contains("hint"), "{}", out.stderr);
 }
 
 /// `out` is an error (exit code 1) whose message contains `text`.
