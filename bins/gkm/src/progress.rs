@@ -36,9 +36,10 @@ impl Bar {
         if json || !std::io::stderr().is_terminal() {
             return None;
         }
-        let bar = BARS.add(ProgressBar::no_length().with_prefix(command.to_string()));
-        bar.enable_steady_tick(Duration::from_millis(100));
-        Some(Arc::new(Bar(bar)))
+        let bar = Bar(BARS.add(ProgressBar::no_length().with_prefix(command.to_string())));
+        bar.spin("starting");
+        bar.0.enable_steady_tick(Duration::from_millis(100));
+        Some(Arc::new(bar))
     }
 
     /// Starts a step with no byte count (signing, verifying, syncing).

@@ -818,7 +818,7 @@ fn progress_on_a_terminal_only() {
         &layout,
     ]);
     let under_tty = |args: &str| {
-        let cmd = format!("{} {args}", env!("CARGO_BIN_EXE_gkm"));
+        let cmd = format!("GKM_LOG=debug {} {args}", env!("CARGO_BIN_EXE_gkm"));
         let out = Command::new("script")
             .args(["-q", "-e", "-c", &cmd, "/dev/null"])
             .env("COLUMNS", "120")
@@ -832,6 +832,31 @@ fn progress_on_a_terminal_only() {
     assert!(shown.contains("extracting the layer"), "no step:\n{shown}");
     assert!(shown.contains("left"), "no time left:\n{shown}");
     assert!(shown.contains("extracted oci:"), "no summary:\n{shown}");
+
+    // From a registry, with debug logs: each log line is written on a line
+    // of its own, never after a bar.
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let remote = format!("{}/cli/progress:v1", registry.addr());
+    ok(&["push", &layout, &remote, "--insecure"]);
+    let shown = under_tty(&format!("extract {remote} -o {}/c --insecure", w.display()));
+    assert!(
+        shown.contains("fetching and extracting"),
+        "no step:\n{shown}"
+    );
+    let logs: Vec<&str> = shown
+        .split(['\r', '\n'])
+        .filter(|line| line.contains("DEBUG"))
+        .collect();
+    assert!(!logs.is_empty(), "no debug log lines:\n{shown}");
+    for line in logs {
+        let line = line.trim_start_matches("\x1b[2K");
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_digit() || c == '\x1b')
+                && !line.contains("extract:"),
+            "a log line shares its line with the bar: {line:?}"
+        );
+    }
 
     let json = under_tty(&format!("extract {layout} -o {}/b --json", w.display()));
     let doc: serde_json::Value = serde_json::from_str(&json.replace("\r\n", "\n"))
