@@ -26,6 +26,13 @@ const BYTES: &str = "{spinner} {prefix}: {msg}\n  [{bar:30}] {bytes}/{total_byte
 /// A step without one.
 const SPINNER: &str = "{spinner} {prefix}: {msg} ({elapsed})";
 
+/// The style of `template` (one of the constants above, which parse).
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_spinner())
+        .progress_chars("=> ")
+}
+
 /// The bar of one command; clears itself when finished or dropped.
 pub struct Bar(ProgressBar);
 
@@ -36,10 +43,14 @@ impl Bar {
         if json || !std::io::stderr().is_terminal() {
             return None;
         }
-        let bar = Bar(BARS.add(ProgressBar::no_length().with_prefix(command.to_string())));
-        bar.spin("starting");
-        bar.0.enable_steady_tick(Duration::from_millis(100));
-        Some(Arc::new(bar))
+        // Styled before it is added: adding draws it.
+        let bar = ProgressBar::no_length()
+            .with_style(style(SPINNER))
+            .with_prefix(command.to_string())
+            .with_message("starting");
+        let bar = BARS.add(bar);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Some(Arc::new(Bar(bar)))
     }
 
     /// Starts a step with no byte count (signing, verifying, syncing).
@@ -59,10 +70,8 @@ impl Report for Bar {
         self.0.set_message(name.to_string());
         self.0.set_length(total.unwrap_or(0));
         self.0.reset();
-        let template = if total.is_some() { BYTES } else { SPINNER };
-        if let Ok(style) = ProgressStyle::with_template(template) {
-            self.0.set_style(style.progress_chars("=> "));
-        }
+        self.0
+            .set_style(style(if total.is_some() { BYTES } else { SPINNER }));
     }
 
     fn bytes(&self, done: u64) {
