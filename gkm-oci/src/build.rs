@@ -17,6 +17,7 @@ use crate::json;
 use crate::labels::{Compression, cache_labels};
 use crate::layer::{LayerInfo, write_layer};
 use crate::layout::{Layout, tmp_name};
+use crate::progress::{Progress, step};
 use crate::reference::{ImageRef, Selector};
 use crate::repo::{RawManifest, RegistryOptions, Repo};
 
@@ -144,6 +145,23 @@ pub async fn build(
     options: &BuildOptions,
     registry: &RegistryOptions,
 ) -> Result<Built> {
+    build_with_progress(cache_dir, dest, options, registry, None).await
+}
+
+/// [`build`], telling `progress` its steps: scanning and compressing, then
+/// (to a registry) the bytes sent.
+pub async fn build_with_progress(
+    cache_dir: &Path,
+    dest: &ImageRef,
+    options: &BuildOptions,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<Built> {
+    step(
+        progress.as_ref(),
+        &format!("scanning and compressing {}", cache_dir.display()),
+        None,
+    );
     let title = options
         .title
         .clone()
@@ -170,7 +188,16 @@ pub async fn build(
         }
         ImageRef::Registry(_) => {
             let tmp = std::env::temp_dir().join(tmp_name("gkm-build-"));
-            let result = build_via(&tmp, cache_dir, title, compression, dest, registry).await;
+            let result = build_via(
+                &tmp,
+                cache_dir,
+                title,
+                compression,
+                dest,
+                registry,
+                progress,
+            )
+            .await;
             let _ = tokio::fs::remove_dir_all(&tmp).await;
             result
         }
@@ -184,6 +211,7 @@ async fn build_via(
     compression: Compression,
     dest: &ImageRef,
     registry: &RegistryOptions,
+    progress: Option<Progress>,
 ) -> Result<Built> {
     let tmp_path = tmp.to_path_buf();
     let built = tokio::task::spawn_blocking(move || {
@@ -199,6 +227,6 @@ async fn build_via(
         registry,
     )?;
     let dst = Repo::create(dest, registry)?;
-    copy_image(&src, &dst, None).await?;
+    copy_image(&src, &dst, progress).await?;
     Ok(built)
 }
