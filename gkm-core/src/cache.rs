@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::{Arch, Backend};
 
+mod artefacts;
 mod blob;
 mod files;
 mod kernel;
@@ -52,6 +53,7 @@ mod manifest_json;
 mod triton;
 mod vllm;
 
+pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
 pub use kernel::ptx_isa_version;
 
 /// What produced a cache.
@@ -198,26 +200,44 @@ impl CacheEntry {
 ///
 /// Serialised as GKM/MCV do: `{"triton": [entries]}` for a Triton cache and,
 /// for a vLLM one, `{"vllm": [groups], "format": …}` where each group is
-/// `{"vllmHash", "cacheFormat", "triton": [entries]}`: the kernels of one
-/// `torch_compile_cache/<hash>` directory in one layout. Reading also accepts
-/// a flat list of entries under `"vllm"`; MCV's per-artefact `binary` and
-/// `aot_compile` lists carry no kernel and are skipped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `{"vllmHash", "cacheFormat", "triton": [entries], "binary": [...],
+/// "aot_compile": [...]}`: the kernels of one `torch_compile_cache/<hash>`
+/// directory in one layout, with MCV's records of its artefacts
+/// ([`BinaryArtefacts`] in `binary` groups, [`AotModel`] in `aot_compile`
+/// ones). Reading also accepts a flat list of entries under `"vllm"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct CacheManifest {
     /// Kernels of a Triton cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triton: Option<Vec<CacheEntry>>,
     /// Kernels of a vLLM cache.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "manifest_json::vllm_groups"
-    )]
+    #[serde(default, deserialize_with = "manifest_json::vllm_groups::deserialize")]
     pub vllm: Option<Vec<CacheEntry>>,
     /// The vLLM cache layout; when a cache mixes layouts, the first of
     /// `aot_compile`, `binary`, `triton` it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<VllmFormat>,
+    /// vLLM only: the artefact records of each hash directory that has
+    /// any, written into the groups of `"vllm"`.
+    #[serde(skip)]
+    pub artefacts: Vec<VllmArtefacts>,
+}
+
+impl Serialize for CacheManifest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        if let Some(triton) = &self.triton {
+            map.serialize_entry("triton", triton)?;
+        }
+        if let Some(vllm) = &self.vllm {
+            map.serialize_entry("vllm", &manifest_json::groups(vllm, &self.artefacts))?;
+        }
+        if let Some(format) = &self.format {
+            map.serialize_entry("format", format)?;
+        }
+        map.end()
+    }
 }
 
 impl CacheManifest {
@@ -241,6 +261,24 @@ impl CacheManifest {
     /// The distinct targets of its kernels.
     pub fn summary(&self) -> Summary {
         Summary::new(self.entries().iter().map(CacheEntry::target))
+    }
+
+    /// The summary label as MCV writes it: the [`summary`](Self::summary)
+    /// as compact JSON where, in a vLLM cache holding Inductor standalone
+    /// artefacts (the `binary` layout), CUDA architectures are named
+    /// `sm_XY`; elsewhere they are the bare `XY`. Either form reads back
+    /// with [`Summary::from_label`].
+    pub fn summary_label(&self) -> String {
+        let summary = self.summary();
+        let binary = self
+            .vllm
+            .iter()
+            .flatten()
+            .any(|e| e.cache_format == Some(VllmFormat::Binary));
+        if !binary {
+            return summary.to_label();
+        }
+        manifest_json::sm_summary_label(&summary)
     }
 
     /// The layouts of a vLLM cache's entries, in MCV's order (`aot_compile`,
@@ -309,6 +347,9 @@ impl CacheManifest {
                 reason: "lists both \"triton\" and \"vllm\" kernels; expected one kind".into(),
             });
         }
+        if manifest.vllm.is_some() {
+            manifest.artefacts = manifest_json::artefacts_of(bytes);
+        }
         manifest.normalise();
         Ok(manifest)
     }
@@ -326,6 +367,11 @@ impl CacheManifest {
         for list in [&mut self.triton, &mut self.vllm].into_iter().flatten() {
             list.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         }
+        self.artefacts.retain(|a| !a.is_empty());
+        for records in &mut self.artefacts {
+            records.normalise();
+        }
+        self.artefacts.sort_by(|a, b| a.vllm_hash.cmp(&b.vllm_hash));
     }
 }
 
@@ -493,6 +539,7 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
             triton: Some(entries),
             vllm: None,
             format: None,
+            artefacts: Vec::new(),
         });
     }
     Err(CacheError::NotACache {

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::artefacts::{self, VllmArtefacts};
 use super::files::{files, subdirs};
 use super::{CacheEntry, CacheError, CacheManifest, VllmFormat, blob, triton};
 
@@ -56,10 +57,12 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
     };
     let mut entries = Vec::new();
     let mut formats = Vec::new();
+    let mut records = Vec::new();
     for (hash_dir, aot) in hash_dirs {
-        let (format, found) = scan_hash_dir(&hash_dir, aot)?;
+        let (format, found, artefacts) = scan_hash_dir(&hash_dir, aot)?;
         formats.push(format);
         entries.extend(found);
+        records.extend(Some(artefacts).filter(|a| !a.is_empty()));
     }
     let format = [
         VllmFormat::AotCompile,
@@ -72,6 +75,7 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         triton: None,
         vllm: Some(entries),
         format,
+        artefacts: records,
     };
     manifest.normalise();
     Ok(Some(manifest))
@@ -118,7 +122,7 @@ fn has_rank_dirs(dir: &Path) -> Result<bool, CacheError> {
 }
 
 /// `rank_<digits>_<digits>`.
-fn is_rank_dir(name: &str) -> bool {
+pub(super) fn is_rank_dir(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("rank_") else {
         return false;
     };
@@ -128,8 +132,11 @@ fn is_rank_dir(name: &str) -> bool {
     digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
 }
 
-/// The layout and kernels of one hash directory.
-fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<(VllmFormat, Vec<CacheEntry>), CacheError> {
+/// The layout, kernels and artefact records of one hash directory.
+fn scan_hash_dir(
+    hash_dir: &Path,
+    aot: bool,
+) -> Result<(VllmFormat, Vec<CacheEntry>, VllmArtefacts), CacheError> {
     let vllm_hash = hash_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
@@ -154,7 +161,13 @@ fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<(VllmFormat, Vec<CacheEnt
     }
     entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     entries.dedup();
-    Ok((format, entries))
+    let records = artefacts::of_hash_dir(
+        hash_dir,
+        vllm_hash.as_deref().unwrap_or_default(),
+        aot,
+        |name| name.starts_with(ARTIFACT_PREFIX),
+    )?;
+    Ok((format, entries, records))
 }
 
 /// A walk of one hash directory.
