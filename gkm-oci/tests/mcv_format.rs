@@ -148,24 +148,14 @@ fn extract_like_mcv(layer: &[u8], cache_prefix: &str, manifest_prefix: &str, out
 fn source_tree(root: &Path) -> (BTreeMap<String, Vec<u8>>, Vec<String>) {
     let mut files = BTreeMap::new();
     let mut dirs = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read_dir") {
-            let path = entry.expect("entry").path();
-            let rel = path
-                .strip_prefix(root)
-                .expect("below root")
-                .to_string_lossy()
-                .into_owned();
-            if path.is_dir() {
-                dirs.push(rel);
-                stack.push(path);
-            } else {
-                files.insert(rel, std::fs::read(&path).expect("read file"));
+    for (rel, node) in common::tree(root) {
+        match node {
+            common::Node::Dir => dirs.push(rel),
+            common::Node::File { bytes, .. } => {
+                files.insert(rel, bytes);
             }
         }
     }
-    dirs.sort();
     (files, dirs)
 }
 
