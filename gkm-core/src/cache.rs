@@ -480,6 +480,29 @@ pub enum CacheError {
 /// Directories an extracted GKM/MCV image holds its cache tree in.
 const IMAGE_CACHE_DIRS: [&str; 2] = ["io.triton.cache", "io.vllm.cache"];
 
+/// Where the vLLM cache directory `dir` sits below its cache root
+/// (`VLLM_CACHE_ROOT`, which holds `torch_compile_cache/`): empty for the
+/// root, `torch_compile_cache` for the compile cache directory,
+/// `torch_compile_cache/<hash>` (or `…/torch_aot_compile/<hash>`) for one
+/// hash directory; `None` when `dir` is not a vLLM cache. Images lay a vLLM
+/// cache out from its root, as MCV does, so whichever of these directories
+/// an image is built from, it extracts to a cache root.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let hash = dir.path().join("torch_compile_cache/d4ec7c2a7d");
+/// std::fs::create_dir_all(hash.join("rank_0_0"))?;
+/// use gkm_core::cache::vllm_offset_from_root as offset;
+/// assert_eq!(offset(dir.path())?.unwrap(), std::path::Path::new(""));
+/// assert_eq!(offset(&hash)?.unwrap(), std::path::Path::new("torch_compile_cache/d4ec7c2a7d"));
+/// assert_eq!(offset(&hash.join("rank_0_0"))?, None);
+/// # Ok(()) }
+/// ```
+pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+    vllm::offset_from_root(dir)
+}
+
 /// Scan a cache directory (Triton or vLLM) into its manifest.
 ///
 /// See [the layouts](self#layouts-scan-reads). `dir` may be:

@@ -301,9 +301,15 @@ fn check_manifest(kind: &str, manifest: &[u8]) -> usize {
     kernels
 }
 
-/// Build `dir` with `gkm build`'s defaults, push it, and check every rule.
-/// Returns the labels for kind-specific checks.
-async fn check_image(registry: &str, dir: &Path, repo: &str) -> BTreeMap<String, String> {
+/// Build `dir` with `gkm build`'s defaults, push it, and check every rule;
+/// the extracted cache must equal the tree at `root` (`dir` itself, or the
+/// vLLM cache root above it). Returns the labels for kind-specific checks.
+async fn check_image(
+    registry: &str,
+    dir: &Path,
+    root: &Path,
+    repo: &str,
+) -> BTreeMap<String, String> {
     let remote: ImageRef = format!("{registry}/{repo}:v1").parse().expect("ref");
     let opts = RegistryOptions {
         insecure: true,
@@ -361,7 +367,7 @@ async fn check_image(registry: &str, dir: &Path, repo: &str) -> BTreeMap<String,
     }
 
     // Rule 4: the extracted cache is the source cache.
-    let (files, dirs) = source_tree(dir);
+    let (files, dirs) = source_tree(root);
     assert_eq!(
         extracted.files, files,
         "{repo}: extracted files differ from the cache"
@@ -388,7 +394,7 @@ async fn check_image(registry: &str, dir: &Path, repo: &str) -> BTreeMap<String,
     assert_eq!(check_manifest(kind, &manifest_json), entry_count, "{repo}");
 
     // The same rules on MCV's stack.
-    let report = mcv_extract(&format!("{registry}/{repo}:v1"), dir);
+    let report = mcv_extract(&format!("{registry}/{repo}:v1"), root);
     assert_eq!(report["kind"], kind, "{repo}: {report}");
     assert_eq!(report["kernels"], entry_count, "{repo}: {report}");
     assert_eq!(report["cache_bytes"], size, "{repo}: {report}");
@@ -457,7 +463,13 @@ async fn default_build_satisfies_mcv_extraction_rules() {
     let addr = registry.addr();
 
     for name in FIXTURES {
-        let labels = check_image(addr, &fixtures().join(name), &format!("mcv-format/{name}")).await;
+        let labels = check_image(
+            addr,
+            &fixtures().join(name),
+            &fixtures().join(name),
+            &format!("mcv-format/{name}"),
+        )
+        .await;
         if name.starts_with("vllm") {
             // Rule 8, triton layout.
             assert_eq!(label(&labels, "cache.vllm.image/format"), "triton");
@@ -485,9 +497,19 @@ async fn default_build_satisfies_mcv_extraction_rules() {
         }
     }
 
+    // Built from below its root, a vLLM cache is still laid out from the
+    // root, as MCV lays it out, so it extracts to a cache root.
+    let vllm_root = fixtures().join("vllm-torch-compile-inductor");
+    for (below, repo) in [
+        ("torch_compile_cache", "mcv-format/vllm-compile-cache-dir"),
+        ("torch_compile_cache/d4ec7c2a7d", "mcv-format/vllm-hash-dir"),
+    ] {
+        check_image(addr, &vllm_root.join(below), &vllm_root, repo).await;
+    }
+
     let work = tempfile::tempdir().expect("tempdir");
     binary_vllm_cache(work.path());
-    let labels = check_image(addr, work.path(), "mcv-format/vllm-binary").await;
+    let labels = check_image(addr, work.path(), work.path(), "mcv-format/vllm-binary").await;
     // Rules 6 and 8, binary layout.
     let targets = check_summary(label(&labels, "cache.vllm.image/summary"));
     assert_eq!(targets, [("cuda".into(), "sm_75".into(), 32)]);
