@@ -87,7 +87,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -115,6 +115,10 @@ for c in "${wanted[@]}"; do
     # checking gkm's /metrics.
     promlint) go_component promlint v0.72.1 promlint promlint=. ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
+    # Reads a cache image with the registry client MCV pins
+    # (go-containerregistry v0.20.7) and Go's gzip and tar, following MCV's
+    # published extraction rules, for gkm-oci/tests/mcv_format.rs.
+    mcv-extract) go_component mcv-extract v0.20.7 mcv-extract mcv-extract=. ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done

@@ -24,7 +24,8 @@ use crate::repo::{RawManifest, RegistryOptions, Repo};
 /// How to build an image.
 #[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
-    /// Layer compression (zstd by default).
+    /// Layer compression (gzip by default, which MCV and GKM's extractor
+    /// read; zstd on request).
     pub compression: Compression,
     /// The `org.opencontainers.image.title` label; defaults to the last
     /// component of the destination's repository or layout directory.

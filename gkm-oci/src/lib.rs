@@ -4,7 +4,11 @@
 //! and `io.triton.manifest/manifest.json` (vLLM: `io.vllm.cache/`,
 //! `io.vllm.manifest/`), config labels `cache.triton.image/*` (or
 //! `cache.vllm.image/*`) with the target summary, which gkm also writes into
-//! the manifest annotations.
+//! the manifest annotations. The layer is gzip by default, the only
+//! compression MCV and GKM's extractor read; [`Compression::Zstd`] is there
+//! on request, and reading takes gzip, zstd or no compression. vLLM images
+//! also carry MCV's `io.kserve.km/*` mount labels
+//! ([`labels::kserve_labels`]).
 //!
 //! - [`build()`]: scan a cache and write a deterministic image to an OCI
 //!   layout or a registry.

@@ -25,8 +25,9 @@ pub struct Args {
     /// Where to write the image: `REGISTRY/REPO[:TAG]` or `oci:PATH[:TAG]`.
     #[arg(short = 't', long = "tag", value_name = "REF", value_parser = parse_ref)]
     tag: ImageRef,
-    /// Layer compression; gzip for tools that do not read zstd layers.
-    #[arg(long, value_enum, default_value = "zstd")]
+    /// Layer compression: gzip (read by MCV and GKM's extractor) or zstd
+    /// (smaller; read by gkm).
+    #[arg(long, value_enum, default_value = "gzip")]
     compression: CompressionArg,
     /// The `org.opencontainers.image.title` label (default: the
     /// repository's or layout directory's last path component).
