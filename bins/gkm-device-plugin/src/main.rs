@@ -79,23 +79,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.poll.is_zero() {
         bail!("--poll must be longer than zero");
     }
-    let (assignments, node_gpus): (
-        Option<Arc<dyn AssignmentSource>>,
-        Option<Arc<dyn NodeGpusSink>>,
-    ) = match cli.node_name {
-        Some(node) if !node.is_empty() => {
-            let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
-            (
-                Some(Arc::new(PodAssignments::new(
-                    client.clone(),
-                    node.clone(),
-                    Some(cli.pod_resources_socket),
-                ))),
-                Some(Arc::new(NodeAnnotation::new(client, node))),
-            )
-        }
-        _ => (None, None),
+    let node = match cli.node_name {
+        Some(node) if !node.is_empty() => Some((
+            gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?,
+            node,
+        )),
+        _ => None,
     };
+    let assignments = node.clone().map(|(client, node)| {
+        Arc::new(PodAssignments::new(
+            client,
+            node,
+            Some(cli.pod_resources_socket),
+        )) as Arc<dyn AssignmentSource>
+    });
+    let node_gpus = node
+        .map(|(client, node)| Arc::new(NodeAnnotation::new(client, node)) as Arc<dyn NodeGpusSink>);
     let config = PluginConfig {
         paths: NodePaths {
             sysfs_root: cli.sysfs_root,

@@ -6,18 +6,19 @@
 //! GPU the extender wrote, the units the kubelet's pod-resources API reports
 //! and the variables in the container's environment must be the same.
 
+#[path = "../../gkm-device-plugin/tests/support/mod.rs"]
+mod plugin;
 mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_core::assignment::{
     ANNOTATION, Assignment, GpuDevice, NODE_GPUS_ANNOTATION, parse_node_gpus, unit_gpu,
 };
 use gkm_k8s::device_plugin::node_tree::{NodeTree, Pci};
-use gkm_testenv::{BUSYBOX_IMAGE, Process, RealNode, RealNodeOptions, pod_log, wait_for_pod};
+use gkm_testenv::{BUSYBOX_IMAGE, RealNode, RealNodeOptions, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -50,34 +51,6 @@ fn gpu_tree(dir: &Path) -> anyhow::Result<NodeTree> {
     }
     tree.dev_node("kfd")?;
     Ok(tree)
-}
-
-/// `gkm-device-plugin --gpu-shares` for `node`, as its ServiceAccount.
-fn start_plugin(
-    node: &RealNode,
-    tree: &NodeTree,
-    kubeconfig: &Path,
-    log: &Path,
-) -> anyhow::Result<Process> {
-    let paths = tree.paths();
-    let mut cmd = Command::new(gkm_testenv::workspace_binary("gkm-device-plugin")?);
-    cmd.arg(format!(
-        "--device-plugins-dir={}",
-        node.device_plugins_dir().display()
-    ))
-    .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
-    .arg(format!("--dev-root={}", paths.dev_root.display()))
-    .arg(format!("--proc-root={}", paths.proc_root.display()))
-    .arg(format!(
-        "--pod-resources-socket={}",
-        node.pod_resources_socket().display()
-    ))
-    .arg(format!("--kubeconfig={}", kubeconfig.display()))
-    .arg(format!("--node-name={}", node.name()))
-    .arg("--poll=500ms")
-    .arg("--no-nvml")
-    .arg("--gpu-shares");
-    Process::spawn("gkm-device-plugin", cmd, log)
 }
 
 /// A pod asking for `cores` and `memory` units, printing its GKM_GPU_*
@@ -224,7 +197,11 @@ async fn check_pod(
         [gpu] => gpu.clone(),
         other => anyhow::bail!("{name}: the extender assigned {other:?}, not one GPU"),
     };
-    assert_eq!(assignment.devices(MEMORY), [gpu.clone()], "{written}");
+    assert_eq!(
+        assignment.devices(MEMORY),
+        std::slice::from_ref(&gpu),
+        "{written}"
+    );
     eprintln!("{name}: the extender assigned {gpu}");
 
     // The kubelet's pod-resources API: every unit of the assigned GPU.
@@ -270,10 +247,11 @@ async fn the_gpu_the_extender_assigns_is_the_one_the_container_gets() -> anyhow:
     let plugin_kubeconfig = cluster
         .plane
         .kubeconfig_for_service_account("gkm-system", "gkm-device-plugin")?;
-    let mut plugin = start_plugin(
+    let mut plugin = plugin::start_plugin(
         &node,
         &tree,
         &plugin_kubeconfig,
+        &["--gpu-shares".to_string()],
         &work.path().join("plugin.log"),
     )?;
 
