@@ -1,7 +1,7 @@
 //! The extender with gkm's device plugin on a real node (kubelet, containerd
 //! and runc): a real kube-scheduler calls the extender, which writes the
 //! device assignment at bind; the device plugin, registered with the node's
-//! kubelet over a sysfs/dev tree the test makes (two AMD GPUs of 1 GiB), has
+//! kubelet over a sysfs/dev tree the test makes (three AMD GPUs of 1 GiB), has
 //! published the node's GPUs and hands the container the GPU assigned. The
 //! GPU the extender wrote, the units the kubelet's pod-resources API reports
 //! and the variables in the container's environment must be the same.
@@ -31,7 +31,7 @@ const CORES: &str = "gkm.io/gpu-cores";
 const MEMORY: &str = "gkm.io/gpu-memory";
 /// The GPUs of the node: AMD GPUs, whose memory size the plugin reads from
 /// sysfs, so both compute and memory units are offered.
-const GPUS: [&str; 2] = ["0000:40:00.0", "0000:41:00.0"];
+const GPUS: [&str; 3] = ["0000:40:00.0", "0000:41:00.0", "0000:42:00.0"];
 const GPU_MIB: u64 = 1024;
 
 /// The node tree: both GPUs on `amdgpu` with `GPU_MIB` of VRAM, and
@@ -99,7 +99,7 @@ async fn published_gpus(nodes: &Api<Node>) -> anyhow::Result<Vec<GpuDevice>> {
 
 /// Waits until the Node's allocatable shows every unit.
 async fn wait_allocatable(nodes: &Api<Node>) -> anyhow::Result<()> {
-    let want = [(CORES, 200), (MEMORY, 2 * GPU_MIB)];
+    let want = [(CORES, 300), (MEMORY, 3 * GPU_MIB)];
     let began = Instant::now();
     loop {
         let node = nodes.get(NODE).await?;
@@ -274,16 +274,22 @@ async fn the_gpu_the_extender_assigns_is_the_one_the_container_gets() -> anyhow:
     cluster.start_scheduler(&config)?;
     let socket = node.pod_resources_socket();
 
-    // A share of a GPU: 30% of its cores and 256 MiB.
-    let shared = check_pod(&cluster, &socket, "shared", 30, 256).await?;
-    // A whole GPU: every unit of one. The shared GPU has 70 cores left, so
-    // it must be the other one; the kubelet alone would count 70 units of
-    // the first GPU and 30 of the second (it takes unit IDs in order).
+    // Shares: the first goes to the first GPU; the second does not fit
+    // there (40% cores left) and goes to the second.
+    let first = check_pod(&cluster, &socket, "first", 60, 100).await?;
+    assert_eq!(first, GPUS[0]);
+    let second = check_pod(&cluster, &socket, "second", 50, 900).await?;
+    assert_eq!(second, GPUS[1]);
+    // The third packs onto the GPU with the fewest cores left over (the
+    // first: 30% stranded, against 40% on the second). The second GPU has
+    // the least memory free, so the kubelet and the plugin, left to
+    // themselves, would take its memory units: only the assignment makes the
+    // memory come from the first GPU.
+    let third = check_pod(&cluster, &socket, "third", 10, 50).await?;
+    assert_eq!(third, GPUS[0]);
+    // A whole GPU: every unit of the one still idle.
     let whole = check_pod(&cluster, &socket, "whole", 100, GPU_MIB).await?;
-    assert_ne!(whole, shared);
-    // Another share packs onto the GPU already in use.
-    let packed = check_pod(&cluster, &socket, "packed", 50, 512).await?;
-    assert_eq!(packed, shared);
+    assert_eq!(whole, GPUS[2]);
 
     plugin.check_running()?;
     let log = std::fs::read_to_string(work.path().join("plugin.log"))?;
