@@ -277,14 +277,16 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let began = Instant::now();
     let metrics = loop {
         agent.check_running()?;
-        if let Some((200, text)) = gkm_testenv::http_get(port, "/metrics").await
+        let last = gkm_testenv::http_get(port, "/metrics").await;
+        if let Some((200, text)) = &last
             && text.lines().any(|l| l == "gkm_agent_store_images 1")
         {
-            break text;
+            break text.clone();
         }
         anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(30),
-            "the store never showed in /metrics"
+            began.elapsed() < Duration::from_secs(60),
+            "the store never showed in /metrics; last answer {last:?}; log:\n{}",
+            agent.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
