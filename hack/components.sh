@@ -82,7 +82,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint helm)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -109,6 +109,13 @@ for c in "${wanted[@]}"; do
     # Prometheus's own text parser and linter (client_golang's promlint), for
     # checking gkm's /metrics.
     promlint) go_component promlint v0.72.1 promlint promlint=. ;;
+    # Helm 3: the chart in deploy/helm/gkm is linted, rendered (deploy/install.yaml)
+    # and installed onto real nodes with it. Its version is stamped like
+    # Helm's own release builds do.
+    helm)
+      GO_LDFLAGS="-X helm.sh/helm/v3/internal/version.version=v3.22.0 -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+        go_component helm v3.22.0 helm helm.sh/helm/v3/cmd/helm
+      ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
