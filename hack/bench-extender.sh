@@ -2,8 +2,9 @@
 # Benchmark gkm-scheduler-extender behind a real kube-scheduler: the same
 # GPU pods on the same kwok nodes, scheduled without and then with the
 # extender, in one run. Prints pods per second for both, the ratio of the
-# times (target <= 1.30x), the extender's filter / prioritize / bind
-# latency p50 and p99 (upper bounds of its histogram buckets; filter p99
+# times (target <= 1.30x), the extender's exact filter / prioritize / bind
+# answer times p50, p99 and max (the extender keeps its most recent answer
+# times and serves their quantiles at GET /scheduler/latency; filter p99
 # target < 5 ms) and its resident memory.
 #
 #   hack/bench-extender.sh                  # 1000 nodes, 2000 pods

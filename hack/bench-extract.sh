@@ -83,7 +83,7 @@ PY
 echo "   $(find "$WORK/cache" -type f | wc -l) files, $(du -sh "$WORK/cache" | cut -f1)"
 
 echo "== building images"
-"$GKM" build "$WORK/cache" -t "oci:$WORK/layout:zstd" >/dev/null 2>&1
+"$GKM" build "$WORK/cache" -t "oci:$WORK/layout:zstd" --compression zstd >/dev/null 2>&1
 "$GKM" build "$WORK/cache" -t "oci:$WORK/layout:gzip" --compression gzip >/dev/null 2>&1
 layer_of() {  # the layer blob of a tag in the layout
   python3 - "$WORK/layout" "$1" <<'PY'

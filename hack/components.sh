@@ -35,6 +35,11 @@ go_component() {
   local dest=$tools_dir/$name-$version
   local key
   key="$(go env GOVERSION) $(sha256sum "$root/hack/tools/$module/go.sum" | cut -d' ' -f1) $* ${GO_LDFLAGS:-} cgo=${GO_CGO:-0} tags=${GO_TAGS:-}"
+  # A module with Go sources of its own (a small checker) rebuilds when they change.
+  local sources=("$root/hack/tools/$module"/*.go)
+  if [[ -e ${sources[0]} ]]; then
+    key+=" src=$(cat "${sources[@]}" | sha256sum | cut -d' ' -f1)"
+  fi
   if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
     log "$name $version: cached in $dest"
   else
@@ -82,7 +87,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint helm)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -122,6 +127,10 @@ for c in "${wanted[@]}"; do
       GO_LDFLAGS=
       ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
+    # Reads a cache image with the registry client MCV pins
+    # (go-containerregistry v0.20.7) and Go's gzip and tar, following MCV's
+    # published extraction rules, for gkm-oci/tests/mcv_format.rs.
+    mcv-extract) go_component mcv-extract v0.20.7 mcv-extract mcv-extract=. ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done

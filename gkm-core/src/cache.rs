@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::{Arch, Backend};
 
+mod artefacts;
 mod blob;
 mod files;
 mod kernel;
@@ -52,6 +53,7 @@ mod manifest_json;
 mod triton;
 mod vllm;
 
+pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
 pub use kernel::ptx_isa_version;
 
 /// What produced a cache.
@@ -198,26 +200,44 @@ impl CacheEntry {
 ///
 /// Serialised as GKM/MCV do: `{"triton": [entries]}` for a Triton cache and,
 /// for a vLLM one, `{"vllm": [groups], "format": …}` where each group is
-/// `{"vllmHash", "cacheFormat", "triton": [entries]}`: the kernels of one
-/// `torch_compile_cache/<hash>` directory in one layout. Reading also accepts
-/// a flat list of entries under `"vllm"`; MCV's per-artefact `binary` and
-/// `aot_compile` lists carry no kernel and are skipped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `{"vllmHash", "cacheFormat", "triton": [entries], "binary": [...],
+/// "aot_compile": [...]}`: the kernels of one `torch_compile_cache/<hash>`
+/// directory in one layout, with MCV's records of its artefacts
+/// ([`BinaryArtefacts`] in `binary` groups, [`AotModel`] in `aot_compile`
+/// ones). Reading also accepts a flat list of entries under `"vllm"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct CacheManifest {
     /// Kernels of a Triton cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triton: Option<Vec<CacheEntry>>,
     /// Kernels of a vLLM cache.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "manifest_json::vllm_groups"
-    )]
+    #[serde(default, deserialize_with = "manifest_json::vllm_groups::deserialize")]
     pub vllm: Option<Vec<CacheEntry>>,
     /// The vLLM cache layout; when a cache mixes layouts, the first of
     /// `aot_compile`, `binary`, `triton` it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<VllmFormat>,
+    /// vLLM only: the artefact records of each hash directory that has
+    /// any, written into the groups of `"vllm"`.
+    #[serde(skip)]
+    pub artefacts: Vec<VllmArtefacts>,
+}
+
+impl Serialize for CacheManifest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        if let Some(triton) = &self.triton {
+            map.serialize_entry("triton", triton)?;
+        }
+        if let Some(vllm) = &self.vllm {
+            map.serialize_entry("vllm", &manifest_json::groups(vllm, &self.artefacts))?;
+        }
+        if let Some(format) = &self.format {
+            map.serialize_entry("format", format)?;
+        }
+        map.end()
+    }
 }
 
 impl CacheManifest {
@@ -241,6 +261,24 @@ impl CacheManifest {
     /// The distinct targets of its kernels.
     pub fn summary(&self) -> Summary {
         Summary::new(self.entries().iter().map(CacheEntry::target))
+    }
+
+    /// The summary label as MCV writes it: the [`summary`](Self::summary)
+    /// as compact JSON where, in a vLLM cache holding Inductor standalone
+    /// artefacts (the `binary` layout), CUDA architectures are named
+    /// `sm_XY`; elsewhere they are the bare `XY`. Either form reads back
+    /// with [`Summary::from_label`].
+    pub fn summary_label(&self) -> String {
+        let summary = self.summary();
+        let binary = self
+            .vllm
+            .iter()
+            .flatten()
+            .any(|e| e.cache_format == Some(VllmFormat::Binary));
+        if !binary {
+            return summary.to_label();
+        }
+        manifest_json::sm_summary_label(&summary)
     }
 
     /// The layouts of a vLLM cache's entries, in MCV's order (`aot_compile`,
@@ -309,6 +347,9 @@ impl CacheManifest {
                 reason: "lists both \"triton\" and \"vllm\" kernels; expected one kind".into(),
             });
         }
+        if manifest.vllm.is_some() {
+            manifest.artefacts = manifest_json::artefacts_of(bytes);
+        }
         manifest.normalise();
         Ok(manifest)
     }
@@ -326,6 +367,11 @@ impl CacheManifest {
         for list in [&mut self.triton, &mut self.vllm].into_iter().flatten() {
             list.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         }
+        self.artefacts.retain(|a| !a.is_empty());
+        for records in &mut self.artefacts {
+            records.normalise();
+        }
+        self.artefacts.sort_by(|a, b| a.vllm_hash.cmp(&b.vllm_hash));
     }
 }
 
@@ -434,6 +480,29 @@ pub enum CacheError {
 /// Directories an extracted GKM/MCV image holds its cache tree in.
 const IMAGE_CACHE_DIRS: [&str; 2] = ["io.triton.cache", "io.vllm.cache"];
 
+/// Where the vLLM cache directory `dir` sits below its cache root
+/// (`VLLM_CACHE_ROOT`, which holds `torch_compile_cache/`): empty for the
+/// root, `torch_compile_cache` for the compile cache directory,
+/// `torch_compile_cache/<hash>` (or `…/torch_aot_compile/<hash>`) for one
+/// hash directory; `None` when `dir` is not a vLLM cache. Images lay a vLLM
+/// cache out from its root, as MCV does, so whichever of these directories
+/// an image is built from, it extracts to a cache root.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let hash = dir.path().join("torch_compile_cache/d4ec7c2a7d");
+/// std::fs::create_dir_all(hash.join("rank_0_0"))?;
+/// use gkm_core::cache::vllm_offset_from_root as offset;
+/// assert_eq!(offset(dir.path())?.unwrap(), std::path::Path::new(""));
+/// assert_eq!(offset(&hash)?.unwrap(), std::path::Path::new("torch_compile_cache/d4ec7c2a7d"));
+/// assert_eq!(offset(&hash.join("rank_0_0"))?, None);
+/// # Ok(()) }
+/// ```
+pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+    vllm::offset_from_root(dir)
+}
+
 /// Scan a cache directory (Triton or vLLM) into its manifest.
 ///
 /// See [the layouts](self#layouts-scan-reads). `dir` may be:
@@ -493,6 +562,7 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
             triton: Some(entries),
             vllm: None,
             format: None,
+            artefacts: Vec::new(),
         });
     }
     Err(CacheError::NotACache {

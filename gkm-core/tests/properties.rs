@@ -111,6 +111,7 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
             triton: Some(entries),
             vllm: None,
             format: None,
+            artefacts: Vec::new(),
         }
     });
     let vllm = (
@@ -121,6 +122,7 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
             triton: None,
             vllm: Some(entries),
             format,
+            artefacts: Vec::new(),
         });
     prop_oneof![triton, vllm]
 }

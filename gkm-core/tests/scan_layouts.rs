@@ -64,6 +64,37 @@ fn binary_layout_reads_kernels_bundled_in_artefacts() {
     );
     // The CUDA metadata records no PTX version and a blob has no .ptx file.
     assert_eq!(manifest.summary().to_string(), "cuda/75/32, hip/gfx90a/64");
+    // MCV names CUDA architectures sm_XY in a binary cache's summary label.
+    assert_eq!(
+        manifest.summary_label(),
+        r#"{"targets":[{"backend":"cuda","arch":"sm_75","warp_size":32},{"backend":"hip","arch":"gfx90a","warp_size":64,"triton_version":"3.2.0"}]}"#
+    );
+    assert_eq!(
+        cache::Summary::from_label(&manifest.summary_label()).unwrap(),
+        manifest.summary()
+    );
+    // MCV's `binary` record of the prefix directory sits in the group.
+    let json: serde_json::Value = serde_json::from_slice(&manifest.to_json()).unwrap();
+    let group = &json["vllm"][0];
+    assert_eq!(group["vllmHash"], "0a1b2c3d4e");
+    assert_eq!(group["cacheFormat"], "binary");
+    assert_eq!(group["triton"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        group["binary"],
+        serde_json::json!([{
+            "rank": "rank_0_0",
+            "prefix": "backbone",
+            "artifact_count": 2,
+            "artifact_names": [
+                "artifact_compile_range_1_8192_subgraph_0",
+                "artifact_compile_range_1_8192_subgraph_1"
+            ],
+            "code_hash": "c",
+            "cache_save_format": "binary",
+            "target_device": "cuda",
+            "env": {"VLLM_TARGET_DEVICE": "cuda"}
+        }])
+    );
     assert_eq!(
         CacheManifest::from_json(&manifest.to_json()).unwrap(),
         manifest
@@ -138,6 +169,23 @@ fn aot_compile_layout_reads_the_model_file() {
         ]
     );
     assert_eq!(manifest.summary().to_string(), "cuda/75/32, hip/gfx90a/64");
+    // No binary artefacts: architectures keep their bare form, as MCV's.
+    assert_eq!(manifest.summary_label(), manifest.summary().to_label());
+    // MCV's `aot_compile` records, one per rank's model file.
+    let json: serde_json::Value = serde_json::from_slice(&manifest.to_json()).unwrap();
+    let aot_group = json["vllm"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["cacheFormat"] == "aot_compile")
+        .unwrap();
+    let size = fs::metadata(aot.join("rank_0_0/model")).unwrap().len();
+    assert_eq!(
+        aot_group["aot_compile"][0],
+        serde_json::json!({"hash": "1f0359061970579f", "rank": "rank_0_0",
+            "model_file": "model", "file_size": size})
+    );
+    assert_eq!(aot_group["aot_compile"].as_array().unwrap().len(), 2);
     assert_eq!(
         CacheManifest::from_json(&manifest.to_json()).unwrap(),
         manifest

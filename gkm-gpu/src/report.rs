@@ -158,7 +158,15 @@ fn gib(bytes: u64) -> String {
     format!("{}.{:02} GiB", hundredths / 100, hundredths % 100)
 }
 
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+/// Appends `rows` under `header` to `out` as plain columns, each as wide as
+/// its widest cell and two spaces apart (no trailing blanks).
+///
+/// ```
+/// let mut out = String::new();
+/// gkm_gpu::report::table(&mut out, &["A", "LONG"], &[vec!["xyz".into(), "1".into()]]);
+/// assert_eq!(out, "A    LONG\nxyz  1\n");
+/// ```
+pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

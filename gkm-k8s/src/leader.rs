@@ -18,6 +18,17 @@
 //!
 //! The lease needs `get`, `create` and `update` on `leases` in its namespace.
 //!
+//! Why not a crate: `kube-lease-manager` (0.13, on kube 5) is the maintained
+//! candidate, and its semantics differ where it matters here. It decides that
+//! a lease expired from the holder's `renewTime` read against the local
+//! clock, so clock skew between nodes must stay under its `grace`; and while
+//! the API server cannot be reached its watch loop retries without telling
+//! the caller, so a partitioned leader goes on believing it leads after its
+//! lease has run out. This module keeps
+//! client-go's rules (expiry timed by the candidate's own observation, a
+//! renew deadline shorter than the lease) and runs the controllers inside
+//! [`LeaderElector::run`], so losing the lease stops them.
+//!
 //! ```no_run
 //! # async fn example(client: kube::Client) {
 //! use gkm_k8s::leader::{LeaseConfig, LeaderElector, Outcome};

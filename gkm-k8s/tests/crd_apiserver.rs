@@ -5,6 +5,7 @@
 use gkm_k8s::crd::{self, ClusterGKMCache, GKMCache, GKMCacheNode};
 use gkm_testenv::ControlPlane;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 async fn setup(namespace: &str) -> anyhow::Result<kube::Client> {
@@ -429,5 +430,109 @@ async fn table_response_carries_the_printer_columns() -> anyhow::Result<()> {
     assert_eq!(cell("Node-Error"), 1);
     assert_eq!(cell("Pod-Running"), 2);
     assert_eq!(cell("Pod-Outdated"), 1);
+    Ok(())
+}
+
+/// The documents of a fixture file under `tests/fixtures/`.
+fn fixture_documents(name: &str) -> anyhow::Result<Vec<DynamicObject>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let text = std::fs::read_to_string(&path)?;
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        out.push(DynamicObject::deserialize(doc)?);
+    }
+    Ok(out)
+}
+
+/// Where an object of `kind` is created: its resource and, for namespaced
+/// kinds, `ns`.
+fn placement<'a>(kind: &str, ns: &'a str) -> (ApiResource, Option<&'a str>) {
+    match kind {
+        "GKMCache" => (resource::<GKMCache>(), Some(ns)),
+        "ClusterGKMCache" => (resource::<ClusterGKMCache>(), None),
+        "GKMCacheNode" => (resource::<GKMCacheNode>(), Some(ns)),
+        "ClusterGKMCacheNode" => (resource::<crd::ClusterGKMCacheNode>(), None),
+        other => panic!("no such kind in the fixtures: {other}"),
+    }
+}
+
+/// GKM's documented shapes (namespaced and cluster caches, ReadWriteOnce and
+/// ReadOnlyMany, podTemplate, the `gkm.io/signature-format` label) and its
+/// scaffold samples for node reports (`spec:` empty or left out) are
+/// accepted with strict field validation, and read back through the typed
+/// API; GKM's cache scaffolds, which have no image and which GKM's own
+/// webhook refuses, are refused naming `spec`.
+#[tokio::test]
+async fn gkm_documented_shapes_and_node_scaffolds_are_accepted() -> anyhow::Result<()> {
+    let ns = "crd-gkm-shapes";
+    let client = setup(ns).await?;
+    let docs = fixture_documents("gkm-shapes.yaml")?;
+    assert_eq!(docs.len(), 9);
+    let mut failures = Vec::new();
+    for obj in &docs {
+        let kind = obj
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let (resource, namespace) = placement(&kind, ns);
+        if let Err(e) = create(&client, &resource, namespace, obj).await? {
+            failures.push(format!("{kind} {name}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+
+    let signed: GKMCache = Api::namespaced(client.clone(), ns)
+        .get("matmul-rocm-rwo-rox")
+        .await?;
+    assert_eq!(
+        signed.metadata.labels.unwrap_or_default()["gkm.io/signature-format"],
+        "cosign-v2"
+    );
+    assert_eq!(
+        signed.spec.cache.access_modes.map(|m| m.len()),
+        Some(2),
+        "both access modes kept"
+    );
+    let nodes: Api<GKMCacheNode> = Api::namespaced(client.clone(), ns);
+    for name in ["gkm-shapes-node-scaffold", "gkm-shapes-node-bare"] {
+        let node = nodes.get(name).await?;
+        assert_eq!(node.spec, crd::GKMCacheNodeSpec {});
+    }
+    let cluster_nodes: Api<crd::ClusterGKMCacheNode> = Api::all(client.clone());
+    let listed = cluster_nodes.list(&Default::default()).await?;
+    for name in [
+        "gkm-shapes-cluster-node-scaffold",
+        "gkm-shapes-cluster-node-bare",
+    ] {
+        assert!(
+            listed
+                .items
+                .iter()
+                .any(|n| n.metadata.name.as_deref() == Some(name)),
+            "{name} not listed"
+        );
+    }
+
+    for obj in fixture_documents("gkm-cache-scaffolds.yaml")? {
+        let kind = obj
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        let (resource, namespace) = placement(&kind, ns);
+        match create(&client, &resource, namespace, &obj).await? {
+            Ok(_) => panic!("{kind} without an image was accepted"),
+            Err(kube::Error::Api(status)) => assert!(
+                status.message.contains("spec"),
+                "{kind}: the refusal does not name spec: {}",
+                status.message
+            ),
+            Err(other) => panic!("{kind}: unexpected error {other}"),
+        }
+    }
     Ok(())
 }

@@ -17,13 +17,15 @@ use crate::json;
 use crate::labels::{Compression, cache_labels};
 use crate::layer::{LayerInfo, write_layer};
 use crate::layout::{Layout, tmp_name};
+use crate::progress::{Progress, step};
 use crate::reference::{ImageRef, Selector};
 use crate::repo::{RawManifest, RegistryOptions, Repo};
 
 /// How to build an image.
 #[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
-    /// Layer compression (zstd by default).
+    /// Layer compression (gzip by default, which MCV and GKM's extractor
+    /// read; zstd on request).
     pub compression: Compression,
     /// The `org.opencontainers.image.title` label; defaults to the last
     /// component of the destination's repository or layout directory.
@@ -144,6 +146,23 @@ pub async fn build(
     options: &BuildOptions,
     registry: &RegistryOptions,
 ) -> Result<Built> {
+    build_with_progress(cache_dir, dest, options, registry, None).await
+}
+
+/// [`build`], telling `progress` its steps: scanning and compressing, then
+/// (to a registry) the bytes sent.
+pub async fn build_with_progress(
+    cache_dir: &Path,
+    dest: &ImageRef,
+    options: &BuildOptions,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<Built> {
+    step(
+        progress.as_ref(),
+        &format!("scanning and compressing {}", cache_dir.display()),
+        None,
+    );
     let title = options
         .title
         .clone()
@@ -170,7 +189,16 @@ pub async fn build(
         }
         ImageRef::Registry(_) => {
             let tmp = std::env::temp_dir().join(tmp_name("gkm-build-"));
-            let result = build_via(&tmp, cache_dir, title, compression, dest, registry).await;
+            let result = build_via(
+                &tmp,
+                cache_dir,
+                title,
+                compression,
+                dest,
+                registry,
+                progress,
+            )
+            .await;
             let _ = tokio::fs::remove_dir_all(&tmp).await;
             result
         }
@@ -184,6 +212,7 @@ async fn build_via(
     compression: Compression,
     dest: &ImageRef,
     registry: &RegistryOptions,
+    progress: Option<Progress>,
 ) -> Result<Built> {
     let tmp_path = tmp.to_path_buf();
     let built = tokio::task::spawn_blocking(move || {
@@ -199,6 +228,6 @@ async fn build_via(
         registry,
     )?;
     let dst = Repo::create(dest, registry)?;
-    copy_image(&src, &dst, None).await?;
+    copy_image(&src, &dst, progress).await?;
     Ok(built)
 }

@@ -5,15 +5,15 @@ use futures::StreamExt;
 use crate::digest::Digest;
 use crate::error::Result;
 use crate::image::{Manifest, is_index, select_from_index};
-use crate::pipeline::Progress;
+use crate::progress::{Progress, step};
 use crate::repo::{BlobSource, Repo};
 
 /// Copy the image `src` selects to `dst`, blobs first, then the manifest
 /// (byte for byte, so the digest is kept). Blobs `dst` already has are not
 /// sent again. An index is resolved to one manifest. Returns the digest.
 ///
-/// `progress`, when given, is called with the bytes sent so far and the
-/// total size of the blobs being sent.
+/// `progress`, when given, gets one step for the blobs to send, with their
+/// total size, and the bytes sent so far.
 pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> Result<Digest> {
     let mut raw = src.fetch_manifest().await?;
     if is_index(&raw.media_type) {
@@ -31,6 +31,11 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
         }
     }
     let total: u64 = missing.iter().map(|b| b.size).sum();
+    step(
+        progress.as_ref(),
+        &format!("copying {} blob(s) to {}", missing.len(), dst.image()),
+        Some(total),
+    );
     let mut sent = 0u64;
     for blob in missing {
         let mut source = src.open_blob(&blob.digest).await?;
@@ -43,7 +48,7 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
                     .inspect(move |chunk| {
                         if let Ok(c) = chunk {
                             done += c.len() as u64;
-                            p(base + done, total);
+                            p.bytes(base + done);
                         }
                     })
                     .boxed(),

@@ -1,8 +1,8 @@
 //! The GKM/MCV image format: media types, layer paths and label keys.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use gkm_core::cache::{CacheKind, CacheManifest, Summary};
+use gkm_core::cache::{CacheKind, CacheManifest, Summary, VllmFormat};
 
 use crate::error::{Error, Result};
 
@@ -41,10 +41,12 @@ pub const TITLE: &str = "org.opencontainers.image.title";
 /// How a layer is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
-    /// zstd (gkm's default).
-    #[default]
+    /// zstd: smaller and faster to unpack, read by gkm but not by MCV or
+    /// GKM's extractor.
     Zstd,
-    /// gzip (what MCV writes).
+    /// gzip: the default, what MCV writes and what MCV and GKM's extractor
+    /// read.
+    #[default]
     Gzip,
     /// No compression.
     None,
@@ -157,13 +159,62 @@ pub fn cache_labels(
         manifest.entries().len().to_string(),
     );
     labels.insert(layout.key("cache-size-bytes"), cache_size_bytes.to_string());
-    labels.insert(layout.key("summary"), manifest.summary().to_label());
-    if let (CacheKind::Vllm, Some(format)) = (manifest.kind(), manifest.format) {
-        let value = serde_json::to_value(format).ok();
-        if let Some(serde_json::Value::String(s)) = value {
-            labels.insert(layout.key("format"), s);
-        }
+    labels.insert(layout.key("summary"), manifest.summary_label());
+    if let Some(format) = manifest.format_label() {
+        labels.insert(layout.key("format"), format);
     }
+    labels.extend(kserve_labels(manifest));
+    labels
+}
+
+/// The prefix of the labels that tell KServe's kernel manager how to mount
+/// a vLLM cache.
+pub const KSERVE_PREFIX: &str = "io.kserve.km";
+
+/// The cache root a vLLM cache is mounted at in a KServe pod, as
+/// `VAR=VALUE`.
+pub const KSERVE_VLLM_CACHE_ROOT: &str = "VLLM_CACHE_ROOT=/home/kserve/.cache/vllm";
+
+/// The `io.kserve.km/*` labels MCV writes on a vLLM cache image: the
+/// framework and cache type, the hash directories (comma-separated,
+/// sorted), where below the cache root to mount (`torch_compile_cache`, or
+/// `torch_compile_cache/torch_aot_compile` when the first hash directory is
+/// an `aot_compile` one) and the cache root variable. None for a Triton
+/// cache or a vLLM cache with no hash directory.
+pub fn kserve_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let Some(entries) = &manifest.vllm else {
+        return labels;
+    };
+    let key = |name: &str| format!("{KSERVE_PREFIX}/{name}");
+    labels.insert(key("framework"), "vllm".to_string());
+    labels.insert(key("cache-type"), "torch-compile".to_string());
+    let hashes: BTreeSet<&str> = entries
+        .iter()
+        .filter_map(|e| e.vllm_hash.as_deref())
+        .chain(manifest.artefacts.iter().map(|a| a.vllm_hash.as_str()))
+        .filter(|h| !h.is_empty())
+        .collect();
+    let Some(first) = hashes.first().copied() else {
+        return labels;
+    };
+    let aot = entries.iter().any(|e| {
+        e.vllm_hash.as_deref() == Some(first) && e.cache_format == Some(VllmFormat::AotCompile)
+    }) || manifest
+        .artefacts
+        .iter()
+        .any(|a| a.vllm_hash == first && !a.aot_compile.is_empty());
+    let subpath = if aot {
+        "torch_compile_cache/torch_aot_compile"
+    } else {
+        "torch_compile_cache"
+    };
+    labels.insert(
+        key("cache-hash"),
+        hashes.into_iter().collect::<Vec<_>>().join(","),
+    );
+    labels.insert(key("cache-mount-subpath"), subpath.to_string());
+    labels.insert(key("cache-root-env"), KSERVE_VLLM_CACHE_ROOT.to_string());
     labels
 }
 

@@ -7,7 +7,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use gkm_core::cache::CacheManifest;
+use gkm_core::cache::{CacheKind, CacheManifest};
 
 use crate::digest::{Digest, HashingWriter};
 use crate::error::{Error, Result};
@@ -133,6 +133,29 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
     h
 }
 
+/// The layer directory the files of `cache_dir` go under: the kind's cache
+/// directory (`io.triton.cache`) and, for a vLLM cache built from below its
+/// root, where `cache_dir` sits below that root
+/// (`io.vllm.cache/torch_compile_cache`), so the layer always holds a vLLM
+/// cache root, as MCV's images do.
+fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<String> {
+    let layout = KindLayout::of(manifest.kind());
+    let offset = match manifest.kind() {
+        CacheKind::Vllm => gkm_core::cache::vllm_offset_from_root(cache_dir)?,
+        CacheKind::Triton => None,
+    };
+    let offset = offset.unwrap_or_default();
+    let offset = offset.to_str().ok_or_else(|| Error::Unpackable {
+        path: cache_dir.to_path_buf(),
+        reason: "file name is not UTF-8".into(),
+    })?;
+    Ok(if offset.is_empty() {
+        layout.cache_dir.to_string()
+    } else {
+        format!("{}/{offset}", layout.cache_dir)
+    })
+}
+
 /// Write the uncompressed layer tar of `cache_dir` and its manifest to `out`.
 /// Returns the sum of the cache's file sizes.
 pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -> Result<(W, u64)> {
@@ -152,12 +175,21 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
         )
         .map_err(tar_err(Path::new(&name)))
     };
-    append_dir(&mut b, layout.cache_dir.to_string())?;
+    let root = tree_root(cache_dir, manifest)?;
+    let mut parent = String::new();
+    for component in root.split('/') {
+        parent = if parent.is_empty() {
+            component.to_string()
+        } else {
+            format!("{parent}/{component}")
+        };
+        append_dir(&mut b, parent.clone())?;
+    }
     let mut total = 0u64;
     for entry in entries {
         // Listing refused non-UTF-8 names, so this is lossless.
         let rel = entry.rel.to_string_lossy();
-        let name = format!("{}/{rel}", layout.cache_dir);
+        let name = format!("{root}/{rel}");
         match entry.kind {
             TreeKind::Dir => append_dir(&mut b, name)?,
             TreeKind::File { size, exec } => {

@@ -4,7 +4,11 @@
 //! and `io.triton.manifest/manifest.json` (vLLM: `io.vllm.cache/`,
 //! `io.vllm.manifest/`), config labels `cache.triton.image/*` (or
 //! `cache.vllm.image/*`) with the target summary, which gkm also writes into
-//! the manifest annotations.
+//! the manifest annotations. The layer is gzip by default, the only
+//! compression MCV and GKM's extractor read; [`Compression::Zstd`] is there
+//! on request, and reading takes gzip, zstd or no compression. vLLM images
+//! also carry MCV's `io.kserve.km/*` mount labels
+//! ([`labels::kserve_labels`]).
 //!
 //! - [`build()`]: scan a cache and write a deterministic image to an OCI
 //!   layout or a registry.
@@ -26,7 +30,9 @@ pub mod json;
 pub mod labels;
 pub mod layer;
 pub mod layout;
+mod manifest_get;
 pub mod pipeline;
+pub mod progress;
 pub mod reference;
 pub mod repo;
 pub mod sign;
@@ -36,7 +42,7 @@ pub mod unpack;
 pub mod verify;
 
 pub use auth::Credentials;
-pub use build::{BuildOptions, Built, build};
+pub use build::{BuildOptions, Built, build, build_with_progress};
 pub use copy::copy_image;
 pub use digest::Digest;
 pub use error::{Error, Result};
@@ -44,6 +50,7 @@ pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use image::{Image, Layer, Manifest};
 pub use labels::{CacheLabels, Compression};
 pub use layout::Layout;
+pub use progress::{Progress, Report};
 pub use reference::{ImageRef, Selector};
 pub use repo::{RegistryOptions, Repo};
 pub use store::{Store, Stored};

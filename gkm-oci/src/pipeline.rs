@@ -19,10 +19,8 @@ use crate::extract::{
 };
 use crate::image::{Image, Layer};
 use crate::labels::Compression;
+use crate::progress::{Progress, step};
 use crate::repo::{BlobSource, Repo};
-
-/// Called with the number of compressed bytes read so far and the total.
-pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 const CHUNK: usize = 1 << 20;
 
@@ -54,7 +52,7 @@ struct Counting<R> {
     hasher: Hasher,
     count: Arc<AtomicU64>,
     declared: u64,
-    progress: Option<(Progress, u64)>,
+    progress: Option<Progress>,
 }
 
 impl<R: Read> Read for Counting<R> {
@@ -72,8 +70,8 @@ impl<R: Read> Read for Counting<R> {
                 ),
             ))));
         }
-        if let Some((p, size)) = &self.progress {
-            p(total, *size);
+        if let Some(p) = &self.progress {
+            p.bytes(total);
         }
         Ok(n)
     }
@@ -192,6 +190,11 @@ pub async fn extract_layer(
 ) -> Result<ExtractStats> {
     let compression = layer.compression()?;
     let source = repo.open_blob(&layer.digest).await?;
+    let what = match source {
+        BlobSource::File(_) => "extracting the layer",
+        BlobSource::Stream(_) => "fetching and extracting the layer",
+    };
+    step(progress.as_ref(), what, Some(layer.size));
     let raw: Box<dyn Read + Send> = match source {
         BlobSource::File(path) => Box::new(File::open(&path).map_err(|e| Error::io(&path, e))?),
         BlobSource::Stream(mut stream) => {
@@ -266,7 +269,7 @@ fn run(
         hasher: Hasher::default(),
         count: count.clone(),
         declared: size,
-        progress: progress.map(|p| (p, size)),
+        progress,
     };
     let window = policy.max_zstd_window_log;
     let (tx, rx) = std::sync::mpsc::sync_channel(8);

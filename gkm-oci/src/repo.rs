@@ -16,8 +16,9 @@ use oci_spec::image::{Descriptor, MediaType};
 use crate::auth::Credentials;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::labels::{MANIFEST_TYPES, OCI_MANIFEST};
+use crate::labels::OCI_MANIFEST;
 use crate::layout::Layout;
+use crate::manifest_get::ManifestGetter;
 use crate::reference::{ImageRef, Selector};
 
 /// How to reach registries.
@@ -76,6 +77,7 @@ enum Backend {
         client: Arc<oci_client::Client>,
         reference: Reference,
         auth: RegistryAuth,
+        manifests: Box<ManifestGetter>,
     },
     Layout {
         layout: Layout,
@@ -118,6 +120,7 @@ impl Repo {
                     client: Arc::new(oci_client::Client::new(config)),
                     reference: reference.clone(),
                     auth,
+                    manifests: Box::new(ManifestGetter::new(options.insecure)?),
                 }
             }
             ImageRef::Layout { path, selector } => Backend::Layout {
@@ -172,6 +175,7 @@ impl Repo {
                 client,
                 reference,
                 auth,
+                manifests,
             } => {
                 let reference = match digest {
                     Some(d) => Reference::with_digest(
@@ -181,16 +185,14 @@ impl Repo {
                     ),
                     None => reference.clone(),
                 };
-                let (bytes, digest) = client
-                    .pull_manifest_raw(&reference, auth, MANIFEST_TYPES)
-                    .await
-                    .map_err(|e| self.registry_err(e))?;
-                if bytes.len() > MAX_DOCUMENT_SIZE {
-                    return Err(Error::format("manifest", "larger than 4 MiB"));
-                }
+                let fetched = manifests
+                    .get(client, &reference, auth, |e| self.registry_err(e))
+                    .await?;
+                let bytes = fetched.bytes;
                 let media_type = media_type_of(&bytes)?;
                 let actual = Digest::of(&bytes);
-                if let Ok(claimed) = digest.parse::<Digest>()
+                if let Some(claimed) = fetched.claimed_digest
+                    && let Ok(claimed) = claimed.parse::<Digest>()
                     && claimed != actual
                 {
                     return Err(Error::DigestMismatch {
@@ -202,7 +204,7 @@ impl Repo {
                 RawManifest {
                     digest: actual,
                     media_type,
-                    bytes: bytes.to_vec(),
+                    bytes,
                 }
             }
             Backend::Layout { layout, selector } => {
@@ -284,6 +286,7 @@ impl Repo {
                 client,
                 reference,
                 auth,
+                ..
             } => {
                 client
                     .store_auth_if_needed(reference.resolve_registry(), auth)
@@ -305,6 +308,7 @@ impl Repo {
                 client,
                 reference,
                 auth,
+                ..
             } => {
                 client
                     .auth(reference, auth, RegistryOperation::Pull)
@@ -362,6 +366,7 @@ impl Repo {
                 client,
                 reference,
                 auth,
+                ..
             } => {
                 client
                     .auth(reference, auth, RegistryOperation::Push)
@@ -411,6 +416,7 @@ impl Repo {
                 client,
                 reference,
                 auth,
+                ..
             } => {
                 client
                     .auth(reference, auth, RegistryOperation::Push)

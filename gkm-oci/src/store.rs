@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{Progress, check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::progress::{Progress, step};
 use crate::repo::Repo;
 
 /// A node's store of extracted caches.
@@ -205,8 +206,16 @@ impl Store {
         let layer = image.cache_layer()?.clone();
         check_free_space(&self.root.join("staging"), image)?;
         let staging = self.staging(&digest)?;
-        let stats =
-            extract_layer(repo, &layer, &staging.dir, Mapping::Layer, policy, progress).await?;
+        let stats = extract_layer(
+            repo,
+            &layer,
+            &staging.dir,
+            Mapping::Layer,
+            policy,
+            progress.clone(),
+        )
+        .await?;
+        step(progress.as_ref(), "storing the tree", None);
         let final_path = self.path_of(&digest);
         let dir = staging.dir.clone();
         let durable = self.durable;

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{Progress, check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::progress::{Progress, step};
 use crate::repo::Repo;
 
 /// Options of [`extract_to_dir`].
@@ -88,6 +89,12 @@ pub async fn extract_to_dir(
     .await?;
     let out = out.to_path_buf();
     let no_sync = options.no_sync;
+    let what = if no_sync {
+        "moving the tree into place"
+    } else {
+        "flushing the tree to disk"
+    };
+    step(options.progress.as_ref(), what, None);
     tokio::task::spawn_blocking(move || -> Result<()> {
         if !no_sync {
             sync_filesystem(&staging)?;

@@ -961,3 +961,106 @@ async fn memory_hostile_layers_from_a_registry_are_refused() {
         assert_empty(&work.path().join("store/staging"), "staging");
     }
 }
+
+/// A registry answering in bad faith on loopback: `/v2/` says yes, and every
+/// manifest GET gets `headers` and then bytes without end (chunked, unless
+/// `headers` declares a length). Returns its address and how many body bytes
+/// it managed to send.
+fn endless_manifest_registry(
+    headers: &'static str,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let sent = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = sent.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                loop {
+                    let mut request_line = String::new();
+                    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                        line.clear();
+                    }
+                    if !request_line.contains("/manifests/") {
+                        let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+                        if stream.write_all(ok.as_bytes()).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let chunked = !headers.contains("Content-Length");
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {OCI_MANIFEST}\r\n{}{headers}\r\n",
+                        if chunked {
+                            "Transfer-Encoding: chunked\r\n"
+                        } else {
+                            ""
+                        }
+                    );
+                    if stream.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    let block = vec![b' '; 64 << 10];
+                    // Stop at 1 GiB whatever happens, so a broken client
+                    // fails this test instead of filling the machine.
+                    while counter.load(Ordering::Relaxed) < 1 << 30 {
+                        let written = if chunked {
+                            stream
+                                .write_all(format!("{:x}\r\n", block.len()).as_bytes())
+                                .and_then(|_| stream.write_all(&block))
+                                .and_then(|_| stream.write_all(b"\r\n"))
+                        } else {
+                            stream.write_all(&block)
+                        };
+                        if written.is_err() {
+                            return;
+                        }
+                        counter.fetch_add(block.len() as u64, Ordering::Relaxed);
+                    }
+                    return;
+                }
+            });
+        }
+    });
+    (addr, sent)
+}
+
+/// A manifest body that never ends, and one declaring 1 GiB, are refused
+/// once the 4 MiB a manifest may have is passed: the registry gets to send
+/// little more than that before gkm hangs up.
+#[tokio::test(flavor = "multi_thread")]
+async fn endless_or_huge_manifests_are_refused_at_the_cap() {
+    let opts = RegistryOptions {
+        insecure: true,
+        ..Default::default()
+    };
+    for (headers, says) in [
+        ("", "larger than 4 MiB"),
+        (
+            "Content-Length: 1073741824\r\n",
+            "declares 1073741824 bytes",
+        ),
+    ] {
+        let (addr, sent) = endless_manifest_registry(headers);
+        let image: ImageRef = format!("{addr}/hostile/endless:v1").parse().expect("ref");
+        let repo = Repo::open(&image, &opts).expect("repo");
+        let err = repo.fetch_manifest().await.expect_err("refused");
+        assert!(err.to_string().contains(says), "{headers:?}: {err}");
+        // Let the server notice the closed connection, then count.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            sent < 64 << 20,
+            "{headers:?}: the registry sent {sent} bytes before gkm stopped"
+        );
+    }
+}

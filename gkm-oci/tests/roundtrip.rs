@@ -119,6 +119,29 @@ async fn layout_round_trip() {
     }
 }
 
+/// Build fixture `name` to `remote`, then check that inspect reports its
+/// targets and that extraction under `work` gives back the fixture.
+async fn build_and_read_back(
+    name: &str,
+    remote: &ImageRef,
+    opts: &RegistryOptions,
+    work: &std::path::Path,
+) -> gkm_oci::Built {
+    let built = build(
+        &fixtures().join(name),
+        remote,
+        &BuildOptions::default(),
+        opts,
+    )
+    .await
+    .expect("build+push");
+    let (img, targets) = inspect(remote, opts).await;
+    assert_eq!(img.digest, built.digest);
+    assert_eq!(targets, expected_targets(name));
+    extract_and_compare(name, remote, opts, work).await;
+    built
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn registry_round_trip() {
     let registry = gkm_testenv::Registry::shared()
@@ -132,18 +155,7 @@ async fn registry_round_trip() {
         let remote: ImageRef = format!("{}/roundtrip/{name}:v1", registry.addr())
             .parse()
             .expect("ref");
-        let built = build(
-            &fixtures().join(name),
-            &remote,
-            &BuildOptions::default(),
-            &opts,
-        )
-        .await
-        .expect("build+push");
-        let (img, targets) = inspect(&remote, &opts).await;
-        assert_eq!(img.digest, built.digest);
-        assert_eq!(targets, expected_targets(name));
-        extract_and_compare(name, &remote, &opts, work.path()).await;
+        let built = build_and_read_back(name, &remote, &opts, work.path()).await;
 
         let pulled: ImageRef = format!("oci:{}/pulled:{name}", work.path().display())
             .parse()
@@ -157,5 +169,47 @@ async fn registry_round_trip() {
         .expect("pull");
         assert_eq!(digest, built.digest);
         extract_and_compare(name, &pulled, &opts, &work.path().join("from-layout")).await;
+    }
+}
+
+/// A registry that wants credentials: build pushes with them, inspect and
+/// extract read with them; without them, or with a wrong password, gkm says
+/// it was not authorized.
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_with_credentials() {
+    let registry = gkm_testenv::Registry::start_with_basic_auth("builder", "s3cret")
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let work = tempfile::tempdir().expect("tempdir");
+    let with = |username: &str, password: &str| RegistryOptions {
+        insecure: true,
+        credentials: gkm_oci::Credentials::Basic {
+            username: username.into(),
+            password: password.into(),
+        },
+    };
+    let opts = with("builder", "s3cret");
+    let name = FIXTURES[0];
+    let remote: ImageRef = format!("{}/private/{name}:v1", registry.addr())
+        .parse()
+        .expect("ref");
+    build_and_read_back(name, &remote, &opts, work.path()).await;
+
+    let anonymous = RegistryOptions {
+        insecure: true,
+        credentials: gkm_oci::Credentials::Anonymous,
+    };
+    for (who, opts) in [
+        ("anonymous", anonymous),
+        ("wrong password", with("builder", "guess")),
+    ] {
+        let err = Repo::open(&remote, &opts)
+            .expect("open")
+            .fetch_manifest()
+            .await
+            .expect_err(who);
+        assert!(
+            err.to_string().to_lowercase().contains("authoriz"),
+            "{who}: {err}"
+        );
     }
 }

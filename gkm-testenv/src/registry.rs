@@ -53,7 +53,32 @@ impl Registry {
         Self::start_in(root, None)
     }
 
+    /// Starts a registry of its own that answers only requests carrying
+    /// HTTP basic credentials `username`/`password` (the registry's
+    /// `htpasswd` authentication; every other request gets 401).
+    pub fn start_with_basic_auth(username: &str, password: &str) -> anyhow::Result<Registry> {
+        let tempdir = crate::temp_dir()?;
+        let root = tempdir.path().to_path_buf();
+        let hash = bcrypt::hash(password, bcrypt::DEFAULT_COST)?;
+        let htpasswd = root.join("htpasswd");
+        std::fs::write(&htpasswd, format!("{username}:{hash}\n"))?;
+        let auth = format!(
+            "auth:\n  htpasswd:\n    realm: gkm-test\n    path: {}\n",
+            htpasswd.display()
+        );
+        Self::start_with(&root, Some(tempdir), &auth)
+    }
+
     fn start_in(root: &Path, tempdir: Option<tempfile::TempDir>) -> anyhow::Result<Registry> {
+        Self::start_with(root, tempdir, "")
+    }
+
+    /// Starts the registry with `extra` appended to its configuration.
+    fn start_with(
+        root: &Path,
+        tempdir: Option<tempfile::TempDir>,
+        extra: &str,
+    ) -> anyhow::Result<Registry> {
         let binary = find_binary(Component::Registry)?;
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
@@ -63,7 +88,7 @@ impl Registry {
             format!(
                 "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
                  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: \
-                 {addr}\n",
+                 {addr}\n{extra}",
                 root.join("data").display()
             ),
         )?;
@@ -108,7 +133,7 @@ impl Registry {
     }
 }
 
-/// Whether `GET /v2/` answers 200 (a bare HTTP/1.0 request, no client needed).
+/// Whether `GET /v2/` answers 200 or 401 (a bare HTTP/1.0 request, no client needed).
 fn registry_answers(addr: &str) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
@@ -123,5 +148,9 @@ fn registry_answers(addr: &str) -> bool {
     }
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+    // 401 is the answer of a registry that wants credentials: it is up.
+    ["200", "401"].iter().any(|code| {
+        response.starts_with(&format!("HTTP/1.0 {code}"))
+            || response.starts_with(&format!("HTTP/1.1 {code}"))
+    })
 }

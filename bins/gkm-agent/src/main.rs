@@ -113,6 +113,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("gkm");
     register_build_info(&mut registry, "gkm-agent", env!("CARGO_PKG_VERSION"));
     registry.register_collector(Box::new(gpu_metrics));
+    config.metrics.register(&mut registry);
     let server = EndpointServer::start(cli.metrics_addr, registry, readiness.clone())
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;

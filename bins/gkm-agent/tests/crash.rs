@@ -105,7 +105,9 @@ impl Setup {
         self.dir.path().join("store")
     }
 
-    fn agent_command(&self) -> Command {
+    /// The agent's command line, serving `/metrics` on `metrics_port` (0:
+    /// any free port).
+    fn agent_command_on(&self, metrics_port: u16) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
         cmd.arg(format!(
             "--kubeconfig={}",
@@ -117,11 +119,15 @@ impl Setup {
             "--simulate={}",
             self.dir.path().join("gpus.yaml").display()
         ))
-        .arg("--metrics-addr=127.0.0.1:0")
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
         .arg("--insecure-registry")
         .arg("--resync=1s")
         .env("GKM_LOG", "info");
         cmd
+    }
+
+    fn agent_command(&self) -> Command {
+        self.agent_command_on(0)
     }
 
     fn agent(&self, name: &str) -> anyhow::Result<Process> {
@@ -241,7 +247,12 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     // The image is not in the registry yet: reading it fails.
     let remote = format!("{}/agent/blip:v1", registry.addr());
     setup.cache("blip", &remote, &digest).await?;
-    let mut agent = setup.agent("agent-blip")?;
+    let port = gkm_testenv::free_port()?;
+    let mut agent = Process::spawn(
+        "agent-blip",
+        setup.agent_command_on(port),
+        &setup.dir.path().join("agent-blip.log"),
+    )?;
     until(
         &mut agent,
         "the failure reported",
@@ -261,6 +272,47 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     until_extracted(&setup, &mut agent, "blip", &digest).await?;
     let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
     assert!(delivery.is_some_and(|d| d.is_deliverable()));
+    // What an operator sees on /metrics: the failed read, the extraction,
+    // the store's contents; in a shape Prometheus's own linter accepts.
+    let began = Instant::now();
+    let metrics = loop {
+        agent.check_running()?;
+        if let Some((200, text)) = gkm_testenv::http_get(port, "/metrics").await
+            && text.lines().any(|l| l == "gkm_agent_store_images 1")
+        {
+            break text;
+        }
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(30),
+            "the store never showed in /metrics"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    gkm_testenv::promlint(&metrics)?;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
+    };
+    assert!(value("gkm_agent_summary_reads_total{outcome=\"failed\"}") >= 1.0);
+    assert_eq!(
+        value("gkm_agent_extractions_total{outcome=\"succeeded\"}"),
+        1.0
+    );
+    assert_eq!(value("gkm_agent_extraction_duration_seconds_count"), 1.0);
+    assert_eq!(value("gkm_agent_store_images"), 1.0);
+    let tree_bytes: u64 = files(&tree)
+        .iter()
+        .map(|f| std::fs::metadata(tree.join(f)).map_or(0, |m| m.len()))
+        .sum();
+    // The cache's files, and the store's own small record of the image.
+    let store_bytes = value("gkm_agent_store_bytes");
+    assert!(
+        (tree_bytes as f64..tree_bytes as f64 + 4096.0).contains(&store_bytes),
+        "store {store_bytes} bytes, cache {tree_bytes} bytes"
+    );
+    assert!(value("gkm_agent_sync_passes_total{outcome=\"succeeded\"}") >= 1.0);
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
 }

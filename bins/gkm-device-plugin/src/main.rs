@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_gpu::PciIdsSource;
 use gkm_k8s::device_plugin::assignments::{AssignmentSource, PodAssignments};
+use gkm_k8s::device_plugin::node_gpus::{NodeAnnotation, NodeGpusSink};
 use gkm_k8s::device_plugin::{NodePaths, PluginConfig};
 
 /// gkm device plugin: offers VFIO-bound GPUs (one resource per model), mdev
@@ -56,9 +57,10 @@ struct Cli {
     /// to this file after every look.
     #[arg(long)]
     status_file: Option<PathBuf>,
-    /// This node's name. With it, GetPreferredAllocation honours the
-    /// gkm.io/gpu-assignment of pods waiting on this node (needs API access
-    /// to list pods).
+    /// This node's name. With it, GetPreferredAllocation and Allocate honour
+    /// the gkm.io/gpu-assignment of pods waiting on this node (needs API
+    /// access to list pods), and with --gpu-shares the node's GPUs are
+    /// published in its gkm.io/gpu-devices annotation (needs to patch it).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// The kubelet's pod-resources socket, to tell pods that already hold
@@ -77,17 +79,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.poll.is_zero() {
         bail!("--poll must be longer than zero");
     }
-    let assignments: Option<Arc<dyn AssignmentSource>> = match cli.node_name {
-        Some(node) if !node.is_empty() => {
-            let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
-            Some(Arc::new(PodAssignments::new(
-                client,
-                node,
-                Some(cli.pod_resources_socket),
-            )))
-        }
+    let node = match cli.node_name {
+        Some(node) if !node.is_empty() => Some((
+            gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?,
+            node,
+        )),
         _ => None,
     };
+    let assignments = node.clone().map(|(client, node)| {
+        Arc::new(PodAssignments::new(
+            client,
+            node,
+            Some(cli.pod_resources_socket),
+        )) as Arc<dyn AssignmentSource>
+    });
+    let node_gpus = node
+        .map(|(client, node)| Arc::new(NodeAnnotation::new(client, node)) as Arc<dyn NodeGpusSink>);
     let config = PluginConfig {
         paths: NodePaths {
             sysfs_root: cli.sysfs_root,
@@ -102,9 +109,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         gpu_shares: cli.gpu_shares,
         status_file: cli.status_file,
     };
-    gkm_k8s::device_plugin::run(config, assignments, gkm_k8s::serve::shutdown_signal())
-        .await
-        .context("running the device plugin")
+    gkm_k8s::device_plugin::run(
+        config,
+        assignments,
+        node_gpus,
+        gkm_k8s::serve::shutdown_signal(),
+    )
+    .await
+    .context("running the device plugin")
 }
 
 #[tokio::main]

@@ -22,13 +22,15 @@ const VARIANTS: &[Variant] = &[
         name: "default",
         args: &[],
     },
-    // A Prometheus-operator cluster that runs the scheduler extender, with a
-    // default signature policy and logs for people.
+    // A Prometheus-operator cluster that runs the scheduler extender with
+    // GPU shares, with a default signature policy and logs for people.
     Variant {
         name: "extender_monitoring_policy",
         args: &[
             "--set",
             "schedulerExtender.enabled=true",
+            "--set",
+            "devicePlugin.gpuShares=true",
             "--set",
             "metrics.serviceMonitor.enabled=true",
             "--set",

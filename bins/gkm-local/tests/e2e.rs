@@ -222,9 +222,10 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     assert_eq!(
         (
             status.counts.node_not_in_use_cnt,
-            status.counts.node_error_cnt
+            status.counts.node_error_cnt,
+            status.counts.node_incompatible_cnt
         ),
-        (1, 2),
+        (1, 0, 2),
         "{:?}",
         status.counts
     );
@@ -244,7 +245,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     let gfx = node_entry(&client, "team-a", "node-gfx90a", "vector-add", &cuda_digest)
         .await?
         .expect("gfx90a entry");
-    assert_eq!(gfx.state, Some(CacheState::Error));
+    assert_eq!(gfx.state, Some(CacheState::Incompatible));
     assert_eq!(gfx.incompatible_gpus.as_deref(), Some(&[0][..]));
     let reasons = gfx
         .incompatible_reasons
@@ -259,7 +260,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     let cpu = node_entry(&client, "team-a", "node-cpu", "vector-add", &cuda_digest)
         .await?
         .expect("cpu entry");
-    assert_eq!(cpu.state, Some(CacheState::Error));
+    assert_eq!(cpu.state, Some(CacheState::Incompatible));
     assert!(
         cpu.message.as_deref().unwrap_or("").contains("no GPUs"),
         "{:?}",

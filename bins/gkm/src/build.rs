@@ -3,9 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gkm_oci::{BuildOptions, Compression, ImageRef, build};
+use gkm_oci::{BuildOptions, Compression, ImageRef, build_with_progress};
 
 use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::output;
+use crate::progress::{Bar, hook};
 
 /// Layer compression.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -23,15 +25,19 @@ pub struct Args {
     /// Where to write the image: `REGISTRY/REPO[:TAG]` or `oci:PATH[:TAG]`.
     #[arg(short = 't', long = "tag", value_name = "REF", value_parser = parse_ref)]
     tag: ImageRef,
-    /// Layer compression; gzip for tools that do not read zstd layers.
-    #[arg(long, value_enum, default_value = "zstd")]
+    /// Layer compression: gzip (read by MCV and GKM's extractor) or zstd
+    /// (smaller; read by gkm).
+    #[arg(long, value_enum, default_value = "gzip")]
     compression: CompressionArg,
     /// The `org.opencontainers.image.title` label (default: the
     /// repository's or layout directory's last path component).
     #[arg(long)]
     title: Option<String>,
+    /// Print the result as JSON (no progress display).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm build`; prints the image digest.
@@ -43,7 +49,38 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         title: args.title,
     };
-    match build(&args.dir, &args.tag, &options, &args.registry.options()?).await {
+    let bar = Bar::start("build", args.json);
+    let result = build_with_progress(
+        &args.dir,
+        &args.tag,
+        &options,
+        &args.registry.options()?,
+        hook(&bar),
+    )
+    .await;
+    drop(bar);
+    match result {
+        Ok(built) if args.json => {
+            output::print(&output::Built {
+                reference: args.tag.to_string(),
+                digest: built.digest.to_string(),
+                entry_count: built.cache.entries().len(),
+                cache_size_bytes: built.layer.cache_size_bytes,
+                layer: output::Blob {
+                    digest: built.layer.digest.to_string(),
+                    size: built.layer.size,
+                    media_type: built.layer.compression.media_type().to_string(),
+                },
+                targets: built
+                    .cache
+                    .summary()
+                    .targets
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(built) => {
             eprintln!(
                 "built {}: {} kernels, {} bytes, targets: {}",

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm check`: exit 0 when at least one GPU fits, 3 when none does.

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use gkm_oci::{ExtractPolicy, Image, ImageRef, Repo, UnpackOptions, extract_to_dir};
 
-use crate::image_args::{RegistryArgs, finish, parse_ref, progress};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::output;
+use crate::progress::{Bar, hook};
 
 /// Arguments of `gkm extract`.
 #[derive(clap::Args)]
@@ -39,8 +41,11 @@ pub struct Args {
     /// Largest ratio of uncompressed to compressed size.
     #[arg(long, value_name = "N")]
     max_compression_ratio: Option<u64>,
+    /// Print the result as JSON (no progress display).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm extract`; prints the image digest.
@@ -58,6 +63,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..d
     };
     let repo = Repo::open(&args.image, &args.registry.options()?)?;
+    let bar = Bar::start("extract", args.json);
+    if let Some(bar) = &bar {
+        bar.spin(&format!("fetching the manifest of {}", args.image));
+    }
     let image = match Image::fetch(&repo).await {
         Ok(i) => i,
         Err(e) => return finish(e),
@@ -65,9 +74,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = UnpackOptions {
         policy,
         no_sync: args.no_sync,
-        progress: progress("extract"),
+        progress: hook(&bar),
     };
-    match extract_to_dir(&repo, &image, &args.output, &options).await {
+    let result = extract_to_dir(&repo, &image, &args.output, &options).await;
+    drop(options);
+    drop(bar);
+    match result {
+        Ok(stats) if args.json => {
+            output::print(&output::Extracted {
+                image: args.image.to_string(),
+                digest: image.digest.to_string(),
+                output: args.output.display().to_string(),
+                files: stats.files,
+                bytes: stats.bytes,
+                entries: stats.entries,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(stats) => {
             eprintln!(
                 "extracted {} to {}: {} files, {} bytes",

@@ -1,17 +1,14 @@
-//! The flags, exit codes and progress display shared by the image commands
+//! The flags and exit codes shared by the image commands
 //! (`build`, `push`, `pull`, `inspect`, `check`, `extract`, `sign`, `verify`).
 //!
 //! Exit codes: 0 success; 1 error (I/O, registry, not found, bad input);
 //! 2 usage; 3 the cache fits none of the GPUs (`check`); 4 the image was
 //! refused as unsafe (extraction policy or digest mismatch).
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::Read;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
-use gkm_oci::pipeline::Progress;
 use gkm_oci::{Credentials, ImageRef, RegistryOptions};
 
 /// The exit codes, for `--help`.
@@ -79,31 +76,4 @@ pub fn finish(err: gkm_oci::Error) -> anyhow::Result<ExitCode> {
         }
         other => Err(other.into()),
     }
-}
-
-/// A progress display on standard error when it is a terminal; `None`
-/// otherwise, so scripts and logs stay quiet.
-pub fn progress(label: &str) -> Option<Progress> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let label = label.to_string();
-    let last = Arc::new(AtomicU64::new(u64::MAX));
-    Some(Arc::new(move |done: u64, total: u64| {
-        let pct = done.saturating_mul(100).checked_div(total).unwrap_or(100);
-        if last.swap(pct, Ordering::Relaxed) != pct {
-            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-            let mut err = std::io::stderr().lock();
-            let _ = write!(
-                err,
-                "\r{label} {:.1}/{:.1} MiB {pct:>3}%",
-                mib(done),
-                mib(total)
-            );
-            if done >= total {
-                let _ = writeln!(err);
-            }
-            let _ = err.flush();
-        }
-    }))
 }

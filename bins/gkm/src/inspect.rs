@@ -13,11 +13,11 @@ pub struct Args {
     /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`.
     #[arg(value_parser = parse_ref)]
     image: ImageRef,
-    /// Print JSON instead of text.
+    /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm inspect`.
@@ -66,16 +66,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("Entries:     {}", opt(cache.entry_count));
     println!("Cache size:  {} bytes", opt(cache.cache_size_bytes));
     println!("Targets:     {}", cache.summary);
-    println!("Layers:");
-    for layer in &image.manifest.layers {
-        println!(
-            "  {} {} {} bytes",
-            layer.digest, layer.media_type, layer.size
-        );
-    }
-    println!("Labels:");
-    for (k, v) in &image.labels {
-        println!("  {k}={v}");
-    }
+    let mut text = String::from("\n");
+    gkm_gpu::report::table(
+        &mut text,
+        &["LAYER", "MEDIA TYPE", "SIZE"],
+        &image
+            .manifest
+            .layers
+            .iter()
+            .map(|l| {
+                vec![
+                    l.digest.to_string(),
+                    l.media_type.clone(),
+                    l.size.to_string(),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    text.push('\n');
+    gkm_gpu::report::table(
+        &mut text,
+        &["LABEL", "VALUE"],
+        &image
+            .labels
+            .iter()
+            .map(|(k, v)| vec![k.clone(), v.clone()])
+            .collect::<Vec<_>>(),
+    );
+    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }

@@ -4,15 +4,18 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod build;
 mod check;
 mod crds;
 mod extract;
 mod gpus;
+mod hints;
 mod image_args;
 mod inspect;
+mod output;
+mod progress;
 mod pull;
 mod push;
 mod sign;
@@ -49,14 +52,39 @@ enum Command {
     Verify(verify::Args),
     /// List this node's GPUs.
     Gpus(gpus::Args),
-    /// Print gkm's CustomResourceDefinitions as YAML.
+    /// Print gkm's CustomResourceDefinitions (YAML, or JSON with --json).
     Crds(crds::Args),
+    /// Print a shell completion script.
+    ///
+    /// For example `gkm completions bash > /etc/bash_completion.d/gkm`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+impl Command {
+    /// The registry flags, for the commands that talk to registries.
+    fn registry(&self) -> Option<&image_args::RegistryArgs> {
+        match self {
+            Command::Build(a) => Some(&a.registry),
+            Command::Push(a) => Some(&a.registry),
+            Command::Pull(a) => Some(&a.registry),
+            Command::Inspect(a) => Some(&a.registry),
+            Command::Check(a) => Some(&a.registry),
+            Command::Extract(a) => Some(&a.registry),
+            Command::Sign(a) => Some(&a.registry),
+            Command::Verify(a) => Some(&a.registry),
+            Command::Gpus(_) | Command::Crds(_) | Command::Completions { .. } => None,
+        }
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "warn");
+    gkm_bin_support::init_logging_to(cli.log_json, "warn", progress::LogWriter);
+    let with_username = cli.command.registry().is_some_and(|r| r.username.is_some());
     let result = match cli.command {
         Command::Build(args) => build::run(args).await,
         Command::Push(args) => push::run(args).await,
@@ -68,11 +96,18 @@ async fn main() -> ExitCode {
         Command::Verify(args) => verify::run(args).await,
         Command::Gpus(args) => gpus::run(args).await,
         Command::Crds(args) => crds::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "gkm", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
         Err(err) => {
             eprintln!("gkm: error: {err:#}");
+            if let Some(hint) = hints::hint(&err, with_username) {
+                eprintln!("gkm: hint: {hint}");
+            }
             ExitCode::from(1)
         }
     }

@@ -5,7 +5,10 @@ use std::process::ExitCode;
 
 use gkm_oci::{ExtractPolicy, ImageRef, Repo, Store, copy_image};
 
-use crate::image_args::{RegistryArgs, finish, parse_ref, progress};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::output;
+use crate::progress::{Bar, hook};
+use crate::push::print_copied;
 
 /// Arguments of `gkm pull`.
 #[derive(clap::Args)]
@@ -22,19 +25,25 @@ pub struct Args {
     /// (`DIR/sha256/<hex>`); a stored digest is not fetched again.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
+    /// Print the result as JSON (no progress display).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm pull`; prints the image digest (and, with --store, its path).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = args.registry.options()?;
     let src = Repo::open(&args.image, &options)?;
+    let bar = Bar::start("pull", args.json);
     if let Some(dest) = &args.destination {
         let dst = Repo::create(dest, &options)?;
-        return match copy_image(&src, &dst, progress("pull")).await {
+        let result = copy_image(&src, &dst, hook(&bar)).await;
+        drop(bar);
+        return match result {
             Ok(digest) => {
-                println!("{digest}");
+                print_copied(args.json, &args.image, dest, &digest)?;
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => finish(e),
@@ -44,10 +53,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("give a destination or --store")
     };
     let store = Store::open(&root)?;
-    match store
-        .ensure(&src, &ExtractPolicy::default(), progress("pull"))
-        .await
-    {
+    let result = store
+        .ensure(&src, &ExtractPolicy::default(), hook(&bar))
+        .await;
+    drop(bar);
+    match result {
+        Ok(stored) if args.json => {
+            output::print(&output::Stored {
+                image: args.image.to_string(),
+                digest: stored.digest.to_string(),
+                path: stored.path.display().to_string(),
+                extracted: stored.extracted.is_some(),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(stored) => {
             println!("{} {}", stored.digest, stored.path.display());
             Ok(ExitCode::SUCCESS)

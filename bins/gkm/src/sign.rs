@@ -8,6 +8,8 @@ use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_oci::{ImageRef, Repo};
 
 use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::output;
+use crate::progress::Bar;
 
 /// The signature format to write.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
@@ -41,8 +43,11 @@ pub struct Args {
     /// The signature format.
     #[arg(long, value_enum, default_value_t)]
     format: FormatArg,
+    /// Print the result as JSON (no progress display).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 /// Runs `gkm sign`.
@@ -52,20 +57,41 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let key = SigningKey::from_pem(&pem, args.password.as_bytes())
         .with_context(|| format!("reading the private key {}", args.key.display()))?;
     let options = args.registry.options()?;
+    let bar = Bar::start("sign", args.json);
+    if let Some(bar) = &bar {
+        bar.spin(&format!("resolving {}", args.image));
+    }
     let digest = match Repo::open(&args.image, &options)?.fetch_manifest().await {
         Ok(m) => m.digest,
         Err(e) => return finish(e),
     };
-    let format = match args.format {
-        FormatArg::V2 => SignFormat::CosignV2,
-        FormatArg::V3 => SignFormat::Bundle,
+    let (format, format_name) = match args.format {
+        FormatArg::V2 => (SignFormat::CosignV2, "v2"),
+        FormatArg::V3 => (SignFormat::Bundle, "v3"),
     };
-    let signed = sign(&args.image, &options, &digest, &key, format).await?;
+    if let Some(bar) = &bar {
+        bar.spin(&format!("signing {digest}"));
+    }
+    let signed = sign(&args.image, &options, &digest, &key, format).await;
+    drop(bar);
+    let signed = signed?;
+    let public = key.public_key();
+    if args.json {
+        output::print(&output::Signed {
+            image: args.image.to_string(),
+            digest: signed.digest.to_string(),
+            format: format_name.into(),
+            algorithm: public.algorithm().to_string(),
+            fingerprint: public.fingerprint().to_string(),
+            signature: signed.location,
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "Signed {} with {} key {}",
         signed.digest,
-        key.public_key().algorithm(),
-        key.public_key().fingerprint()
+        public.algorithm(),
+        public.fingerprint()
     );
     println!("Signature: {}", signed.location);
     Ok(ExitCode::SUCCESS)

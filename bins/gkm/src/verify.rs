@@ -12,6 +12,7 @@ use gkm_oci::verify::{VerifyError, verify};
 use gkm_oci::{ImageRef, Repo};
 
 use crate::image_args::{EXIT_REJECTED, RegistryArgs, finish, parse_ref};
+use crate::progress::Bar;
 
 /// Arguments of `gkm verify`.
 #[derive(clap::Args)]
@@ -49,7 +50,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    registry: RegistryArgs,
+    pub(crate) registry: RegistryArgs,
 }
 
 fn policy(args: &Args) -> anyhow::Result<Policy> {
@@ -92,11 +93,20 @@ fn policy(args: &Args) -> anyhow::Result<Policy> {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let policy = policy(&args)?;
     let options = args.registry.options()?;
+    let bar = Bar::start("verify", args.json);
+    if let Some(bar) = &bar {
+        bar.spin(&format!("resolving {}", args.image));
+    }
     let digest = match Repo::open(&args.image, &options)?.fetch_manifest().await {
         Ok(m) => m.digest,
         Err(e) => return finish(e),
     };
-    match verify(&args.image, &options, &digest, &policy).await {
+    if let Some(bar) = &bar {
+        bar.spin(&format!("verifying the signatures of {digest}"));
+    }
+    let outcome = verify(&args.image, &options, &digest, &policy).await;
+    drop(bar);
+    match outcome {
         Ok(verified) => {
             if args.json {
                 let doc = serde_json::json!({"image": args.image.to_string(), "verified": true, "result": verified});

@@ -1,12 +1,13 @@
-//! `gkm crds` prints exactly the CRDs shipped in `deploy/crds/`.
+//! `gkm crds` prints exactly the CRDs shipped in `deploy/crds/`, as YAML
+//! or, with `--json`, as one JSON array.
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn gkm_crds_prints_the_shipped_crds() {
+/// Runs `gkm ARGS`, which must succeed; its standard output.
+fn gkm(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_gkm"))
-        .arg("crds")
+        .args(args)
         .output()
         .expect("run gkm crds");
     assert!(
@@ -14,7 +15,12 @@ fn gkm_crds_prints_the_shipped_crds() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed = String::from_utf8(out.stdout).expect("UTF-8");
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+#[test]
+fn gkm_crds_prints_the_shipped_crds() {
+    let printed = gkm(&["crds"]);
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
     let mut names = Vec::new();
     for doc in printed.split("---\n").filter(|d| !d.trim().is_empty()) {
@@ -37,4 +43,17 @@ fn gkm_crds_prints_the_shipped_crds() {
             "gkmgpuquotas.gkm.io"
         ]
     );
+}
+
+#[test]
+fn gkm_crds_json_is_the_same_crds() {
+    let json: Vec<serde_json::Value> =
+        serde_json::from_str(&gkm(&["crds", "--json"])).expect("one JSON array");
+    let yaml: Vec<serde_json::Value> = gkm(&["crds"])
+        .split("---\n")
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_yaml::from_str(d).expect("YAML"))
+        .collect();
+    assert_eq!(json.len(), 5);
+    assert_eq!(json, yaml);
 }

@@ -138,6 +138,28 @@ fn labels_of_a_simulated_node() {
     insta::assert_snapshot!("gpus-simulated-labels", text);
 }
 
+/// `gkm gpus` of a simulated node: a table by default, the inventory with
+/// `--json` (which `--simulate` reads back to the same table).
+#[test]
+fn table_and_json_of_a_simulated_node() {
+    let file = repo().join("gkm-gpu/testdata/simulate/mixed.yaml");
+    let file = file.display().to_string();
+    let table = stdout(&gkm(&["gpus", "--simulate", &file]));
+    assert!(
+        table.lines().any(|l| l.starts_with("GPU  PRODUCT")),
+        "{table}"
+    );
+    let json = stdout(&gkm(&["gpus", "--simulate", &file, "--json"]));
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("one JSON document");
+    assert_eq!(doc["gpus"].as_array().map(Vec::len), Some(6), "{doc}");
+    insta::assert_snapshot!("gpus-simulated-json", json);
+    let work = tempfile::tempdir().expect("tempdir");
+    let again = work.path().join("inventory.json");
+    std::fs::write(&again, &json).expect("write");
+    let reread = stdout(&gkm(&["gpus", "--simulate", &again.display().to_string()]));
+    assert_eq!(reread, table);
+}
+
 /// What gkm-agent serves on /metrics for these GPUs, printed without a
 /// cluster: the same every run for a simulated inventory.
 #[test]

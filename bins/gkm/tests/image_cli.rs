@@ -8,6 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod support;
+use support::{json_snapshot, redact};
+
 const FIXTURES: [&str; 3] = [
     "triton-vector-add-cuda-sm75",
     "triton-vector-add-rocm-gfx90a",
@@ -65,24 +68,6 @@ fn ok(args: &[&str]) -> String {
     let out = gkm(args, &[], None);
     assert_eq!(out.code, 0, "gkm {args:?} failed:\n{}", out.stderr);
     out.stdout
-}
-
-/// Replace `sha256:<hex>` with a placeholder and `dir` with `[TMP]`.
-fn redact(text: &str, dir: &Path) -> String {
-    let text = text.replace(&dir.display().to_string(), "[TMP]");
-    let mut out = String::new();
-    let mut rest = text.as_str();
-    while let Some(i) = rest.find("sha256:") {
-        out.push_str(&rest[..i + 7]);
-        let hex: String = rest[i + 7..]
-            .chars()
-            .take_while(char::is_ascii_hexdigit)
-            .collect();
-        out.push_str(if hex.len() == 64 { "<digest>" } else { &hex });
-        rest = &rest[i + 7 + hex.len()..];
-    }
-    out.push_str(rest);
-    out
 }
 
 /// Every path below `root` with its bytes (None for directories) and exec bit.
@@ -220,31 +205,23 @@ fn registry_round_trip() {
         assert_same_tree(&src, &out);
 
         // Into the node store; a second pull of the same digest does no work.
-        let store = w.join("store");
-        let line = ok(&[
-            "pull",
-            &remote,
-            "--store",
-            &store.display().to_string(),
-            "--insecure",
-        ]);
-        let path = PathBuf::from(line.split_whitespace().nth(1).expect("path"));
+        let store = w.join("store").display().to_string();
+        let pull_into_store = || -> serde_json::Value {
+            let args = ["pull", &remote, "--store", &store, "--insecure", "--json"];
+            serde_json::from_str(&ok(&args)).expect("json")
+        };
+        let stored = pull_into_store();
+        assert_eq!(stored["digest"], digest.trim());
+        let path = PathBuf::from(stored["path"].as_str().expect("path"));
         let cache_dir = if name.starts_with("vllm") {
             "io.vllm.cache"
         } else {
             "io.triton.cache"
         };
         assert_same_tree(&src, &path.join(cache_dir));
-        assert_eq!(
-            ok(&[
-                "pull",
-                &remote,
-                "--store",
-                &store.display().to_string(),
-                "--insecure"
-            ]),
-            line
-        );
+        let again = pull_into_store();
+        assert_eq!(again["path"], stored["path"]);
+        assert_eq!(again["extracted"], false, "stored already: {again}");
     }
     // A build straight to the registry gives the same digest as through a layout.
     let name = FIXTURES[0];
@@ -700,4 +677,186 @@ fn killed_extraction_leaves_no_partial_tree() {
         .expect("read")
         .collect();
     assert!(left.is_empty(), "leftovers survived: {left:?}");
+}
+
+/// Every image command's `--json`: one JSON document on stdout, nothing on
+/// stderr, in the documented shape.
+#[test]
+fn json_output_of_the_image_commands() {
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let src = fixtures().join(FIXTURES[0]).display().to_string();
+    let layout = format!("oci:{}/built:v1", w.display());
+    let remote = format!("{}/cli/json:v1", registry.addr());
+    let store = w.join("store").display().to_string();
+    let out = w.join("out").display().to_string();
+    let gpus = write_gpus(w, "T4").display().to_string();
+    let commands: [(&str, Vec<&str>); 7] = [
+        ("build", vec!["build", &src, "-t", &layout, "--json"]),
+        (
+            "push",
+            vec!["push", &layout, &remote, "--insecure", "--json"],
+        ),
+        (
+            "pull-store",
+            vec!["pull", &remote, "--store", &store, "--insecure", "--json"],
+        ),
+        (
+            "extract",
+            vec!["extract", &remote, "-o", &out, "--insecure", "--json"],
+        ),
+        ("inspect", vec!["inspect", &remote, "--insecure", "--json"]),
+        (
+            "check",
+            vec!["check", &remote, "--gpus", &gpus, "--insecure", "--json"],
+        ),
+        (
+            "pull",
+            vec!["pull", &remote, &layout, "--insecure", "--json"],
+        ),
+    ];
+    for (name, args) in commands {
+        let run = gkm(&args, &[], None);
+        assert_eq!(run.code, 0, "gkm {args:?}:\n{}", run.stderr);
+        assert_eq!(run.stderr, "", "gkm {args:?} wrote to stderr");
+        insta::assert_snapshot!(
+            format!("json-{name}"),
+            json_snapshot(&run.stdout, w, registry.addr())
+        );
+    }
+}
+
+/// A plain-HTTP registry spoken to over HTTPS: the error says to add
+/// `--insecure`.
+#[test]
+fn a_plain_http_registry_suggests_insecure() {
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let remote = format!("{}/cli/never-pushed:v1", registry.addr());
+    let out = gkm(&["inspect", &remote], &[], None);
+    fails_saying(
+        &out,
+        "does not speak HTTPS; if it is a plain-HTTP registry, add --insecure",
+    );
+}
+
+/// A registry that wants credentials gkm does not have: the error says
+/// which config file gkm read, what it lacked, and how to log in.
+#[test]
+fn a_registry_wanting_credentials_says_where_gkm_looked() {
+    let registry = gkm_testenv::Registry::start_with_basic_auth("gkm", "secret")
+        .expect("start docker-registry with htpasswd");
+    let work = tempfile::tempdir().expect("tempdir");
+    let cfg = work.path().join("docker");
+    let remote = format!("{}/cli/private:v1", registry.addr());
+    let host = registry.addr();
+    let inspect = |env: &[(&str, &Path)], stdin: Option<&str>, extra: &[&str]| {
+        let mut args = vec!["inspect", remote.as_str(), "--insecure"];
+        args.extend_from_slice(extra);
+        gkm(&args, env, stdin)
+    };
+    // No config file.
+    let out = inspect(&[("DOCKER_CONFIG", &cfg)], None, &[]);
+    fails_saying(
+        &out,
+        &format!(
+            "{host} wants credentials; gkm looked for them in {}/config.json, which does not exist; run `docker login {host}`",
+            cfg.display()
+        ),
+    );
+    // A config file without this registry.
+    std::fs::create_dir(&cfg).expect("mkdir");
+    std::fs::write(
+        cfg.join("config.json"),
+        r#"{"auths":{"other.example":{"auth":"dTpw"}}}"#,
+    )
+    .expect("write config");
+    let out = inspect(&[("DOCKER_CONFIG", &cfg)], None, &[]);
+    fails_saying(&out, &format!("which has no entry for {host}"));
+    // A wrong password given on the command line.
+    let out = inspect(
+        &[("DOCKER_CONFIG", &cfg)],
+        Some("wrong\n"),
+        &["--username", "gkm", "--password-stdin"],
+    );
+    fails_saying(
+        &out,
+        &format!("{host} refused the user name and password given with --username"),
+    );
+    // The right one gets through to the (missing) image.
+    let out = inspect(
+        &[("DOCKER_CONFIG", &cfg)],
+        Some("secret\n"),
+        &["--username", "gkm", "--password-stdin"],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(!out.stderr.contains("hint"), "{}", out.stderr);
+}
+
+/// `out` is an error (exit code 1) whose message contains `text`.
+fn fails_saying(out: &Out, text: &str) {
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains(text), "no {text:?} in:\n{}", out.stderr);
+}
+
+/// On a terminal `gkm extract` shows its step, bytes, rate and time left on
+/// stderr; with `--json` the terminal gets the JSON document only.
+#[test]
+fn progress_on_a_terminal_only() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let layout = format!("oci:{}/l:v1", w.display());
+    ok(&[
+        "build",
+        &fixtures().join(FIXTURES[2]).display().to_string(),
+        "-t",
+        &layout,
+    ]);
+    let under_tty = |args: &str| {
+        let cmd = format!("GKM_LOG=debug {} {args}", env!("CARGO_BIN_EXE_gkm"));
+        let out = Command::new("script")
+            .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+            .env("COLUMNS", "120")
+            .output()
+            .expect("run script (util-linux)");
+        assert!(out.status.success(), "{cmd}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = under_tty(&format!("extract {layout} -o {}/a", w.display()));
+    assert!(shown.contains("extract: "), "no progress line:\n{shown}");
+    assert!(shown.contains("extracting the layer"), "no step:\n{shown}");
+    assert!(shown.contains("left"), "no time left:\n{shown}");
+    assert!(shown.contains("extracted oci:"), "no summary:\n{shown}");
+
+    // From a registry, with debug logs: each log line is written on a line
+    // of its own, never after a bar.
+    let registry = gkm_testenv::Registry::shared()
+        .expect("start docker-registry (apt-get install -y docker-registry)");
+    let remote = format!("{}/cli/progress:v1", registry.addr());
+    ok(&["push", &layout, &remote, "--insecure"]);
+    let shown = under_tty(&format!("extract {remote} -o {}/c --insecure", w.display()));
+    assert!(
+        shown.contains("fetching and extracting"),
+        "no step:\n{shown}"
+    );
+    let logs: Vec<&str> = shown
+        .split(['\r', '\n'])
+        .filter(|line| line.contains("DEBUG"))
+        .collect();
+    assert!(!logs.is_empty(), "no debug log lines:\n{shown}");
+    for line in logs {
+        let line = line.trim_start_matches("\x1b[2K");
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_digit() || c == '\x1b')
+                && !line.contains("extract:"),
+            "a log line shares its line with the bar: {line:?}"
+        );
+    }
+
+    let json = under_tty(&format!("extract {layout} -o {}/b --json", w.display()));
+    let doc: serde_json::Value = serde_json::from_str(&json.replace("\r\n", "\n"))
+        .unwrap_or_else(|e| panic!("--json on a terminal printed more than JSON ({e}):\n{json}"));
+    assert_eq!(doc["files"].as_u64().map(|n| n > 0), Some(true), "{doc}");
 }

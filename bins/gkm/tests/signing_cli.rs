@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 
 use gkm_testenv::{Component, Registry, find_binary};
 
+mod support;
+
 const PASSWORD: &str = "gkm-cli-test";
 
 fn run(program: &Path, args: &[&str], dir: &Path) -> Output {
@@ -107,13 +109,32 @@ fn signed_by_gkm_verified_by_gkm_and_cosign_refused_for_a_stranger() {
     );
 
     // Then a sigstore bundle (the default); gkm verifies the image.
-    let signed = gkm(&["sign", &image, "--key", &key, "--insecure"], dir);
+    let signed = gkm(
+        &["sign", &image, "--key", &key, "--insecure", "--json"],
+        dir,
+    );
     assert!(signed.status.success(), "gkm sign: {}", text(&signed));
+    insta::assert_snapshot!(
+        "json-sign",
+        support::json_snapshot(
+            &String::from_utf8_lossy(&signed.stdout),
+            dir,
+            registry.addr()
+        )
+    );
     let verified = gkm(
         &["verify", &image, "--key", &public, "--insecure", "--json"],
         dir,
     );
     assert_eq!(verified.status.code(), Some(0), "{}", text(&verified));
+    insta::assert_snapshot!(
+        "json-verify",
+        support::json_snapshot(
+            &String::from_utf8_lossy(&verified.stdout),
+            dir,
+            registry.addr()
+        )
+    );
     let doc: serde_json::Value =
         serde_json::from_slice(&verified.stdout).expect("--json prints JSON");
     assert_eq!(doc["verified"], true);

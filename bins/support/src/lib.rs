@@ -9,11 +9,20 @@ use anyhow::Context as _;
 /// Logs to stderr, filtered by `GKM_LOG` (default `default_level`), as JSON
 /// lines when `json` is set.
 pub fn init_logging(json: bool, default_level: &str) {
+    init_logging_to(json, default_level, std::io::stderr);
+}
+
+/// [`init_logging`] through `writer` (one that clears a progress display
+/// before each line, say) instead of plain stderr.
+pub fn init_logging_to<W>(json: bool, default_level: &str, writer: W)
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
     let filter = tracing_subscriber::EnvFilter::try_from_env("GKM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     if json {
         builder.json().init();
     } else {

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::artefacts::{self, VllmArtefacts};
 use super::files::{files, subdirs};
 use super::{CacheEntry, CacheError, CacheManifest, VllmFormat, blob, triton};
 
@@ -30,36 +31,79 @@ const TEMP_PREFIX: &str = "tmp.pid_";
 /// How deep below a hash directory kernels are looked for.
 const MAX_DEPTH: usize = 12;
 
+/// Which part of a vLLM cache a directory is.
+enum Place {
+    /// The cache root (`VLLM_CACHE_ROOT`), holding `torch_compile_cache/`.
+    Root,
+    /// `torch_compile_cache/` itself, or its `torch_aot_compile/` (`aot`).
+    CompileCache { aot: bool },
+    /// One hash directory, below `torch_aot_compile/` when `aot`.
+    HashDir { aot: bool },
+}
+
+/// Which part of a vLLM cache `dir` is, if any.
+fn place(dir: &Path) -> Result<Option<Place>, CacheError> {
+    let is_aot_dir = |p: Option<&Path>| p.and_then(Path::file_name).is_some_and(|n| n == AOT_DIR);
+    Ok(if dir.join(COMPILE_CACHE_DIR).is_dir() {
+        Some(Place::Root)
+    } else if is_compile_cache_dir(dir)? {
+        Some(Place::CompileCache {
+            aot: is_aot_dir(Some(dir)),
+        })
+    } else if has_rank_dirs(dir)? {
+        Some(Place::HashDir {
+            aot: is_aot_dir(dir.parent()),
+        })
+    } else {
+        None
+    })
+}
+
+/// Where `dir` sits below its vLLM cache root: empty for the root itself,
+/// `torch_compile_cache` (or `torch_compile_cache/torch_aot_compile`) for
+/// the compile cache directory, `torch_compile_cache/<hash>` (or
+/// `torch_compile_cache/torch_aot_compile/<hash>`) for one hash directory.
+/// `None` when `dir` is not laid out as a vLLM cache.
+pub(crate) fn offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+    let compile = Path::new(COMPILE_CACHE_DIR);
+    let aot_dir = compile.join(AOT_DIR);
+    let name = dir.file_name().map(PathBuf::from).unwrap_or_default();
+    Ok(place(dir)?.map(|place| match place {
+        Place::Root => PathBuf::new(),
+        Place::CompileCache { aot: false } => compile.to_path_buf(),
+        Place::CompileCache { aot: true } => aot_dir,
+        Place::HashDir { aot: false } => compile.join(name),
+        Place::HashDir { aot: true } => aot_dir.join(name),
+    }))
+}
+
 /// The manifest of the vLLM cache at `dir`, or `None` when `dir` is not laid
 /// out as one.
 pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
-    let nested = dir.join(COMPILE_CACHE_DIR);
-    let hash_dirs = if nested.is_dir() {
-        let found = hash_dirs(&nested)?;
-        if found.is_empty() {
-            return Err(CacheError::NotACache {
-                path: nested,
-                expected: EXPECTED.into(),
-            });
+    let hash_dirs = match place(dir)? {
+        Some(Place::Root) => {
+            let nested = dir.join(COMPILE_CACHE_DIR);
+            let found = hash_dirs(&nested)?;
+            if found.is_empty() {
+                return Err(CacheError::NotACache {
+                    path: nested,
+                    expected: EXPECTED.into(),
+                });
+            }
+            found
         }
-        found
-    } else if is_compile_cache_dir(dir)? {
-        hash_dirs(dir)?
-    } else if has_rank_dirs(dir)? {
-        let aot = dir
-            .parent()
-            .and_then(Path::file_name)
-            .is_some_and(|n| n == AOT_DIR);
-        vec![(dir.to_path_buf(), aot)]
-    } else {
-        return Ok(None);
+        Some(Place::CompileCache { .. }) => hash_dirs(dir)?,
+        Some(Place::HashDir { aot }) => vec![(dir.to_path_buf(), aot)],
+        None => return Ok(None),
     };
     let mut entries = Vec::new();
     let mut formats = Vec::new();
+    let mut records = Vec::new();
     for (hash_dir, aot) in hash_dirs {
-        let (format, found) = scan_hash_dir(&hash_dir, aot)?;
+        let (format, found, artefacts) = scan_hash_dir(&hash_dir, aot)?;
         formats.push(format);
         entries.extend(found);
+        records.extend(Some(artefacts).filter(|a| !a.is_empty()));
     }
     let format = [
         VllmFormat::AotCompile,
@@ -72,6 +116,7 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         triton: None,
         vllm: Some(entries),
         format,
+        artefacts: records,
     };
     manifest.normalise();
     Ok(Some(manifest))
@@ -118,7 +163,7 @@ fn has_rank_dirs(dir: &Path) -> Result<bool, CacheError> {
 }
 
 /// `rank_<digits>_<digits>`.
-fn is_rank_dir(name: &str) -> bool {
+pub(super) fn is_rank_dir(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("rank_") else {
         return false;
     };
@@ -128,8 +173,11 @@ fn is_rank_dir(name: &str) -> bool {
     digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
 }
 
-/// The layout and kernels of one hash directory.
-fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<(VllmFormat, Vec<CacheEntry>), CacheError> {
+/// The layout, kernels and artefact records of one hash directory.
+fn scan_hash_dir(
+    hash_dir: &Path,
+    aot: bool,
+) -> Result<(VllmFormat, Vec<CacheEntry>, VllmArtefacts), CacheError> {
     let vllm_hash = hash_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
@@ -154,7 +202,13 @@ fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<(VllmFormat, Vec<CacheEnt
     }
     entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     entries.dedup();
-    Ok((format, entries))
+    let records = artefacts::of_hash_dir(
+        hash_dir,
+        vllm_hash.as_deref().unwrap_or_default(),
+        aot,
+        |name| name.starts_with(ARTIFACT_PREFIX),
+    )?;
+    Ok((format, entries, records))
 }
 
 /// A walk of one hash directory.

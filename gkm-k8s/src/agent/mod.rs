@@ -19,6 +19,7 @@
 //!    period.
 
 mod labels;
+mod metrics;
 mod plan;
 mod reports;
 mod retry;
@@ -43,6 +44,7 @@ use crate::crd::{ClusterGKMCache, GKMCache};
 use crate::error::{Error, Result};
 
 pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
+pub use metrics::AgentMetrics;
 pub use plan::{NodeView, plan_cache};
 pub use telemetry::{GpuMetrics, TelemetryConfig};
 
@@ -69,6 +71,8 @@ pub struct AgentConfig {
     pub label_options: LabelOptions,
     /// GPU metrics and their pod attribution; `None` for no GPU metrics.
     pub telemetry: Option<TelemetryConfig>,
+    /// The agent's own metrics (store, extractions, passes).
+    pub metrics: AgentMetrics,
 }
 
 impl AgentConfig {
@@ -86,6 +90,7 @@ impl AgentConfig {
             label_node: true,
             label_options: LabelOptions::default(),
             telemetry: None,
+            metrics: AgentMetrics::default(),
         }
     }
 }
@@ -154,7 +159,10 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
         }
         // Let a burst of events settle into one pass.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Err(e) = crate::error::contained(agent.sync_once()).await {
+        let started = std::time::Instant::now();
+        let outcome = crate::error::contained(agent.sync_once()).await;
+        config.metrics.pass(outcome.is_ok(), started.elapsed());
+        if let Err(e) = outcome {
             warn!(error = %e, "sync failed; retrying at the next change or resync");
         }
     }

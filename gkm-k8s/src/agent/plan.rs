@@ -64,7 +64,8 @@ pub struct Plan {
 
 impl Plan {
     /// This plan with `digest` refused (`verdict`, `reason` for the CSI
-    /// driver) and its entry in error (`message` for the node report).
+    /// driver) and its entry Incompatible or in error (`message` for the node
+    /// report).
     fn refused(
         mut self,
         digest: Digest,
@@ -73,7 +74,12 @@ impl Plan {
         reason: String,
         message: String,
     ) -> Plan {
-        entry.state = Some(CacheState::Error);
+        // Not fitting this node's GPUs is a fact about the node, not a fault.
+        entry.state = Some(if verdict == Verdict::Incompatible {
+            CacheState::Incompatible
+        } else {
+            CacheState::Error
+        });
         entry.message = Some(message);
         self.entries.insert(digest.to_string(), entry);
         self.delivery = DeliveryChange::Publish(Delivery::refused(digest, verdict, reason));
@@ -409,7 +415,7 @@ mod tests {
         let plan = case.plan();
         assert_eq!(plan.extract, None);
         let entry = &plan.entries[DIGEST];
-        assert_eq!(entry.state, Some(CacheState::Error));
+        assert_eq!(entry.state, Some(CacheState::Incompatible));
         assert_eq!(entry.incompatible_gpus.as_deref(), Some(&[0][..]));
         assert!(
             entry
@@ -427,7 +433,7 @@ mod tests {
         let mut case = Case::new();
         case.gpus.clear();
         let plan = case.plan();
-        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Incompatible));
         assert!(
             plan.entries[DIGEST]
                 .message

@@ -184,7 +184,7 @@ pub(super) fn gpu_statuses(inventory: &Inventory) -> Vec<GpuStatus> {
 }
 
 /// A node report's counts: over its caches, how many are in use, extracted
-/// but unused, or in error here, and the pods by digest state.
+/// but unused, incompatible or in error here, and the pods by digest state.
 fn node_counts(caches: &CacheEntries) -> CacheCounts {
     let mut counts = CacheCounts {
         node_cnt: 1,
@@ -200,6 +200,7 @@ fn node_counts(caches: &CacheEntries) -> CacheCounts {
                 }
                 Some(CacheState::Extracted) => counts.node_not_in_use_cnt += 1,
                 Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
+                Some(CacheState::Incompatible) => counts.node_incompatible_cnt += 1,
                 Some(CacheState::Outdated) => counts.pod_outdated_cnt += pods,
                 Some(CacheState::Deleting) => counts.pod_deleting_cnt += pods,
                 Some(CacheState::Pending | CacheState::Downloading) | None => {}

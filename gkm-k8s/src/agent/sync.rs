@@ -26,6 +26,19 @@ use crate::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
 use crate::delivery::{DeliveryIndex, MountRecords, PodRef};
 use crate::error::{Error, Result};
 
+/// What the agent knows of one image digest. A digest's content never
+/// changes, so each fact is read once: the manifest and config read for the
+/// summary are the ones extraction uses.
+#[derive(Default)]
+struct DigestFacts {
+    /// The image's manifest and config.
+    image: Option<Arc<Image>>,
+    /// Its cache summary, from the image's labels.
+    summary: Option<Summary>,
+    /// Bytes it takes in the store, once extracted or measured.
+    size: Option<i64>,
+}
+
 /// The agent's state between passes.
 pub(super) struct Agent {
     client: Client,
@@ -38,11 +51,10 @@ pub(super) struct Agent {
     index: DeliveryIndex,
     mounts: MountRecords,
     reports: NodeReports,
-    /// Summaries by digest: an image digest's content never changes.
-    summaries: HashMap<Digest, Summary>,
+    /// What is known of each image digest this node deals with.
+    facts: HashMap<Digest, DigestFacts>,
     /// Summary reads that failed, tried again with backoff.
     summary_failures: Backoff,
-    sizes: HashMap<Digest, i64>,
     /// Extractions that failed, tried again with backoff.
     extract_failures: Backoff,
     /// Extractions under way, off the agent's loop.
@@ -77,9 +89,8 @@ impl Agent {
             namespaced,
             cluster,
             store,
-            summaries: HashMap::new(),
+            facts: HashMap::new(),
             summary_failures: Backoff::default(),
-            sizes: HashMap::new(),
             extract_failures: Backoff::default(),
             extractions: HashMap::new(),
             extract_slots: Arc::new(Semaphore::new(1)),
@@ -162,6 +173,44 @@ impl Agent {
             keys.iter().map(|k| k.namespace.clone()).collect();
         self.reports.write(reports, &namespaces).await?;
         self.collect_garbage(&referenced)?;
+        let stored = self.store.list()?;
+        // Facts of digests no cache resolves to and the store does not hold
+        // are of no further use (a tag moved on).
+        let resolved: HashSet<Digest> = caches
+            .iter()
+            .filter_map(|c| c.resolved()?.parse().ok())
+            .collect();
+        self.facts.retain(|digest, _| {
+            resolved.contains(digest)
+                || stored.contains(digest)
+                || self.extractions.contains_key(digest)
+        });
+        self.measure_store(&stored).await
+    }
+
+    /// Sets the store metrics, measuring (off the loop) the digests whose
+    /// size is not known yet, such as those extracted before a restart.
+    async fn measure_store(&mut self, stored: &[Digest]) -> Result<()> {
+        let unknown: Vec<(Digest, std::path::PathBuf)> = stored
+            .iter()
+            .filter(|d| self.size_of(d).is_none())
+            .filter_map(|d| self.store.get(d).map(|path| (d.clone(), path)))
+            .collect();
+        if !unknown.is_empty() {
+            let measured = tokio::task::spawn_blocking(move || {
+                unknown
+                    .into_iter()
+                    .map(|(digest, path)| (digest, tree_size(&path)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| Error::Panicked(format!("measuring the store: {e}")))?;
+            for (digest, size) in measured {
+                self.facts.entry(digest).or_default().size = Some(size);
+            }
+        }
+        let bytes = stored.iter().filter_map(|d| self.size_of(d)).sum();
+        self.config.metrics.store(stored.len(), bytes);
         Ok(())
     }
 
@@ -178,7 +227,8 @@ impl Agent {
             let summary_failed = resolved
                 .as_ref()
                 .and_then(|d| self.summary_failures.waiting(d));
-            let summary = match resolved.as_ref().and_then(|d| self.summaries.get(d)) {
+            let known = resolved.as_ref().and_then(|d| self.facts.get(d));
+            let summary = match known.and_then(|f| f.summary.as_ref()) {
                 Some(s) => Some(Ok(s)),
                 None => summary_failed.as_deref().map(Err),
             };
@@ -196,7 +246,7 @@ impl Agent {
                 deleting: cache.deleting(),
                 summary,
                 stored,
-                size: resolved.as_ref().and_then(|d| self.sizes.get(d).copied()),
+                size: known.and_then(|f| f.size),
                 pods,
             };
             let node = NodeView {
@@ -206,10 +256,14 @@ impl Agent {
             };
             let plan = plan_cache(&input, &node);
             if let Some(digest) = plan.needs_summary {
-                match self.read_summary(cache.image(), &digest).await {
-                    Ok(summary) => {
+                let read = self.read_summary(cache.image(), &digest).await;
+                self.config.metrics.summary_read(read.is_ok());
+                match read {
+                    Ok((image, summary)) => {
                         self.summary_failures.succeeded(&digest);
-                        self.summaries.insert(digest, summary);
+                        let facts = self.facts.entry(digest).or_default();
+                        facts.image = Some(Arc::new(image));
+                        facts.summary = Some(summary);
                     }
                     Err(why) => {
                         warn!(%digest, error = %why, "reading the image summary failed");
@@ -232,13 +286,16 @@ impl Agent {
         }
     }
 
-    async fn read_summary(&self, image: &str, digest: &Digest) -> Result<Summary, String> {
+    /// Reads the image's manifest and config, and its summary from them.
+    async fn read_summary(&self, image: &str, digest: &Digest) -> Result<(Image, Summary), String> {
         let repo = self.repo(image, digest).map_err(|e| e.to_string())?;
         let image = Image::fetch(&repo).await.map_err(|e| e.to_string())?;
-        image
-            .cache()
-            .map(|labels| labels.summary)
-            .map_err(|e| e.to_string())
+        let summary = image.cache().map_err(|e| e.to_string())?.summary;
+        Ok((image, summary))
+    }
+
+    fn size_of(&self, digest: &Digest) -> Option<i64> {
+        self.facts.get(digest).and_then(|f| f.size)
     }
 
     /// Pulls and extracts `digest` in a task of its own, unless one is
@@ -255,26 +312,36 @@ impl Agent {
             }
         };
         let store = self.store.clone();
+        // The manifest and config the summary came from: not read again.
+        let known = self.facts.get(&digest).and_then(|f| f.image.clone());
         let policy = self.config.extract_policy.clone();
         let slots = self.extract_slots.clone();
         let changed = self.changed.clone();
+        let metrics = self.config.metrics.clone();
         let what = digest.clone();
         let task = tokio::spawn(async move {
-            let outcome = async {
-                let _slot = slots.acquire_owned().await.map_err(|e| e.to_string())?;
-                let started = Instant::now();
-                let stored = store
-                    .ensure(&repo, &policy, None)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let path = stored.path.clone();
-                let size = tokio::task::spawn_blocking(move || tree_size(&path))
-                    .await
-                    .unwrap_or_default();
-                info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
-                Ok(size)
-            }
-            .await;
+            let outcome = match slots.acquire_owned().await {
+                Err(e) => Err(e.to_string()),
+                Ok(_slot) => {
+                    let started = Instant::now();
+                    let outcome = async {
+                        let stored = match &known {
+                            Some(image) => store.ensure_image(&repo, image, &policy, None).await,
+                            None => store.ensure(&repo, &policy, None).await,
+                        }
+                        .map_err(|e| e.to_string())?;
+                        let path = stored.path.clone();
+                        let size = tokio::task::spawn_blocking(move || tree_size(&path))
+                            .await
+                            .unwrap_or_default();
+                        info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
+                        Ok(size)
+                    }
+                    .await;
+                    metrics.extraction(outcome.is_ok(), started.elapsed());
+                    outcome
+                }
+            };
             changed.notify_one();
             outcome
         });
@@ -295,7 +362,7 @@ impl Agent {
             };
             match task.await {
                 Ok(Ok(size)) => {
-                    self.sizes.insert(digest.clone(), size);
+                    self.facts.entry(digest.clone()).or_default().size = Some(size);
                     self.extract_failures.succeeded(&digest);
                 }
                 Ok(Err(why)) => {
@@ -338,7 +405,9 @@ impl Agent {
         for digest in self.store.gc(&keep)? {
             info!(%digest, "removed unreferenced cache from the store");
             self.unreferenced_since.remove(&digest);
-            self.sizes.remove(&digest);
+            if let Some(facts) = self.facts.get_mut(&digest) {
+                facts.size = None;
+            }
         }
         Ok(())
     }

@@ -28,6 +28,9 @@ pub enum CacheState {
     Error,
     /// A workload namespace the cache serves does not exist.
     NoNamespace,
+    /// The cache fits no GPU of the node (on a node report), or of any node
+    /// that reported it (on a cache): not an error, there is nothing to fix.
+    Incompatible,
 }
 
 /// Per-state node and pod counts (GKM's `counts`).
@@ -40,8 +43,12 @@ pub struct CacheCounts {
     pub node_in_use_cnt: i32,
     /// Nodes where the cache is extracted and used by no pod.
     pub node_not_in_use_cnt: i32,
-    /// Nodes where extraction failed or no GPU fits the cache.
+    /// Nodes where the cache could not be delivered: verification, reading
+    /// or extraction failed.
     pub node_error_cnt: i32,
+    /// Nodes none of whose GPUs the cache fits (GPU-less nodes included).
+    #[serde(default)]
+    pub node_incompatible_cnt: i32,
     /// Pods mounting the cache.
     pub pod_running_cnt: i32,
     /// Pods mounting a cache whose resource was deleted.

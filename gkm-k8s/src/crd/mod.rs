@@ -50,8 +50,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         GKMCache::crd(),
         ClusterGKMCache::crd(),
-        GKMCacheNode::crd(),
-        ClusterGKMCacheNode::crd(),
+        node::spec_optional(GKMCacheNode::crd()),
+        node::spec_optional(ClusterGKMCacheNode::crd()),
         GKMGPUQuota::crd(),
     ]
 }

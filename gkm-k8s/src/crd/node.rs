@@ -3,16 +3,19 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
 
 /// Node reports have no spec: the agent owns their status. The object is
-/// named after its node.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+/// named after its node. As in GKM, `spec` may be left out or null (GKM's
+/// own samples write `spec:` with nothing under it): it reads as empty.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, JsonSchema)]
 #[kube(
     group = "gkm.io",
     version = "v1alpha1",
@@ -40,6 +43,11 @@ use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
         json_path = ".status.counts.nodeErrorCnt"
     ),
     printcolumn(
+        name = "Node-Incompatible",
+        type_ = "integer",
+        json_path = ".status.counts.nodeIncompatibleCnt"
+    ),
+    printcolumn(
         name = "Pod-Running",
         type_ = "integer",
         json_path = ".status.counts.podRunningCnt"
@@ -57,8 +65,9 @@ use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
 )]
 pub struct GKMCacheNodeSpec {}
 
-/// The cluster-scoped node report, for ClusterGKMCaches.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+/// The cluster-scoped node report, for ClusterGKMCaches. As in GKM, `spec`
+/// may be left out or null: it reads as empty.
+#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, JsonSchema)]
 #[kube(
     group = "gkm.io",
     version = "v1alpha1",
@@ -85,6 +94,11 @@ pub struct GKMCacheNodeSpec {}
         json_path = ".status.counts.nodeErrorCnt"
     ),
     printcolumn(
+        name = "Node-Incompatible",
+        type_ = "integer",
+        json_path = ".status.counts.nodeIncompatibleCnt"
+    ),
+    printcolumn(
         name = "Pod-Running",
         type_ = "integer",
         json_path = ".status.counts.podRunningCnt"
@@ -101,6 +115,44 @@ pub struct GKMCacheNodeSpec {}
     )
 )]
 pub struct ClusterGKMCacheNodeSpec {}
+
+/// Reads an empty spec from anything, including a missing or null `spec`:
+/// serde asks a missing field for an option, which reads as `None`.
+fn empty_spec<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    Option::<IgnoredAny>::deserialize(d).map(|_| ())
+}
+
+impl<'de> Deserialize<'de> for GKMCacheNodeSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        empty_spec(d).map(|()| GKMCacheNodeSpec {})
+    }
+}
+
+impl<'de> Deserialize<'de> for ClusterGKMCacheNodeSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        empty_spec(d).map(|()| ClusterGKMCacheNodeSpec {})
+    }
+}
+
+/// A node kind's CRD with `spec` no longer required at the top level, so
+/// the apiserver accepts GKM's spec-less node objects.
+pub(super) fn spec_optional(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let schema = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut());
+        if let Some(schema) = schema {
+            if let Some(required) = schema.required.as_mut() {
+                required.retain(|field| field != "spec");
+            }
+            if schema.required.as_ref().is_some_and(Vec::is_empty) {
+                schema.required = None;
+            }
+        }
+    }
+    crd
+}
 
 /// A node's report.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

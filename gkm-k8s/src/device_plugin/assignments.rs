@@ -11,9 +11,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gkm_core::assignment::{ANNOTATION, Assignment};
+use gkm_core::assignment::{ANNOTATION, Assignment, unit_id};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+
+use super::resources::{GPU_CORES, GPU_MEMORY};
 
 /// Where assignments come from.
 #[tonic::async_trait]
@@ -112,19 +114,88 @@ impl AssignmentSource for PodAssignments {
                 continue;
             }
             match Assignment::parse(value) {
-                Ok(assignment) if !assignment.devices(resource).is_empty() => {
-                    let created = meta
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| t.0.to_string())
-                        .unwrap_or_default();
-                    found.push((created, assignment.devices(resource).to_vec()));
+                Ok(assignment) => {
+                    let devices = assigned_devices(&pod, &assignment, resource);
+                    if !devices.is_empty() {
+                        let created = meta
+                            .creation_timestamp
+                            .as_ref()
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default();
+                        found.push((created, devices));
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => tracing::warn!(pod = %key, error = %e, "ignoring a malformed assignment"),
             }
         }
         found.sort();
         found.into_iter().map(|(_, devices)| devices).collect()
+    }
+}
+
+/// The devices `assignment` gives `pod` of `resource`, as
+/// [`super::preferred`] compares them with what the kubelet offers.
+///
+/// For the unit resources (`gkm.io/gpu-cores`, `gkm.io/gpu-memory`) the
+/// assignment names GPUs; each is expanded to as many unit IDs `<gpu>-<i>`
+/// as the pod asks units of it ([`Assignment::units`] of the containers'
+/// summed limits, or requests where a limit is missing). Other resources'
+/// device IDs are as listed.
+pub fn assigned_devices(pod: &Pod, assignment: &Assignment, resource: &str) -> Vec<String> {
+    if resource != GPU_CORES && resource != GPU_MEMORY {
+        return assignment.devices(resource).to_vec();
+    }
+    let asked: u64 = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter_map(|c| {
+            let r = c.resources.as_ref()?;
+            let q = r
+                .limits
+                .as_ref()
+                .and_then(|l| l.get(resource))
+                .or_else(|| r.requests.as_ref().and_then(|q| q.get(resource)))?;
+            q.0.parse::<u64>().ok()
+        })
+        .sum();
+    assignment
+        .units(resource, asked)
+        .into_iter()
+        .flat_map(|(gpu, units)| (0..units).map(move |i| unit_id(gpu, i)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_units_are_expanded_per_assigned_gpu_and_other_ids_kept() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"gkm.io/gpu-cores": "2", "gkm.io/gpu-memory": "3"}}},
+                {"name": "b", "resources": {"requests": {"gkm.io/gpu-memory": "2"}}},
+            ]},
+        }))
+        .unwrap_or_default();
+        let assignment = Assignment::new()
+            .with(GPU_CORES, vec!["GPU-a".into()])
+            .with(GPU_MEMORY, vec!["GPU-a".into(), "GPU-b".into()])
+            .with("nvidia.com/gpu", vec!["GPU-c".into()]);
+        assert_eq!(
+            assigned_devices(&pod, &assignment, GPU_CORES),
+            ["GPU-a-0", "GPU-a-1"]
+        );
+        assert_eq!(
+            assigned_devices(&pod, &assignment, GPU_MEMORY),
+            ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0", "GPU-b-1"]
+        );
+        assert_eq!(
+            assigned_devices(&pod, &assignment, "nvidia.com/gpu"),
+            ["GPU-c"]
+        );
+        assert!(assigned_devices(&pod, &Assignment::new(), GPU_CORES).is_empty());
     }
 }

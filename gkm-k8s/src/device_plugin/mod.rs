@@ -58,14 +58,23 @@
 //!
 //! # Placement
 //!
+//! With `gpu_shares` and a node name, the plugin publishes the GPUs it
+//! offers units of in the node annotation `gkm.io/gpu-devices`
+//! ([`node_gpus`]), under the IDs its units carry (`<gpu>-<n>`), so the
+//! scheduler extender places shares on GPUs the plugin knows.
+//!
 //! `GetPreferredAllocation` answers with the devices gkm's scheduler
 //! extender assigned to the pod (the [`gkm_core::assignment`] annotation,
 //! found through [`assignments`]) when a pod waiting on the node has one;
-//! otherwise it prefers whole IOMMU groups on one NUMA node.
+//! otherwise it prefers whole IOMMU groups on one NUMA node. For GPU units
+//! the assignment names GPUs: the preference is that many free units of
+//! each, and `Allocate` hands the container the assigned GPUs even when the
+//! kubelet counted units of others ([`preferred::assigned_units`]).
 
 pub mod allocate;
 pub mod assignments;
 pub mod naming;
+pub mod node_gpus;
 pub mod node_tree;
 pub mod plugin;
 pub mod preferred;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gkm_core::assignment::GpuDevice;
 use gkm_gpu::pci_ids::PciIds;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -20,6 +21,7 @@ use tonic::transport::Server;
 use super::allocate::AllocateOptions;
 use super::assignments::AssignmentSource;
 use super::naming;
+use super::node_gpus::NodeGpusSink;
 use super::proto::device_plugin_server::DevicePluginServer;
 use super::proto::registration_client::RegistrationClient;
 use super::proto::{DevicePluginOptions, RegisterRequest};
@@ -74,6 +76,10 @@ struct Health {
 
 /// Runs the plugin until `shutdown` completes.
 ///
+/// With `gpu_shares`, the GPUs offered in units are published to
+/// `node_gpus` (the node's `gkm.io/gpu-devices` annotation) whenever they
+/// change, and again on the next look when publishing failed.
+///
 /// Every `poll` it reads the node, serves a socket for each new resource and
 /// registers it, streams device changes to `ListAndWatch` (a resource whose
 /// devices are all gone stays served with none), and registers every
@@ -83,6 +89,7 @@ struct Health {
 pub async fn run(
     config: PluginConfig,
     assignments: Option<Arc<dyn AssignmentSource>>,
+    node_gpus: Option<Arc<dyn NodeGpusSink>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let ids = PciIds::open(&config.pci_ids).map_err(|e| Error::Gpu(e.to_string()))?;
@@ -100,6 +107,7 @@ pub async fn run(
     // The last kubelet socket seen; it stays while the kubelet is down.
     let mut kubelet = None;
     let mut last: Option<Snapshot> = None;
+    let mut published: Option<Vec<GpuDevice>> = None;
     tokio::pin!(shutdown);
     loop {
         let snapshot = {
@@ -123,6 +131,23 @@ pub async fn run(
                     }
                     write_status(config.status_file.as_deref(), &snapshot);
                     last = Some(snapshot.clone());
+                }
+                if let (true, Some(sink)) = (config.gpu_shares, &node_gpus) {
+                    let gpus = super::node_gpus::node_gpus(&snapshot);
+                    if published.as_ref() != Some(&gpus) {
+                        match sink.publish(&gpus).await {
+                            Ok(()) => {
+                                tracing::info!(
+                                    gpus = gpus.len(),
+                                    "published the node's shared GPUs"
+                                );
+                                published = Some(gpus);
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot publish the node's shared GPUs; retrying")
+                            }
+                        }
+                    }
                 }
                 update(&config, &options, &assignments, &mut served, snapshot).await;
             }

@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use gkm_core::assignment::unit_gpu;
+
 use super::resources::{Access, Resource};
 
 /// A preference request for one container, as the kubelet sends it.
@@ -126,11 +128,10 @@ fn assigned_shares(
     request: Request<'_>,
     set: &[String],
 ) -> Option<Vec<String>> {
-    let first = resource.devices.first()?;
-    if !matches!(first.access, Access::Share { .. }) {
+    if !resource.is_units() {
         return None;
     }
-    let gpu_of = |id: &str| id.rsplit_once('-').map(|(gpu, _)| gpu.to_string());
+    let gpu_of = |id: &str| unit_gpu(id).map(str::to_string);
     let mut wanted: BTreeMap<String, usize> = BTreeMap::new();
     for id in set {
         *wanted.entry(gpu_of(id)?).or_default() += 1;
@@ -149,6 +150,44 @@ fn assigned_shares(
         }
     }
     (chosen.len() == request.size).then_some(chosen.ids)
+}
+
+/// The units to hand a container that the kubelet gave `ids` of a unit
+/// resource (GPU shares), so that it gets the GPUs a scheduler assigned.
+///
+/// The kubelet picks unit IDs itself (it usually takes the preferred ones,
+/// but need not). When `ids` are already units of the GPUs one of the
+/// `assigned` sets (see [`preferred`]) names, in the numbers it names, they
+/// are the answer. Otherwise the first assigned set of as many units stands
+/// in for them: the container gets the GPUs the scheduler chose, whichever
+/// units the kubelet counted. Resources not made of units, and requests no
+/// assignment matches, keep `ids`.
+pub fn assigned_units(
+    resource: &Resource,
+    ids: &[String],
+    assigned: &[Vec<String>],
+) -> Vec<String> {
+    if !resource.is_units() {
+        return ids.to_vec();
+    }
+    let per_gpu = |set: &[String]| -> Option<BTreeMap<String, usize>> {
+        let mut per: BTreeMap<String, usize> = BTreeMap::new();
+        for id in set {
+            *per.entry(unit_gpu(id)?.to_string()).or_default() += 1;
+        }
+        Some(per)
+    };
+    let given = per_gpu(ids);
+    if assigned
+        .iter()
+        .any(|set| given.is_some() && per_gpu(set) == given)
+    {
+        return ids.to_vec();
+    }
+    assigned
+        .iter()
+        .find(|set| set.len() == ids.len() && set.iter().all(|id| resource.device(id).is_some()))
+        .map_or_else(|| ids.to_vec(), Clone::clone)
 }
 
 /// Devices chosen so far, in order, each once.

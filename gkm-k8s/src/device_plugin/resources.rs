@@ -124,6 +124,12 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// Whether its devices are units of GPUs (`gkm.io/gpu-cores`,
+    /// `gkm.io/gpu-memory`) rather than whole devices.
+    pub fn is_units(&self) -> bool {
+        matches!(self.kind, ResourceKind::GpuCores | ResourceKind::GpuMemory)
+    }
+
     /// The device with this ID (devices are kept in ID order).
     pub fn device(&self, id: &str) -> Option<&PluginDevice> {
         self.devices
@@ -604,7 +610,7 @@ fn offer(
                 name,
                 kind,
                 PluginDevice {
-                    id: format!("{}-{n}", device.id),
+                    id: gkm_core::assignment::unit_id(&device.id, n),
                     access: Access::Share {
                         gpu: device.id.clone(),
                         whole: Box::new(device.access.clone()),

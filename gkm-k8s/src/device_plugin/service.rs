@@ -166,9 +166,17 @@ impl DevicePlugin for ResourceService {
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
         let resource = self.current();
+        let assigned = match &self.assignments {
+            Some(source) if resource.is_units() => source.pending(&resource.name).await,
+            _ => Vec::new(),
+        };
         let mut response = AllocateResponse::default();
         for container in request.into_inner().container_requests {
-            match allocate(&resource, &container.devices_ids, &self.options) {
+            let ids = preferred::assigned_units(&resource, &container.devices_ids, &assigned);
+            if ids != container.devices_ids {
+                tracing::info!(resource = %resource.name, kubelet = ?container.devices_ids, assigned = ?ids, "the kubelet picked units of other GPUs; handing over the assigned ones");
+            }
+            match allocate(&resource, &ids, &self.options) {
                 Ok(answer) => {
                     tracing::info!(resource = %resource.name, devices = ?container.devices_ids, "allocated");
                     response.container_responses.push(answer);

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use gkm_core::assignment::GpuDevice;
 use gkm_gpu::pci_ids::PciIds;
 
 use super::allocate::{AllocateOptions, allocate};
+use super::node_gpus::node_gpus;
 use super::node_tree::{NodeTree, Pci};
-use super::preferred::{Request, preferred};
+use super::preferred::{Request, assigned_units, preferred};
 use super::proto::ContainerAllocateResponse;
 use super::resources::{Resource, ScanInputs, Snapshot, scan};
 
@@ -515,6 +517,17 @@ fn shared_gpus_are_offered_in_compute_and_memory_units() {
             .reason
             .contains("memory size is unknown")
     );
+    // The node's GPUs as the scheduler extender reads them: the IDs the
+    // units carry, with their unit counts.
+    let gpu = |id: &str, memory| GpuDevice {
+        id: id.to_string(),
+        cores: 100,
+        memory,
+    };
+    assert_eq!(
+        node_gpus(&snapshot),
+        [gpu("0000:40:00.0", 64), gpu(uuid, 0)]
+    );
     inputs
         .nvml_memory
         .insert("0000:18:00.0".to_string(), 32 << 20);
@@ -603,4 +616,42 @@ fn an_assignment_of_gpu_units_is_served_with_free_units_of_the_same_gpus() {
     let other = vec![strings(&["GPU-b-0"])];
     let ids = preferred(cores, request, &other);
     assert_eq!(ids.len(), 3);
+}
+
+#[test]
+fn allocation_gives_the_assigned_gpu_whichever_units_the_kubelet_picked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tree = NodeTree::new(dir.path()).expect("tree");
+    for (addr, uuid, minor) in [("0000:18:00.0", "GPU-a", 0), ("0000:19:00.0", "GPU-b", 1)] {
+        tree.pci(&Pci::gpu(addr, NV, 0x2330).driver("nvidia"))
+            .expect("pci");
+        tree.nvidia_gpu(addr, uuid, minor).expect("proc");
+    }
+    let inputs = ScanInputs {
+        gpu_shares: true,
+        ..ScanInputs::default()
+    };
+    let snapshot = scan(tree.paths(), &PciIds::bundled(), &inputs).expect("scan");
+    let cores = &snapshot.resources["gkm.io/gpu-cores"];
+    // The pending pod was assigned 3 units of GPU-b (as the device plugin's
+    // assignment source expands `{"gkm.io/gpu-cores":["GPU-b"]}`).
+    let assigned = vec![strings(&["GPU-b-0", "GPU-b-1", "GPU-b-2"])];
+    // The kubelet took the preferred units: kept as they are.
+    let kept = strings(&["GPU-b-40", "GPU-b-41", "GPU-b-42"]);
+    assert_eq!(assigned_units(cores, &kept, &assigned), kept);
+    // The kubelet took units of GPU-a: the container still gets GPU-b.
+    let other = strings(&["GPU-a-0", "GPU-a-1", "GPU-a-2"]);
+    let ids = assigned_units(cores, &other, &assigned);
+    let answer = allocate(cores, &ids, &options(&tree, false)).expect("cores");
+    assert_eq!(answer.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
+    assert_eq!(answer.envs["GKM_GPU_CORES"], "GPU-b=3");
+    assert_eq!(container_paths(&answer), ["/dev/nvidia1", "/dev/nvidiactl"]);
+    // No assignment of that size, or none at all: the kubelet's units.
+    assert_eq!(assigned_units(cores, &other[..2], &assigned), &other[..2]);
+    assert_eq!(assigned_units(cores, &other, &[]), other);
+    // Whole devices are never remapped.
+    let whole = scan(tree.paths(), &PciIds::bundled(), &ScanInputs::default()).expect("scan");
+    let gpu = &whole.resources["nvidia.com/gpu"];
+    let asked = strings(&["GPU-a"]);
+    assert_eq!(assigned_units(gpu, &asked, &[strings(&["GPU-b"])]), asked);
 }

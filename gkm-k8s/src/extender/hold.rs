@@ -6,8 +6,10 @@ use std::ops::{AddAssign, SubAssign};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use gkm_core::assignment::split_units;
+
 use super::request::GpuRequest;
-use super::{CORES_PER_GPU, GPU_CORES, GPU_MEMORY};
+use super::{GPU_CORES, GPU_MEMORY};
 
 /// GPUs as a quota counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,22 +62,21 @@ pub struct Share {
 }
 
 /// Cuts `cores` and `memory` over `devices`: a share of one device, or
-/// whole devices (100 cores each) with the memory split evenly.
+/// whole devices (100 cores each) with the memory split evenly, as
+/// [`gkm_core::assignment::split_units`] cuts them for the device plugin too.
 pub fn split_shares(devices: &[String], cores: i64, memory: i64) -> Vec<Share> {
-    let Ok(count) = i64::try_from(devices.len()) else {
-        return Vec::new();
+    let units = |total: i64| {
+        split_units(u64::try_from(total).unwrap_or(0), devices.len())
+            .into_iter()
+            .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     };
-    if count == 0 {
-        return Vec::new();
-    }
-    let cores_each = if count > 1 { CORES_PER_GPU } else { cores };
     devices
         .iter()
-        .enumerate()
-        .map(|(i, device)| Share {
+        .zip(units(cores).zip(units(memory)))
+        .map(|(device, (cores, memory))| Share {
             device: device.clone(),
-            cores: cores_each,
-            memory: memory / count + if i == 0 { memory % count } else { 0 },
+            cores,
+            memory,
         })
         .collect()
 }

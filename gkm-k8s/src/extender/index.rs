@@ -550,7 +550,14 @@ fn choose_devices(
         1
     };
     let cores = request.cores.min(CORES_PER_GPU);
-    let memory = (request.memory + count - 1) / count;
+    // The first device takes what does not divide: the most any one needs.
+    let memory = split_shares(
+        &vec![String::new(); usize::try_from(count).unwrap_or(1)],
+        cores,
+        request.memory,
+    )
+    .first()
+    .map_or(0, |s| s.memory);
     let mut free: Vec<(i64, i64, &str)> = gpus
         .devices
         .iter()

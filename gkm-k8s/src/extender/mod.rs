@@ -16,9 +16,11 @@
 //!   are added by flag), counted per node from allocatable minus what bound
 //!   pods and reservations hold.
 //! - Shared GPUs: [`GPU_CORES`] (percent of one GPU, 100 per GPU) and
-//!   [`GPU_MEMORY`] (MiB). A node's devices come from its annotation
-//!   [`DEVICES_ANNOTATION`], or else are cut evenly from its allocatable.
-//!   The extender picks the device and records it; enforcing the fraction
+//!   [`GPU_MEMORY`] (MiB). A node's GPUs come from its annotation
+//!   [`DEVICES_ANNOTATION`], which gkm's device plugin publishes under the
+//!   IDs it offers their units by ([`gkm_core::assignment`] holds the one
+//!   naming both sides use); a node without it takes no shared-GPU pod.
+//!   The extender picks the GPU and records it; enforcing the fraction
 //!   inside the container is not the extender's job.
 //!
 //! # Quotas
@@ -31,6 +33,7 @@ pub mod bind;
 pub mod cache;
 pub mod hold;
 pub mod index;
+pub mod latency;
 pub mod node;
 pub mod protocol;
 pub mod request;
@@ -50,10 +53,10 @@ pub const GPU_CORES: &str = "gkm.io/gpu-cores";
 /// Shared-GPU memory, in MiB.
 pub const GPU_MEMORY: &str = "gkm.io/gpu-memory";
 /// The cores of one GPU.
-pub const CORES_PER_GPU: i64 = 100;
+pub const CORES_PER_GPU: i64 = gkm_core::assignment::CORES_PER_GPU;
 /// The node annotation listing a node's shared-GPU devices:
 /// `[{"id": "GPU-…", "cores": 100, "memory": 16384}]`.
-pub const DEVICES_ANNOTATION: &str = "gkm.io/gpu-devices";
+pub const DEVICES_ANNOTATION: &str = gkm_core::assignment::NODE_GPUS_ANNOTATION;
 /// The node label naming the GPU model, written by gkm's agent.
 pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
 /// The extended resources counted as whole GPUs unless configured.

@@ -3,28 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
-use serde::{Deserialize, Serialize};
-
 use super::request::whole_number;
-use super::{CORES_PER_GPU, DEVICES_ANNOTATION, GPU_CORES, GPU_MEMORY};
+use super::{DEVICES_ANNOTATION, GPU_CORES};
+use k8s_openapi::api::core::v1::Node;
 
-/// One GPU that shared-GPU pods get a share of.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Device {
-    /// The device ID the device plugin knows it by.
-    pub id: String,
-    /// Its cores, in percent (100 for a whole GPU).
-    #[serde(default = "full_gpu")]
-    pub cores: i64,
-    /// Its memory in MiB.
-    #[serde(default)]
-    pub memory: i64,
-}
-
-fn full_gpu() -> i64 {
-    CORES_PER_GPU
-}
+/// One GPU that shared-GPU pods get a share of, under the ID the device
+/// plugin offers its units by.
+pub use gkm_core::assignment::GpuDevice as Device;
 
 /// A node's GPUs, as the extender schedules against them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -44,9 +29,10 @@ impl NodeGpus {
     /// and its shared-GPU devices.
     ///
     /// The devices come from the node annotation `gkm.io/gpu-devices` (a
-    /// JSON list of `{"id", "cores", "memory"}`) when it is set; otherwise
-    /// the node's allocatable `gkm.io/gpu-cores` is cut into GPUs of 100
-    /// cores with IDs `0`, `1`, … sharing `gkm.io/gpu-memory` evenly.
+    /// JSON list of `{"id", "cores", "memory"}`), which gkm's device plugin
+    /// publishes under the IDs its units carry. A node offering
+    /// `gkm.io/gpu-cores` without it has no devices, and the reason says so:
+    /// an ID the device plugin does not know could not be honoured.
     pub fn from_node(node: &Node, whole_resources: &[String], model_label: &str) -> NodeGpus {
         let allocatable = node
             .status
@@ -78,7 +64,13 @@ impl NodeGpus {
         let (devices, devices_error) = match annotation.map(|a| parse_devices(a)) {
             Some(Ok(devices)) => (devices, None),
             Some(Err(e)) => (Vec::new(), Some(e)),
-            None => (even_devices(amount(GPU_CORES), amount(GPU_MEMORY)), None),
+            None if amount(GPU_CORES) > 0 => (
+                Vec::new(),
+                Some(format!(
+                    "the node offers {GPU_CORES} but has no {DEVICES_ANNOTATION} annotation naming its GPUs (gkm-device-plugin --gpu-shares publishes it)"
+                )),
+            ),
+            None => (Vec::new(), None),
         };
         NodeGpus {
             model,
@@ -91,30 +83,7 @@ impl NodeGpus {
 
 /// Reads the devices annotation.
 pub fn parse_devices(value: &str) -> Result<Vec<Device>, String> {
-    let devices: Vec<Device> = serde_json::from_str(value).map_err(|e| {
-        format!("node annotation {DEVICES_ANNOTATION} is not a JSON list of {{\"id\", \"cores\", \"memory\"}}: {e}")
-    })?;
-    for device in &devices {
-        if device.id.is_empty() || device.cores < 0 || device.memory < 0 {
-            return Err(format!(
-                "node annotation {DEVICES_ANNOTATION}: device {:?} needs an ID and no negative capacity",
-                device.id
-            ));
-        }
-    }
-    Ok(devices)
-}
-
-/// `cores / 100` GPUs sharing `memory` evenly, with IDs `0`, `1`, ….
-fn even_devices(cores: i64, memory: i64) -> Vec<Device> {
-    let count = cores / CORES_PER_GPU;
-    (0..count)
-        .map(|i| Device {
-            id: i.to_string(),
-            cores: CORES_PER_GPU,
-            memory: memory / count,
-        })
-        .collect()
+    gkm_core::assignment::parse_node_gpus(value).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -127,7 +96,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_model_whole_gpus_and_even_devices() {
+    fn reads_model_and_whole_gpus_and_wants_the_devices_named() {
         let n = node(json!({
             "metadata": {"name": "n", "labels": {"gkm.io/gpu.product": "T4"}},
             "status": {"allocatable": {"nvidia.com/gpu": "4", "gkm.io/gpu-cores": "200", "gkm.io/gpu-memory": "32768", "cpu": "8"}},
@@ -135,21 +104,15 @@ mod tests {
         let gpus = NodeGpus::from_node(&n, &["nvidia.com/gpu".into()], "gkm.io/gpu.product");
         assert_eq!(gpus.model.as_deref(), Some("T4"));
         assert_eq!(gpus.whole["nvidia.com/gpu"], 4);
-        assert_eq!(
-            gpus.devices,
-            vec![
-                Device {
-                    id: "0".into(),
-                    cores: 100,
-                    memory: 16384
-                },
-                Device {
-                    id: "1".into(),
-                    cores: 100,
-                    memory: 16384
-                },
-            ]
+        // Shared units without the annotation: no device IDs to give, and
+        // the reason names the annotation.
+        assert!(gpus.devices.is_empty());
+        assert!(
+            gpus.devices_error
+                .is_some_and(|e| e.contains(DEVICES_ANNOTATION) && e.contains("--gpu-shares"))
         );
+        let plain = node(json!({"metadata": {"name": "n"}}));
+        assert_eq!(NodeGpus::from_node(&plain, &[], "m").devices_error, None);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The extender's HTTP verbs, served beside `/healthz`, `/readyz` and
 //! `/metrics` by [`crate::serve`]: `POST /scheduler/filter`,
 //! `/scheduler/prioritize` and `/scheduler/bind` (`/scheduler/predicates`
-//! is accepted for filter, gpu-admission's verb).
+//! is accepted for filter, gpu-admission's verb), and `GET
+//! /scheduler/latency` (exact answer-time quantiles, [`super::latency`]).
 
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use http_body_util::Full;
@@ -22,6 +23,7 @@ use serde::de::DeserializeOwned;
 
 use super::bind;
 use super::index::{Index, IndexConfig};
+use super::latency::{Quantiles, Samples};
 use super::protocol::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
 };
@@ -31,6 +33,11 @@ use crate::serve::{Readiness, ResponseFuture, Routes, text};
 /// The URL prefix of the verbs (the `urlPrefix` of the scheduler's
 /// configuration ends with it).
 pub const URL_PREFIX: &str = "/scheduler";
+
+/// `GET` here answers with the exact p50, p99 and maximum answer time of
+/// each verb over its most recent calls, as JSON
+/// (`{"filter":{"count":…,"p50":…,"p99":…,"max":…},…}`, seconds).
+pub const LATENCY_PATH: &str = "/scheduler/latency";
 
 /// A verb's label in the metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,6 +67,7 @@ pub struct Extender {
     pods: Option<Store<Pod>>,
     synced: Readiness,
     latency: Family<VerbLabel, Histogram, fn() -> Histogram>,
+    samples: Mutex<Samples>,
     binds: Family<ResultLabel, Counter>,
 }
 
@@ -80,6 +88,7 @@ impl Extender {
             pods,
             synced,
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            samples: Mutex::new(Samples::default()),
             binds: Family::default(),
         }
     }
@@ -151,9 +160,23 @@ impl Extender {
     }
 
     fn observe(&self, verb: &str, began: Instant) {
+        let seconds = began.elapsed().as_secs_f64();
         self.latency
             .get_or_create(&VerbLabel { verb: verb.into() })
-            .observe(began.elapsed().as_secs_f64());
+            .observe(seconds);
+        self.samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(verb, seconds);
+    }
+
+    /// The exact p50, p99 and maximum answer time of each verb over its
+    /// most recent calls (`GET /scheduler/latency`).
+    pub fn latency(&self) -> std::collections::BTreeMap<String, Quantiles> {
+        self.samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .quantiles()
     }
 }
 
@@ -165,6 +188,9 @@ impl Routes for Extender {
 
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
         Box::pin(async move {
+            if method == Method::GET && path.trim_end_matches('/') == LATENCY_PATH {
+                return json(&self.latency());
+            }
             if method != Method::POST {
                 return text(
                     StatusCode::METHOD_NOT_ALLOWED,

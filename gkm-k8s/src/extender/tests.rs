@@ -19,6 +19,24 @@ fn node(name: &str, model: &str, allocatable: Value) -> Node {
     .unwrap_or_default()
 }
 
+/// A node offering `gpus` shared GPUs of `memory` MiB each, named `0`, `1`,
+/// … in its devices annotation, as gkm's device plugin publishes them.
+fn shared_node(name: &str, model: &str, gpus: i64, memory: i64) -> Node {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| json!({"id": i.to_string(), "cores": 100, "memory": memory}))
+        .collect();
+    let mut n = node(
+        name,
+        model,
+        json!({"gkm.io/gpu-cores": (gpus * 100).to_string(), "gkm.io/gpu-memory": (gpus * memory).to_string()}),
+    );
+    n.metadata.annotations = Some(BTreeMap::from([(
+        "gkm.io/gpu-devices".to_string(),
+        Value::Array(devices).to_string(),
+    )]));
+    n
+}
+
 fn pod(name: &str, ns: &str, node: Option<&str>, limits: Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
@@ -83,8 +101,7 @@ fn a_pod_without_gpus_passes_everywhere_with_no_preference() {
 #[test]
 fn shared_gpus_go_to_the_device_that_strands_least() {
     let mut index = Index::new(IndexConfig::default());
-    let shared = json!({"gkm.io/gpu-cores": "200", "gkm.io/gpu-memory": "32768"});
-    index.upsert_node(&node("a", "T4", shared));
+    index.upsert_node(&shared_node("a", "T4", 2, 16384));
     let mut old: Pod = pod(
         "old",
         "ml",
@@ -376,8 +393,7 @@ fn a_claim_of_a_pvc_gkm_filled_counts_as_its_cache() {
 #[test]
 fn more_than_one_gpu_of_cores_takes_whole_free_devices() {
     let mut index = Index::new(IndexConfig::default());
-    let shared = json!({"gkm.io/gpu-cores": "300", "gkm.io/gpu-memory": "3000"});
-    index.upsert_node(&node("a", "T4", shared));
+    index.upsert_node(&shared_node("a", "T4", 3, 1000));
     let small = pod("s", "ml", None, json!({"gkm.io/gpu-cores": "10"}));
     let taken = index.reserve("uid-ml-s", "s", "ml", &request(&small), "a");
     assert_eq!(taken.map(|s| s[0].device.clone()), Ok("0".to_string()));

@@ -157,8 +157,8 @@ async fn apply<K: CacheObject>(
                     "AsExpected"
                 },
                 message: format!(
-                    "{} nodes report an error or no compatible GPU",
-                    counts.node_error_cnt
+                    "{} nodes report an error; {} have no GPU the cache fits",
+                    counts.node_error_cnt, counts.node_incompatible_cnt
                 ),
             });
         }

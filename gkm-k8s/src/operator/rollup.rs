@@ -13,10 +13,10 @@ pub type NodeEntries<'a> = &'a BTreeMap<String, NodeCacheStatus>;
 ///
 /// Per node, the entry for `resolved` (the digest the tag resolves to now)
 /// decides the node counts: Running → in use, Extracted → not in use, Error →
-/// error. Pods on `resolved` are running; pods on any other digest are
+/// error, Incompatible → incompatible (no GPU there fits it: not an error). Pods on `resolved` are running; pods on any other digest are
 /// outdated, or deleting when the cache is being deleted. The state is the
 /// furthest any node got: Deleting, Outdated, Running, Extracted, Downloading,
-/// Error, then Pending.
+/// Error, Incompatible (it fits no node that reported), then Pending.
 pub fn rollup<'a>(
     resolved: Option<&str>,
     deleting: bool,
@@ -49,6 +49,7 @@ pub fn rollup<'a>(
                     }
                 }
                 Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
+                Some(CacheState::Incompatible) => counts.node_incompatible_cnt += 1,
                 Some(CacheState::Downloading) => downloading = true,
                 Some(CacheState::Pending | CacheState::Deleting) | None => {}
             }
@@ -68,6 +69,8 @@ pub fn rollup<'a>(
         CacheState::Downloading
     } else if counts.node_error_cnt > 0 {
         CacheState::Error
+    } else if counts.node_incompatible_cnt > 0 {
+        CacheState::Incompatible
     } else {
         CacheState::Pending
     };
@@ -104,13 +107,32 @@ mod tests {
     #[test]
     fn three_nodes_one_extracted_one_incompatible_one_without_gpus() {
         let sm75 = node(&[("sha256:new", entry(CacheState::Extracted, 0))]);
-        let gfx = node(&[("sha256:new", entry(CacheState::Error, 0))]);
-        let none = node(&[("sha256:new", entry(CacheState::Error, 0))]);
+        let gfx = node(&[("sha256:new", entry(CacheState::Incompatible, 0))]);
+        let none = node(&[("sha256:new", entry(CacheState::Incompatible, 0))]);
         let (counts, state) = rollup(Some("sha256:new"), false, [&sm75, &gfx, &none]);
         assert_eq!(counts.node_cnt, 3);
         assert_eq!(counts.node_not_in_use_cnt, 1);
-        assert_eq!(counts.node_error_cnt, 2);
+        assert_eq!(
+            counts.node_error_cnt, 0,
+            "incompatible nodes are not errors"
+        );
+        assert_eq!(counts.node_incompatible_cnt, 2);
         assert_eq!(state, CacheState::Extracted);
+        // Fitting no node at all is its own state, not an error.
+        let (counts, state) = rollup(Some("sha256:new"), false, [&gfx, &none]);
+        assert_eq!(
+            (counts.node_error_cnt, counts.node_incompatible_cnt),
+            (0, 2)
+        );
+        assert_eq!(state, CacheState::Incompatible);
+        // A real failure elsewhere still shows as one.
+        let broken = node(&[("sha256:new", entry(CacheState::Error, 0))]);
+        let (counts, state) = rollup(Some("sha256:new"), false, [&gfx, &broken]);
+        assert_eq!(
+            (counts.node_error_cnt, counts.node_incompatible_cnt),
+            (1, 1)
+        );
+        assert_eq!(state, CacheState::Error);
     }
 
     #[test]

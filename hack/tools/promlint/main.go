@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -73,6 +74,8 @@ type family struct {
 	typed bool
 	help  string
 	mf    *dto.MetricFamily
+	// histograms holds a histogram family's series by their labels.
+	histograms map[string]*dto.Metric
 }
 
 // parse reads every entry, groups series into families and returns them as
@@ -184,6 +187,8 @@ func (f *family) add(series string, ls labels.Labels, value float64, openMetrics
 		typ = dto.MetricType_GAUGE
 	case model.MetricTypeUnknown:
 		typ = dto.MetricType_UNTYPED
+	case model.MetricTypeHistogram:
+		return f.addHistogram(series, ls, value)
 	default:
 		return fmt.Errorf("%s: type %s is not supported by this checker", series, f.typ)
 	}
@@ -205,5 +210,52 @@ func (f *family) add(series string, ls labels.Labels, value float64, openMetrics
 		m.Untyped = &dto.Untyped{Value: proto.Float64(value)}
 	}
 	f.mf.Metric = append(f.mf.Metric, m)
+	return nil
+}
+
+// addHistogram records one sample of a classic histogram: a bucket (with
+// its le label), the sum or the count of the series its other labels name.
+func (f *family) addHistogram(series string, ls labels.Labels, value float64) error {
+	if f.mf == nil {
+		f.mf = &dto.MetricFamily{Name: proto.String(f.name), Type: dto.MetricType_HISTOGRAM.Enum()}
+		f.histograms = map[string]*dto.Metric{}
+	}
+	var le string
+	b := labels.NewBuilder(ls).Del(labels.MetricName, "le")
+	if ls.Has("le") {
+		le = ls.Get("le")
+	}
+	rest := b.Labels()
+	id := rest.String()
+	m, ok := f.histograms[id]
+	if !ok {
+		m = &dto.Metric{Histogram: &dto.Histogram{}}
+		rest.Range(func(l labels.Label) {
+			m.Label = append(m.Label, &dto.LabelPair{Name: proto.String(l.Name), Value: proto.String(l.Value)})
+		})
+		f.histograms[id] = m
+		f.mf.Metric = append(f.mf.Metric, m)
+	}
+	switch series {
+	case f.name + "_bucket":
+		if le == "" {
+			return fmt.Errorf("%s: a histogram bucket without an le label", series)
+		}
+		bound, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			return fmt.Errorf("%s: le=%q is not a number", series, le)
+		}
+		m.Histogram.Bucket = append(m.Histogram.Bucket, &dto.Bucket{
+			UpperBound:      proto.Float64(bound),
+			CumulativeCount: proto.Uint64(uint64(value)),
+		})
+	case f.name + "_sum":
+		m.Histogram.SampleSum = proto.Float64(value)
+	case f.name + "_count":
+		m.Histogram.SampleCount = proto.Uint64(uint64(value))
+	case f.name + "_created":
+	default:
+		return fmt.Errorf("%s: not a sample of histogram %s", series, f.name)
+	}
 	return nil
 }

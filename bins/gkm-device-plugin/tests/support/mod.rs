@@ -1,5 +1,6 @@
 //! What the real-kubelet tests share: the plugin started the way a node's
-//! DaemonSet would start it, against a test-made tree.
+//! DaemonSet would start it, against a test-made tree. The scheduler
+//! extender's real-node test includes this module too.
 
 use std::path::Path;
 use std::process::Command;
@@ -18,7 +19,13 @@ pub fn start_plugin(
     log: &Path,
 ) -> anyhow::Result<Process> {
     let paths = tree.paths();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-device-plugin"));
+    // This crate's tests name the binary cargo built for them; other crates'
+    // tests (which include this module) find it in the same target dir.
+    let binary = match option_env!("CARGO_BIN_EXE_gkm-device-plugin") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => gkm_testenv::workspace_binary("gkm-device-plugin")?,
+    };
+    let mut cmd = Command::new(binary);
     cmd.arg(format!(
         "--device-plugins-dir={}",
         node.device_plugins_dir().display()

@@ -1,0 +1,104 @@
+//! The `--json` documents of the commands that had none of their own
+//! library type to print: one struct per command, camelCase keys, printed
+//! as one pretty JSON document on standard output. Their shapes are listed
+//! in the README's CLI section; fields are only ever added.
+
+use serde::Serialize;
+
+/// Prints `doc` as one JSON document on standard output.
+pub fn print<T: Serialize>(doc: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(doc)?);
+    Ok(())
+}
+
+/// `gkm build --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Built {
+    /// Where the image was written.
+    pub reference: String,
+    /// The image (manifest) digest.
+    pub digest: String,
+    /// The number of kernels (cache entries).
+    pub entry_count: usize,
+    /// The total size of the cache files.
+    pub cache_size_bytes: u64,
+    /// The compressed layer.
+    pub layer: Blob,
+    /// The targets, as `gkm inspect` names them.
+    pub targets: Vec<String>,
+}
+
+/// A blob: its digest, size and media type.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blob {
+    /// The blob digest.
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its media type.
+    pub media_type: String,
+}
+
+/// `gkm push --json` and `gkm pull IMAGE oci:PATH --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Copied {
+    /// The image copied.
+    pub source: String,
+    /// Where it was copied to.
+    pub destination: String,
+    /// The image (manifest) digest, the same at both ends.
+    pub digest: String,
+}
+
+/// `gkm pull IMAGE --store DIR --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stored {
+    /// The image pulled.
+    pub image: String,
+    /// Its digest.
+    pub digest: String,
+    /// The tree in the store.
+    pub path: String,
+    /// Whether this pull extracted it (false: it was already stored).
+    pub extracted: bool,
+}
+
+/// `gkm extract --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Extracted {
+    /// The image extracted.
+    pub image: String,
+    /// Its digest.
+    pub digest: String,
+    /// The directory filled.
+    pub output: String,
+    /// Regular files written.
+    pub files: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Entries of the layer read (files, directories, links).
+    pub entries: u64,
+}
+
+/// `gkm sign --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Signed {
+    /// The image as given.
+    pub image: String,
+    /// The digest signed.
+    pub digest: String,
+    /// The signature format: `v2` or `v3`.
+    pub format: String,
+    /// The key's algorithm.
+    pub algorithm: String,
+    /// The key's fingerprint.
+    pub fingerprint: String,
+    /// Where the signature was written.
+    pub signature: String,
+}
