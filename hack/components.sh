@@ -87,7 +87,7 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -114,6 +114,18 @@ for c in "${wanted[@]}"; do
     # Prometheus's own text parser and linter (client_golang's promlint), for
     # checking gkm's /metrics.
     promlint) go_component promlint v0.72.1 promlint promlint=. ;;
+    # Helm 3: the chart in deploy/helm/gkm is linted, rendered (deploy/install.yaml)
+    # and installed onto real nodes with it. Its version, and the Kubernetes
+    # version it assumes without a cluster (its client-go's, 0.37 -> 1.37),
+    # are stamped as Helm's own Makefile does.
+    helm)
+      GO_LDFLAGS="-X helm.sh/helm/v3/internal/version.version=v3.22.0 -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+      for pkg in pkg/lint/rules pkg/chartutil; do
+        GO_LDFLAGS+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=37"
+      done
+      GO_LDFLAGS=$GO_LDFLAGS go_component helm v3.22.0 helm helm.sh/helm/v3/cmd/helm
+      GO_LDFLAGS=
+      ;;
     csi-sanity) go_component csi-sanity v5.6.0 csi-test github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity ;;
     # Reads a cache image with the registry client MCV pins
     # (go-containerregistry v0.20.7) and Go's gzip and tar, following MCV's

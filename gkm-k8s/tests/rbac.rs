@@ -55,6 +55,11 @@ fn deploy_dir() -> anyhow::Result<PathBuf> {
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
+        // deploy/helm holds the chart these files are rendered from (its
+        // templates are not YAML); bins/gkm-local/tests/chart.rs checks it.
+        if path.is_dir() && path.file_name().is_some_and(|n| n == "helm") {
+            continue;
+        }
         if path.is_dir() {
             yaml_files(&path, out)?;
         } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {

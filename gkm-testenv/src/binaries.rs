@@ -36,6 +36,9 @@ pub enum Component {
     Containerd,
     /// runc, built from `github.com/opencontainers/runc`.
     Runc,
+    /// Helm 3, built from `helm.sh/helm/v3`: lints, renders and installs
+    /// the chart in `deploy/helm/gkm`.
+    Helm,
 }
 
 impl Component {
@@ -56,6 +59,7 @@ impl Component {
             Component::Kubelet => "kubelet",
             Component::Containerd => "containerd",
             Component::Runc => "runc",
+            Component::Helm => "helm",
         }
     }
 
@@ -75,6 +79,7 @@ impl Component {
             Component::CosignV2 | Component::CosignV3 => "hack/components.sh cosign",
             Component::CsiSanity => "hack/components.sh csi-sanity",
             Component::Promlint => "hack/components.sh promlint",
+            Component::Helm => "hack/components.sh helm",
         }
     }
 

@@ -23,6 +23,12 @@ pub struct ControlPlaneOptions {
     /// and garbage-collector controllers (needed to create pods: their
     /// namespace's `default` ServiceAccount must exist).
     pub controller_manager: bool,
+    /// With `controller_manager`, also run the controllers that turn
+    /// Deployments and DaemonSets into pods, publish the cluster's CA
+    /// (`kube-root-ca.crt`) into every namespace for pods' API tokens, and
+    /// lift a Ready node's `not-ready` taint (node lifecycle): what
+    /// installing gkm's chart onto real nodes needs.
+    pub workload_controllers: bool,
 }
 
 /// A running etcd + kube-apiserver, stopped when dropped.
@@ -177,10 +183,17 @@ impl ControlPlane {
         plane.wait_ready(Duration::from_secs(90)).await?;
         if options.controller_manager {
             let mut kcm = Command::new(find_binary(Component::KubeControllerManager)?);
+            let mut controllers =
+                "serviceaccount,serviceaccount-token,namespace,garbagecollector".to_string();
+            if options.workload_controllers {
+                controllers.push_str(
+                    ",deployment-controller,replicaset-controller,daemonset-controller,\
+                     root-ca-certificate-publisher-controller,node-lifecycle-controller",
+                );
+            }
             kcm.args([
                 format!("--kubeconfig={}", plane.kubeconfig.display()),
-                "--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector"
-                    .to_string(),
+                format!("--controllers={controllers}"),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
                 "--leader-elect=false".to_string(),

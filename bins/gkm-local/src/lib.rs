@@ -363,16 +363,7 @@ impl Stack {
         repository: &str,
         tag: &str,
     ) -> anyhow::Result<(String, String)> {
-        let reference = format!("{}/{repository}:{tag}", self.registry.addr());
-        let dest: ImageRef = reference.parse()?;
-        let registry = RegistryOptions {
-            insecure: true,
-            ..RegistryOptions::default()
-        };
-        let built = gkm_oci::build(cache_dir, &dest, &BuildOptions::default(), &registry)
-            .await
-            .with_context(|| format!("building {} into {reference}", cache_dir.display()))?;
-        Ok((reference, built.digest.to_string()))
+        push_cache(&self.registry, cache_dir, repository, tag).await
     }
 
     /// Builds the cache in `cache_dir` into `repository:tag`, signs its
@@ -384,10 +375,7 @@ impl Stack {
         tag: &str,
         key: &cosign::CosignKey,
     ) -> anyhow::Result<(String, String)> {
-        let (image, digest) = self.push_cache(cache_dir, repository, tag).await?;
-        let repository = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
-        cosign::sign(key, &format!("{repository}@{digest}"))?;
-        Ok((image, digest))
+        push_signed_cache(&self.registry, cache_dir, repository, tag, key).await
     }
 
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
@@ -404,4 +392,40 @@ impl Stack {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// Builds the cache in `cache_dir` into `repository:tag` in `registry` and
+/// returns the image reference and digest.
+pub async fn push_cache(
+    registry: &Registry,
+    cache_dir: &Path,
+    repository: &str,
+    tag: &str,
+) -> anyhow::Result<(String, String)> {
+    let reference = format!("{}/{repository}:{tag}", registry.addr());
+    let dest: ImageRef = reference.parse()?;
+    let options = RegistryOptions {
+        insecure: true,
+        ..RegistryOptions::default()
+    };
+    let built = gkm_oci::build(cache_dir, &dest, &BuildOptions::default(), &options)
+        .await
+        .with_context(|| format!("building {} into {reference}", cache_dir.display()))?;
+    Ok((reference, built.digest.to_string()))
+}
+
+/// Builds the cache in `cache_dir` into `repository:tag` in `registry`,
+/// signs its digest with `key` (cosign), and returns the image reference and
+/// digest.
+pub async fn push_signed_cache(
+    registry: &Registry,
+    cache_dir: &Path,
+    repository: &str,
+    tag: &str,
+    key: &cosign::CosignKey,
+) -> anyhow::Result<(String, String)> {
+    let (image, digest) = push_cache(registry, cache_dir, repository, tag).await?;
+    let repository = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
+    cosign::sign(key, &format!("{repository}@{digest}"))?;
+    Ok((image, digest))
 }
