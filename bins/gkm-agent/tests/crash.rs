@@ -272,48 +272,62 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     until_extracted(&setup, &mut agent, "blip", &digest).await?;
     let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
     assert!(delivery.is_some_and(|d| d.is_deliverable()));
-    // What an operator sees on /metrics: the failed read, the extraction,
-    // the store's contents; in a shape Prometheus's own linter accepts.
+    // What an operator sees on /metrics: the failed read, the extractions,
+    // what the store holds (other tests' caches too: the cluster is shared,
+    // so the figures are compared with the store directory itself); in a
+    // shape Prometheus's own linter accepts.
+    let value = |metrics: &str, name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    };
+    let stored = || -> (f64, f64) {
+        let digests: Vec<PathBuf> = std::fs::read_dir(setup.store().join("sha256"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        let bytes: u64 = digests
+            .iter()
+            .flat_map(|d| files(d).into_iter().map(move |f| d.join(f)))
+            .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+            .sum();
+        (digests.len() as f64, bytes as f64)
+    };
     let began = Instant::now();
     let metrics = loop {
         agent.check_running()?;
         let last = gkm_testenv::http_get(port, "/metrics").await;
+        let (images, bytes) = stored();
         if let Some((200, text)) = &last
-            && text.lines().any(|l| l == "gkm_agent_store_images 1")
+            && value(text, "gkm_agent_store_images") == Some(images)
+            && value(text, "gkm_agent_store_bytes") == Some(bytes)
         {
             break text.clone();
         }
         anyhow::ensure!(
             began.elapsed() < Duration::from_secs(60),
-            "the store never showed in /metrics; last answer {last:?}; log:\n{}",
+            "/metrics never matched the store ({images} images, {bytes} bytes); last answer \
+             {last:?}; log:\n{}",
             agent.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     gkm_testenv::promlint(&metrics)?;
     let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
+        value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
     };
     assert!(value("gkm_agent_summary_reads_total{outcome=\"failed\"}") >= 1.0);
+    let images = value("gkm_agent_store_images");
+    assert!(images >= 1.0, "the blip cache is in the store");
     assert_eq!(
         value("gkm_agent_extractions_total{outcome=\"succeeded\"}"),
-        1.0
+        images
     );
-    assert_eq!(value("gkm_agent_extraction_duration_seconds_count"), 1.0);
-    assert_eq!(value("gkm_agent_store_images"), 1.0);
-    let tree_bytes: u64 = files(&tree)
-        .iter()
-        .map(|f| std::fs::metadata(tree.join(f)).map_or(0, |m| m.len()))
-        .sum();
-    // The cache's files, and the store's own small record of the image.
-    let store_bytes = value("gkm_agent_store_bytes");
-    assert!(
-        (tree_bytes as f64..tree_bytes as f64 + 4096.0).contains(&store_bytes),
-        "store {store_bytes} bytes, cache {tree_bytes} bytes"
-    );
+    // Failed extractions are timed too.
+    assert!(value("gkm_agent_extraction_duration_seconds_count") >= images);
     assert!(value("gkm_agent_sync_passes_total{outcome=\"succeeded\"}") >= 1.0);
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
