@@ -380,8 +380,9 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
             insecure: true,
             ..Default::default()
         };
+        // The same files with the other layer compression: a new digest.
         let options = gkm_oci::BuildOptions {
-            compression: gkm_oci::Compression::Gzip,
+            compression: gkm_oci::Compression::Zstd,
             ..Default::default()
         };
         let built = gkm_oci::build(
