@@ -15,6 +15,7 @@ pub mod leader;
 pub mod mount_table;
 pub mod operator;
 pub mod podresources;
+pub mod pvc;
 pub mod serve;
 
 pub use error::{Error, Result};

@@ -23,6 +23,9 @@ pub struct ControlPlaneOptions {
     /// and garbage-collector controllers (needed to create pods: their
     /// namespace's `default` ServiceAccount must exist).
     pub controller_manager: bool,
+    /// More kube-controller-manager controllers to run (`job-controller`,
+    /// `persistentvolume-binder-controller`…), with `controller_manager`.
+    pub extra_controllers: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver, stopped when dropped.
@@ -177,10 +180,15 @@ impl ControlPlane {
         plane.wait_ready(Duration::from_secs(90)).await?;
         if options.controller_manager {
             let mut kcm = Command::new(find_binary(Component::KubeControllerManager)?);
+            let mut controllers =
+                String::from("serviceaccount,serviceaccount-token,namespace,garbagecollector");
+            for extra in &options.extra_controllers {
+                controllers.push(',');
+                controllers.push_str(extra);
+            }
             kcm.args([
                 format!("--kubeconfig={}", plane.kubeconfig.display()),
-                "--controllers=serviceaccount,serviceaccount-token,namespace,garbagecollector"
-                    .to_string(),
+                format!("--controllers={controllers}"),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
                 "--leader-elect=false".to_string(),

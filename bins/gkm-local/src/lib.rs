@@ -120,9 +120,20 @@ impl Stack {
     /// the CRDs and `deploy/rbac`, and creates the simulated `nodes`. gkm's
     /// own processes are started separately.
     pub async fn start(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
+        Stack::start_with_controllers(dir, nodes, &[]).await
+    }
+
+    /// Like [`Stack::start`], with more kube-controller-manager controllers
+    /// (`job-controller`, `persistentvolume-binder-controller`…).
+    pub async fn start_with_controllers(
+        dir: &Path,
+        nodes: Vec<SimulatedNode>,
+        controllers: &[&str],
+    ) -> anyhow::Result<Stack> {
         std::fs::create_dir_all(dir.join("registry"))?;
         let options = ControlPlaneOptions {
             controller_manager: true,
+            extra_controllers: controllers.iter().map(|c| c.to_string()).collect(),
             ..ControlPlaneOptions::default()
         };
         let plane = ControlPlane::start_in_dir(dir, options).await?;

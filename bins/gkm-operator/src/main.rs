@@ -14,6 +14,7 @@ use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{
     ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier,
 };
+use gkm_k8s::pvc::PvcOptions;
 use gkm_k8s::serve::{
     EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
     register_build_info, shutdown_signal, until_signal,
@@ -76,9 +77,70 @@ struct Cli {
     /// checked again, even when nothing changed (e.g. 1h).
     #[arg(long, default_value = "1h", value_parser = gkm_bin_support::duration)]
     reverify_interval: Duration,
+    /// The image of PVC fill Jobs: one whose entrypoint is `gkm-operator`
+    /// (they run `gkm-operator fill`).
+    #[arg(long, default_value = "ghcr.io/gkm-rs/gkm-operator:v0.1.0")]
+    job_image: String,
+    /// The fill Jobs' imagePullPolicy (Always, IfNotPresent, Never).
+    #[arg(long, default_value = "IfNotPresent")]
+    job_image_pull_policy: String,
+    /// Run fill Jobs in their node's network namespace, for registries only
+    /// the nodes themselves reach (a node-local mirror).
+    #[arg(long)]
+    job_host_network: bool,
+    /// Make the PersistentVolumes of PVC-mode caches (hostPath, under this
+    /// directory on the nodes) instead of leaving them to a provisioner, for
+    /// clusters without one for the cache's StorageClass. ReadWriteOnce
+    /// volumes are pinned to their node; ReadOnlyMany ones need the directory
+    /// to be shared storage mounted at the same path on every node.
+    #[arg(long, value_name = "DIR")]
+    pvc_volume_dir: Option<PathBuf>,
+    /// The size PVC-mode claims request (and gkm-made volumes offer).
+    #[arg(long, default_value = "1Gi")]
+    pvc_size: String,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// A mode other than running the controllers.
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Fill a PVC with a cache image (what fill Jobs run): extracts the
+    /// image, pinned to a digest, into the mounted volume, replacing what it held.
+    Fill {
+        /// The image, `REPO@sha256:…`.
+        #[arg(long)]
+        image: String,
+        /// Where the claim is mounted.
+        #[arg(long)]
+        into: PathBuf,
+        /// Speak plain HTTP to the registry.
+        #[arg(long)]
+        insecure_registry: bool,
+    },
+}
+
+async fn fill(image: &str, into: &Path, insecure: bool) -> anyhow::Result<()> {
+    let reference: gkm_oci::ImageRef = image
+        .parse()
+        .with_context(|| format!("--image {image:?}"))?;
+    let registry = RegistryOptions {
+        insecure,
+        ..RegistryOptions::default()
+    };
+    let stats = gkm_k8s::pvc::fill(&reference, into, &registry)
+        .await
+        .with_context(|| format!("filling {} from {image}", into.display()))?;
+    println!(
+        "filled {} from {image}: {} files, {} bytes",
+        into.display(),
+        stats.files,
+        stats.bytes
+    );
+    Ok(())
 }
 
 fn read_policy(flag: &str, path: &Path) -> anyhow::Result<SignaturePolicy> {
@@ -104,6 +166,14 @@ fn identity(flag: Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Fill {
+        image,
+        into,
+        insecure_registry,
+    }) = &cli.command
+    {
+        return fill(image, into, *insecure_registry).await;
+    }
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -144,6 +214,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         reverify_interval: cli.reverify_interval,
         instance: identity.clone(),
+        pvc: PvcOptions {
+            job_image: cli.job_image,
+            job_image_pull_policy: cli.job_image_pull_policy,
+            job_host_network: cli.job_host_network,
+            insecure_registry: cli.insecure_registry,
+            volume_dir: cli.pvc_volume_dir,
+            claim_size: cli.pvc_size,
+        },
     };
 
     let metrics = Arc::new(Metrics::default());

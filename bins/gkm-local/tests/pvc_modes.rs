@@ -1,0 +1,418 @@
+//! GKM's PVC delivery on a real node: a `GKMCache` with a StorageClass and
+//! `ReadOnlyMany` gets a claim named like it and a fill Job whose container
+//! runs gkm's own extractor; a workload pod mounting `claimName: <cache>`
+//! reads the kernel. A `ClusterGKMCache` does the same per workload
+//! namespace and follows changes to that list. The cluster has no
+//! provisioner: the operator makes the volumes (`--pvc-volume-dir`;
+//! hostPath, and this test ground's nodes share one filesystem). Deleting a
+//! cache while a pod uses its claim waits for the pod, survives an operator
+//! restart, and then leaves no Job, claim, volume or directory behind.
+
+use std::time::{Duration, Instant};
+
+use gkm_k8s::crd::{CacheState, ClusterGKMCache, GKMCache};
+use gkm_local::{SimulatedNode, Stack, cosign, fixture};
+use gkm_testenv::{Scheduler, TestImage, pod_log, wait_for_pod, workspace_binary};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+const TIMEOUT: Duration = Duration::from_secs(180);
+const NODE: &str = "real-sm75";
+const JOB_IMAGE: &str = "gkm.test/gkm-operator:pvc";
+const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
+const CLASS: &str = "gkm-local";
+
+/// Polls `check` until it returns `Some`, or fails with `what` and the
+/// operator's last log lines.
+async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "{what}: not after {TIMEOUT:?}; operator log:\n{}",
+                stack.log_tail("operator", None, 30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A busybox pod on the real node mounting claim `claim` at `/cache`, listing
+/// it and printing the kernel's sha256, then waiting.
+fn claim_reader(ns: &str, name: &str, claim: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "nodeName": NODE,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "triton", "image": gkm_testenv::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c",
+                    "ls -1 /cache; sha256sum /cache/*/add_kernel.cubin; echo DONE; exec sleep 100000"],
+                "volumeMounts": [{"name": "kernels", "mountPath": "/cache", "readOnly": true}],
+            }],
+            "volumes": [{"name": "kernels", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}],
+        }
+    }))?)
+}
+
+/// Starts a reader of `claim` in `ns` and returns its log once it printed
+/// the kernel's checksum.
+async fn read_claim(
+    stack: &Stack,
+    client: &Client,
+    ns: &str,
+    name: &str,
+    claim: &str,
+) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &claim_reader(ns, name, claim)?)
+        .await?;
+    wait_for_pod(&pods, name, TIMEOUT, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await?;
+    eventually(stack, &format!("{ns}/{name} prints the kernel"), || {
+        let pods = pods.clone();
+        async move {
+            let log = pod_log(&pods, name, "triton").await?;
+            Ok(log.contains("DONE").then_some(log))
+        }
+    })
+    .await
+}
+
+async fn job_succeeded(client: &Client, ns: &str) -> anyhow::Result<Option<Job>> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    Ok(jobs
+        .list(&ListParams::default().labels("gkm.io/cache"))
+        .await?
+        .items
+        .into_iter()
+        .find(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0))
+}
+
+fn kernel_sha() -> anyhow::Result<String> {
+    let path = fixture("triton-vector-add-cuda-sm75")
+        .join(KERNEL_DIR)
+        .join("add_kernel.cubin");
+    Ok(hex::encode(Sha256::digest(std::fs::read(path)?)))
+}
+
+async fn owned_left(client: &Client, selector: &str) -> anyhow::Result<usize> {
+    let lp = ListParams::default().labels(selector);
+    Ok(Api::<Job>::all(client.clone()).list(&lp).await?.items.len()
+        + Api::<PersistentVolumeClaim>::all(client.clone())
+            .list(&lp)
+            .await?
+            .items
+            .len()
+        + Api::<PersistentVolume>::all(client.clone())
+            .list(&lp)
+            .await?
+            .items
+            .len())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
+    let tmp = gkm_testenv::temp_dir()?;
+    let controllers = [
+        "job-controller",
+        "persistentvolume-binder-controller",
+        "persistentvolumeclaim-protection-controller",
+        "persistentvolume-protection-controller",
+    ];
+    let mut stack = Stack::start_with_controllers(tmp.path(), Vec::new(), &controllers).await?;
+    stack
+        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
+        .await?;
+    let operator_image = TestImage::busybox(&[JOB_IMAGE])?
+        .with_binary("/usr/bin/gkm-operator", &workspace_binary("gkm-operator")?)?
+        .with_entrypoint(&["/usr/bin/gkm-operator"]);
+    stack
+        .real_node(NODE)
+        .ok_or_else(|| anyhow::anyhow!("no real node"))?
+        .import_image(&operator_image)?;
+    let _scheduler = Scheduler::start(
+        &stack.plane,
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
+    )?;
+    let client = stack.plane.client().await?;
+    for ns in ["team-a", "team-b", "team-c"] {
+        stack.plane.ensure_namespace(ns).await?;
+    }
+    // A StorageClass without a provisioner: the operator makes the volumes.
+    stack
+        .plane
+        .apply_object(
+            &json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                    "metadata": {"name": CLASS}, "provisioner": "kubernetes.io/no-provisioner",
+                    "volumeBindingMode": "Immediate"}),
+            false,
+        )
+        .await?;
+    // The workload pods may not lack the taint's toleration, the Job's pods need it.
+    let key = cosign::generate_key_pair(&tmp.path().join("keys/release"))?;
+    let (image, _digest) = stack
+        .push_signed_cache(
+            &fixture("triton-vector-add-cuda-sm75"),
+            "gkm/vector-add",
+            "cuda",
+            &key,
+        )
+        .await?;
+    let volumes = tmp.path().join("volumes");
+    let policy = tmp.path().join("default-policy.yaml");
+    std::fs::write(
+        &policy,
+        serde_yaml::to_string(&json!({"signers": [{"key": {"publicKey": key.public_pem}}]}))?,
+    )?;
+    stack.set_args(
+        vec![
+            "--resolve-interval=2s".into(),
+            format!("--default-policy={}", policy.display()),
+            format!("--job-image={JOB_IMAGE}"),
+            "--job-image-pull-policy=Never".into(),
+            // The test registry listens on the host's loopback.
+            "--job-host-network".into(),
+            format!("--pvc-volume-dir={}", volumes.display()),
+        ],
+        vec!["--resync=2s".into(), "--gc-grace=0s".into()],
+    );
+    stack.start_gkm()?;
+    let sha = kernel_sha()?;
+
+    // --- ROX GKMCache, in GKM's shape (no signature of its own: the
+    // operator's default policy), with a podTemplate.
+    let cache = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": "vector-add", "namespace": "team-a"},
+        "spec": {
+            "image": image, "storageClassName": CLASS,
+            "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+            "podTemplate": {
+                "metadata": {"labels": {"team": "ml"}, "annotations": {"owner": "ml-infra"}},
+                "spec": {"nodeSelector": {"gkm.io/real-node": "true"},
+                         "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+            },
+        },
+    });
+    let caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-a");
+    caches
+        .patch(
+            "vector-add",
+            &PatchParams::apply("pvc-test").force(),
+            &Patch::Apply(&cache),
+        )
+        .await?;
+    let job = eventually(&stack, "the team-a fill Job succeeds", || {
+        job_succeeded(&client, "team-a")
+    })
+    .await?;
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "team-a")
+        .get("vector-add")
+        .await?;
+    assert_eq!(
+        pvc.spec.as_ref().and_then(|s| s.access_modes.clone()),
+        Some(vec!["ReadOnlyMany".to_string()])
+    );
+    let job_pod = Api::<Pod>::namespaced(client.clone(), "team-a")
+        .list(&ListParams::default().labels(&format!("job-name={}", job.name_any())))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the fill Job has no pod"))?;
+    let pod_spec = job_pod.spec.clone().unwrap_or_default();
+    assert_eq!(
+        pod_spec.node_name.as_deref(),
+        Some(NODE),
+        "scheduled by the template's nodeSelector"
+    );
+    assert_eq!(
+        pod_spec
+            .node_selector
+            .and_then(|s| s.get("gkm.io/real-node").cloned())
+            .as_deref(),
+        Some("true")
+    );
+    assert!(
+        pod_spec
+            .tolerations
+            .iter()
+            .flatten()
+            .any(|t| t.key.as_deref() == Some("gpu")),
+        "the template's toleration reaches the Job's pod"
+    );
+    assert_eq!(job_pod.labels().get("team").map(String::as_str), Some("ml"));
+    assert_eq!(
+        job_pod.labels().get("gkm.io/cache").map(String::as_str),
+        Some("vector-add")
+    );
+    let job_log = pod_log(
+        &Api::namespaced(client.clone(), "team-a"),
+        &job_pod.name_any(),
+        "fill",
+    )
+    .await?;
+    assert!(
+        job_log.contains("filled /cache from"),
+        "the fill container's log:\n{job_log}"
+    );
+
+    let status = eventually(&stack, "GKMCache team-a/vector-add Extracted", || {
+        let caches = caches.clone();
+        async move {
+            let c = caches.get("vector-add").await?;
+            Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
+        }
+    })
+    .await?;
+    let pvc_status = status.pvc_status.unwrap_or_default();
+    assert_eq!(
+        pvc_status.get("team-a").and_then(|p| p.pvc_name.as_deref()),
+        Some("vector-add"),
+        "{pvc_status:?}"
+    );
+    let log = read_claim(&stack, &client, "team-a", "reader", "vector-add").await?;
+    assert!(log.contains(KERNEL_DIR), "{log}");
+    assert!(
+        log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
+        "{log}"
+    );
+    assert!(
+        !log.contains("io.triton"),
+        "the image layout stays out of the claim: {log}"
+    );
+    eventually(&stack, "the cache counts the reader (Running)", || {
+        let caches = caches.clone();
+        async move {
+            let c = caches.get("vector-add").await?;
+            Ok(c.status
+                .filter(|s| s.state == Some(CacheState::Running) && s.counts.pod_running_cnt == 1))
+        }
+    })
+    .await?;
+
+    // --- ClusterGKMCache: a claim per workload namespace, following the list.
+    let cluster = |namespaces: serde_json::Value| {
+        json!({
+            "apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
+            "metadata": {"name": "shared-add"},
+            "spec": {"image": image, "storageClassName": CLASS, "accessModes": ["ReadOnlyMany"],
+                     "workloadNamespaces": namespaces,
+                     "podTemplate": {"spec": {"nodeSelector": {"gkm.io/real-node": "true"}}}},
+        })
+    };
+    let clusters: Api<ClusterGKMCache> = Api::all(client.clone());
+    clusters
+        .patch(
+            "shared-add",
+            &PatchParams::apply("pvc-test").force(),
+            &Patch::Apply(&cluster(json!(["team-b", "team-c"]))),
+        )
+        .await?;
+    for ns in ["team-b", "team-c"] {
+        eventually(&stack, &format!("the {ns} fill Job succeeds"), || {
+            job_succeeded(&client, ns)
+        })
+        .await?;
+        let log = read_claim(&stack, &client, ns, "reader", "shared-add").await?;
+        assert!(
+            log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
+            "{ns}: {log}"
+        );
+    }
+    clusters
+        .patch(
+            "shared-add",
+            &PatchParams::apply("pvc-test").force(),
+            &Patch::Apply(&cluster(json!(["team-b", "team-c", "team-d"]))),
+        )
+        .await?;
+    eventually(
+        &stack,
+        "a missing workload namespace shows NoNamespace",
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let c = clusters.get("shared-add").await?;
+                Ok(c.status
+                    .filter(|s| s.state == Some(CacheState::NoNamespace)))
+            }
+        },
+    )
+    .await?;
+    stack.plane.ensure_namespace("team-d").await?;
+    eventually(&stack, "the team-d fill Job succeeds", || {
+        job_succeeded(&client, "team-d")
+    })
+    .await?;
+    let log = read_claim(&stack, &client, "team-d", "reader", "shared-add").await?;
+    assert!(
+        log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
+        "team-d: {log}"
+    );
+
+    // --- Deleting while in use: Deleting until the reader goes; an operator
+    // restart changes nothing; then nothing is left.
+    caches
+        .delete("vector-add", &DeleteParams::default())
+        .await?;
+    eventually(&stack, "the deleted cache shows Deleting", || {
+        let caches = caches.clone();
+        async move {
+            let c = caches.get_opt("vector-add").await?;
+            Ok(c.and_then(|c| c.status)
+                .filter(|s| s.state == Some(CacheState::Deleting)))
+        }
+    })
+    .await?;
+    stack.kill_operator();
+    stack.start_operator()?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let selector = "gkm.io/cache=vector-add,gkm.io/cache-namespace=team-a";
+    assert!(
+        caches.get_opt("vector-add").await?.is_some(),
+        "held while a pod uses its claim"
+    );
+    assert!(
+        owned_left(&client, selector).await? >= 2,
+        "claim and volume kept while in use"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+    pods.delete("reader", &DeleteParams::default().grace_period(0))
+        .await?;
+    eventually(&stack, "the cache and everything it made are gone", || {
+        let (caches, client) = (caches.clone(), client.clone());
+        async move {
+            let gone = caches.get_opt("vector-add").await?.is_none()
+                && owned_left(&client, selector).await? == 0;
+            Ok(gone.then_some(()))
+        }
+    })
+    .await?;
+    let dirs: Vec<_> = std::fs::read_dir(&volumes)?
+        .filter_map(|e| e.ok())
+        .collect();
+    assert_eq!(
+        dirs.len(),
+        3,
+        "only the cluster cache's three volume directories remain"
+    );
+    stack.check_running()?;
+    Ok(())
+}
