@@ -17,5 +17,6 @@ pub mod operator;
 pub mod podresources;
 pub mod pvc;
 pub mod serve;
+pub mod webhook;
 
 pub use error::{Error, Result};

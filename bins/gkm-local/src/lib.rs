@@ -401,6 +401,23 @@ impl Stack {
         Ok((image, digest))
     }
 
+    /// Makes a cosign key pair at `key_path`, builds the fixture cache
+    /// `fixture_name` into `repository:tag` and signs it; returns the key,
+    /// the image reference and its digest.
+    pub async fn push_signed_fixture(
+        &self,
+        key_path: &Path,
+        fixture_name: &str,
+        repository: &str,
+        tag: &str,
+    ) -> anyhow::Result<(cosign::CosignKey, String, String)> {
+        let key = cosign::generate_key_pair(key_path)?;
+        let (image, digest) = self
+            .push_signed_cache(&fixture(fixture_name), repository, tag, &key)
+            .await?;
+        Ok((key, image, digest))
+    }
+
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
     pub fn log_tail(&self, which: &str, node: Option<&str>, lines: usize) -> String {
         let path = match node {

@@ -11,17 +11,19 @@
 use std::time::{Duration, Instant};
 
 use gkm_k8s::crd::{CacheState, ClusterGKMCache, GKMCache};
-use gkm_local::{SimulatedNode, Stack, cosign, fixture};
+use gkm_local::{SimulatedNode, Stack, fixture};
 use gkm_testenv::{Scheduler, TestImage, pod_log, wait_for_pod, workspace_binary};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 const NODE: &str = "real-sm75";
+/// A second real node with the same GPU, for ReadWriteOnce's claim per node.
+const NODE2: &str = "real-sm75-b";
 const JOB_IMAGE: &str = "gkm.test/gkm-operator:pvc";
 const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
 const CLASS: &str = "gkm-local";
@@ -134,18 +136,30 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         "persistentvolume-binder-controller",
         "persistentvolumeclaim-protection-controller",
         "persistentvolume-protection-controller",
+        // Lifts the not-ready taint once a kubelet reports Ready, so the
+        // scheduler places the fill Jobs' pods.
+        "node-lifecycle-controller",
+        "daemonset-controller",
     ];
     let mut stack = Stack::start_with_controllers(tmp.path(), Vec::new(), &controllers).await?;
-    stack
-        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
-        .await?;
     let operator_image = TestImage::busybox(&[JOB_IMAGE])?
         .with_binary("/usr/bin/gkm-operator", &workspace_binary("gkm-operator")?)?
         .with_entrypoint(&["/usr/bin/gkm-operator"]);
-    stack
-        .real_node(NODE)
-        .ok_or_else(|| anyhow::anyhow!("no real node"))?
-        .import_image(&operator_image)?;
+    // Like any image of it, with the system's CA certificates (the registry
+    // client loads them even for a plain-HTTP registry).
+    let operator_image = operator_image.with_file(
+        "/etc/ssl/certs/ca-certificates.crt",
+        std::path::Path::new("/etc/ssl/certs/ca-certificates.crt"),
+    )?;
+    for node in [NODE, NODE2] {
+        stack
+            .add_real_node(SimulatedNode::new(node, "gpus:\n- profile: T4\n"))
+            .await?;
+        stack
+            .real_node(node)
+            .ok_or_else(|| anyhow::anyhow!("no real node {node}"))?
+            .import_image(&operator_image)?;
+    }
     let _scheduler = Scheduler::start(
         &stack.plane,
         "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
@@ -164,17 +178,16 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
             false,
         )
         .await?;
-    // The workload pods may not lack the taint's toleration, the Job's pods need it.
-    let key = cosign::generate_key_pair(&tmp.path().join("keys/release"))?;
-    let (image, _digest) = stack
-        .push_signed_cache(
-            &fixture("triton-vector-add-cuda-sm75"),
+    let (key, image, _digest) = stack
+        .push_signed_fixture(
+            &tmp.path().join("keys/release"),
+            "triton-vector-add-cuda-sm75",
             "gkm/vector-add",
             "cuda",
-            &key,
         )
         .await?;
     let volumes = tmp.path().join("volumes");
+    let webhook_port = gkm_testenv::free_port()?;
     let policy = tmp.path().join("default-policy.yaml");
     std::fs::write(
         &policy,
@@ -189,6 +202,10 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
             // The test registry listens on the host's loopback.
             "--job-host-network".into(),
             format!("--pvc-volume-dir={}", volumes.display()),
+            // The apiserver calls the webhook on loopback, trusting the
+            // operator's self-issued CA from the configuration's caBundle.
+            format!("--webhook-listen=127.0.0.1:{webhook_port}"),
+            format!("--webhook-url=https://127.0.0.1:{webhook_port}"),
         ],
         vec!["--resync=2s".into(), "--gc-grace=0s".into()],
     );
@@ -211,13 +228,7 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         },
     });
     let caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-a");
-    caches
-        .patch(
-            "vector-add",
-            &PatchParams::apply("pvc-test").force(),
-            &Patch::Apply(&cache),
-        )
-        .await?;
+    stack.plane.apply_object(&cache, false).await?;
     let job = eventually(&stack, "the team-a fill Job succeeds", || {
         job_succeeded(&client, "team-a")
     })
@@ -237,10 +248,10 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         .next()
         .ok_or_else(|| anyhow::anyhow!("the fill Job has no pod"))?;
     let pod_spec = job_pod.spec.clone().unwrap_or_default();
-    assert_eq!(
-        pod_spec.node_name.as_deref(),
-        Some(NODE),
-        "scheduled by the template's nodeSelector"
+    assert!(
+        [Some(NODE), Some(NODE2)].contains(&pod_spec.node_name.as_deref()),
+        "scheduled onto a real node by the template's nodeSelector: {:?}",
+        pod_spec.node_name
     );
     assert_eq!(
         pod_spec
@@ -318,12 +329,9 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         })
     };
     let clusters: Api<ClusterGKMCache> = Api::all(client.clone());
-    clusters
-        .patch(
-            "shared-add",
-            &PatchParams::apply("pvc-test").force(),
-            &Patch::Apply(&cluster(json!(["team-b", "team-c"]))),
-        )
+    stack
+        .plane
+        .apply_object(&cluster(json!(["team-b", "team-c"])), false)
         .await?;
     for ns in ["team-b", "team-c"] {
         eventually(&stack, &format!("the {ns} fill Job succeeds"), || {
@@ -336,12 +344,9 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
             "{ns}: {log}"
         );
     }
-    clusters
-        .patch(
-            "shared-add",
-            &PatchParams::apply("pvc-test").force(),
-            &Patch::Apply(&cluster(json!(["team-b", "team-c", "team-d"]))),
-        )
+    stack
+        .plane
+        .apply_object(&cluster(json!(["team-b", "team-c", "team-d"])), false)
         .await?;
     eventually(
         &stack,
@@ -366,6 +371,153 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
         "team-d: {log}"
     );
+
+    // --- ReadWriteOnce: a claim per node, each filled by a Job pinned to it;
+    // a DaemonSet labelled for mutation gets each pod's claim rewritten by
+    // the webhook the apiserver calls.
+    let rwo = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": "rwo-add", "namespace": "team-a"},
+        "spec": {"image": image, "storageClassName": CLASS},
+    });
+    stack.plane.apply_object(&rwo, false).await?;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "team-a");
+    for node in [NODE, NODE2] {
+        let claim = gkm_k8s::pvc::names::node_claim("rwo-add", node);
+        eventually(
+            &stack,
+            &format!("the fill Job of {claim} succeeds on {node}"),
+            || {
+                let (jobs, client, claim) = (jobs.clone(), client.clone(), claim.clone());
+                async move {
+                    let done = jobs
+                        .list(
+                            &ListParams::default()
+                                .labels(&format!("gkm.io/node={node},gkm.io/cache=rwo-add")),
+                        )
+                        .await?
+                        .items
+                        .into_iter()
+                        .any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
+                    let bound = Api::<PersistentVolumeClaim>::namespaced(client, "team-a")
+                        .get_opt(&claim)
+                        .await?
+                        .is_some();
+                    Ok((done && bound).then_some(()))
+                }
+            },
+        )
+        .await?;
+    }
+    let daemonset = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "rwo-readers", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "rwo-readers"}},
+            "template": {
+                "metadata": {"labels": {"app": "rwo-readers", "gkm.io/pvc-mutation": "true"}},
+                "spec": {
+                    "nodeSelector": {"gkm.io/real-node": "true"},
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "triton", "image": gkm_testenv::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c",
+                            "sha256sum /cache/*/add_kernel.cubin; echo DONE; exec sleep 100000"],
+                        "volumeMounts": [{"name": "kernels", "mountPath": "/cache", "readOnly": true}],
+                    }],
+                    "volumes": [{"name": "kernels", "persistentVolumeClaim": {"claimName": "rwo-add"}}],
+                },
+            },
+        },
+    });
+    stack.plane.apply_object(&daemonset, false).await?;
+    let pods_a: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+    let readers = eventually(&stack, "a running DaemonSet pod on each real node", || {
+        let pods_a = pods_a.clone();
+        async move {
+            let pods = pods_a
+                .list(&ListParams::default().labels("app=rwo-readers"))
+                .await?
+                .items;
+            let running = pods
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            Ok((running == 2).then_some(pods))
+        }
+    })
+    .await?;
+    for pod in &readers {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let claim = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .and_then(|v| v.iter().find_map(|v| v.persistent_volume_claim.clone()))
+            .map(|c| c.claim_name)
+            .unwrap_or_default();
+        assert_eq!(
+            claim,
+            gkm_k8s::pvc::names::node_claim("rwo-add", &node),
+            "{}",
+            pod.name_any()
+        );
+        let name = pod.name_any();
+        let log = eventually(&stack, &format!("{name} prints the kernel"), || {
+            let (pods_a, name) = (pods_a.clone(), name.clone());
+            async move {
+                let log = pod_log(&pods_a, &name, "triton").await?;
+                Ok(log.contains("DONE").then_some(log))
+            }
+        })
+        .await?;
+        assert!(
+            log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
+            "{name} on {node}: {log}"
+        );
+    }
+    // A labelled pod with no node to read, or on a node without a claim, is refused.
+    let mut unpinned = claim_reader("team-a", "unpinned", "rwo-add")?;
+    unpinned.metadata.labels =
+        Some([("gkm.io/pvc-mutation".to_string(), "true".to_string())].into());
+    if let Some(spec) = unpinned.spec.as_mut() {
+        spec.node_name = None;
+    }
+    let refused = pods_a.create(&PostParams::default(), &unpinned).await;
+    let message = format!("{:?}", refused.err());
+    assert!(message.contains("cannot be determined"), "{message}");
+    if let Some(spec) = unpinned.spec.as_mut() {
+        spec.node_name = Some("no-such-node".into());
+    }
+    let refused = pods_a.create(&PostParams::default(), &unpinned).await;
+    let message = format!("{:?}", refused.err());
+    assert!(
+        message.contains("node no-such-node has no claim of cache rwo-add"),
+        "{message}"
+    );
+    // Unlabelled pods never reach the webhook: this one is created as written.
+    let mut plain = claim_reader("team-a", "plain", "rwo-add")?;
+    if let Some(spec) = plain.spec.as_mut() {
+        spec.node_name = Some("no-such-node".into());
+    }
+    let created = pods_a.create(&PostParams::default(), &plain).await?;
+    assert_eq!(
+        created
+            .spec
+            .and_then(|s| s.volumes)
+            .and_then(|v| v.into_iter().find_map(|v| v.persistent_volume_claim))
+            .map(|c| c.claim_name)
+            .as_deref(),
+        Some("rwo-add")
+    );
+    pods_a
+        .delete("plain", &DeleteParams::default().grace_period(0))
+        .await?;
 
     // --- Deleting while in use: Deleting until the reader goes; an operator
     // restart changes nothing; then nothing is left.
@@ -408,10 +560,21 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     let dirs: Vec<_> = std::fs::read_dir(&volumes)?
         .filter_map(|e| e.ok())
         .collect();
+    let deleted = gkm_k8s::cache_object::CacheKey {
+        scope: gkm_k8s::cache_object::Scope::Namespaced,
+        namespace: Some("team-a".into()),
+        name: "vector-add".into(),
+    };
+    let deleted_dir = volumes.join(gkm_k8s::pvc::names::volume(&deleted, "team-a", None));
+    assert!(
+        !deleted_dir.exists(),
+        "{} is removed",
+        deleted_dir.display()
+    );
     assert_eq!(
         dirs.len(),
-        3,
-        "only the cluster cache's three volume directories remain"
+        5,
+        "only the volume directories of the other caches remain (three namespaces, two nodes)"
     );
     stack.check_running()?;
     Ok(())

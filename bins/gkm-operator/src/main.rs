@@ -19,6 +19,7 @@ use gkm_k8s::serve::{
     EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
     register_build_info, shutdown_signal, until_signal,
 };
+use gkm_k8s::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;
 
@@ -98,6 +99,31 @@ struct Cli {
     /// The size PVC-mode claims request (and gkm-made volumes offer).
     #[arg(long, default_value = "1Gi")]
     pvc_size: String,
+    /// Serve the gkm.io/pvc-mutation pod webhook (HTTPS) here; without it
+    /// the webhook is off and ReadWriteOnce caches' pods are left unchanged.
+    #[arg(long, value_name = "ADDR")]
+    webhook_listen: Option<SocketAddr>,
+    /// How the apiserver reaches the webhook: a Service, NAMESPACE/NAME:PORT.
+    #[arg(
+        long,
+        default_value = "gkm-system/gkm-operator-webhook:443",
+        conflicts_with = "webhook_url"
+    )]
+    webhook_service: String,
+    /// How the apiserver reaches the webhook: a URL (https://HOST:PORT), instead of a Service.
+    #[arg(long)]
+    webhook_url: Option<String>,
+    /// How long the webhook's self-issued certificate is valid (whole days;
+    /// rotated in the last third).
+    #[arg(long, default_value = "720h", value_parser = gkm_bin_support::duration)]
+    webhook_cert_validity: Duration,
+    /// Serve this certificate (cert-manager's tls.crt) instead of a
+    /// self-issued one; cert-manager's CA injector then fills caBundle.
+    #[arg(long, requires = "webhook_key_file")]
+    webhook_cert_file: Option<PathBuf>,
+    /// The key of --webhook-cert-file (tls.key).
+    #[arg(long, requires = "webhook_cert_file")]
+    webhook_key_file: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -121,6 +147,55 @@ enum Command {
         #[arg(long)]
         insecure_registry: bool,
     },
+}
+
+/// How the webhook is served, from the flags; `None` when it is off.
+fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
+    let Some(listen) = cli.webhook_listen else {
+        return Ok(None);
+    };
+    let (endpoint, hosts) = match &cli.webhook_url {
+        Some(url) => {
+            let host = url
+                .strip_prefix("https://")
+                .and_then(|rest| rest.split(['/', ':']).next())
+                .filter(|h| !h.is_empty())
+                .with_context(|| format!("--webhook-url {url:?}: not https://HOST[:PORT]"))?;
+            (Endpoint::Url(url.clone()), vec![host.to_string()])
+        }
+        None => {
+            let text = &cli.webhook_service;
+            let parsed = text.split_once('/').and_then(|(ns, rest)| {
+                let (name, port) = rest.split_once(':')?;
+                Some((ns.to_string(), name.to_string(), port.parse::<u16>().ok()?))
+            });
+            let (namespace, name, port) = parsed
+                .with_context(|| format!("--webhook-service {text:?}: not NAMESPACE/NAME:PORT"))?;
+            let hosts = vec![
+                format!("{name}.{namespace}.svc"),
+                format!("{name}.{namespace}.svc.cluster.local"),
+            ];
+            (
+                Endpoint::Service {
+                    namespace,
+                    name,
+                    port,
+                },
+                hosts,
+            )
+        }
+    };
+    let cert_files = cli
+        .webhook_cert_file
+        .clone()
+        .zip(cli.webhook_key_file.clone());
+    Ok(Some(WebhookOptions {
+        listen,
+        endpoint,
+        hosts,
+        validity: cli.webhook_cert_validity,
+        cert_files,
+    }))
 }
 
 async fn fill(image: &str, into: &Path, insecure: bool) -> anyhow::Result<()> {
@@ -174,6 +249,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         return fill(image, into, *insecure_registry).await;
     }
+    let webhook = webhook_options(&cli)?;
+    if cli.webhook_cert_validity < Duration::from_secs(86_400) {
+        bail!("--webhook-cert-validity must be at least 24h");
+    }
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -201,6 +280,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         bail!("--reverify-interval must be at least {min:?}");
     }
     let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    // Every replica serves the webhook, leader or not: the Service may send
+    // a pod to any of them.
+    let webhook = match webhook {
+        Some(options) => Some(
+            Webhook::start(client.clone(), options)
+                .await
+                .map_err(|e| anyhow::anyhow!("the pvc-mutation webhook: {e}"))?,
+        ),
+        None => None,
+    };
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
@@ -271,6 +360,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
     };
     server.stop().await.context("the endpoints server")?;
+    if let Some(webhook) = webhook {
+        webhook.stop().await;
+    }
     result
 }
 

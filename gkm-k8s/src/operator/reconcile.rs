@@ -142,6 +142,8 @@ async fn apply<K: CacheObject>(
                 .await?;
                 if let Some(state) = claims.state {
                     status.state = Some(if ok { state } else { CacheState::Error });
+                }
+                if PvcMode::of(spec).is_some() {
                     counts.pod_running_cnt = claims.pods_running;
                     counts.pod_outdated_cnt = claims.pods_outdated;
                 }
@@ -227,24 +229,40 @@ async fn cleanup<K: CacheObject>(
     Ok(Action::await_change())
 }
 
-/// The entries of every node report for the cache named `name` (in the
-/// cache's namespace for a namespaced cache).
-fn reports_for<K: CacheObject>(
+/// Each reporting node's entries for the cache named `name` (in the cache's
+/// namespace for a namespaced cache), with the node's name.
+fn reports_by_node<K: CacheObject>(
     name: &str,
     cache: &K,
     reports: &Store<K::NodeReport>,
-) -> Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>> {
+) -> Vec<(
+    String,
+    std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>,
+)> {
     let namespace = cache.namespace();
     reports
         .state()
         .iter()
         .filter(|r| r.namespace() == namespace)
         .filter_map(|r| {
-            r.report()
+            let entries = r
+                .report()
                 .and_then(|s| s.caches.as_ref())
-                .and_then(|c| c.get(name))
-                .cloned()
+                .and_then(|c| c.get(name))?;
+            Some((r.name_any(), entries.clone()))
         })
+        .collect()
+}
+
+/// The entries of every node report for the cache named `name`.
+fn reports_for<K: CacheObject>(
+    name: &str,
+    cache: &K,
+    reports: &Store<K::NodeReport>,
+) -> Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>> {
+    reports_by_node(name, cache, reports)
+        .into_iter()
+        .map(|(_, entries)| entries)
         .collect()
 }
 
@@ -256,24 +274,17 @@ fn compatible_nodes<K: CacheObject>(
     reports: &Store<K::NodeReport>,
     digest: &str,
 ) -> std::collections::BTreeSet<String> {
-    let namespace = cache.namespace();
-    reports
-        .state()
-        .iter()
-        .filter(|r| r.namespace() == namespace)
-        .filter(|r| {
-            r.report()
-                .and_then(|s| s.caches.as_ref())
-                .and_then(|c| c.get(name))
-                .and_then(|entries| entries.get(digest))
-                .is_some_and(|e| {
-                    matches!(
-                        e.state,
-                        Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
-                    )
-                })
+    reports_by_node(name, cache, reports)
+        .into_iter()
+        .filter(|(_, entries)| {
+            entries.get(digest).is_some_and(|e| {
+                matches!(
+                    e.state,
+                    Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
+                )
+            })
         })
-        .map(|r| r.name_any())
+        .map(|(node, _)| node)
         .collect()
 }
 

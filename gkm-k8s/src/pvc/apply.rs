@@ -31,7 +31,8 @@ pub const REFILLED_AT_ANNOTATION: &str = "gkm.io/refilled-at";
 /// What PVC delivery observed for a cache.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ClaimsOutcome {
-    /// The Status column in PVC mode.
+    /// The Status column in PVC mode; `None` leaves the node rollup's
+    /// (nothing is filled on purpose, and the rollup says why).
     pub state: Option<CacheState>,
     /// `status.pvcOwner`.
     pub owner: Option<PvcOwner>,
@@ -229,7 +230,8 @@ impl Owned {
     }
 }
 
-/// The pods in `namespace` whose volumes name one of `claims`.
+/// The workload pods in `namespace` whose volumes name one of `claims`
+/// (not finished, not gkm's fill Jobs).
 async fn pods_using(
     client: &Client,
     namespace: &str,
@@ -258,6 +260,10 @@ async fn pods_using(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),
                 Some("Succeeded" | "Failed")
             )
+        })
+        // gkm's own fill Jobs are no workload.
+        .filter(|p| {
+            p.labels().get(objects::MANAGED_BY.0).map(String::as_str) != Some(objects::MANAGED_BY.1)
         })
         .collect())
 }
@@ -363,7 +369,11 @@ async fn observe(
     out.pvc_status = Some(status);
     out.state = Some(if !wanted.missing_namespaces.is_empty() {
         CacheState::NoNamespace
-    } else if failed > 0 || wanted.withheld.is_some() && digest.is_some() {
+    } else if wanted.withheld.is_some() {
+        // Not filled on purpose: the verdict or the nodes' reports say why,
+        // and the node rollup's state stands.
+        return Ok(out);
+    } else if failed > 0 {
         CacheState::Error
     } else if out.pods_outdated > 0 {
         CacheState::Outdated

@@ -58,7 +58,8 @@ pub struct PlanInput<'a> {
     /// The namespaces that exist (only the cache's own ones matter).
     pub existing_namespaces: &'a BTreeSet<String>,
     /// Nodes whose agents report the resolved digest compatible with their
-    /// GPUs (ReadWriteOnce only).
+    /// GPUs: where ReadWriteOnce claims go; a ReadOnlyMany claim is filled
+    /// only when there is at least one.
     pub compatible_nodes: &'a BTreeSet<String>,
     /// Whether gkm makes the PersistentVolumes itself (no provisioner).
     pub make_volumes: bool,
@@ -94,8 +95,9 @@ pub struct Plan {
 ///
 /// Claims exist for every existing namespace (and, in ReadWriteOnce, every
 /// compatible node) as soon as the cache asks for them; a Job filling them
-/// exists only for a resolved digest the operator's verdict allows, so an
-/// unverified or incompatible digest is never put on a claim.
+/// exists only for a resolved digest the operator's verdict allows and at
+/// least one node's GPUs fit, so an unverified or incompatible digest is
+/// never put on a claim.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let Some(mode) = PvcMode::of(input.spec) else {
         return Plan::default();
@@ -118,6 +120,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let withheld = match (input.digest, input.deliverable) {
         (None, _) => Some("the image is not resolved yet".to_string()),
         (Some(_), false) => Some("the operator's verdict does not allow the digest".to_string()),
+        (Some(_), true) if input.compatible_nodes.is_empty() => {
+            Some("no node's agent reports the digest compatible with its GPUs".to_string())
+        }
         (Some(_), true) => None,
     };
     let fill = |claim: &str| match (withheld.is_none(), input.digest) {
@@ -316,8 +321,18 @@ mod tests {
                 spec: spec(Some("sc"), &rox, &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
-                nodes: &[],
+                nodes: &["n1"],
                 claims: &[("a", None, true)],
+                missing: &[],
+            },
+            Case {
+                what: "rox, no node's GPUs fit: claim made, never filled",
+                key: key(Some("a"), "c"),
+                spec: spec(Some("sc"), &rox, &[]),
+                digest: Some(DIGEST),
+                deliverable: true,
+                nodes: &[],
+                claims: &[("a", None, false)],
                 missing: &[],
             },
             Case {
@@ -346,7 +361,7 @@ mod tests {
                 spec: spec(Some("sc"), &rox, &["b", "a", "gone", "a"]),
                 digest: Some(DIGEST),
                 deliverable: true,
-                nodes: &[],
+                nodes: &["n1"],
                 claims: &[("a", None, true), ("b", None, true)],
                 missing: &["gone"],
             },
@@ -391,8 +406,8 @@ mod tests {
             claims.sort();
             assert_eq!(claims, case.claims, "{}", case.what);
             assert_eq!(got.missing_namespaces, case.missing, "{}", case.what);
-            let withheld =
-                PvcMode::of(&case.spec).is_some() && (case.digest.is_none() || !case.deliverable);
+            let withheld = PvcMode::of(&case.spec).is_some()
+                && (case.digest.is_none() || !case.deliverable || nodes.is_empty());
             assert_eq!(got.withheld.is_some(), withheld, "{}", case.what);
             for c in &got.claims {
                 assert!(c.volume.is_some(), "{}", case.what);
