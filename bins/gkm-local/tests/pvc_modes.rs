@@ -1,12 +1,24 @@
-//! GKM's PVC delivery on a real node: a `GKMCache` with a StorageClass and
-//! `ReadOnlyMany` gets a claim named like it and a fill Job whose container
-//! runs gkm's own extractor; a workload pod mounting `claimName: <cache>`
-//! reads the kernel. A `ClusterGKMCache` does the same per workload
-//! namespace and follows changes to that list. The cluster has no
-//! provisioner: the operator makes the volumes (`--pvc-volume-dir`;
-//! hostPath, and this test ground's nodes share one filesystem). Deleting a
-//! cache while a pod uses its claim waits for the pod, survives an operator
-//! restart, and then leaves no Job, claim, volume or directory behind.
+//! GKM's PVC delivery on two real nodes. One test walks the story in order:
+//!
+//! - ReadOnlyMany: a `GKMCache` in GKM's shape (StorageClass, access modes,
+//!   `podTemplate`) gets a claim named like it and a fill Job whose
+//!   container runs gkm's own extractor; the template's labels, nodeSelector
+//!   and tolerations reach the Job's pod; a workload pod mounting
+//!   `claimName: <cache>` reads the kernel. A `ClusterGKMCache` does the same
+//!   per workload namespace and follows changes to that list (a missing
+//!   namespace shows `NoNamespace` until it exists).
+//! - ReadWriteOnce: a claim per node, each filled by a Job pinned to its
+//!   node; a DaemonSet labelled `gkm.io/pvc-mutation: "true"` gets each
+//!   pod's claim rewritten to its node's claim by the webhook the apiserver
+//!   calls (the operator's self-issued CA in `caBundle`); unpinned pods and
+//!   nodes without a claim are refused; unlabelled pods are left alone.
+//! - A moved tag refills the claims; pods started before count as outdated.
+//! - Deleting a cache while a pod uses its claim waits for the pod, survives
+//!   an operator restart, then leaves no Job, claim, volume or directory.
+//!
+//! The cluster has no provisioner: the operator makes the volumes
+//! (`--pvc-volume-dir`, hostPath; this test ground's nodes share one
+//! filesystem, which ReadOnlyMany volumes need).
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +39,8 @@ const NODE2: &str = "real-sm75-b";
 const JOB_IMAGE: &str = "gkm.test/gkm-operator:pvc";
 const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
 const CLASS: &str = "gkm-local";
+/// A directory of the fixture holding no kernel; the moved tag's image leaves it out.
+const UTILS_DIR: &str = "NNIRBEH2OVXHBOQBWMZABZQUTHRBNTKPWP7Q45RX7SE5JGCMEUPA";
 
 /// Polls `check` until it returns `Some`, or fails with `what` and the
 /// operator's last log lines.
@@ -104,6 +118,21 @@ async fn job_succeeded(client: &Client, ns: &str) -> anyhow::Result<Option<Job>>
         .items
         .into_iter()
         .find(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0))
+}
+
+/// Copies the directory tree `from` to `to`.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 fn kernel_sha() -> anyhow::Result<String> {
@@ -409,6 +438,20 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         )
         .await?;
     }
+    // gkm's placement is kept: each Job's pod ran on the node of its claim.
+    for node in [NODE, NODE2] {
+        let fill_pods = Api::<Pod>::namespaced(client.clone(), "team-a")
+            .list(
+                &ListParams::default().labels(&format!("gkm.io/node={node},gkm.io/cache=rwo-add")),
+            )
+            .await?
+            .items;
+        assert!(!fill_pods.is_empty(), "the fill pods of {node}");
+        for pod in fill_pods {
+            let ran_on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            assert_eq!(ran_on, Some(node), "{}", pod.name_any());
+        }
+    }
     let daemonset = json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "rwo-readers", "namespace": "team-a"},
@@ -518,6 +561,38 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     pods_a
         .delete("plain", &DeleteParams::default().grace_period(0))
         .await?;
+
+    // --- A moved tag: the claims are refilled from the new digest, and pods
+    // started on the old content count as outdated.
+    let moved = tmp.path().join("moved-cache");
+    copy_tree(&fixture("triton-vector-add-cuda-sm75"), &moved)?;
+    std::fs::remove_dir_all(moved.join(UTILS_DIR))?;
+    let (_, new_digest) = stack
+        .push_signed_cache(&moved, "gkm/vector-add", "cuda", &key)
+        .await?;
+    let refilled = eventually(
+        &stack,
+        "the cluster cache is refilled and its readers outdated",
+        || {
+            let clusters = clusters.clone();
+            let new_digest = new_digest.clone();
+            async move {
+                let c = clusters.get("shared-add").await?;
+                Ok(c.status.filter(|s| {
+                    s.resolved_digest.as_deref() == Some(new_digest.as_str())
+                        && s.state == Some(CacheState::Outdated)
+                        && s.counts.pod_outdated_cnt == 3
+                }))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(refilled.counts.pod_running_cnt, 0, "{:?}", refilled.counts);
+    let log = read_claim(&stack, &client, "team-b", "late-reader", "shared-add").await?;
+    assert!(
+        log.contains(KERNEL_DIR) && !log.contains(UTILS_DIR),
+        "a pod started after the refill reads the new digest's tree: {log}"
+    );
 
     // --- Deleting while in use: Deleting until the reader goes; an operator
     // restart changes nothing; then nothing is left.
