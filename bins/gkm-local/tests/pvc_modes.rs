@@ -11,7 +11,8 @@
 //!   node; a DaemonSet labelled `gkm.io/pvc-mutation: "true"` gets each
 //!   pod's claim rewritten to its node's claim by the webhook the apiserver
 //!   calls (the operator's self-issued CA in `caBundle`); unpinned pods and
-//!   nodes without a claim are refused; unlabelled pods are left alone.
+//!   nodes without a claim are refused; unlabelled pods are left alone. A
+//!   `ClusterGKMCache` in ReadWriteOnce does the same in its namespace.
 //! - A moved tag refills the claims; pods started before count as outdated.
 //! - Deleting a cache while a pod uses its claim waits for the pod, survives
 //!   an operator restart, then leaves no Job, claim, volume or directory.
@@ -155,6 +156,151 @@ async fn owned_left(client: &Client, selector: &str) -> anyhow::Result<usize> {
             .await?
             .items
             .len())
+}
+
+/// Waits until the ReadWriteOnce claim of `cache` on each real node in `ns`
+/// exists and its fill Job succeeded, and checks that each fill pod ran on
+/// the node of its claim (gkm's placement kept).
+async fn filled_on_each_node(
+    stack: &Stack,
+    client: &Client,
+    ns: &str,
+    cache: &str,
+) -> anyhow::Result<()> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    for node in [NODE, NODE2] {
+        let claim = gkm_k8s::pvc::names::node_claim(cache, node);
+        let selector = format!("gkm.io/node={node},gkm.io/cache={cache}");
+        eventually(
+            stack,
+            &format!("the fill Job of {ns}/{claim} succeeds on {node}"),
+            || {
+                let (jobs, client, claim, selector) = (
+                    jobs.clone(),
+                    client.clone(),
+                    claim.clone(),
+                    selector.clone(),
+                );
+                async move {
+                    let done = jobs
+                        .list(&ListParams::default().labels(&selector))
+                        .await?
+                        .items
+                        .into_iter()
+                        .any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
+                    let bound = Api::<PersistentVolumeClaim>::namespaced(client, ns)
+                        .get_opt(&claim)
+                        .await?
+                        .is_some();
+                    Ok((done && bound).then_some(()))
+                }
+            },
+        )
+        .await?;
+        let fill_pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        assert!(!fill_pods.is_empty(), "the fill pods of {cache} on {node}");
+        for pod in fill_pods {
+            let ran_on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            assert_eq!(ran_on, Some(node), "{}", pod.name_any());
+        }
+    }
+    Ok(())
+}
+
+/// Applies a DaemonSet in `ns` labelled for mutation whose pods claim
+/// `cache` by name, and checks that each pod's claim was rewritten to its
+/// node's claim and that its container read the kernel (`sha`).
+async fn daemonset_reads_node_claims(
+    stack: &Stack,
+    client: &Client,
+    ns: &str,
+    cache: &str,
+    sha: &str,
+) -> anyhow::Result<()> {
+    let app = format!("{cache}-readers");
+    let daemonset = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": app, "namespace": ns},
+        "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app, "gkm.io/pvc-mutation": "true"}},
+                "spec": {
+                    "nodeSelector": {"gkm.io/real-node": "true"},
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "triton", "image": gkm_testenv::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c",
+                            "sha256sum /cache/*/add_kernel.cubin; echo DONE; exec sleep 100000"],
+                        "volumeMounts": [{"name": "kernels", "mountPath": "/cache", "readOnly": true}],
+                    }],
+                    "volumes": [{"name": "kernels", "persistentVolumeClaim": {"claimName": cache}}],
+                },
+            },
+        },
+    });
+    stack.plane.apply_object(&daemonset, false).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("app={app}");
+    let readers = eventually(
+        stack,
+        &format!("a running {app} pod on each real node"),
+        || {
+            let (pods, selector) = (pods.clone(), selector.clone());
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .items;
+                let running = list
+                    .iter()
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .count();
+                Ok((running == 2).then_some(list))
+            }
+        },
+    )
+    .await?;
+    for pod in &readers {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let claim = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .and_then(|v| v.iter().find_map(|v| v.persistent_volume_claim.clone()))
+            .map(|c| c.claim_name)
+            .unwrap_or_default();
+        assert_eq!(
+            claim,
+            gkm_k8s::pvc::names::node_claim(cache, &node),
+            "{}",
+            pod.name_any()
+        );
+        let name = pod.name_any();
+        let log = eventually(stack, &format!("{ns}/{name} prints the kernel"), || {
+            let (pods, name) = (pods.clone(), name.clone());
+            async move {
+                let log = pod_log(&pods, &name, "triton").await?;
+                Ok(log.contains("DONE").then_some(log))
+            }
+        })
+        .await?;
+        assert!(
+            log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
+            "{name} on {node}: {log}"
+        );
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -410,120 +556,19 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         "spec": {"image": image, "storageClassName": CLASS},
     });
     stack.plane.apply_object(&rwo, false).await?;
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "team-a");
-    for node in [NODE, NODE2] {
-        let claim = gkm_k8s::pvc::names::node_claim("rwo-add", node);
-        eventually(
-            &stack,
-            &format!("the fill Job of {claim} succeeds on {node}"),
-            || {
-                let (jobs, client, claim) = (jobs.clone(), client.clone(), claim.clone());
-                async move {
-                    let done = jobs
-                        .list(
-                            &ListParams::default()
-                                .labels(&format!("gkm.io/node={node},gkm.io/cache=rwo-add")),
-                        )
-                        .await?
-                        .items
-                        .into_iter()
-                        .any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
-                    let bound = Api::<PersistentVolumeClaim>::namespaced(client, "team-a")
-                        .get_opt(&claim)
-                        .await?
-                        .is_some();
-                    Ok((done && bound).then_some(()))
-                }
-            },
-        )
-        .await?;
-    }
-    // gkm's placement is kept: each Job's pod ran on the node of its claim.
-    for node in [NODE, NODE2] {
-        let fill_pods = Api::<Pod>::namespaced(client.clone(), "team-a")
-            .list(
-                &ListParams::default().labels(&format!("gkm.io/node={node},gkm.io/cache=rwo-add")),
-            )
-            .await?
-            .items;
-        assert!(!fill_pods.is_empty(), "the fill pods of {node}");
-        for pod in fill_pods {
-            let ran_on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-            assert_eq!(ran_on, Some(node), "{}", pod.name_any());
-        }
-    }
-    let daemonset = json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "rwo-readers", "namespace": "team-a"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "rwo-readers"}},
-            "template": {
-                "metadata": {"labels": {"app": "rwo-readers", "gkm.io/pvc-mutation": "true"}},
-                "spec": {
-                    "nodeSelector": {"gkm.io/real-node": "true"},
-                    "automountServiceAccountToken": false,
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{
-                        "name": "triton", "image": gkm_testenv::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c",
-                            "sha256sum /cache/*/add_kernel.cubin; echo DONE; exec sleep 100000"],
-                        "volumeMounts": [{"name": "kernels", "mountPath": "/cache", "readOnly": true}],
-                    }],
-                    "volumes": [{"name": "kernels", "persistentVolumeClaim": {"claimName": "rwo-add"}}],
-                },
-            },
-        },
+    filled_on_each_node(&stack, &client, "team-a", "rwo-add").await?;
+    daemonset_reads_node_claims(&stack, &client, "team-a", "rwo-add", &sha).await?;
+    // GKM's cluster-scoped ReadWriteOnce shape: a ClusterGKMCache's node
+    // claims in its workload namespace, served by the same webhook.
+    let shared_rwo = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
+        "metadata": {"name": "shared-rwo"},
+        "spec": {"image": image, "storageClassName": CLASS, "workloadNamespaces": ["team-b"]},
     });
-    stack.plane.apply_object(&daemonset, false).await?;
+    stack.plane.apply_object(&shared_rwo, false).await?;
+    filled_on_each_node(&stack, &client, "team-b", "shared-rwo").await?;
+    daemonset_reads_node_claims(&stack, &client, "team-b", "shared-rwo", &sha).await?;
     let pods_a: Api<Pod> = Api::namespaced(client.clone(), "team-a");
-    let readers = eventually(&stack, "a running DaemonSet pod on each real node", || {
-        let pods_a = pods_a.clone();
-        async move {
-            let pods = pods_a
-                .list(&ListParams::default().labels("app=rwo-readers"))
-                .await?
-                .items;
-            let running = pods
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            Ok((running == 2).then_some(pods))
-        }
-    })
-    .await?;
-    for pod in &readers {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
-        let claim = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.volumes.as_ref())
-            .and_then(|v| v.iter().find_map(|v| v.persistent_volume_claim.clone()))
-            .map(|c| c.claim_name)
-            .unwrap_or_default();
-        assert_eq!(
-            claim,
-            gkm_k8s::pvc::names::node_claim("rwo-add", &node),
-            "{}",
-            pod.name_any()
-        );
-        let name = pod.name_any();
-        let log = eventually(&stack, &format!("{name} prints the kernel"), || {
-            let (pods_a, name) = (pods_a.clone(), name.clone());
-            async move {
-                let log = pod_log(&pods_a, &name, "triton").await?;
-                Ok(log.contains("DONE").then_some(log))
-            }
-        })
-        .await?;
-        assert!(
-            log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
-            "{name} on {node}: {log}"
-        );
-    }
     // A labelled pod with no node to read, or on a node without a claim, is refused.
     let mut unpinned = claim_reader("team-a", "unpinned", "rwo-add")?;
     unpinned.metadata.labels =
@@ -648,8 +693,8 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     );
     assert_eq!(
         dirs.len(),
-        5,
-        "only the volume directories of the other caches remain (three namespaces, two nodes)"
+        7,
+        "only the volume directories of the other caches remain (three namespaces, 2 × two nodes)"
     );
     stack.check_running()?;
     Ok(())

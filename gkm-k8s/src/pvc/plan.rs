@@ -126,7 +126,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         (Some(_), true) => None,
     };
     let fill = |claim: &str| match (withheld.is_none(), input.digest) {
-        (true, Some(digest)) => Some(names::job(claim, digest)),
+        (true, Some(digest)) => Some(names::job(claim, digest, input.spec.pod_template.as_ref())),
         _ => None,
     };
     let mut claims = Vec::new();
@@ -172,6 +172,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 /// enough for a label value (63 characters).
 pub mod names {
     use crate::cache_object::{CacheKey, Scope};
+    use crate::crd::PodTemplate;
 
     const MAX: usize = 63;
 
@@ -204,10 +205,18 @@ pub mod names {
         joined(cache, &short_hash(node))
     }
 
-    /// The Job filling `claim` with `digest`.
-    pub fn job(claim: &str, digest: &str) -> String {
+    /// The Job filling `claim` with `digest` from pods made after
+    /// `template`: a Job's pod template cannot change, so a changed
+    /// `podTemplate` names a new Job (and the old one is removed).
+    pub fn job(claim: &str, digest: &str, template: Option<&PodTemplate>) -> String {
         let hex = digest.rsplit(':').next().unwrap_or(digest);
-        joined(claim, &hex.chars().take(12).collect::<String>())
+        let mut suffix: String = hex.chars().take(12).collect();
+        if let Some(template) = template {
+            let text = serde_json::to_string(template).unwrap_or_default();
+            suffix.push('-');
+            suffix.extend(short_hash(&text).chars().take(5));
+        }
+        joined(claim, &suffix)
     }
 
     /// The gkm-made PersistentVolume for the claim of `cache` in `namespace`
@@ -421,10 +430,25 @@ mod tests {
     #[test]
     fn names_are_stable_distinct_and_short() {
         let long = "a".repeat(253);
-        let job = names::job(&long, DIGEST);
+        let job = names::job(&long, DIGEST, None);
         assert!(job.len() <= 63, "{job}");
         assert!(job.ends_with("-0123456789ab"), "{job}");
-        assert_eq!(job, names::job(&long, DIGEST));
+        assert_eq!(job, names::job(&long, DIGEST, None));
+        let template = |selector: &str| -> crate::crd::PodTemplate {
+            serde_json::from_value(
+                serde_json::json!({"spec": {"nodeSelector": {"pool": selector}}}),
+            )
+            .expect("template")
+        };
+        let (a, b) = (template("a"), template("b"));
+        let with_a = names::job(&long, DIGEST, Some(&a));
+        assert!(with_a.len() <= 63, "{with_a}");
+        assert_eq!(with_a, names::job(&long, DIGEST, Some(&a)));
+        assert_ne!(
+            with_a,
+            names::job(&long, DIGEST, Some(&b)),
+            "a changed template is a new Job"
+        );
         assert_ne!(names::node_claim("c", "n1"), names::node_claim("c", "n2"));
         let (ns, cl) = (key(Some("a"), "c"), key(None, "c"));
         assert_ne!(names::volume(&ns, "a", None), names::volume(&cl, "a", None));
@@ -432,6 +456,6 @@ mod tests {
             names::volume(&ns, "a", Some("n1")),
             names::volume(&ns, "a", Some("n2"))
         );
-        assert_eq!(names::job("c", DIGEST), "c-0123456789ab");
+        assert_eq!(names::job("c", DIGEST, None), "c-0123456789ab");
     }
 }
