@@ -102,7 +102,8 @@ pub async fn reconcile_claims<K: CacheObject>(
         }
     }
     prune(&key, client, &wanted).await?;
-    observe(&key, spec, client, &wanted, digest).await
+    let previous = cache.cache_status().and_then(|s| s.pvc_status.as_ref());
+    observe(&key, spec, client, &wanted, digest, previous).await
 }
 
 /// `REPO@DIGEST` for the cache's image.
@@ -276,6 +277,7 @@ async fn observe(
     client: &Client,
     wanted: &Plan,
     digest: Option<&str>,
+    previous: Option<&BTreeMap<String, PvcStatus>>,
 ) -> Result<ClaimsOutcome> {
     let mode = PvcMode::of(spec);
     let Some(mode) = mode else {
@@ -332,9 +334,18 @@ async fn observe(
             }
         }
         let ready = done == claims.len() && !claims.is_empty();
+        let status_text = if ready { "True" } else { "False" };
+        // The transition time moves only when the condition's status does.
+        let since = previous
+            .and_then(|p| p.get(namespace))
+            .and_then(|p| p.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .filter(|c| c.status == status_text)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| Time(Timestamp::now()));
         let condition = Condition {
             type_: "Ready".into(),
-            status: if ready { "True" } else { "False" }.into(),
+            status: status_text.into(),
             reason: if ready {
                 "Filled"
             } else if wanted.withheld.is_some() {
@@ -351,7 +362,7 @@ async fn observe(
                 }
                 m
             }),
-            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            last_transition_time: since,
             observed_generation: None,
         };
         let single = (claims.len() == 1).then(|| claims[0]);
