@@ -15,6 +15,8 @@ pub mod leader;
 pub mod mount_table;
 pub mod operator;
 pub mod podresources;
+pub mod pvc;
 pub mod serve;
+pub mod webhook;
 
 pub use error::{Error, Result};

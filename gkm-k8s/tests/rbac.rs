@@ -430,6 +430,12 @@ const OPERATOR_RULES: &[&str] = &[
     "events.k8s.io events create,patch",
     "core events create,patch",
     "core secrets,configmaps get",
+    "core persistentvolumeclaims,persistentvolumes get,list,create,patch,delete",
+    "batch jobs get,list,create,patch,delete",
+    "core namespaces,pods list",
+    "admissionregistration.k8s.io mutatingwebhookconfigurations create",
+    "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation",
+    "rbac.authorization.k8s.io clusterroles get gkm-operator",
 ];
 const OPERATOR_LEASE_RULES: &[&str] = &[
     "coordination.k8s.io leases create",
@@ -566,8 +572,37 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ),
         ("gkm-operator", "delete nodes - node-1", false),
         ("gkm-operator", "patch nodes - node-1", false),
-        ("gkm-operator", "list pods - -", false),
+        // PVC delivery: claims, volumes and fill Jobs; pods only listed
+        // (the users of a deleted cache's claims are waited for).
+        ("gkm-operator", "list pods - -", true),
+        ("gkm-operator", "delete pods rbac-team reader", false),
         ("gkm-operator", "create pods rbac-team -", false),
+        ("gkm-operator", "create batch/jobs rbac-team -", true),
+        (
+            "gkm-operator",
+            "create persistentvolumeclaims rbac-team -",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "delete persistentvolumes - gkm-0123456789",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "update persistentvolumeclaims rbac-team cache",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "patch admissionregistration.k8s.io/mutatingwebhookconfigurations - gkm-pvc-mutation",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "patch admissionregistration.k8s.io/mutatingwebhookconfigurations - other",
+            false,
+        ),
         (
             "gkm-operator",
             "get coordination.k8s.io/leases gkm-system kube-controller-manager",

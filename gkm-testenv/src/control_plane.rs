@@ -29,6 +29,9 @@ pub struct ControlPlaneOptions {
     /// lift a Ready node's `not-ready` taint (node lifecycle): what
     /// installing gkm's chart onto real nodes needs.
     pub workload_controllers: bool,
+    /// More kube-controller-manager controllers to run (`job-controller`,
+    /// `persistentvolume-binder-controller`…), with `controller_manager`.
+    pub extra_controllers: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver, stopped when dropped.
@@ -190,6 +193,10 @@ impl ControlPlane {
                     ",deployment-controller,replicaset-controller,daemonset-controller,\
                      root-ca-certificate-publisher-controller,node-lifecycle-controller",
                 );
+            }
+            for extra in &options.extra_controllers {
+                controllers.push(',');
+                controllers.push_str(extra);
             }
             kcm.args([
                 format!("--kubeconfig={}", plane.kubeconfig.display()),

@@ -120,9 +120,20 @@ impl Stack {
     /// the CRDs and `deploy/rbac`, and creates the simulated `nodes`. gkm's
     /// own processes are started separately.
     pub async fn start(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
+        Stack::start_with_controllers(dir, nodes, &[]).await
+    }
+
+    /// Like [`Stack::start`], with more kube-controller-manager controllers
+    /// (`job-controller`, `persistentvolume-binder-controller`…).
+    pub async fn start_with_controllers(
+        dir: &Path,
+        nodes: Vec<SimulatedNode>,
+        controllers: &[&str],
+    ) -> anyhow::Result<Stack> {
         std::fs::create_dir_all(dir.join("registry"))?;
         let options = ControlPlaneOptions {
             controller_manager: true,
+            extra_controllers: controllers.iter().map(|c| c.to_string()).collect(),
             ..ControlPlaneOptions::default()
         };
         let plane = ControlPlane::start_in_dir(dir, options).await?;
@@ -376,6 +387,23 @@ impl Stack {
         key: &cosign::CosignKey,
     ) -> anyhow::Result<(String, String)> {
         push_signed_cache(&self.registry, cache_dir, repository, tag, key).await
+    }
+
+    /// Makes a cosign key pair at `key_path`, builds the fixture cache
+    /// `fixture_name` into `repository:tag` and signs it; returns the key,
+    /// the image reference and its digest.
+    pub async fn push_signed_fixture(
+        &self,
+        key_path: &Path,
+        fixture_name: &str,
+        repository: &str,
+        tag: &str,
+    ) -> anyhow::Result<(cosign::CosignKey, String, String)> {
+        let key = cosign::generate_key_pair(key_path)?;
+        let (image, digest) = self
+            .push_signed_cache(&fixture(fixture_name), repository, tag, &key)
+            .await?;
+        Ok((key, image, digest))
     }
 
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).

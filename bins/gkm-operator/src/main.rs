@@ -14,10 +14,12 @@ use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{
     ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier,
 };
+use gkm_k8s::pvc::PvcOptions;
 use gkm_k8s::serve::{
     EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
     register_build_info, shutdown_signal, until_signal,
 };
+use gkm_k8s::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;
 
@@ -76,9 +78,149 @@ struct Cli {
     /// checked again, even when nothing changed (e.g. 1h).
     #[arg(long, default_value = "1h", value_parser = gkm_bin_support::duration)]
     reverify_interval: Duration,
+    /// The image of PVC fill Jobs: one whose entrypoint is `gkm-operator`
+    /// (they run `gkm-operator fill`).
+    #[arg(long, default_value = "ghcr.io/gkm-rs/gkm-operator:v0.1.0")]
+    job_image: String,
+    /// The fill Jobs' imagePullPolicy (Always, IfNotPresent, Never).
+    #[arg(long, default_value = "IfNotPresent")]
+    job_image_pull_policy: String,
+    /// Run fill Jobs in their node's network namespace, for registries only
+    /// the nodes themselves reach (a node-local mirror).
+    #[arg(long)]
+    job_host_network: bool,
+    /// Make the PersistentVolumes of PVC-mode caches (hostPath, under this
+    /// directory on the nodes) instead of leaving them to a provisioner, for
+    /// clusters without one for the cache's StorageClass. ReadWriteOnce
+    /// volumes are pinned to their node; ReadOnlyMany ones need the directory
+    /// to be shared storage mounted at the same path on every node.
+    #[arg(long, value_name = "DIR")]
+    pvc_volume_dir: Option<PathBuf>,
+    /// The size PVC-mode claims request (and gkm-made volumes offer).
+    #[arg(long, default_value = "1Gi")]
+    pvc_size: String,
+    /// Serve the gkm.io/pvc-mutation pod webhook (HTTPS) here; without it
+    /// the webhook is off and ReadWriteOnce caches' pods are left unchanged.
+    #[arg(long, value_name = "ADDR")]
+    webhook_listen: Option<SocketAddr>,
+    /// How the apiserver reaches the webhook: a Service, NAMESPACE/NAME:PORT.
+    #[arg(
+        long,
+        default_value = "gkm-system/gkm-operator-webhook:443",
+        conflicts_with = "webhook_url"
+    )]
+    webhook_service: String,
+    /// How the apiserver reaches the webhook: a URL (https://HOST:PORT), instead of a Service.
+    #[arg(long)]
+    webhook_url: Option<String>,
+    /// How long the webhook's self-issued certificate is valid (whole days;
+    /// rotated in the last third).
+    #[arg(long, default_value = "720h", value_parser = gkm_bin_support::duration)]
+    webhook_cert_validity: Duration,
+    /// Serve this certificate (cert-manager's tls.crt) instead of a
+    /// self-issued one; cert-manager's CA injector then fills caBundle.
+    #[arg(long, requires = "webhook_key_file")]
+    webhook_cert_file: Option<PathBuf>,
+    /// The key of --webhook-cert-file (tls.key).
+    #[arg(long, requires = "webhook_cert_file")]
+    webhook_key_file: Option<PathBuf>,
+    /// The ClusterRole that owns the webhook configuration, so uninstalling
+    /// gkm removes the webhook too (empty: unowned).
+    #[arg(long, default_value = "gkm-operator")]
+    webhook_owner_clusterrole: String,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// A mode other than running the controllers.
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Fill a PVC with a cache image (what fill Jobs run): extracts the
+    /// image, pinned to a digest, into the mounted volume, replacing what it held.
+    Fill {
+        /// The image, `REPO@sha256:…`.
+        #[arg(long)]
+        image: String,
+        /// Where the claim is mounted.
+        #[arg(long)]
+        into: PathBuf,
+        /// Speak plain HTTP to the registry.
+        #[arg(long)]
+        insecure_registry: bool,
+    },
+}
+
+/// How the webhook is served, from the flags; `None` when it is off.
+fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
+    let Some(listen) = cli.webhook_listen else {
+        return Ok(None);
+    };
+    let (endpoint, hosts) = match &cli.webhook_url {
+        Some(url) => {
+            let host = url
+                .strip_prefix("https://")
+                .and_then(|rest| rest.split(['/', ':']).next())
+                .filter(|h| !h.is_empty())
+                .with_context(|| format!("--webhook-url {url:?}: not https://HOST[:PORT]"))?;
+            (Endpoint::Url(url.clone()), vec![host.to_string()])
+        }
+        None => {
+            let text = &cli.webhook_service;
+            let parsed = text.split_once('/').and_then(|(ns, rest)| {
+                let (name, port) = rest.split_once(':')?;
+                Some((ns.to_string(), name.to_string(), port.parse::<u16>().ok()?))
+            });
+            let (namespace, name, port) = parsed
+                .with_context(|| format!("--webhook-service {text:?}: not NAMESPACE/NAME:PORT"))?;
+            let hosts = vec![
+                format!("{name}.{namespace}.svc"),
+                format!("{name}.{namespace}.svc.cluster.local"),
+            ];
+            (
+                Endpoint::Service {
+                    namespace,
+                    name,
+                    port,
+                },
+                hosts,
+            )
+        }
+    };
+    let cert_files = cli
+        .webhook_cert_file
+        .clone()
+        .zip(cli.webhook_key_file.clone());
+    Ok(Some(WebhookOptions {
+        listen,
+        endpoint,
+        hosts,
+        validity: cli.webhook_cert_validity,
+        cert_files,
+        owner: Some(cli.webhook_owner_clusterrole.clone()).filter(|name| !name.is_empty()),
+    }))
+}
+
+async fn fill(image: &str, into: &Path, insecure: bool) -> anyhow::Result<()> {
+    let reference: gkm_oci::ImageRef = image
+        .parse()
+        .with_context(|| format!("--image {image:?}"))?;
+    let registry = RegistryOptions {
+        insecure,
+        ..RegistryOptions::default()
+    };
+    let stats = gkm_k8s::pvc::fill(&reference, into, &registry)
+        .await
+        .with_context(|| format!("filling {} from {image}", into.display()))?;
+    println!(
+        "filled {} from {image}: {} files, {} bytes",
+        into.display(),
+        stats.files,
+        stats.bytes
+    );
+    Ok(())
 }
 
 fn read_policy(flag: &str, path: &Path) -> anyhow::Result<SignaturePolicy> {
@@ -104,6 +246,18 @@ fn identity(flag: Option<String>) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Fill {
+        image,
+        into,
+        insecure_registry,
+    }) = &cli.command
+    {
+        return fill(image, into, *insecure_registry).await;
+    }
+    let webhook = webhook_options(&cli)?;
+    if cli.webhook_cert_validity < Duration::from_secs(86_400) {
+        bail!("--webhook-cert-validity must be at least 24h");
+    }
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -131,6 +285,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         bail!("--reverify-interval must be at least {min:?}");
     }
     let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    // Every replica serves the webhook, leader or not: the Service may send
+    // a pod to any of them.
+    let webhook = match webhook {
+        Some(options) => Some(
+            Webhook::start(client.clone(), options)
+                .await
+                .map_err(|e| anyhow::anyhow!("the pvc-mutation webhook: {e}"))?,
+        ),
+        None => None,
+    };
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
@@ -144,6 +308,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         reverify_interval: cli.reverify_interval,
         instance: identity.clone(),
+        pvc: PvcOptions {
+            job_image: cli.job_image,
+            job_image_pull_policy: cli.job_image_pull_policy,
+            job_host_network: cli.job_host_network,
+            insecure_registry: cli.insecure_registry,
+            volume_dir: cli.pvc_volume_dir,
+            claim_size: cli.pvc_size,
+        },
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -193,6 +365,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
     };
     server.stop().await.context("the endpoints server")?;
+    if let Some(webhook) = webhook {
+        webhook.stop().await;
+    }
     result
 }
 

@@ -5,8 +5,10 @@
 //! against the cache's policy or the operator's default as the operator's
 //! [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
-//! writes status once per real change. Deleting a cache waits until no node
-//! uses or reports it, then releases the finalizer.
+//! writes status once per real change. A cache with `storageClassName` also
+//! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
+//! until no pod uses its claims and no node uses or reports it, removes what
+//! it made, then releases the finalizer.
 
 mod conditions;
 mod reconcile;
@@ -52,6 +54,8 @@ pub struct OperatorConfig {
     pub reverify_interval: Duration,
     /// The name events are reported under.
     pub instance: String,
+    /// How PVC-mode caches get their claims, volumes and fill Jobs.
+    pub pvc: crate::pvc::PvcOptions,
 }
 
 impl Default for OperatorConfig {
@@ -63,6 +67,7 @@ impl Default for OperatorConfig {
             floor: PolicyFloor::default(),
             reverify_interval: Duration::from_secs(3600),
             instance: "gkm-operator".into(),
+            pvc: crate::pvc::PvcOptions::default(),
         }
     }
 }

@@ -25,6 +25,7 @@ use super::verdict::verdict;
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{CacheState, CacheStatus};
 use crate::error::{Error, Result};
+use crate::pvc::{PvcMode, reconcile_claims, remove_claims};
 
 /// The finalizer that holds a cache until no node uses or reports it.
 pub const FINALIZER: &str = "gkm.io/cleanup";
@@ -126,9 +127,30 @@ async fn apply<K: CacheObject>(
             });
             status.verification = Some(verification);
             let entries = reports_for(&key.name, cache, reports);
-            let (counts, state) = rollup(Some(digest), false, entries.iter());
-            status.counts = counts;
+            let (mut counts, state) = rollup(Some(digest), false, entries.iter());
             status.state = Some(if ok { state } else { CacheState::Error });
+            if PvcMode::of(spec).is_some() || old.pvc_status.is_some() {
+                let nodes = compatible_nodes(&key.name, cache, reports, digest);
+                let claims = reconcile_claims(
+                    cache,
+                    &ctx.client,
+                    &ctx.config.pvc,
+                    Some(digest),
+                    ok,
+                    &nodes,
+                )
+                .await?;
+                if let Some(state) = claims.state {
+                    status.state = Some(if ok { state } else { CacheState::Error });
+                }
+                if PvcMode::of(spec).is_some() {
+                    counts.pod_running_cnt = claims.pods_running;
+                    counts.pod_outdated_cnt = claims.pods_outdated;
+                }
+                status.pvc_owner = claims.owner;
+                status.pvc_status = claims.pvc_status;
+            }
+            status.counts = counts;
             let ready = ok && (counts.node_in_use_cnt + counts.node_not_in_use_cnt) > 0;
             wanted.push(Cond {
                 type_: "Ready",
@@ -191,6 +213,11 @@ async fn cleanup<K: CacheObject>(
         ..old.clone()
     };
     write_status(cache, ctx, &old, status).await?;
+    if !remove_claims(&key, &ctx.client, &ctx.config.pvc).await? {
+        return Err(Error::WaitingForNodes(format!(
+            "{key}: its Jobs, claims and volumes are being removed"
+        )));
+    }
     if !entries.is_empty() {
         return Err(Error::WaitingForNodes(format!(
             "{key}: {} nodes still report it ({} pods use it)",
@@ -202,24 +229,62 @@ async fn cleanup<K: CacheObject>(
     Ok(Action::await_change())
 }
 
-/// The entries of every node report for the cache named `name` (in the
-/// cache's namespace for a namespaced cache).
-fn reports_for<K: CacheObject>(
+/// Each reporting node's entries for the cache named `name` (in the cache's
+/// namespace for a namespaced cache), with the node's name.
+fn reports_by_node<K: CacheObject>(
     name: &str,
     cache: &K,
     reports: &Store<K::NodeReport>,
-) -> Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>> {
+) -> Vec<(
+    String,
+    std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>,
+)> {
     let namespace = cache.namespace();
     reports
         .state()
         .iter()
         .filter(|r| r.namespace() == namespace)
         .filter_map(|r| {
-            r.report()
+            let entries = r
+                .report()
                 .and_then(|s| s.caches.as_ref())
-                .and_then(|c| c.get(name))
-                .cloned()
+                .and_then(|c| c.get(name))?;
+            Some((r.name_any(), entries.clone()))
         })
+        .collect()
+}
+
+/// The entries of every node report for the cache named `name`.
+fn reports_for<K: CacheObject>(
+    name: &str,
+    cache: &K,
+    reports: &Store<K::NodeReport>,
+) -> Vec<std::collections::BTreeMap<String, crate::crd::NodeCacheStatus>> {
+    reports_by_node(name, cache, reports)
+        .into_iter()
+        .map(|(_, entries)| entries)
+        .collect()
+}
+
+/// The nodes whose agents report `digest` of the cache named `name`
+/// extracted (so compatible with their GPUs): where ReadWriteOnce claims go.
+fn compatible_nodes<K: CacheObject>(
+    name: &str,
+    cache: &K,
+    reports: &Store<K::NodeReport>,
+    digest: &str,
+) -> std::collections::BTreeSet<String> {
+    reports_by_node(name, cache, reports)
+        .into_iter()
+        .filter(|(_, entries)| {
+            entries.get(digest).is_some_and(|e| {
+                matches!(
+                    e.state,
+                    Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
+                )
+            })
+        })
+        .map(|(node, _)| node)
         .collect()
 }
 

@@ -1,0 +1,23 @@
+//! GKM's PVC delivery modes: a `GKMCache` or `ClusterGKMCache` with
+//! `storageClassName` gets claims named like it, filled by Jobs that run
+//! gkm's own extractor on the digest the operator verified.
+//!
+//! - `plan`: which claims, volumes and Jobs should exist (pure).
+//! - `objects`: their server-side apply bodies (pure).
+//! - `apply`: the glue that applies, prunes, observes and removes them.
+//! - `fill`: what a fill Job's container runs.
+//! - `mutation`: what the `gkm.io/pvc-mutation` pod webhook answers (pure).
+
+mod apply;
+mod fill;
+pub mod mutation;
+pub mod objects;
+pub mod plan;
+
+pub use apply::{
+    ClaimsOutcome, FIELD_MANAGER, FILLED_ANNOTATION, REFILLED_AT_ANNOTATION, reconcile_claims,
+    remove_claims,
+};
+pub use fill::fill;
+pub use objects::PvcOptions;
+pub use plan::{PvcMode, names};
