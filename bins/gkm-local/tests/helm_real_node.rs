@@ -15,6 +15,7 @@ use gkm_testenv::{
     Component, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler,
     find_binary, free_port, mounts_under, pod_log, wait_for_pod, workspace_binary,
 };
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::{ApiResource, Discovery};
@@ -429,6 +430,19 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+
+    // The operator serves the pvc-mutation webhook; its configuration is
+    // owned by the chart's ClusterRole, so uninstalling removes it (checked
+    // with every other leftover below).
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let configuration = webhooks.get("gkm-pvc-mutation").await?;
+    let owners = configuration.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owners
+            .iter()
+            .any(|o| o.kind == "ClusterRole" && o.name == "gkm-operator"),
+        "the webhook configuration is not owned by the chart's ClusterRole: {owners:?}"
+    );
 
     // An upgrade to a changed value rolls every pod.
     let mut args = vec![
