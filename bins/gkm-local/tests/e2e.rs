@@ -633,8 +633,12 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     .await
     .map(|counts| {
         assert_eq!(
-            (counts.node_not_in_use_cnt, counts.node_error_cnt),
-            (1, 2),
+            (
+                counts.node_not_in_use_cnt,
+                counts.node_error_cnt,
+                counts.node_incompatible_cnt
+            ),
+            (1, 0, 2),
             "{counts:?}"
         )
     })?;
