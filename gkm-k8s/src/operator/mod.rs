@@ -12,6 +12,7 @@
 
 mod conditions;
 mod reconcile;
+pub mod resolutions;
 pub mod rollup;
 mod verdict;
 mod verifier;
@@ -95,6 +96,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Tag resolutions, reused within each cache's resolve interval.
+    pub resolutions: resolutions::Resolutions,
 }
 
 /// Runs both controllers until the process is asked to stop.
@@ -114,6 +117,7 @@ pub async fn run(
         config,
         verifier,
         metrics,
+        resolutions: resolutions::Resolutions::default(),
     });
     futures::join!(
         controller::<GKMCache>(ctx.clone()),

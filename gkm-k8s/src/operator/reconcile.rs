@@ -84,7 +84,7 @@ async fn apply<K: CacheObject>(
         warn!(cache = %key, "{note}");
     }
 
-    let resolved = resolve(&spec.image, ctx).await;
+    let resolved = resolve(&spec.image, interval, ctx).await;
     let mut status = CacheStatus {
         observed_generation: generation,
         ..old.clone()
@@ -328,7 +328,13 @@ async fn live_reports_for<K: CacheObject>(
     Ok(out)
 }
 
-async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
+/// The digest `image` resolves to: remembered for `interval`, else asked
+/// of the registry.
+async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<String, String> {
+    let now = std::time::Instant::now();
+    if let Some(digest) = ctx.resolutions.fresh(image, interval, now) {
+        return Ok(digest);
+    }
     let reference: ImageRef = image
         .parse()
         .map_err(|e| format!("spec.image {image:?}: {e}"))?;
@@ -336,7 +342,10 @@ async fn resolve(image: &str, ctx: &Context) -> Result<String, String> {
     let image_data = Image::fetch(&repo)
         .await
         .map_err(|e| format!("resolving {image}: {e}"))?;
-    Ok(image_data.digest.to_string())
+    let digest = image_data.digest.to_string();
+    ctx.resolutions
+        .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
+    Ok(digest)
 }
 
 /// Writes `new` unless it equals `old` (ignoring `lastUpdated`), with an
