@@ -172,8 +172,7 @@ impl Agent {
         let namespaces: HashSet<Option<String>> =
             keys.iter().map(|k| k.namespace.clone()).collect();
         self.reports.write(reports, &namespaces).await?;
-        self.collect_garbage(&referenced)?;
-        let stored = self.store.list()?;
+        let stored = self.collect_garbage(&referenced)?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
@@ -388,11 +387,13 @@ impl Agent {
     }
 
     /// Removes stored digests nothing references once they have been
-    /// unreferenced for the grace period.
-    fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<()> {
+    /// unreferenced for the grace period; returns the digests the store
+    /// still holds.
+    fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
         let now = Instant::now();
         let mut keep = referenced.clone();
-        for digest in self.store.list()? {
+        let mut stored = self.store.list()?;
+        for digest in stored.iter().cloned() {
             if referenced.contains(&digest) {
                 self.unreferenced_since.remove(&digest);
                 continue;
@@ -402,14 +403,16 @@ impl Agent {
                 keep.insert(digest);
             }
         }
-        for digest in self.store.gc(&keep)? {
+        let removed = self.store.gc(&keep)?;
+        for digest in &removed {
             info!(%digest, "removed unreferenced cache from the store");
-            self.unreferenced_since.remove(&digest);
-            if let Some(facts) = self.facts.get_mut(&digest) {
+            self.unreferenced_since.remove(digest);
+            if let Some(facts) = self.facts.get_mut(digest) {
                 facts.size = None;
             }
         }
-        Ok(())
+        stored.retain(|d| !removed.contains(d));
+        Ok(stored)
     }
 
     /// Applies the GPU labels to this node's Node object (when it changed)
