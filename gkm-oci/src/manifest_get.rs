@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::labels::MANIFEST_TYPES;
-use crate::repo::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT};
+use crate::repo::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT, read_at_most};
 
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 4 << 10;
@@ -175,7 +175,7 @@ async fn status_error(
             }
         }
         _ => {
-            let message = match read_limited(response, ERROR_BODY_LIMIT).await {
+            let message = match read_at_most(response.bytes_stream(), ERROR_BODY_LIMIT).await {
                 Ok(body) => String::from_utf8_lossy(&body).into_owned(),
                 Err(e) => format!("(body unreadable: {e})"),
             };
@@ -212,29 +212,13 @@ async fn read_capped(response: reqwest::Response) -> std::result::Result<Vec<u8>
             "the registry declares {declared} bytes, more than the 4 MiB a manifest may have"
         )));
     }
-    let body = read_limited(response, MAX_DOCUMENT_SIZE + 1)
+    let body = read_at_most(response.bytes_stream(), MAX_DOCUMENT_SIZE + 1)
         .await
         .map_err(ReadError::Transport)?;
     if body.len() > MAX_DOCUMENT_SIZE {
         return Err(ReadError::TooLarge(
             "larger than 4 MiB (reading stopped there)".into(),
         ));
-    }
-    Ok(body)
-}
-
-/// At most `limit` bytes of the body; the connection is dropped after.
-async fn read_limited(
-    mut response: reqwest::Response,
-    limit: usize,
-) -> std::result::Result<Vec<u8>, reqwest::Error> {
-    let mut body = Vec::new();
-    while body.len() < limit {
-        let Some(chunk) = response.chunk().await? else {
-            break;
-        };
-        let room = limit - body.len();
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
     }
     Ok(body)
 }

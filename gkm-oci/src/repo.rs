@@ -241,19 +241,17 @@ impl Repo {
         let bytes = match &self.backend {
             Backend::Layout { layout, .. } => layout.read_blob(digest)?,
             Backend::Registry { .. } => {
-                let mut stream = match self.open_blob(digest).await? {
+                let stream = match self.open_blob(digest).await? {
                     BlobSource::Stream(s) => s,
                     BlobSource::File(_) => {
                         return Err(Error::Task("unexpected file source".into()));
                     }
                 };
-                let mut out = Vec::new();
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| Error::io(self.image.to_string(), e))?;
-                    out.extend_from_slice(&chunk);
-                    if out.len() > MAX_DOCUMENT_SIZE {
-                        return Err(Error::format(format!("blob {digest}"), "larger than 4 MiB"));
-                    }
+                let out = read_at_most(stream, MAX_DOCUMENT_SIZE + 1)
+                    .await
+                    .map_err(|e| Error::io(self.image.to_string(), e))?;
+                if out.len() > MAX_DOCUMENT_SIZE {
+                    return Err(Error::format(format!("blob {digest}"), "larger than 4 MiB"));
                 }
                 out
             }
@@ -435,6 +433,25 @@ impl Repo {
 }
 
 /// The `mediaType` a manifest declares, or what its shape says it is.
+/// At most `limit` bytes of `stream`; reading stops there, so a source that
+/// never ends costs no more memory than the limit.
+pub(crate) async fn read_at_most<E>(
+    stream: impl futures::Stream<Item = std::result::Result<Bytes, E>>,
+    limit: usize,
+) -> std::result::Result<Vec<u8>, E> {
+    let mut stream = std::pin::pin!(stream);
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(chunk) = stream.next().await else {
+            break;
+        };
+        let chunk = chunk?;
+        let room = limit - out.len();
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    Ok(out)
+}
+
 fn media_type_of(bytes: &[u8]) -> Result<String> {
     #[derive(serde::Deserialize)]
     struct Probe {
