@@ -283,9 +283,15 @@ impl ControlPlane {
     /// certificate signed by the control plane's CA, and returns its path.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> anyhow::Result<PathBuf> {
         let pem = self.authority.client(user, groups)?;
+        // Every call gets files of its own: tests sharing a plane ask for the
+        // same user at once, and a process must never read one call's
+        // certificate with another call's key.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let safe: String = user
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .chain(format!("-{call}").chars())
             .collect();
         let pki = self.dir.join("pki");
         let (cert, key) = (
