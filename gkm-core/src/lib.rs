@@ -21,6 +21,7 @@
 //! print!("{report}");
 //! # Ok(()) }
 //! ```
+#![deny(missing_docs)]
 
 pub mod assignment;
 pub mod cache;

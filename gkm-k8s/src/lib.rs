@@ -1,6 +1,7 @@
 //! gkm's Kubernetes side: the `gkm.io/v1alpha1` custom resources, and (as they
 //! land) the operator's and agent's controllers, the CSI node service, the
 //! device plugin and the scheduler extender.
+#![deny(missing_docs)]
 
 pub mod agent;
 pub mod cache_object;

@@ -17,6 +17,7 @@
 //!   hardened [`ExtractPolicy`].
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
 //! - [`fuzzing`]: the bodies of the fuzz targets, also run as property tests.
+#![deny(missing_docs)]
 
 pub mod auth;
 pub mod build;

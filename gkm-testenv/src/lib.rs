@@ -17,6 +17,7 @@
 //! Every process is started with `PR_SET_PDEATHSIG` from a thread that lives
 //! as long as the test process, and killed on drop and at exit, so no process
 //! outlives `cargo test`, even when a test panics or the run is killed.
+#![deny(missing_docs)]
 
 mod apply;
 mod binaries;
