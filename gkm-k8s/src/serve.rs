@@ -12,7 +12,7 @@
 //! Plain HTTP, or TLS with [`serve_with`] and [`tls_acceptor`].
 //!
 //! Around them, what both long-running processes share: [`Sampled`] values
-//! and the operator's counters as metrics, a readiness check that waits for
+//! as metrics, a readiness check that waits for
 //! the apiserver to serve a resource ([`ready_when_listable`]), and stopping
 //! on SIGTERM/SIGINT ([`shutdown_signal`], [`until_signal`]).
 //!
@@ -55,8 +55,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 pub use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
-
-use crate::operator::Metrics as OperatorMetrics;
 
 /// The content type of `/metrics`.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -443,46 +441,6 @@ impl Collector for Sampled {
                 metric.encode(out)
             }
         }
-    }
-}
-
-/// The operator's counters, read at each scrape. Under a `gkm` prefix they
-/// read `gkm_operator_reconciles_total`, `gkm_operator_reconcile_errors_total`
-/// and `gkm_operator_status_writes_total`.
-#[derive(Clone)]
-pub struct OperatorCollector(pub Arc<OperatorMetrics>);
-
-impl fmt::Debug for OperatorCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("OperatorCollector")
-    }
-}
-
-impl Collector for OperatorCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
-        let m = &self.0;
-        for (name, help, value) in [
-            (
-                "operator_reconciles",
-                "Reconciles of GKMCaches and ClusterGKMCaches run",
-                &m.reconciles,
-            ),
-            (
-                "operator_reconcile_errors",
-                "Reconciles that ended in an error",
-                &m.reconcile_errors,
-            ),
-            (
-                "operator_status_writes",
-                "Status writes made to caches",
-                &m.status_writes,
-            ),
-        ] {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            let out = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-            metric.encode(out)?;
-        }
-        Ok(())
     }
 }
 

@@ -4,10 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gkm_k8s::operator::Metrics;
-use gkm_k8s::serve::{
-    Endpoints, OperatorCollector, Readiness, SampleKind, Sampled, register_build_info, serve,
-};
+use gkm_k8s::operator::{Metrics, OperatorCollector};
+use gkm_k8s::serve::{Endpoints, Readiness, SampleKind, Sampled, register_build_info, serve};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -12,12 +12,13 @@ use clap::Parser;
 use gkm_k8s::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{
-    ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier,
+    ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorCollector, OperatorConfig, PolicyFloor,
+    RegistryVerifier,
 };
 use gkm_k8s::pvc::PvcOptions;
 use gkm_k8s::serve::{
-    EndpointServer, OperatorCollector, Readiness, Sampled, ready_when_caches_listable,
-    register_build_info, shutdown_signal, until_signal,
+    EndpointServer, Readiness, Sampled, ready_when_caches_listable, register_build_info,
+    shutdown_signal, until_signal,
 };
 use gkm_k8s::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_oci::RegistryOptions;

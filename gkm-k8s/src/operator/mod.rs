@@ -11,6 +11,7 @@
 //! it made, then releases the finalizer.
 
 mod conditions;
+pub mod metrics;
 mod reconcile;
 pub mod resolutions;
 pub mod rollup;
@@ -18,7 +19,6 @@ mod verdict;
 mod verifier;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -29,6 +29,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
+pub use metrics::{Metrics, OperatorCollector};
 pub use reconcile::{
     FINALIZER, MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, parse_duration, resolve_interval,
 };
@@ -71,17 +72,6 @@ impl Default for OperatorConfig {
             pvc: crate::pvc::PvcOptions::default(),
         }
     }
-}
-
-/// Counters exported on `/metrics`.
-#[derive(Default)]
-pub struct Metrics {
-    /// Reconciles run.
-    pub reconciles: AtomicU64,
-    /// Reconciles that failed.
-    pub reconcile_errors: AtomicU64,
-    /// Status writes made.
-    pub status_writes: AtomicU64,
 }
 
 /// What every reconcile shares.
