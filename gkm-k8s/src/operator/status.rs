@@ -71,7 +71,7 @@ pub(super) fn desired(observed: &Observed<'_>) -> CacheStatus {
                     counts.pod_running_cnt = claims.outcome.pods_running;
                     counts.pod_outdated_cnt = claims.outcome.pods_outdated;
                 }
-                status.pvc_owner = claims.outcome.owner.clone();
+                status.pvc_owner = claims.outcome.owner;
                 status.pvc_status = claims.outcome.pvc_status.clone();
             }
             status.resolved_digest = Some(digest.clone());
