@@ -13,7 +13,7 @@
 mod conditions;
 pub mod metrics;
 mod reconcile;
-pub mod report_index;
+mod report_index;
 pub mod resolutions;
 pub mod rollup;
 mod status;
@@ -135,10 +135,8 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
         futures::future::ready(())
     });
     tokio::spawn(reflect);
-    if reader.wait_until_ready().await.is_err() {
-        warn!("node report store closed before it was ready");
-        return;
-    }
+    // The index is fed after the store: once it has listed, both have.
+    index.wait_until_listed().await;
     let reports = Arc::new(Reports {
         store: reader,
         index,

@@ -86,41 +86,10 @@ async fn apply<K: CacheObject>(
         warn!(cache = %key, "{note}");
     }
 
-    // Fetch: the digest, its verdict, the nodes' reports, the claims.
+    // Fetch: the digest, then its verdict, the nodes' reports, the claims.
     let resolution = match resolve(&spec.image, interval, ctx).await {
         Err(message) => Err(message),
-        Ok(digest) => {
-            let (verification, checked) = verdict(cache, ctx, &digest, &old).await;
-            if let Some((type_, reason)) =
-                verdict_event(old.verification.as_ref(), &verification, checked)
-            {
-                let note = verification.message.clone().unwrap_or_default();
-                publish(cache, ctx, type_, reason, note).await;
-            }
-            let entries = reports.for_cache(&key);
-            let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
-            let pvc_mode = PvcMode::of(spec).is_some();
-            let claims = if pvc_mode || old.pvc_status.is_some() {
-                let outcome = reconcile_claims(
-                    cache,
-                    &ctx.client,
-                    &ctx.config.pvc,
-                    Some(&digest),
-                    verification.is_deliverable(),
-                    &compatible_nodes(&entries, &digest),
-                )
-                .await?;
-                Some(Claims { pvc_mode, outcome })
-            } else {
-                None
-            };
-            Ok(Resolved {
-                digest,
-                verification,
-                nodes,
-                claims,
-            })
-        }
+        Ok(digest) => Ok(observe(cache, ctx, &old, reports, digest).await?),
     };
     // Decide, then write once.
     let status = desired(&Observed {
@@ -131,6 +100,48 @@ async fn apply<K: CacheObject>(
     });
     write_status(cache, ctx, &old, status).await?;
     Ok(Action::requeue(interval))
+}
+
+/// What is known about `digest`, the image `cache` resolved to: its verdict
+/// (announced when it is news), the nodes' reports rolled up, and the claims
+/// when the cache is or was in PVC mode.
+async fn observe<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    old: &CacheStatus,
+    reports: &Reports<K::NodeReport>,
+    digest: String,
+) -> Result<Resolved> {
+    let spec = cache.cache_spec();
+    let (verification, checked) = verdict(cache, ctx, &digest, old).await;
+    if let Some((type_, reason)) = verdict_event(old.verification.as_ref(), &verification, checked)
+    {
+        let note = verification.message.clone().unwrap_or_default();
+        publish(cache, ctx, type_, reason, note).await;
+    }
+    let entries = reports.for_cache(&cache.key());
+    let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
+    let pvc_mode = PvcMode::of(spec).is_some();
+    let claims = if pvc_mode || old.pvc_status.is_some() {
+        let outcome = reconcile_claims(
+            cache,
+            &ctx.client,
+            &ctx.config.pvc,
+            Some(&digest),
+            verification.is_deliverable(),
+            &compatible_nodes(&entries, &digest),
+        )
+        .await?;
+        Some(Claims { pvc_mode, outcome })
+    } else {
+        None
+    };
+    Ok(Resolved {
+        digest,
+        verification,
+        nodes,
+        claims,
+    })
 }
 
 async fn cleanup<K: CacheObject>(

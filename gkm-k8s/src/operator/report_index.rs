@@ -65,9 +65,20 @@ struct State {
 }
 
 /// The node reports that mention each cache.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReportIndex {
     state: Mutex<State>,
+    /// Whether a first list has been taken in.
+    listed: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for ReportIndex {
+    fn default() -> Self {
+        ReportIndex {
+            state: Mutex::default(),
+            listed: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 impl ReportIndex {
@@ -88,8 +99,17 @@ impl ReportIndex {
                 if let Some(listed) = state.relisting.take() {
                     state.current = listed;
                 }
+                self.listed.send_replace(true);
             }
         }
+    }
+
+    /// Returns once a first list of the reports has been taken in (the
+    /// reflector's store has it too by then).
+    pub async fn wait_until_listed(&self) {
+        let mut listed = self.listed.subscribe();
+        // The sender lives in `self`: waiting cannot fail.
+        let _ = listed.wait_for(|done| *done).await;
     }
 
     /// The names of the reports in `namespace` (`None`: cluster reports)
@@ -205,6 +225,25 @@ mod tests {
         assert_eq!(index.reports_for(Some("a"), "c1"), ["gone", "kept"]);
         index.observe(&Event::<GKMCacheNode>::InitDone);
         assert_eq!(index.reports_for(Some("a"), "c1"), ["kept"]);
+    }
+
+    #[tokio::test]
+    async fn it_is_listed_once_a_first_list_is_done() {
+        let index = std::sync::Arc::new(ReportIndex::default());
+        let waiting = tokio::spawn({
+            let index = index.clone();
+            async move { index.wait_until_listed().await }
+        });
+        index.observe(&Event::<GKMCacheNode>::Init);
+        index.observe(&Event::InitApply(report("a", "n1", &["c1"])));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "listed before the list was done");
+        index.observe(&Event::<GKMCacheNode>::InitDone);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("listed")
+            .expect("the waiting task");
+        assert_eq!(index.reports_for(Some("a"), "c1"), ["n1"]);
     }
 
     #[test]
