@@ -98,10 +98,10 @@ pub fn csi_publish(data: &[u8]) {
 /// `spec.resolveInterval`); what parses prints, as seconds and
 /// milliseconds, to the same duration.
 pub fn duration(text: &str) {
-    if let Some(d) = crate::operator::parse_duration(text) {
+    if let Some(d) = crate::crd::parse_duration(text) {
         let printed = format!("{}s{}ms", d.as_secs(), d.subsec_millis());
         assert_eq!(
-            crate::operator::parse_duration(&printed),
+            crate::crd::parse_duration(&printed),
             Some(d),
             "{text:?} parsed to {d:?}, which prints as {printed:?}"
         );

@@ -12,95 +12,22 @@
 //! - deleting a cache ends although a node that no longer exists still
 //!   reports it.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod operator_support;
 
-use gkm_core::policy::PublicKey;
+use std::sync::Arc;
+use std::time::Duration;
+
 use gkm_k8s::cache_object::{CacheKey, Scope};
 use gkm_k8s::crd::{
     GKMCache, GKMCacheNode, KeySigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
 };
 use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier};
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_oci::{BuildOptions, ImageRef, RegistryOptions, build};
 use gkm_testenv::{ControlPlane, Registry};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
-
-const OPERATOR_NAMESPACE: &str = "gkm-system";
-
-fn registry_options() -> RegistryOptions {
-    RegistryOptions {
-        insecure: true,
-        ..RegistryOptions::default()
-    }
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/caches")
-        .join(name)
-}
-
-/// Builds a fixture into the registry as `repo:v1`; its reference and digest.
-async fn push(registry: &Registry, repo: &str) -> anyhow::Result<(String, String)> {
-    let image = format!("{}/{repo}:v1", registry.addr());
-    let reference: ImageRef = image.parse()?;
-    let built = build(
-        &fixture("triton-vector-add-cuda-sm75"),
-        &reference,
-        &BuildOptions::default(),
-        &registry_options(),
-    )
-    .await?;
-    Ok((image, built.digest.to_string()))
-}
-
-fn pem(key: &PublicKey) -> String {
-    key.to_pem()
-}
-
-async fn put_secret(client: &kube::Client, ns: &str, name: &str, pem: &str) -> anyhow::Result<()> {
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns},
-        "stringData": {"cosign.pub": pem},
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .patch(
-            name,
-            &PatchParams::apply("gkm-test").force(),
-            &Patch::Apply(&secret),
-        )
-        .await?;
-    Ok(())
-}
-
-/// Polls `probe` every 200 ms until it returns `Some`, failing after 60 s.
-async fn until<T, F, Fut>(what: &str, mut probe: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = probe().await? {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{what}: not within 60s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn cache(ns: &str, name: &str, spec: serde_json::Value) -> anyhow::Result<GKMCache> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": spec,
-    }))?)
-}
 
 /// The installed GKMCache CRD without any rule on `resolveInterval`, as an
 /// older gkm installed it.

@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::time::Duration;
+
+use gkm_k8s::cache_object::Scope;
+use gkm_k8s::error::Error;
 use gkm_k8s::operator::{Metrics, OperatorCollector};
 use gkm_k8s::serve::{Endpoints, Readiness, SampleKind, Sampled, register_build_info, serve};
 use prometheus_client::registry::Registry;
@@ -159,9 +163,10 @@ async fn metrics_are_openmetrics_text_with_current_values() -> anyhow::Result<()
     let lines: Vec<&str> = before.body.lines().collect();
     for expected in [
         "# TYPE gkm_operator_reconciles counter",
-        "gkm_operator_reconciles_total 0",
-        "gkm_operator_reconcile_errors_total 0",
+        "gkm_operator_reconciles_total{controller=\"gkmcache\"} 0",
+        "gkm_operator_reconciles_total{controller=\"clustergkmcache\"} 0",
         "gkm_operator_status_writes_total 0",
+        "gkm_operator_caches{state=\"Running\"} 0",
         "# TYPE gkm_leader gauge",
         "gkm_leader 0",
         "gkm_store_bytes 4096",
@@ -175,15 +180,18 @@ async fn metrics_are_openmetrics_text_with_current_values() -> anyhow::Result<()
     }
     assert_eq!(lines.last(), Some(&"# EOF"));
 
-    metrics.reconciles.fetch_add(3, Ordering::Relaxed);
-    metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
-    metrics.status_writes.fetch_add(2, Ordering::Relaxed);
+    for error in [None, None, Some(Error::InvalidSpec("no image".into()))] {
+        metrics.reconciled(Scope::Namespaced, Duration::from_millis(30), error.as_ref());
+    }
+    metrics.status_written();
+    metrics.status_written();
     leading.store(true, Ordering::Relaxed);
     let after = request(server.addr, "GET", "/metrics").await?;
     let lines: Vec<&str> = after.body.lines().collect();
     for expected in [
-        "gkm_operator_reconciles_total 3",
-        "gkm_operator_reconcile_errors_total 1",
+        "gkm_operator_reconciles_total{controller=\"gkmcache\"} 3",
+        "gkm_operator_reconcile_errors_total{controller=\"gkmcache\",error=\"invalid_spec\"} 1",
+        "gkm_operator_reconcile_duration_seconds_count{controller=\"gkmcache\"} 3",
         "gkm_operator_status_writes_total 2",
         "gkm_leader 1",
     ] {

@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::crd::{SignatureMode, SignaturePolicy};
+use gkm_k8s::crd::{MAX_RESOLVE_INTERVAL, SignatureMode, SignaturePolicy};
 use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{
-    ImageVerifier, MAX_RESOLVE_INTERVAL, Metrics, OperatorCollector, OperatorConfig, PolicyFloor,
-    RegistryVerifier,
+    ImageVerifier, Metrics, OperatorCollector, OperatorConfig, PolicyFloor, RegistryVerifier,
 };
 use gkm_k8s::pvc::PvcOptions;
 use gkm_k8s::serve::{
@@ -339,11 +338,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
     ready_when_caches_listable(&client, &readiness);
 
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
-        client.clone(),
-        config.registry.clone(),
-        &cli.lease_namespace,
-    ));
+    let verifier: Arc<dyn ImageVerifier> = Arc::new(
+        RegistryVerifier::new(
+            client.clone(),
+            config.registry.clone(),
+            &cli.lease_namespace,
+        )
+        .with_metrics(metrics.clone()),
+    );
     let controllers = until_signal(
         gkm_k8s::operator::run(client, config, verifier, metrics),
         SHUTDOWN_GRACE,

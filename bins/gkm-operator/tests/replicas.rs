@@ -20,11 +20,20 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
-/// The value of the sample `name` (no labels) on `/metrics`.
+/// The sum of the samples `name` (with any labels) on `/metrics`; `None`
+/// when there is none.
 async fn metric(port: u16, name: &str) -> Option<f64> {
     let (_, body) = get(port, "/metrics").await?;
     body.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.parse::<f64>().ok()
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// Polls `probe` every 100 ms until it holds, failing after `limit` or when

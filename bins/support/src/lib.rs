@@ -57,7 +57,7 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
 /// assert!(gkm_bin_support::duration("9999999999999999h").is_err());
 /// ```
 pub fn duration(text: &str) -> Result<Duration, String> {
-    gkm_k8s::operator::parse_duration(text)
+    gkm_k8s::crd::parse_duration(text)
         .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
 }
 

@@ -20,6 +20,7 @@
 
 mod cache;
 mod common;
+mod duration;
 mod node;
 mod quota;
 mod signature;
@@ -36,6 +37,7 @@ pub use common::{
     CacheCounts, CacheState, PodData, PodTemplate, PodTemplateSpec, PvcOwner, PvcStatus,
     TemplateMetadata,
 };
+pub use duration::{MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, parse_duration, resolve_interval};
 pub use node::{
     CacheNodeStatus, ClusterGKMCacheNode, ClusterGKMCacheNodeSpec, GKMCacheNode, GKMCacheNodeSpec,
     GpuStatus, IncompatibleGpu, NodeCacheStatus,

@@ -13,13 +13,15 @@
 mod conditions;
 pub mod metrics;
 mod reconcile;
+mod report_index;
 pub mod resolutions;
 pub mod rollup;
+mod status;
 mod verdict;
 mod verifier;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gkm_oci::RegistryOptions;
@@ -30,14 +32,13 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{info, warn};
 
 pub use metrics::{Metrics, OperatorCollector};
-pub use reconcile::{
-    FINALIZER, MAX_RESOLVE_INTERVAL, MIN_RESOLVE_INTERVAL, parse_duration, resolve_interval,
-};
+pub use reconcile::FINALIZER;
 pub use verdict::PolicyFloor;
 pub use verifier::{ImageVerifier, RegistryVerifier};
 
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
+use report_index::{ReportIndex, Reports};
 
 /// How the operator runs.
 #[derive(Clone)]
@@ -119,24 +120,28 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     let caches: Api<K> = Api::all(ctx.client.clone());
     let reports_api: Api<K::NodeReport> = Api::all(ctx.client.clone());
     let (reader, writer) = reflector::store();
+    let index = Arc::new(ReportIndex::default());
+    let indexing = index.clone();
     let reflect = reflector::reflector(
         writer,
         watcher(reports_api.clone(), watcher::Config::default()),
     )
     .default_backoff()
-    .touched_objects()
-    .for_each(|r| async move {
-        if let Err(e) = r {
-            warn!(error = %e, "watching node reports");
+    .for_each(move |event| {
+        match &event {
+            Ok(event) => indexing.observe(event),
+            Err(e) => warn!(error = %e, "watching node reports"),
         }
+        futures::future::ready(())
     });
     tokio::spawn(reflect);
-    if reader.wait_until_ready().await.is_err() {
-        warn!("node report store closed before it was ready");
-        return;
-    }
-    let store = reader.clone();
-    Controller::new(caches, watcher::Config::default())
+    // The index is fed after the store: once it has listed, both have.
+    index.wait_until_listed().await;
+    let reports = Arc::new(Reports {
+        store: reader,
+        index,
+    });
+    let controller = Controller::new(caches, watcher::Config::default())
         .watches(
             reports_api,
             watcher::Config::default(),
@@ -154,20 +159,30 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
                     })
             },
         )
-        .shutdown_on_signal()
+        .shutdown_on_signal();
+    let cached = controller.store();
+    ctx.metrics.count_caches(move || {
+        cached
+            .state()
+            .iter()
+            .map(|c| c.cache_status().and_then(|s| s.state))
+            .collect()
+    });
+    controller
         .run(
             move |cache, ctx| {
-                ctx.metrics
-                    .reconciles
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                crate::error::contained(reconcile::reconcile(cache, ctx, store.clone()))
+                let reports = reports.clone();
+                async move {
+                    let began = Instant::now();
+                    let outcome =
+                        crate::error::contained(reconcile::reconcile(cache, ctx.clone(), reports))
+                            .await;
+                    ctx.metrics
+                        .reconciled(K::SCOPE, began.elapsed(), outcome.as_ref().err());
+                    outcome
+                }
             },
-            |cache, error, ctx| {
-                ctx.metrics
-                    .reconcile_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                reconcile::error_policy(cache, error, ctx)
-            },
+            reconcile::error_policy,
             ctx,
         )
         .for_each(|result| async move {

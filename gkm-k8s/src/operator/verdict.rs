@@ -8,6 +8,7 @@ use std::time::Duration;
 use gkm_core::policy::Policy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::EventType;
 
 use super::Context;
 use crate::cache_object::{CacheKey, CacheObject, Scope};
@@ -184,6 +185,35 @@ async fn policies_in_force(
     Ok(out)
 }
 
+/// The event to publish for `new`, the verdict of this reconcile, given the
+/// verdict recorded before: only when signatures were `checked` now and the
+/// outcome is news (another digest, mode or policy, or the other result).
+/// A refusal is checked again at every reconcile and a proof again after
+/// the re-verify interval; repeating the same outcome publishes nothing.
+pub(super) fn verdict_event(
+    old: Option<&VerificationStatus>,
+    new: &VerificationStatus,
+    checked: bool,
+) -> Option<(EventType, &'static str)> {
+    if !checked {
+        return None;
+    }
+    let same = old.is_some_and(|old| {
+        old.verified == new.verified
+            && old.digest == new.digest
+            && old.mode == new.mode
+            && old.policy == new.policy
+    });
+    if same {
+        return None;
+    }
+    Some(if new.verified {
+        (EventType::Normal, "Verified")
+    } else {
+        (EventType::Warning, "VerificationFailed")
+    })
+}
+
 /// A fingerprint of everything that decides a verdict besides the image:
 /// the mode and each policy with its keys, identities and trust material.
 fn fingerprint(mode: SignatureMode, policies: &[(&str, Policy)]) -> String {
@@ -231,6 +261,89 @@ mod tests {
             lenient.mode(SignatureMode::Enforce),
             (SignatureMode::Enforce, None)
         );
+    }
+
+    #[test]
+    fn a_verdict_is_announced_once_per_digest_policy_and_outcome() {
+        let refused = VerificationStatus {
+            verified: false,
+            deliverable: Some(false),
+            mode: Some(SignatureMode::Enforce),
+            policy: Some("sha256:p1".into()),
+            digest: Some("sha256:a".into()),
+            message: Some("no signature".into()),
+            ..VerificationStatus::default()
+        };
+        let proven = VerificationStatus {
+            verified: true,
+            deliverable: Some(true),
+            checked_at: Some(Time(Timestamp::now())),
+            message: Some("signed".into()),
+            ..refused.clone()
+        };
+        let warning = Some((EventType::Warning, "VerificationFailed"));
+        let normal = Some((EventType::Normal, "Verified"));
+        let other = |f: fn(&mut VerificationStatus)| {
+            let mut v = refused.clone();
+            f(&mut v);
+            v
+        };
+        for (what, old, new, checked, event) in [
+            ("first refusal", None, &refused, true, warning),
+            (
+                "the same refusal again",
+                Some(&refused),
+                &refused,
+                true,
+                None,
+            ),
+            ("first proof", None, &proven, true, normal),
+            (
+                "refused, then proven",
+                Some(&refused),
+                &proven,
+                true,
+                normal,
+            ),
+            (
+                "proven, then refused",
+                Some(&proven),
+                &refused,
+                true,
+                warning,
+            ),
+            (
+                "re-verified, still proven",
+                Some(&proven),
+                &proven,
+                true,
+                None,
+            ),
+            ("the recorded verdict reused", None, &proven, false, None),
+            (
+                "refused for a new digest",
+                Some(&refused),
+                &other(|v| v.digest = Some("sha256:b".into())),
+                true,
+                warning,
+            ),
+            (
+                "refused under a new key",
+                Some(&refused),
+                &other(|v| v.policy = Some("sha256:p2".into())),
+                true,
+                warning,
+            ),
+            (
+                "refused under another mode",
+                Some(&refused),
+                &other(|v| v.mode = Some(SignatureMode::Audit)),
+                true,
+                warning,
+            ),
+        ] {
+            assert_eq!(verdict_event(old, new, checked), event, "{what}");
+        }
     }
 
     #[test]

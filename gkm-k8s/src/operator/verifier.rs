@@ -1,12 +1,15 @@
 //! Signature verification as the operator sees it: a policy in, a
 //! [`VerificationStatus`] out.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use gkm_core::policy::{Identity, Mode, Policy, PublicKey, Signer, SubjectMatch, TrustedRoot};
 use gkm_oci::verify::VerifyError;
 use gkm_oci::{Digest, ImageRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
+use super::metrics::{Metrics, RegistryOperation};
 use crate::cache_object::CacheKey;
 use crate::crd::{
     ConfigMapKeyRef, SecretKeyRef, SignatureMode, SignaturePolicy, VerificationStatus,
@@ -33,6 +36,8 @@ pub struct RegistryVerifier {
     registry: gkm_oci::RegistryOptions,
     /// Where references of cluster caches without a namespace are looked up.
     operator_namespace: String,
+    /// Where its registry requests are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RegistryVerifier {
@@ -46,7 +51,14 @@ impl RegistryVerifier {
             client,
             registry,
             operator_namespace: operator_namespace.into(),
+            metrics: None,
         }
+    }
+
+    /// Counts its registry requests in `metrics` (`operation="verify"`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The namespace a reference is looked up in: a namespaced cache may
@@ -210,7 +222,15 @@ impl ImageVerifier for RegistryVerifier {
             (Err(e), _) => return refused(format!("{image}: {e}")),
             (_, Err(e)) => return refused(format!("{digest}: {e}")),
         };
-        match gkm_oci::verify::verify(&reference, &self.registry, &parsed_digest, policy).await {
+        let began = std::time::Instant::now();
+        let outcome =
+            gkm_oci::verify::verify(&reference, &self.registry, &parsed_digest, policy).await;
+        if let Some(metrics) = &self.metrics {
+            // A rejected signature is an answer; only a failed read is an error.
+            let read = !matches!(outcome, Err(VerifyError::Image(_)));
+            metrics.registry_request(RegistryOperation::Verify, read, began.elapsed());
+        }
+        match outcome {
             Ok(verified) => VerificationStatus {
                 verified: true,
                 digest: Some(verified.digest.clone()),

@@ -1,0 +1,264 @@
+//! How the operator writes status and what it counts, against a real
+//! kube-apiserver and a real registry:
+//!
+//! - status is applied server-side by one field manager, `gkm-operator`, so
+//!   a field the operator stops setting (`pvcStatus` after leaving PVC mode)
+//!   is removed, and a steady cache is not written again;
+//! - a refused image is announced once, not at every requeue;
+//! - the operator's metrics pass Prometheus's parser and promlint, with the
+//!   reconciles per controller and the registry requests counted.
+
+mod operator_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gkm_k8s::cache_object::Scope;
+use gkm_k8s::crd::{CacheState, GKMCache, PvcOwner, PvcStatus};
+use gkm_k8s::operator::{
+    ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier,
+};
+use gkm_oci::sign::{SignFormat, SigningKey, sign};
+use gkm_testenv::{ControlPlane, Registry, promlint, samples};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
+use serde_json::json;
+
+const MANAGER: &str = "gkm-operator";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
+    let plane = ControlPlane::shared().await?;
+    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    let client = plane.client().await?;
+    let registry = Registry::shared()?;
+    let ns = "operator-status";
+    plane.ensure_namespace(ns).await?;
+    plane.ensure_namespace(OPERATOR_NAMESPACE).await?;
+    let caches: Api<GKMCache> = Api::namespaced(client.clone(), ns);
+    let (signed, digest) = push(registry, "operator-status/signed").await?;
+    let (unsigned, _) = push(registry, "operator-status/unsigned").await?;
+    let (key, _) = SigningKey::generate_p256()?;
+    sign(
+        &signed.parse()?,
+        &registry_options(),
+        &digest.parse()?,
+        &key,
+        SignFormat::Bundle,
+    )
+    .await?;
+    put_secret(&client, ns, "signer", &pem(key.public_key())).await?;
+
+    let metrics = Arc::new(Metrics::default());
+    let config = OperatorConfig {
+        registry: registry_options(),
+        resolve_interval: Duration::from_secs(1),
+        ..OperatorConfig::default()
+    };
+    let verifier: Arc<dyn ImageVerifier> = Arc::new(
+        RegistryVerifier::new(client.clone(), registry_options(), OPERATOR_NAMESPACE)
+            .with_metrics(metrics.clone()),
+    );
+    let operator = tokio::spawn(gkm_k8s::operator::run(
+        client.clone(),
+        config,
+        verifier,
+        metrics.clone(),
+    ));
+
+    let apply = PatchParams::apply("gkm-test").force();
+    let signature =
+        json!({"signers": [{"key": {"secretRef": {"name": "signer", "key": "cosign.pub"}}}]});
+    for (name, image) in [("steady", &signed), ("refused", &unsigned)] {
+        let object = cache(ns, name, json!({"image": image, "signature": signature}))?;
+        caches.patch(name, &apply, &Patch::Apply(&object)).await?;
+    }
+    let steady = until("the signed cache verified", || async {
+        let cache = caches.get("steady").await?;
+        let verified = cache
+            .status
+            .as_ref()
+            .and_then(|s| s.verification.as_ref())
+            .is_some_and(|v| v.verified);
+        Ok(verified.then_some(cache))
+    })
+    .await?;
+    let status = steady.status.clone().unwrap_or_default();
+    // No node reports it: verified, waiting for nodes.
+    assert_eq!(status.state, Some(CacheState::Pending), "{status:?}");
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.as_str(), c.reason.as_str()));
+    assert_eq!(ready, Some(("False", "NoNodeReady")), "{status:?}");
+
+    // One manager owns the status, by apply; nobody updates it otherwise.
+    let status_managers: Vec<(String, String)> = steady
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| f.subresource.as_deref() == Some("status"))
+        .map(|f| {
+            (
+                f.manager.clone().unwrap_or_default(),
+                f.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        status_managers,
+        [(MANAGER.to_string(), "Apply".to_string())],
+        "{:?}",
+        steady.metadata.managed_fields
+    );
+
+    // A steady cache is reconciled again and again but not written again.
+    let reconciles = metrics.reconciles(Scope::Namespaced);
+    until("more reconciles", || async {
+        Ok((metrics.reconciles(Scope::Namespaced) >= reconciles + 4).then_some(()))
+    })
+    .await?;
+    let after = caches.get("steady").await?;
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.last_updated.clone()),
+        status.last_updated,
+        "the steady cache's status was written again"
+    );
+
+    // What an earlier pass wrote in PVC mode, applied by the same manager:
+    // back in CSI mode, the operator's next status leaves it out, and the
+    // apiserver removes it.
+    let mut with_claims = status.clone();
+    with_claims.pvc_owner = Some(PvcOwner::Operator);
+    with_claims.pvc_status = Some(
+        [(
+            ns.to_string(),
+            PvcStatus {
+                pvc_name: Some("steady-cache".into()),
+                ..PvcStatus::default()
+            },
+        )]
+        .into(),
+    );
+    let body = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "status": with_claims,
+    });
+    caches
+        .patch_status(
+            "steady",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    let seeded = caches.get("steady").await?.status.unwrap_or_default();
+    assert!(seeded.pvc_status.is_some(), "the seed took: {seeded:?}");
+    let cleared = until("pvcStatus removed", || async {
+        let status = caches.get("steady").await?.status.unwrap_or_default();
+        Ok((status.pvc_status.is_none()).then_some(status))
+    })
+    .await?;
+    assert_eq!(cleared.pvc_owner, None, "{cleared:?}");
+    assert_eq!(cleared.resolved_digest.as_deref(), Some(digest.as_str()));
+
+    // The refused cache is checked at every requeue, and announced once.
+    until("the unsigned cache refused", || async {
+        let status = caches.get("refused").await?.status.unwrap_or_default();
+        Ok((status.state == Some(CacheState::Error)).then_some(()))
+    })
+    .await?;
+    let (reconciles, writes) = (
+        metrics.reconciles(Scope::Namespaced),
+        metrics.status_writes(),
+    );
+    until("the refused cache checked again", || async {
+        Ok((metrics.reconciles(Scope::Namespaced) >= reconciles + 6).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        metrics.status_writes(),
+        writes,
+        "nothing changed, yet status was written"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let failures: Vec<Event> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("VerificationFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("refused")
+        })
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].series.is_none(),
+        "the same refusal was published again: {:?}",
+        failures[0].series
+    );
+
+    // The metrics, as a scrape reads them.
+    let mut registry = prometheus_client::registry::Registry::with_prefix("gkm");
+    registry.register_collector(Box::new(OperatorCollector(metrics.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    promlint(&text)?;
+    let samples = samples(&text)?;
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    assert!(
+        value(
+            "gkm_operator_reconciles_total",
+            &[("controller", "gkmcache")]
+        ) >= 10.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            "gkm_operator_reconcile_duration_seconds_count",
+            &[("controller", "gkmcache")]
+        ) >= 10.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            "gkm_operator_registry_requests_total",
+            &[("operation", "resolve"), ("outcome", "ok")]
+        ) >= 2.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            "gkm_operator_registry_requests_total",
+            &[("operation", "verify"), ("outcome", "ok")]
+        ) >= 2.0,
+        "{text}"
+    );
+    assert_eq!(
+        value("gkm_operator_caches", &[("state", "Pending")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value("gkm_operator_caches", &[("state", "Error")]),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        value("gkm_operator_status_writes_total", &[]) >= 3.0,
+        "{text}"
+    );
+    assert!(!operator.is_finished(), "the operator stopped");
+    operator.abort();
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! What the operator's tests share: a signed fixture image in the test
+//! registry, key Secrets, caches, and waiting for the operator.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gkm_core::policy::PublicKey;
+use gkm_k8s::crd::GKMCache;
+use gkm_oci::{BuildOptions, ImageRef, RegistryOptions, build};
+use gkm_testenv::Registry;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+/// The namespace the operator runs in (where cluster caches' references are read).
+pub const OPERATOR_NAMESPACE: &str = "gkm-system";
+
+pub fn registry_options() -> RegistryOptions {
+    RegistryOptions {
+        insecure: true,
+        ..RegistryOptions::default()
+    }
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/caches")
+        .join(name)
+}
+
+/// Builds a fixture into the registry as `repo:v1`; its reference and digest.
+pub async fn push(registry: &Registry, repo: &str) -> anyhow::Result<(String, String)> {
+    let image = format!("{}/{repo}:v1", registry.addr());
+    let reference: ImageRef = image.parse()?;
+    let built = build(
+        &fixture("triton-vector-add-cuda-sm75"),
+        &reference,
+        &BuildOptions::default(),
+        &registry_options(),
+    )
+    .await?;
+    Ok((image, built.digest.to_string()))
+}
+
+pub fn pem(key: &PublicKey) -> String {
+    key.to_pem()
+}
+
+pub async fn put_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pem: &str,
+) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "stringData": {"cosign.pub": pem},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("gkm-test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Polls `probe` every 200 ms until it returns `Some`, failing after 60 s.
+pub async fn until<T, F, Fut>(what: &str, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what}: not within 60s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn cache(ns: &str, name: &str, spec: serde_json::Value) -> anyhow::Result<GKMCache> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))?)
+}
