@@ -12,12 +12,11 @@ pub mod device_plugin;
 pub mod error;
 pub mod extender;
 pub mod fuzzing;
-pub mod leader;
 pub mod mount_table;
 pub mod operator;
 pub mod podresources;
 pub mod pvc;
-pub mod serve;
+pub mod runtime;
 pub mod webhook;
 
 pub use error::{Error, Result};

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gkm_k8s::operator::{Metrics, OperatorCollector};
-use gkm_k8s::serve::{Endpoints, Readiness, SampleKind, Sampled, register_build_info, serve};
+use gkm_k8s::runtime::endpoints::Endpoints;
+use gkm_k8s::runtime::metrics::{SampleKind, Sampled, register_build_info};
+use gkm_k8s::runtime::readiness::Readiness;
+use gkm_k8s::runtime::server::serve;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -138,7 +138,7 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     )?;
     let mut tick = tokio::time::interval(config.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = crate::serve::shutdown_signal();
+    let shutdown = crate::runtime::shutdown::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let retry = agent.next_retry();
