@@ -10,7 +10,8 @@ use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
 use crate::crd::{CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData};
-use crate::delivery::{Delivery, PodRef, Verdict, incompatibility_reason};
+use crate::node_files::delivery::{Delivery, Verdict, incompatibility_reason};
+use crate::node_files::mount_records::PodRef;
 
 /// This node, as planning sees it.
 pub struct NodeView<'a> {

@@ -23,8 +23,9 @@ use super::reports::{NodeReports, gpu_statuses};
 use super::retry::Backoff;
 use crate::cache_object::{CacheKey, CacheObject};
 use crate::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
-use crate::delivery::{DeliveryIndex, MountRecords, PodRef};
 use crate::error::{Error, Result};
+use crate::node_files::delivery::DeliveryIndex;
+use crate::node_files::mount_records::{MountRecords, PodRef};
 
 /// What the agent knows of one image digest. A digest's content never
 /// changes, so each fact is read once: the manifest and config read for the
