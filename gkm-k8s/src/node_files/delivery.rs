@@ -96,7 +96,10 @@ impl Delivery {
         }
     }
 
-    /// Whether the CSI driver may mount it.
+    /// Whether the CSI driver may mount it: the node's verdict, which the
+    /// agent reached from the operator's
+    /// ([`VerificationStatus::admits`](crate::crd::VerificationStatus::admits)),
+    /// the GPU fit and the store. The driver decides nothing else.
     pub fn is_deliverable(&self) -> bool {
         self.verdict == Verdict::Deliverable
     }
