@@ -48,6 +48,19 @@ pub enum Error {
 /// gkm-k8s's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Runs the blocking filesystem `work` on the runtime's blocking threads, so
+/// it never holds up the async tasks; a panic in it becomes
+/// [`Error::Panicked`] saying `what` it was doing.
+pub(crate) async fn blocking<T, F>(what: &str, work: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Panicked(format!("{what}: {e}")))?
+}
+
 /// `work`, with a panic turned into [`Error::Panicked`]: one object's
 /// reconcile (or one agent pass) can never stop the controller, and every
 /// other cache with it.

@@ -21,7 +21,8 @@ use gkm_k8s::csi::proto::{
     NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest,
     VolumeCapability,
 };
-use gkm_k8s::delivery::{Delivery, DeliveryIndex, MountRecords, PodRef, Verdict};
+use gkm_k8s::node_files::delivery::{Delivery, DeliveryIndex, Verdict};
+use gkm_k8s::node_files::mount_records::{MountRecords, PodRef};
 use tonic::Code;
 use tonic::transport::Channel;
 

@@ -26,7 +26,7 @@ use gkm_k8s::csi::proto::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
 };
 use gkm_k8s::csi::{CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID};
-use gkm_k8s::delivery::{Delivery, DeliveryIndex};
+use gkm_k8s::node_files::delivery::{Delivery, DeliveryIndex};
 use gkm_testenv::{Component, find_binary};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;

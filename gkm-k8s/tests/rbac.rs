@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gkm_k8s::crd::{self, GKMCache, GKMCacheNode};
-use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s::runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::{
     ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
 };

@@ -10,7 +10,7 @@ use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::labels::{KindLayout, MANIFEST_FILE};
@@ -427,11 +427,10 @@ fn extract_entry<R: Read>(
     shown: &str,
 ) -> Result<()> {
     let policy = st.policy;
-    let reject =
-        |rule: Rule, detail: String| Err(Error::Rejected(Rejection::new(shown, rule, detail)));
     st.stats.entries += 1;
     if st.stats.entries > policy.max_entries {
         return reject(
+            shown,
             Rule::TooManyEntries,
             format!("more than {} entries", policy.max_entries),
         );
@@ -441,28 +440,10 @@ fn extract_entry<R: Read>(
         return Ok(());
     }
     check_pax(&mut entry, shown)?;
-    match kind {
-        tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous => {}
-        tar::EntryType::Link | tar::EntryType::Symlink if policy.allow_in_tree_links => {}
-        tar::EntryType::Link | tar::EntryType::Symlink => {
-            return reject(
-                Rule::LinkNotAllowed,
-                "links are not allowed by the extraction policy".into(),
-            );
-        }
-        tar::EntryType::GNUSparse => {
-            return reject(Rule::Malformed, "sparse files are not supported".into());
-        }
-        other => {
-            return reject(
-                Rule::SpecialFile,
-                format!("{other:?} entries are not allowed: only files and directories"),
-            );
-        }
-    }
+    check_kind(kind, policy, shown)?;
     let path_bytes = entry.path_bytes().into_owned();
     let Ok(raw) = std::str::from_utf8(&path_bytes) else {
-        return reject(Rule::NonUtf8Name, "path is not UTF-8".into());
+        return reject(shown, Rule::NonUtf8Name, "path is not UTF-8");
     };
     let comps = components(raw, shown, policy)?;
     if comps.len() == 1 && kind != tar::EntryType::Directory {
@@ -472,162 +453,268 @@ fn extract_entry<R: Read>(
             Rule::OutsideLayout
         };
         return reject(
+            shown,
             rule,
-            "the cache and manifest directories must be real directories".into(),
+            "the cache and manifest directories must be real directories",
         );
     }
     let Some(rel) = map_entry(&comps, shown, st.mapping)? else {
         // Checked but not written: a layout directory or the manifest.
-        let size = entry.size();
-        if size > policy.max_entry_size {
-            return reject(
-                Rule::EntryTooLarge,
-                format!("{size} bytes, limit {}", policy.max_entry_size),
-            );
-        }
+        check_entry_size(entry.size(), policy, shown)?;
         io::copy(&mut entry, &mut io::sink()).map_err(|e| classify(e, shown))?;
         return Ok(());
     };
     let mode = entry.header().mode().map_err(|e| classify(e, shown))?;
     if mode & 0o7000 != 0 && policy.reject_special_bits {
         return reject(
+            shown,
             Rule::SpecialBits,
             format!("mode {mode:o} has setuid, setgid or sticky bits"),
         );
     }
     if st.through_link(&rel) {
-        return reject(Rule::ThroughLink, "an ancestor directory is a link".into());
+        return reject(shown, Rule::ThroughLink, "an ancestor directory is a link");
     }
     st.account(&rel, shown)?;
     if !st.seen.insert(rel.clone()) {
-        return reject(Rule::Duplicate, "the archive holds this path twice".into());
+        return reject(shown, Rule::Duplicate, "the archive holds this path twice");
     }
-    let target = dest.join(&rel);
-    let io_err = |e: io::Error| -> Error {
+    let at = Placed {
+        dest,
+        target: dest.join(&rel),
+        rel,
+        shown,
+    };
+    match kind {
+        tar::EntryType::Directory => write_dir(&at),
+        tar::EntryType::Regular | tar::EntryType::Continuous => {
+            write_file(&mut entry, at, mode, st)
+        }
+        tar::EntryType::Link => write_hard_link(&entry, at, st),
+        tar::EntryType::Symlink => write_symlink(&entry, at, st),
+        // Every other kind was refused by check_kind.
+        _ => Ok(()),
+    }
+}
+
+/// Refuses `shown`, which broke `rule`.
+fn reject<T>(shown: &str, rule: Rule, detail: impl Into<String>) -> Result<T> {
+    Err(Error::Rejected(Rejection::new(shown, rule, detail)))
+}
+
+/// Refuses every entry kind but directories and files (and links, when the
+/// policy allows them).
+fn check_kind(kind: tar::EntryType, policy: &ExtractPolicy, shown: &str) -> Result<()> {
+    match kind {
+        tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous => Ok(()),
+        tar::EntryType::Link | tar::EntryType::Symlink if policy.allow_in_tree_links => Ok(()),
+        tar::EntryType::Link | tar::EntryType::Symlink => reject(
+            shown,
+            Rule::LinkNotAllowed,
+            "links are not allowed by the extraction policy",
+        ),
+        tar::EntryType::GNUSparse => {
+            reject(shown, Rule::Malformed, "sparse files are not supported")
+        }
+        other => reject(
+            shown,
+            Rule::SpecialFile,
+            format!("{other:?} entries are not allowed: only files and directories"),
+        ),
+    }
+}
+
+/// Refuses an entry larger than the policy's single-entry limit.
+fn check_entry_size(size: u64, policy: &ExtractPolicy, shown: &str) -> Result<()> {
+    if size > policy.max_entry_size {
+        return reject(
+            shown,
+            Rule::EntryTooLarge,
+            format!("{size} bytes, limit {}", policy.max_entry_size),
+        );
+    }
+    Ok(())
+}
+
+/// Where an admitted entry goes.
+struct Placed<'a> {
+    /// The extraction root.
+    dest: &'a Path,
+    /// `dest` joined with `rel`.
+    target: PathBuf,
+    /// The entry's path below `dest`.
+    rel: String,
+    /// The entry's path as errors show it.
+    shown: &'a str,
+}
+
+impl Placed<'_> {
+    /// An error writing the entry: a clash with an earlier entry is a
+    /// [`Rule::Duplicate`] rejection, anything else an I/O error on it.
+    fn io_err(&self, e: io::Error) -> Error {
         match e.kind() {
             io::ErrorKind::AlreadyExists
             | io::ErrorKind::NotADirectory
             | io::ErrorKind::IsADirectory => Error::Rejected(Rejection::new(
-                shown,
+                self.shown,
                 Rule::Duplicate,
                 format!("clashes with an earlier entry: {e}"),
             )),
-            _ => Error::io(&target, e),
+            _ => Error::io(&self.target, e),
         }
-    };
-    let parent_of = |p: &Path| {
-        p.parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| dest.to_path_buf())
-    };
-    match kind {
-        tar::EntryType::Directory => match make_dir(&target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                make_dirs(dest, &target).map_err(io_err)?;
-            }
-            Err(e)
-                if e.kind() == io::ErrorKind::AlreadyExists
-                    && target.is_dir()
-                    && !target.is_symlink() => {}
-            Err(e) => return Err(io_err(e)),
-        },
-        tar::EntryType::Regular | tar::EntryType::Continuous => {
-            let size = entry.size();
-            if size > policy.max_entry_size {
-                return reject(
-                    Rule::EntryTooLarge,
-                    format!("{size} bytes, limit {}", policy.max_entry_size),
-                );
-            }
-            if st.stats.bytes + size > policy.max_total_size {
-                return reject(
-                    Rule::TotalTooLarge,
-                    format!("files add up to more than {} bytes", policy.max_total_size),
-                );
-            }
-            let parent = parent_of(&target);
-            if st.last_parent.as_ref() != Some(&parent) {
-                make_dirs(dest, &parent).map_err(io_err)?;
-                st.last_parent = Some(parent);
-            }
-            let file_mode = if mode & 0o111 != 0 {
-                EXEC_MODE
-            } else {
-                FILE_MODE
-            };
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(file_mode)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(io_err)?;
-            // The mode given at creation is masked by the umask: set it.
-            file.set_permissions(fs::Permissions::from_mode(file_mode))
-                .map_err(|e| Error::io(&target, e))?;
-            let mut left = size;
-            while left > 0 {
-                let want = left.min(st.buf.len() as u64) as usize;
-                let n = entry
-                    .read(&mut st.buf[..want])
-                    .map_err(|e| classify(e, shown))?;
-                if n == 0 {
-                    return reject(
-                        Rule::Malformed,
-                        format!("archive ends {left} bytes into a {size}-byte entry"),
-                    );
-                }
-                file.write_all(&st.buf[..n])
-                    .map_err(|e| Error::io(&target, e))?;
-                left -= n as u64;
-            }
-            st.stats.bytes += size;
-            st.stats.files += 1;
-            if policy.allow_in_tree_links {
-                // Only hard links look files up.
-                st.account(&rel, shown)?;
-                st.files.insert(rel);
-            }
-        }
-        tar::EntryType::Link | tar::EntryType::Symlink => {
-            let link_bytes = entry
-                .link_name_bytes()
-                .map(|b| b.into_owned())
-                .unwrap_or_default();
-            let Ok(link) = std::str::from_utf8(&link_bytes) else {
-                return reject(Rule::NonUtf8Name, "link target is not UTF-8".into());
-            };
-            let parent = parent_of(&target);
-            make_dirs(dest, &parent).map_err(io_err)?;
-            st.account(&rel, shown)?;
-            if kind == tar::EntryType::Link {
-                let comps = components(link, shown, policy).map_err(|r| Rejection {
-                    rule: Rule::LinkEscape,
-                    ..r
-                })?;
-                let mapped = map_entry(&comps, shown, st.mapping).map_err(|r| Rejection {
-                    rule: Rule::LinkEscape,
-                    ..r
-                })?;
-                let Some(to) = mapped.filter(|m| st.files.contains(m)) else {
-                    return reject(
-                        Rule::LinkEscape,
-                        format!("hard link to {link:?}, which is not a file extracted earlier"),
-                    );
-                };
-                fs::hard_link(dest.join(&to), &target).map_err(io_err)?;
-                st.files.insert(rel);
-            } else {
-                check_symlink(link, &rel, st.mapping)
-                    .map_err(|d| Rejection::new(shown, Rule::LinkEscape, d))?;
-                std::os::unix::fs::symlink(link, &target).map_err(io_err)?;
-                st.links.insert(rel);
-            }
-        }
-        // Every other kind was refused above.
-        _ => {}
     }
+
+    /// The directory the entry goes into.
+    fn parent(&self) -> PathBuf {
+        self.target
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.dest.to_path_buf())
+    }
+}
+
+/// Creates a directory entry (and its missing ancestors); an existing real
+/// directory is fine.
+fn write_dir(at: &Placed<'_>) -> Result<()> {
+    match make_dir(&at.target) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            make_dirs(at.dest, &at.target).map_err(|e| at.io_err(e))
+        }
+        Err(e)
+            if e.kind() == io::ErrorKind::AlreadyExists
+                && at.target.is_dir()
+                && !at.target.is_symlink() =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(at.io_err(e)),
+    }
+}
+
+/// Writes a regular file's content, within the size limits, with the file
+/// mode gkm uses (executable when any execute bit is set).
+fn write_file<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    at: Placed<'_>,
+    mode: u32,
+    st: &mut State<'_>,
+) -> Result<()> {
+    let policy = st.policy;
+    let shown = at.shown;
+    let size = entry.size();
+    check_entry_size(size, policy, shown)?;
+    if st.stats.bytes + size > policy.max_total_size {
+        return reject(
+            shown,
+            Rule::TotalTooLarge,
+            format!("files add up to more than {} bytes", policy.max_total_size),
+        );
+    }
+    let parent = at.parent();
+    if st.last_parent.as_ref() != Some(&parent) {
+        make_dirs(at.dest, &parent).map_err(|e| at.io_err(e))?;
+        st.last_parent = Some(parent);
+    }
+    let file_mode = if mode & 0o111 != 0 {
+        EXEC_MODE
+    } else {
+        FILE_MODE
+    };
+    let target = &at.target;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(file_mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(target)
+        .map_err(|e| at.io_err(e))?;
+    // The mode given at creation is masked by the umask: set it.
+    file.set_permissions(fs::Permissions::from_mode(file_mode))
+        .map_err(|e| Error::io(target, e))?;
+    let mut left = size;
+    while left > 0 {
+        let want = left.min(st.buf.len() as u64) as usize;
+        let n = entry
+            .read(&mut st.buf[..want])
+            .map_err(|e| classify(e, shown))?;
+        if n == 0 {
+            return reject(
+                shown,
+                Rule::Malformed,
+                format!("archive ends {left} bytes into a {size}-byte entry"),
+            );
+        }
+        file.write_all(&st.buf[..n])
+            .map_err(|e| Error::io(target, e))?;
+        left -= n as u64;
+    }
+    st.stats.bytes += size;
+    st.stats.files += 1;
+    if policy.allow_in_tree_links {
+        // Only hard links look files up.
+        st.account(&at.rel, shown)?;
+        st.files.insert(at.rel);
+    }
+    Ok(())
+}
+
+/// A link entry's target, which must be UTF-8; makes the directory the link
+/// goes into and counts the link's path.
+fn link_target<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    at: &Placed<'_>,
+    st: &mut State<'_>,
+) -> Result<String> {
+    let link_bytes = entry
+        .link_name_bytes()
+        .map(|b| b.into_owned())
+        .unwrap_or_default();
+    let Ok(link) = String::from_utf8(link_bytes) else {
+        return reject(at.shown, Rule::NonUtf8Name, "link target is not UTF-8");
+    };
+    make_dirs(at.dest, &at.parent()).map_err(|e| at.io_err(e))?;
+    st.account(&at.rel, at.shown)?;
+    Ok(link)
+}
+
+/// Creates a hard link, only to a file this archive extracted earlier.
+fn write_hard_link<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    at: Placed<'_>,
+    st: &mut State<'_>,
+) -> Result<()> {
+    let shown = at.shown;
+    let link = link_target(entry, &at, st)?;
+    let as_escape = |r: Rejection| Rejection {
+        rule: Rule::LinkEscape,
+        ..r
+    };
+    let comps = components(&link, shown, st.policy).map_err(as_escape)?;
+    let mapped = map_entry(&comps, shown, st.mapping).map_err(as_escape)?;
+    let Some(to) = mapped.filter(|m| st.files.contains(m)) else {
+        return reject(
+            shown,
+            Rule::LinkEscape,
+            format!("hard link to {link:?}, which is not a file extracted earlier"),
+        );
+    };
+    fs::hard_link(at.dest.join(&to), &at.target).map_err(|e| at.io_err(e))?;
+    st.files.insert(at.rel);
+    Ok(())
+}
+
+/// Creates a symbolic link, only one that stays inside the tree.
+fn write_symlink<R: Read>(
+    entry: &tar::Entry<'_, R>,
+    at: Placed<'_>,
+    st: &mut State<'_>,
+) -> Result<()> {
+    let link = link_target(entry, &at, st)?;
+    check_symlink(&link, &at.rel, st.mapping)
+        .map_err(|d| Rejection::new(at.shown, Rule::LinkEscape, d))?;
+    std::os::unix::fs::symlink(&link, &at.target).map_err(|e| at.io_err(e))?;
+    st.links.insert(at.rel);
     Ok(())
 }
 

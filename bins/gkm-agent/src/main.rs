@@ -10,9 +10,10 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
 use gkm_k8s::agent::{AgentConfig, GpuMetrics, TelemetryConfig};
-use gkm_k8s::serve::{
-    EndpointServer, Readiness, ready_when_caches_listable, register_build_info, until_signal,
-};
+use gkm_k8s::runtime::metrics::register_build_info;
+use gkm_k8s::runtime::readiness::{Readiness, ready_when_caches_listable};
+use gkm_k8s::runtime::server::EndpointServer;
+use gkm_k8s::runtime::shutdown::until_signal;
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gkm_k8s::cache_object::{CacheKey, Scope};
 use gkm_k8s::crd::{GKMCache, GKMCacheNode};
-use gkm_k8s::delivery::DeliveryIndex;
+use gkm_k8s::node_files::delivery::DeliveryIndex;
 use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
 use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};

@@ -77,7 +77,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         })
     });
     tokio::spawn(async move {
-        gkm_k8s::serve::shutdown_signal().await;
+        gkm_k8s::runtime::shutdown::shutdown_signal().await;
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });

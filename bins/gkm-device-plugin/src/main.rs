@@ -113,7 +113,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         config,
         assignments,
         node_gpus,
-        gkm_k8s::serve::shutdown_signal(),
+        gkm_k8s::runtime::shutdown::shutdown_signal(),
     )
     .await
     .context("running the device plugin")

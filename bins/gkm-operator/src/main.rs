@@ -10,15 +10,15 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_k8s::crd::{MAX_RESOLVE_INTERVAL, SignatureMode, SignaturePolicy};
-use gkm_k8s::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s::operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, PolicyFloor, RegistryVerifier,
 };
 use gkm_k8s::pvc::PvcOptions;
-use gkm_k8s::serve::{
-    EndpointServer, Readiness, Sampled, ready_when_caches_listable, register_build_info,
-    shutdown_signal, until_signal,
-};
+use gkm_k8s::runtime::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s::runtime::metrics::{Sampled, register_build_info};
+use gkm_k8s::runtime::readiness::{Readiness, ready_when_caches_listable};
+use gkm_k8s::runtime::server::EndpointServer;
+use gkm_k8s::runtime::shutdown::{shutdown_signal, until_signal};
 use gkm_k8s::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;

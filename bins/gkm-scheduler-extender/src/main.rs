@@ -11,10 +11,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use gkm_k8s::extender::{self, IndexConfig};
-use gkm_k8s::serve::{
-    EndpointServer, Endpoints, Readiness, TlsAcceptor, register_build_info, tls_acceptor,
-    until_signal,
-};
+use gkm_k8s::runtime::endpoints::Endpoints;
+use gkm_k8s::runtime::metrics::register_build_info;
+use gkm_k8s::runtime::readiness::Readiness;
+use gkm_k8s::runtime::server::{EndpointServer, TlsAcceptor, tls_acceptor};
+use gkm_k8s::runtime::shutdown::until_signal;
 use prometheus_client::registry::Registry;
 
 /// gkm scheduler extender: serves `POST /scheduler/filter`,

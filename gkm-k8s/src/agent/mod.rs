@@ -10,7 +10,7 @@
 //! 3. pulls and extracts compatible, verified caches into the content-addressed
 //!    store ([`gkm_oci::Store`]), never an unverified or incompatible one,
 //! 4. publishes its decision in the delivery index the CSI driver reads
-//!    ([`crate::delivery`]),
+//!    ([`crate::node_files`]),
 //! 5. reports in the node's `GKMCacheNode` (one per namespace) and
 //!    `ClusterGKMCacheNode`, named after the node: GPUs, and per cache and
 //!    digest the state, compatible and incompatible GPUs with reasons, size,
@@ -138,7 +138,7 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     )?;
     let mut tick = tokio::time::interval(config.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = crate::serve::shutdown_signal();
+    let shutdown = crate::runtime::shutdown::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let retry = agent.next_retry();

@@ -10,7 +10,8 @@ use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
 use crate::crd::{CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData};
-use crate::delivery::{Delivery, PodRef, Verdict, incompatibility_reason};
+use crate::node_files::delivery::{Delivery, Verdict, incompatibility_reason};
+use crate::node_files::mount_records::PodRef;
 
 /// This node, as planning sees it.
 pub struct NodeView<'a> {
@@ -152,10 +153,10 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     // The operator's recorded verdict decides, never the spec: the spec's
     // mode is only what the cache asked for, not what the floor allows.
     let verification = cache.status.and_then(|s| s.verification.as_ref());
-    let verified_here = verification.filter(|v| v.digest.as_deref() == Some(digest.as_str()));
-    let verified = verified_here.is_some_and(|v| v.is_deliverable());
-    if !verified {
-        let why = verified_here
+    if !verification.is_some_and(|v| v.admits(digest.as_str())) {
+        // The operator's note, when it is about this digest.
+        let why = verification
+            .filter(|v| v.digest.as_deref() == Some(digest.as_str()))
             .and_then(|v| v.message.clone())
             .unwrap_or_else(|| "not verified yet".to_string());
         let reason = format!("signature of {digest} not verified: {why}");

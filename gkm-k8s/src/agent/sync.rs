@@ -23,8 +23,9 @@ use super::reports::{NodeReports, gpu_statuses};
 use super::retry::Backoff;
 use crate::cache_object::{CacheKey, CacheObject};
 use crate::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
-use crate::delivery::{DeliveryIndex, MountRecords, PodRef};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, blocking};
+use crate::node_files::delivery::DeliveryIndex;
+use crate::node_files::mount_records::{MountRecords, PodRef};
 
 /// What the agent knows of one image digest. A digest's content never
 /// changes, so each fact is read once: the manifest and config read for the
@@ -115,7 +116,8 @@ impl Agent {
     pub(super) async fn sync_once(&mut self) -> Result<()> {
         self.harvest_extractions().await;
         let node_labels = self.label_node().await?;
-        let mounts = self.mounts.list()?;
+        let records = self.mounts.clone();
+        let mounts = blocking("reading the mount records", move || records.list()).await?;
         let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
         let mut referenced: HashSet<Digest> = HashSet::new();
         for record in mounts {
@@ -163,16 +165,21 @@ impl Agent {
             }
             keys.insert(key);
         }
-        // Delivery entries of caches that are gone.
-        for (key, _) in self.index.list()? {
-            if !keys.contains(&key) {
-                self.index.remove(&key)?;
-            }
-        }
         let namespaces: HashSet<Option<String>> =
             keys.iter().map(|k| k.namespace.clone()).collect();
+        // Delivery entries of caches that are gone.
+        let index = self.index.clone();
+        blocking("pruning the delivery index", move || {
+            for (key, _) in index.list()? {
+                if !keys.contains(&key) {
+                    index.remove(&key)?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
         self.reports.write(reports, &namespaces).await?;
-        let stored = self.collect_garbage(&referenced)?;
+        let stored = self.collect_garbage(&referenced).await?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
@@ -196,14 +203,13 @@ impl Agent {
             .filter_map(|d| self.store.get(d).map(|path| (d.clone(), path)))
             .collect();
         if !unknown.is_empty() {
-            let measured = tokio::task::spawn_blocking(move || {
-                unknown
+            let measured = blocking("measuring the store", move || {
+                Ok(unknown
                     .into_iter()
                     .map(|(digest, path)| (digest, tree_size(&path)))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>())
             })
-            .await
-            .map_err(|e| Error::Panicked(format!("measuring the store: {e}")))?;
+            .await?;
             for (digest, size) in measured {
                 self.facts.entry(digest).or_default().size = Some(size);
             }
@@ -271,12 +277,12 @@ impl Agent {
                 }
                 continue;
             }
-            match &plan.delivery {
-                DeliveryChange::Publish(delivery) => self.index.publish(key, delivery)?,
-                DeliveryChange::Remove => {
-                    self.index.remove(key)?;
-                }
-            }
+            let (index, key) = (self.index.clone(), key.clone());
+            blocking("writing the delivery index", move || match &plan.delivery {
+                DeliveryChange::Publish(delivery) => index.publish(&key, delivery),
+                DeliveryChange::Remove => index.remove(&key).map(drop),
+            })
+            .await?;
             if let Some(digest) = plan.extract {
                 // Off the loop: the next pass plans again with the outcome.
                 self.start_extraction(cache.image(), digest);
@@ -388,11 +394,12 @@ impl Agent {
 
     /// Removes stored digests nothing references once they have been
     /// unreferenced for the grace period; returns the digests the store
-    /// still holds.
-    fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
+    /// still holds. The listing and the removals run off the async runtime.
+    async fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
         let now = Instant::now();
         let mut keep = referenced.clone();
-        let mut stored = self.store.list()?;
+        let store = self.store.clone();
+        let mut stored = blocking("listing the store", move || Ok(store.list()?)).await?;
         for digest in stored.iter().cloned() {
             if referenced.contains(&digest) {
                 self.unreferenced_since.remove(&digest);
@@ -403,7 +410,11 @@ impl Agent {
                 keep.insert(digest);
             }
         }
-        let removed = self.store.gc(&keep)?;
+        let store = self.store.clone();
+        let removed = blocking("removing unreferenced caches from the store", move || {
+            Ok(store.gc(&keep)?)
+        })
+        .await?;
         for digest in &removed {
             info!(%digest, "removed unreferenced cache from the store");
             self.unreferenced_since.remove(digest);

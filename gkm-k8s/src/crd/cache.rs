@@ -78,70 +78,63 @@ pub enum AccessMode {
     ReadWriteOncePod,
 }
 
-/// The namespaced cache kind: delivered to the workloads of its namespace.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
-#[kube(
-    group = "gkm.io",
-    version = "v1alpha1",
+/// Declares a cache kind's spec, `$spec`, with the `kube` attributes that
+/// set the two kinds apart (`$kube`) and, declared once here, what they share:
+/// the group and version, the status, the category and the printer columns.
+macro_rules! cache_kind {
+    ($(#[$doc:meta])* $spec:ident, $($kube:tt)*) => {
+        $(#[$doc])*
+        #[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
+        #[kube(
+            group = "gkm.io",
+            version = "v1alpha1",
+            status = "CacheStatus",
+            category = "gkm",
+            $($kube)*,
+            printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+            printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.counts.nodeCnt"),
+            printcolumn(name = "Node-In-Use", type_ = "integer", json_path = ".status.counts.nodeInUseCnt"),
+            printcolumn(name = "Node-Not-In-Use", type_ = "integer", json_path = ".status.counts.nodeNotInUseCnt"),
+            printcolumn(name = "Node-Error", type_ = "integer", json_path = ".status.counts.nodeErrorCnt"),
+            printcolumn(name = "Node-Incompatible", type_ = "integer", json_path = ".status.counts.nodeIncompatibleCnt"),
+            printcolumn(name = "Pod-Running", type_ = "integer", json_path = ".status.counts.podRunningCnt"),
+            printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
+            printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
+            printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
+            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        )]
+        pub struct $spec {
+            /// The cache.
+            #[serde(flatten)]
+            pub cache: CacheSpec,
+        }
+    };
+}
+
+cache_kind!(
+    /// The namespaced cache kind: delivered to the workloads of its namespace.
+    GKMCacheSpec,
     kind = "GKMCache",
     plural = "gkmcaches",
     namespaced,
-    status = "CacheStatus",
     shortname = "gkmc",
-    category = "gkm",
     doc = "A GPU kernel cache image delivered to the nodes whose GPUs it fits, for the workloads of its namespace.",
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
-    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.counts.nodeCnt"),
-    printcolumn(name = "Node-In-Use", type_ = "integer", json_path = ".status.counts.nodeInUseCnt"),
-    printcolumn(name = "Node-Not-In-Use", type_ = "integer", json_path = ".status.counts.nodeNotInUseCnt"),
-    printcolumn(name = "Node-Error", type_ = "integer", json_path = ".status.counts.nodeErrorCnt"),
-    printcolumn(name = "Node-Incompatible", type_ = "integer", json_path = ".status.counts.nodeIncompatibleCnt"),
-    printcolumn(name = "Pod-Running", type_ = "integer", json_path = ".status.counts.podRunningCnt"),
-    printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
-    printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
-    printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.spec.workloadNamespaces)")
         .message("spec.workloadNamespaces is only meaningful on a ClusterGKMCache: a GKMCache serves its own namespace")
         .field_path(".spec.workloadNamespaces")
-)]
-pub struct GKMCacheSpec {
-    /// The cache.
-    #[serde(flatten)]
-    pub cache: CacheSpec,
-}
+);
 
-/// The cluster cache kind: delivered to the workloads of `workloadNamespaces`.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
-#[kube(
-    group = "gkm.io",
-    version = "v1alpha1",
+cache_kind!(
+    /// The cluster cache kind: delivered to the workloads of `workloadNamespaces`.
+    ClusterGKMCacheSpec,
     kind = "ClusterGKMCache",
     plural = "clustergkmcaches",
-    status = "CacheStatus",
     shortname = "cgkmc",
-    category = "gkm",
     doc = "A GPU kernel cache image delivered to the nodes whose GPUs it fits, for workloads in the namespaces it names.",
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
-    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.counts.nodeCnt"),
-    printcolumn(name = "Node-In-Use", type_ = "integer", json_path = ".status.counts.nodeInUseCnt"),
-    printcolumn(name = "Node-Not-In-Use", type_ = "integer", json_path = ".status.counts.nodeNotInUseCnt"),
-    printcolumn(name = "Node-Error", type_ = "integer", json_path = ".status.counts.nodeErrorCnt"),
-    printcolumn(name = "Node-Incompatible", type_ = "integer", json_path = ".status.counts.nodeIncompatibleCnt"),
-    printcolumn(name = "Pod-Running", type_ = "integer", json_path = ".status.counts.podRunningCnt"),
-    printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
-    printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
-    printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.spec.storageClassName) || (has(self.spec.workloadNamespaces) && size(self.spec.workloadNamespaces) > 0)")
         .message("spec.workloadNamespaces must name at least one namespace when spec.storageClassName is set (PVC mode)")
         .field_path(".spec.workloadNamespaces")
-)]
-pub struct ClusterGKMCacheSpec {
-    /// The cache.
-    #[serde(flatten)]
-    pub cache: CacheSpec,
-}
+);
 
 /// What the operator observed of a cache, cluster-wide.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -218,5 +211,63 @@ impl VerificationStatus {
     /// The operator's verdict: may the image be delivered?
     pub fn is_deliverable(&self) -> bool {
         self.deliverable.unwrap_or(self.verified)
+    }
+
+    /// Whether the operator's verdict lets `digest` be delivered: the verdict
+    /// is about `digest` (not a digest the tag pointed to before) and says
+    /// deliverable.
+    ///
+    /// Deliverability is decided in two steps, each in one place. The
+    /// operator decides what signature verification allows and records it
+    /// here; this is the one rule a node reads it by. The agent then adds
+    /// what only the node knows (a GPU fits, the digest is extracted) in
+    /// `agent::plan` and publishes the outcome as a
+    /// [`Delivery`](crate::node_files::delivery::Delivery), whose
+    /// [`is_deliverable`](crate::node_files::delivery::Delivery::is_deliverable)
+    /// is all the CSI driver checks before a mount.
+    pub fn admits(&self, digest: &str) -> bool {
+        self.digest.as_deref() == Some(digest) && self.is_deliverable()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VerificationStatus;
+
+    const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const OLD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    #[test]
+    fn a_verdict_admits_only_the_digest_it_is_about() {
+        let verified = VerificationStatus {
+            verified: true,
+            deliverable: Some(true),
+            digest: Some(DIGEST.into()),
+            ..Default::default()
+        };
+        assert!(verified.admits(DIGEST));
+        assert!(!verified.admits(OLD), "a verdict on another digest");
+        assert!(!VerificationStatus::default().admits(DIGEST), "no verdict");
+
+        // Not verified but not enforced (Audit, Off): deliverable.
+        let audited = VerificationStatus {
+            verified: false,
+            deliverable: Some(true),
+            ..verified.clone()
+        };
+        assert!(audited.admits(DIGEST));
+        // Enforced and not verified: not deliverable.
+        let refused = VerificationStatus {
+            verified: false,
+            deliverable: Some(false),
+            ..verified.clone()
+        };
+        assert!(!refused.admits(DIGEST));
+        // An older operator wrote no verdict: `verified` decides.
+        let older = VerificationStatus {
+            deliverable: None,
+            ..verified
+        };
+        assert!(older.admits(DIGEST));
     }
 }

@@ -12,109 +12,82 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
 
-/// Node reports have no spec: the agent owns their status. The object is
-/// named after its node. As in GKM, `spec` may be left out or null (GKM's
-/// own samples write `spec:` with nothing under it): it reads as empty.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, JsonSchema)]
-#[kube(
-    group = "gkm.io",
-    version = "v1alpha1",
+/// Declares a node kind's (empty) spec, `$spec`, with the `kube` attributes
+/// that set the two kinds apart (`$kube`) and, declared once here, what they
+/// share: the group and version, the status, the category and the printer
+/// columns.
+macro_rules! node_kind {
+    ($(#[$doc:meta])* $spec:ident, $($kube:tt)*) => {
+        $(#[$doc])*
+        #[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, JsonSchema)]
+        #[kube(
+            group = "gkm.io",
+            version = "v1alpha1",
+            status = "CacheNodeStatus",
+            category = "gkm",
+            $($kube)*,
+            printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
+            printcolumn(
+                name = "Node-In-Use",
+                type_ = "integer",
+                json_path = ".status.counts.nodeInUseCnt"
+            ),
+            printcolumn(
+                name = "Node-Not-In-Use",
+                type_ = "integer",
+                json_path = ".status.counts.nodeNotInUseCnt"
+            ),
+            printcolumn(
+                name = "Node-Error",
+                type_ = "integer",
+                json_path = ".status.counts.nodeErrorCnt"
+            ),
+            printcolumn(
+                name = "Node-Incompatible",
+                type_ = "integer",
+                json_path = ".status.counts.nodeIncompatibleCnt"
+            ),
+            printcolumn(
+                name = "Pod-Running",
+                type_ = "integer",
+                json_path = ".status.counts.podRunningCnt"
+            ),
+            printcolumn(
+                name = "Pod-Outdated",
+                type_ = "integer",
+                json_path = ".status.counts.podOutdatedCnt"
+            ),
+            printcolumn(
+                name = "Age",
+                type_ = "date",
+                json_path = ".metadata.creationTimestamp"
+            )
+        )]
+        pub struct $spec {}
+    };
+}
+
+node_kind!(
+    /// Node reports have no spec: the agent owns their status. The object is
+    /// named after its node. As in GKM, `spec` may be left out or null (GKM's
+    /// own samples write `spec:` with nothing under it): it reads as empty.
+    GKMCacheNodeSpec,
     kind = "GKMCacheNode",
     plural = "gkmcachenodes",
     namespaced,
-    status = "CacheNodeStatus",
     shortname = "gkmcn",
-    category = "gkm",
-    doc = "One node's report on the GKMCaches of its namespace: the node's GPUs and, per cache and digest, its state.",
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
-    printcolumn(
-        name = "Node-In-Use",
-        type_ = "integer",
-        json_path = ".status.counts.nodeInUseCnt"
-    ),
-    printcolumn(
-        name = "Node-Not-In-Use",
-        type_ = "integer",
-        json_path = ".status.counts.nodeNotInUseCnt"
-    ),
-    printcolumn(
-        name = "Node-Error",
-        type_ = "integer",
-        json_path = ".status.counts.nodeErrorCnt"
-    ),
-    printcolumn(
-        name = "Node-Incompatible",
-        type_ = "integer",
-        json_path = ".status.counts.nodeIncompatibleCnt"
-    ),
-    printcolumn(
-        name = "Pod-Running",
-        type_ = "integer",
-        json_path = ".status.counts.podRunningCnt"
-    ),
-    printcolumn(
-        name = "Pod-Outdated",
-        type_ = "integer",
-        json_path = ".status.counts.podOutdatedCnt"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-pub struct GKMCacheNodeSpec {}
+    doc = "One node's report on the GKMCaches of its namespace: the node's GPUs and, per cache and digest, its state."
+);
 
-/// The cluster-scoped node report, for ClusterGKMCaches. As in GKM, `spec`
-/// may be left out or null: it reads as empty.
-#[derive(CustomResource, Debug, Clone, PartialEq, Default, Serialize, JsonSchema)]
-#[kube(
-    group = "gkm.io",
-    version = "v1alpha1",
+node_kind!(
+    /// The cluster-scoped node report, for ClusterGKMCaches. As in GKM, `spec`
+    /// may be left out or null: it reads as empty.
+    ClusterGKMCacheNodeSpec,
     kind = "ClusterGKMCacheNode",
     plural = "clustergkmcachenodes",
-    status = "CacheNodeStatus",
     shortname = "cgkmcn",
-    category = "gkm",
-    doc = "One node's report on the ClusterGKMCaches: the node's GPUs and, per cache and digest, its state.",
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
-    printcolumn(
-        name = "Node-In-Use",
-        type_ = "integer",
-        json_path = ".status.counts.nodeInUseCnt"
-    ),
-    printcolumn(
-        name = "Node-Not-In-Use",
-        type_ = "integer",
-        json_path = ".status.counts.nodeNotInUseCnt"
-    ),
-    printcolumn(
-        name = "Node-Error",
-        type_ = "integer",
-        json_path = ".status.counts.nodeErrorCnt"
-    ),
-    printcolumn(
-        name = "Node-Incompatible",
-        type_ = "integer",
-        json_path = ".status.counts.nodeIncompatibleCnt"
-    ),
-    printcolumn(
-        name = "Pod-Running",
-        type_ = "integer",
-        json_path = ".status.counts.podRunningCnt"
-    ),
-    printcolumn(
-        name = "Pod-Outdated",
-        type_ = "integer",
-        json_path = ".status.counts.podOutdatedCnt"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-pub struct ClusterGKMCacheNodeSpec {}
+    doc = "One node's report on the ClusterGKMCaches: the node's GPUs and, per cache and digest, its state."
+);
 
 /// Reads an empty spec from anything, including a missing or null `spec`:
 /// serde asks a missing field for an option, which reads as `None`.

@@ -17,6 +17,18 @@ pub enum SignatureMode {
     Off,
 }
 
+/// `spec.signature.mode` as the domain's [`gkm_core::policy::Mode`]: the one
+/// place the CRD's mode and gkm-core's are mapped.
+impl From<SignatureMode> for gkm_core::policy::Mode {
+    fn from(mode: SignatureMode) -> Self {
+        match mode {
+            SignatureMode::Enforce => gkm_core::policy::Mode::Enforce,
+            SignatureMode::Audit => gkm_core::policy::Mode::Audit,
+            SignatureMode::Off => gkm_core::policy::Mode::Off,
+        }
+    }
+}
+
 /// The signers a cache image must be signed by; any one suffices.
 ///
 /// When a cache has no `signature`, the operator's default policy applies.
@@ -127,4 +139,31 @@ pub struct ConfigMapKeyRef {
     /// The key within the ConfigMap.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use gkm_core::policy::{Mode, Rejection};
+
+    use super::SignatureMode;
+
+    #[test]
+    fn each_mode_maps_to_the_domain_mode_of_the_same_name() {
+        for (crd, domain) in [
+            (SignatureMode::Enforce, Mode::Enforce),
+            (SignatureMode::Audit, Mode::Audit),
+            (SignatureMode::Off, Mode::Off),
+        ] {
+            assert_eq!(Mode::from(crd), domain);
+            // The YAML spelling is the same on both sides.
+            assert_eq!(
+                serde_json::to_value(crd).expect("crd mode"),
+                serde_json::to_value(domain).expect("domain mode")
+            );
+        }
+        assert_eq!(Mode::from(SignatureMode::default()), Mode::default());
+        let unsigned: Result<(), Rejection> = Err(Rejection::NoSignature);
+        assert!(!Mode::from(SignatureMode::Enforce).admits(&unsigned));
+        assert!(Mode::from(SignatureMode::Audit).admits(&unsigned));
+    }
 }

@@ -25,7 +25,7 @@ use tonic::Status;
 
 use super::volume::PublishRequest;
 use crate::cache_object::Scope;
-use crate::delivery::Delivery;
+use crate::node_files::delivery::Delivery;
 
 /// Refuses a pod whose volume context does not match the pod the kubelet
 /// publishes for, or a `GKMCache` of another namespace.
@@ -104,7 +104,7 @@ mod tests {
 
     use super::*;
     use crate::cache_object::CacheKey;
-    use crate::delivery::PodRef;
+    use crate::node_files::mount_records::PodRef;
 
     fn request(
         scope: Scope,

@@ -22,8 +22,8 @@
 //! # The contract with the node agent
 //!
 //! The driver never talks to the Kubernetes API. It reads the agent's
-//! decisions from the node-local [delivery index](crate::delivery) and writes
-//! [mount records](crate::delivery::MountRecords) the agent counts pods from:
+//! decisions from the node-local [delivery index](crate::node_files::delivery) and writes
+//! [mount records](crate::node_files::mount_records::MountRecords) the agent counts pods from:
 //!
 //! - `NodePublishVolume` first applies the [access rules](access): a
 //!   `GKMCache` only for pods of its namespace, a `ClusterGKMCache` only for

@@ -20,7 +20,8 @@ use super::proto::{
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
 use super::volume::{PublishRequest, absolute_path, parse_publish, required};
-use crate::delivery::{DeliveryIndex, MountRecord, MountRecords, Verdict};
+use crate::node_files::delivery::{DeliveryIndex, Verdict};
+use crate::node_files::mount_records::{MountRecord, MountRecords};
 
 /// The Node service of `csi.gkm.io` on one node.
 #[derive(Debug, Clone)]

@@ -92,19 +92,19 @@ pub async fn serve_registration(
 /// between an unmount and the record's removal) at once and then every
 /// `every`, until `shutdown` completes; records younger than `grace` are
 /// kept, as their publish may still be under way. See
-/// [`crate::mount_table`].
+/// [`crate::node_files::mount_table`].
 pub async fn forget_stale_mount_records(
     store_root: PathBuf,
     every: std::time::Duration,
     grace: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let records = crate::delivery::MountRecords::new(&store_root);
+    let records = crate::node_files::mount_records::MountRecords::new(&store_root);
     let work = async {
         loop {
             let records = records.clone();
             match tokio::task::spawn_blocking(move || {
-                crate::mount_table::reconcile_with_kernel(&records, grace)
+                crate::node_files::mount_table::reconcile_with_kernel(&records, grace)
             })
             .await
             {

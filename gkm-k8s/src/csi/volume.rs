@@ -13,7 +13,8 @@ use super::{
     CTX_POD_UID,
 };
 use crate::cache_object::{CacheKey, Scope};
-use crate::delivery::{PodRef, check_key};
+use crate::node_files::mount_records::PodRef;
+use crate::node_files::names::check_key;
 
 /// A checked publish request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -63,14 +63,14 @@ pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
 pub const DEFAULT_WHOLE_RESOURCES: &[&str] = &["nvidia.com/gpu", "amd.com/gpu"];
 
 /// Sets up the extender against `client`: the extender to serve (see
-/// [`crate::serve::Endpoints::with_routes`]) and the work to run beside it
+/// [`crate::runtime::endpoints::Endpoints::with_routes`]) and the work to run beside it
 /// (the watches, and the quota status writer every `status_period`). The
 /// watches register their readiness checks in `readiness`; filter answers
 /// with an error until all are ready.
 pub fn start(
     client: kube::Client,
     config: IndexConfig,
-    readiness: &crate::serve::Readiness,
+    readiness: &crate::runtime::readiness::Readiness,
     status_period: std::time::Duration,
 ) -> (
     std::sync::Arc<Extender>,

@@ -1,5 +1,5 @@
 //! The extender's HTTP verbs, served beside `/healthz`, `/readyz` and
-//! `/metrics` by [`crate::serve`]: `POST /scheduler/filter`,
+//! `/metrics` by [`crate::runtime`]: `POST /scheduler/filter`,
 //! `/scheduler/prioritize` and `/scheduler/bind` (`/scheduler/predicates`
 //! is accepted for filter, gpu-admission's verb), and `GET
 //! /scheduler/latency` (exact answer-time quantiles, [`super::latency`]).
@@ -28,7 +28,8 @@ use super::protocol::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
 };
 use super::verbs;
-use crate::serve::{Readiness, ResponseFuture, Routes, text};
+use crate::runtime::endpoints::{ResponseFuture, Routes, text};
+use crate::runtime::readiness::Readiness;
 
 /// The URL prefix of the verbs (the `urlPrefix` of the scheduler's
 /// configuration ends with it).

@@ -21,7 +21,7 @@ use super::index::Index;
 use super::server::Extender;
 use crate::cache_object::{CacheKey, CacheObject, NodeReport};
 use crate::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, GKMGPUQuota};
-use crate::serve::{Readiness, ReadyCheck};
+use crate::runtime::readiness::{Readiness, ReadyCheck};
 
 /// An object the index follows.
 pub trait Indexed:

@@ -29,7 +29,9 @@ use tracing::{info, warn};
 
 pub use config::{CONFIGURATION_NAME, Endpoint, MUTATE_PATH, configuration};
 
-use crate::serve::{EndpointServer, Endpoints, Readiness};
+use crate::runtime::endpoints::Endpoints;
+use crate::runtime::readiness::Readiness;
+use crate::runtime::server::EndpointServer;
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::config::MUTATE_PATH;
 use crate::pvc::mutation::{Answer, NodeClaims, mutate};
 use crate::pvc::objects::{CACHE_LABEL, KIND_LABEL, MANAGED_BY, NODE_LABEL};
-use crate::serve::{ResponseFuture, Routes, text};
+use crate::runtime::endpoints::{ResponseFuture, Routes, text};
 
 /// The AdmissionReview response for the request `review` and `answer`.
 pub fn response(review: &Value, answer: &Answer) -> Value {

@@ -31,7 +31,7 @@
 //!
 //! ```no_run
 //! # async fn example(client: kube::Client) {
-//! use gkm_k8s::leader::{LeaseConfig, LeaderElector, Outcome};
+//! use gkm_k8s::runtime::leader::{LeaseConfig, LeaderElector, Outcome};
 //!
 //! let config = LeaseConfig::new("gkm-system", "gkm-operator", "pod-a");
 //! let elector = LeaderElector::new(client, config);

@@ -1,58 +1,7 @@
-//! The node-local files through which the node agent and the CSI driver
-//! cooperate, readable without the Kubernetes API.
-//!
-//! Both live beside the content-addressed store ([`gkm_oci::Store`], whose
-//! entries are `<store>/sha256/<hex>/`):
-//!
-//! - The **delivery index**, written by the agent, read by the CSI driver: per
-//!   cache, the digest to deliver and whether it may be delivered on this node.
-//!   - `<store>/delivery/gkmcache/<namespace>/<name>.json` for a `GKMCache`,
-//!   - `<store>/delivery/clustergkmcache/<name>.json` for a `ClusterGKMCache`,
-//!
-//!   each `{"digest": "sha256:…", "deliverable": bool, "verdict": …,
-//!   "reason": "…", "updated": "<RFC 3339>", "workloadNamespaces": […]}`
-//!   (the last for a `ClusterGKMCache` that names them), where `verdict` is one of
-//!   `deliverable`, `notVerified`, `incompatible`, `notExtracted` and `reason`
-//!   (absent when deliverable) says why not, in words that end up in the pod's
-//!   events.
-//! - The **mount records**, written by the CSI driver, read by the agent: one
-//!   `<store>/mounts/<volume-file>.json` per published volume (pod namespace,
-//!   name and uid, the cache, the digest, the target path), written before the
-//!   bind mount and removed after the unmount, so the records are always a
-//!   superset of what is mounted. The agent counts pods per digest from them,
-//!   and must not remove a store directory some record still names.
-//!
-//! Readers ignore fields they do not know, so an agent and a driver of
-//! neighbouring versions (their DaemonSets roll separately) still agree.
-//!
-//! Every file is written atomically (a temporary file in the same directory,
-//! synced, then renamed over the old one), so a reader sees the old or the new
-//! content, never a torn one. Cache and namespace names are checked to be
-//! Kubernetes object names before they become paths.
-//!
-//! ```
-//! use gkm_k8s::cache_object::{CacheKey, Scope};
-//! use gkm_k8s::delivery::{Delivery, DeliveryIndex, Verdict};
-//!
-//! let store = tempfile::tempdir()?;
-//! let index = DeliveryIndex::new(store.path());
-//! let key = CacheKey { scope: Scope::Namespaced, namespace: Some("ml".into()), name: "llama".into() };
-//! let digest: gkm_oci::Digest =
-//!     "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".parse()?;
-//!
-//! // The agent: this node's GPUs do not fit the cache.
-//! index.publish(&key, &Delivery::refused(digest.clone(), Verdict::Incompatible, "GPU 0 Tesla T4: no target fits"))?;
-//!
-//! // The CSI driver: refuses the mount, saying why.
-//! let delivery = index.get(&key)?.expect("recorded");
-//! assert!(!delivery.is_deliverable());
-//! assert_eq!(delivery.reason.as_deref(), Some("GPU 0 Tesla T4: no target fits"));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The delivery index: per cache, the digest the agent decided to deliver on
+//! this node and whether it may be mounted, which the CSI driver reads before
+//! each mount (see the [module docs](super)).
 
-use std::collections::BTreeMap;
-use std::fs;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use gkm_core::compat::Report;
@@ -60,13 +9,13 @@ use gkm_oci::Digest;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::DELIVERY_DIR;
+use super::json_file::{
+    invalid_data, json_stem, list_dir, read_json, remove_file, write_json_atomically,
+};
+use super::names::check_key;
 use crate::cache_object::{CacheKey, Scope};
-use crate::error::{Error, Result};
-
-/// The delivery index's directory under the store root.
-pub const DELIVERY_DIR: &str = "delivery";
-/// The mount records' directory under the store root.
-pub const MOUNTS_DIR: &str = "mounts";
+use crate::error::Result;
 
 const NAMESPACED_DIR: &str = "gkmcache";
 const CLUSTER_DIR: &str = "clustergkmcache";
@@ -147,7 +96,10 @@ impl Delivery {
         }
     }
 
-    /// Whether the CSI driver may mount it.
+    /// Whether the CSI driver may mount it: the node's verdict, which the
+    /// agent reached from the operator's
+    /// ([`VerificationStatus::admits`](crate::crd::VerificationStatus::admits)),
+    /// the GPU fit and the store. The driver decides nothing else.
     pub fn is_deliverable(&self) -> bool {
         self.verdict == Verdict::Deliverable
     }
@@ -316,331 +268,12 @@ impl DeliveryIndex {
     }
 }
 
-/// The pod a volume is published for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodRef {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Its uid, when the kubelet passed it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-}
-
-/// One published volume (see the [module docs](self)).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountRecord {
-    /// The CSI volume id the kubelet chose.
-    pub volume_id: String,
-    /// The pod using it.
-    pub pod: PodRef,
-    /// The cache it delivers.
-    pub cache: CacheKey,
-    /// The digest mounted.
-    pub digest: Digest,
-    /// Where it is mounted.
-    pub target_path: PathBuf,
-    /// When it was published.
-    pub published: Timestamp,
-}
-
-/// The JSON form of a [`Scope`] in a mount record.
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum ScopeFile {
-    Namespaced,
-    Cluster,
-}
-
-/// The JSON form of a [`MountRecord`].
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MountFile {
-    volume_id: String,
-    pod_namespace: String,
-    pod_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pod_uid: Option<String>,
-    cache_scope: ScopeFile,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cache_namespace: Option<String>,
-    cache_name: String,
-    digest: String,
-    target_path: PathBuf,
-    published: Timestamp,
-}
-
-impl MountFile {
-    fn from_record(r: &MountRecord) -> MountFile {
-        MountFile {
-            volume_id: r.volume_id.clone(),
-            pod_namespace: r.pod.namespace.clone(),
-            pod_name: r.pod.name.clone(),
-            pod_uid: r.pod.uid.clone(),
-            cache_scope: match r.cache.scope {
-                Scope::Namespaced => ScopeFile::Namespaced,
-                Scope::Cluster => ScopeFile::Cluster,
-            },
-            cache_namespace: r.cache.namespace.clone(),
-            cache_name: r.cache.name.clone(),
-            digest: r.digest.to_string(),
-            target_path: r.target_path.clone(),
-            published: r.published,
-        }
-    }
-
-    fn into_record(self) -> std::result::Result<MountRecord, String> {
-        let digest: Digest = self
-            .digest
-            .parse()
-            .map_err(|e| format!("field digest: {e}"))?;
-        let scope = match self.cache_scope {
-            ScopeFile::Namespaced => Scope::Namespaced,
-            ScopeFile::Cluster => Scope::Cluster,
-        };
-        let cache = CacheKey {
-            scope,
-            namespace: self.cache_namespace,
-            name: self.cache_name,
-        };
-        check_key(&cache).map_err(|e| e.to_string())?;
-        Ok(MountRecord {
-            volume_id: self.volume_id,
-            pod: PodRef {
-                namespace: self.pod_namespace,
-                name: self.pod_name,
-                uid: self.pod_uid,
-            },
-            cache,
-            digest,
-            target_path: self.target_path,
-            published: self.published,
-        })
-    }
-}
-
-/// The mount records of one node store (see the [module docs](self)).
-#[derive(Debug, Clone)]
-pub struct MountRecords {
-    dir: PathBuf,
-}
-
-impl MountRecords {
-    /// The records of the store at `store_root`; touches nothing.
-    pub fn new(store_root: &Path) -> MountRecords {
-        MountRecords {
-            dir: store_root.join(MOUNTS_DIR),
-        }
-    }
-
-    /// The file of `volume_id`'s record: `<id>.json` when the id is a plain
-    /// file name (letters, digits, `.`, `_`, `-`; at most 200; not starting
-    /// with `.`), else `_<sha256 of the id>.json`.
-    pub fn path_of(&self, volume_id: &str) -> PathBuf {
-        let plain = !volume_id.is_empty()
-            && volume_id.len() <= 200
-            && !volume_id.starts_with(['.', '_'])
-            && volume_id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if plain {
-            self.dir.join(format!("{volume_id}.json"))
-        } else {
-            self.dir
-                .join(format!("_{}.json", Digest::of(volume_id.as_bytes()).hex()))
-        }
-    }
-
-    /// Write `record`, replacing any for the same volume.
-    pub fn record(&self, record: &MountRecord) -> Result<()> {
-        write_json_atomically(
-            &self.path_of(&record.volume_id),
-            &MountFile::from_record(record),
-        )
-    }
-
-    /// The record of `volume_id`, if any.
-    pub fn get(&self, volume_id: &str) -> Result<Option<MountRecord>> {
-        let path = self.path_of(volume_id);
-        let Some(file) = read_json::<MountFile>(&path)? else {
-            return Ok(None);
-        };
-        file.into_record()
-            .map(Some)
-            .map_err(|reason| invalid_data(&path, reason))
-    }
-
-    /// Remove the record of `volume_id`; whether there was one.
-    pub fn remove(&self, volume_id: &str) -> Result<bool> {
-        remove_file(&self.path_of(volume_id))
-    }
-
-    /// Every record, sorted by volume id. Unreadable records are logged and
-    /// left out.
-    pub fn list(&self) -> Result<Vec<MountRecord>> {
-        let mut out = Vec::new();
-        for path in list_dir(&self.dir)? {
-            if json_stem(&path).is_none() {
-                continue;
-            }
-            let parsed = read_json::<MountFile>(&path).and_then(|file| match file {
-                Some(file) => file
-                    .into_record()
-                    .map(Some)
-                    .map_err(|reason| invalid_data(&path, reason)),
-                None => Ok(None),
-            });
-            match parsed {
-                Ok(Some(record)) => out.push(record),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "skipping unreadable mount record"),
-            }
-        }
-        out.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
-        Ok(out)
-    }
-
-    /// The pods using each digest, from every record.
-    pub fn pods_by_digest(&self) -> Result<BTreeMap<Digest, Vec<PodRef>>> {
-        let mut out: BTreeMap<Digest, Vec<PodRef>> = BTreeMap::new();
-        for record in self.list()? {
-            out.entry(record.digest).or_default().push(record.pod);
-        }
-        for pods in out.values_mut() {
-            pods.sort();
-            pods.dedup();
-        }
-        Ok(out)
-    }
-}
-
-/// Checks that a key's names are Kubernetes names and that its namespace
-/// matches its scope.
-pub fn check_key(key: &CacheKey) -> Result<()> {
-    let bad = |what: String| Err(Error::InvalidSpec(what));
-    match (&key.scope, &key.namespace) {
-        (Scope::Namespaced, None) => {
-            return bad(format!("GKMCache {:?} has no namespace", key.name));
-        }
-        (Scope::Cluster, Some(ns)) => {
-            return bad(format!(
-                "ClusterGKMCache {:?} cannot have a namespace (got {ns:?})",
-                key.name
-            ));
-        }
-        (Scope::Namespaced, Some(ns)) if !is_dns1123_label(ns) => {
-            return bad(format!(
-                "namespace {ns:?} is not a valid namespace name (a DNS-1123 label)"
-            ));
-        }
-        _ => {}
-    }
-    if !is_dns1123_subdomain(&key.name) {
-        return bad(format!(
-            "cache name {:?} is not a valid object name (a DNS-1123 subdomain)",
-            key.name
-        ));
-    }
-    Ok(())
-}
-
-/// A DNS-1123 label: at most 63 of `[a-z0-9-]`, alphanumeric at both ends.
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// A DNS-1123 subdomain: at most 253, dot-separated DNS-1123 labels.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
-}
-
-fn invalid_data(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source: io::Error::new(io::ErrorKind::InvalidData, reason.into()),
-    }
-}
-
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Write `value` as JSON to `path` through a synced temporary file in the
-/// same directory and a rename.
-fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| invalid_data(path, "no parent directory"))?;
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let mut bytes = serde_json::to_vec_pretty(value)?;
-    bytes.push(b'\n');
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .suffix(".json")
-        .tempfile_in(dir)
-        .map_err(io_err(dir))?;
-    tmp.write_all(&bytes).map_err(io_err(tmp.path()))?;
-    tmp.as_file().sync_all().map_err(io_err(path))?;
-    tmp.persist(path).map_err(|e| Error::Io {
-        path: path.to_path_buf(),
-        source: e.error,
-    })?;
-    Ok(())
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| invalid_data(path, e.to_string()))
-}
-
-fn remove_file(path: &Path) -> Result<bool> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
-    }
-}
-
-/// The entries of `dir`, sorted; none when it does not exist.
-fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(dir)(e)),
-    };
-    let mut out: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    out.sort();
-    Ok(out)
-}
-
-/// `name` for `…/name.json`, skipping temporary files (`.tmp-…`).
-fn json_stem(path: &Path) -> Option<String> {
-    let file = path.file_name()?.to_str()?;
-    if file.starts_with('.') {
-        return None;
-    }
-    file.strip_suffix(".json").map(str::to_string)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
+    use crate::error::Error;
 
     fn digest(n: u8) -> Digest {
         Digest::of(&[n])
@@ -757,16 +390,6 @@ mod tests {
                 }
             }
         }
-
-        /// Any volume id maps to one file directly in the mounts directory.
-        #[test]
-        fn mount_record_files_stay_inside(id in "\\PC{0,40}|[a-z0-9./_-]{0,40}") {
-            let records = MountRecords::new(Path::new("/store"));
-            let path = records.path_of(&id);
-            proptest::prop_assert_eq!(path.parent(), Some(Path::new("/store/mounts")));
-            let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default().to_string();
-            proptest::prop_assert!(file.ends_with(".json") && !file.starts_with('.'));
-        }
     }
 
     #[test]
@@ -822,55 +445,6 @@ mod tests {
 
         // list() skips it rather than failing.
         assert!(index.list().expect("list").is_empty());
-    }
-
-    #[test]
-    fn mount_records_round_trip_and_count_pods() {
-        let store = tempfile::tempdir().expect("tempdir");
-        let mounts = MountRecords::new(store.path());
-        let record = |vol: &str, pod: &str, d: u8| MountRecord {
-            volume_id: vol.into(),
-            pod: PodRef {
-                namespace: "ml".into(),
-                name: pod.into(),
-                uid: Some(format!("uid-{pod}")),
-            },
-            cache: ns_key("ml", "llama"),
-            digest: digest(d),
-            target_path: PathBuf::from(format!("/var/lib/kubelet/pods/{pod}/volumes/x/mount")),
-            published: Timestamp::now(),
-        };
-        let a = record("csi-aaaa", "a", 1);
-        let b = record("weird/id with spaces", "b", 1);
-        let c = record("csi-cccc", "c", 2);
-        for r in [&a, &b, &c] {
-            mounts.record(r).expect("record");
-        }
-        assert!(store.path().join("mounts/csi-aaaa.json").is_file());
-        let weird = mounts.path_of(&b.volume_id);
-        assert_eq!(weird.parent(), Some(store.path().join("mounts").as_path()));
-        assert!(
-            weird
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('_'))
-        );
-
-        assert_eq!(
-            mounts.get("weird/id with spaces").expect("get"),
-            Some(b.clone())
-        );
-        assert_eq!(mounts.list().expect("list").len(), 3);
-        let by_digest = mounts.pods_by_digest().expect("count");
-        assert_eq!(by_digest[&digest(1)].len(), 2);
-        assert_eq!(by_digest[&digest(2)], vec![c.pod.clone()]);
-
-        assert!(mounts.remove("csi-aaaa").expect("remove"));
-        assert!(!mounts.remove("csi-aaaa").expect("remove again"));
-        assert_eq!(
-            mounts.pods_by_digest().expect("count")[&digest(1)],
-            vec![b.pod.clone()]
-        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::mount_records::{MountRecord, MountRecords};
 use crate::csi::mount::parse_mountinfo;
-use crate::delivery::{MountRecord, MountRecords};
 use crate::error::{Error, Result};
 
 /// Where the kernel lists this process's mounts.
@@ -73,7 +73,7 @@ pub fn reconcile_with_kernel(records: &MountRecords, grace: Duration) -> Result<
 mod tests {
     use super::*;
     use crate::cache_object::{CacheKey, Scope};
-    use crate::delivery::PodRef;
+    use crate::node_files::mount_records::PodRef;
     use k8s_openapi::jiff::SignedDuration;
 
     const MOUNTINFO_TEXT: &str = "\

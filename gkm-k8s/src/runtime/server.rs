@@ -1,0 +1,161 @@
+//! Serving [`Endpoints`] on a socket: plain HTTP/1.1 or TLS, in the
+//! foreground ([`serve`], [`serve_with`]) or in the background
+//! ([`EndpointServer`]).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+pub use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use super::endpoints::{Endpoints, HEADER_READ_TIMEOUT};
+use super::readiness::Readiness;
+
+/// Serves `endpoints` on `listener` (HTTP/1.1) until `shutdown` completes,
+/// then closes the connections still open.
+///
+/// Errors of single connections are logged and do not stop the server.
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_with(listener, endpoints, None, shutdown).await;
+}
+
+/// Like [`serve`], over TLS when `tls` is given (see [`tls_acceptor`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(%addr, scheme, "serving /healthz, /readyz and /metrics");
+    }
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            // Reap finished connections so the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let endpoints = endpoints.clone();
+        let tls = tls.clone();
+        connections.spawn(async move {
+            match tls {
+                None => serve_connection(stream, endpoints, peer).await,
+                // A client gets as long for its handshake as for its request head.
+                Some(tls) => {
+                    match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, endpoints, peer).await,
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake"),
+                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+    connections.shutdown().await;
+}
+
+async fn serve_connection(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    endpoints: Arc<Endpoints>,
+    peer: std::net::SocketAddr,
+) {
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let endpoints = endpoints.clone();
+        async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = result {
+        debug!(%peer, error = %e, "serving a connection");
+    }
+}
+
+/// A TLS acceptor serving the PEM certificate chain `cert` with the PEM
+/// private key `key` (TLS 1.2 and 1.3, aws-lc-rs).
+pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, String> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|e| format!("the certificate and key do not make a TLS configuration: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The endpoints server of a gkm daemon, running in the background.
+pub struct EndpointServer {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EndpointServer {
+    /// Binds `addr` and serves `/healthz`, `/readyz` and `/metrics` from
+    /// `registry` and `readiness` until [`EndpointServer::stop`].
+    pub async fn start(
+        addr: std::net::SocketAddr,
+        registry: Registry,
+        readiness: Readiness,
+    ) -> std::io::Result<EndpointServer> {
+        Self::start_endpoints(addr, Endpoints::new(registry, readiness), None).await
+    }
+
+    /// Binds `addr` and serves `endpoints` (over TLS when `tls` is given)
+    /// until [`EndpointServer::stop`].
+    pub async fn start_endpoints(
+        addr: std::net::SocketAddr,
+        endpoints: Endpoints,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<EndpointServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let endpoints = Arc::new(endpoints);
+        let task = tokio::spawn(serve_with(listener, endpoints, tls, async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
+        Ok(EndpointServer { stop, task })
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub async fn stop(self) -> Result<(), tokio::task::JoinError> {
+        let _ = self.stop.send(true);
+        self.task.await
+    }
+}
