@@ -5,7 +5,7 @@
 #   hack/images.sh                          # release builds, into target/images
 #   hack/images.sh --profile dev            # debug builds (stripped), faster
 #   hack/images.sh --push registry.example.com/gkm
-#   hack/images.sh --import /run/containerd/containerd.sock
+#   hack/images.sh --import /run/containerd/containerd.sock   # repeatable
 #   hack/images.sh gkm-operator gkm-agent   # only these
 #   hack/images.sh --bin-dir DIR            # binaries already built in DIR
 #
@@ -30,7 +30,8 @@
 #              `podman load -i` or `docker load -i` (Docker 25 and later)
 #   digests    NAME@DIGEST per line
 # --push copies each layout to REGISTRY/NAME:TAG with `gkm push`; --import
-# loads each archive into the containerd at SOCKET, namespace k8s.io.
+# loads each archive into the containerd at each SOCKET given, namespace
+# k8s.io.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,7 +48,7 @@ profile=release
 bin_dir=
 out=
 push=
-import=
+imports=()
 insecure=
 repository=ghcr.io/gkm-rs
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
@@ -62,7 +63,7 @@ while (($#)); do
     --repository) repository=$2; shift 2 ;;
     --push) push=$2; shift 2 ;;
     --insecure) insecure=--insecure; shift ;;
-    --import) import=$2; shift 2 ;;
+    --import) imports+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) components+=("$1"); shift ;;
@@ -240,11 +241,13 @@ if [[ -n $push ]]; then
     "$bin_dir/gkm" push $insecure "oci:$out/$c:$tag" "$push/$c:$tag"
   done
 fi
-if [[ -n $import ]]; then
+if ((${#imports[@]})); then
   ctr=$(command -v ctr || echo "$tools_dir/bin/ctr")
-  for c in "${components[@]}"; do
-    log "ctr images import $c"
-    "$ctr" --address "$import" -n k8s.io images import "$out/$c.tar" >/dev/null
+  for socket in "${imports[@]}"; do
+    for c in "${components[@]}"; do
+      log "ctr images import $c ($socket)"
+      "$ctr" --address "$socket" -n k8s.io images import "$out/$c.tar" >/dev/null
+    done
   done
 fi
 cat "$out/digests"

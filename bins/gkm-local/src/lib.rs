@@ -1,14 +1,18 @@
 //! gkm on a local control plane: the real components (etcd, kube-apiserver,
-//! kube-controller-manager, kwok, a Distribution registry) on loopback, gkm's
-//! CRDs and RBAC installed, simulated GPU nodes, and gkm's own binaries
-//! (operator, one agent and one CSI driver per node) as processes running
-//! under their ServiceAccounts.
+//! kube-controller-manager, kwok, a Distribution registry) on loopback,
+//! simulated GPU nodes and real ones (kubelet, containerd, runc), and gkm
+//! either installed by its Helm chart onto a real node ([`Stack::start_for_chart`])
+//! or run from its binaries as processes under its ServiceAccounts
+//! ([`Stack::start`]). Simulated (kwok) nodes run no containers, so their
+//! agents and CSI drivers are always processes.
 //!
 //! `gkm-local` (the binary) runs this for people; the end-to-end tests drive
 //! it step by step.
 
+pub mod chart;
 pub mod cosign;
 pub mod kubelet;
+pub mod node_token;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +22,7 @@ use anyhow::Context as _;
 use gkm_oci::{BuildOptions, ImageRef, RegistryOptions};
 use gkm_testenv::{
     ControlPlane, ControlPlaneOptions, Kwok, Process, RealNode, RealNodeOptions, Registry,
-    workspace_binary, yaml_documents,
+    Scheduler, workspace_binary, yaml_documents,
 };
 
 /// The namespace gkm's own components run in.
@@ -94,12 +98,20 @@ pub fn cache_pod(
     }))?)
 }
 
+/// The label of the nodes gkm-local starts as real nodes. The chart's pods
+/// are placed on them only: kwok nodes run no containers (kwok would report
+/// a DaemonSet's pod there Running without any process behind it), so gkm
+/// runs there as processes instead.
+pub const REAL_NODE_LABEL: &str = "gkm.io/real-node";
+
 /// Everything running, stopped when dropped (gkm's processes first, then
-/// the real nodes, then the rest).
+/// the real nodes, with the pods the chart runs on them, then the rest).
 pub struct Stack {
     operator: Option<Process>,
     agents: BTreeMap<String, Process>,
     drivers: BTreeMap<String, Process>,
+    scheduler: Option<Scheduler>,
+    chart: Option<chart::SandboxChart>,
     real_nodes: BTreeMap<String, RealNode>,
     /// Simulated nodes.
     pub kwok: Kwok,
@@ -111,6 +123,9 @@ pub struct Stack {
     nodes: Vec<SimulatedNode>,
     operator_kubeconfig: PathBuf,
     agent_kubeconfig: PathBuf,
+    /// Per node, the agent's kubeconfig with a token bound to its Node
+    /// (once the chart's admission policy asks for one).
+    agent_node_kubeconfigs: BTreeMap<String, PathBuf>,
     operator_args: Vec<String>,
     agent_args: Vec<String>,
 }
@@ -130,15 +145,14 @@ impl Stack {
         nodes: Vec<SimulatedNode>,
         controllers: &[&str],
     ) -> anyhow::Result<Stack> {
-        std::fs::create_dir_all(dir.join("registry"))?;
         let options = ControlPlaneOptions {
             controller_manager: true,
             extra_controllers: controllers.iter().map(|c| c.to_string()).collect(),
             ..ControlPlaneOptions::default()
         };
-        let plane = ControlPlane::start_in_dir(dir, options).await?;
+        let stack = Stack::start_plane(dir, nodes, options).await?;
+        let plane = &stack.plane;
         plane.install_crds(&gkm_k8s::crd::crds()).await?;
-        let client = plane.client().await?;
         let deploy = repo_root().join("deploy");
         plane.apply_file(&deploy.join("namespace.yaml")).await?;
         for file in ["operator.yaml", "agent.yaml", "csi.yaml"] {
@@ -150,6 +164,37 @@ impl Stack {
                 plane.apply_object(&doc, false).await?;
             }
         }
+        Ok(stack)
+    }
+
+    /// Starts the control plane with the controllers and the scheduler that
+    /// turn the chart's Deployment and DaemonSets into pods, kwok and the
+    /// registry in `dir`, and creates the simulated `nodes`. Nothing of gkm
+    /// is installed: [`Stack::install_chart`] installs it all (CRDs, RBAC,
+    /// its components) once a real node is added.
+    pub async fn start_for_chart(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
+        let options = ControlPlaneOptions {
+            controller_manager: true,
+            workload_controllers: true,
+            ..ControlPlaneOptions::default()
+        };
+        let mut stack = Stack::start_plane(dir, nodes, options).await?;
+        stack.scheduler = Some(Scheduler::start(
+            &stack.plane,
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
+        )?);
+        Ok(stack)
+    }
+
+    /// The control plane, kwok with the simulated `nodes`, the registry.
+    async fn start_plane(
+        dir: &Path,
+        nodes: Vec<SimulatedNode>,
+        options: ControlPlaneOptions,
+    ) -> anyhow::Result<Stack> {
+        std::fs::create_dir_all(dir.join("registry"))?;
+        let plane = ControlPlane::start_in_dir(dir, options).await?;
+        let client = plane.client().await?;
         let mut kwok = Kwok::start(&plane)?;
         for node in &nodes {
             let labels = BTreeMap::from([("gkm.io/simulated".to_string(), "true".to_string())]);
@@ -168,6 +213,8 @@ impl Stack {
             operator: None,
             agents: BTreeMap::new(),
             drivers: BTreeMap::new(),
+            scheduler: None,
+            chart: None,
             real_nodes: BTreeMap::new(),
             kwok,
             registry,
@@ -176,12 +223,14 @@ impl Stack {
             nodes,
             operator_kubeconfig,
             agent_kubeconfig,
+            agent_node_kubeconfigs: BTreeMap::new(),
             operator_args: vec!["--resolve-interval=2s".into()],
             agent_args: vec!["--resync=2s".into(), "--gc-grace=0s".into()],
         })
     }
 
-    /// Extra flags for the operator and agents started from now on.
+    /// Extra flags for the operator and agents started from now on (as
+    /// processes, or by [`Stack::install_chart`]).
     pub fn set_args(&mut self, operator: Vec<String>, agent: Vec<String>) {
         self.operator_args = operator;
         self.agent_args = agent;
@@ -194,7 +243,7 @@ impl Stack {
     pub async fn add_real_node(&mut self, node: SimulatedNode) -> anyhow::Result<()> {
         let labels = BTreeMap::from([
             ("gkm.io/simulated".to_string(), "true".to_string()),
-            ("gkm.io/real-node".to_string(), "true".to_string()),
+            (REAL_NODE_LABEL.to_string(), "true".to_string()),
         ]);
         let options = RealNodeOptions {
             name: node.name.clone(),
@@ -227,7 +276,10 @@ impl Stack {
 
     /// A node's store directory.
     pub fn store_dir(&self, node: &str) -> PathBuf {
-        self.dir.join("nodes").join(node).join("store")
+        match &self.chart {
+            Some(chart) if self.real_nodes.contains_key(node) => chart.store().to_path_buf(),
+            _ => self.dir.join("nodes").join(node).join("store"),
+        }
     }
 
     /// A node's directory (store, CSI socket, logs, pod volumes).
@@ -282,8 +334,12 @@ impl Stack {
             .get(node)
             .map(RealNode::pod_resources_socket)
             .unwrap_or_default();
+        let kubeconfig = self
+            .agent_node_kubeconfigs
+            .get(node)
+            .unwrap_or(&self.agent_kubeconfig);
         let mut cmd = Command::new(workspace_binary("gkm-agent")?);
-        cmd.arg(format!("--kubeconfig={}", self.agent_kubeconfig.display()))
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--node-name={node}"))
             .arg(format!("--store={}", node_dir.join("store").display()))
             .arg(format!(
@@ -344,10 +400,19 @@ impl Stack {
         Ok(())
     }
 
-    /// Starts the operator and, on every node, an agent and a CSI driver.
+    /// Starts what the chart does not run: the operator, unless the chart
+    /// installed it, and an agent and a CSI driver on every node the chart
+    /// does not serve (all of them without the chart; the kwok nodes with it).
     pub fn start_gkm(&mut self) -> anyhow::Result<()> {
-        self.start_operator()?;
-        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        if self.chart.is_none() {
+            self.start_operator()?;
+        }
+        let names: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| n.name.clone())
+            .filter(|n| self.chart.is_none() || !self.real_nodes.contains_key(n))
+            .collect();
         for node in names {
             self.start_agent(&node)?;
             self.start_csi(&node)?;
@@ -355,10 +420,95 @@ impl Stack {
         Ok(())
     }
 
-    /// Fails if a gkm process died, with the end of its log.
+    /// Builds gkm's images with `hack/images.sh` (into `<dir>/images`) from
+    /// the binaries already built, and imports them into every real node's
+    /// containerd.
+    pub fn import_images(&self) -> anyhow::Result<()> {
+        let nodes: Vec<&RealNode> = self.real_nodes.values().collect();
+        chart::build_and_import_images(&self.dir.join("images"), &nodes)
+    }
+
+    /// Installs gkm's chart (`helm install`) onto the one real node, with
+    /// the images [`Stack::import_images`] imported, and waits until its pods
+    /// are Ready: the CRDs, RBAC, the operator (with the operator's extra
+    /// flags of [`Stack::set_args`]) and, on the real node only
+    /// ([`REAL_NODE_LABEL`]), the agent (with the agents' extra flags), the
+    /// CSI driver and the device plugin. Its agent reads the node's simulated
+    /// inventory. Returns helm's output.
+    ///
+    /// The agents [`Stack::start_gkm`] then starts for the simulated nodes
+    /// authenticate with tokens bound to their Nodes, as the chart's
+    /// admission policy requires of every agent.
+    ///
+    /// One real node only: the chart's `kubeletDir` is one directory for all
+    /// nodes, and each real node here has its own.
+    pub async fn install_chart(&mut self) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.real_nodes.len() == 1,
+            "the chart is installed onto exactly one real node; there are {}",
+            self.real_nodes.len()
+        );
+        let Some(node) = self.real_nodes.values().next() else {
+            anyhow::bail!("no real node to install the chart onto");
+        };
+        let sandbox = chart::SandboxChart::for_node(
+            &self.plane,
+            node,
+            &self.dir.join("chart"),
+            &self.dir.join("nodes"),
+        )?;
+        let real_nodes = serde_json::json!({ REAL_NODE_LABEL: "true" }).to_string();
+        let mut values = Vec::new();
+        for component in ["operator", "agent", "csi", "devicePlugin"] {
+            values.push(format!("{component}.nodeSelector={real_nodes}"));
+        }
+        values.push(format!(
+            "operator.extraArgs={}",
+            serde_json::to_string(&self.operator_args)?
+        ));
+        values.push(format!(
+            "agent.extraArgs={}",
+            serde_json::to_string(&self.agent_args)?
+        ));
+        let chart_dir = chart::chart_dir().display().to_string();
+        let mut args = vec![
+            "install",
+            chart::RELEASE,
+            chart_dir.as_str(),
+            "--create-namespace",
+        ];
+        for value in &values {
+            args.extend(["--set-json", value.as_str()]);
+        }
+        args.extend(sandbox.args());
+        let output = chart::helm(self.plane.kubeconfig(), &args)?;
+        self.chart = Some(sandbox);
+        for node in &self.nodes {
+            if self.real_nodes.contains_key(&node.name) {
+                continue;
+            }
+            let dest = self.node_dir(&node.name).join("agent-kubeconfig.yaml");
+            let kubeconfig = node_token::node_bound_kubeconfig(
+                &self.plane,
+                SYSTEM_NAMESPACE,
+                "gkm-agent",
+                &node.name,
+                &dest,
+            )
+            .await?;
+            self.agent_node_kubeconfigs
+                .insert(node.name.clone(), kubeconfig);
+        }
+        Ok(output)
+    }
+
+    /// Fails if a gkm process or the scheduler died, with the end of its log.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(p) = self.operator.as_mut() {
             p.check_running()?;
+        }
+        if let Some(s) = self.scheduler.as_mut() {
+            s.check_running()?;
         }
         for p in self.agents.values_mut().chain(self.drivers.values_mut()) {
             p.check_running()?;

@@ -1,15 +1,21 @@
 //! `gkm-local`: gkm's main job on a local control plane, no cluster needed.
 //!
-//! Starts etcd, kube-apiserver, kube-controller-manager, kwok and an OCI
-//! registry on loopback (the real components `hack/components.sh` builds),
-//! installs gkm's CRDs and RBAC, creates three simulated nodes (NVIDIA T4,
-//! AMD MI210, no GPU) and one real node (kubelet, containerd, runc; its
-//! agent reads a simulated T4), builds the Triton CUDA fixture cache into an
-//! image, signs it with cosign, starts gkm's operator and, per node, an agent
-//! and a CSI driver, applies a `GKMCache`, shows it converge with kubectl,
-//! and runs a pod on the real node whose container reads the cache through
-//! gkm's CSI driver. Then it runs until interrupted, printing how to reach
-//! it.
+//! Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+//! kwok and an OCI registry on loopback (the real components
+//! `hack/components.sh` builds), three simulated nodes (NVIDIA T4, AMD
+//! MI210, no GPU) and one real node (kubelet, containerd, runc). It builds
+//! gkm's images with `hack/images.sh`, imports them into the real node's
+//! containerd and installs gkm's Helm chart: the operator, and on the real
+//! node the agent (reading a simulated T4), the CSI driver and the device
+//! plugin, run as pods. The simulated nodes run no containers, so their
+//! agents and CSI drivers run as processes. It builds the Triton CUDA fixture
+//! cache into an image, signs it with cosign, applies a `GKMCache`, shows it
+//! converge with kubectl, and runs a pod on the real node whose container
+//! reads the cache through gkm's CSI driver. Then it runs until interrupted,
+//! printing how to reach it.
+//!
+//! `--no-real-node` needs no root: no kubelet, so no chart; gkm's operator,
+//! agents and CSI drivers run as processes for the simulated nodes.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,14 +42,14 @@ struct Cli {
     /// How long to wait for convergence.
     #[arg(long, default_value_t = 180)]
     timeout_secs: u64,
-    /// Run only simulated nodes (no kubelet, containerd or runc; no root
-    /// needed).
+    /// Run only simulated nodes (no kubelet, containerd or runc, so no
+    /// chart: gkm runs as processes; no root needed).
     #[arg(long)]
     no_real_node: bool,
 }
 
-/// The real node: a kubelet with containerd and runc, its agent reading a
-/// simulated T4.
+/// The real node: a kubelet with containerd and runc, where the chart runs
+/// gkm; its agent reads a simulated T4.
 const REAL_NODE: &str = "real-sm75";
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
@@ -69,8 +75,17 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&cli.dir)?;
     let dir = std::fs::canonicalize(&cli.dir)?;
 
-    eprintln!("==> starting etcd, kube-apiserver, kube-controller-manager, kwok and a registry");
-    let mut stack = Stack::start(&dir, default_nodes()).await?;
+    let mut stack = if cli.no_real_node {
+        eprintln!(
+            "==> starting etcd, kube-apiserver, kube-controller-manager, kwok and a registry"
+        );
+        Stack::start(&dir, default_nodes()).await?
+    } else {
+        eprintln!(
+            "==> starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and a registry"
+        );
+        Stack::start_for_chart(&dir, default_nodes()).await?
+    };
     eprintln!(
         "    control plane ready in {:.1?} at {}",
         stack.plane.started_in(),
@@ -103,11 +118,34 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     eprintln!("    {image} = {digest}, signed");
 
-    eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each node");
     stack.set_args(
         vec!["--resolve-interval=30s".into()],
         vec!["--resync=10s".into()],
     );
+    if cli.no_real_node {
+        eprintln!("==> starting gkm-operator, and gkm-agent + gkm-csi on each node");
+    } else {
+        let step = Instant::now();
+        eprintln!(
+            "==> building gkm's images (hack/images.sh) and importing them into {REAL_NODE}'s containerd"
+        );
+        stack.import_images()?;
+        eprintln!("    built and imported in {:.1?}", step.elapsed());
+        let step = Instant::now();
+        eprintln!("==> helm install gkm deploy/helm/gkm --namespace gkm-system");
+        stack.install_chart().await?;
+        eprintln!("    gkm's pods Ready in {:.1?}", step.elapsed());
+        println!(
+            "\n$ kubectl get pods -n gkm-system -o wide\n{}",
+            kubectl(
+                &kubeconfig,
+                &["get", "pods", "-n", "gkm-system", "-o", "wide"]
+            )?
+        );
+        eprintln!(
+            "==> starting gkm-agent + gkm-csi as processes for the simulated nodes (kwok runs no containers)"
+        );
+    }
     stack.start_gkm()?;
 
     let client = stack.plane.client().await?;
@@ -188,12 +226,16 @@ async fn main() -> anyhow::Result<()> {
             pod_log(&pods, "triton-reader", "triton").await?
         );
     }
+    let logs = if cli.no_real_node {
+        format!("{}/gkm-operator.log, ", dir.display())
+    } else {
+        "kubectl logs -n gkm-system deploy/gkm-operator (ds/gkm-agent, ds/gkm-csi), ".into()
+    };
     println!(
-        "gkm converged in {:.1?}. To look around:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get gkmcache,gkmcachenode -A\n  kubectl describe gkmcache vector-add\n  kubectl get nodes --show-labels\n\nlogs: {}/gkm-operator.log, {}/nodes/*/gkm-*.log; registry: {}\n",
+        "gkm converged in {:.1?}. To look around:\n\n  export PATH={}:$PATH KUBECONFIG={}\n  kubectl get gkmcache,gkmcachenode -A\n  kubectl describe gkmcache vector-add\n  kubectl get nodes --show-labels\n\nlogs: {logs}{}/nodes/*/gkm-*.log; registry: {}\n",
         began.elapsed(),
         tools_bin_dir().display(),
         kubeconfig.display(),
-        dir.display(),
         dir.display(),
         stack.registry.addr(),
     );

@@ -5,15 +5,14 @@
 //! and DaemonSets into pods on a real kubelet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_k8s::crd::GKMCache;
-use gkm_local::{cosign, fixture, push_signed_cache, repo_root};
+use gkm_local::chart::{self, COMPONENTS, SandboxChart};
+use gkm_local::{cosign, fixture, push_signed_cache};
 use gkm_testenv::{
-    Component, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler,
-    find_binary, free_port, mounts_under, pod_log, wait_for_pod, workspace_binary,
+    ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler,
+    mounts_under, pod_log, wait_for_pod,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
@@ -27,120 +26,6 @@ const NODE: &str = "real-helm";
 const TIMEOUT: Duration = Duration::from_secs(240);
 /// The fixture's kernel directory.
 const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
-
-/// Runs `helm` against `plane`; its stdout, or an error with its stderr.
-fn helm(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(find_binary(Component::Helm)?)
-        .args(args)
-        .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "helm {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Writes a Helm post-renderer (kustomize, through `kubectl kustomize`) into
-/// `dir` and returns its path.
-///
-/// Everything it changes is forced by the machine the tests run on, not by
-/// gkm or Kubernetes: this control plane has no kube-proxy and its apiserver
-/// and registry listen on loopback only (plain HTTP), so the pods that call
-/// them share the host's network, are pointed at the apiserver's loopback
-/// address and allow an insecure registry; on the host network the
-/// operator's and the agent's metrics need ports of their own (and a new
-/// operator pod cannot start beside the old one); the machine
-/// has no GPU, so the agent reads the simulated inventory in `gpus_dir`.
-/// Users install the chart as it is.
-fn sandbox_post_renderer(
-    dir: &Path,
-    apiserver_port: u16,
-    gpus_dir: &Path,
-) -> anyhow::Result<String> {
-    std::fs::create_dir_all(dir)?;
-    let api_env = [
-        r#"{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}"#.to_string(),
-        format!(r#"{{"name": "KUBERNETES_SERVICE_PORT", "value": "{apiserver_port}"}}"#),
-    ];
-    let mut patches = String::new();
-    for (kind, name, metrics_port) in [
-        ("Deployment", "gkm-operator", Some(free_port()?)),
-        ("DaemonSet", "gkm-agent", Some(free_port()?)),
-        ("DaemonSet", "gkm-device-plugin", None),
-    ] {
-        let mut ops = vec![
-            r#"{"op": "add", "path": "/spec/template/spec/hostNetwork", "value": true}"#
-                .to_string(),
-        ];
-        for env in &api_env {
-            ops.push(format!(
-                r#"{{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {env}}}"#
-            ));
-        }
-        if kind == "Deployment" {
-            // On the host network a new operator pod cannot start beside the
-            // old one (their ports collide): replace it instead.
-            ops.push(
-                r#"{"op": "add", "path": "/spec/strategy", "value": {"type": "Recreate"}}"#
-                    .to_string(),
-            );
-        }
-        if name != "gkm-device-plugin" {
-            // The test registry speaks plain HTTP.
-            ops.push(
-                r#"{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "GKM_INSECURE_REGISTRY", "value": "true"}}"#
-                    .to_string(),
-            );
-        }
-        if name == "gkm-agent" {
-            // The node has no GPU: the agent reads a simulated T4 instead.
-            ops.push(format!(
-                r#"{{"op": "add", "path": "/spec/template/spec/volumes/-", "value": {{"name": "gpus", "hostPath": {{"path": "{}", "type": "Directory"}}}}}}"#,
-                gpus_dir.display()
-            ));
-            ops.push(
-                r#"{"op": "add", "path": "/spec/template/spec/containers/0/volumeMounts/-", "value": {"name": "gpus", "mountPath": "/simulated", "readOnly": true}}"#
-                    .to_string(),
-            );
-            ops.push(
-                r#"{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "GKM_SIMULATE", "value": "/simulated/gpus.yaml"}}"#
-                    .to_string(),
-            );
-        }
-        if let Some(port) = metrics_port {
-            ops.push(format!(
-                r#"{{"op": "replace", "path": "/spec/template/spec/containers/0/args/2", "value": "--metrics-addr=0.0.0.0:{port}"}}"#
-            ));
-            ops.push(format!(
-                r#"{{"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort", "value": {port}}}"#
-            ));
-        }
-        patches.push_str(&format!(
-            "  - target: {{kind: {kind}, name: {name}}}\n    patch: '[{}]'\n",
-            ops.join(", ")
-        ));
-    }
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!("resources: [rendered.yaml]\npatches:\n{patches}"),
-    )?;
-    let script = dir.join("post-render.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nset -eu\ncat > '{dir}/rendered.yaml'\nexec '{kubectl}' kustomize '{dir}'\n",
-            dir = dir.display(),
-            kubectl = find_binary(Component::Kubectl)?.display()
-        ),
-    )?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    Ok(script.display().to_string())
-}
 
 /// Whether every container of `pod` is ready and the pod is Running.
 fn ready(pod: &Pod) -> bool {
@@ -259,36 +144,16 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
 
     // gkm's images, as hack/images.sh builds them for users (debug builds
     // here: the tests have built them already), imported into the node.
-    let bin_dir = workspace_binary("gkm-operator")?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let components = ["gkm-agent", "gkm-csi", "gkm-device-plugin", "gkm-operator"];
-    let out = Command::new(repo_root().join("hack/images.sh"))
-        .args(["--profile", "dev", "--bin-dir"])
-        .arg(&bin_dir)
-        .arg("--out")
-        .arg(work.path().join("images"))
-        .arg("--import")
-        .arg(node.containerd_socket())
-        .args(components)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "hack/images.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    chart::build_and_import_images(&work.path().join("images"), &[&node])?;
 
-    let port: u16 = plane
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no port in {}", plane.url()))?;
+    // The node has no GPU: its agent reads a simulated T4.
     let gpus_dir = work.path().join("gpus");
-    std::fs::create_dir_all(&gpus_dir)?;
-    std::fs::write(gpus_dir.join("gpus.yaml"), "gpus:\n- profile: T4\n")?;
-    let post_renderer = sandbox_post_renderer(&work.path().join("post-render"), port, &gpus_dir)?;
+    std::fs::create_dir_all(gpus_dir.join(NODE))?;
+    std::fs::write(
+        gpus_dir.join(NODE).join("gpus.yaml"),
+        "gpus:\n- profile: T4\n",
+    )?;
+    let sandbox = SandboxChart::for_node(&plane, &node, work.path(), &gpus_dir)?;
 
     // A signed cache in a registry, and the public key as the chart's
     // default signature policy.
@@ -306,43 +171,16 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         "signature.defaultPolicy={}",
         json!({"signers": [{"key": {"publicKey": key.public_pem}}]})
     );
-    let chart = repo_root().join("deploy/helm/gkm").display().to_string();
-    // The node's own directories: its kubelet's root, where its kubelet
-    // serves device plugins, and a store inside the kubelet's root, because
-    // this machine's `/` is not a shared mount and the node's kubelet root
-    // is (the CSI driver's HostToContainer propagation needs one).
-    let kubelet_dir = format!("kubeletDir={}", node.kubelet_dir().display());
-    let device_plugins = format!(
-        "devicePlugin.devicePluginsDir={}",
-        node.device_plugins_dir().display()
-    );
-    let store = node.kubelet_dir().join("gkm");
-    let store_dir = format!("storeDir={}", store.display());
-    let install_args = [
-        "--namespace",
-        NS,
-        "--set",
-        "image.pullPolicy=Never",
-        "--set",
-        &kubelet_dir,
-        "--set",
-        &device_plugins,
-        "--set",
-        &store_dir,
-        "--set-json",
-        &policy,
-        "--post-renderer",
-        &post_renderer,
-        "--wait",
-        "--timeout=4m",
-    ];
-    let mut args = vec!["install", "gkm", &chart, "--create-namespace"];
-    args.extend(install_args);
-    helm(&plane, &args)?;
+    let chart = chart::chart_dir().display().to_string();
+    let mut install_args = vec!["--set-json", &policy];
+    install_args.extend(sandbox.args());
+    let mut args = vec!["install", chart::RELEASE, &chart, "--create-namespace"];
+    args.extend(&install_args);
+    chart::helm(plane.kubeconfig(), &args)?;
 
     let client = plane.client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let installed = wait_all_ready(&pods, &components, &BTreeSet::new(), &node).await?;
+    let installed = wait_all_ready(&pods, &COMPONENTS, &BTreeSet::new(), &node).await?;
     // Each runs under the chart's ServiceAccount; only the CSI driver is
     // privileged.
     for (name, pod) in &installed {
@@ -447,19 +285,19 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
     // An upgrade to a changed value rolls every pod.
     let mut args = vec![
         "upgrade",
-        "gkm",
+        chart::RELEASE,
         &chart,
         "--reuse-values",
         "--set",
         "logFormat=text",
     ];
-    args.extend(install_args);
-    helm(&plane, &args)?;
+    args.extend(&install_args);
+    chart::helm(plane.kubeconfig(), &args)?;
     let old: BTreeSet<String> = installed
         .values()
         .filter_map(|p| p.metadata.uid.clone())
         .collect();
-    let upgraded = wait_all_ready(&pods, &components, &old, &node).await?;
+    let upgraded = wait_all_ready(&pods, &COMPONENTS, &old, &node).await?;
     for (name, pod) in &upgraded {
         let args = pod
             .spec
@@ -474,7 +312,10 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
 
     // Uninstalled: no gkm object is left but the CRDs, no gkm mount on the
     // node; the node store is kept, as the chart's notes say.
-    helm(&plane, &["uninstall", "gkm", "--namespace", NS, "--wait"])?;
+    chart::helm(
+        plane.kubeconfig(),
+        &["uninstall", chart::RELEASE, "--namespace", NS, "--wait"],
+    )?;
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let left = leftovers(&client).await?;
@@ -487,9 +328,10 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    let store = sandbox.store();
     let mounts: Vec<_> = mounts_under(&node.kubelet_dir())
         .into_iter()
-        .filter(|m| m.to_string_lossy().contains("csi.gkm.io") || m.starts_with(&store))
+        .filter(|m| m.to_string_lossy().contains("csi.gkm.io") || m.starts_with(store))
         .collect();
     assert!(mounts.is_empty(), "gkm mounts left: {mounts:?}");
     let crds: Api<DynamicObject> = Api::all_with(
