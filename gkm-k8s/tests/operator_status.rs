@@ -21,6 +21,7 @@ use gkm_k8s::operator::{
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry, promlint, samples};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
@@ -258,6 +259,50 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         value("gkm_operator_status_writes_total", &[]) >= 3.0,
         "{text}"
     );
+    // Conditions are a list keyed by type, as served: another writer's
+    // condition joins the operator's instead of replacing them.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let served = crds.get("gkmcaches.gkm.io").await?;
+    let conditions = served.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref()?.get("status"))
+        .and_then(|s| s.properties.as_ref()?.get("conditions"))
+        .expect("status.conditions in the served schema");
+    assert_eq!(conditions.x_kubernetes_list_type.as_deref(), Some("map"));
+    assert_eq!(
+        conditions.x_kubernetes_list_map_keys.as_deref(),
+        Some(&["type".to_string()][..])
+    );
+    let theirs = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "status": {"conditions": [{
+            "type": "Mirrored", "status": "True", "reason": "Copied",
+            "message": "copied elsewhere", "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]},
+    });
+    caches
+        .patch_status(
+            "refused",
+            &PatchParams::apply("gkm-test-mirror"),
+            &Patch::Apply(&theirs),
+        )
+        .await?;
+    let status = caches.get("refused").await?.status.unwrap_or_default();
+    let types: Vec<&str> = status
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert!(types.contains(&"Mirrored"), "{types:?}");
+    assert!(
+        types.contains(&"Verified"),
+        "the operator's went: {types:?}"
+    );
+    assert!(types.contains(&"Ready"), "the operator's went: {types:?}");
+
     assert!(!operator.is_finished(), "the operator stopped");
     operator.abort();
     Ok(())
