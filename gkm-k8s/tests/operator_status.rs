@@ -21,11 +21,29 @@ use gkm_k8s::operator::{
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry, promlint, samples};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
 
 const MANAGER: &str = "gkm-operator";
+
+/// Who writes a cache's status, and how: (manager, operation) pairs.
+fn status_managers(cache: &GKMCache) -> Vec<(String, String)> {
+    cache
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| f.subresource.as_deref() == Some("status"))
+        .map(|f| {
+            (
+                f.manager.clone().unwrap_or_default(),
+                f.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
@@ -50,6 +68,39 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     .await?;
     put_secret(&client, ns, "signer", &pem(key.public_key())).await?;
 
+    let apply = PatchParams::apply("gkm-test").force();
+    let signature =
+        json!({"signers": [{"key": {"secretRef": {"name": "signer", "key": "cosign.pub"}}}]});
+    // What an operator from before server-side apply left behind: status
+    // written by a merge patch naming no field manager, with a pvcStatus.
+    let object = cache(
+        ns,
+        "upgraded",
+        json!({"image": signed, "signature": signature}),
+    )?;
+    caches
+        .patch("upgraded", &apply, &Patch::Apply(&object))
+        .await?;
+    let old_status = json!({"status": {
+        "state": "Pending",
+        "pvcOwner": PvcOwner::Operator,
+        "pvcStatus": {ns: {"pvcName": "upgraded-cache"}},
+    }});
+    caches
+        .patch_status(
+            "upgraded",
+            &PatchParams::default(),
+            &Patch::Merge(&old_status),
+        )
+        .await?;
+    let before = caches.get("upgraded").await?;
+    assert_eq!(
+        status_managers(&before),
+        [("unknown".to_string(), "Update".to_string())],
+        "{:?}",
+        before.metadata.managed_fields
+    );
+
     let metrics = Arc::new(Metrics::default());
     let config = OperatorConfig {
         registry: registry_options(),
@@ -67,9 +118,6 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         metrics.clone(),
     ));
 
-    let apply = PatchParams::apply("gkm-test").force();
-    let signature =
-        json!({"signers": [{"key": {"secretRef": {"name": "signer", "key": "cosign.pub"}}}]});
     for (name, image) in [("steady", &signed), ("refused", &unsigned)] {
         let object = cache(ns, name, json!({"image": image, "signature": signature}))?;
         caches.patch(name, &apply, &Patch::Apply(&object)).await?;
@@ -96,25 +144,34 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     assert_eq!(ready, Some(("False", "NoNodeReady")), "{status:?}");
 
     // One manager owns the status, by apply; nobody updates it otherwise.
-    let status_managers: Vec<(String, String)> = steady
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|f| f.subresource.as_deref() == Some("status"))
-        .map(|f| {
-            (
-                f.manager.clone().unwrap_or_default(),
-                f.operation.clone().unwrap_or_default(),
-            )
-        })
-        .collect();
     assert_eq!(
-        status_managers,
+        status_managers(&steady),
         [(MANAGER.to_string(), "Apply".to_string())],
         "{:?}",
         steady.metadata.managed_fields
     );
+
+    // After the upgrade the operator took over what the old writer owned,
+    // and dropped the pvcStatus it no longer writes.
+    let upgraded = until("the old pvcStatus removed", || async {
+        let cache = caches.get("upgraded").await?;
+        let done = cache
+            .status
+            .as_ref()
+            .is_some_and(|s| s.pvc_status.is_none() && s.verification.is_some());
+        Ok(done.then_some(cache))
+    })
+    .await?;
+    assert_eq!(
+        status_managers(&upgraded),
+        [(MANAGER.to_string(), "Apply".to_string())],
+        "{:?}",
+        upgraded.metadata.managed_fields
+    );
+    let status = upgraded.status.clone().unwrap_or_default();
+    assert_eq!(status.pvc_owner, None, "{status:?}");
+    assert_eq!(status.resolved_digest.as_deref(), Some(digest.as_str()));
+    let status = steady.status.clone().unwrap_or_default();
 
     // A steady cache is reconciled again and again but not written again.
     let reconciles = metrics.reconciles(Scope::Namespaced);
@@ -246,7 +303,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     );
     assert_eq!(
         value("gkm_operator_caches", &[("state", "Pending")]),
-        1.0,
+        2.0,
         "{text}"
     );
     assert_eq!(
@@ -258,6 +315,50 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         value("gkm_operator_status_writes_total", &[]) >= 3.0,
         "{text}"
     );
+    // Conditions are a list keyed by type, as served: another writer's
+    // condition joins the operator's instead of replacing them.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let served = crds.get("gkmcaches.gkm.io").await?;
+    let conditions = served.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref()?.get("status"))
+        .and_then(|s| s.properties.as_ref()?.get("conditions"))
+        .expect("status.conditions in the served schema");
+    assert_eq!(conditions.x_kubernetes_list_type.as_deref(), Some("map"));
+    assert_eq!(
+        conditions.x_kubernetes_list_map_keys.as_deref(),
+        Some(&["type".to_string()][..])
+    );
+    let theirs = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "status": {"conditions": [{
+            "type": "Mirrored", "status": "True", "reason": "Copied",
+            "message": "copied elsewhere", "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]},
+    });
+    caches
+        .patch_status(
+            "refused",
+            &PatchParams::apply("gkm-test-mirror"),
+            &Patch::Apply(&theirs),
+        )
+        .await?;
+    let status = caches.get("refused").await?.status.unwrap_or_default();
+    let types: Vec<&str> = status
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert!(types.contains(&"Mirrored"), "{types:?}");
+    assert!(
+        types.contains(&"Verified"),
+        "the operator's went: {types:?}"
+    );
+    assert!(types.contains(&"Ready"), "the operator's went: {types:?}");
+
     assert!(!operator.is_finished(), "the operator stopped");
     operator.abort();
     Ok(())

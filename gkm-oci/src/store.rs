@@ -252,21 +252,30 @@ impl Store {
     }
 
     /// Remove every stored digest not in `referenced`; returns what was
-    /// removed. Each entry disappears atomically (renamed into staging, then
-    /// deleted).
+    /// removed. Each entry disappears atomically, as [`Store::remove`] does.
     pub fn gc(&self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
         let mut removed = Vec::new();
         for digest in self.list()? {
-            if referenced.contains(&digest) {
-                continue;
+            if !referenced.contains(&digest) && self.remove(&digest)? {
+                removed.push(digest);
             }
-            let staging = self.staging(&digest)?;
-            let from = self.path_of(&digest);
-            // The staging directory exists and is empty; rename replaces it.
-            fs::rename(&from, &staging.dir).map_err(|e| Error::io(&from, e))?;
-            drop(staging);
-            removed.push(digest);
         }
         Ok(removed)
+    }
+
+    /// Remove the stored `digest`: it disappears atomically (renamed into
+    /// staging, then deleted). Returns whether it was stored.
+    pub fn remove(&self, digest: &Digest) -> Result<bool> {
+        let from = self.path_of(digest);
+        if !from.is_dir() {
+            return Ok(false);
+        }
+        let staging = self.staging(digest)?;
+        // The staging directory exists and is empty; rename replaces it.
+        match fs::rename(&from, &staging.dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io(&from, e)),
+        }
     }
 }

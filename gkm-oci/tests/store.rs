@@ -130,4 +130,10 @@ async fn leftovers_cleaned_and_gc() {
     assert_eq!(store.list().expect("list"), vec![da.clone()]);
     assert!(store.get(&db).is_none());
     assert!(store.get(&da).is_some());
+    assert!(store.remove(&da).expect("remove"));
+    assert!(
+        !store.remove(&da).expect("remove again"),
+        "no longer stored"
+    );
+    assert!(store.list().expect("list").is_empty());
 }

@@ -67,7 +67,7 @@ struct Cli {
     default_policy: Option<PathBuf>,
     /// The signature modes a cache (or the default policy) may choose; any
     /// other is tightened to Enforce (comma-separated: Enforce, Audit, Off).
-    #[arg(long, value_delimiter = ',', default_value = "Enforce", value_parser = signature_mode)]
+    #[arg(long, value_delimiter = ',', default_value = "Enforce")]
     allowed_signature_modes: Vec<SignatureMode>,
     /// Signers every cache image must be signed by, whatever its policy
     /// says (YAML or JSON, the shape of `spec.signature`: `signers`,
@@ -228,15 +228,6 @@ fn read_policy(flag: &str, path: &Path) -> anyhow::Result<SignaturePolicy> {
         .with_context(|| format!("reading --{flag} {}", path.display()))?;
     serde_yaml::from_str(&text)
         .with_context(|| format!("--{flag} {}: not a signature policy", path.display()))
-}
-
-fn signature_mode(text: &str) -> Result<SignatureMode, String> {
-    match text.trim() {
-        "Enforce" => Ok(SignatureMode::Enforce),
-        "Audit" => Ok(SignatureMode::Audit),
-        "Off" => Ok(SignatureMode::Off),
-        other => Err(format!("{other:?} is not Enforce, Audit or Off")),
-    }
 }
 
 fn identity(flag: Option<String>) -> String {

@@ -201,7 +201,7 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
         ),
         (
             "--allowed-signature-modes=Enforce,Sometimes",
-            "\"Sometimes\" is not Enforce",
+            "\"Sometimes\" is not a signature mode: use Enforce, Audit or Off",
         ),
     ] {
         let (ok, err) = run(&[flag])?;

@@ -86,8 +86,21 @@ impl Mode {
     /// assert!(Mode::Audit.admits(&refused));
     /// ```
     pub fn admits<T>(self, outcome: &Result<T, Rejection>) -> bool {
+        self.delivers(outcome.is_ok())
+    }
+
+    /// Whether an image may be delivered when its signatures were `verified`
+    /// (or not): always, unless the mode is [`Mode::Enforce`].
+    ///
+    /// ```
+    /// use gkm_core::policy::Mode;
+    /// assert!(Mode::Enforce.delivers(true));
+    /// assert!(!Mode::Enforce.delivers(false));
+    /// assert!(Mode::Audit.delivers(false));
+    /// ```
+    pub fn delivers(self, verified: bool) -> bool {
         match self {
-            Mode::Enforce => outcome.is_ok(),
+            Mode::Enforce => verified,
             Mode::Audit | Mode::Off => true,
         }
     }

@@ -18,6 +18,7 @@
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
 
+mod gc;
 mod labels;
 mod metrics;
 mod plan;

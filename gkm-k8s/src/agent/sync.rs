@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::AgentConfig;
+use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
 use super::reports::{NodeReports, gpu_statuses};
 use super::retry::Backoff;
@@ -64,7 +65,8 @@ pub(super) struct Agent {
     extract_slots: Arc<Semaphore>,
     /// Wakes the agent's loop when an extraction ends.
     changed: Arc<Notify>,
-    unreferenced_since: HashMap<Digest, Instant>,
+    /// Since when each stored digest has been unreferenced.
+    unreferenced: Unreferenced,
     labelled: Option<BTreeMap<String, String>>,
 }
 
@@ -96,7 +98,7 @@ impl Agent {
             extractions: HashMap::new(),
             extract_slots: Arc::new(Semaphore::new(1)),
             changed,
-            unreferenced_since: HashMap::new(),
+            unreferenced: Unreferenced::default(),
             labelled: None,
         })
     }
@@ -118,6 +120,12 @@ impl Agent {
         let node_labels = self.label_node().await?;
         let records = self.mounts.clone();
         let mounts = blocking("reading the mount records", move || records.list()).await?;
+        // What the store holds, listed once for the whole pass.
+        let store = self.store.clone();
+        let stored: HashSet<Digest> = blocking("listing the store", move || Ok(store.list()?))
+            .await?
+            .into_iter()
+            .collect();
         let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
         let mut referenced: HashSet<Digest> = HashSet::new();
         for record in mounts {
@@ -150,10 +158,10 @@ impl Agent {
             let key = cache.key();
             let cache_pods = pods.remove(&key).unwrap_or_default();
             let entries = self
-                .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods)
+                .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
                 .await?;
             for digest in entries.keys().filter_map(|d| d.parse::<Digest>().ok()) {
-                if self.store.get(&digest).is_some() {
+                if stored.contains(&digest) {
                     referenced.insert(digest);
                 }
             }
@@ -179,7 +187,7 @@ impl Agent {
         })
         .await?;
         self.reports.write(reports, &namespaces).await?;
-        let stored = self.collect_garbage(&referenced).await?;
+        let stored = self.collect_garbage(&referenced, &stored).await?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
@@ -225,6 +233,7 @@ impl Agent {
         key: &CacheKey,
         node_labels: &BTreeMap<String, String>,
         pods: &BTreeMap<Digest, Vec<PodRef>>,
+        in_store: &HashSet<Digest>,
     ) -> Result<BTreeMap<String, NodeCacheStatus>> {
         let check = CheckOptions::default();
         loop {
@@ -241,7 +250,7 @@ impl Agent {
                 .as_ref()
                 .and_then(|d| self.extract_failures.waiting(d));
             let stored = match &resolved {
-                Some(d) if self.store.get(d).is_some() => Ok(true),
+                Some(d) if in_store.contains(d) => Ok(true),
                 Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
                 None => Ok(false),
             };
@@ -338,7 +347,7 @@ impl Agent {
                         let path = stored.path.clone();
                         let size = tokio::task::spawn_blocking(move || tree_size(&path))
                             .await
-                            .unwrap_or_default();
+                            .map_err(|e| format!("measuring the extracted tree: {e}"))?;
                         info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
                         Ok(size)
                     }
@@ -392,38 +401,45 @@ impl Agent {
         )?)
     }
 
-    /// Removes stored digests nothing references once they have been
-    /// unreferenced for the grace period; returns the digests the store
-    /// still holds. The listing and the removals run off the async runtime.
-    async fn collect_garbage(&mut self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
-        let now = Instant::now();
+    /// Removes the digests of `stored` (this pass's listing of the store)
+    /// that nothing references, not being extracted either, once they have
+    /// been unreferenced for the grace period; returns the digests the store
+    /// still holds. The removals run off the async runtime.
+    async fn collect_garbage(
+        &mut self,
+        referenced: &HashSet<Digest>,
+        stored: &HashSet<Digest>,
+    ) -> Result<Vec<Digest>> {
         let mut keep = referenced.clone();
-        let store = self.store.clone();
-        let mut stored = blocking("listing the store", move || Ok(store.list()?)).await?;
-        for digest in stored.iter().cloned() {
-            if referenced.contains(&digest) {
-                self.unreferenced_since.remove(&digest);
-                continue;
-            }
-            let since = *self.unreferenced_since.entry(digest.clone()).or_insert(now);
-            if now.duration_since(since) < self.config.gc_grace {
-                keep.insert(digest);
-            }
-        }
+        keep.extend(self.extractions.keys().cloned());
+        let expired =
+            self.unreferenced
+                .expired(stored, &keep, Instant::now(), self.config.gc_grace);
         let store = self.store.clone();
         let removed = blocking("removing unreferenced caches from the store", move || {
-            Ok(store.gc(&keep)?)
+            let mut removed = Vec::new();
+            for digest in expired {
+                if store.remove(&digest)? {
+                    removed.push(digest);
+                }
+            }
+            Ok(removed)
         })
         .await?;
         for digest in &removed {
             info!(%digest, "removed unreferenced cache from the store");
-            self.unreferenced_since.remove(digest);
+            self.unreferenced.removed(digest);
             if let Some(facts) = self.facts.get_mut(digest) {
                 facts.size = None;
             }
         }
-        stored.retain(|d| !removed.contains(d));
-        Ok(stored)
+        let mut left: Vec<Digest> = stored
+            .iter()
+            .filter(|d| !removed.contains(d))
+            .cloned()
+            .collect();
+        left.sort();
+        Ok(left)
     }
 
     /// Applies the GPU labels to this node's Node object (when it changed)

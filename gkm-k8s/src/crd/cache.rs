@@ -157,6 +157,7 @@ pub struct CacheStatus {
     pub pvc_status: Option<BTreeMap<String, PvcStatus>>,
     /// `Verified`, `Ready`, `Progressing`, `Degraded`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Option<Vec<Condition>>,
     /// Node and pod counts across the cluster.
     #[serde(default)]

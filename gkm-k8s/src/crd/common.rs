@@ -87,6 +87,7 @@ pub struct PvcStatus {
     pub pvc_owner: Option<PvcOwner>,
     /// Its state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Option<Vec<Condition>>,
 }
 

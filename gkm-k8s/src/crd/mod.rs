@@ -44,7 +44,8 @@ pub use node::{
 };
 pub use quota::{GKMGPUQuota, GKMGPUQuotaSpec, GpuModelLimit, GpuModelUse, GpuQuotaStatus};
 pub use signature::{
-    ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
+    ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy,
+    Signer, UnknownSignatureMode,
 };
 
 /// Every gkm CRD, in a stable order.

@@ -145,6 +145,7 @@ pub struct CacheNodeStatus {
     pub caches: Option<BTreeMap<String, BTreeMap<String, NodeCacheStatus>>>,
     /// Conditions of the agent on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Option<Vec<Condition>>,
 }
 

@@ -29,6 +29,26 @@ impl From<SignatureMode> for gkm_core::policy::Mode {
     }
 }
 
+/// A word that is not a [`SignatureMode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a signature mode: use Enforce, Audit or Off")]
+pub struct UnknownSignatureMode(pub String);
+
+/// Parses the YAML spelling (`Enforce`, `Audit`, `Off`), as operator flags
+/// name modes.
+impl std::str::FromStr for SignatureMode {
+    type Err = UnknownSignatureMode;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "Enforce" => Ok(SignatureMode::Enforce),
+            "Audit" => Ok(SignatureMode::Audit),
+            "Off" => Ok(SignatureMode::Off),
+            other => Err(UnknownSignatureMode(other.to_string())),
+        }
+    }
+}
+
 /// The signers a cache image must be signed by; any one suffices.
 ///
 /// When a cache has no `signature`, the operator's default policy applies.
@@ -145,7 +165,35 @@ pub struct ConfigMapKeyRef {
 mod tests {
     use gkm_core::policy::{Mode, Rejection};
 
-    use super::SignatureMode;
+    use super::{SignatureMode, UnknownSignatureMode};
+
+    #[test]
+    fn a_mode_parses_from_its_yaml_spelling() {
+        for mode in [
+            SignatureMode::Enforce,
+            SignatureMode::Audit,
+            SignatureMode::Off,
+        ] {
+            let word = format!("{mode:?}");
+            assert_eq!(word.parse::<SignatureMode>(), Ok(mode));
+            assert_eq!(format!(" {word} ").parse::<SignatureMode>(), Ok(mode));
+            let yaml: SignatureMode =
+                serde_json::from_value(serde_json::json!(word)).expect("yaml");
+            assert_eq!(yaml, mode);
+        }
+    }
+
+    #[test]
+    fn another_word_is_refused_naming_the_accepted_modes() {
+        for word in ["enforce", "Sometimes", ""] {
+            let err = word.parse::<SignatureMode>().expect_err(word);
+            assert_eq!(err, UnknownSignatureMode(word.to_string()));
+            assert_eq!(
+                err.to_string(),
+                format!("{word:?} is not a signature mode: use Enforce, Audit or Off")
+            );
+        }
+    }
 
     #[test]
     fn each_mode_maps_to_the_domain_mode_of_the_same_name() {

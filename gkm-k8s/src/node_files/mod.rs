@@ -1,7 +1,8 @@
 //! The node-local files through which the node agent and the CSI driver
 //! cooperate, readable without the Kubernetes API: the [delivery
 //! index](delivery) (agent → driver), the [mount records](mount_records)
-//! (driver → agent) and their [check against the kernel](mount_table).
+//! (driver → agent) and their [check against the kernel](mount_table), which
+//! reads the kernel's [mount table](mountinfo).
 //!
 //! Both live beside the content-addressed store ([`gkm_oci::Store`], whose
 //! entries are `<store>/sha256/<hex>/`):
@@ -56,6 +57,7 @@ pub mod delivery;
 mod json_file;
 pub mod mount_records;
 pub mod mount_table;
+pub mod mountinfo;
 pub mod names;
 
 /// The delivery index's directory under the store root.

@@ -15,11 +15,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::mount_records::{MountRecord, MountRecords};
-use crate::csi::mount::parse_mountinfo;
+use super::mountinfo::{MOUNTINFO, parse_mountinfo};
 use crate::error::{Error, Result};
-
-/// Where the kernel lists this process's mounts.
-pub const MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// The mount points listed in `mountinfo` (the text of a
 /// `/proc/<pid>/mountinfo`).

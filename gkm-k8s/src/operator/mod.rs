@@ -17,6 +17,7 @@ mod report_index;
 pub mod resolutions;
 pub mod rollup;
 mod status;
+mod status_owners;
 mod verdict;
 mod verifier;
 

@@ -22,6 +22,7 @@ use super::metrics::RegistryOperation;
 use super::report_index::Reports;
 use super::rollup::rollup;
 use super::status::{Claims, Observed, Resolved, deleting, desired};
+use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::verdict::{verdict, verdict_event};
 use crate::cache_object::{CacheObject, NodeReport};
 use crate::crd::{
@@ -248,6 +249,8 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
 /// is the whole status the operator wants: a field it leaves out (a
 /// `pvcStatus` after leaving PVC mode, a namespace's entry in it) is
 /// removed, which a merge patch would leave in place.
+/// Status fields an older operator wrote by merge patch are first taken
+/// over ([`super::status_owners`]), so they are removed the same way.
 async fn write_status<K: CacheObject>(
     cache: &K,
     ctx: &Context,
@@ -269,6 +272,14 @@ async fn write_status<K: CacheObject>(
     }
     new.last_updated = Some(Time(Timestamp::now()));
     let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    if let Some(upgrade) = upgrade_patch(cache.meta(), FIELD_MANAGER, LEGACY_STATUS_MANAGERS) {
+        // Status fields an older operator updated become this apply's, so
+        // the apply below may drop them. Refused when the object changed
+        // since it was read; the next reconcile works from the new one.
+        let patch = Patch::Json::<()>(serde_json::from_value(upgrade)?);
+        api.patch(&cache.name_any(), &PatchParams::default(), &patch)
+            .await?;
+    }
     let body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),

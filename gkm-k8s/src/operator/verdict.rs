@@ -80,7 +80,7 @@ pub(super) async fn verdict<K: CacheObject>(
         .mode(asked.as_ref().map_or(SignatureMode::Enforce, |p| p.mode));
     let outcome = |verified: bool, message: String| VerificationStatus {
         verified,
-        deliverable: Some(verified || mode != SignatureMode::Enforce),
+        deliverable: Some(gkm_core::policy::Mode::from(mode).delivers(verified)),
         mode: Some(mode),
         digest: Some(digest.to_string()),
         message: Some(with_note(message, note.as_deref())),

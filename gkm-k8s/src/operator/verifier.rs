@@ -4,16 +4,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use gkm_core::policy::{Identity, Mode, Policy, PublicKey, Signer, SubjectMatch, TrustedRoot};
+use gkm_core::policy::{Identity, Policy, PublicKey, Signer, SubjectMatch, TrustedRoot};
 use gkm_oci::verify::VerifyError;
 use gkm_oci::{Digest, ImageRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use super::metrics::{Metrics, RegistryOperation};
 use crate::cache_object::CacheKey;
-use crate::crd::{
-    ConfigMapKeyRef, SecretKeyRef, SignatureMode, SignaturePolicy, VerificationStatus,
-};
+use crate::crd::{ConfigMapKeyRef, SecretKeyRef, SignaturePolicy, VerificationStatus};
 
 /// Verifies image digests: resolving a cache's policy (its Secret and
 /// ConfigMap references) and checking signatures are separate steps, so the
@@ -181,13 +179,8 @@ impl RegistryVerifier {
             }
             None => None,
         };
-        let mode = match policy.mode {
-            SignatureMode::Enforce => Mode::Enforce,
-            SignatureMode::Audit => Mode::Audit,
-            SignatureMode::Off => Mode::Off,
-        };
         let core = Policy::new(
-            mode,
+            policy.mode.into(),
             signers,
             trusted_root,
             policy.require_tlog.unwrap_or(false),
