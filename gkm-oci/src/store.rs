@@ -253,6 +253,12 @@ impl Store {
 
     /// Remove every stored digest not in `referenced`; returns what was
     /// removed. Each entry disappears atomically, as [`Store::remove`] does.
+    ///
+    /// It lists the store itself, so while another task extracts into the
+    /// same store, a digest whose extraction ends between the caller's
+    /// decision and this call is removed too. A long-running owner of a
+    /// store (gkm's agent) decides from one listing and calls
+    /// [`Store::remove`] per digest instead.
     pub fn gc(&self, referenced: &HashSet<Digest>) -> Result<Vec<Digest>> {
         let mut removed = Vec::new();
         for digest in self.list()? {
