@@ -466,23 +466,56 @@ impl Bench {
         Api::namespaced_with(self.client.clone(), NAMESPACE, &resource)
     }
 
+    /// Creates a GKMCache per `images` entry (`bench/NAME:v1`), its
+    /// signature policy naming `key`.
+    async fn create_caches(
+        &self,
+        images: &BTreeMap<String, String>,
+        key: &cosign::CosignKey,
+    ) -> anyhow::Result<()> {
+        let signature = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
+        for name in images.keys() {
+            let cache: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "gkm.io/v1alpha1",
+                "kind": "GKMCache",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {
+                    "image": format!("{}/bench/{name}:v1", self.registry_addr),
+                    "signature": signature,
+                },
+            }))?;
+            self.caches().create(&PostParams::default(), &cache).await?;
+        }
+        Ok(())
+    }
+
+    /// Points the caches of `images` at their `:v2` tag.
+    async fn move_caches(&self, images: &BTreeMap<String, String>) -> anyhow::Result<()> {
+        for name in images.keys() {
+            let image = format!("{}/bench/{name}:v2", self.registry_addr);
+            let patch = json!({"spec": {"image": image}});
+            self.caches()
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Waits until every cache of `expected` (name → digest) reports its
     /// digest resolved, every node counted and every compatible node
     /// holding it extracted.
     async fn converge(
         &self,
         expected: &BTreeMap<String, String>,
-        nodes: usize,
+        scale: &Scale,
         compatible: usize,
-        timeout: Duration,
-        processes: &mut [&mut Process],
+        gkm: &mut Gkm,
     ) -> anyhow::Result<()> {
+        let (nodes, timeout) = (scale.nodes, scale.converge_timeout);
         let deadline = Instant::now() + timeout;
         let mut last_report = Instant::now();
         loop {
-            for p in processes.iter_mut() {
-                p.check_running()?;
-            }
+            gkm.check_running()?;
             let list = self.caches().list(&ListParams::default()).await?;
             let mut done = 0;
             let mut behind = String::new();
@@ -588,6 +621,212 @@ fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// Builds CACHES images (`bench/cache-NN:v1`) and, for the first CHANGED,
+/// another (`:v2`), all signed with `key`; returns name → digest of each set.
+async fn push_images(
+    bench: &Bench,
+    scale: &Scale,
+    key: &cosign::CosignKey,
+) -> anyhow::Result<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+    let mut first = BTreeMap::new();
+    let mut second = BTreeMap::new();
+    for i in 0..scale.caches {
+        let name = format!("cache-{i:02}");
+        let repository = format!("bench/{name}");
+        let digest = bench.push(&repository, "v1", &name, key).await?;
+        first.insert(name.clone(), digest);
+        if i < scale.changed {
+            let digest = bench
+                .push(&repository, "v2", &format!("{name}-v2"), key)
+                .await?;
+            second.insert(name, digest);
+        }
+    }
+    Ok((first, second))
+}
+
+/// gkm's processes: the agents (one process) and the operator.
+struct Gkm {
+    agents: Process,
+    operator: Process,
+}
+
+impl Gkm {
+    /// Starts the agents of the nodes under `nodes_dir` and the operator, as
+    /// their ServiceAccounts, logging into `dir`.
+    fn start(
+        bench: &Bench,
+        dir: &Path,
+        nodes_dir: &Path,
+        operator: &Path,
+        agents: &Path,
+    ) -> anyhow::Result<Gkm> {
+        let plane = &bench.plane;
+        let mut cmd = Command::new(agents);
+        cmd.arg(plane.kubeconfig_for_service_account("gkm-system", "gkm-agent")?)
+            .arg(nodes_dir)
+            .env("GKM_LOG", "warn");
+        let agents = Process::spawn("agents", cmd, &dir.join("agents.log"))?;
+        let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-operator")?;
+        let mut cmd = Command::new(operator);
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--metrics-addr=127.0.0.1:0")
+            .arg("--insecure-registry")
+            .env("GKM_LOG", "info,kube=warn");
+        let operator = Process::spawn("gkm-operator", cmd, &dir.join("operator.log"))?;
+        Ok(Gkm { agents, operator })
+    }
+
+    fn check_running(&mut self) -> anyhow::Result<()> {
+        self.agents.check_running()?;
+        self.operator.check_running()
+    }
+
+    /// Counts into `counts` until every node's agent labelled its Node.
+    async fn wait_for_labels(
+        &mut self,
+        meter: &mut Meter,
+        counts: &mut Counts,
+        scale: &Scale,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + scale.converge_timeout;
+        loop {
+            self.check_running()?;
+            meter.take(counts)?;
+            let labelled = counts.writes("agents", Some("nodes"));
+            if labelled >= scale.nodes as u64 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {labelled} Node label writes by the agents in {:?}:\n{}",
+                scale.converge_timeout,
+                self.agents.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Counts into `counts` for `how_long`, nothing changing.
+    async fn idle(
+        &mut self,
+        meter: &mut Meter,
+        counts: &mut Counts,
+        how_long: Duration,
+    ) -> anyhow::Result<()> {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            self.check_running()?;
+            meter.take(counts)?;
+            tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        }
+        meter.take(counts)?;
+        Ok(())
+    }
+}
+
+/// What one run measured.
+#[derive(Default)]
+struct Measured {
+    start: Counts,
+    converge: Counts,
+    change: Counts,
+    idle: Counts,
+    converge_secs: f64,
+    change_secs: f64,
+    settled_quiet: bool,
+    operator_rss_mib: f64,
+    operator_peak_rss_mib: f64,
+    operator_cpu_secs: f64,
+    agents_rss_mib: f64,
+    agents_cpu_secs: f64,
+}
+
+impl Measured {
+    /// The figures `compare` reads, by name.
+    fn figures(&self, scale: &Scale) -> serde_json::Value {
+        let per = |n: u64, objects: usize| n as f64 / objects.max(1) as f64;
+        let cache_writes = |c: &Counts| {
+            [
+                "gkmcaches",
+                "gkmcaches/status",
+                "clustergkmcaches",
+                "clustergkmcaches/status",
+            ]
+            .iter()
+            .map(|r| c.writes("operator", Some(r)))
+            .sum::<u64>()
+        };
+        let report_writes = |c: &Counts| {
+            [
+                "gkmcachenodes",
+                "gkmcachenodes/status",
+                "clustergkmcachenodes",
+                "clustergkmcachenodes/status",
+            ]
+            .iter()
+            .map(|r| c.writes("agents", Some(r)))
+            .sum::<u64>()
+        };
+        // The cache changes the operator made: those stored, less the
+        // harness's own (one create per cache, one spec change per changed
+        // cache).
+        let operator_changes = |c: &Counts, own: usize| c.cache_changes.saturating_sub(own as u64);
+        let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
+        let (start, converge, change, idle) =
+            (&self.start, &self.converge, &self.change, &self.idle);
+        json!({
+            "nodes": scale.nodes,
+            "caches": scale.caches,
+            "changed": scale.changed,
+            "idle_secs": scale.idle.as_secs(),
+            "converge_secs": self.converge_secs,
+            "change_secs": self.change_secs,
+            "agent_label_writes_per_node": per(start.writes("agents", Some("nodes")), scale.nodes),
+            "converge_operator_writes": converge.writes("operator", None),
+            "converge_operator_cache_writes_per_cache": per(cache_writes(converge), scale.caches),
+            "converge_operator_cache_writes_per_stored_change": ratio(
+                cache_writes(converge),
+                operator_changes(converge, scale.caches),
+            ),
+            "converge_operator_events": converge.writes("operator", Some("events")),
+            "converge_agent_writes": converge.writes("agents", None),
+            "converge_agent_report_writes_per_node": per(report_writes(converge), scale.nodes),
+            "converge_agent_report_writes_per_stored_change": ratio(
+                report_writes(converge),
+                converge.report_changes,
+            ),
+            "converge_agent_events": converge.writes("agents", Some("events")),
+            "converge_registry_requests": converge.registry_tags + converge.registry_other,
+            "change_operator_writes": change.writes("operator", None),
+            "change_operator_cache_writes_per_changed_cache": per(cache_writes(change), scale.changed),
+            "change_operator_cache_writes_per_stored_change": ratio(
+                cache_writes(change),
+                operator_changes(change, scale.changed),
+            ),
+            "change_agent_writes": change.writes("agents", None),
+            "change_agent_report_writes_per_node": per(report_writes(change), scale.nodes),
+            "change_agent_report_writes_per_stored_change": ratio(
+                report_writes(change),
+                change.report_changes,
+            ),
+            "change_registry_requests": change.registry_tags + change.registry_other,
+            "idle_operator_writes": idle.writes("operator", None),
+            "idle_agent_writes": idle.writes("agents", None),
+            "idle_operator_reads": idle.reads("operator"),
+            "idle_agent_reads": idle.reads("agents"),
+            "idle_registry_tag_resolutions": idle.registry_tags,
+            "idle_registry_other_requests": idle.registry_other,
+            "operator_rss_mib": self.operator_rss_mib,
+            "operator_peak_rss_mib": self.operator_peak_rss_mib,
+            "agents_process_rss_mib": self.agents_rss_mib,
+            "operator_cpu_secs": self.operator_cpu_secs,
+            "agents_process_cpu_secs": self.agents_cpu_secs,
+            "settled_quiet": self.settled_quiet,
+        })
+    }
+}
+
 /// Runs the benchmark on one revision and writes its figures to `out`.
 async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow::Result<()> {
     let scale = Scale::from_env()?;
@@ -600,238 +839,79 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     let stores = tempfile::Builder::new()
         .prefix("gkm-bench-operator-nodes-")
         .tempdir_in(stores_root())?;
-    let nodes_dir = stores.path();
-    bench.create_nodes(scale.nodes, nodes_dir).await?;
+    bench.create_nodes(scale.nodes, stores.path()).await?;
     let compatible = (0..scale.nodes).filter(|&i| inventory(i).1).count();
     eprintln!(
         "== {} kwok nodes ({compatible} with an sm75 GPU) in {:.0?}",
         scale.nodes,
         began.elapsed()
     );
-
-    // Cache images: CACHES distinct digests, and CHANGED more for the change.
     let key = cosign::generate_key_pair(&dir.join("cosign"))?;
-    let mut first = BTreeMap::new();
-    let mut second = BTreeMap::new();
-    for i in 0..scale.caches {
-        let name = format!("cache-{i:02}");
-        let repository = format!("bench/{name}");
-        let digest = bench.push(&repository, "v1", &name, &key).await?;
-        first.insert(name.clone(), digest);
-        if i < scale.changed {
-            let digest = bench
-                .push(&repository, "v2", &format!("{name}-v2"), &key)
-                .await?;
-            second.insert(name, digest);
-        }
-    }
+    let (first, second) = push_images(&bench, &scale, &key).await?;
     eprintln!(
         "== {} signed images pushed in {:.0?}",
         scale.caches + scale.changed,
         began.elapsed()
     );
 
-    let operator_kubeconfig = bench
-        .plane
-        .kubeconfig_for_service_account("gkm-system", "gkm-operator")?;
-    let agent_kubeconfig = bench
-        .plane
-        .kubeconfig_for_service_account("gkm-system", "gkm-agent")?;
     let mut meter = Meter::start(&bench.client, &bench.audit_log, &bench.registry_log).await?;
-
+    let mut m = Measured::default();
     // Phase 1: the agents and the operator start; no cache yet.
-    let mut start = Counts::default();
-    let mut cmd = Command::new(agents);
-    cmd.arg(&agent_kubeconfig)
-        .arg(nodes_dir)
-        .env("GKM_LOG", "warn");
-    let mut agents = Process::spawn("agents", cmd, &dir.join("agents.log"))?;
-    let mut cmd = Command::new(operator);
-    cmd.arg(format!("--kubeconfig={}", operator_kubeconfig.display()))
-        .arg("--metrics-addr=127.0.0.1:0")
-        .arg("--insecure-registry")
-        .env("GKM_LOG", "info,kube=warn");
-    let mut operator = Process::spawn("gkm-operator", cmd, &dir.join("operator.log"))?;
-    let label_deadline = Instant::now() + scale.converge_timeout;
-    loop {
-        agents.check_running()?;
-        operator.check_running()?;
-        meter.take(&mut start)?;
-        if start.writes("agents", Some("nodes")) >= scale.nodes as u64 {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < label_deadline,
-            "only {} Node label writes by the agents in {:?}:\n{}",
-            start.writes("agents", Some("nodes")),
-            scale.converge_timeout,
-            agents.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    settle(&mut meter, &mut start).await?;
+    let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents)?;
+    gkm.wait_for_labels(&mut meter, &mut m.start, &scale)
+        .await?;
+    settle(&mut meter, &mut m.start).await?;
     eprintln!("== agents and operator up in {:.0?}", began.elapsed());
 
     // Phase 2: the caches are created and converge.
-    let mut converge = Counts::default();
-    let signature = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
     let created = Instant::now();
-    for name in first.keys() {
-        let cache: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "gkm.io/v1alpha1",
-            "kind": "GKMCache",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "image": format!("{}/bench/{name}:v1", bench.registry_addr),
-                "signature": signature,
-            },
-        }))?;
-        bench
-            .caches()
-            .create(&PostParams::default(), &cache)
-            .await?;
-    }
-    bench
-        .converge(
-            &first,
-            scale.nodes,
-            compatible,
-            scale.converge_timeout,
-            &mut [&mut agents, &mut operator],
-        )
-        .await?;
-    let converge_secs = created.elapsed().as_secs_f64();
-    let converge_quiet = settle(&mut meter, &mut converge).await?;
+    bench.create_caches(&first, &key).await?;
+    bench.converge(&first, &scale, compatible, &mut gkm).await?;
+    m.converge_secs = created.elapsed().as_secs_f64();
+    let converge_quiet = settle(&mut meter, &mut m.converge).await?;
     eprintln!(
-        "== {} caches converged in {converge_secs:.1}s (quiet after: {converge_quiet})",
-        scale.caches
+        "== {} caches converged in {:.1}s (quiet after: {converge_quiet})",
+        scale.caches, m.converge_secs
     );
 
     // Phase 3: CHANGED caches move to a new image.
-    let mut change = Counts::default();
+    let changed = Instant::now();
+    bench.move_caches(&second).await?;
     let mut expected = first.clone();
-    let changed_at = Instant::now();
-    for (name, digest) in &second {
-        let patch = json!({"spec": {"image": format!("{}/bench/{name}:v2", bench.registry_addr)}});
-        bench
-            .caches()
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        expected.insert(name.clone(), digest.clone());
-    }
+    expected.extend(second.clone());
     bench
-        .converge(
-            &expected,
-            scale.nodes,
-            compatible,
-            scale.converge_timeout,
-            &mut [&mut agents, &mut operator],
-        )
+        .converge(&expected, &scale, compatible, &mut gkm)
         .await?;
-    let change_secs = changed_at.elapsed().as_secs_f64();
-    let change_quiet = settle(&mut meter, &mut change).await?;
+    m.change_secs = changed.elapsed().as_secs_f64();
+    let change_quiet = settle(&mut meter, &mut m.change).await?;
+    m.settled_quiet = converge_quiet && change_quiet;
     eprintln!(
-        "== {} changed caches converged in {change_secs:.1}s (quiet after: {change_quiet})",
-        scale.changed
+        "== {} changed caches converged in {:.1}s (quiet after: {change_quiet})",
+        scale.changed, m.change_secs
     );
 
     // Phase 4: nothing changes.
-    let mut idle = Counts::default();
-    let idle_until = Instant::now() + scale.idle;
-    while Instant::now() < idle_until {
-        agents.check_running()?;
-        operator.check_running()?;
-        meter.take(&mut idle)?;
-        tokio::time::sleep(Duration::from_secs(1).min(idle_until - Instant::now())).await;
-    }
-    meter.take(&mut idle)?;
-    let (operator_rss, operator_hwm) = memory_mib(operator.pid())?;
-    let (agents_rss, _) = memory_mib(agents.pid())?;
-    let operator_cpu = cpu_secs(operator.pid())?;
-    let agents_cpu = cpu_secs(agents.pid())?;
+    gkm.idle(&mut meter, &mut m.idle, scale.idle).await?;
+    (m.operator_rss_mib, m.operator_peak_rss_mib) = memory_mib(gkm.operator.pid())?;
+    (m.agents_rss_mib, _) = memory_mib(gkm.agents.pid())?;
+    m.operator_cpu_secs = cpu_secs(gkm.operator.pid())?;
+    m.agents_cpu_secs = cpu_secs(gkm.agents.pid())?;
     eprintln!(
         "== idle {:?} done; whole run {:.0?}",
         scale.idle,
         began.elapsed()
     );
     for (phase, counts) in [
-        ("start", &start),
-        ("converge", &converge),
-        ("change", &change),
-        ("idle", &idle),
+        ("start", &m.start),
+        ("converge", &m.converge),
+        ("change", &m.change),
+        ("idle", &m.idle),
     ] {
         counts.print(phase);
     }
-
-    let per = |n: u64, objects: usize| n as f64 / objects.max(1) as f64;
-    let operator_cache_writes = |c: &Counts| {
-        c.writes("operator", Some("gkmcaches/status"))
-            + c.writes("operator", Some("gkmcaches"))
-            + c.writes("operator", Some("clustergkmcaches/status"))
-            + c.writes("operator", Some("clustergkmcaches"))
-    };
-    let agent_report_writes = |c: &Counts| {
-        c.writes("agents", Some("gkmcachenodes"))
-            + c.writes("agents", Some("gkmcachenodes/status"))
-            + c.writes("agents", Some("clustergkmcachenodes"))
-            + c.writes("agents", Some("clustergkmcachenodes/status"))
-    };
-    // The changes the operator made: those stored, less the harness's own
-    // (one create per cache, one spec change per changed cache).
-    let operator_changes = |c: &Counts, own: usize| c.cache_changes.saturating_sub(own as u64);
-    let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
-    let figures = json!({
-        "nodes": scale.nodes,
-        "caches": scale.caches,
-        "changed": scale.changed,
-        "idle_secs": scale.idle.as_secs(),
-        "converge_secs": converge_secs,
-        "change_secs": change_secs,
-        "agent_label_writes_per_node": per(start.writes("agents", Some("nodes")), scale.nodes),
-        "converge_operator_writes": converge.writes("operator", None),
-        "converge_operator_cache_writes_per_cache": per(operator_cache_writes(&converge), scale.caches),
-        "converge_operator_cache_writes_per_stored_change": ratio(
-            operator_cache_writes(&converge),
-            operator_changes(&converge, scale.caches),
-        ),
-        "converge_operator_events": converge.writes("operator", Some("events")),
-        "converge_agent_writes": converge.writes("agents", None),
-        "converge_agent_report_writes_per_node": per(agent_report_writes(&converge), scale.nodes),
-        "converge_agent_report_writes_per_stored_change": ratio(
-            agent_report_writes(&converge),
-            converge.report_changes,
-        ),
-        "converge_agent_events": converge.writes("agents", Some("events")),
-        "converge_registry_requests": converge.registry_tags + converge.registry_other,
-        "change_operator_writes": change.writes("operator", None),
-        "change_operator_cache_writes_per_changed_cache": per(operator_cache_writes(&change), scale.changed),
-        "change_operator_cache_writes_per_stored_change": ratio(
-            operator_cache_writes(&change),
-            operator_changes(&change, scale.changed),
-        ),
-        "change_agent_writes": change.writes("agents", None),
-        "change_agent_report_writes_per_node": per(agent_report_writes(&change), scale.nodes),
-        "change_agent_report_writes_per_stored_change": ratio(
-            agent_report_writes(&change),
-            change.report_changes,
-        ),
-        "change_registry_requests": change.registry_tags + change.registry_other,
-        "idle_operator_writes": idle.writes("operator", None),
-        "idle_agent_writes": idle.writes("agents", None),
-        "idle_operator_reads": idle.reads("operator"),
-        "idle_agent_reads": idle.reads("agents"),
-        "idle_registry_tag_resolutions": idle.registry_tags,
-        "idle_registry_other_requests": idle.registry_other,
-        "operator_rss_mib": operator_rss,
-        "operator_peak_rss_mib": operator_hwm,
-        "agents_process_rss_mib": agents_rss,
-        "operator_cpu_secs": operator_cpu,
-        "agents_process_cpu_secs": agents_cpu,
-        "settled_quiet": converge_quiet && change_quiet,
-    });
-    std::fs::write(out, serde_json::to_string_pretty(&figures)?)?;
-    agents.stop(Duration::from_secs(5));
-    operator.stop(Duration::from_secs(5));
+    std::fs::write(out, serde_json::to_string_pretty(&m.figures(&scale))?)?;
+    gkm.agents.stop(Duration::from_secs(5));
+    gkm.operator.stop(Duration::from_secs(5));
     Ok(())
 }
 
@@ -905,7 +985,7 @@ fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
         let show = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
         let ratio = match (b, a) {
             (Some(b), Some(a)) if b > 0.0 => format!("{:.2}", a / b),
-            (Some(_), Some(a)) if a == 0.0 => "=".into(),
+            (Some(_), Some(0.0)) => "=".into(),
             _ => "-".into(),
         };
         println!(
