@@ -55,21 +55,34 @@ case $PROFILE in
   *) echo "PROFILE must be debug or release, not $PROFILE" >&2; exit 2 ;;
 esac
 
-# The harness first: it fails, naming the command that installs it, when a
-# component or the fixture cache is missing.
-(cd "$ROOT" && cargo build -q "${PROFILE_FLAG[@]}" -p gkm-local --example bench_operator)
-BENCH=$CARGO_TARGET_DIR/$PROFILE/examples/bench_operator
-"$BENCH" check
+# One target directory serves both trees, so dependencies build once. The
+# workspace's own crates have the same names in both, and cargo judges them
+# fresh by file times, so they are cleaned before each tree's build.
+WORKSPACE_CRATES=(gkm-core gkm-oci gkm-gpu gkm-k8s gkm-testenv gkm-bin-support gkm-operator gkm-agent gkm-local)
+clean_workspace_crates() {
+  local args=() crate
+  for crate in "${WORKSPACE_CRATES[@]}"; do args+=(-p "$crate"); done
+  (cd "$1" && cargo clean -q "${PROFILE_FLAG[@]}" "${args[@]}")
+}
 
-# Builds the operator and the agents example in TREE and copies them to DEST
-# (one target directory serves both trees, so dependencies build once).
+# Builds the operator and the agents example in TREE and copies them to DEST.
 build_revision() {
   local tree=$1 dest=$2
   mkdir -p "$dest"
+  clean_workspace_crates "$tree"
   (cd "$tree" && cargo build -q "${PROFILE_FLAG[@]}" -p gkm-operator --bin gkm-operator \
     -p gkm-agent --example agents)
   cp "$CARGO_TARGET_DIR/$PROFILE/gkm-operator" "$CARGO_TARGET_DIR/$PROFILE/examples/agents" "$dest/"
 }
+
+# The harness first: it fails, naming the command that installs it, when a
+# component or the fixture cache is missing.
+clean_workspace_crates "$ROOT"
+(cd "$ROOT" && cargo build -q "${PROFILE_FLAG[@]}" -p gkm-local --example bench_operator)
+mkdir -p "$OUT/bin"
+cp "$CARGO_TARGET_DIR/$PROFILE/examples/bench_operator" "$OUT/bin/"
+BENCH=$OUT/bin/bench_operator
+"$BENCH" check
 
 BASE_TREE=$OUT/baseline-tree
 cleanup() {
