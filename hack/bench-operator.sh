@@ -30,8 +30,20 @@
 # (gkm-agent's `agents` example, built at each revision) runs the real agent
 # library once per node, each with a client of its own and the binary's
 # defaults (resync 30s), without GPU telemetry; a thousand agent processes
-# would not fit one machine. The harness itself (gkm-local's
-# `bench_operator` example) is built from the checked-out tree.
+# would not fit one machine. Their stores are on /dev/shm (STORES_DIR): a
+# thousand agents sharing one disk would wait on each other's fsyncs, which
+# no real node does. The harness itself (gkm-local's `bench_operator`
+# example) is built from the checked-out tree.
+#
+# "Writes per stored change" divides the audited writes by the changes the
+# apiserver stored (new resourceVersions, counted by watches): above 1, some
+# writes changed nothing. The operator's stored changes exclude the
+# harness's own (cache creations and spec changes).
+#
+# On 2 shared cores a debug build of NODES=200 CACHES=5 IDLE_SECS=330 takes
+# about 25 minutes for both revisions; at 1000 nodes a debug agents process
+# on 2 cores times out on its connections and backs off, so the full scale
+# wants more cores or PROFILE=release.
 #
 #   hack/bench-operator.sh                            # 1000 nodes, 50 caches, 600 s idle
 #   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench-operator.sh
