@@ -1,0 +1,1039 @@
+//! The operator and agents at scale (run by `hack/bench-operator.sh`): a
+//! real control plane (etcd, kube-apiserver with an audit log), kwok nodes
+//! with simulated GPUs, a real Distribution registry with its access log on,
+//! signed cache images, one gkm operator process and one process running
+//! the real agent library once per node (`gkm-agent`'s `agents` example).
+//!
+//! ```sh
+//! # one revision: its deploy/ tree, operator and agents binaries
+//! bench_operator run TREE OPERATOR AGENTS OUT.json
+//! # the table: figures of both and the ratio after / baseline
+//! bench_operator compare BASELINE.json AFTER.json
+//! # fail, naming the install command, when a component is missing
+//! bench_operator check
+//! ```
+//!
+//! `run` reads NODES (1000), CACHES (50), CHANGED (5), IDLE_SECS (600) and
+//! CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
+//! apart: the agents start (Node labels); CACHES GKMCaches are created and
+//! converge; CHANGED of them get a new image and converge again; then
+//! nothing changes for IDLE_SECS. API requests are read from the
+//! apiserver's audit log (user, verb, resource, subresource of each
+//! request by the operator's and the agents' ServiceAccounts), registry
+//! requests from the registry's access log.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, Seek as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use gkm_local::cosign;
+use gkm_oci::{BuildOptions, ImageRef, RegistryOptions};
+use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Registry};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::json;
+
+/// The fixture cache every image is built from (sm75 kernels).
+const FIXTURE: &str = "triton-vector-add-cuda-sm75";
+/// The namespace of the benchmark's caches.
+const NAMESPACE: &str = "bench";
+/// The operator's and agents' users, as their ServiceAccounts.
+const OPERATOR_USER: &str = "system:serviceaccount:gkm-system:gkm-operator";
+const AGENT_USER: &str = "system:serviceaccount:gkm-system:gkm-agent";
+/// No gkm write for this long after convergence ends a phase.
+const QUIET: Duration = Duration::from_secs(15);
+/// The longest a phase waits for that quiet after converging.
+const SETTLE_MAX: Duration = Duration::from_secs(120);
+
+/// Audit only the operator's and agents' requests, one event per request.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+  users: [\"system:serviceaccount:gkm-system:gkm-operator\", \"system:serviceaccount:gkm-system:gkm-agent\"]
+- level: None
+";
+
+/// The benchmark's size, from the environment.
+struct Scale {
+    nodes: usize,
+    caches: usize,
+    changed: usize,
+    idle: Duration,
+    converge_timeout: Duration,
+}
+
+impl Scale {
+    fn from_env() -> anyhow::Result<Scale> {
+        let var = |name: &str, default: u64| -> anyhow::Result<u64> {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .parse()
+                    .with_context(|| format!("{name}={v:?}: not a whole number")),
+                Err(_) => Ok(default),
+            }
+        };
+        let scale = Scale {
+            nodes: var("NODES", 1000)? as usize,
+            caches: var("CACHES", 50)? as usize,
+            changed: var("CHANGED", 5)? as usize,
+            idle: Duration::from_secs(var("IDLE_SECS", 600)?),
+            converge_timeout: Duration::from_secs(var("CONVERGE_TIMEOUT_SECS", 1800)?),
+        };
+        anyhow::ensure!(scale.nodes >= 10, "NODES must be at least 10");
+        anyhow::ensure!(scale.caches >= 1, "CACHES must be at least 1");
+        anyhow::ensure!(
+            scale.changed <= scale.caches,
+            "CHANGED must be at most CACHES"
+        );
+        Ok(scale)
+    }
+}
+
+/// A node's simulated GPUs: one in ten an AMD MI210 (gfx90a), one in ten
+/// without GPUs, the rest an NVIDIA T4 (sm75), which the CUDA fixture fits.
+fn inventory(index: usize) -> (&'static str, bool) {
+    match index % 10 {
+        3 => ("gpus:\n- profile: MI210\n", false),
+        7 => ("gpus: []\n", false),
+        _ => ("gpus:\n- profile: T4\n", true),
+    }
+}
+
+fn node_name(index: usize) -> String {
+    format!("gpu-{index:04}")
+}
+
+/// Requests counted in one phase.
+#[derive(Default)]
+struct Counts {
+    /// (writer, verb, resource[/subresource]) → requests.
+    api: BTreeMap<(String, String, String), u64>,
+    /// Registry requests: tag resolutions (manifests by tag) and the rest.
+    registry_tags: u64,
+    registry_other: u64,
+    /// Changes the apiserver stored (new resourceVersions, as watched):
+    /// of the caches and of the agents' reports.
+    cache_changes: u64,
+    report_changes: u64,
+}
+
+impl Counts {
+    fn writes(&self, writer: &str, resource: Option<&str>) -> u64 {
+        self.api
+            .iter()
+            .filter(|((w, verb, res), _)| {
+                w == writer && is_write(verb) && resource.is_none_or(|r| res == r)
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn reads(&self, writer: &str) -> u64 {
+        self.api
+            .iter()
+            .filter(|((w, verb, _), _)| w == writer && !is_write(verb))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn print(&self, phase: &str) {
+        eprintln!(
+            "   {phase}: registry {} tag resolutions, {} other requests; stored changes: \
+             {} of caches, {} of node reports",
+            self.registry_tags, self.registry_other, self.cache_changes, self.report_changes
+        );
+        for ((writer, verb, resource), n) in &self.api {
+            eprintln!("   {phase}: {writer:<8} {verb:<8} {resource:<28} {n}");
+        }
+    }
+}
+
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}
+
+/// Where a log file was read up to.
+struct LogMark {
+    path: PathBuf,
+    offset: u64,
+}
+
+impl LogMark {
+    fn at_end(path: &Path) -> anyhow::Result<LogMark> {
+        let offset = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        Ok(LogMark {
+            path: path.to_path_buf(),
+            offset,
+        })
+    }
+
+    /// The whole lines written since the mark; moves the mark past them.
+    fn new_lines(&mut self) -> anyhow::Result<Vec<String>> {
+        let mut file = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.seek(std::io::SeekFrom::Start(self.offset))?;
+        let mut reader = std::io::BufReader::new(file);
+        let mut lines = Vec::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line)? > 0 {
+            if !line.ends_with('\n') {
+                break;
+            }
+            self.offset += line.len() as u64;
+            lines.push(std::mem::take(&mut line));
+        }
+        Ok(lines)
+    }
+}
+
+/// Counts the changes the apiserver stores to objects of `resource`
+/// (every add, modification or deletion a watch sees, not the initial
+/// listing) into `changes`; returns once the watch has listed, with the
+/// task that watches.
+async fn count_changes(
+    client: &kube::Client,
+    resource: ApiResource,
+    changes: Arc<AtomicU64>,
+) -> anyhow::Result<tokio::task::AbortHandle> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let (listed, ready) = tokio::sync::oneshot::channel();
+    let mut listed = Some(listed);
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let task = tokio::spawn(stream.for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                changes.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("watching {}: {e}", resource.plural),
+        }
+        std::future::ready(())
+    }));
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .context("the watch did not list in 30s")??;
+    Ok(task.abort_handle())
+}
+
+fn gkm_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "gkm.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "gkm.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Counts the audit log's and the registry access log's new lines, and
+/// the changes stored to caches and node reports.
+struct Meter {
+    audit: LogMark,
+    registry: LogMark,
+    cache_changes: Arc<AtomicU64>,
+    report_changes: Arc<AtomicU64>,
+    watches: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        for watch in &self.watches {
+            watch.abort();
+        }
+    }
+}
+
+impl Meter {
+    async fn start(client: &kube::Client, audit: &Path, registry: &Path) -> anyhow::Result<Meter> {
+        let cache_changes = Arc::new(AtomicU64::new(0));
+        let report_changes = Arc::new(AtomicU64::new(0));
+        let mut watches = Vec::new();
+        for (kind, plural, counter) in [
+            ("GKMCache", "gkmcaches", &cache_changes),
+            ("ClusterGKMCache", "clustergkmcaches", &cache_changes),
+            ("GKMCacheNode", "gkmcachenodes", &report_changes),
+            (
+                "ClusterGKMCacheNode",
+                "clustergkmcachenodes",
+                &report_changes,
+            ),
+        ] {
+            watches.push(count_changes(client, gkm_resource(kind, plural), counter.clone()).await?);
+        }
+        Ok(Meter {
+            audit: LogMark::at_end(audit)?,
+            registry: LogMark::at_end(registry)?,
+            cache_changes,
+            report_changes,
+            watches,
+        })
+    }
+
+    /// Adds what was logged since the last call to `counts`; returns how
+    /// many gkm writes that was.
+    fn take(&mut self, counts: &mut Counts) -> anyhow::Result<u64> {
+        let mut writes = 0;
+        for line in self.audit.new_lines()? {
+            let event: serde_json::Value =
+                serde_json::from_str(&line).with_context(|| format!("audit log line {line:?}"))?;
+            let writer = match event["user"]["username"].as_str() {
+                Some(OPERATOR_USER) => "operator",
+                Some(AGENT_USER) => "agents",
+                _ => continue,
+            };
+            let verb = event["verb"].as_str().unwrap_or("?").to_string();
+            let object = &event["objectRef"];
+            let mut resource = object["resource"].as_str().unwrap_or("-").to_string();
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            if is_write(&verb) {
+                writes += 1;
+            }
+            *counts
+                .api
+                .entry((writer.to_string(), verb, resource))
+                .or_default() += 1;
+        }
+        for line in self.registry.new_lines()? {
+            match registry_request(&line) {
+                Some(path) if is_tag_resolution(path) => counts.registry_tags += 1,
+                Some(_) => counts.registry_other += 1,
+                None => {}
+            }
+        }
+        counts.cache_changes += self.cache_changes.swap(0, Ordering::Relaxed);
+        counts.report_changes += self.report_changes.swap(0, Ordering::Relaxed);
+        Ok(writes)
+    }
+}
+
+/// The path of an access log line's request (`"GET /v2/... HTTP/1.1"`).
+fn registry_request(line: &str) -> Option<&str> {
+    let request = line.split('"').nth(1)?;
+    let mut parts = request.split(' ');
+    let method = parts.next()?;
+    let path = parts.next()?;
+    (matches!(method, "GET" | "HEAD" | "PUT" | "POST" | "PATCH" | "DELETE")
+        && path.starts_with("/v2/"))
+    .then_some(path)
+}
+
+/// A manifest request by tag (not by digest, not a `sha256-…` signature tag).
+fn is_tag_resolution(path: &str) -> bool {
+    path.rsplit_once("/manifests/")
+        .is_some_and(|(_, reference)| !reference.starts_with("sha256"))
+}
+
+/// One revision's stack.
+struct Bench {
+    _registry: Registry,
+    plane: ControlPlane,
+    _kwok: Kwok,
+    client: kube::Client,
+    registry_addr: String,
+    audit_log: PathBuf,
+    registry_log: PathBuf,
+}
+
+impl Bench {
+    async fn start(dir: &Path, tree: &Path) -> anyhow::Result<Bench> {
+        let policy = dir.join("audit-policy.yaml");
+        std::fs::write(&policy, AUDIT_POLICY)?;
+        let audit_log = dir.join("audit.log");
+        let options = ControlPlaneOptions {
+            apiserver_args: vec![
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", audit_log.display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+                "--audit-log-maxsize=0".into(),
+            ],
+            controller_manager: true,
+            ..ControlPlaneOptions::default()
+        };
+        let plane = ControlPlane::start_in_dir(dir, options).await?;
+        let deploy = tree.join("deploy");
+        let mut crds = Vec::new();
+        for entry in std::fs::read_dir(deploy.join("crds"))? {
+            let path = entry?.path();
+            let text = std::fs::read_to_string(&path)?;
+            let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
+                .with_context(|| format!("{}: not a CRD", path.display()))?;
+            crds.push(crd);
+        }
+        plane.install_crds(&crds).await?;
+        plane.apply_file(&deploy.join("namespace.yaml")).await?;
+        for file in ["operator.yaml", "agent.yaml"] {
+            plane.apply_file(&deploy.join("rbac").join(file)).await?;
+        }
+        plane.ensure_namespace(NAMESPACE).await?;
+        let kwok = Kwok::start(&plane)?;
+        let registry_dir = dir.join("registry");
+        std::fs::create_dir_all(&registry_dir)?;
+        let registry = Registry::start_in_dir(&registry_dir)?;
+        Ok(Bench {
+            client: plane.client().await?,
+            registry_addr: registry.addr().to_string(),
+            registry_log: registry.root().join("registry.log"),
+            _registry: registry,
+            plane,
+            _kwok: kwok,
+            audit_log,
+        })
+    }
+
+    /// Creates the kwok Nodes and their agents' directories under `nodes_dir`.
+    async fn create_nodes(&self, count: usize, nodes_dir: &Path) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut pending = tokio::task::JoinSet::new();
+        for index in 0..count {
+            let name = node_name(index);
+            let node_dir = nodes_dir.join(&name);
+            std::fs::create_dir_all(node_dir.join("store"))?;
+            std::fs::write(node_dir.join("gpus.yaml"), inventory(index).0)?;
+            let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {
+                    "name": name,
+                    "labels": {"type": "kwok", "kubernetes.io/hostname": name},
+                    "annotations": {gkm_testenv::KWOK_NODE_ANNOTATION: "fake"},
+                },
+                "status": {"capacity": resources, "allocatable": resources},
+            }))?;
+            let nodes = nodes.clone();
+            pending.spawn(async move { nodes.create(&PostParams::default(), &node).await });
+            if pending.len() >= 16 {
+                pending.join_next().await.transpose()?.transpose()?;
+            }
+        }
+        while let Some(done) = pending.join_next().await {
+            done??;
+        }
+        Ok(())
+    }
+
+    /// Builds the CUDA fixture into `repository:tag` with its own title (so
+    /// its own digest), signs it with `key` and returns the digest.
+    async fn push(
+        &self,
+        repository: &str,
+        tag: &str,
+        title: &str,
+        key: &cosign::CosignKey,
+    ) -> anyhow::Result<String> {
+        let reference = format!("{}/{repository}:{tag}", self.registry_addr);
+        let dest: ImageRef = reference.parse()?;
+        let build = BuildOptions {
+            title: Some(title.into()),
+            ..BuildOptions::default()
+        };
+        let registry = RegistryOptions {
+            insecure: true,
+            ..RegistryOptions::default()
+        };
+        let fixture = gkm_local::fixture(FIXTURE);
+        let built = gkm_oci::build(&fixture, &dest, &build, &registry)
+            .await
+            .with_context(|| format!("building {} into {reference}", fixture.display()))?;
+        let digest = built.digest.to_string();
+        let key = key.clone();
+        let signed = format!("{}/{repository}@{digest}", self.registry_addr);
+        tokio::task::spawn_blocking(move || cosign::sign(&key, &signed)).await??;
+        Ok(digest)
+    }
+
+    fn caches(&self) -> Api<DynamicObject> {
+        let resource = gkm_resource("GKMCache", "gkmcaches");
+        Api::namespaced_with(self.client.clone(), NAMESPACE, &resource)
+    }
+
+    /// Creates a GKMCache per `images` entry (`bench/NAME:v1`), its
+    /// signature policy naming `key`.
+    async fn create_caches(
+        &self,
+        images: &BTreeMap<String, String>,
+        key: &cosign::CosignKey,
+    ) -> anyhow::Result<()> {
+        let signature = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
+        for name in images.keys() {
+            let cache: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "gkm.io/v1alpha1",
+                "kind": "GKMCache",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {
+                    "image": format!("{}/bench/{name}:v1", self.registry_addr),
+                    "signature": signature,
+                },
+            }))?;
+            self.caches().create(&PostParams::default(), &cache).await?;
+        }
+        Ok(())
+    }
+
+    /// Points the caches of `images` at their `:v2` tag.
+    async fn move_caches(&self, images: &BTreeMap<String, String>) -> anyhow::Result<()> {
+        for name in images.keys() {
+            let image = format!("{}/bench/{name}:v2", self.registry_addr);
+            let patch = json!({"spec": {"image": image}});
+            self.caches()
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every cache of `expected` (name → digest) reports its
+    /// digest resolved, every node counted and every compatible node
+    /// holding it extracted.
+    async fn converge(
+        &self,
+        expected: &BTreeMap<String, String>,
+        scale: &Scale,
+        compatible: usize,
+        gkm: &mut Gkm,
+    ) -> anyhow::Result<()> {
+        let (nodes, timeout) = (scale.nodes, scale.converge_timeout);
+        let deadline = Instant::now() + timeout;
+        let mut last_report = Instant::now();
+        loop {
+            gkm.check_running()?;
+            let list = self.caches().list(&ListParams::default()).await?;
+            let mut done = 0;
+            let mut behind = String::new();
+            for cache in &list.items {
+                let name = cache.metadata.name.clone().unwrap_or_default();
+                let Some(digest) = expected.get(&name) else {
+                    continue;
+                };
+                let status = &cache.data["status"];
+                let counts = &status["counts"];
+                let count = |field: &str| counts[field].as_u64().unwrap_or(0) as usize;
+                let extracted = count("nodeNotInUseCnt") + count("nodeInUseCnt");
+                if status["resolvedDigest"].as_str() == Some(digest.as_str())
+                    && count("nodeCnt") == nodes
+                    && extracted == compatible
+                {
+                    done += 1;
+                } else if behind.is_empty() {
+                    behind = format!("{name}: {counts}");
+                }
+            }
+            if done == expected.len() {
+                return Ok(());
+            }
+            if last_report.elapsed() > Duration::from_secs(30) {
+                eprintln!("   {done}/{} converged; {behind}", expected.len());
+                last_report = Instant::now();
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {done} of {} caches converged in {timeout:?}; {behind}",
+                expected.len()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Counts until no gkm write came for [`QUIET`] (at most [`SETTLE_MAX`]);
+/// returns whether it got quiet.
+async fn settle(meter: &mut Meter, counts: &mut Counts) -> anyhow::Result<bool> {
+    let began = Instant::now();
+    let mut last_write = Instant::now();
+    loop {
+        if meter.take(counts)? > 0 {
+            last_write = Instant::now();
+        }
+        if last_write.elapsed() >= QUIET {
+            return Ok(true);
+        }
+        if began.elapsed() >= SETTLE_MAX {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Where the nodes' stores go: `STORES_DIR`, else `/dev/shm` where there is
+/// one. A thousand agents sharing one disk would wait on each other's
+/// fsyncs, which no real node does.
+fn stores_root() -> PathBuf {
+    match std::env::var_os("STORES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
+        None => std::env::temp_dir(),
+    }
+}
+
+/// The CPU time `pid` used so far (user and system), in seconds.
+fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name: state is the first, utime the 12th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        let field = fields
+            .get(i)
+            .with_context(|| format!("/proc/{pid}/stat: too short"))?;
+        Ok(field.parse::<f64>()?)
+    };
+    // Linux counts in USER_HZ, 100 per second.
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// VmRSS and VmHWM of `pid`, in MiB.
+fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<f64> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
+        let kib: f64 = line
+            .trim_start_matches(name)
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kib / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Builds CACHES images (`bench/cache-NN:v1`) and, for the first CHANGED,
+/// another (`:v2`), all signed with `key`; returns name → digest of each set.
+async fn push_images(
+    bench: &Bench,
+    scale: &Scale,
+    key: &cosign::CosignKey,
+) -> anyhow::Result<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+    let mut first = BTreeMap::new();
+    let mut second = BTreeMap::new();
+    for i in 0..scale.caches {
+        let name = format!("cache-{i:02}");
+        let repository = format!("bench/{name}");
+        let digest = bench.push(&repository, "v1", &name, key).await?;
+        first.insert(name.clone(), digest);
+        if i < scale.changed {
+            let digest = bench
+                .push(&repository, "v2", &format!("{name}-v2"), key)
+                .await?;
+            second.insert(name, digest);
+        }
+    }
+    Ok((first, second))
+}
+
+/// gkm's processes: the agents (one process) and the operator.
+struct Gkm {
+    agents: Process,
+    operator: Process,
+}
+
+impl Gkm {
+    /// Starts the agents of the nodes under `nodes_dir` and the operator, as
+    /// their ServiceAccounts, logging into `dir`.
+    fn start(
+        bench: &Bench,
+        dir: &Path,
+        nodes_dir: &Path,
+        operator: &Path,
+        agents: &Path,
+    ) -> anyhow::Result<Gkm> {
+        let plane = &bench.plane;
+        let mut cmd = Command::new(agents);
+        cmd.arg(plane.kubeconfig_for_service_account("gkm-system", "gkm-agent")?)
+            .arg(nodes_dir)
+            .env("GKM_LOG", "warn");
+        let agents = Process::spawn("agents", cmd, &dir.join("agents.log"))?;
+        let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-operator")?;
+        let mut cmd = Command::new(operator);
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--metrics-addr=127.0.0.1:0")
+            .arg("--insecure-registry")
+            .env("GKM_LOG", "info,kube=warn");
+        let operator = Process::spawn("gkm-operator", cmd, &dir.join("operator.log"))?;
+        Ok(Gkm { agents, operator })
+    }
+
+    fn check_running(&mut self) -> anyhow::Result<()> {
+        self.agents.check_running()?;
+        self.operator.check_running()
+    }
+
+    /// Counts into `counts` until every node's agent labelled its Node.
+    async fn wait_for_labels(
+        &mut self,
+        meter: &mut Meter,
+        counts: &mut Counts,
+        scale: &Scale,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + scale.converge_timeout;
+        loop {
+            self.check_running()?;
+            meter.take(counts)?;
+            let labelled = counts.writes("agents", Some("nodes"));
+            if labelled >= scale.nodes as u64 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {labelled} Node label writes by the agents in {:?}:\n{}",
+                scale.converge_timeout,
+                self.agents.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Counts into `counts` for `how_long`, nothing changing.
+    async fn idle(
+        &mut self,
+        meter: &mut Meter,
+        counts: &mut Counts,
+        how_long: Duration,
+    ) -> anyhow::Result<()> {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            self.check_running()?;
+            meter.take(counts)?;
+            tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        }
+        meter.take(counts)?;
+        Ok(())
+    }
+}
+
+/// What one run measured.
+#[derive(Default)]
+struct Measured {
+    start: Counts,
+    converge: Counts,
+    change: Counts,
+    idle: Counts,
+    converge_secs: f64,
+    change_secs: f64,
+    settled_quiet: bool,
+    operator_rss_mib: f64,
+    operator_peak_rss_mib: f64,
+    operator_cpu_secs: f64,
+    agents_rss_mib: f64,
+    agents_cpu_secs: f64,
+}
+
+impl Measured {
+    /// The figures `compare` reads, by name.
+    fn figures(&self, scale: &Scale) -> serde_json::Value {
+        let per = |n: u64, objects: usize| n as f64 / objects.max(1) as f64;
+        let cache_writes = |c: &Counts| {
+            [
+                "gkmcaches",
+                "gkmcaches/status",
+                "clustergkmcaches",
+                "clustergkmcaches/status",
+            ]
+            .iter()
+            .map(|r| c.writes("operator", Some(r)))
+            .sum::<u64>()
+        };
+        let report_writes = |c: &Counts| {
+            [
+                "gkmcachenodes",
+                "gkmcachenodes/status",
+                "clustergkmcachenodes",
+                "clustergkmcachenodes/status",
+            ]
+            .iter()
+            .map(|r| c.writes("agents", Some(r)))
+            .sum::<u64>()
+        };
+        // The cache changes the operator made: those stored, less the
+        // harness's own (one create per cache, one spec change per changed
+        // cache).
+        let operator_changes = |c: &Counts, own: usize| c.cache_changes.saturating_sub(own as u64);
+        let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
+        let (start, converge, change, idle) =
+            (&self.start, &self.converge, &self.change, &self.idle);
+        json!({
+            "nodes": scale.nodes,
+            "caches": scale.caches,
+            "changed": scale.changed,
+            "idle_secs": scale.idle.as_secs(),
+            "converge_secs": self.converge_secs,
+            "change_secs": self.change_secs,
+            "agent_label_writes_per_node": per(start.writes("agents", Some("nodes")), scale.nodes),
+            "converge_operator_writes": converge.writes("operator", None),
+            "converge_operator_cache_writes_per_cache": per(cache_writes(converge), scale.caches),
+            "converge_operator_cache_writes_per_stored_change": ratio(
+                cache_writes(converge),
+                operator_changes(converge, scale.caches),
+            ),
+            "converge_operator_events": converge.writes("operator", Some("events")),
+            "converge_agent_writes": converge.writes("agents", None),
+            "converge_agent_report_writes_per_node": per(report_writes(converge), scale.nodes),
+            "converge_agent_report_writes_per_stored_change": ratio(
+                report_writes(converge),
+                converge.report_changes,
+            ),
+            "converge_agent_events": converge.writes("agents", Some("events")),
+            "converge_registry_requests": converge.registry_tags + converge.registry_other,
+            "change_operator_writes": change.writes("operator", None),
+            "change_operator_cache_writes_per_changed_cache": per(cache_writes(change), scale.changed),
+            "change_operator_cache_writes_per_stored_change": ratio(
+                cache_writes(change),
+                operator_changes(change, scale.changed),
+            ),
+            "change_agent_writes": change.writes("agents", None),
+            "change_agent_report_writes_per_node": per(report_writes(change), scale.nodes),
+            "change_agent_report_writes_per_stored_change": ratio(
+                report_writes(change),
+                change.report_changes,
+            ),
+            "change_registry_requests": change.registry_tags + change.registry_other,
+            "idle_operator_writes": idle.writes("operator", None),
+            "idle_agent_writes": idle.writes("agents", None),
+            "idle_operator_reads": idle.reads("operator"),
+            "idle_agent_reads": idle.reads("agents"),
+            "idle_registry_tag_resolutions": idle.registry_tags,
+            "idle_registry_other_requests": idle.registry_other,
+            "operator_rss_mib": self.operator_rss_mib,
+            "operator_peak_rss_mib": self.operator_peak_rss_mib,
+            "agents_process_rss_mib": self.agents_rss_mib,
+            "operator_cpu_secs": self.operator_cpu_secs,
+            "agents_process_cpu_secs": self.agents_cpu_secs,
+            "settled_quiet": self.settled_quiet,
+        })
+    }
+}
+
+/// Runs the benchmark on one revision and writes its figures to `out`.
+async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow::Result<()> {
+    let scale = Scale::from_env()?;
+    let began = Instant::now();
+    let tempdir = tempfile::Builder::new()
+        .prefix("gkm-bench-operator-")
+        .tempdir()?;
+    let dir = tempdir.path();
+    let bench = Bench::start(dir, tree).await?;
+    let stores = tempfile::Builder::new()
+        .prefix("gkm-bench-operator-nodes-")
+        .tempdir_in(stores_root())?;
+    bench.create_nodes(scale.nodes, stores.path()).await?;
+    let compatible = (0..scale.nodes).filter(|&i| inventory(i).1).count();
+    eprintln!(
+        "== {} kwok nodes ({compatible} with an sm75 GPU) in {:.0?}",
+        scale.nodes,
+        began.elapsed()
+    );
+    let key = cosign::generate_key_pair(&dir.join("cosign"))?;
+    let (first, second) = push_images(&bench, &scale, &key).await?;
+    eprintln!(
+        "== {} signed images pushed in {:.0?}",
+        scale.caches + scale.changed,
+        began.elapsed()
+    );
+
+    let mut meter = Meter::start(&bench.client, &bench.audit_log, &bench.registry_log).await?;
+    let mut m = Measured::default();
+    // Phase 1: the agents and the operator start; no cache yet.
+    let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents)?;
+    gkm.wait_for_labels(&mut meter, &mut m.start, &scale)
+        .await?;
+    settle(&mut meter, &mut m.start).await?;
+    eprintln!("== agents and operator up in {:.0?}", began.elapsed());
+
+    // Phase 2: the caches are created and converge.
+    let created = Instant::now();
+    bench.create_caches(&first, &key).await?;
+    bench.converge(&first, &scale, compatible, &mut gkm).await?;
+    m.converge_secs = created.elapsed().as_secs_f64();
+    let converge_quiet = settle(&mut meter, &mut m.converge).await?;
+    eprintln!(
+        "== {} caches converged in {:.1}s (quiet after: {converge_quiet})",
+        scale.caches, m.converge_secs
+    );
+
+    // Phase 3: CHANGED caches move to a new image.
+    let changed = Instant::now();
+    bench.move_caches(&second).await?;
+    let mut expected = first.clone();
+    expected.extend(second.clone());
+    bench
+        .converge(&expected, &scale, compatible, &mut gkm)
+        .await?;
+    m.change_secs = changed.elapsed().as_secs_f64();
+    let change_quiet = settle(&mut meter, &mut m.change).await?;
+    m.settled_quiet = converge_quiet && change_quiet;
+    eprintln!(
+        "== {} changed caches converged in {:.1}s (quiet after: {change_quiet})",
+        scale.changed, m.change_secs
+    );
+
+    // Phase 4: nothing changes.
+    gkm.idle(&mut meter, &mut m.idle, scale.idle).await?;
+    (m.operator_rss_mib, m.operator_peak_rss_mib) = memory_mib(gkm.operator.pid())?;
+    (m.agents_rss_mib, _) = memory_mib(gkm.agents.pid())?;
+    m.operator_cpu_secs = cpu_secs(gkm.operator.pid())?;
+    m.agents_cpu_secs = cpu_secs(gkm.agents.pid())?;
+    eprintln!(
+        "== idle {:?} done; whole run {:.0?}",
+        scale.idle,
+        began.elapsed()
+    );
+    for (phase, counts) in [
+        ("start", &m.start),
+        ("converge", &m.converge),
+        ("change", &m.change),
+        ("idle", &m.idle),
+    ] {
+        counts.print(phase);
+    }
+    std::fs::write(out, serde_json::to_string_pretty(&m.figures(&scale))?)?;
+    gkm.agents.stop(Duration::from_secs(5));
+    gkm.operator.stop(Duration::from_secs(5));
+    Ok(())
+}
+
+/// The rows of the table: figure, what "after" should meet.
+const ROWS: &[(&str, &str)] = &[
+    ("converge_secs", ""),
+    ("change_secs", ""),
+    ("agent_label_writes_per_node", "<= 1"),
+    ("converge_operator_writes", ""),
+    ("converge_operator_cache_writes_per_cache", ""),
+    ("converge_operator_cache_writes_per_stored_change", "<= 1"),
+    ("converge_operator_events", ""),
+    ("converge_agent_writes", ""),
+    ("converge_agent_report_writes_per_node", ""),
+    ("converge_agent_report_writes_per_stored_change", "<= 1"),
+    ("converge_agent_events", ""),
+    ("converge_registry_requests", ""),
+    ("change_operator_writes", ""),
+    ("change_operator_cache_writes_per_changed_cache", ""),
+    ("change_operator_cache_writes_per_stored_change", "<= 1"),
+    ("change_agent_writes", ""),
+    ("change_agent_report_writes_per_node", ""),
+    ("change_agent_report_writes_per_stored_change", "<= 1"),
+    ("change_registry_requests", ""),
+    ("idle_operator_writes", "0"),
+    ("idle_agent_writes", "0"),
+    ("idle_operator_reads", ""),
+    ("idle_agent_reads", ""),
+    (
+        "idle_registry_tag_resolutions",
+        "periodic re-resolution only",
+    ),
+    ("idle_registry_other_requests", "0"),
+    ("operator_rss_mib", "< 100"),
+    ("operator_peak_rss_mib", "< 100"),
+    ("agents_process_rss_mib", ""),
+    ("operator_cpu_secs", ""),
+    ("agents_process_cpu_secs", ""),
+];
+
+fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
+    let read = |path: &Path| -> anyhow::Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    };
+    let (base, new) = (read(baseline)?, read(after)?);
+    for key in ["nodes", "caches", "changed", "idle_secs"] {
+        anyhow::ensure!(
+            base[key] == new[key],
+            "the runs differ in {key}: {} and {}",
+            base[key],
+            new[key]
+        );
+    }
+    println!(
+        "nodes {}, caches {}, changed {}, idle {} s; settled quietly: baseline {}, after {}",
+        new["nodes"],
+        new["caches"],
+        new["changed"],
+        new["idle_secs"],
+        base["settled_quiet"],
+        new["settled_quiet"]
+    );
+    println!(
+        "{:<48} {:>12} {:>12} {:>8}  target (after)",
+        "figure", "baseline", "after", "ratio"
+    );
+    for (key, target) in ROWS {
+        let (b, a) = (base[key].as_f64(), new[key].as_f64());
+        let show = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+        let ratio = match (b, a) {
+            (Some(b), Some(a)) if b > 0.0 => format!("{:.2}", a / b),
+            (Some(_), Some(0.0)) => "=".into(),
+            _ => "-".into(),
+        };
+        println!(
+            "{key:<48} {:>12} {:>12} {ratio:>8}  {target}",
+            show(b),
+            show(a)
+        );
+    }
+    Ok(())
+}
+
+/// Fails, naming the command that installs it, when a component or the
+/// fixture cache is missing.
+fn check() -> anyhow::Result<()> {
+    use gkm_testenv::Component;
+    for component in [
+        Component::Etcd,
+        Component::KubeApiserver,
+        Component::KubeControllerManager,
+        Component::Kwok,
+        Component::Registry,
+        Component::CosignV3,
+    ] {
+        gkm_testenv::find_binary(component)?;
+    }
+    let fixture = gkm_local::fixture(FIXTURE);
+    anyhow::ensure!(
+        fixture.is_dir(),
+        "the fixture cache {} is missing",
+        fixture.display()
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let usage = "usage: bench_operator check | run TREE OPERATOR AGENTS OUT.json | compare BASELINE.json AFTER.json";
+    match args.first().and_then(|a| a.to_str()) {
+        Some("check") if args.len() == 1 => check(),
+        Some("run") if args.len() == 5 => {
+            check()?;
+            // The registry logs every request (Distribution reads its
+            // configuration's overrides from the environment).
+            // SAFETY: set before any thread is started.
+            unsafe { std::env::set_var("REGISTRY_LOG_ACCESSLOG_DISABLED", "false") };
+            tokio::runtime::Runtime::new()?.block_on(run(&args[1], &args[2], &args[3], &args[4]))
+        }
+        Some("compare") if args.len() == 3 => compare(&args[1], &args[2]),
+        _ => anyhow::bail!("{usage}"),
+    }
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Benchmark gkm's operator and agents at scale, against a baseline revision.
+#
+# The same scenario runs twice, each on a fresh real control plane (etcd,
+# kube-apiserver with an audit log of the operator's and agents' requests,
+# kube-controller-manager, kwok) and a real Distribution registry with its
+# access log on: first on the BASELINE revision, then on the checked-out
+# tree ("after"). NODES kwok nodes get simulated GPUs (8 in 10 an NVIDIA T4,
+# sm75, which the CUDA fixture cache fits; 1 in 10 an AMD MI210; 1 in 10
+# none). CACHES distinct images of the fixture (one title each, so one digest
+# each) are pushed and signed with cosign (a throwaway key, the caches'
+# policy names it: Enforce, the operator's default). Then:
+#
+#   start     the operator and the agents start (Node labels)
+#   converge  CACHES GKMCaches are created; timed until every cache reports
+#             its digest, every node counted and every sm75 node extracted
+#   change    CHANGED caches get a new image (spec.image to a new tag); timed
+#             the same way
+#   idle      nothing changes for IDLE_SECS
+#
+# and prints, per figure, baseline, after, the ratio after / baseline and the
+# target: API writes by writer (audit log: the operator's and the agents'
+# ServiceAccounts) per phase and per changed object, registry requests per
+# phase (access log; tag resolutions apart while idle), time to converge,
+# and the operator's RSS (VmRSS, VmHWM) at the end.
+#
+# The operator runs as its binary, built at each revision, with its default
+# flags (resolve interval 5m: an idle window of 600 s sees each tag
+# resolved again about twice). The agents run in-process: one process
+# (gkm-agent's `agents` example, built at each revision) runs the real agent
+# library once per node, each with a client of its own and the binary's
+# defaults (resync 30s), without GPU telemetry; a thousand agent processes
+# would not fit one machine. Their stores are on /dev/shm (STORES_DIR): a
+# thousand agents sharing one disk would wait on each other's fsyncs, which
+# no real node does. The harness itself (gkm-local's `bench_operator`
+# example) is built from the checked-out tree.
+#
+# "Writes per stored change" divides the audited writes by the changes the
+# apiserver stored (new resourceVersions, counted by watches): above 1, some
+# writes changed nothing. The operator's stored changes exclude the
+# harness's own (cache creations and spec changes).
+#
+# On 2 shared cores a debug build of NODES=200 CACHES=5 IDLE_SECS=330 takes
+# about 25 minutes for both revisions; at 1000 nodes a debug agents process
+# on 2 cores times out on its connections and backs off, so the full scale
+# wants more cores or PROFILE=release.
+#
+#   hack/bench-operator.sh                            # 1000 nodes, 50 caches, 600 s idle
+#   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench-operator.sh
+#   BASELINE=766230b PROFILE=release hack/bench-operator.sh
+#
+# Needs the real components (hack/components.sh: etcd, kubernetes, kwok,
+# debian for the registry, cosign) and the fixture caches.
+set -euo pipefail
+
+export NODES=${NODES:-1000} CACHES=${CACHES:-50} CHANGED=${CHANGED:-5}
+export IDLE_SECS=${IDLE_SECS:-600}
+BASELINE=${BASELINE:-766230b}
+PROFILE=${PROFILE:-debug}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+OUT=${OUT:-$(mktemp -d /tmp/gkm-bench-operator.XXXXXX)}
+
+case $PROFILE in
+  debug) PROFILE_FLAG=() ;;
+  release) PROFILE_FLAG=(--release) ;;
+  *) echo "PROFILE must be debug or release, not $PROFILE" >&2; exit 2 ;;
+esac
+
+# One target directory serves both trees, so dependencies build once. The
+# workspace's own crates have the same names in both, and cargo judges them
+# fresh by file times, so they are cleaned before each tree's build.
+WORKSPACE_CRATES=(gkm-core gkm-oci gkm-gpu gkm-k8s gkm-testenv gkm-bin-support gkm-operator gkm-agent gkm-local)
+clean_workspace_crates() {
+  local args=() crate
+  for crate in "${WORKSPACE_CRATES[@]}"; do args+=(-p "$crate"); done
+  (cd "$1" && cargo clean -q "${PROFILE_FLAG[@]}" "${args[@]}")
+}
+
+# Builds the operator and the agents example in TREE and copies them to DEST.
+build_revision() {
+  local tree=$1 dest=$2
+  mkdir -p "$dest"
+  clean_workspace_crates "$tree"
+  (cd "$tree" && cargo build -q "${PROFILE_FLAG[@]}" -p gkm-operator --bin gkm-operator \
+    -p gkm-agent --example agents)
+  cp "$CARGO_TARGET_DIR/$PROFILE/gkm-operator" "$CARGO_TARGET_DIR/$PROFILE/examples/agents" "$dest/"
+}
+
+# The harness first: it fails, naming the command that installs it, when a
+# component or the fixture cache is missing.
+clean_workspace_crates "$ROOT"
+(cd "$ROOT" && cargo build -q "${PROFILE_FLAG[@]}" -p gkm-local --example bench_operator)
+mkdir -p "$OUT/bin"
+cp "$CARGO_TARGET_DIR/$PROFILE/examples/bench_operator" "$OUT/bin/"
+BENCH=$OUT/bin/bench_operator
+"$BENCH" check
+
+BASE_TREE=$OUT/baseline-tree
+cleanup() {
+  git -C "$ROOT" worktree remove --force "$BASE_TREE" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "== building the baseline ($BASELINE) and the checked-out tree ($PROFILE)" >&2
+git -C "$ROOT" worktree add --detach -q "$BASE_TREE" "$BASELINE"
+# The agents driver, as this tree has it (it uses only AgentConfig::new and
+# agent::run, which the baseline has too).
+mkdir -p "$BASE_TREE/bins/gkm-agent/examples"
+cp "$ROOT/bins/gkm-agent/examples/agents.rs" "$BASE_TREE/bins/gkm-agent/examples/"
+build_revision "$BASE_TREE" "$OUT/bin/baseline"
+build_revision "$ROOT" "$OUT/bin/after"
+
+began=$(date +%s)
+for revision in baseline after; do
+  tree=$ROOT
+  [[ $revision == baseline ]] && tree=$BASE_TREE
+  echo "== $revision: $NODES nodes, $CACHES caches, $CHANGED changed, idle ${IDLE_SECS}s" >&2
+  "$BENCH" run "$tree" "$OUT/bin/$revision/gkm-operator" "$OUT/bin/$revision/agents" \
+    "$OUT/$revision.json"
+done
+echo "== baseline $BASELINE, after $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . || echo '+changes'); $(( $(date +%s) - began )) s; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+"$BENCH" compare "$OUT/baseline.json" "$OUT/after.json"
+echo "(figures: $OUT/baseline.json, $OUT/after.json)" >&2
