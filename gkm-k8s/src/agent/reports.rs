@@ -30,6 +30,9 @@ pub(super) struct NodeReports {
     written: HashMap<Option<String>, CacheNodeStatus>,
     /// Namespaces holding a report of this node, found at start.
     discovered: bool,
+    /// The reports whose object (name, owner) this process has applied:
+    /// from then on only their status is written.
+    applied: HashSet<Option<String>>,
     /// The Node's uid: reports are owned by their Node, so they go when it
     /// goes (where the garbage collector runs).
     node_uid: Option<String>,
@@ -43,6 +46,7 @@ impl NodeReports {
             gpus,
             written: HashMap::new(),
             discovered: false,
+            applied: HashSet::new(),
             node_uid: None,
         }
     }
@@ -54,6 +58,7 @@ impl NodeReports {
             self.node_uid = uid;
             // Write every report again, with its owner.
             self.written.clear();
+            self.applied.clear();
             self.discovered = false;
         }
     }
@@ -83,16 +88,32 @@ impl NodeReports {
             if self.written.get(scope) == Some(&status) {
                 continue;
             }
-            match scope {
+            let with_object = !self.applied.contains(scope);
+            let written = match scope {
                 Some(ns) => {
-                    self.apply::<GKMCacheNode>(Api::namespaced(self.client.clone(), ns), &status)
-                        .await?
+                    self.apply::<GKMCacheNode>(
+                        Api::namespaced(self.client.clone(), ns),
+                        &status,
+                        with_object,
+                    )
+                    .await
                 }
                 None => {
-                    self.apply::<ClusterGKMCacheNode>(Api::all(self.client.clone()), &status)
-                        .await?
+                    self.apply::<ClusterGKMCacheNode>(
+                        Api::all(self.client.clone()),
+                        &status,
+                        with_object,
+                    )
+                    .await
                 }
+            };
+            if let Err(e) = written {
+                // The report may have been deleted behind this process: the
+                // next write applies its object again.
+                self.applied.remove(scope);
+                return Err(e);
             }
+            self.applied.insert(scope.clone());
             self.written.insert(scope.clone(), status);
         }
         let stale: Vec<Option<String>> = self
@@ -113,6 +134,7 @@ impl NodeReports {
                 }
             }
             self.written.remove(&scope);
+            self.applied.remove(&scope);
         }
         Ok(())
     }
@@ -132,7 +154,10 @@ impl NodeReports {
         Ok(())
     }
 
-    async fn apply<K>(&self, api: Api<K>, status: &CacheNodeStatus) -> Result<()>
+    /// Applies the report's status, and first its object (name, owner)
+    /// when `with_object`: the object does not change between writes, so it
+    /// is applied once per process rather than with every status.
+    async fn apply<K>(&self, api: Api<K>, status: &CacheNodeStatus, with_object: bool) -> Result<()>
     where
         K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     {
@@ -143,10 +168,11 @@ impl NodeReports {
             metadata["ownerReferences"] =
                 json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid }]);
         }
-        let object =
-            json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": {} });
-        api.patch(&self.node, &params, &Patch::Apply(&object))
-            .await?;
+        if with_object {
+            let object = json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": {} });
+            api.patch(&self.node, &params, &Patch::Apply(&object))
+                .await?;
+        }
         let status = json!({ "apiVersion": api_version, "kind": kind, "status": status });
         api.patch_status(&self.node, &params, &Patch::Apply(&status))
             .await?;

@@ -12,6 +12,7 @@
 
 mod conditions;
 pub mod metrics;
+mod pending_writes;
 mod reconcile;
 mod report_index;
 pub mod resolutions;
@@ -90,6 +91,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Tag resolutions, reused within each cache's resolve interval.
     pub resolutions: resolutions::Resolutions,
+    /// Status writes the controllers' caches do not show yet.
+    pub pending_writes: pending_writes::PendingWrites,
 }
 
 /// Runs both controllers until the process is asked to stop.
@@ -110,6 +113,7 @@ pub async fn run(
         verifier,
         metrics,
         resolutions: resolutions::Resolutions::default(),
+        pending_writes: pending_writes::PendingWrites::default(),
     });
     futures::join!(
         controller::<GKMCache>(ctx.clone()),

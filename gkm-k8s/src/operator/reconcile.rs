@@ -169,6 +169,8 @@ async fn cleanup<K: CacheObject>(
         )));
     }
     info!(cache = %key, "no node uses or reports the cache; releasing it");
+    ctx.pending_writes
+        .forget(cache.uid().as_deref().unwrap_or_default());
     Ok(Action::await_change())
 }
 
@@ -258,7 +260,8 @@ async fn write_status<K: CacheObject>(
     mut new: CacheStatus,
 ) -> Result<()> {
     new.last_updated = old.last_updated.clone();
-    if &new == old {
+    let uid = cache.uid().unwrap_or_default();
+    if &new == old || ctx.pending_writes.repeats(&uid, old, &new) {
         return Ok(());
     }
     if new.state != old.state {
@@ -291,6 +294,7 @@ async fn write_status<K: CacheObject>(
         &Patch::Apply(&body),
     )
     .await?;
+    ctx.pending_writes.record(&uid, old, &new);
     ctx.metrics.status_written();
     Ok(())
 }
