@@ -274,26 +274,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-
-    fn digest(n: u8) -> Digest {
-        Digest::of(&[n])
-    }
-
-    fn ns_key(ns: &str, name: &str) -> CacheKey {
-        CacheKey {
-            scope: Scope::Namespaced,
-            namespace: Some(ns.into()),
-            name: name.into(),
-        }
-    }
-
-    fn cluster_key(name: &str) -> CacheKey {
-        CacheKey {
-            scope: Scope::Cluster,
-            namespace: None,
-            name: name.into(),
-        }
-    }
+    use crate::node_files::test_keys::{cluster_key, digest, ns_key};
 
     #[test]
     fn index_round_trip_and_layout() {

@@ -64,3 +64,34 @@ pub mod names;
 pub const DELIVERY_DIR: &str = "delivery";
 /// The mount records' directory under the store root.
 pub const MOUNTS_DIR: &str = "mounts";
+
+/// Digests and cache keys for the node files' tests.
+#[cfg(test)]
+mod test_keys {
+    use gkm_oci::Digest;
+
+    use crate::cache_object::{CacheKey, Scope};
+
+    /// A digest told apart by `n`.
+    pub(super) fn digest(n: u8) -> Digest {
+        Digest::of(&[n])
+    }
+
+    /// The key of the namespaced cache `ns/name`.
+    pub(super) fn ns_key(ns: &str, name: &str) -> CacheKey {
+        CacheKey {
+            scope: Scope::Namespaced,
+            namespace: Some(ns.into()),
+            name: name.into(),
+        }
+    }
+
+    /// The key of the cluster cache `name`.
+    pub(super) fn cluster_key(name: &str) -> CacheKey {
+        CacheKey {
+            scope: Scope::Cluster,
+            namespace: None,
+            name: name.into(),
+        }
+    }
+}

@@ -220,18 +220,7 @@ impl MountRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn digest(n: u8) -> Digest {
-        Digest::of(&[n])
-    }
-
-    fn ns_key(ns: &str, name: &str) -> CacheKey {
-        CacheKey {
-            scope: Scope::Namespaced,
-            namespace: Some(ns.into()),
-            name: name.into(),
-        }
-    }
+    use crate::node_files::test_keys::{digest, ns_key};
 
     proptest::proptest! {
         /// Any volume id maps to one file directly in the mounts directory.
