@@ -24,6 +24,7 @@ mod metrics;
 mod plan;
 mod reports;
 mod retry;
+mod seen_caches;
 mod sync;
 pub mod telemetry;
 
@@ -41,6 +42,9 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use seen_caches::SeenCaches;
+
+use crate::cache_object::CacheObject;
 use crate::crd::{ClusterGKMCache, GKMCache};
 use crate::error::{Error, Result};
 
@@ -170,29 +174,25 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
 }
 
 /// A reflector store of `K`, notifying `changed` on every event.
-fn watch_caches<K>(client: &Client, changed: &Arc<Notify>) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
     let api: Api<K> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
     let changed = changed.clone();
+    let mut seen = SeenCaches::default();
     let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
         .default_backoff()
         .for_each(move |event| {
-            let changed = changed.clone();
-            async move {
-                match event {
-                    Ok(_) => changed.notify_one(),
-                    Err(e) => warn!(error = %e, "watching caches"),
+            let wake = match &event {
+                Ok(event) => seen.wakes(event),
+                Err(e) => {
+                    warn!(error = %e, "watching caches");
+                    false
                 }
+            };
+            if wake {
+                changed.notify_one();
             }
+            futures::future::ready(())
         });
     tokio::spawn(stream);
     reader
