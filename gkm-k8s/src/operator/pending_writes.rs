@@ -3,51 +3,39 @@
 //! A reconcile reads a cache from the controller's watch cache, which lags
 //! the operator's own writes. Without a memory of them, a reconcile that
 //! runs before its write is seen (a node report changed meanwhile) compares
-//! against the stale status and writes the same status again. Each write is
-//! remembered with the status it replaced; while the cache still shows
-//! exactly that status and the operator wants what it wrote, the write is
-//! already done. Any other change to the status (by anyone) ends the memory
-//! for that object.
+//! against the stale status and writes the same status again. The operator
+//! remembers its last write per object. Only the operator sets
+//! `lastUpdated`, so a status whose `lastUpdated` is not newer than that
+//! write's is one the cache has not brought up to date yet; while the
+//! operator wants what it wrote last, the write is already done. A status
+//! the operator has written since wins, so does a newer one.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use crate::crd::CacheStatus;
 
-/// Status writes per object uid, until the watch cache shows them.
+/// The last status written per object uid.
 #[derive(Default)]
 pub struct PendingWrites {
-    by_uid: Mutex<HashMap<String, Written>>,
-}
-
-struct Written {
-    /// The status the object showed when it was written.
-    replaced: CacheStatus,
-    /// The status written.
-    status: CacheStatus,
+    by_uid: Mutex<HashMap<String, CacheStatus>>,
 }
 
 impl PendingWrites {
     /// Whether writing `wanted` over `shown` (what the watch cache shows for
-    /// the object `uid`) would only repeat a write the cache does not show
-    /// yet. `lastUpdated` is ignored on both sides.
+    /// the object `uid`) would only repeat the operator's last write, which
+    /// the cache does not show yet. `lastUpdated` of `wanted` is ignored.
     pub fn repeats(&self, uid: &str, shown: &CacheStatus, wanted: &CacheStatus) -> bool {
         let by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
-        by_uid
-            .get(uid)
-            .is_some_and(|w| same(&w.replaced, shown) && same(&w.status, wanted))
+        by_uid.get(uid).is_some_and(|written| {
+            same(written, wanted) && shown.last_updated <= written.last_updated
+        })
     }
 
-    /// Remembers that `status` was written over `replaced` for `uid`.
-    pub fn record(&self, uid: &str, replaced: &CacheStatus, status: &CacheStatus) {
+    /// Remembers that `status` was written for `uid`.
+    pub fn record(&self, uid: &str, status: &CacheStatus) {
         let mut by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
-        by_uid.insert(
-            uid.to_string(),
-            Written {
-                replaced: replaced.clone(),
-                status: status.clone(),
-            },
-        );
+        by_uid.insert(uid.to_string(), status.clone());
     }
 
     /// Forgets `uid` (its object is gone).
@@ -82,34 +70,39 @@ mod tests {
         s
     }
 
-    fn stamped(mut s: CacheStatus) -> CacheStatus {
-        s.last_updated = Some(Time(Timestamp::now()));
+    fn stamped(mut s: CacheStatus, second: i64) -> CacheStatus {
+        s.last_updated = Some(Time(Timestamp::from_second(second).unwrap()));
         s
     }
 
     #[test]
-    fn a_write_the_cache_does_not_show_yet_is_not_repeated() {
+    fn writes_the_cache_does_not_show_yet_are_not_repeated() {
         let pending = PendingWrites::default();
-        let before = status(CacheState::Pending, 1);
-        let written = stamped(status(CacheState::Extracted, 2));
-        pending.record("u", &before, &written);
-        // The watch cache still shows `before`; the same status is wanted.
-        assert!(pending.repeats("u", &before, &status(CacheState::Extracted, 2)));
+        let s0 = stamped(status(CacheState::Pending, 1), 100);
+        let s1 = stamped(status(CacheState::Pending, 2), 101);
+        let s2 = stamped(status(CacheState::Extracted, 3), 101);
+        pending.record("u", &s1);
+        pending.record("u", &s2);
+        // The cache shows the status before both writes, or the first one.
+        assert!(pending.repeats("u", &s0, &status(CacheState::Extracted, 3)));
+        assert!(pending.repeats("u", &s1, &status(CacheState::Extracted, 3)));
     }
 
     #[test]
-    fn a_different_wish_or_a_changed_object_is_written() {
+    fn a_different_wish_or_a_newer_status_is_written() {
         let pending = PendingWrites::default();
-        let before = status(CacheState::Pending, 1);
-        let written = status(CacheState::Extracted, 2);
-        pending.record("u", &before, &written);
+        let s0 = stamped(status(CacheState::Pending, 1), 100);
+        let s1 = stamped(status(CacheState::Extracted, 2), 101);
+        pending.record("u", &s1);
         // Another node reported meanwhile: a new status is wanted.
-        assert!(!pending.repeats("u", &before, &status(CacheState::Extracted, 3)));
-        // Someone else changed the status: write again.
-        assert!(!pending.repeats("u", &status(CacheState::Error, 1), &written));
+        assert!(!pending.repeats("u", &s0, &status(CacheState::Extracted, 3)));
+        // The cache shows a status newer than the last write (another
+        // operator instance wrote since).
+        let newer = stamped(status(CacheState::Error, 2), 102);
+        assert!(!pending.repeats("u", &newer, &s1));
         // Another object, or a forgotten one, has no memory.
-        assert!(!pending.repeats("v", &before, &written));
+        assert!(!pending.repeats("v", &s0, &s1));
         pending.forget("u");
-        assert!(!pending.repeats("u", &before, &written));
+        assert!(!pending.repeats("u", &s0, &s1));
     }
 }

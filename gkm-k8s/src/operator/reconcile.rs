@@ -294,7 +294,7 @@ async fn write_status<K: CacheObject>(
         &Patch::Apply(&body),
     )
     .await?;
-    ctx.pending_writes.record(&uid, old, &new);
+    ctx.pending_writes.record(&uid, &new);
     ctx.metrics.status_written();
     Ok(())
 }
