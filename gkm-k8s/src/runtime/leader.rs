@@ -301,17 +301,8 @@ impl LeaderElector {
                 },
                 spec: Some(spec.clone()),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => {
-                    self.observed = Some(Observed {
-                        spec,
-                        at: Instant::now(),
-                    });
-                    Ok(Attempt::Leading)
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Attempt::Conflict),
-                Err(e) => Err(e.into()),
-            };
+            let written = self.api.create(&PostParams::default(), &lease).await;
+            return self.settle(written.map(drop), spec);
         };
 
         let current = lease.spec.clone().unwrap_or_default();
@@ -346,12 +337,19 @@ impl LeaderElector {
             spec.lease_transitions = Some(current.lease_transitions.unwrap_or(0).saturating_add(1));
         }
         lease.spec = Some(spec.clone());
-        match self
+        let written = self
             .api
             .replace(&lease.name_any(), &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => {
+            .await;
+        self.settle(written.map(drop), spec)
+    }
+
+    /// The outcome of writing the lease `spec`: leading, and the spec
+    /// observed now, when the write went through; a conflict when another
+    /// candidate wrote first.
+    fn settle(&mut self, written: kube::Result<()>, spec: LeaseSpec) -> Result<Attempt> {
+        match written {
+            Ok(()) => {
                 self.observed = Some(Observed {
                     spec,
                     at: Instant::now(),
