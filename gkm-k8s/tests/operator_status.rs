@@ -19,9 +19,10 @@ use gkm_k8s::operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_testenv::{ControlPlane, Registry, promlint, samples};
+use gkm_testenv::{ControlPlane, Registry, field_managers, promlint, samples};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
@@ -111,8 +112,15 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         RegistryVerifier::new(client.clone(), registry_options(), OPERATOR_NAMESPACE)
             .with_metrics(metrics.clone()),
     );
+    // The operator's client identifies itself, as the binary's does.
+    let mut operator_config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(plane.kubeconfig())?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    gkm_k8s::runtime::identity::identify(&mut operator_config, MANAGER);
     let operator = tokio::spawn(gkm_k8s::operator::run(
-        client.clone(),
+        kube::Client::try_from(operator_config)?,
         config,
         verifier,
         metrics.clone(),
@@ -145,10 +153,24 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
 
     // One manager owns the status, by apply; nobody updates it otherwise.
     assert_eq!(
-        status_managers(&steady),
+        status_field_managers(&steady),
         [(MANAGER.to_string(), "Apply".to_string())],
         "{:?}",
         steady.metadata.managed_fields
+    );
+
+    // Its other writes (the finalizer) are its own too, not `unknown`'s.
+    assert_eq!(
+        field_managers(&steady),
+        ["gkm-operator", "gkm-test"],
+        "{:?}",
+        steady.metadata.managed_fields
+    );
+    assert!(
+        steady
+            .finalizers()
+            .iter()
+            .any(|f| f == gkm_k8s::operator::FINALIZER)
     );
 
     // After the upgrade the operator took over what the old writer owned,
@@ -253,6 +275,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         })
         .collect();
     assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(field_managers(&failures[0]), [MANAGER], "{failures:?}");
     assert!(
         failures[0].series.is_none(),
         "the same refusal was published again: {:?}",

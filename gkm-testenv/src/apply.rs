@@ -36,6 +36,19 @@ pub fn describe_object(doc: &serde_json::Value) -> String {
     )
 }
 
+/// The field managers of `object` (`metadata.managedFields`), sorted and
+/// each once: who the apiserver records as having written it.
+pub fn field_managers(object: &impl kube::ResourceExt) -> Vec<String> {
+    let mut managers: Vec<String> = object
+        .managed_fields()
+        .iter()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    managers.sort();
+    managers.dedup();
+    managers
+}
+
 impl ControlPlane {
     /// Server-side applies `doc` as admin (field manager `gkm-testenv`,
     /// conflicts forced, unknown fields rejected); with `dry_run`, the

@@ -33,7 +33,7 @@ mod registry;
 mod scheduler;
 mod service_account;
 
-pub use apply::{describe_object, yaml_documents};
+pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};

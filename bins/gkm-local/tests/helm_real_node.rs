@@ -7,12 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::GKMCache;
+use gkm_k8s::crd::{GKMCache, GKMCacheNode};
 use gkm_local::chart::{self, COMPONENTS, SandboxChart};
 use gkm_local::{cosign, fixture, push_signed_cache};
 use gkm_testenv::{
     ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler,
-    mounts_under, pod_log, wait_for_pod,
+    field_managers, mounts_under, pod_log, wait_for_pod,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
@@ -257,6 +257,26 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The operator's and the agent's writes are recorded under their own
+    // names (the binaries' User-Agent), none under `unknown`.
+    let cache = Api::<GKMCache>::namespaced(client.clone(), "team")
+        .get("vector-add")
+        .await?;
+    assert_eq!(
+        field_managers(&cache),
+        ["gkm-operator", "helm-real-node"],
+        "{:?}",
+        cache.metadata.managed_fields
+    );
+    let report = Api::<GKMCacheNode>::namespaced(client.clone(), "team")
+        .get(NODE)
+        .await?;
+    assert_eq!(
+        field_managers(&report),
+        ["gkm-agent"],
+        "{:?}",
+        report.metadata.managed_fields
+    );
     workloads
         .delete("reader", &DeleteParams::default().grace_period(0))
         .await?;

@@ -31,20 +31,38 @@ where
 }
 
 /// A client for the apiserver: from `kubeconfig` when given, else from
-/// `$KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount.
+/// `$KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount. It
+/// identifies itself by this program's name
+/// ([`gkm_k8s::runtime::identity`]), so the apiserver records the writes
+/// that name no field manager under that name.
 pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let Some(path) = kubeconfig else {
-        return kube::Client::try_default()
+    let mut config = match kubeconfig {
+        None => kube::Config::infer()
             .await
-            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)");
+            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)")?,
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
     };
-    let file = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-    let config =
-        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("--kubeconfig {}", path.display()))?;
+    gkm_k8s::runtime::identity::identify(&mut config, &program_name());
     kube::Client::try_from(config).context("making the apiserver client")
+}
+
+/// The file name this program was started as (`gkm-operator`), empty when
+/// unknown.
+fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            Path::new(&arg0)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
 }
 
 /// Parses a duration flag made of whole units: `90s`, `5m`, `1h30m`, `250ms`.

@@ -12,6 +12,8 @@
 //! - [`shutdown`]: stopping on SIGTERM/SIGINT with a grace period.
 //! - [`leader`]: leader election on a Lease, so one replica runs the
 //!   controllers.
+//! - [`identity`]: the User-Agent its apiserver client sends, which names
+//!   the field manager of its writes that name none.
 //!
 //! ```no_run
 //! # async fn example() -> std::io::Result<()> {
@@ -33,6 +35,7 @@
 //! ```
 
 pub mod endpoints;
+pub mod identity;
 pub mod leader;
 pub mod metrics;
 pub mod readiness;
