@@ -153,7 +153,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
 
     // One manager owns the status, by apply; nobody updates it otherwise.
     assert_eq!(
-        status_field_managers(&steady),
+        status_managers(&steady),
         [(MANAGER.to_string(), "Apply".to_string())],
         "{:?}",
         steady.metadata.managed_fields

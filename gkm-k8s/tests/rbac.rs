@@ -445,7 +445,7 @@ const AGENT_RULES: &[&str] = &[
     "gkm.io gkmcaches,clustergkmcaches get,list,watch",
     "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,create,patch,update,delete",
     "gkm.io gkmcachenodes/status,clustergkmcachenodes/status get,patch,update",
-    "core nodes get,patch",
+    "core nodes get,list,watch,patch",
     "events.k8s.io events create,patch",
     "core events create,patch",
 ];
@@ -669,7 +669,8 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-agent", "get secrets rbac-team cosign-pub", false),
         ("gkm-agent", "list secrets - -", false),
         ("gkm-agent", "get configmaps rbac-team sigstore-root", false),
-        ("gkm-agent", "list nodes - -", false),
+        // Its own Node, by a watch with a field selector, as the kubelet's.
+        ("gkm-agent", "watch nodes - -", true),
         ("gkm-agent", "update nodes - node-1", false),
         ("gkm-agent", "delete nodes - node-1", false),
         ("gkm-agent", "patch nodes/status - node-1", false),

@@ -1,14 +1,17 @@
 //! `gkm-agent` as it is deployed: running as the `gkm-agent` ServiceAccount
 //! with the shipped RBAC against a real kube-apiserver, for a node with
 //! simulated GPUs. It becomes ready, labels its Node with the GPUs, serves
-//! its metrics and stops on SIGTERM. Also what a user sees for bad flags.
+//! its metrics, looks again as soon as its Node is relabelled (not at each
+//! kubelet status update) and stops on SIGTERM. Also what a user sees for
+//! bad flags.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_testenv::{ControlPlane, Process};
+use gkm_testenv::{ControlPlane, Process, samples};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 
 mod support;
 
@@ -44,7 +47,8 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
         .arg(format!("--store={}", dir.path().join("store").display()))
         .arg(format!("--simulate={}", gpus.display()))
         .arg(format!("--metrics-addr=127.0.0.1:{port}"))
-        .arg("--resync=1s");
+        // An hour: every pass after the first is woken by a watched change.
+        .arg("--resync=1h");
     let mut agent = Process::spawn("gkm-agent", cmd, &dir.path().join("gkm-agent.log"))?;
 
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -86,9 +90,69 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
     let info = format!("gkm_build_info{{component=\"gkm-agent\",version=\"{version}\"}} 1");
     assert!(metrics.lines().any(|l| l == info), "{metrics}");
 
+    // Its own labels come back through its watch of the Node; once that
+    // settled, a status update and an annotation wake nothing, a new label
+    // wakes one pass.
+    let mut settled = passes(port).await?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = passes(port).await?;
+        if now == settled {
+            break;
+        }
+        settled = now;
+    }
+    let merge = |body| Patch::Merge(body);
+    nodes
+        .patch_status(
+            node_name,
+            &PatchParams::default(),
+            &merge(json!({"status": {"allocatable": {"pods": "111"}}})),
+        )
+        .await?;
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"example.com/heartbeat": "1"}}})),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        passes(port).await?,
+        settled,
+        "a change to the Node's status or annotations woke the agent"
+    );
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"team": "ml"}}})),
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while passes(port).await? <= settled {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "relabelling the Node did not wake the agent; log:\n{}",
+            agent.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     let exit = agent.terminate(Duration::from_secs(15))?;
     assert!(exit.success(), "the agent exited with {exit}");
     Ok(())
+}
+
+/// The agent's passes so far, from its metrics.
+async fn passes(port: u16) -> anyhow::Result<f64> {
+    let (_, metrics) = get(port, "/metrics").await.unwrap_or_default();
+    Ok(samples(&metrics)?
+        .iter()
+        .filter(|s| s.name == "gkm_agent_sync_passes_total")
+        .map(|s| s.value)
+        .sum())
 }
 
 #[test]

@@ -24,9 +24,9 @@ mod metrics;
 mod plan;
 mod reports;
 mod retry;
-mod seen_caches;
 mod sync;
 pub mod telemetry;
+mod wakes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,15 +36,14 @@ use futures::StreamExt;
 use gkm_gpu::DiscoveryOptions;
 use gkm_gpu::labels::LabelOptions;
 use gkm_oci::{ExtractPolicy, RegistryOptions};
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use seen_caches::SeenCaches;
-
-use crate::cache_object::CacheObject;
 use crate::crd::{ClusterGKMCache, GKMCache};
 use crate::error::{Error, Result};
 
@@ -122,16 +121,36 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     }
 
     let changed = Arc::new(Notify::new());
-    let namespaced = watch_caches::<GKMCache>(&client, &changed);
-    let cluster = watch_caches::<ClusterGKMCache>(&client, &changed);
-    namespaced
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Finalizer(e.to_string()))?;
-    cluster
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Finalizer(e.to_string()))?;
+    let namespaced = watch(
+        watcher(
+            Api::<GKMCache>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        &changed,
+        wakes::cache_view,
+    );
+    let cluster = watch(
+        watcher(
+            Api::<ClusterGKMCache>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+        &changed,
+        wakes::cache_view,
+    );
+    // Its own Node's metadata only, as the kubelet watches its Node: no
+    // read per pass, and a relabelling wakes the agent at once.
+    let node = watch(
+        watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={}", config.node_name)),
+        ),
+        &changed,
+        wakes::node_view,
+    );
+    let unwatched = |e: reflector::store::WriterDropped| Error::Finalizer(e.to_string());
+    namespaced.wait_until_ready().await.map_err(unwatched)?;
+    cluster.wait_until_ready().await.map_err(unwatched)?;
+    node.wait_until_ready().await.map_err(unwatched)?;
 
     let mut agent = sync::Agent::new(
         client,
@@ -139,6 +158,7 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
         inventory,
         namespaced,
         cluster,
+        node,
         changed.clone(),
     )?;
     let mut tick = tokio::time::interval(config.resync);
@@ -174,18 +194,24 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
 }
 
 /// A reflector store of `K`, notifying `changed` on every event.
-fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
-    let api: Api<K> = Api::all(client.clone());
+/// Keeps a store of what `events` shows, waking the agent (`changed`) when
+/// an event changes what it reads of an object (`view`).
+fn watch<K, S>(events: S, changed: &Arc<Notify>, view: fn(&K) -> serde_json::Value) -> Store<K>
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    S: futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let changed = changed.clone();
-    let mut seen = SeenCaches::default();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let mut seen = wakes::Seen::default();
+    let stream = reflector::reflector(writer, events)
         .default_backoff()
         .for_each(move |event| {
             let wake = match &event {
-                Ok(event) => seen.wakes(event),
+                Ok(event) => seen.wakes(event, view),
                 Err(e) => {
-                    warn!(error = %e, "watching caches");
+                    warn!(error = %e, "watching {}", K::kind(&Default::default()));
                     false
                 }
             };

@@ -10,8 +10,8 @@ use gkm_core::compat::CheckOptions;
 use gkm_gpu::Inventory;
 use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
-use kube::runtime::reflector::Store as Reflected;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::{Client, ResourceExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -49,6 +49,8 @@ pub(super) struct Agent {
     gpus: Vec<Gpu>,
     namespaced: Reflected<GKMCache>,
     cluster: Reflected<ClusterGKMCache>,
+    /// This node's Node, its metadata only.
+    node: Reflected<PartialObjectMeta<Node>>,
     store: Store,
     index: DeliveryIndex,
     mounts: MountRecords,
@@ -77,6 +79,7 @@ impl Agent {
         inventory: Inventory,
         namespaced: Reflected<GKMCache>,
         cluster: Reflected<ClusterGKMCache>,
+        node: Reflected<PartialObjectMeta<Node>>,
         changed: Arc<Notify>,
     ) -> Result<Agent> {
         let store = Store::open(&config.store_dir)?;
@@ -91,6 +94,7 @@ impl Agent {
             gpus,
             namespaced,
             cluster,
+            node,
             store,
             facts: HashMap::new(),
             summary_failures: Backoff::default(),
@@ -445,8 +449,7 @@ impl Agent {
     /// Applies the GPU labels to this node's Node object (when it changed)
     /// and returns the node's labels.
     async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let Some(node) = nodes.get_opt(&self.config.node_name).await? else {
+        let Some(node) = self.node.get(&ObjectRef::new(&self.config.node_name)) else {
             return Ok(BTreeMap::new());
         };
         self.reports.set_node_uid(node.metadata.uid.clone());
