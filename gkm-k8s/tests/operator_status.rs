@@ -14,16 +14,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_k8s::cache_object::Scope;
-use gkm_k8s::crd::{CacheState, GKMCache, PvcOwner, PvcStatus};
+use gkm_k8s::crd::{CacheState, GKMCache, GKMCacheNode, PvcOwner, PvcStatus};
 use gkm_k8s::operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry, field_managers, promlint, samples};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
 
@@ -381,6 +382,45 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         "the operator's went: {types:?}"
     );
     assert!(types.contains(&"Ready"), "the operator's went: {types:?}");
+
+    // A node's report counts while its Node exists (the operator's watch
+    // of Nodes says so); once the Node is gone, the operator removes the
+    // report and stops counting it.
+    let node = "operator-status-node";
+    plane.ensure_node(node).await?;
+    let reports: Api<GKMCacheNode> = Api::namespaced(client.clone(), ns);
+    let report = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
+        "metadata": {"name": node, "namespace": ns},
+    });
+    let agent = PatchParams::apply("gkm-test-agent").force();
+    reports.patch(node, &agent, &Patch::Apply(&report)).await?;
+    let report_status = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
+        "status": {"nodeName": node, "caches": {"steady": {digest.as_str(): {"state": "Extracted"}}}},
+    });
+    reports
+        .patch_status(node, &agent, &Patch::Apply(&report_status))
+        .await?;
+    let counted = |nodes: i32| {
+        let caches = caches.clone();
+        move || {
+            let caches = caches.clone();
+            async move {
+                let status = caches.get("steady").await?.status.unwrap_or_default();
+                Ok((status.counts.node_cnt == nodes).then_some(()))
+            }
+        }
+    };
+    until("the node's report counted", counted(1)).await?;
+    Api::<Node>::all(client.clone())
+        .delete(node, &DeleteParams::default())
+        .await?;
+    until("the gone node's report removed", || async {
+        Ok(reports.get_opt(node).await?.is_none().then_some(()))
+    })
+    .await?;
+    until("the gone node no longer counted", counted(0)).await?;
 
     assert!(!operator.is_finished(), "the operator stopped");
     operator.abort();

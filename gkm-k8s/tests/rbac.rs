@@ -426,7 +426,7 @@ const OPERATOR_RULES: &[&str] = &[
     "gkm.io gkmcaches/status,clustergkmcaches/status get,patch,update",
     "gkm.io gkmcaches/finalizers,clustergkmcaches/finalizers update",
     "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,delete",
-    "core nodes get",
+    "core nodes get,list,watch",
     "events.k8s.io events create,patch",
     "core events create,patch",
     "core secrets,configmaps get",

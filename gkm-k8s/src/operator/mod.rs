@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gkm_oci::RegistryOptions;
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -93,6 +95,9 @@ pub struct Context {
     pub resolutions: resolutions::Resolutions,
     /// Status writes the controllers' caches do not show yet.
     pub pending_writes: pending_writes::PendingWrites,
+    /// The cluster's Nodes, their names and uids only: whether a node that
+    /// reports still exists, without a request per report.
+    pub nodes: reflector::Store<PartialObjectMeta<Node>>,
 }
 
 /// Runs both controllers until the process is asked to stop.
@@ -106,6 +111,7 @@ pub async fn run(
         controller: "gkm-operator".into(),
         instance: Some(config.instance.clone()),
     };
+    let nodes = watch_nodes(&client).await;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -114,11 +120,39 @@ pub async fn run(
         metrics,
         resolutions: resolutions::Resolutions::default(),
         pending_writes: pending_writes::PendingWrites::default(),
+        nodes,
     });
     futures::join!(
         controller::<GKMCache>(ctx.clone()),
         controller::<ClusterGKMCache>(ctx)
     );
+}
+
+/// A store of the cluster's Nodes, once it has listed them all. Only names
+/// and uids are kept: at a thousand nodes, their labels, annotations and
+/// managed fields would be most of the operator's memory.
+async fn watch_nodes(client: &Client) -> reflector::Store<PartialObjectMeta<Node>> {
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let reflect = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|node| {
+                let meta = &mut node.metadata;
+                (meta.labels, meta.annotations, meta.managed_fields) = (None, None, None);
+            }),
+    )
+    .for_each(|event| {
+        if let Err(e) = event {
+            warn!(error = %e, "watching nodes");
+        }
+        futures::future::ready(())
+    });
+    tokio::spawn(reflect);
+    // The stream retries for ever; its store only drops with the process.
+    let _ = reader.wait_until_ready().await;
+    reader
 }
 
 async fn controller<K: CacheObject>(ctx: Arc<Context>) {

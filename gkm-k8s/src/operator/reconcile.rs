@@ -13,6 +13,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
@@ -120,7 +121,7 @@ async fn observe<K: CacheObject>(
         let note = verification.message.clone().unwrap_or_default();
         publish(cache, ctx, type_, reason, note).await;
     }
-    let entries = reports.for_cache(&cache.key());
+    let entries = live_reports_for(cache, ctx, reports).await?;
     let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
     let pvc_mode = PvcMode::of(spec).is_some();
     let claims = if pvc_mode || old.pvc_status.is_some() {
@@ -153,7 +154,11 @@ async fn cleanup<K: CacheObject>(
     let key = cache.key();
     let old = cache.cache_status().cloned().unwrap_or_default();
     let entries = live_reports_for(cache, ctx, reports).await?;
-    let (counts, _) = rollup(old.resolved_digest.as_deref(), true, entries.iter());
+    let (counts, _) = rollup(
+        old.resolved_digest.as_deref(),
+        true,
+        entries.iter().map(|(_, e)| e),
+    );
     let status = deleting(&old, cache.meta().generation, counts, entries.len());
     write_status(cache, ctx, &old, status).await?;
     if !remove_claims(&key, &ctx.client, &ctx.config.pvc).await? {
@@ -194,21 +199,25 @@ fn compatible_nodes(
         .collect()
 }
 
-/// The entries of the nodes that report the cache; reports of nodes that
-/// no longer exist (scaled down, deleted) are removed rather than waited
-/// for: no agent will ever update them, and a deletion waiting on them
-/// would never end.
+/// The entries of the nodes that report the cache, by node; reports of
+/// nodes that no longer exist (scaled down, deleted) are removed rather
+/// than counted or waited for: no agent will ever update them, and a
+/// deletion waiting on them would never end.
 async fn live_reports_for<K: CacheObject>(
     cache: &K,
     ctx: &Context,
     reports: &Reports<K::NodeReport>,
-) -> Result<Vec<BTreeMap<String, NodeCacheStatus>>> {
+) -> Result<Vec<(String, BTreeMap<String, NodeCacheStatus>)>> {
     let key = cache.key();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let mut out = Vec::new();
     for (node, entries) in reports.for_cache(&key) {
-        if nodes.get_opt(&node).await?.is_some() {
-            out.push(entries);
+        // The watched Nodes answer for nearly every report. A node missing
+        // there is asked of the apiserver before its report goes: the watch
+        // may not show a Node created a moment ago yet.
+        let watched = ctx.nodes.get(&ObjectRef::new(&node)).is_some();
+        if watched || nodes.get_metadata_opt(&node).await?.is_some() {
+            out.push((node, entries));
             continue;
         }
         let api = K::NodeReport::api(ctx.client.clone(), key.namespace.as_deref());
