@@ -44,6 +44,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+use crate::cache_object::CacheObject;
 use crate::crd::{ClusterGKMCache, GKMCache};
 use crate::error::{Error, Result};
 
@@ -121,22 +122,8 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     }
 
     let changed = Arc::new(Notify::new());
-    let namespaced = watch(
-        watcher(
-            Api::<GKMCache>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-        &changed,
-        wakes::cache_view,
-    );
-    let cluster = watch(
-        watcher(
-            Api::<ClusterGKMCache>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-        &changed,
-        wakes::cache_view,
-    );
+    let namespaced = watch_caches::<GKMCache>(&client, &changed);
+    let cluster = watch_caches::<ClusterGKMCache>(&client, &changed);
     // Its own Node's metadata only, as the kubelet watches its Node: no
     // read per pass, and a relabelling wakes the agent at once.
     let node = watch(
@@ -194,6 +181,13 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
 }
 
 /// A reflector store of `K`, notifying `changed` on every event.
+/// Every cache of kind `K`, in a store; a change to what the agent reads of
+/// one wakes it.
+fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
+    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default());
+    watch(events, changed, wakes::cache_view)
+}
+
 /// Keeps a store of what `events` shows, waking the agent (`changed`) when
 /// an event changes what it reads of an object (`view`).
 fn watch<K, S>(events: S, changed: &Arc<Notify>, view: fn(&K) -> serde_json::Value) -> Store<K>
