@@ -5,9 +5,9 @@
 # kube-apiserver with an audit log of the operator's and agents' requests,
 # kube-controller-manager, kwok) and a real Distribution registry with its
 # access log on: first on the BASELINE revision, then on the checked-out
-# tree ("after"). NODES kwok nodes get simulated GPUs (8 in 10 an NVIDIA T4,
-# sm75, which the CUDA fixture cache fits; 1 in 10 an AMD MI210; 1 in 10
-# none). CACHES distinct images of the fixture (one title each, so one digest
+# tree ("after"). NODES kwok nodes get simulated GPUs (T4_PER_TEN, default
+# 8, in 10 an NVIDIA T4, sm75, which the CUDA fixture cache fits; the others
+# alternately an AMD MI210 and none). CACHES distinct images of the fixture (one title each, so one digest
 # each) are pushed and signed with cosign (a throwaway key, the caches'
 # policy names it: Enforce, the operator's default). Then:
 #
@@ -47,13 +47,14 @@
 #
 #   hack/bench-operator.sh                            # 1000 nodes, 50 caches, 600 s idle
 #   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench-operator.sh
+#   T4_PER_TEN=1 PROFILE=release hack/bench-operator.sh   # 100 of 1000 nodes fit the caches
 #   BASELINE=766230b PROFILE=release hack/bench-operator.sh
 #
 # Needs the real components (hack/components.sh: etcd, kubernetes, kwok,
 # debian for the registry, cosign) and the fixture caches.
 set -euo pipefail
 
-export NODES=${NODES:-1000} CACHES=${CACHES:-50} CHANGED=${CHANGED:-5}
+export NODES=${NODES:-1000} CACHES=${CACHES:-50} CHANGED=${CHANGED:-5} T4_PER_TEN=${T4_PER_TEN:-8}
 export IDLE_SECS=${IDLE_SECS:-600}
 BASELINE=${BASELINE:-766230b}
 PROFILE=${PROFILE:-debug}

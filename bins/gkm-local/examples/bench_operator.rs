@@ -13,8 +13,9 @@
 //! bench_operator check
 //! ```
 //!
-//! `run` reads NODES (1000), CACHES (50), CHANGED (5), IDLE_SECS (600) and
-//! CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
+//! `run` reads NODES (1000), CACHES (50), CHANGED (5), T4_PER_TEN (8: of
+//! every ten nodes, how many have the GPU the caches fit), IDLE_SECS (600)
+//! and CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
 //! converge; CHANGED of them get a new image and converge again; then
 //! nothing changes for IDLE_SECS. API requests are read from the
@@ -68,6 +69,8 @@ struct Scale {
     nodes: usize,
     caches: usize,
     changed: usize,
+    /// Of every ten nodes, how many have a GPU the caches fit.
+    t4_per_ten: usize,
     idle: Duration,
     converge_timeout: Duration,
 }
@@ -86,11 +89,16 @@ impl Scale {
             nodes: var("NODES", 1000)? as usize,
             caches: var("CACHES", 50)? as usize,
             changed: var("CHANGED", 5)? as usize,
+            t4_per_ten: var("T4_PER_TEN", 8)? as usize,
             idle: Duration::from_secs(var("IDLE_SECS", 600)?),
             converge_timeout: Duration::from_secs(var("CONVERGE_TIMEOUT_SECS", 1800)?),
         };
         anyhow::ensure!(scale.nodes >= 10, "NODES must be at least 10");
         anyhow::ensure!(scale.caches >= 1, "CACHES must be at least 1");
+        anyhow::ensure!(
+            (1..=10).contains(&scale.t4_per_ten),
+            "T4_PER_TEN must be from 1 to 10"
+        );
         anyhow::ensure!(
             scale.changed <= scale.caches,
             "CHANGED must be at most CACHES"
@@ -99,13 +107,17 @@ impl Scale {
     }
 }
 
-/// A node's simulated GPUs: one in ten an AMD MI210 (gfx90a), one in ten
-/// without GPUs, the rest an NVIDIA T4 (sm75), which the CUDA fixture fits.
-fn inventory(index: usize) -> (&'static str, bool) {
-    match index % 10 {
-        3 => ("gpus:\n- profile: MI210\n", false),
-        7 => ("gpus: []\n", false),
-        _ => ("gpus:\n- profile: T4\n", true),
+/// A node's simulated GPUs: `t4_per_ten` in ten an NVIDIA T4 (sm75), which
+/// the CUDA fixture fits; of the others, alternately an AMD MI210 (gfx90a)
+/// and no GPU. The default, 8, gives 8 T4, 1 MI210 and 1 without GPUs.
+fn inventory(index: usize, t4_per_ten: usize) -> (&'static str, bool) {
+    let place = index % 10;
+    if place < t4_per_ten {
+        ("gpus:\n- profile: T4\n", true)
+    } else if (place - t4_per_ten) % 2 == 0 {
+        ("gpus:\n- profile: MI210\n", false)
+    } else {
+        ("gpus: []\n", false)
     }
 }
 
@@ -402,14 +414,17 @@ impl Bench {
     }
 
     /// Creates the kwok Nodes and their agents' directories under `nodes_dir`.
-    async fn create_nodes(&self, count: usize, nodes_dir: &Path) -> anyhow::Result<()> {
+    async fn create_nodes(&self, scale: &Scale, nodes_dir: &Path) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let mut pending = tokio::task::JoinSet::new();
-        for index in 0..count {
+        for index in 0..scale.nodes {
             let name = node_name(index);
             let node_dir = nodes_dir.join(&name);
             std::fs::create_dir_all(node_dir.join("store"))?;
-            std::fs::write(node_dir.join("gpus.yaml"), inventory(index).0)?;
+            std::fs::write(
+                node_dir.join("gpus.yaml"),
+                inventory(index, scale.t4_per_ten).0,
+            )?;
             let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
             let node: Node = serde_json::from_value(json!({
                 "metadata": {
@@ -778,6 +793,7 @@ impl Measured {
         json!({
             "nodes": scale.nodes,
             "caches": scale.caches,
+            "t4_per_ten": scale.t4_per_ten,
             "changed": scale.changed,
             "idle_secs": scale.idle.as_secs(),
             "converge_secs": self.converge_secs,
@@ -839,8 +855,10 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     let stores = tempfile::Builder::new()
         .prefix("gkm-bench-operator-nodes-")
         .tempdir_in(stores_root())?;
-    bench.create_nodes(scale.nodes, stores.path()).await?;
-    let compatible = (0..scale.nodes).filter(|&i| inventory(i).1).count();
+    bench.create_nodes(&scale, stores.path()).await?;
+    let compatible = (0..scale.nodes)
+        .filter(|&i| inventory(i, scale.t4_per_ten).1)
+        .count();
     eprintln!(
         "== {} kwok nodes ({compatible} with an sm75 GPU) in {:.0?}",
         scale.nodes,
@@ -959,7 +977,7 @@ fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
         Ok(serde_json::from_str(&text)?)
     };
     let (base, new) = (read(baseline)?, read(after)?);
-    for key in ["nodes", "caches", "changed", "idle_secs"] {
+    for key in ["nodes", "caches", "t4_per_ten", "changed", "idle_secs"] {
         anyhow::ensure!(
             base[key] == new[key],
             "the runs differ in {key}: {} and {}",
@@ -968,8 +986,9 @@ fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
         );
     }
     println!(
-        "nodes {}, caches {}, changed {}, idle {} s; settled quietly: baseline {}, after {}",
+        "nodes {} ({} in 10 with a T4), caches {}, changed {}, idle {} s; settled quietly: baseline {}, after {}",
         new["nodes"],
+        new["t4_per_ten"],
         new["caches"],
         new["changed"],
         new["idle_secs"],
