@@ -114,7 +114,7 @@ fn inventory(index: usize, t4_per_ten: usize) -> (&'static str, bool) {
     let place = index % 10;
     if place < t4_per_ten {
         ("gpus:\n- profile: T4\n", true)
-    } else if (place - t4_per_ten) % 2 == 0 {
+    } else if (place - t4_per_ten).is_multiple_of(2) {
         ("gpus:\n- profile: MI210\n", false)
     } else {
         ("gpus: []\n", false)
