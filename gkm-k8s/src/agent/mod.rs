@@ -180,7 +180,6 @@ pub async fn run(client: Client, config: AgentConfig) -> Result<()> {
     }
 }
 
-/// A reflector store of `K`, notifying `changed` on every event.
 /// Every cache of kind `K`, in a store; a change to what the agent reads of
 /// one wakes it.
 fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
