@@ -62,6 +62,12 @@ set -euo pipefail
 export NODES=${NODES:-1000} CACHES=${CACHES:-50} CHANGED=${CHANGED:-5} T4_PER_TEN=${T4_PER_TEN:-8}
 export IDLE_SECS=${IDLE_SECS:-600}
 BASELINE=${BASELINE:-766230b}
+# REVISIONS=after runs the checked-out tree alone (its figures, no ratios).
+REVISIONS=${REVISIONS:-baseline after}
+case $REVISIONS in
+  "baseline after" | after) ;;
+  *) echo "REVISIONS must be \"baseline after\" or after, not $REVISIONS" >&2; exit 2 ;;
+esac
 PROFILE=${PROFILE:-debug}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -108,17 +114,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== building the baseline ($BASELINE) and the checked-out tree ($PROFILE)" >&2
-git -C "$ROOT" worktree add --detach -q "$BASE_TREE" "$BASELINE"
-# The agents driver, as this tree has it (it uses only AgentConfig::new and
-# agent::run, which the baseline has too).
-mkdir -p "$BASE_TREE/bins/gkm-agent/examples"
-cp "$ROOT/bins/gkm-agent/examples/agents.rs" "$BASE_TREE/bins/gkm-agent/examples/"
-build_revision "$BASE_TREE" "$OUT/bin/baseline"
+echo "== building $REVISIONS ($PROFILE)" >&2
+if [[ $REVISIONS == "baseline after" ]]; then
+  git -C "$ROOT" worktree add --detach -q "$BASE_TREE" "$BASELINE"
+  # The agents driver, as this tree has it (it uses only AgentConfig::new
+  # and agent::run, which the baseline has too).
+  mkdir -p "$BASE_TREE/bins/gkm-agent/examples"
+  cp "$ROOT/bins/gkm-agent/examples/agents.rs" "$BASE_TREE/bins/gkm-agent/examples/"
+  build_revision "$BASE_TREE" "$OUT/bin/baseline"
+fi
 build_revision "$ROOT" "$OUT/bin/after"
 
 began=$(date +%s)
-for revision in baseline after; do
+for revision in $REVISIONS; do
   tree=$ROOT
   [[ $revision == baseline ]] && tree=$BASE_TREE
   echo "== $revision: $NODES nodes, $CACHES caches, $CHANGED changed, idle ${IDLE_SECS}s" >&2
@@ -126,5 +134,7 @@ for revision in baseline after; do
     "$OUT/$revision.json"
 done
 echo "== baseline $BASELINE, after $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . || echo '+changes'); $(( $(date +%s) - began )) s; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-"$BENCH" compare "$OUT/baseline.json" "$OUT/after.json"
+baseline_figures=$OUT/baseline.json
+[[ $REVISIONS == after ]] && baseline_figures=-
+"$BENCH" compare "$baseline_figures" "$OUT/after.json"
 echo "(figures: $OUT/baseline.json, $OUT/after.json)" >&2

@@ -9,6 +9,8 @@
 //! bench_operator run TREE OPERATOR AGENTS OUT.json
 //! # the table: figures of both and the ratio after / baseline
 //! bench_operator compare BASELINE.json AFTER.json
+//! # the after run's figures alone
+//! bench_operator compare - AFTER.json
 //! # fail, naming the install command, when a component is missing
 //! bench_operator check
 //! ```
@@ -976,10 +978,15 @@ fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         Ok(serde_json::from_str(&text)?)
     };
-    let (base, new) = (read(baseline)?, read(after)?);
+    // `-`: the after run alone, its baseline column empty.
+    let base = match baseline.to_str() {
+        Some("-") => serde_json::Value::Null,
+        _ => read(baseline)?,
+    };
+    let new = read(after)?;
     for key in ["nodes", "caches", "t4_per_ten", "changed", "idle_secs"] {
         anyhow::ensure!(
-            base[key] == new[key],
+            base.is_null() || base[key] == new[key],
             "the runs differ in {key}: {} and {}",
             base[key],
             new[key]
@@ -1041,7 +1048,7 @@ fn check() -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
-    let usage = "usage: bench_operator check | run TREE OPERATOR AGENTS OUT.json | compare BASELINE.json AFTER.json";
+    let usage = "usage: bench_operator check | run TREE OPERATOR AGENTS OUT.json | compare BASELINE.json|- AFTER.json";
     match args.first().and_then(|a| a.to_str()) {
         Some("check") if args.len() == 1 => check(),
         Some("run") if args.len() == 5 => {
