@@ -65,30 +65,23 @@ impl fmt::Debug for Sampled {
 }
 
 impl Collector for Sampled {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
         let value = (self.read)();
         match self.kind {
-            SampleKind::Counter => {
-                let metric = ConstCounter::new(value);
-                let out = encoder.encode_descriptor(
-                    &self.name,
-                    &self.help,
-                    None,
-                    metric.metric_type(),
-                )?;
-                metric.encode(out)
-            }
-            SampleKind::Gauge => {
-                let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-                let out = encoder.encode_descriptor(
-                    &self.name,
-                    &self.help,
-                    None,
-                    metric.metric_type(),
-                )?;
-                metric.encode(out)
-            }
+            SampleKind::Counter => self.encode_one(encoder, ConstCounter::new(value)),
+            SampleKind::Gauge => self.encode_one(
+                encoder,
+                ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)),
+            ),
         }
+    }
+}
+
+impl Sampled {
+    /// Writes `metric` under this sample's name and help.
+    fn encode_one(&self, mut encoder: DescriptorEncoder, metric: impl EncodeMetric) -> fmt::Result {
+        let out = encoder.encode_descriptor(&self.name, &self.help, None, metric.metric_type())?;
+        metric.encode(out)
     }
 }
 
