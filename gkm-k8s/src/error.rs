@@ -45,6 +45,13 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether the apiserver answered that the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 404)
+    }
+}
+
 /// gkm-k8s's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -108,9 +108,12 @@ impl NodeReports {
                 }
             };
             if let Err(e) = written {
-                // The report may have been deleted behind this process: the
-                // next write applies its object again.
-                self.applied.remove(scope);
+                // The report was deleted behind this process: the next write
+                // applies its object again. Other failures (throttled, timed
+                // out) leave the object as it was.
+                if e.is_not_found() {
+                    self.applied.remove(scope);
+                }
                 return Err(e);
             }
             self.applied.insert(scope.clone());

@@ -32,7 +32,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tracing::{info, warn};
 
 pub use metrics::{Metrics, OperatorCollector};
@@ -40,9 +40,9 @@ pub use reconcile::FINALIZER;
 pub use verdict::PolicyFloor;
 pub use verifier::{ImageVerifier, RegistryVerifier};
 
-use crate::cache_object::{CacheObject, NodeReport};
+use crate::cache_object::CacheObject;
 use crate::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
-use report_index::{ReportIndex, Reports};
+use report_index::ReportIndex;
 
 /// How the operator runs.
 #[derive(Clone)]
@@ -128,6 +128,37 @@ pub async fn run(
     );
 }
 
+/// Watches the node reports of `K`'s kind into `index`; the stream names
+/// the caches whose entries each event changed.
+fn watch_reports<K: CacheObject>(
+    client: &Client,
+    index: Arc<ReportIndex>,
+) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static {
+    let (changed, triggers) = futures::channel::mpsc::unbounded();
+    let api: Api<K::NodeReport> = Api::all(client.clone());
+    let indexing = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .for_each(move |event| {
+            match &event {
+                Ok(event) => {
+                    for (namespace, name) in index.observe(event) {
+                        let cache = ObjectRef::<K>::new(&name);
+                        let cache = match &namespace {
+                            Some(ns) => cache.within(ns),
+                            None => cache,
+                        };
+                        // The receiver lives as long as the controller.
+                        let _ = changed.unbounded_send(cache);
+                    }
+                }
+                Err(e) => warn!(error = %e, "watching node reports"),
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(indexing);
+    triggers
+}
+
 /// A store of the cluster's Nodes, once it has listed them all. Only names
 /// and uids are kept: at a thousand nodes, their labels, annotations and
 /// managed fields would be most of the operator's memory.
@@ -157,47 +188,15 @@ async fn watch_nodes(client: &Client) -> reflector::Store<PartialObjectMeta<Node
 
 async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     let caches: Api<K> = Api::all(ctx.client.clone());
-    let reports_api: Api<K::NodeReport> = Api::all(ctx.client.clone());
-    let (reader, writer) = reflector::store();
-    let index = Arc::new(ReportIndex::default());
-    let indexing = index.clone();
-    let reflect = reflector::reflector(
-        writer,
-        watcher(reports_api.clone(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .for_each(move |event| {
-        match &event {
-            Ok(event) => indexing.observe(event),
-            Err(e) => warn!(error = %e, "watching node reports"),
-        }
-        futures::future::ready(())
-    });
-    tokio::spawn(reflect);
-    // The index is fed after the store: once it has listed, both have.
-    index.wait_until_listed().await;
-    let reports = Arc::new(Reports {
-        store: reader,
-        index,
-    });
+    let reports = Arc::new(ReportIndex::default());
+    let changed = watch_reports::<K>(&ctx.client, reports.clone());
+    reports.wait_until_listed().await;
+    // `reconcile_on` (kube-runtime's `unstable-runtime-reconcile-on`): the
+    // one watch of the reports feeds the index and names the caches whose
+    // entries changed. `watches` would need a second watch of every report,
+    // and would trigger every cache a report mentions on each of its writes.
     let controller = Controller::new(caches, watcher::Config::default())
-        .watches(
-            reports_api,
-            watcher::Config::default(),
-            |report: K::NodeReport| {
-                let namespace = report.namespace();
-                report
-                    .report()
-                    .and_then(|s| s.caches.as_ref())
-                    .map(|c| c.keys().cloned().collect::<Vec<_>>())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(move |name| match &namespace {
-                        Some(ns) => ObjectRef::<K>::new(&name).within(ns),
-                        None => ObjectRef::<K>::new(&name),
-                    })
-            },
-        )
+        .reconcile_on(changed)
         .shutdown_on_signal();
     let cached = controller.store();
     ctx.metrics.count_caches(move || {

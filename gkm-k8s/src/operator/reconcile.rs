@@ -1,7 +1,7 @@
 //! The one reconcile for both cache kinds: resolve, verify, roll up, write
 //! status once per real change; on deletion, wait for the nodes, then let go.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +20,13 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::metrics::RegistryOperation;
-use super::report_index::Reports;
+use super::report_index::{NodeEntries, ReportIndex};
 use super::rollup::rollup;
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::verdict::{verdict, verdict_event};
 use crate::cache_object::{CacheObject, NodeReport};
-use crate::crd::{
-    CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, NodeCacheStatus, resolve_interval,
-};
+use crate::crd::{CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, resolve_interval};
 use crate::error::{Error, Result};
 use crate::pvc::{FIELD_MANAGER, PvcMode, reconcile_claims, remove_claims};
 
@@ -39,7 +37,7 @@ pub const FINALIZER: &str = "gkm.io/cleanup";
 pub async fn reconcile<K: CacheObject>(
     cache: Arc<K>,
     ctx: Arc<Context>,
-    reports: Arc<Reports<K::NodeReport>>,
+    reports: Arc<ReportIndex>,
 ) -> Result<Action> {
     let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
     finalizer(&api, FINALIZER, cache, |event| async {
@@ -72,11 +70,7 @@ pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Cont
     }
 }
 
-async fn apply<K: CacheObject>(
-    cache: &K,
-    ctx: &Context,
-    reports: &Reports<K::NodeReport>,
-) -> Result<Action> {
+async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) -> Result<Action> {
     let key = cache.key();
     let spec = cache.cache_spec();
     let old = cache.cache_status().cloned().unwrap_or_default();
@@ -111,7 +105,7 @@ async fn observe<K: CacheObject>(
     cache: &K,
     ctx: &Context,
     old: &CacheStatus,
-    reports: &Reports<K::NodeReport>,
+    reports: &ReportIndex,
     digest: String,
 ) -> Result<Resolved> {
     let spec = cache.cache_spec();
@@ -149,7 +143,7 @@ async fn observe<K: CacheObject>(
 async fn cleanup<K: CacheObject>(
     cache: &K,
     ctx: &Context,
-    reports: &Reports<K::NodeReport>,
+    reports: &ReportIndex,
 ) -> Result<Action> {
     let key = cache.key();
     let old = cache.cache_status().cloned().unwrap_or_default();
@@ -181,10 +175,7 @@ async fn cleanup<K: CacheObject>(
 
 /// The nodes whose agents report `digest` extracted (so compatible with
 /// their GPUs): where ReadWriteOnce claims go.
-fn compatible_nodes(
-    entries: &[(String, BTreeMap<String, NodeCacheStatus>)],
-    digest: &str,
-) -> BTreeSet<String> {
+fn compatible_nodes(entries: &[(String, NodeEntries)], digest: &str) -> BTreeSet<String> {
     entries
         .iter()
         .filter(|(_, entries)| {
@@ -206,8 +197,8 @@ fn compatible_nodes(
 async fn live_reports_for<K: CacheObject>(
     cache: &K,
     ctx: &Context,
-    reports: &Reports<K::NodeReport>,
-) -> Result<Vec<(String, BTreeMap<String, NodeCacheStatus>)>> {
+    reports: &ReportIndex,
+) -> Result<Vec<(String, NodeEntries)>> {
     let key = cache.key();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let mut out = Vec::new();

@@ -1,16 +1,21 @@
-//! Which node reports mention which cache, kept up to date as the node
-//! report watch passes, so a reconcile reads only the reports about its own
-//! cache instead of every report in the cluster.
+//! What the node reports say about each cache, kept up to date as the
+//! node report watch passes: a reconcile reads only its own cache's
+//! entries, and a report's change triggers only the caches whose entries it
+//! changed.
 //!
-//! A relist (the watch restarted) is buffered like the reflector's store
-//! does it: the index answers from what it had until the list is complete,
-//! then swaps, so reports deleted while the watch was down drop out.
+//! Only what the operator reads of an entry (its state and pods) is kept,
+//! per cache and node; the reports themselves are not. At a thousand nodes
+//! reporting fifty caches, the full reports (messages, GPU reasons, managed
+//! fields) would be most of the operator's memory.
+//!
+//! A relist (the watch restarted) is buffered like a reflector's store does
+//! it: the index answers from what it had until the list is complete, then
+//! swaps, so reports deleted while the watch was down drop out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::cache_object::{CacheKey, NodeReport};
@@ -18,42 +23,80 @@ use crate::crd::NodeCacheStatus;
 
 /// A cache as node reports name it: its namespace (`None` for a cluster
 /// cache) and name.
-type CacheRef = (Option<String>, String);
+pub type CacheRef = (Option<String>, String);
 /// A node report: its namespace (`None` for a cluster report) and name
 /// (the node's).
 type ReportRef = (Option<String>, String);
+/// One node's entries for one cache, per digest.
+pub type NodeEntries = BTreeMap<String, NodeCacheStatus>;
 
-/// Cache → the reports that mention it, and the reverse.
+/// Cache → node → its entries, and report → the caches it mentions.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Index {
-    by_cache: HashMap<CacheRef, BTreeSet<String>>,
+    by_cache: HashMap<CacheRef, BTreeMap<String, NodeEntries>>,
     by_report: HashMap<ReportRef, Vec<String>>,
 }
 
 impl Index {
-    fn apply(&mut self, report: ReportRef, caches: Vec<String>) {
-        self.delete(&report);
-        for cache in &caches {
-            self.by_cache
-                .entry((report.0.clone(), cache.clone()))
-                .or_default()
-                .insert(report.1.clone());
+    /// Takes in a report's entries per cache; returns the caches whose
+    /// entries it changed (gained, lost or changed this node).
+    fn apply(&mut self, report: ReportRef, caches: BTreeMap<String, NodeEntries>) -> Vec<CacheRef> {
+        let (namespace, node) = &report;
+        let mut changed = Vec::new();
+        for cache in self.by_report.remove(&report).unwrap_or_default() {
+            if !caches.contains_key(&cache) {
+                let key = (namespace.clone(), cache);
+                self.forget(&key, node);
+                changed.push(key);
+            }
         }
-        if !caches.is_empty() {
-            self.by_report.insert(report, caches);
+        let mentioned: Vec<String> = caches.keys().cloned().collect();
+        for (cache, entries) in caches {
+            let key = (namespace.clone(), cache);
+            let nodes = self.by_cache.entry(key.clone()).or_default();
+            if nodes.get(node) != Some(&entries) {
+                nodes.insert(node.clone(), entries);
+                changed.push(key);
+            }
+        }
+        if !mentioned.is_empty() {
+            self.by_report.insert(report, mentioned);
+        }
+        changed
+    }
+
+    /// Forgets a report; returns the caches it mentioned.
+    fn delete(&mut self, report: &ReportRef) -> Vec<CacheRef> {
+        let (namespace, node) = report;
+        let caches = self.by_report.remove(report).unwrap_or_default();
+        caches
+            .into_iter()
+            .map(|cache| {
+                let key = (namespace.clone(), cache);
+                self.forget(&key, node);
+                key
+            })
+            .collect()
+    }
+
+    fn forget(&mut self, cache: &CacheRef, node: &str) {
+        if let Some(nodes) = self.by_cache.get_mut(cache) {
+            nodes.remove(node);
+            if nodes.is_empty() {
+                self.by_cache.remove(cache);
+            }
         }
     }
 
-    fn delete(&mut self, report: &ReportRef) {
-        for cache in self.by_report.remove(report).unwrap_or_default() {
-            let key = (report.0.clone(), cache);
-            if let Some(reports) = self.by_cache.get_mut(&key) {
-                reports.remove(&report.1);
-                if reports.is_empty() {
-                    self.by_cache.remove(&key);
-                }
-            }
-        }
+    /// The caches whose entries differ between `self` and `other`.
+    fn differences(&self, other: &Index) -> Vec<CacheRef> {
+        let caches: BTreeSet<&CacheRef> =
+            self.by_cache.keys().chain(other.by_cache.keys()).collect();
+        caches
+            .into_iter()
+            .filter(|c| self.by_cache.get(*c) != other.by_cache.get(*c))
+            .cloned()
+            .collect()
     }
 }
 
@@ -64,7 +107,7 @@ struct State {
     relisting: Option<Index>,
 }
 
-/// The node reports that mention each cache.
+/// What the node reports of one kind say about each cache.
 #[derive(Debug)]
 pub struct ReportIndex {
     state: Mutex<State>,
@@ -82,76 +125,53 @@ impl Default for ReportIndex {
 }
 
 impl ReportIndex {
-    /// Takes in one event of the node report watch.
-    pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) {
+    /// Takes in one event of the node report watch; returns the caches
+    /// whose entries it changed.
+    pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) -> Vec<CacheRef> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            watcher::Event::Apply(report) => {
-                state.current.apply(report_ref(report), caches(report))
-            }
+            watcher::Event::Apply(report) => state
+                .current
+                .apply(report_ref(report), kept_entries(report)),
             watcher::Event::Delete(report) => state.current.delete(&report_ref(report)),
-            watcher::Event::Init => state.relisting = Some(Index::default()),
-            watcher::Event::InitApply(report) => state
-                .relisting
-                .get_or_insert_with(Index::default)
-                .apply(report_ref(report), caches(report)),
+            watcher::Event::Init => {
+                state.relisting = Some(Index::default());
+                Vec::new()
+            }
+            watcher::Event::InitApply(report) => {
+                state
+                    .relisting
+                    .get_or_insert_with(Index::default)
+                    .apply(report_ref(report), kept_entries(report));
+                Vec::new()
+            }
             watcher::Event::InitDone => {
-                if let Some(listed) = state.relisting.take() {
-                    state.current = listed;
-                }
+                let listed = state.relisting.take().unwrap_or_default();
+                let changed = state.current.differences(&listed);
+                state.current = listed;
                 self.listed.send_replace(true);
+                changed
             }
         }
     }
 
-    /// Returns once a first list of the reports has been taken in (the
-    /// reflector's store has it too by then).
+    /// Returns once a first list of the reports has been taken in.
     pub async fn wait_until_listed(&self) {
         let mut listed = self.listed.subscribe();
         // The sender lives in `self`: waiting cannot fail.
         let _ = listed.wait_for(|done| *done).await;
     }
 
-    /// The names of the reports in `namespace` (`None`: cluster reports)
-    /// that mention the cache `name`.
-    pub fn reports_for(&self, namespace: Option<&str>, name: &str) -> Vec<String> {
+    /// The entries (per digest) of each node that reports the cache `key`,
+    /// with the node's name.
+    pub fn for_cache(&self, key: &CacheKey) -> Vec<(String, NodeEntries)> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state
             .current
             .by_cache
-            .get(&(namespace.map(str::to_string), name.to_string()))
-            .map(|reports| reports.iter().cloned().collect())
+            .get(&(key.namespace.clone(), key.name.clone()))
+            .map(|nodes| nodes.iter().map(|(n, e)| (n.clone(), e.clone())).collect())
             .unwrap_or_default()
-    }
-}
-
-/// The watched node reports of one kind, with the index of the caches
-/// they mention.
-pub struct Reports<R: NodeReport> {
-    /// Every report, as the reflector keeps it.
-    pub store: Store<R>,
-    /// Which of them mention which cache.
-    pub index: Arc<ReportIndex>,
-}
-
-impl<R: NodeReport> Reports<R> {
-    /// The entries (per digest) of each node that reports the cache `key`,
-    /// with the node's name.
-    pub fn for_cache(&self, key: &CacheKey) -> Vec<(String, BTreeMap<String, NodeCacheStatus>)> {
-        let namespace = key.namespace.as_deref();
-        self.index
-            .reports_for(namespace, &key.name)
-            .into_iter()
-            .filter_map(|node| {
-                let at = match namespace {
-                    Some(ns) => ObjectRef::<R>::new(&node).within(ns),
-                    None => ObjectRef::<R>::new(&node),
-                };
-                let report = self.store.get(&at)?;
-                let entries = report.report()?.caches.as_ref()?.get(&key.name)?.clone();
-                Some((node, entries))
-            })
-            .collect()
     }
 }
 
@@ -159,34 +179,87 @@ fn report_ref<R: NodeReport>(report: &R) -> ReportRef {
     (report.namespace(), report.name_any())
 }
 
-/// The caches a report mentions.
-fn caches<R: NodeReport>(report: &R) -> Vec<String> {
-    report
-        .report()
-        .and_then(|s| s.caches.as_ref())
-        .map(|c| c.keys().cloned().collect())
-        .unwrap_or_default()
+/// A report's entries per cache, each trimmed to what the operator reads.
+fn kept_entries<R: NodeReport>(report: &R) -> BTreeMap<String, NodeEntries> {
+    let caches = report.report().and_then(|s| s.caches.as_ref());
+    caches
+        .into_iter()
+        .flatten()
+        .map(|(cache, entries)| {
+            let kept = entries
+                .iter()
+                .map(|(digest, entry)| (digest.clone(), kept_entry(entry)))
+                .collect();
+            (cache.clone(), kept)
+        })
+        .collect()
+}
+
+/// What the operator's status reads of an entry: its state and its pods.
+fn kept_entry(entry: &NodeCacheStatus) -> NodeCacheStatus {
+    NodeCacheStatus {
+        state: entry.state,
+        pods: entry.pods.clone(),
+        ..NodeCacheStatus::default()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{CacheNodeStatus, ClusterGKMCacheNode, GKMCacheNode};
+    use crate::cache_object::Scope;
+    use crate::crd::{CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode};
     use watcher::Event;
 
-    fn report(namespace: &str, node: &str, caches: &[&str]) -> GKMCacheNode {
+    fn entry(state: CacheState, message: &str) -> NodeCacheStatus {
+        NodeCacheStatus {
+            state: Some(state),
+            message: Some(message.to_string()),
+            ..NodeCacheStatus::default()
+        }
+    }
+
+    fn report_of(namespace: &str, node: &str, caches: &[(&str, NodeCacheStatus)]) -> GKMCacheNode {
         let mut r = GKMCacheNode::new(node, Default::default());
         r.metadata.namespace = Some(namespace.into());
         r.status = Some(CacheNodeStatus {
             caches: Some(
                 caches
                     .iter()
-                    .map(|c| (c.to_string(), Default::default()))
+                    .map(|(c, e)| (c.to_string(), [("sha256:a".to_string(), e.clone())].into()))
                     .collect(),
             ),
             ..CacheNodeStatus::default()
         });
         r
+    }
+
+    fn report(namespace: &str, node: &str, caches: &[&str]) -> GKMCacheNode {
+        let caches: Vec<_> = caches
+            .iter()
+            .map(|c| (*c, entry(CacheState::Extracted, "")))
+            .collect();
+        report_of(namespace, node, &caches)
+    }
+
+    fn key(namespace: Option<&str>, name: &str) -> CacheKey {
+        CacheKey {
+            scope: match namespace {
+                Some(_) => Scope::Namespaced,
+                None => Scope::Cluster,
+            },
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+
+    fn nodes_of(index: &ReportIndex, namespace: Option<&str>, name: &str) -> Vec<String> {
+        let entries = index.for_cache(&key(namespace, name));
+        entries.into_iter().map(|(node, _)| node).collect()
+    }
+
+    fn cache(namespace: &str, name: &str) -> CacheRef {
+        (Some(namespace.to_string()), name.to_string())
     }
 
     #[test]
@@ -195,11 +268,62 @@ mod tests {
         index.observe(&Event::Apply(report("a", "n1", &["c1", "c2"])));
         index.observe(&Event::Apply(report("a", "n2", &["c1"])));
         index.observe(&Event::Apply(report("b", "n1", &["c1"])));
-        assert_eq!(index.reports_for(Some("a"), "c1"), ["n1", "n2"]);
-        assert_eq!(index.reports_for(Some("a"), "c2"), ["n1"]);
-        assert_eq!(index.reports_for(Some("b"), "c1"), ["n1"]);
-        assert!(index.reports_for(Some("b"), "c2").is_empty());
-        assert!(index.reports_for(None, "c1").is_empty());
+        assert_eq!(nodes_of(&index, Some("a"), "c1"), ["n1", "n2"]);
+        assert_eq!(nodes_of(&index, Some("a"), "c2"), ["n1"]);
+        assert_eq!(nodes_of(&index, Some("b"), "c1"), ["n1"]);
+        assert!(nodes_of(&index, Some("b"), "c2").is_empty());
+        assert!(nodes_of(&index, None, "c1").is_empty());
+    }
+
+    #[test]
+    fn a_report_change_names_only_the_caches_whose_entries_it_changed() {
+        let index = ReportIndex::default();
+        let extracted = entry(CacheState::Extracted, "");
+        let downloading = entry(CacheState::Downloading, "");
+        let first = report_of("a", "n1", &[("c1", downloading), ("c2", extracted.clone())]);
+        let mut changed = index.observe(&Event::Apply(first));
+        changed.sort();
+        assert_eq!(changed, [cache("a", "c1"), cache("a", "c2")]);
+        let second = report_of(
+            "a",
+            "n1",
+            &[("c1", extracted.clone()), ("c2", extracted.clone())],
+        );
+        assert_eq!(index.observe(&Event::Apply(second)), [cache("a", "c1")]);
+        // A message the operator does not read changes nothing it reads.
+        let reworded = entry(CacheState::Extracted, "extracted again");
+        let third = report_of("a", "n1", &[("c1", extracted), ("c2", reworded)]);
+        assert!(index.observe(&Event::Apply(third)).is_empty());
+        // Dropping a cache changes that cache.
+        let fourth = report_of("a", "n1", &[("c2", entry(CacheState::Extracted, ""))]);
+        assert_eq!(index.observe(&Event::Apply(fourth)), [cache("a", "c1")]);
+        assert!(nodes_of(&index, Some("a"), "c1").is_empty());
+    }
+
+    #[test]
+    fn entries_keep_what_the_status_reads_and_nothing_else() {
+        let index = ReportIndex::default();
+        let mut full = entry(CacheState::Incompatible, "sm75 only");
+        full.incompatible_gpus = Some(vec![0, 1]);
+        full.volume_size = Some(4096);
+        full.pods = Some(vec![crate::crd::PodData {
+            pod_name: "p".into(),
+            ..Default::default()
+        }]);
+        index.observe(&Event::Apply(report_of("a", "n1", &[("c1", full.clone())])));
+        let kept = index.for_cache(&key(Some("a"), "c1"));
+        let expected = NodeCacheStatus {
+            state: full.state,
+            pods: full.pods,
+            ..NodeCacheStatus::default()
+        };
+        assert_eq!(
+            kept,
+            [(
+                "n1".to_string(),
+                [("sha256:a".to_string(), expected)].into()
+            )]
+        );
     }
 
     #[test]
@@ -207,24 +331,30 @@ mod tests {
         let index = ReportIndex::default();
         index.observe(&Event::Apply(report("a", "n1", &["c1", "c2"])));
         index.observe(&Event::Apply(report("a", "n1", &["c2"])));
-        assert!(index.reports_for(Some("a"), "c1").is_empty());
-        assert_eq!(index.reports_for(Some("a"), "c2"), ["n1"]);
-        index.observe(&Event::Delete(report("a", "n1", &["c2"])));
-        assert!(index.reports_for(Some("a"), "c2").is_empty());
+        assert!(nodes_of(&index, Some("a"), "c1").is_empty());
+        assert_eq!(nodes_of(&index, Some("a"), "c2"), ["n1"]);
+        let gone = index.observe(&Event::Delete(report("a", "n1", &["c2"])));
+        assert_eq!(gone, [cache("a", "c2")]);
+        assert!(nodes_of(&index, Some("a"), "c2").is_empty());
         let state = index.state.lock().unwrap();
         assert_eq!(state.current, Index::default(), "nothing left behind");
     }
 
     #[test]
-    fn a_relist_answers_from_the_old_index_until_done_then_forgets_vanished_reports() {
+    fn a_relist_answers_from_the_old_index_until_done_then_names_what_changed() {
         let index = ReportIndex::default();
         index.observe(&Event::Apply(report("a", "gone", &["c1"])));
-        index.observe(&Event::Apply(report("a", "kept", &["c1"])));
+        index.observe(&Event::Apply(report("a", "kept", &["c1", "c2"])));
         index.observe(&Event::<GKMCacheNode>::Init);
-        index.observe(&Event::InitApply(report("a", "kept", &["c1"])));
-        assert_eq!(index.reports_for(Some("a"), "c1"), ["gone", "kept"]);
-        index.observe(&Event::<GKMCacheNode>::InitDone);
-        assert_eq!(index.reports_for(Some("a"), "c1"), ["kept"]);
+        assert!(
+            index
+                .observe(&Event::InitApply(report("a", "kept", &["c1", "c2"])))
+                .is_empty()
+        );
+        assert_eq!(nodes_of(&index, Some("a"), "c1"), ["gone", "kept"]);
+        let changed = index.observe(&Event::<GKMCacheNode>::InitDone);
+        assert_eq!(changed, [cache("a", "c1")], "c2 is as it was");
+        assert_eq!(nodes_of(&index, Some("a"), "c1"), ["kept"]);
     }
 
     #[tokio::test]
@@ -238,12 +368,13 @@ mod tests {
         index.observe(&Event::InitApply(report("a", "n1", &["c1"])));
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "listed before the list was done");
-        index.observe(&Event::<GKMCacheNode>::InitDone);
+        let changed = index.observe(&Event::<GKMCacheNode>::InitDone);
+        assert_eq!(changed, [cache("a", "c1")]);
         tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
             .await
             .expect("listed")
             .expect("the waiting task");
-        assert_eq!(index.reports_for(Some("a"), "c1"), ["n1"]);
+        assert_eq!(nodes_of(&index, Some("a"), "c1"), ["n1"]);
     }
 
     #[test]
@@ -255,12 +386,12 @@ mod tests {
             ..CacheNodeStatus::default()
         });
         index.observe(&Event::Apply(r));
-        assert_eq!(index.reports_for(None, "cc"), ["n1"]);
+        assert_eq!(nodes_of(&index, None, "cc"), ["n1"]);
         // A report without status mentions nothing.
         index.observe(&Event::Apply(ClusterGKMCacheNode::new(
             "n1",
             Default::default(),
         )));
-        assert!(index.reports_for(None, "cc").is_empty());
+        assert!(nodes_of(&index, None, "cc").is_empty());
     }
 }
