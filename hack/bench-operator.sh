@@ -13,16 +13,18 @@
 #
 #   start     the operator and the agents start (Node labels)
 #   converge  CACHES GKMCaches are created; timed until every cache reports
-#             its digest, every node counted and every sm75 node extracted
+#             its digest, every node counted, every sm75 node extracted
+#             and every other node finding it incompatible
 #   change    CHANGED caches get a new image (spec.image to a new tag); timed
 #             the same way
 #   idle      nothing changes for IDLE_SECS
 #
 # and prints, per figure, baseline, after, the ratio after / baseline and the
 # target: API writes by writer (audit log: the operator's and the agents'
-# ServiceAccounts) per phase and per changed object, registry requests per
-# phase (access log; tag resolutions apart while idle), time to converge,
-# and the operator's RSS (VmRSS, VmHWM) at the end.
+# ServiceAccounts) per phase and per changed object, the writes it refused
+# (429 when shedding load; kube's client retries those) apart, registry
+# requests per phase (access log; tag resolutions apart while idle), time
+# to converge, and the operator's RSS (VmRSS, VmHWM) at the end.
 #
 # The operator runs as its binary, built at each revision, with its default
 # flags (resolve interval 5m: an idle window of 600 s sees each tag

@@ -23,7 +23,10 @@
 //! nothing changes for IDLE_SECS. API requests are read from the
 //! apiserver's audit log (user, verb, resource, subresource of each
 //! request by the operator's and the agents' ServiceAccounts), registry
-//! requests from the registry's access log.
+//! requests from the registry's access log. Writes the apiserver refused
+//! (429 when it sheds load, 409, 5xx) are counted apart from the writes it
+//! took: a refused write changed nothing and is not the writer's choice to
+//! repeat one, since kube's client retries 429, 503 and 504 itself.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, Seek as _};
@@ -130,8 +133,12 @@ fn node_name(index: usize) -> String {
 /// Requests counted in one phase.
 #[derive(Default)]
 struct Counts {
-    /// (writer, verb, resource[/subresource]) → requests.
+    /// (writer, verb, resource[/subresource]) → requests, less the
+    /// refused writes.
     api: BTreeMap<(String, String, String), u64>,
+    /// (writer, resource[/subresource], response code) → writes the
+    /// apiserver refused.
+    refused: BTreeMap<(String, String, u64), u64>,
     /// Registry requests: tag resolutions (manifests by tag) and the rest.
     registry_tags: u64,
     registry_other: u64,
@@ -152,6 +159,14 @@ impl Counts {
             .sum()
     }
 
+    fn refused(&self, writer: &str) -> u64 {
+        self.refused
+            .iter()
+            .filter(|((w, _, _), _)| w == writer)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     fn reads(&self, writer: &str) -> u64 {
         self.api
             .iter()
@@ -168,6 +183,9 @@ impl Counts {
         );
         for ((writer, verb, resource), n) in &self.api {
             eprintln!("   {phase}: {writer:<8} {verb:<8} {resource:<28} {n}");
+        }
+        for ((writer, resource, code), n) in &self.refused {
+            eprintln!("   {phase}: {writer:<8} refused  {resource:<28} {n} ({code})");
         }
     }
 }
@@ -320,7 +338,16 @@ impl Meter {
                 resource = format!("{resource}/{sub}");
             }
             if is_write(&verb) {
+                // Refused writes count towards the phase's activity too.
                 writes += 1;
+                let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
+                if code >= 400 {
+                    *counts
+                        .refused
+                        .entry((writer.to_string(), resource, code))
+                        .or_default() += 1;
+                    continue;
+                }
             }
             *counts
                 .api
@@ -519,8 +546,9 @@ impl Bench {
     }
 
     /// Waits until every cache of `expected` (name → digest) reports its
-    /// digest resolved, every node counted and every compatible node
-    /// holding it extracted.
+    /// digest resolved, every node counted, every compatible node holding
+    /// it extracted and every other node finding it incompatible: each node
+    /// has decided on that digest, not only reported the cache.
     async fn converge(
         &self,
         expected: &BTreeMap<String, String>,
@@ -548,6 +576,7 @@ impl Bench {
                 if status["resolvedDigest"].as_str() == Some(digest.as_str())
                     && count("nodeCnt") == nodes
                     && extracted == compatible
+                    && count("nodeIncompatibleCnt") == nodes - compatible
                 {
                     done += 1;
                 } else if behind.is_empty() {
@@ -815,6 +844,8 @@ impl Measured {
                 converge.report_changes,
             ),
             "converge_agent_events": converge.writes("agents", Some("events")),
+            "converge_operator_writes_refused": converge.refused("operator"),
+            "converge_agent_writes_refused": converge.refused("agents"),
             "converge_registry_requests": converge.registry_tags + converge.registry_other,
             "change_operator_writes": change.writes("operator", None),
             "change_operator_cache_writes_per_changed_cache": per(cache_writes(change), scale.changed),
@@ -829,6 +860,8 @@ impl Measured {
                 change.report_changes,
             ),
             "change_registry_requests": change.registry_tags + change.registry_other,
+            "change_operator_writes_refused": change.refused("operator"),
+            "change_agent_writes_refused": change.refused("agents"),
             "idle_operator_writes": idle.writes("operator", None),
             "idle_agent_writes": idle.writes("agents", None),
             "idle_operator_reads": idle.reads("operator"),
@@ -948,6 +981,8 @@ const ROWS: &[(&str, &str)] = &[
     ("converge_agent_report_writes_per_node", ""),
     ("converge_agent_report_writes_per_stored_change", "<= 1"),
     ("converge_agent_events", ""),
+    ("converge_operator_writes_refused", ""),
+    ("converge_agent_writes_refused", ""),
     ("converge_registry_requests", ""),
     ("change_operator_writes", ""),
     ("change_operator_cache_writes_per_changed_cache", ""),
@@ -956,6 +991,8 @@ const ROWS: &[(&str, &str)] = &[
     ("change_agent_report_writes_per_node", ""),
     ("change_agent_report_writes_per_stored_change", "<= 1"),
     ("change_registry_requests", ""),
+    ("change_operator_writes_refused", ""),
+    ("change_agent_writes_refused", ""),
     ("idle_operator_writes", "0"),
     ("idle_agent_writes", "0"),
     ("idle_operator_reads", ""),
