@@ -132,6 +132,20 @@ pub struct Image {
 }
 
 impl Image {
+    /// The digest [`Image::fetch`] gives (of the manifest an index selects,
+    /// when the reference names an index), read with one manifest request:
+    /// what re-resolving a tag needs, without the config. The selected
+    /// manifest itself is not read, so a nested index is found only when
+    /// the image is fetched.
+    pub async fn resolve(repo: &Repo) -> Result<Digest> {
+        let raw = repo.fetch_manifest().await?;
+        if is_index(&raw.media_type) {
+            select_from_index(&raw.bytes)
+        } else {
+            Ok(raw.digest)
+        }
+    }
+
     /// Resolve the reference and read the manifest and config.
     pub async fn fetch(repo: &Repo) -> Result<Image> {
         let mut raw = repo.fetch_manifest().await?;

@@ -117,8 +117,9 @@ impl ManifestGetter {
         Ok(request.send().await?)
     }
 
-    /// The credential to send: the cached one unless `refresh`, else a new
-    /// exchange through oci-client (which handles the registry's challenge).
+    /// The credential to send: the cached one unless `refresh`, none at
+    /// first for an anonymous read, else a new exchange through oci-client
+    /// (which handles the registry's challenge).
     async fn credential(
         &self,
         client: &oci_client::Client,
@@ -129,6 +130,14 @@ impl ManifestGetter {
         let mut cached = self.credential.lock().await;
         if let (false, Some(credential)) = (refresh, cached.as_ref()) {
             return Ok(credential.clone());
+        }
+        // Anonymous reads first try without an exchange, which would cost
+        // a `/v2/` request of its own: a registry that wants a token
+        // answers 401, and the exchange follows then. Credentials are
+        // never sent before the registry has asked for them.
+        if !refresh && matches!(auth, RegistryAuth::Anonymous) {
+            *cached = Some(Credential::None);
+            return Ok(Credential::None);
         }
         let token = client
             .auth(reference, auth, RegistryOperation::Pull)

@@ -137,6 +137,12 @@ async fn build_and_read_back(
     .expect("build+push");
     let (img, targets) = inspect(remote, opts).await;
     assert_eq!(img.digest, built.digest);
+    let repo = Repo::open(remote, opts).expect("open");
+    let resolved = Image::resolve(&repo).await.expect("resolve");
+    assert_eq!(
+        resolved, built.digest,
+        "resolve gives the digest fetch gives"
+    );
     assert_eq!(targets, expected_targets(name));
     extract_and_compare(name, remote, opts, work).await;
     built

@@ -20,7 +20,8 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::metrics::RegistryOperation;
-use super::report_index::{NodeEntries, ReportIndex};
+use super::report_index::ReportIndex;
+use super::rollup::NodeEntries;
 use super::rollup::rollup;
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
@@ -179,11 +180,12 @@ fn compatible_nodes(entries: &[(String, NodeEntries)], digest: &str) -> BTreeSet
     entries
         .iter()
         .filter(|(_, entries)| {
-            entries.get(digest).is_some_and(|e| {
-                matches!(
-                    e.state,
-                    Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
-                )
+            entries.iter().any(|(d, e)| {
+                d == digest
+                    && matches!(
+                        e.state,
+                        Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
+                    )
             })
         })
         .map(|(node, _)| node.clone())
@@ -234,12 +236,11 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
         .parse()
         .map_err(|e| format!("spec.image {image:?}: {e}"))?;
     let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
-    let fetched = Image::fetch(&repo).await;
+    let resolved = Image::resolve(&repo).await;
     ctx.metrics
-        .registry_request(RegistryOperation::Resolve, fetched.is_ok(), now.elapsed());
-    let digest = fetched
+        .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
+    let digest = resolved
         .map_err(|e| format!("resolving {image}: {e}"))?
-        .digest
         .to_string();
     ctx.resolutions
         .record(image, &digest, now, MAX_RESOLVE_INTERVAL);

@@ -3,10 +3,11 @@
 //! entries, and a report's change triggers only the caches whose entries it
 //! changed.
 //!
-//! Only what the operator reads of an entry (its state and pods) is kept,
-//! per cache and node; the reports themselves are not. At a thousand nodes
-//! reporting fifty caches, the full reports (messages, GPU reasons, managed
-//! fields) would be most of the operator's memory.
+//! Only what the operator reads of an entry (its state and pod count,
+//! [`Entry`]) is kept, per cache and node; the reports themselves are not.
+//! At a thousand nodes reporting fifty caches, the full reports (messages,
+//! GPU reasons, managed fields, a map per cache) took most of the
+//! operator's memory.
 //!
 //! A relist (the watch restarted) is buffered like a reflector's store does
 //! it: the index answers from what it had until the list is complete, then
@@ -18,8 +19,8 @@ use std::sync::Mutex;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
+use super::rollup::{Entry, NodeEntries};
 use crate::cache_object::{CacheKey, NodeReport};
-use crate::crd::NodeCacheStatus;
 
 /// A cache as node reports name it: its namespace (`None` for a cluster
 /// cache) and name.
@@ -27,8 +28,6 @@ pub type CacheRef = (Option<String>, String);
 /// A node report: its namespace (`None` for a cluster report) and name
 /// (the node's).
 type ReportRef = (Option<String>, String);
-/// One node's entries for one cache, per digest.
-pub type NodeEntries = BTreeMap<String, NodeCacheStatus>;
 
 /// Cache → node → its entries, and report → the caches it mentions.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -179,7 +178,7 @@ fn report_ref<R: NodeReport>(report: &R) -> ReportRef {
     (report.namespace(), report.name_any())
 }
 
-/// A report's entries per cache, each trimmed to what the operator reads.
+/// A report's entries per cache, each as the operator reads it.
 fn kept_entries<R: NodeReport>(report: &R) -> BTreeMap<String, NodeEntries> {
     let caches = report.report().and_then(|s| s.caches.as_ref());
     caches
@@ -188,27 +187,20 @@ fn kept_entries<R: NodeReport>(report: &R) -> BTreeMap<String, NodeEntries> {
         .map(|(cache, entries)| {
             let kept = entries
                 .iter()
-                .map(|(digest, entry)| (digest.clone(), kept_entry(entry)))
+                .map(|(digest, entry)| (digest.clone(), Entry::from(entry)))
                 .collect();
             (cache.clone(), kept)
         })
         .collect()
 }
 
-/// What the operator's status reads of an entry: its state and its pods.
-fn kept_entry(entry: &NodeCacheStatus) -> NodeCacheStatus {
-    NodeCacheStatus {
-        state: entry.state,
-        pods: entry.pods.clone(),
-        ..NodeCacheStatus::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cache_object::Scope;
-    use crate::crd::{CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode};
+    use crate::crd::{
+        CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode, NodeCacheStatus,
+    };
     use watcher::Event;
 
     fn entry(state: CacheState, message: &str) -> NodeCacheStatus {
@@ -303,26 +295,22 @@ mod tests {
     #[test]
     fn entries_keep_what_the_status_reads_and_nothing_else() {
         let index = ReportIndex::default();
-        let mut full = entry(CacheState::Incompatible, "sm75 only");
-        full.incompatible_gpus = Some(vec![0, 1]);
+        let mut full = entry(CacheState::Running, "in use");
+        full.compatible_gpus = Some(vec![0, 1]);
         full.volume_size = Some(4096);
         full.pods = Some(vec![crate::crd::PodData {
             pod_name: "p".into(),
             ..Default::default()
         }]);
-        index.observe(&Event::Apply(report_of("a", "n1", &[("c1", full.clone())])));
+        index.observe(&Event::Apply(report_of("a", "n1", &[("c1", full)])));
         let kept = index.for_cache(&key(Some("a"), "c1"));
-        let expected = NodeCacheStatus {
-            state: full.state,
-            pods: full.pods,
-            ..NodeCacheStatus::default()
+        let expected = Entry {
+            state: Some(CacheState::Running),
+            pods: 1,
         };
         assert_eq!(
             kept,
-            [(
-                "n1".to_string(),
-                [("sha256:a".to_string(), expected)].into()
-            )]
+            [("n1".to_string(), vec![("sha256:a".to_string(), expected)])]
         );
     }
 

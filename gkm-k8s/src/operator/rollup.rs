@@ -1,12 +1,33 @@
 //! Rolling node reports up into a cache's counts and state. Pure: tests feed
 //! it reports, the reconcile feeds it the watched node reports.
 
-use std::collections::BTreeMap;
-
 use crate::crd::{CacheCounts, CacheState, NodeCacheStatus};
 
-/// One node's entries for one cache, per image digest.
-pub type NodeEntries<'a> = &'a BTreeMap<String, NodeCacheStatus>;
+/// What the rollup reads of a node's entry for one digest: its state and
+/// how many pods use it. Eight bytes, where the entry itself is hundreds:
+/// the operator keeps one per cache, node and digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Where the digest stands on the node.
+    pub state: Option<CacheState>,
+    /// The pods using it there.
+    pub pods: u32,
+}
+
+impl From<&NodeCacheStatus> for Entry {
+    fn from(entry: &NodeCacheStatus) -> Entry {
+        Entry {
+            state: entry.state,
+            pods: entry
+                .pods
+                .as_ref()
+                .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+/// One node's entries for one cache, by image digest.
+pub type NodeEntries = Vec<(String, Entry)>;
 
 /// A cache's cluster-wide counts and state, from the entries of every node
 /// that reported it.
@@ -20,14 +41,14 @@ pub type NodeEntries<'a> = &'a BTreeMap<String, NodeCacheStatus>;
 pub fn rollup<'a>(
     resolved: Option<&str>,
     deleting: bool,
-    nodes: impl IntoIterator<Item = NodeEntries<'a>>,
+    nodes: impl IntoIterator<Item = &'a NodeEntries>,
 ) -> (CacheCounts, CacheState) {
     let mut counts = CacheCounts::default();
     let mut downloading = false;
     for entries in nodes {
         counts.node_cnt += 1;
         for (digest, entry) in entries {
-            let pods = entry.pods.as_ref().map_or(0, Vec::len) as i32;
+            let pods = i32::try_from(entry.pods).unwrap_or(i32::MAX);
             let current = Some(digest.as_str()) == resolved;
             if deleting {
                 counts.pod_deleting_cnt += pods;
@@ -82,26 +103,27 @@ mod tests {
     use super::*;
     use crate::crd::PodData;
 
-    fn entry(state: CacheState, pods: usize) -> NodeCacheStatus {
-        NodeCacheStatus {
+    fn entry(state: CacheState, pods: u32) -> Entry {
+        Entry {
             state: Some(state),
-            pods: (pods > 0).then(|| {
-                (0..pods)
-                    .map(|i| PodData {
-                        pod_name: format!("p{i}"),
-                        ..PodData::default()
-                    })
-                    .collect()
-            }),
-            ..NodeCacheStatus::default()
+            pods,
         }
     }
 
-    fn node(entries: &[(&str, NodeCacheStatus)]) -> BTreeMap<String, NodeCacheStatus> {
-        entries
-            .iter()
-            .map(|(d, e)| (d.to_string(), e.clone()))
-            .collect()
+    fn node(entries: &[(&str, Entry)]) -> NodeEntries {
+        entries.iter().map(|(d, e)| (d.to_string(), *e)).collect()
+    }
+
+    #[test]
+    fn an_entry_is_read_as_its_state_and_pod_count() {
+        let reported = NodeCacheStatus {
+            state: Some(CacheState::Running),
+            message: Some("in use".into()),
+            pods: Some(vec![PodData::default(), PodData::default()]),
+            ..NodeCacheStatus::default()
+        };
+        assert_eq!(Entry::from(&reported), entry(CacheState::Running, 2));
+        assert_eq!(Entry::from(&NodeCacheStatus::default()), Entry::default());
     }
 
     #[test]
