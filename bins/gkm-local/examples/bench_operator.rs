@@ -561,7 +561,17 @@ impl Bench {
         let mut last_report = Instant::now();
         loop {
             gkm.check_running()?;
-            let list = self.caches().list(&ListParams::default()).await?;
+            // The apiserver is loaded to its limits here: a failed poll is
+            // tried again, within the deadline.
+            let list = match self.caches().list(&ListParams::default()).await {
+                Ok(list) => list,
+                Err(e) => {
+                    eprintln!("   listing the caches: {e}; trying again");
+                    anyhow::ensure!(Instant::now() < deadline, "listing the caches: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
             let mut done = 0;
             let mut behind = String::new();
             for cache in &list.items {
