@@ -33,6 +33,21 @@ pub struct CacheKey {
     pub name: String,
 }
 
+impl CacheKey {
+    /// The key of the cache `name` in `namespace`: a `GKMCache` there, or a
+    /// `ClusterGKMCache` when `namespace` is `None`.
+    pub fn named(namespace: Option<&str>, name: &str) -> CacheKey {
+        CacheKey {
+            scope: match namespace {
+                Some(_) => Scope::Namespaced,
+                None => Scope::Cluster,
+            },
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for CacheKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {

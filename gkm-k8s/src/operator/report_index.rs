@@ -197,7 +197,6 @@ fn kept_entries<R: NodeReport>(report: &R) -> BTreeMap<String, NodeEntries> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache_object::Scope;
     use crate::crd::{
         CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode, NodeCacheStatus,
     };
@@ -234,19 +233,8 @@ mod tests {
         report_of(namespace, node, &caches)
     }
 
-    fn key(namespace: Option<&str>, name: &str) -> CacheKey {
-        CacheKey {
-            scope: match namespace {
-                Some(_) => Scope::Namespaced,
-                None => Scope::Cluster,
-            },
-            namespace: namespace.map(str::to_string),
-            name: name.to_string(),
-        }
-    }
-
     fn nodes_of(index: &ReportIndex, namespace: Option<&str>, name: &str) -> Vec<String> {
-        let entries = index.for_cache(&key(namespace, name));
+        let entries = index.for_cache(&CacheKey::named(namespace, name));
         entries.into_iter().map(|(node, _)| node).collect()
     }
 
@@ -303,7 +291,7 @@ mod tests {
             ..Default::default()
         }]);
         index.observe(&Event::Apply(report_of("a", "n1", &[("c1", full)])));
-        let kept = index.for_cache(&key(Some("a"), "c1"));
+        let kept = index.for_cache(&CacheKey::named(Some("a"), "c1"));
         let expected = Entry {
             state: Some(CacheState::Running),
             pods: 1,

@@ -257,15 +257,7 @@ mod tests {
     }
 
     fn key(namespace: Option<&str>, name: &str) -> CacheKey {
-        CacheKey {
-            scope: if namespace.is_some() {
-                Scope::Namespaced
-            } else {
-                Scope::Cluster
-            },
-            namespace: namespace.map(String::from),
-            name: name.into(),
-        }
+        CacheKey::named(namespace, name)
     }
 
     fn set(items: &[&str]) -> BTreeSet<String> {
