@@ -256,10 +256,6 @@ mod tests {
         }
     }
 
-    fn key(namespace: Option<&str>, name: &str) -> CacheKey {
-        CacheKey::named(namespace, name)
-    }
-
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| s.to_string()).collect()
     }
@@ -308,7 +304,7 @@ mod tests {
         let cases = [
             Case {
                 what: "csi mode has no claims",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(None, &rox, &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -318,7 +314,7 @@ mod tests {
             },
             Case {
                 what: "rox namespaced: one filled claim",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &rox, &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -328,7 +324,7 @@ mod tests {
             },
             Case {
                 what: "rox, no node's GPUs fit: claim made, never filled",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &rox, &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -338,7 +334,7 @@ mod tests {
             },
             Case {
                 what: "unverified: claim made, never filled",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &rox, &[]),
                 digest: Some(DIGEST),
                 deliverable: false,
@@ -348,7 +344,7 @@ mod tests {
             },
             Case {
                 what: "unresolved: claim made, never filled",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &rox, &[]),
                 digest: None,
                 deliverable: true,
@@ -358,7 +354,7 @@ mod tests {
             },
             Case {
                 what: "rox cluster: a claim per existing namespace, the missing one named",
-                key: key(None, "c"),
+                key: CacheKey::named(None, "c"),
                 spec: spec(Some("sc"), &rox, &["b", "a", "gone", "a"]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -368,7 +364,7 @@ mod tests {
             },
             Case {
                 what: "rwo: a claim per compatible node",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &[], &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -378,7 +374,7 @@ mod tests {
             },
             Case {
                 what: "rwo without compatible nodes: nothing",
-                key: key(Some("a"), "c"),
+                key: CacheKey::named(Some("a"), "c"),
                 spec: spec(Some("sc"), &[], &[]),
                 digest: Some(DIGEST),
                 deliverable: true,
@@ -442,7 +438,7 @@ mod tests {
             "a changed template is a new Job"
         );
         assert_ne!(names::node_claim("c", "n1"), names::node_claim("c", "n2"));
-        let (ns, cl) = (key(Some("a"), "c"), key(None, "c"));
+        let (ns, cl) = (CacheKey::named(Some("a"), "c"), CacheKey::named(None, "c"));
         assert_ne!(names::volume(&ns, "a", None), names::volume(&cl, "a", None));
         assert_ne!(
             names::volume(&ns, "a", Some("n1")),
