@@ -4,4 +4,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| gkm_k8s::fuzzing::csi_publish(data));
+fuzz_target!(|data: &[u8]| gkm_k8s_csi::fuzzing::csi_publish(data));

@@ -4,4 +4,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &str| gkm_k8s::fuzzing::duration(data));
+fuzz_target!(|data: &str| gkm_oci::fuzzing::duration(data));

@@ -10,6 +10,13 @@
 //!   [`cache::CacheManifest`] and its [`cache::Summary`].
 //! - [`compat`]: matching a manifest or summary against GPUs, with a reason for
 //!   every mismatch.
+//! - [`digest`]: the `sha256:<hex>` digests that name images, blobs and store
+//!   entries.
+//! - [`image_layout`] and [`store_layout`]: where a cache sits in its image
+//!   layer, and where a node store keeps each extracted image.
+//! - [`cache_key`]: naming a `GKMCache` or `ClusterGKMCache`.
+//! - [`duration`]: durations as cache specs and flags write them (`90s`,
+//!   `1h30m`).
 //!
 //! ```no_run
 //! use gkm_core::{Gpu, cache, compat};
@@ -25,8 +32,15 @@
 
 pub mod assignment;
 pub mod cache;
+pub mod cache_key;
 pub mod compat;
+pub mod digest;
+pub mod duration;
 pub mod gpu;
+pub mod image_layout;
 pub mod policy;
+pub mod store_layout;
 
+pub use cache_key::{CacheKey, Scope};
+pub use digest::Digest;
 pub use gpu::{Arch, Backend, Gpu, Vendor};

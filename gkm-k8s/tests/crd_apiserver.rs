@@ -2,7 +2,7 @@
 //! of every kind accepted, invalid ones rejected by the apiserver with a
 //! message naming the field, printer columns served in Table responses.
 
-use gkm_k8s::crd::{self, ClusterGKMCache, GKMCache, GKMCacheNode};
+use gkm_k8s_api::crd::{self, ClusterGKMCache, GKMCache, GKMCacheNode};
 use gkm_testenv::ControlPlane;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde::Deserialize;

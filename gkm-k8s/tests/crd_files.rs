@@ -8,7 +8,7 @@ fn deploy_dir() -> PathBuf {
 
 #[test]
 fn crd_yaml_snapshot() {
-    let yaml = gkm_k8s::crd::crds_yaml().expect("CRDs serialise");
+    let yaml = gkm_k8s_api::crd::crds_yaml().expect("CRDs serialise");
     insta::assert_snapshot!("crds", yaml);
 }
 
@@ -18,7 +18,7 @@ fn crd_yaml_snapshot() {
 fn deploy_crds_are_current() {
     let update = std::env::var_os("GKM_UPDATE_DEPLOY").is_some();
     let mut stale = Vec::new();
-    for crd in gkm_k8s::crd::crds() {
+    for crd in gkm_k8s_api::crd::crds() {
         let name = crd.metadata.name.clone().expect("CRD has a name");
         let path = deploy_dir().join(format!("{name}.yaml"));
         let want = serde_yaml::to_string(&crd).expect("CRD serialises");

@@ -13,16 +13,18 @@ use std::path::{Path, PathBuf};
 use csi_support::{clients, cluster_cache, extract_fixture, gkmcache, start_driver};
 use gkm_core::compat::{CheckOptions, check_summary};
 use gkm_core::{Backend, Gpu, Vendor};
-use gkm_k8s::csi::mount::mount_at;
-use gkm_k8s::csi::proto::node_client::NodeClient;
-use gkm_k8s::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use gkm_k8s::csi::proto::{
+use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
+use gkm_k8s_kubelet::proto::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode,
+};
+use gkm_k8s_kubelet::proto::csi::{
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
     NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest,
     VolumeCapability,
 };
-use gkm_k8s::node_files::delivery::{Delivery, DeliveryIndex, Verdict};
-use gkm_k8s::node_files::mount_records::{MountRecords, PodRef};
+use gkm_k8s_node::delivery::{Delivery, DeliveryIndex, Verdict};
+use gkm_k8s_node::mount_records::{MountRecords, PodRef};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -103,7 +105,7 @@ struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
-        let _ = gkm_k8s::csi::mount::unmount_all(&self.0);
+        let _ = gkm_k8s_csi::mount::unmount_all(&self.0);
     }
 }
 
@@ -532,7 +534,7 @@ async fn a_target_holding_another_mount_is_refused() {
     let other = s.work.path().join("other");
     fs::create_dir_all(&other).expect("mkdir");
     fs::create_dir_all(&target).expect("mkdir");
-    gkm_k8s::csi::mount::bind_read_only(&other, &target).expect("bind");
+    gkm_k8s_csi::mount::bind_read_only(&other, &target).expect("bind");
 
     let status = s
         .publish(publish_request(

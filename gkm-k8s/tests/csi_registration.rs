@@ -3,22 +3,24 @@
 
 mod csi_support;
 
-use gkm_k8s::csi::registration::{RegistrationService, socket_name};
-use gkm_k8s::csi::registration_proto::registration_client::RegistrationClient;
-use gkm_k8s::csi::registration_proto::{InfoRequest, RegistrationStatus};
-use gkm_k8s::csi::serve_registration;
+use gkm_k8s_csi::{PLUGIN, RegistrationService, serve_registration};
+use gkm_k8s_kubelet::proto::registration::registration_client::RegistrationClient;
+use gkm_k8s_kubelet::proto::registration::{InfoRequest, RegistrationStatus};
 use tokio::sync::oneshot;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubelet_learns_the_driver_and_reports_back() {
     let work = tempfile::tempdir().expect("tempdir");
     let registry = work.path().join("plugins_registry");
-    let socket = registry.join(socket_name());
+    let socket = registry.join(PLUGIN.socket_name());
     assert_eq!(
         socket.file_name().and_then(|n| n.to_str()),
         Some("csi.gkm.io-reg.sock")
     );
-    let service = RegistrationService::new("/var/lib/kubelet/plugins/csi.gkm.io/csi.sock".into());
+    let service = RegistrationService::new(
+        PLUGIN,
+        "/var/lib/kubelet/plugins/csi.gkm.io/csi.sock".into(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let served = tokio::spawn({
         let (socket, service) = (socket.clone(), service.clone());

@@ -21,12 +21,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use csi_support::{extract_fixture, gkmcache, start_driver};
-use gkm_k8s::csi::proto::controller_server::{Controller, ControllerServer};
-use gkm_k8s::csi::proto::{
+use gkm_k8s_csi::{CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID};
+use gkm_k8s_kubelet::proto::csi::controller_server::{Controller, ControllerServer};
+use gkm_k8s_kubelet::proto::csi::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
 };
-use gkm_k8s::csi::{CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID};
-use gkm_k8s::node_files::delivery::{Delivery, DeliveryIndex};
+use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
 use gkm_testenv::{Component, find_binary};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;

@@ -9,8 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use gkm_gpu::telemetry::{Telemetry, TelemetryOptions};
-use gkm_k8s::agent::telemetry::{GpuCollector, family_names, metrics_text};
-use gkm_k8s::podresources::{Allocations, proto};
+use gkm_k8s_agent::allocations::Allocations;
+use gkm_k8s_agent::telemetry::{GpuCollector, family_names, metrics_text};
+use gkm_k8s_kubelet::proto::podresources as proto;
 use gkm_testenv::{Sample, promlint, samples};
 
 const MIXED: &str = "gpus:

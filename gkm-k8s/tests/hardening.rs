@@ -17,11 +17,11 @@ mod operator_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gkm_k8s::cache_object::{CacheKey, Scope};
-use gkm_k8s::crd::{
+use gkm_k8s_api::cache_object::CacheKey;
+use gkm_k8s_api::crd::{
     GKMCache, GKMCacheNode, KeySigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
 };
-use gkm_k8s::operator::{ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier};
+use gkm_k8s_operator::{ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier};
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -53,7 +53,7 @@ async fn relax_resolve_interval(client: &kube::Client) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::Result<()> {
     let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     let client = plane.client().await?;
     let registry = Registry::shared()?;
     let ns = "hardening";
@@ -109,7 +109,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         registry_options(),
         OPERATOR_NAMESPACE,
     ));
-    let operator = tokio::spawn(gkm_k8s::operator::run(
+    let operator = tokio::spawn(gkm_k8s_operator::run(
         client.clone(),
         config,
         verifier,
@@ -225,7 +225,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
     })
     .await?;
     assert!(!operator.is_finished(), "the operator stopped");
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
 
     // Class 7: a report of a node that no longer exists does not hold a
     // deletion forever.
@@ -273,16 +273,8 @@ async fn key_references_stay_in_their_namespace() -> anyhow::Result<()> {
     put_secret(&client, "tenant-a", "mine", &good).await?;
     put_secret(&client, OPERATOR_NAMESPACE, "cluster-key", &good).await?;
     let verifier = RegistryVerifier::new(client.clone(), registry_options(), OPERATOR_NAMESPACE);
-    let tenant_a = CacheKey {
-        scope: Scope::Namespaced,
-        namespace: Some("tenant-a".into()),
-        name: "c".into(),
-    };
-    let cluster = CacheKey {
-        scope: Scope::Cluster,
-        namespace: None,
-        name: "c".into(),
-    };
+    let tenant_a = CacheKey::namespaced("tenant-a", "c");
+    let cluster = CacheKey::cluster("c");
     let policy = |ns: Option<&str>, name: &str| SignaturePolicy {
         signers: Some(vec![Signer {
             key: Some(KeySigner {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::runtime::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::ControlPlane;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};

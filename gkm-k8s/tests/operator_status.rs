@@ -13,9 +13,9 @@ mod operator_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gkm_k8s::cache_object::Scope;
-use gkm_k8s::crd::{CacheState, GKMCache, GKMCacheNode, PvcOwner, PvcStatus};
-use gkm_k8s::operator::{
+use gkm_k8s_api::cache_object::Scope;
+use gkm_k8s_api::crd::{CacheState, GKMCache, GKMCacheNode, PvcOwner, PvcStatus};
+use gkm_k8s_operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
@@ -50,7 +50,7 @@ fn status_managers(cache: &GKMCache) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     let client = plane.client().await?;
     let registry = Registry::shared()?;
     let ns = "operator-status";
@@ -119,8 +119,8 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         &kube::config::KubeConfigOptions::default(),
     )
     .await?;
-    gkm_k8s::runtime::identity::identify(&mut operator_config, MANAGER);
-    let operator = tokio::spawn(gkm_k8s::operator::run(
+    gkm_k8s_runtime::identity::identify(&mut operator_config, MANAGER);
+    let operator = tokio::spawn(gkm_k8s_operator::run(
         kube::Client::try_from(operator_config)?,
         config,
         verifier,
@@ -171,7 +171,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         steady
             .finalizers()
             .iter()
-            .any(|f| f == gkm_k8s::operator::FINALIZER)
+            .any(|f| f == gkm_k8s_operator::FINALIZER)
     );
 
     // After the upgrade the operator took over what the old writer owned,

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::{self, GKMCache, GKMCacheNode};
-use gkm_k8s::runtime::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s_api::crd::{self, GKMCache, GKMCacheNode};
+use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::{
     ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
 };
@@ -1035,7 +1035,7 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
         let applied = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "own-node", "labels": labels}});
         let request = kube::core::Request::new("/api/v1/nodes").patch(
             "own-node",
-            &PatchParams::apply(gkm_k8s::agent::LABELS_FIELD_MANAGER).force(),
+            &PatchParams::apply(gkm_k8s_agent::LABELS_FIELD_MANAGER).force(),
             &Patch::Apply(&applied),
         )?;
         as_agent_on(&admin, Some("own-node"), request)

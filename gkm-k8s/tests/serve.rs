@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::time::Duration;
 
-use gkm_k8s::cache_object::Scope;
-use gkm_k8s::error::Error;
-use gkm_k8s::operator::{Metrics, OperatorCollector};
-use gkm_k8s::runtime::endpoints::Endpoints;
-use gkm_k8s::runtime::metrics::{SampleKind, Sampled, register_build_info};
-use gkm_k8s::runtime::readiness::Readiness;
-use gkm_k8s::runtime::server::serve;
+use gkm_k8s_api::cache_object::Scope;
+use gkm_k8s_operator::Error;
+use gkm_k8s_operator::{Metrics, OperatorCollector};
+use gkm_k8s_runtime::endpoints::Endpoints;
+use gkm_k8s_runtime::metrics::{SampleKind, Sampled, register_build_info};
+use gkm_k8s_runtime::readiness::Readiness;
+use gkm_k8s_runtime::server::serve;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

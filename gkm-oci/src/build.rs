@@ -11,7 +11,6 @@ use oci_spec::image::{
 };
 
 use crate::copy::copy_image;
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::json;
 use crate::labels::{Compression, cache_labels};
@@ -20,6 +19,7 @@ use crate::layout::{Layout, tmp_name};
 use crate::progress::{Progress, step};
 use crate::reference::{ImageRef, Selector};
 use crate::repo::{RawManifest, RegistryOptions, Repo};
+use gkm_core::digest::Digest;
 
 /// How to build an image.
 #[derive(Debug, Clone, Default)]

@@ -2,11 +2,11 @@
 
 use futures::StreamExt;
 
-use crate::digest::Digest;
 use crate::error::Result;
 use crate::image::{Manifest, is_index, select_from_index};
 use crate::progress::{Progress, step};
 use crate::repo::{BlobSource, Repo};
+use gkm_core::digest::Digest;
 
 /// Copy the image `src` selects to `dst`, blobs first, then the manifest
 /// (byte for byte, so the digest is kept). Blobs `dst` already has are not

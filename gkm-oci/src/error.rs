@@ -7,6 +7,7 @@ use crate::extract::Rejection;
 /// Everything that can go wrong building, moving, reading or extracting an
 /// image.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A file or directory could not be read or written.
     #[error("{path}: {source}")]
@@ -29,8 +30,8 @@ pub enum Error {
     Registry {
         /// The image being accessed.
         reference: String,
-        /// The client error.
-        source: Box<oci_client::errors::OciDistributionError>,
+        /// The client's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// An image, tag or blob does not exist.
     #[error("{what} not found in {location}")]
@@ -113,6 +114,15 @@ impl Error {
         Error::Registry {
             reference: reference.to_string(),
             source: Box::new(source),
+        }
+    }
+}
+
+impl From<gkm_core::digest::InvalidDigest> for Error {
+    fn from(e: gkm_core::digest::InvalidDigest) -> Error {
+        Error::Reference {
+            input: e.input,
+            reason: e.reason.to_string(),
         }
     }
 }

@@ -14,8 +14,8 @@ use gkm_core::policy::{
     Authority, Identity, LogKey, Mode, Policy, PublicKey, Signer, SubjectMatch, TrustedRoot,
 };
 
-use crate::digest::Digest;
 use crate::extract::{ExtractPolicy, Mapping, extract_tar};
+use gkm_core::digest::Digest;
 
 /// Extract arbitrary bytes as a layer tar into a fresh directory below
 /// `scratch` under a small policy, then check nothing escaped: the only
@@ -114,6 +114,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("keys_certificates", keys_certificates),
     ("trusted_root", trusted_root),
     ("cache_scan", cache_scan),
+    ("duration", |d| with_str(d, duration)),
 ];
 
 /// Run `body` on `data` when it is UTF-8, as libFuzzer's `&str` targets do.
@@ -351,5 +352,19 @@ pub fn cache_scan(data: &[u8]) {
         let again = gkm_core::cache::CacheManifest::from_json(&manifest.to_json());
         assert!(again.is_ok(), "a scanned manifest does not read back");
         summary_label(&manifest.summary().to_label());
+    }
+}
+
+/// Parse a string as a duration (`gkm_bin_support::duration`,
+/// `spec.resolveInterval`); what parses prints, as seconds and
+/// milliseconds, to the same duration.
+pub fn duration(text: &str) {
+    if let Some(d) = gkm_core::duration::parse_duration(text) {
+        let printed = format!("{}s{}ms", d.as_secs(), d.subsec_millis());
+        assert_eq!(
+            gkm_core::duration::parse_duration(&printed),
+            Some(d),
+            "{text:?} parsed to {d:?}, which prints as {printed:?}"
+        );
     }
 }

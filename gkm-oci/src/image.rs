@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use oci_spec::image::{ImageIndex, ImageManifest};
 use serde::{Deserialize, Serialize};
 
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::labels::{CacheLabels, Compression, DOCKER_MANIFEST_LIST, OCI_INDEX};
 use crate::reference::ImageRef;
 use crate::repo::{RawManifest, Repo};
+use gkm_core::digest::Digest;
 
 /// A layer of an image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -92,7 +92,7 @@ pub fn select_from_index(bytes: &[u8]) -> Result<Digest> {
         })
         .or_else(|| index.manifests().first())
         .ok_or_else(|| Error::format("image index", "lists no manifests"))?;
-    pick.digest().to_string().parse()
+    Ok(pick.digest().to_string().parse()?)
 }
 
 #[derive(Deserialize, Default)]

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use gkm_core::cache::{CacheKind, CacheManifest};
 
-use crate::digest::{Digest, HashingWriter};
 use crate::error::{Error, Result};
 use crate::labels::{Compression, KindLayout};
+use gkm_core::digest::{Digest, HashingWriter};
 
 /// Mode of every directory and non-executable file in a layer.
 pub const DIR_MODE: u32 = 0o755;

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageIndexBuilder, MediaType, OciLayoutBuilder};
 
-use crate::digest::{Digest, HashingWriter};
 use crate::error::{Error, Result};
 use crate::json;
 use crate::reference::Selector;
 use crate::repo::MAX_DOCUMENT_SIZE;
+use gkm_core::digest::{Digest, HashingWriter};
 
 /// The annotation an OCI layout names its images by.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";

@@ -16,15 +16,16 @@
 //! - [`Store`]: the content-addressed node store, extracting through the
 //!   hardened [`ExtractPolicy`].
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
-//! - [`fuzzing`]: the bodies of the fuzz targets, also run as property tests.
+//! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
+//!   as property tests.
 #![deny(missing_docs)]
 
 pub mod auth;
 pub mod build;
 pub mod copy;
-pub mod digest;
 pub mod error;
 pub mod extract;
+#[cfg(feature = "testing")]
 pub mod fuzzing;
 pub mod image;
 pub mod json;
@@ -45,9 +46,9 @@ pub mod verify;
 pub use auth::Credentials;
 pub use build::{BuildOptions, Built, build, build_with_progress};
 pub use copy::copy_image;
-pub use digest::Digest;
 pub use error::{Error, Result};
 pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
+pub use gkm_core::digest::{Digest, InvalidDigest};
 pub use image::{Image, Layer, Manifest};
 pub use labels::{CacheLabels, Compression};
 pub use layout::Layout;

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::digest::{Digest, Hasher};
 use crate::error::{Error, Result};
 use crate::extract::{
     Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, Rejection, Rule, classify,
@@ -21,6 +20,7 @@ use crate::image::{Image, Layer};
 use crate::labels::Compression;
 use crate::progress::{Progress, step};
 use crate::repo::{BlobSource, Repo};
+use gkm_core::digest::{Digest, Hasher};
 
 const CHUNK: usize = 1 << 20;
 

@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::digest::Digest;
 use crate::error::Error;
+use gkm_core::digest::Digest;
 
 /// The prefix of OCI image layout references.
 pub const LAYOUT_PREFIX: &str = "oci:";

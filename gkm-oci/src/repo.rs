@@ -14,12 +14,12 @@ use oci_client::{Reference, RegistryOperation};
 use oci_spec::image::{Descriptor, MediaType};
 
 use crate::auth::Credentials;
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::labels::OCI_MANIFEST;
 use crate::layout::Layout;
 use crate::manifest_get::ManifestGetter;
 use crate::reference::{ImageRef, Selector};
+use gkm_core::digest::Digest;
 
 /// How to reach registries.
 #[derive(Debug, Clone, Default)]

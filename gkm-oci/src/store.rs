@@ -7,7 +7,6 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
@@ -15,6 +14,8 @@ use crate::layout::tmp_name;
 use crate::pipeline::{check_free_space, extract_layer, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
+use gkm_core::digest::Digest;
+use gkm_core::store_layout::StoreLayout;
 
 /// A node's store of extracted caches.
 ///
@@ -25,7 +26,7 @@ use crate::repo::Repo;
 /// the store is next opened.
 #[derive(Debug, Clone)]
 pub struct Store {
-    root: PathBuf,
+    layout: StoreLayout,
     durable: bool,
 }
 
@@ -58,15 +59,17 @@ impl Store {
     /// Open (creating if needed) the store at `root`, removing staging
     /// directories no live process holds.
     pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
-        let root = root.into();
-        for (dir, mode) in [(root.join("sha256"), 0o755), (root.join("staging"), 0o700)] {
-            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            // Whatever the umask: readers need the entries, not the staging.
-            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::io(&dir, e))?;
-        }
+        let layout = StoreLayout::new(root);
+        layout
+            .create()
+            .map_err(|e| Error::io(layout.entries_dir(), e))?;
+        // Private, whatever the umask: only this process reads the staging.
+        let staging = layout.root().join("staging");
+        fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+        fs::set_permissions(&staging, fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io(&staging, e))?;
         let store = Store {
-            root,
+            layout,
             durable: true,
         };
         store.clean_staging()?;
@@ -80,36 +83,35 @@ impl Store {
         self
     }
 
+    /// Where this store keeps its entries, for readers.
+    pub fn layout(&self) -> &StoreLayout {
+        &self.layout
+    }
+
     /// The store's root.
     pub fn root(&self) -> &Path {
-        &self.root
+        self.layout.root()
     }
 
     /// Where `digest` is (or would be) stored.
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
-        self.root.join("sha256").join(digest.hex())
+        self.layout.path_of(digest)
     }
 
     /// The stored tree of `digest`, if present.
     pub fn get(&self, digest: &Digest) -> Option<PathBuf> {
-        let p = self.path_of(digest);
-        p.is_dir().then_some(p)
+        self.layout.get(digest)
     }
 
     /// Every stored digest.
     pub fn list(&self) -> Result<Vec<Digest>> {
-        let dir = self.root.join("sha256");
-        let mut out: Vec<Digest> = fs::read_dir(&dir)
-            .map_err(|e| Error::io(&dir, e))?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().and_then(Digest::from_hex))
-            .collect();
-        out.sort();
-        Ok(out)
+        self.layout
+            .list()
+            .map_err(|e| Error::io(self.layout.entries_dir(), e))
     }
 
     fn clean_staging(&self) -> Result<()> {
-        let staging = self.root.join("staging");
+        let staging = self.root().join("staging");
         let entries = fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))?;
         for entry in entries.filter_map(|e| e.ok()) {
             let path = entry.path();
@@ -150,7 +152,7 @@ impl Store {
 
     fn staging(&self, digest: &Digest) -> Result<Staging> {
         let name = tmp_name(&format!("{}-", &digest.hex()[..12]));
-        let dir = self.root.join("staging").join(&name);
+        let dir = self.root().join("staging").join(&name);
         let lock_path = dir.with_extension("lock");
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
@@ -204,7 +206,7 @@ impl Store {
             });
         }
         let layer = image.cache_layer()?.clone();
-        check_free_space(&self.root.join("staging"), image)?;
+        check_free_space(&self.root().join("staging"), image)?;
         let staging = self.staging(&digest)?;
         let stats = extract_layer(
             repo,
@@ -219,7 +221,7 @@ impl Store {
         let final_path = self.path_of(&digest);
         let dir = staging.dir.clone();
         let durable = self.durable;
-        let sha_dir = self.root.join("sha256");
+        let sha_dir = self.root().join("sha256");
         tokio::task::spawn_blocking(move || -> Result<()> {
             if durable {
                 sync_filesystem(&dir)?;

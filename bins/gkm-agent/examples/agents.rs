@@ -1,5 +1,5 @@
 //! Many node agents in one process: the real agent library
-//! (`gkm_k8s::agent::run`), one instance per node, each with a client of its
+//! (`gkm_k8s_agent::run`), one instance per node, each with a client of its
 //! own, as the `gkm-agent` binary would run it on every node. Used by
 //! `hack/bench-operator.sh`, where a thousand agent processes would not fit
 //! one machine.
@@ -52,12 +52,12 @@ async fn main() -> anyhow::Result<()> {
             .and_then(|n| n.to_str())
             .with_context(|| format!("{}: not a node name", dir.display()))?
             .to_string();
-        let client = gkm_bin_support::connect(Some(&kubeconfig)).await?;
-        let mut config = gkm_k8s::agent::AgentConfig::new(&name, dir.join("store"));
+        let client = gkm_k8s_runtime::client::connect(Some(&kubeconfig), "gkm-agent").await?;
+        let mut config = gkm_k8s_agent::AgentConfig::new(&name, dir.join("store"));
         config.discovery.simulate = Some(dir.join("gpus.yaml"));
         config.registry.insecure = true;
         agents.spawn(async move {
-            gkm_k8s::agent::run(client, config)
+            gkm_k8s_agent::run(client, config, gkm_bin_support::shutdown::shutdown_signal())
                 .await
                 .with_context(|| format!("the agent of node {name}"))
         });

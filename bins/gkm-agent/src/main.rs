@@ -1,5 +1,5 @@
 //! `gkm-agent`: one per node; checks caches against the node's GPUs and extracts them.
-//! Flag parsing and wiring only; the agent is `gkm_k8s::agent`.
+//! Flag parsing and wiring only; the agent is `gkm_k8s_agent`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_bin_support::shutdown::until_signal;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
-use gkm_k8s::agent::{AgentConfig, GpuMetrics, TelemetryConfig};
-use gkm_k8s::runtime::metrics::register_build_info;
-use gkm_k8s::runtime::readiness::{Readiness, ready_when_caches_listable};
-use gkm_k8s::runtime::server::EndpointServer;
-use gkm_k8s::runtime::shutdown::until_signal;
+use gkm_k8s_agent::{AgentConfig, GpuMetrics, TelemetryConfig};
+use gkm_k8s_api::served::ready_when_caches_listable;
+use gkm_k8s_runtime::metrics::register_build_info;
+use gkm_k8s_runtime::readiness::Readiness;
+use gkm_k8s_runtime::server::EndpointServer;
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;
 
@@ -61,7 +62,7 @@ struct Cli {
     vendor_labels: bool,
     /// The kubelet's pod-resources socket, read to label GPU metrics with the
     /// namespace, pod and container holding each GPU; empty for no pod labels.
-    #[arg(long, env = "GKM_POD_RESOURCES_SOCKET", default_value = gkm_k8s::podresources::DEFAULT_SOCKET, value_parser = path_or_empty)]
+    #[arg(long, env = "GKM_POD_RESOURCES_SOCKET", default_value = gkm_k8s_kubelet::podresources::DEFAULT_SOCKET, value_parser = path_or_empty)]
     pod_resources_socket: PathBuf,
     /// How often the kubelet is asked which containers hold which GPUs.
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
@@ -86,7 +87,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         bail!("--simulate {}: no such file", file.display());
     }
-    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(
+        cli.kubeconfig.as_deref(),
+        &gkm_bin_support::program_name(),
+    )
+    .await?;
     let mut config = AgentConfig::new(&cli.node_name, &cli.store);
     config.discovery = DiscoveryOptions {
         sysfs_root: cli.sysfs,
@@ -120,7 +125,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
     ready_when_caches_listable(&client, &readiness);
 
-    let result = match until_signal(gkm_k8s::agent::run(client, config), SHUTDOWN_GRACE).await {
+    let result = match until_signal(
+        gkm_k8s_agent::run(client, config, gkm_bin_support::shutdown::shutdown_signal()),
+        SHUTDOWN_GRACE,
+    )
+    .await
+    {
         Some(result) => result.with_context(|| format!("the agent of node {}", cli.node_name)),
         None => Ok(()),
     };

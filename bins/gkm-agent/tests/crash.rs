@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_k8s::cache_object::{CacheKey, Scope};
-use gkm_k8s::crd::{GKMCache, GKMCacheNode};
-use gkm_k8s::node_files::delivery::DeliveryIndex;
+use gkm_k8s_api::cache_object::CacheKey;
+use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
+use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
 use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};
@@ -86,7 +86,7 @@ struct Setup {
 impl Setup {
     async fn new(node: &str, namespace: &str) -> anyhow::Result<Setup> {
         let plane = ControlPlane::shared().await?;
-        plane.install_crds(&gkm_k8s::crd::crds()).await?;
+        plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
         plane.ensure_namespace(namespace).await?;
         let client = plane.client().await?;
         plane.ensure_node(node).await?;
@@ -182,11 +182,7 @@ impl Setup {
     }
 
     fn key(&self, cache: &str) -> CacheKey {
-        CacheKey {
-            scope: Scope::Namespaced,
-            namespace: Some(self.namespace.clone()),
-            name: cache.into(),
-        }
+        CacheKey::namespaced(self.namespace.clone(), cache)
     }
 }
 

@@ -23,7 +23,7 @@ const SYSTEM: &str = "gkm-system";
 #[tokio::test]
 async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Result<()> {
     let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     plane
         .apply_file(&deploy_dir().join("namespace.yaml"))
         .await?;

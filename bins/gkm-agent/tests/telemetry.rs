@@ -32,7 +32,7 @@ const HAND_SET: &[(&str, &str)] = &[("team", "ml"), ("nvidia.com/gpu.deploy.driv
 /// kubeconfig.
 async fn plane() -> anyhow::Result<(&'static ControlPlane, PathBuf)> {
     let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     for file in ["namespace.yaml", "rbac/agent.yaml"] {
         plane.apply_file(&deploy_dir().join(file)).await?;
     }

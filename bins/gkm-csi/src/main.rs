@@ -1,13 +1,14 @@
 //! `gkm-csi`: the CSI node plugin that mounts extracted caches read-only into
-//! pods. Flag parsing and wiring only; the driver is `gkm_k8s::csi`.
+//! pods. Flag parsing and wiring only; the driver is `gkm_k8s_csi`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::csi::registration::{RegistrationService, socket_name};
-use gkm_k8s::csi::{Driver, DriverConfig, serve_csi, serve_registration};
+use gkm_k8s_csi::{
+    Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
+};
 use tokio::sync::watch;
 
 /// gkm CSI driver (`csi.gkm.io`): bind-mounts a verified, compatible cache
@@ -70,18 +71,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let registration = cli.kubelet_registration_path.map(|endpoint| {
-        let reg_socket = cli.plugin_registration_dir.join(socket_name());
+        let reg_socket = cli.plugin_registration_dir.join(PLUGIN.socket_name());
         let shutdown = stopped(stop_rx.clone());
         tokio::spawn(async move {
-            serve_registration(&reg_socket, RegistrationService::new(endpoint), shutdown).await
+            serve_registration(
+                &reg_socket,
+                RegistrationService::new(PLUGIN, endpoint),
+                shutdown,
+            )
+            .await
         })
     });
     tokio::spawn(async move {
-        gkm_k8s::runtime::shutdown::shutdown_signal().await;
+        gkm_bin_support::shutdown::shutdown_signal().await;
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
-    tokio::spawn(gkm_k8s::csi::server::forget_stale_mount_records(
+    tokio::spawn(gkm_k8s_csi::server::forget_stale_mount_records(
         config.store_root.clone(),
         MOUNT_RECORD_CHECK,
         MOUNT_RECORD_CHECK,

@@ -7,14 +7,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gkm_k8s::csi::proto::identity_client::IdentityClient;
-use gkm_k8s::csi::proto::node_client::NodeClient;
-use gkm_k8s::csi::proto::volume_capability::{AccessType, MountVolume};
-use gkm_k8s::csi::proto::{
+use gkm_k8s_kubelet::proto::csi::identity_client::IdentityClient;
+use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
+use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
+use gkm_k8s_kubelet::proto::csi::{
     GetPluginInfoRequest, NodeGetInfoRequest, NodePublishVolumeRequest, VolumeCapability,
 };
-use gkm_k8s::csi::registration_proto::InfoRequest;
-use gkm_k8s::csi::registration_proto::registration_client::RegistrationClient;
+use gkm_k8s_kubelet::proto::registration::InfoRequest;
+use gkm_k8s_kubelet::proto::registration::registration_client::RegistrationClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -29,7 +29,7 @@ impl Drop for Driver {
 }
 
 async fn connect(socket: &Path) -> Channel {
-    gkm_k8s::csi::client::connect(socket, Duration::from_secs(10))
+    gkm_k8s_kubelet::socket::connect(socket, Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e:?}", socket.display()))
 }

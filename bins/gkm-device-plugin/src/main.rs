@@ -1,6 +1,6 @@
 //! `gkm-device-plugin`: the kubelet device plugin for VFIO-passthrough GPUs,
 //! mediated vGPUs and container GPUs. Flag parsing and wiring only; the
-//! plugin is `gkm_k8s::device_plugin`.
+//! plugin is `gkm_k8s_device_plugin`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_gpu::PciIdsSource;
-use gkm_k8s::device_plugin::assignments::{AssignmentSource, PodAssignments};
-use gkm_k8s::device_plugin::node_gpus::{NodeAnnotation, NodeGpusSink};
-use gkm_k8s::device_plugin::{NodePaths, PluginConfig};
+use gkm_k8s_device_plugin::assignments::{AssignmentSource, PodAssignments};
+use gkm_k8s_device_plugin::node_gpus::{NodeAnnotation, NodeGpusSink};
+use gkm_k8s_device_plugin::{NodePaths, PluginConfig};
 
 /// gkm device plugin: offers VFIO-bound GPUs (one resource per model), mdev
 /// vGPUs (one resource per type), nvidia.com/gpu and amd.com/gpu to the
@@ -81,7 +81,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let node = match cli.node_name {
         Some(node) if !node.is_empty() => Some((
-            gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?,
+            gkm_k8s_runtime::client::connect(
+                cli.kubeconfig.as_deref(),
+                &gkm_bin_support::program_name(),
+            )
+            .await?,
             node,
         )),
         _ => None,
@@ -109,11 +113,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         gpu_shares: cli.gpu_shares,
         status_file: cli.status_file,
     };
-    gkm_k8s::device_plugin::run(
+    gkm_k8s_device_plugin::run(
         config,
         assignments,
         node_gpus,
-        gkm_k8s::runtime::shutdown::shutdown_signal(),
+        gkm_bin_support::shutdown::shutdown_signal(),
     )
     .await
     .context("running the device plugin")

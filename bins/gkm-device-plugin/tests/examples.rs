@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use gkm_gpu::pci_ids::PciIds;
-use gkm_k8s::device_plugin::node_tree::NodeTree;
-use gkm_k8s::device_plugin::resources::{ScanInputs, scan};
+use gkm_k8s_device_plugin::node_tree::NodeTree;
+use gkm_k8s_device_plugin::resources::{ScanInputs, scan};
 use serde_yaml::Value;
 
 /// Every value under a `deviceName` or `resourceName` key, and every
@@ -55,7 +55,7 @@ fn the_examples_request_resources_the_plugin_offers() {
     tree.example().expect("example node");
     // A GPU on the nvidia driver, for nvidia.com/gpu.
     tree.pci(
-        &gkm_k8s::device_plugin::node_tree::Pci::gpu("0000:6e:00.0", 0x10de, 0x2330)
+        &gkm_k8s_device_plugin::node_tree::Pci::gpu("0000:6e:00.0", 0x10de, 0x2330)
             .driver("nvidia"),
     )
     .expect("gpu");

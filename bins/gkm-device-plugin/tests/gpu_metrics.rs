@@ -9,8 +9,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use gkm_k8s::agent::{AgentConfig, GpuMetrics, TelemetryConfig};
-use gkm_k8s::device_plugin::node_tree::{NodeTree, Pci};
+use gkm_k8s_agent::{AgentConfig, GpuMetrics, TelemetryConfig};
+use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Sample, samples,
     wait_for_pod,
@@ -66,7 +66,7 @@ async fn a_gpu_held_by_a_pod_carries_its_namespace_pod_and_container() -> anyhow
         ..ControlPlaneOptions::default()
     })
     .await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     let node = RealNode::start(
         &plane,
         RealNodeOptions {
@@ -130,7 +130,11 @@ async fn a_gpu_held_by_a_pod_carries_its_namespace_pod_and_container() -> anyhow
         pod_resources_every: Duration::from_millis(500),
         ..TelemetryConfig::new(metrics.clone())
     });
-    let agent = tokio::spawn(gkm_k8s::agent::run(client.clone(), config));
+    let agent = tokio::spawn(gkm_k8s_agent::run(
+        client.clone(),
+        config,
+        std::future::pending(),
+    ));
     let before = temperatures_when(&metrics, |s| s.len() == 2).await?;
     assert!(
         before.iter().all(|s| s.label("pod").is_none()),

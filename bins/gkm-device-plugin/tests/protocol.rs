@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use gkm_k8s::device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree};
-use gkm_k8s::device_plugin::proto::device_plugin_client::DevicePluginClient;
-use gkm_k8s::device_plugin::proto::registration_server::{Registration, RegistrationServer};
-use gkm_k8s::device_plugin::proto::{
+use gkm_k8s_device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree};
+use gkm_k8s_kubelet::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use gkm_k8s_kubelet::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use gkm_k8s_kubelet::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
 };
@@ -85,7 +85,7 @@ async fn registrations(
 }
 
 async fn connect(socket: &Path) -> Channel {
-    gkm_k8s::csi::client::connect(socket, WAIT)
+    gkm_k8s_kubelet::socket::connect(socket, WAIT)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e:?}", socket.display()))
 }

@@ -22,9 +22,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_core::assignment::{ANNOTATION, Assignment};
-use gkm_k8s::device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree, Pci};
-use gkm_k8s::podresources::proto::pod_resources_lister_client::PodResourcesListerClient;
-use gkm_k8s::podresources::proto::{AllocatableResourcesRequest, ListPodResourcesRequest};
+use gkm_k8s_device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree, Pci};
+use gkm_k8s_kubelet::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use gkm_k8s_kubelet::proto::podresources::{AllocatableResourcesRequest, ListPodResourcesRequest};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, pod_log, wait_for_pod,
 };
@@ -132,7 +132,7 @@ async fn log_when_done(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
 async fn pod_resources(
     socket: &Path,
 ) -> anyhow::Result<BTreeMap<String, BTreeMap<String, Vec<String>>>> {
-    let channel = gkm_k8s::csi::client::connect(socket, Duration::from_secs(10)).await?;
+    let channel = gkm_k8s_kubelet::socket::connect(socket, Duration::from_secs(10)).await?;
     let list = PodResourcesListerClient::new(channel)
         .list(ListPodResourcesRequest {})
         .await?
@@ -153,7 +153,7 @@ async fn pod_resources(
 /// What the kubelet itself can allocate now (pod-resources
 /// `GetAllocatableResources`): resource → device count.
 async fn kubelet_devices(socket: &Path) -> anyhow::Result<BTreeMap<String, String>> {
-    let channel = gkm_k8s::csi::client::connect(socket, Duration::from_secs(10)).await?;
+    let channel = gkm_k8s_kubelet::socket::connect(socket, Duration::from_secs(10)).await?;
     let all = PodResourcesListerClient::new(channel)
         .get_allocatable_resources(AllocatableResourcesRequest {})
         .await?

@@ -5,12 +5,16 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use gkm_k8s::csi::proto::node_client::NodeClient;
-use gkm_k8s::csi::proto::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use gkm_k8s::csi::proto::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability};
+use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
+use gkm_k8s_kubelet::proto::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode,
+};
+use gkm_k8s_kubelet::proto::csi::{
+    NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
+};
 use std::time::Duration;
 
-use gkm_k8s::csi::client::connect;
+use gkm_k8s_kubelet::socket::connect;
 
 /// A pod's inline volume of a cache.
 #[derive(Debug, Clone)]
@@ -30,8 +34,8 @@ impl PodVolume {
             pod_namespace: pod_namespace.into(),
             pod_name: pod_name.into(),
             attributes: vec![
-                (gkm_k8s::csi::ATTR_CACHE.into(), name.into()),
-                (gkm_k8s::csi::ATTR_NAMESPACE.into(), namespace.into()),
+                (gkm_k8s_csi::ATTR_CACHE.into(), name.into()),
+                (gkm_k8s_csi::ATTR_NAMESPACE.into(), namespace.into()),
             ],
         }
     }

@@ -152,7 +152,7 @@ impl Stack {
         };
         let stack = Stack::start_plane(dir, nodes, options).await?;
         let plane = &stack.plane;
-        plane.install_crds(&gkm_k8s::crd::crds()).await?;
+        plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
         let deploy = repo_root().join("deploy");
         plane.apply_file(&deploy.join("namespace.yaml")).await?;
         for file in ["operator.yaml", "agent.yaml", "csi.yaml"] {

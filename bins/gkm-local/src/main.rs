@@ -22,7 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use gkm_k8s::crd::{CacheState, GKMCache};
+use gkm_k8s_api::crd::{CacheState, GKMCache};
 use gkm_local::{SimulatedNode, Stack, cache_pod, cosign, default_nodes, fixture};
 use gkm_testenv::{Component, find_binary, pod_log, tools_bin_dir, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::{
+use gkm_k8s_api::crd::{
     CacheState, ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, NodeCacheStatus,
 };
 use gkm_local::kubelet::{self, PodVolume};

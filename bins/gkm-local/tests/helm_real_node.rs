@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::{GKMCache, GKMCacheNode};
+use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_local::chart::{self, COMPONENTS, SandboxChart};
 use gkm_local::{cosign, fixture, push_signed_cache};
 use gkm_testenv::{

@@ -23,7 +23,7 @@
 
 use std::time::{Duration, Instant};
 
-use gkm_k8s::crd::{CacheState, ClusterGKMCache, GKMCache};
+use gkm_k8s_api::crd::{CacheState, ClusterGKMCache, GKMCache};
 use gkm_local::{SimulatedNode, Stack, fixture};
 use gkm_testenv::{Scheduler, TestImage, pod_log, wait_for_pod, workspace_binary};
 use k8s_openapi::api::batch::v1::Job;
@@ -169,7 +169,7 @@ async fn filled_on_each_node(
 ) -> anyhow::Result<()> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     for node in [NODE, NODE2] {
-        let claim = gkm_k8s::pvc::names::node_claim(cache, node);
+        let claim = gkm_k8s_operator::pvc::names::node_claim(cache, node);
         let selector = format!("gkm.io/node={node},gkm.io/cache={cache}");
         eventually(
             stack,
@@ -282,7 +282,7 @@ async fn daemonset_reads_node_claims(
             .unwrap_or_default();
         assert_eq!(
             claim,
-            gkm_k8s::pvc::names::node_claim(cache, &node),
+            gkm_k8s_operator::pvc::names::node_claim(cache, &node),
             "{}",
             pod.name_any()
         );
@@ -680,12 +680,10 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     let dirs: Vec<_> = std::fs::read_dir(&volumes)?
         .filter_map(|e| e.ok())
         .collect();
-    let deleted = gkm_k8s::cache_object::CacheKey {
-        scope: gkm_k8s::cache_object::Scope::Namespaced,
-        namespace: Some("team-a".into()),
-        name: "vector-add".into(),
-    };
-    let deleted_dir = volumes.join(gkm_k8s::pvc::names::volume(&deleted, "team-a", None));
+    let deleted = gkm_k8s_api::cache_object::CacheKey::namespaced("team-a", "vector-add");
+    let deleted_dir = volumes.join(gkm_k8s_operator::pvc::names::volume(
+        &deleted, "team-a", None,
+    ));
     assert!(
         !deleted_dir.exists(),
         "{} is removed",

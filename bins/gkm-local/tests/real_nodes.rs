@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gkm_k8s::crd::GKMCache;
+use gkm_k8s_api::crd::GKMCache;
 use gkm_local::{SimulatedNode, Stack, cosign, fixture};
 use gkm_testenv::{mounts_under, pod_events, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
@@ -174,7 +174,7 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
         "spec": {"image": image, "signature": signature, "resolveInterval": "10s",
                  "workloadNamespaces": ["team-a"]},
     });
-    Api::<gkm_k8s::crd::ClusterGKMCache>::all(client.clone())
+    Api::<gkm_k8s_api::crd::ClusterGKMCache>::all(client.clone())
         .patch(
             "shared-add",
             &PatchParams::apply("real-nodes").force(),

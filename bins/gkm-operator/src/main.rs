@@ -1,5 +1,5 @@
 //! `gkm-operator`: resolves, verifies and rolls out GKMCache and ClusterGKMCache.
-//! Flag parsing and wiring only; the controllers are `gkm_k8s::operator`.
+//! Flag parsing and wiring only; the controllers are `gkm_k8s_operator`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,17 +9,18 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_k8s::crd::{MAX_RESOLVE_INTERVAL, SignatureMode, SignaturePolicy};
-use gkm_k8s::operator::{
+use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
+use gkm_k8s_api::crd::{MAX_RESOLVE_INTERVAL, SignatureMode, SignaturePolicy};
+use gkm_k8s_api::served::ready_when_caches_listable;
+use gkm_k8s_operator::pvc::PvcOptions;
+use gkm_k8s_operator::webhook::{Endpoint, Webhook, WebhookOptions};
+use gkm_k8s_operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, PolicyFloor, RegistryVerifier,
 };
-use gkm_k8s::pvc::PvcOptions;
-use gkm_k8s::runtime::leader::{LeaderElector, LeaseConfig, Outcome};
-use gkm_k8s::runtime::metrics::{Sampled, register_build_info};
-use gkm_k8s::runtime::readiness::{Readiness, ready_when_caches_listable};
-use gkm_k8s::runtime::server::EndpointServer;
-use gkm_k8s::runtime::shutdown::{shutdown_signal, until_signal};
-use gkm_k8s::webhook::{Endpoint, Webhook, WebhookOptions};
+use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
+use gkm_k8s_runtime::metrics::{Sampled, register_build_info};
+use gkm_k8s_runtime::readiness::Readiness;
+use gkm_k8s_runtime::server::EndpointServer;
 use gkm_oci::RegistryOptions;
 use prometheus_client::registry::Registry;
 
@@ -211,7 +212,7 @@ async fn fill(image: &str, into: &Path, insecure: bool) -> anyhow::Result<()> {
         insecure,
         ..RegistryOptions::default()
     };
-    let stats = gkm_k8s::pvc::fill(&reference, into, &registry)
+    let stats = gkm_k8s_operator::pvc::fill(&reference, into, &registry)
         .await
         .with_context(|| format!("filling {} from {image}", into.display()))?;
     println!(
@@ -275,7 +276,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.reverify_interval < min {
         bail!("--reverify-interval must be at least {min:?}");
     }
-    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(
+        cli.kubeconfig.as_deref(),
+        &gkm_bin_support::program_name(),
+    )
+    .await?;
     // Every replica serves the webhook, leader or not: the Service may send
     // a pod to any of them.
     let webhook = match webhook {
@@ -338,7 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_metrics(metrics.clone()),
     );
     let controllers = until_signal(
-        gkm_k8s::operator::run(client, config, verifier, metrics),
+        gkm_k8s_operator::run(client, config, verifier, metrics),
         SHUTDOWN_GRACE,
     );
     let result = match elector {

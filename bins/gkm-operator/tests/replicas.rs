@@ -85,7 +85,7 @@ async fn holder(client: &kube::Client) -> anyhow::Result<Option<String>> {
 #[tokio::test]
 async fn one_replica_leads_and_a_clean_stop_hands_over() -> anyhow::Result<()> {
     let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s::crd::crds()).await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
     plane
         .apply_file(&deploy_dir().join("namespace.yaml"))
         .await?;
@@ -102,12 +102,12 @@ async fn one_replica_leads_and_a_clean_stop_hands_over() -> anyhow::Result<()> {
     Api::<Namespace>::all(admin.clone())
         .patch("replicas", &apply, &Patch::Apply(&ns))
         .await?;
-    let cache: gkm_k8s::crd::GKMCache = serde_json::from_value(json!({
+    let cache: gkm_k8s_api::crd::GKMCache = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
         "metadata": {"name": "cache", "namespace": "replicas"},
         "spec": {"image": "registry.invalid/caches/triton:v1"},
     }))?;
-    Api::<gkm_k8s::crd::GKMCache>::namespaced(admin.clone(), "replicas")
+    Api::<gkm_k8s_api::crd::GKMCache>::namespaced(admin.clone(), "replicas")
         .patch("cache", &apply, &Patch::Apply(&cache))
         .await?;
 

@@ -116,7 +116,7 @@ async fn schedule(
 /// The extender's exact answer times per verb (`GET /scheduler/latency`):
 /// verb → (calls, p50, p99, max), in seconds.
 async fn latencies(addr: &str) -> anyhow::Result<serde_json::Value> {
-    let reply = support::http_get(addr, gkm_k8s::extender::server::LATENCY_PATH).await?;
+    let reply = support::http_get(addr, gkm_k8s_extender::server::LATENCY_PATH).await?;
     let body = reply
         .split_once("\r\n\r\n")
         .map(|(_, body)| body)
@@ -156,12 +156,12 @@ async fn main() -> anyhow::Result<()> {
     for ns in ["bench-plain", "bench-gkm"] {
         cluster.namespace(ns).await?;
     }
-    let quota: gkm_k8s::crd::GKMGPUQuota = serde_json::from_value(json!({
+    let quota: gkm_k8s_api::crd::GKMGPUQuota = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMGPUQuota",
         "metadata": {"name": "a100", "namespace": "bench-gkm"},
         "spec": {"limits": [{"model": MODEL, "gpus": 100000}]},
     }))?;
-    Api::<gkm_k8s::crd::GKMGPUQuota>::namespaced(cluster.client.clone(), "bench-gkm")
+    Api::<gkm_k8s_api::crd::GKMGPUQuota>::namespaced(cluster.client.clone(), "bench-gkm")
         .create(&PostParams::default(), &quota)
         .await?;
     eprintln!("== {nodes} kwok nodes up in {:.0?}", began.elapsed());

@@ -1,7 +1,7 @@
 //! `gkm-scheduler-extender`: the kube-scheduler extender (filter,
 //! prioritize, bind) for GPU fit, shared GPUs, GPU-model quotas, packing and
 //! cache-aware placement. Flag parsing and wiring only; the extender is
-//! `gkm_k8s::extender`.
+//! `gkm_k8s_extender`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use gkm_k8s::extender::{self, IndexConfig};
-use gkm_k8s::runtime::endpoints::Endpoints;
-use gkm_k8s::runtime::metrics::register_build_info;
-use gkm_k8s::runtime::readiness::Readiness;
-use gkm_k8s::runtime::server::{EndpointServer, TlsAcceptor, tls_acceptor};
-use gkm_k8s::runtime::shutdown::until_signal;
+use gkm_bin_support::shutdown::until_signal;
+use gkm_k8s_extender::{self as extender, IndexConfig};
+use gkm_k8s_runtime::endpoints::Endpoints;
+use gkm_k8s_runtime::metrics::register_build_info;
+use gkm_k8s_runtime::readiness::Readiness;
+use gkm_k8s_runtime::server::{EndpointServer, TlsAcceptor, tls_acceptor};
 use prometheus_client::registry::Registry;
 
 /// gkm scheduler extender: serves `POST /scheduler/filter`,
@@ -66,7 +66,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(tls(cert, key)?),
         _ => None,
     };
-    let client = gkm_bin_support::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(
+        cli.kubeconfig.as_deref(),
+        &gkm_bin_support::program_name(),
+    )
+    .await?;
     let config = IndexConfig {
         whole_resources: cli.whole_gpu_resources,
         model_label: cli.model_label,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use gkm_core::assignment::{
     ANNOTATION, Assignment, GpuDevice, NODE_GPUS_ANNOTATION, parse_node_gpus, unit_gpu,
 };
-use gkm_k8s::device_plugin::node_tree::{NodeTree, Pci};
+use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
 use gkm_testenv::{BUSYBOX_IMAGE, RealNode, RealNodeOptions, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
@@ -147,7 +147,7 @@ async fn run_to_done(
 /// What the pod holds per GPU, per resource: resource → GPU → units, from
 /// the kubelet's pod-resources API.
 async fn held(socket: &Path, pod: &str) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
-    let list = gkm_k8s::podresources::list(socket, Duration::from_secs(10)).await?;
+    let list = gkm_k8s_kubelet::podresources::list(socket, Duration::from_secs(10)).await?;
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let found = list
         .pod_resources

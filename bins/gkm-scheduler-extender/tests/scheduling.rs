@@ -3,7 +3,7 @@
 
 mod support;
 
-use gkm_k8s::crd::GKMGPUQuota;
+use gkm_k8s_api::crd::GKMGPUQuota;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -36,8 +36,8 @@ async fn report(
     fits: bool,
     extracted: bool,
 ) -> anyhow::Result<()> {
-    let api: Api<gkm_k8s::crd::GKMCacheNode> = Api::namespaced(cluster.client.clone(), ns);
-    let object: gkm_k8s::crd::GKMCacheNode = serde_json::from_value(json!({
+    let api: Api<gkm_k8s_api::crd::GKMCacheNode> = Api::namespaced(cluster.client.clone(), ns);
+    let object: gkm_k8s_api::crd::GKMCacheNode = serde_json::from_value(json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
         "metadata": {"name": node, "namespace": ns}, "spec": {},
     }))?;

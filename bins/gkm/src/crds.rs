@@ -14,9 +14,9 @@ pub struct Args {
 /// one JSON array.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
-        crate::output::print(&gkm_k8s::crd::crds())?;
+        crate::output::print(&gkm_k8s_api::crd::crds())?;
     } else {
-        print!("{}", gkm_k8s::crd::crds_yaml()?);
+        print!("{}", gkm_k8s_api::crd::crds_yaml()?);
     }
     Ok(ExitCode::SUCCESS)
 }

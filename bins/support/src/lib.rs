@@ -1,10 +1,10 @@
 //! What gkm's binaries share, so each `main.rs` stays flag parsing and wiring.
 
+pub mod shutdown;
+
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
-
-use anyhow::Context as _;
 
 /// Logs to stderr, filtered by `GKM_LOG` (default `default_level`), as JSON
 /// lines when `json` is set.
@@ -30,31 +30,10 @@ where
     }
 }
 
-/// A client for the apiserver: from `kubeconfig` when given, else from
-/// `$KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount. It
-/// identifies itself by this program's name
-/// ([`gkm_k8s::runtime::identity`]), so the apiserver records the writes
-/// that name no field manager under that name.
-pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let mut config = match kubeconfig {
-        None => kube::Config::infer()
-            .await
-            .context("finding the cluster (KUBECONFIG, ~/.kube/config, in-cluster)")?,
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
-        }
-    };
-    gkm_k8s::runtime::identity::identify(&mut config, &program_name());
-    kube::Client::try_from(config).context("making the apiserver client")
-}
-
 /// The file name this program was started as (`gkm-operator`), empty when
-/// unknown.
-fn program_name() -> String {
+/// unknown: the name its apiserver client sends
+/// (`gkm_k8s_runtime::client::connect`).
+pub fn program_name() -> String {
     std::env::args_os()
         .next()
         .and_then(|arg0| {
@@ -75,7 +54,7 @@ fn program_name() -> String {
 /// assert!(gkm_bin_support::duration("9999999999999999h").is_err());
 /// ```
 pub fn duration(text: &str) -> Result<Duration, String> {
-    gkm_k8s::crd::parse_duration(text)
+    gkm_core::duration::parse_duration(text)
         .ok_or_else(|| format!("{text:?} is not a duration like 30s, 5m or 1h30m"))
 }
 

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gkm_k8s::cache_object::{CacheKey, Scope};
-use gkm_k8s::csi::proto::identity_client::IdentityClient;
-use gkm_k8s::csi::proto::node_client::NodeClient;
-use gkm_k8s::csi::{Driver, DriverConfig, serve_csi};
+use gkm_k8s_api::cache_object::CacheKey;
+use gkm_k8s_csi::{Driver, DriverConfig, serve_csi};
+use gkm_k8s_kubelet::proto::csi::identity_client::IdentityClient;
+use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -52,20 +52,12 @@ pub async fn extract_fixture(work: &Path, store_root: &Path, name: &str) -> Dige
 
 /// A `GKMCache` key.
 pub fn gkmcache(ns: &str, name: &str) -> CacheKey {
-    CacheKey {
-        scope: Scope::Namespaced,
-        namespace: Some(ns.into()),
-        name: name.into(),
-    }
+    CacheKey::namespaced(ns, name)
 }
 
 /// A `ClusterGKMCache` key.
 pub fn cluster_cache(name: &str) -> CacheKey {
-    CacheKey {
-        scope: Scope::Cluster,
-        namespace: None,
-        name: name.into(),
-    }
+    CacheKey::cluster(name)
 }
 
 /// The driver, serving on a socket until dropped.
@@ -107,7 +99,7 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
 
 /// A gRPC channel to the unix socket `socket`, retried until it answers.
 pub async fn connect(socket: &Path) -> Channel {
-    gkm_k8s::csi::client::connect(socket, Duration::from_secs(5))
+    gkm_k8s_kubelet::socket::connect(socket, Duration::from_secs(5))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e:?}", socket.display()))
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gkm_core::policy::PublicKey;
-use gkm_k8s::crd::GKMCache;
+use gkm_k8s_api::crd::GKMCache;
 use gkm_oci::{BuildOptions, ImageRef, RegistryOptions, build};
 use gkm_testenv::Registry;
 use k8s_openapi::api::core::v1::Secret;

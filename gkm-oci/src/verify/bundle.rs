@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::Candidate;
 use super::location::referrers;
-use crate::digest::Digest;
 use crate::error::Result;
 use crate::reference::ImageRef;
 use crate::repo::{RegistryOptions, Repo};
+use gkm_core::digest::Digest;
 
 /// The media type (and referrer artifact type) of a v0.3 sigstore bundle.
 pub const BUNDLE_MEDIA_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";

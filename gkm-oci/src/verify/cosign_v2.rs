@@ -8,10 +8,10 @@ use oci_spec::image::ImageManifest;
 
 use super::Candidate;
 use super::location::{fetch_tag, signature_tag};
-use crate::digest::Digest;
 use crate::error::Result;
 use crate::reference::ImageRef;
 use crate::repo::{RegistryOptions, Repo};
+use gkm_core::digest::Digest;
 
 /// The media type of a simple-signing payload layer.
 pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";

@@ -4,10 +4,10 @@
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_spec::image::ImageIndex;
 
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::reference::{ImageRef, Selector};
 use crate::repo::{RegistryOptions, Repo};
+use gkm_core::digest::Digest;
 
 /// The same repository as `image`, at `tag`.
 pub fn tagged(image: &ImageRef, tag: &str) -> ImageRef {
@@ -71,15 +71,15 @@ fn is_not_found(e: &Error) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode};
     match e {
         Error::NotFound { .. } => true,
-        Error::Registry { source, .. } => match source.as_ref() {
-            E::RegistryError { envelope, .. } => envelope.errors.iter().any(|err| {
+        Error::Registry { source, .. } => match source.downcast_ref::<E>() {
+            Some(E::RegistryError { envelope, .. }) => envelope.errors.iter().any(|err| {
                 matches!(
                     err.code,
                     OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown
                 )
             }),
-            E::ImageManifestNotFoundError(_) => true,
-            E::ServerError { code: 404, .. } => true,
+            Some(E::ImageManifestNotFoundError(_)) => true,
+            Some(E::ServerError { code: 404, .. }) => true,
             _ => false,
         },
         _ => false,

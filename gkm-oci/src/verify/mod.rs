@@ -44,9 +44,9 @@ mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
 
-use crate::digest::Digest;
 use crate::reference::ImageRef;
 use crate::repo::RegistryOptions;
+use gkm_core::digest::Digest;
 
 pub(crate) use bundle::key_bundle;
 pub use bundle::{

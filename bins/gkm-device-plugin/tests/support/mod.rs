@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use gkm_k8s::device_plugin::node_tree::NodeTree;
+use gkm_k8s_device_plugin::node_tree::NodeTree;
 use gkm_testenv::{Process, RealNode};
 
 /// Starts `gkm-device-plugin` for `node`, reading `tree`, as the user of

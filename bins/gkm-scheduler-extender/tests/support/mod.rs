@@ -61,7 +61,7 @@ impl Cluster {
         .await?;
         let kwok = Kwok::start(&plane)?;
         let client = plane.client().await?;
-        plane.install_crds(&gkm_k8s::crd::crds()).await?;
+        plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
         let deploy = workspace_root().join("deploy");
         plane.apply_file(&deploy.join("namespace.yaml")).await?;
         plane

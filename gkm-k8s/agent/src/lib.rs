@@ -1,0 +1,225 @@
+//! The node agent: one per node.
+//!
+//! It discovers the node's GPUs, labels the Node, serves the GPUs' readings
+//! as metrics ([`telemetry`]), and keeps every cache of
+//! either kind in step on this node, level-triggered: on any change to a
+//! cache (and every `resync`) it
+//!
+//! 1. reads the image summary of the digest the operator resolved,
+//! 2. checks it against the node's GPUs ([`gkm_core::compat`]),
+//! 3. pulls and extracts compatible, verified caches into the content-addressed
+//!    store ([`gkm_oci::Store`]), never an unverified or incompatible one,
+//! 4. publishes its decision in the delivery index the CSI driver reads
+//!    ([`gkm_k8s_node::delivery`]),
+//! 5. reports in the node's `GKMCacheNode` (one per namespace) and
+//!    `ClusterGKMCacheNode`, named after the node: GPUs, and per cache and
+//!    digest the state, compatible and incompatible GPUs with reasons, size,
+//!    and the pods using it (from the CSI driver's mount records),
+//! 6. removes store directories no cache or pod references, after a grace
+//!    period.
+
+pub mod allocations;
+mod error;
+mod gc;
+mod labels;
+mod metrics;
+mod plan;
+mod reports;
+mod retry;
+mod sync;
+pub mod telemetry;
+mod wakes;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gkm_gpu::DiscoveryOptions;
+use gkm_gpu::labels::LabelOptions;
+use gkm_oci::{ExtractPolicy, RegistryOptions};
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use gkm_k8s_api::cache_object::CacheObject;
+use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
+
+pub use crate::error::{Error, Result};
+
+pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
+pub use metrics::AgentMetrics;
+pub use plan::{NodeView, plan_cache};
+pub use telemetry::{GpuMetrics, TelemetryConfig};
+
+/// How an agent runs.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// The node this agent serves; its reports are named after it.
+    pub node_name: String,
+    /// The store root (`<store>/sha256/<hex>`, the delivery index, mount records).
+    pub store_dir: PathBuf,
+    /// Where the node's GPUs come from (sysfs + NVML, or a simulated file).
+    pub discovery: DiscoveryOptions,
+    /// How to reach registries.
+    pub registry: RegistryOptions,
+    /// Limits for extraction.
+    pub extract_policy: ExtractPolicy,
+    /// How long an unreferenced digest stays in the store.
+    pub gc_grace: Duration,
+    /// How often everything is checked even without a change.
+    pub resync: Duration,
+    /// Whether to label the Node with its GPUs.
+    pub label_node: bool,
+    /// Which labels.
+    pub label_options: LabelOptions,
+    /// GPU metrics and their pod attribution; `None` for no GPU metrics.
+    pub telemetry: Option<TelemetryConfig>,
+    /// The agent's own metrics (store, extractions, passes).
+    pub metrics: AgentMetrics,
+}
+
+impl AgentConfig {
+    /// A configuration for `node_name` with its store at `store_dir` and
+    /// defaults for the rest.
+    pub fn new(node_name: impl Into<String>, store_dir: impl Into<PathBuf>) -> AgentConfig {
+        AgentConfig {
+            node_name: node_name.into(),
+            store_dir: store_dir.into(),
+            discovery: DiscoveryOptions::default(),
+            registry: RegistryOptions::default(),
+            extract_policy: ExtractPolicy::default(),
+            gc_grace: Duration::from_secs(600),
+            resync: Duration::from_secs(30),
+            label_node: true,
+            label_options: LabelOptions::default(),
+            telemetry: None,
+            metrics: AgentMetrics::default(),
+        }
+    }
+}
+
+/// Runs the agent until `shutdown` completes (the binary passes the
+/// process's SIGTERM).
+pub async fn run(
+    client: Client,
+    config: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let discovery = config.discovery.clone();
+    let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&discovery))
+        .await
+        .map_err(|e| Error::Gpu(e.to_string()))?
+        .map_err(|e| Error::Gpu(e.to_string()))?;
+    info!(node = %config.node_name, gpus = inventory.gpus.len(), simulated = inventory.simulated, "GPUs discovered");
+    for warning in &inventory.warnings {
+        warn!(%warning, "GPU discovery");
+    }
+    if let Some(telemetry) = &config.telemetry {
+        telemetry::start(
+            telemetry,
+            &config.node_name,
+            &config.discovery,
+            inventory.clone(),
+        )
+        .await;
+    }
+
+    let changed = Arc::new(Notify::new());
+    let namespaced = watch_caches::<GKMCache>(&client, &changed);
+    let cluster = watch_caches::<ClusterGKMCache>(&client, &changed);
+    // Its own Node's metadata only, as the kubelet watches its Node: no
+    // read per pass, and a relabelling wakes the agent at once.
+    let node = watch(
+        watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={}", config.node_name)),
+        ),
+        &changed,
+        wakes::node_view,
+    );
+    let unwatched = |e: reflector::store::WriterDropped| Error::Watch(e.to_string());
+    namespaced.wait_until_ready().await.map_err(unwatched)?;
+    cluster.wait_until_ready().await.map_err(unwatched)?;
+    node.wait_until_ready().await.map_err(unwatched)?;
+
+    let mut agent = sync::Agent::new(
+        client,
+        config.clone(),
+        inventory,
+        namespaced,
+        cluster,
+        node,
+        changed.clone(),
+    )?;
+    let mut tick = tokio::time::interval(config.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        let retry = agent.next_retry();
+        let due = async move {
+            match retry {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = changed.notified() => {}
+            _ = tick.tick() => {}
+            _ = due => {}
+            _ = &mut shutdown => {
+                info!("stopping");
+                return Ok(());
+            }
+        }
+        // Let a burst of events settle into one pass.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = std::time::Instant::now();
+        let outcome = gkm_k8s_runtime::tasks::contained(agent.sync_once()).await;
+        config.metrics.pass(outcome.is_ok(), started.elapsed());
+        if let Err(e) = outcome {
+            warn!(error = %e, "sync failed; retrying at the next change or resync");
+        }
+    }
+}
+
+/// Every cache of kind `K`, in a store; a change to what the agent reads of
+/// one wakes it.
+fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
+    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default());
+    watch(events, changed, wakes::cache_view)
+}
+
+/// Keeps a store of what `events` shows, waking the agent (`changed`) when
+/// an event changes what it reads of an object (`view`).
+fn watch<K, S>(events: S, changed: &Arc<Notify>, view: fn(&K) -> serde_json::Value) -> Store<K>
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    S: futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let changed = changed.clone();
+    let mut seen = wakes::Seen::default();
+    let stream = reflector::reflector(writer, events)
+        .default_backoff()
+        .for_each(move |event| {
+            let wake = match &event {
+                Ok(event) => seen.wakes(event, view),
+                Err(e) => {
+                    warn!(error = %e, "watching {}", K::kind(&Default::default()));
+                    false
+                }
+            };
+            if wake {
+                changed.notify_one();
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    reader
+}

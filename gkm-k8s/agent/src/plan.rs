@@ -1,0 +1,514 @@
+//! What one cache should look like on this node: pure, so tests feed it
+//! caches, GPUs and mounts without a cluster.
+
+use std::collections::BTreeMap;
+
+use gkm_core::Gpu;
+use gkm_core::cache::Summary;
+use gkm_core::compat::{CheckOptions, Report, check_summary};
+use gkm_oci::Digest;
+use kube::core::{Selector, SelectorExt};
+
+use gkm_k8s_api::crd::{
+    CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData,
+};
+use gkm_k8s_node::delivery::{Delivery, Verdict, incompatibility_reason};
+use gkm_k8s_node::mount_records::PodRef;
+
+/// This node, as planning sees it.
+pub struct NodeView<'a> {
+    /// The Node's labels (for `spec.nodeSelector`).
+    pub labels: &'a BTreeMap<String, String>,
+    /// The node's GPUs that can run kernels.
+    pub gpus: &'a [Gpu],
+    /// How compatibility is checked.
+    pub check: &'a CheckOptions,
+}
+
+/// One cache, with what the agent knows of its image on this node.
+pub struct CacheInput<'a> {
+    /// Its spec.
+    pub spec: &'a CacheSpec,
+    /// Its status (the operator's resolved digest and verification).
+    pub status: Option<&'a CacheStatus>,
+    /// Whether it is being deleted.
+    pub deleting: bool,
+    /// The resolved digest's summary, or why it could not be read.
+    pub summary: Option<Result<&'a Summary, &'a str>>,
+    /// Whether the resolved digest is in the store, or why extracting failed.
+    pub stored: Result<bool, &'a str>,
+    /// Bytes of the stored tree, when known.
+    pub size: Option<i64>,
+    /// Pods mounting this cache, per digest (from the mount records).
+    pub pods: &'a BTreeMap<Digest, Vec<PodRef>>,
+}
+
+/// What to do with the delivery index entry of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryChange {
+    /// Write this decision.
+    Publish(Delivery),
+    /// Remove the entry: nothing may be mounted any more.
+    Remove,
+}
+
+/// The plan for one cache on this node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The node report entries, per digest (empty: no entry at all).
+    pub entries: BTreeMap<String, NodeCacheStatus>,
+    /// The delivery index change.
+    pub delivery: DeliveryChange,
+    /// A digest whose summary must be read before planning further.
+    pub needs_summary: Option<Digest>,
+    /// A digest to pull and extract.
+    pub extract: Option<Digest>,
+}
+
+impl Plan {
+    /// This plan with `digest` refused (`verdict`, `reason` for the CSI
+    /// driver) and its entry Incompatible or in error (`message` for the node
+    /// report).
+    fn refused(
+        mut self,
+        digest: Digest,
+        mut entry: NodeCacheStatus,
+        verdict: Verdict,
+        reason: String,
+        message: String,
+    ) -> Plan {
+        // Not fitting this node's GPUs is a fact about the node, not a fault.
+        entry.state = Some(if verdict == Verdict::Incompatible {
+            CacheState::Incompatible
+        } else {
+            CacheState::Error
+        });
+        entry.message = Some(message);
+        self.entries.insert(digest.to_string(), entry);
+        self.delivery = DeliveryChange::Publish(Delivery::refused(digest, verdict, reason));
+        self
+    }
+}
+
+/// Plans one cache on this node. Call again after reading the summary or
+/// extracting, with the new facts.
+///
+/// A published decision carries the cache's `workloadNamespaces`, so the
+/// CSI driver mounts a `ClusterGKMCache` only into pods of those namespaces.
+pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
+    let mut plan = plan_delivery(cache, node);
+    if let DeliveryChange::Publish(delivery) = &mut plan.delivery {
+        delivery.workload_namespaces = cache
+            .spec
+            .workload_namespaces
+            .as_ref()
+            .map(|namespaces| namespaces.iter().map(|n| n.0.clone()).collect());
+    }
+    plan
+}
+
+fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
+    let mut plan = Plan {
+        entries: BTreeMap::new(),
+        delivery: DeliveryChange::Remove,
+        needs_summary: None,
+        extract: None,
+    };
+    let resolved: Option<Digest> = cache
+        .status
+        .and_then(|s| s.resolved_digest.as_deref())
+        .and_then(|d| d.parse().ok());
+
+    // Pods keep their digests' entries, whatever else happens: outdated when
+    // the digest is no longer the resolved one, deleting when the cache goes.
+    for (digest, pods) in cache.pods {
+        if pods.is_empty() || Some(digest) == resolved.as_ref() && !cache.deleting {
+            continue;
+        }
+        let state = if cache.deleting {
+            CacheState::Deleting
+        } else {
+            CacheState::Outdated
+        };
+        plan.entries.insert(
+            digest.to_string(),
+            NodeCacheStatus {
+                state: Some(state),
+                pods: Some(pod_data(pods, digest)),
+                ..Default::default()
+            },
+        );
+    }
+    if cache.deleting {
+        return plan;
+    }
+    if let Some(selector) = &cache.spec.node_selector {
+        let matches = Selector::try_from(selector.clone()).map(|s| s.matches(node.labels));
+        if !matches.unwrap_or(false) {
+            return plan;
+        }
+    }
+    let Some(digest) = resolved else {
+        return plan;
+    };
+    let mut entry = NodeCacheStatus::default();
+    // The operator's recorded verdict decides, never the spec: the spec's
+    // mode is only what the cache asked for, not what the floor allows.
+    let verification = cache.status.and_then(|s| s.verification.as_ref());
+    if !verification.is_some_and(|v| v.admits(digest.as_str())) {
+        // The operator's note, when it is about this digest.
+        let why = verification
+            .filter(|v| v.digest.as_deref() == Some(digest.as_str()))
+            .and_then(|v| v.message.clone())
+            .unwrap_or_else(|| "not verified yet".to_string());
+        let reason = format!("signature of {digest} not verified: {why}");
+        return plan.refused(digest, entry, Verdict::NotVerified, reason.clone(), reason);
+    }
+    let summary = match cache.summary {
+        None => {
+            plan.needs_summary = Some(digest.clone());
+            entry.state = Some(CacheState::Pending);
+            plan.entries.insert(digest.to_string(), entry);
+            return plan;
+        }
+        Some(Err(why)) => {
+            let reason = format!("reading image {digest}: {why}");
+            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
+        }
+        Some(Ok(summary)) => summary,
+    };
+    let report = check_summary(summary, node.gpus, node.check);
+    record_compatibility(&mut entry, &report);
+    if !report.compatible {
+        let reason = incompatibility_reason(&report);
+        let message = format!("not compatible with any GPU of this node: {reason}");
+        return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
+    }
+    match cache.stored {
+        Err(why) => {
+            let reason = format!("extracting {digest}: {why}");
+            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
+        }
+        Ok(false) => {
+            entry.state = Some(CacheState::Downloading);
+            plan.extract = Some(digest.clone());
+            plan.delivery = DeliveryChange::Publish(Delivery::refused(
+                digest.clone(),
+                Verdict::NotExtracted,
+                format!("{digest} is being pulled and extracted"),
+            ));
+        }
+        Ok(true) => {
+            let pods = cache.pods.get(&digest).filter(|p| !p.is_empty());
+            entry.state = Some(if pods.is_some() {
+                CacheState::Running
+            } else {
+                CacheState::Extracted
+            });
+            entry.pods = pods.map(|p| pod_data(p, &digest));
+            entry.volume_size = cache.size;
+            plan.delivery = DeliveryChange::Publish(Delivery::deliverable(digest.clone()));
+        }
+    }
+    plan.entries.insert(digest.to_string(), entry);
+    plan
+}
+
+fn record_compatibility(entry: &mut NodeCacheStatus, report: &Report) {
+    entry.compatible_gpus = Some(report.compatible_gpus().map(|g| g.index as i32).collect());
+    entry.incompatible_gpus = Some(report.incompatible_gpus().map(|g| g.index as i32).collect());
+    let reasons: Vec<IncompatibleGpu> = report
+        .incompatible_gpus()
+        .map(|g| IncompatibleGpu {
+            id: g.index as i32,
+            reasons: g.all_reasons().map(ToString::to_string).collect(),
+        })
+        .collect();
+    entry.incompatible_reasons = (!reasons.is_empty()).then_some(reasons);
+}
+
+fn pod_data(pods: &[PodRef], digest: &Digest) -> Vec<PodData> {
+    pods.iter()
+        .map(|p| PodData {
+            pod_namespace: p.namespace.clone(),
+            pod_name: p.name.clone(),
+            volume_id: None,
+            digest: Some(digest.to_string()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gkm_core::{Arch, Backend, Vendor};
+    use gkm_k8s_api::crd::{SignaturePolicy, VerificationStatus};
+
+    const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const OLD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn t4() -> Gpu {
+        Gpu {
+            vendor: Vendor::Nvidia,
+            product: "Tesla T4".into(),
+            backend: Some(Backend::Cuda),
+            arch: Some("75".parse::<Arch>().unwrap()),
+            warp_size: Some(32),
+            toolkit_version: Some("12.4".into()),
+            ..Gpu::default()
+        }
+    }
+
+    fn summary(label: &str) -> Summary {
+        Summary::from_label(label).unwrap()
+    }
+
+    fn status(verified: bool) -> CacheStatus {
+        CacheStatus {
+            resolved_digest: Some(DIGEST.into()),
+            verification: Some(VerificationStatus {
+                verified,
+                digest: Some(DIGEST.into()),
+                message: Some(
+                    if verified {
+                        "signed by key"
+                    } else {
+                        "no signature"
+                    }
+                    .into(),
+                ),
+                ..VerificationStatus::default()
+            }),
+            ..CacheStatus::default()
+        }
+    }
+
+    fn spec() -> CacheSpec {
+        CacheSpec {
+            signature: Some(SignaturePolicy::default()),
+            ..CacheSpec::default()
+        }
+    }
+
+    struct Case {
+        spec: CacheSpec,
+        status: CacheStatus,
+        deleting: bool,
+        summary: Option<Result<Summary, String>>,
+        stored: Result<bool, String>,
+        pods: BTreeMap<Digest, Vec<PodRef>>,
+        gpus: Vec<Gpu>,
+    }
+
+    impl Case {
+        fn new() -> Case {
+            Case {
+                spec: spec(),
+                status: status(true),
+                deleting: false,
+                summary: Some(Ok(summary(
+                    r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
+                ))),
+                stored: Ok(true),
+                pods: BTreeMap::new(),
+                gpus: vec![t4()],
+            }
+        }
+
+        fn plan(&self) -> Plan {
+            let labels = BTreeMap::new();
+            let check = CheckOptions::default();
+            let node = NodeView {
+                labels: &labels,
+                gpus: &self.gpus,
+                check: &check,
+            };
+            let input = CacheInput {
+                spec: &self.spec,
+                status: Some(&self.status),
+                deleting: self.deleting,
+                summary: self
+                    .summary
+                    .as_ref()
+                    .map(|s| s.as_ref().map_err(String::as_str)),
+                stored: self.stored.as_ref().map(|b| *b).map_err(String::as_str),
+                size: Some(42),
+                pods: &self.pods,
+            };
+            plan_cache(&input, &node)
+        }
+    }
+
+    fn pod(name: &str) -> PodRef {
+        PodRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: None,
+        }
+    }
+
+    #[test]
+    fn a_verified_compatible_stored_cache_is_deliverable() {
+        let plan = Case::new().plan();
+        assert!(matches!(&plan.delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+        let entry = &plan.entries[DIGEST];
+        assert_eq!(entry.state, Some(CacheState::Extracted));
+        assert_eq!(entry.compatible_gpus.as_deref(), Some(&[0][..]));
+        assert_eq!(entry.volume_size, Some(42));
+        assert_eq!(plan.extract, None);
+    }
+
+    #[test]
+    fn an_unverified_cache_is_never_extracted() {
+        let mut case = Case::new();
+        case.status = status(false);
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.extract, None);
+        assert_eq!(plan.needs_summary, None, "not even the image is read");
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
+        );
+        let message = plan.entries[DIGEST].message.clone().unwrap_or_default();
+        assert!(
+            message.contains("not verified") && message.contains("no signature"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_operators_verdict_decides_not_the_spec() {
+        // The operator recorded an unverified image as deliverable (Audit
+        // allowed by its floor): delivered.
+        let mut case = Case::new();
+        case.status = status(false);
+        if let Some(v) = case.status.verification.as_mut() {
+            v.deliverable = Some(true);
+        }
+        assert!(matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+
+        // The spec asks for Audit (or Off), but the operator's floor
+        // enforces: not delivered.
+        let mut case = Case::new();
+        case.status = status(false);
+        if let Some(v) = case.status.verification.as_mut() {
+            v.deliverable = Some(false);
+        }
+        for mode in [
+            gkm_k8s_api::crd::SignatureMode::Audit,
+            gkm_k8s_api::crd::SignatureMode::Off,
+        ] {
+            case.spec.signature = Some(SignaturePolicy {
+                mode,
+                ..SignaturePolicy::default()
+            });
+            assert!(
+                matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
+            );
+        }
+    }
+
+    #[test]
+    fn an_incompatible_cache_is_refused_with_the_reason_and_not_extracted() {
+        let mut case = Case::new();
+        case.summary = Some(Ok(summary(
+            r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#,
+        )));
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.extract, None);
+        let entry = &plan.entries[DIGEST];
+        assert_eq!(entry.state, Some(CacheState::Incompatible));
+        assert_eq!(entry.incompatible_gpus.as_deref(), Some(&[0][..]));
+        assert!(
+            entry
+                .incompatible_reasons
+                .as_ref()
+                .is_some_and(|r| !r[0].reasons.is_empty())
+        );
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::Incompatible)
+        );
+    }
+
+    #[test]
+    fn a_node_without_gpus_has_no_compatible_gpu() {
+        let mut case = Case::new();
+        case.gpus.clear();
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Incompatible));
+        assert!(
+            plan.entries[DIGEST]
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("no GPUs")
+        );
+    }
+
+    #[test]
+    fn the_summary_is_read_then_the_image_extracted() {
+        let mut case = Case::new();
+        case.summary = None;
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(
+            plan.needs_summary.as_ref().map(Digest::as_str),
+            Some(DIGEST)
+        );
+        case.summary = Some(Ok(summary(
+            r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
+        )));
+        let plan = case.plan();
+        assert_eq!(plan.extract.as_ref().map(Digest::as_str), Some(DIGEST));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Downloading));
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotExtracted)
+        );
+        case.stored = Err("layer digest mismatch".into());
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert!(
+            plan.entries[DIGEST]
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("layer digest mismatch")
+        );
+    }
+
+    #[test]
+    fn pods_on_an_old_digest_are_outdated_and_on_the_new_one_running() {
+        let mut case = Case::new();
+        case.pods.insert(OLD.parse().unwrap(), vec![pod("old")]);
+        case.pods.insert(DIGEST.parse().unwrap(), vec![pod("new")]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[OLD].state, Some(CacheState::Outdated));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Running));
+        assert_eq!(plan.entries[DIGEST].pods.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_deleted_cache_keeps_only_entries_with_pods_and_stops_delivery() {
+        let mut case = Case::new();
+        case.deleting = true;
+        assert!(case.plan().entries.is_empty());
+        assert_eq!(case.plan().delivery, DeliveryChange::Remove);
+        case.pods
+            .insert(DIGEST.parse().unwrap(), vec![pod("still")]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Deleting));
+        assert_eq!(plan.delivery, DeliveryChange::Remove);
+    }
+
+    #[test]
+    fn a_node_selector_that_does_not_match_leaves_no_entry() {
+        let mut case = Case::new();
+        case.spec.node_selector = Some(
+            serde_json::from_value(serde_json::json!({"matchLabels": {"gpu": "h100"}})).unwrap(),
+        );
+        let plan = case.plan();
+        assert!(plan.entries.is_empty());
+        assert_eq!(plan.delivery, DeliveryChange::Remove);
+    }
+}

@@ -1,0 +1,240 @@
+//! The node's reports: a `GKMCacheNode` per namespace with caches and one
+//! `ClusterGKMCacheNode`, each named after the node and written only when
+//! they change.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gkm_gpu::Inventory;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+use crate::error::Result;
+use gkm_k8s_api::crd::{
+    CacheCounts, CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode, GpuStatus,
+    NodeCacheStatus,
+};
+
+/// Entries per cache name, per digest.
+pub(super) type CacheEntries = BTreeMap<String, BTreeMap<String, NodeCacheStatus>>;
+
+const MANAGER: &str = "gkm-agent";
+
+/// Writes this node's reports.
+pub(super) struct NodeReports {
+    client: Client,
+    node: String,
+    gpus: Vec<GpuStatus>,
+    /// What was last written, per namespace (`None`: the cluster report).
+    written: HashMap<Option<String>, CacheNodeStatus>,
+    /// Namespaces holding a report of this node, found at start.
+    discovered: bool,
+    /// The reports whose object (name, owner) this process has applied:
+    /// from then on only their status is written.
+    applied: HashSet<Option<String>>,
+    /// The Node's uid: reports are owned by their Node, so they go when it
+    /// goes (where the garbage collector runs).
+    node_uid: Option<String>,
+}
+
+impl NodeReports {
+    pub(super) fn new(client: Client, node: &str, gpus: Vec<GpuStatus>) -> NodeReports {
+        NodeReports {
+            client,
+            node: node.to_string(),
+            gpus,
+            written: HashMap::new(),
+            discovered: false,
+            applied: HashSet::new(),
+            node_uid: None,
+        }
+    }
+
+    /// Records the Node's uid, once known; reports written from then on name
+    /// the Node as their owner.
+    pub(super) fn set_node_uid(&mut self, uid: Option<String>) {
+        if self.node_uid != uid {
+            self.node_uid = uid;
+            // Write every report again, with its owner.
+            self.written.clear();
+            self.applied.clear();
+            self.discovered = false;
+        }
+    }
+
+    /// Writes a report per namespace in `namespaces` (and the cluster
+    /// report), removes this node's reports from namespaces that have no
+    /// cache any more.
+    pub(super) async fn write(
+        &mut self,
+        mut entries: BTreeMap<Option<String>, CacheEntries>,
+        namespaces: &HashSet<Option<String>>,
+    ) -> Result<()> {
+        if !self.discovered {
+            self.discover_existing().await?;
+        }
+        let mut wanted: HashSet<Option<String>> = namespaces.clone();
+        wanted.insert(None);
+        for scope in &wanted {
+            let caches = entries.remove(scope).unwrap_or_default();
+            let status = CacheNodeStatus {
+                node_name: self.node.clone(),
+                counts: node_counts(&caches),
+                gpus: Some(self.gpus.clone()),
+                caches: Some(caches),
+                conditions: None,
+            };
+            if self.written.get(scope) == Some(&status) {
+                continue;
+            }
+            let with_object = !self.applied.contains(scope);
+            let written = match scope {
+                Some(ns) => {
+                    self.apply::<GKMCacheNode>(
+                        Api::namespaced(self.client.clone(), ns),
+                        &status,
+                        with_object,
+                    )
+                    .await
+                }
+                None => {
+                    self.apply::<ClusterGKMCacheNode>(
+                        Api::all(self.client.clone()),
+                        &status,
+                        with_object,
+                    )
+                    .await
+                }
+            };
+            if let Err(e) = written {
+                // The report was deleted behind this process: the next write
+                // applies its object again. Other failures (throttled, timed
+                // out) leave the object as it was.
+                if e.is_not_found() {
+                    self.applied.remove(scope);
+                }
+                return Err(e);
+            }
+            self.applied.insert(scope.clone());
+            self.written.insert(scope.clone(), status);
+        }
+        let stale: Vec<Option<String>> = self
+            .written
+            .keys()
+            .filter(|s| !wanted.contains(*s))
+            .cloned()
+            .collect();
+        for scope in stale {
+            if let Some(ns) = &scope {
+                let api: Api<GKMCacheNode> = Api::namespaced(self.client.clone(), ns);
+                match api.delete(&self.node, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        info!(namespace = %ns, "removed this node's report: no cache left in the namespace")
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            self.written.remove(&scope);
+            self.applied.remove(&scope);
+        }
+        Ok(())
+    }
+
+    /// Finds this node's reports left from an earlier run, so that those in
+    /// namespaces without caches are removed too.
+    async fn discover_existing(&mut self) -> Result<()> {
+        let api: Api<GKMCacheNode> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("metadata.name={}", self.node));
+        for report in api.list(&params).await? {
+            self.written.insert(
+                report.namespace(),
+                report.status.clone().unwrap_or_default(),
+            );
+        }
+        self.discovered = true;
+        Ok(())
+    }
+
+    /// Applies the report's status, and first its object (name, owner)
+    /// when `with_object`: the object does not change between writes, so it
+    /// is applied once per process rather than with every status.
+    async fn apply<K>(&self, api: Api<K>, status: &CacheNodeStatus, with_object: bool) -> Result<()>
+    where
+        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    {
+        let (api_version, kind) = (K::api_version(&()).to_string(), K::kind(&()).to_string());
+        let params = PatchParams::apply(MANAGER).force();
+        let mut metadata = json!({ "name": self.node });
+        if let Some(uid) = &self.node_uid {
+            metadata["ownerReferences"] =
+                json!([{ "apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid }]);
+        }
+        if with_object {
+            let object = json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": {} });
+            api.patch(&self.node, &params, &Patch::Apply(&object))
+                .await?;
+        }
+        let status = json!({ "apiVersion": api_version, "kind": kind, "status": status });
+        api.patch_status(&self.node, &params, &Patch::Apply(&status))
+            .await?;
+        Ok(())
+    }
+}
+
+/// The node's GPUs grouped by type, as GKM reports them.
+pub(super) fn gpu_statuses(inventory: &Inventory) -> Vec<GpuStatus> {
+    let mut groups: Vec<GpuStatus> = Vec::new();
+    for gpu in &inventory.gpus {
+        let kind = GpuStatus {
+            gpu_type: Some(gpu.product.clone()),
+            driver_version: gpu.driver_version.clone(),
+            ids: None,
+            backend: gpu.backend.map(|b| b.to_string()),
+            arch: gpu.arch.as_ref().map(ToString::to_string),
+            warp_size: gpu.warp_size.map(|w| w as i32),
+        };
+        let index = gpu.index as i32;
+        match groups.iter_mut().find(|g| {
+            GpuStatus {
+                ids: None,
+                ..(*g).clone()
+            } == kind
+        }) {
+            Some(group) => group.ids.get_or_insert_with(Vec::new).push(index),
+            None => groups.push(GpuStatus {
+                ids: Some(vec![index]),
+                ..kind
+            }),
+        }
+    }
+    groups
+}
+
+/// A node report's counts: over its caches, how many are in use, extracted
+/// but unused, incompatible or in error here, and the pods by digest state.
+fn node_counts(caches: &CacheEntries) -> CacheCounts {
+    let mut counts = CacheCounts {
+        node_cnt: 1,
+        ..CacheCounts::default()
+    };
+    for entries in caches.values() {
+        for entry in entries.values() {
+            let pods = entry.pods.as_ref().map_or(0, Vec::len) as i32;
+            match entry.state {
+                Some(CacheState::Running) => {
+                    counts.node_in_use_cnt += 1;
+                    counts.pod_running_cnt += pods;
+                }
+                Some(CacheState::Extracted) => counts.node_not_in_use_cnt += 1,
+                Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
+                Some(CacheState::Incompatible) => counts.node_incompatible_cnt += 1,
+                Some(CacheState::Outdated) => counts.pod_outdated_cnt += pods,
+                Some(CacheState::Deleting) => counts.pod_deleting_cnt += pods,
+                Some(CacheState::Pending | CacheState::Downloading) | None => {}
+            }
+        }
+    }
+    counts
+}

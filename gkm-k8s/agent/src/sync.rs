@@ -1,0 +1,522 @@
+//! One pass of the agent over every cache: read, plan, act, report.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gkm_core::Gpu;
+use gkm_core::cache::Summary;
+use gkm_core::compat::CheckOptions;
+use gkm_gpu::Inventory;
+use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store as Reflected};
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::AgentConfig;
+use super::gc::Unreferenced;
+use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
+use super::reports::{NodeReports, gpu_statuses};
+use super::retry::Backoff;
+use crate::error::{Error, Result, blocking};
+use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
+use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
+use gkm_k8s_node::delivery::DeliveryIndex;
+use gkm_k8s_node::mount_records::{MountRecords, PodRef};
+
+/// What the agent knows of one image digest. A digest's content never
+/// changes, so each fact is read once: the manifest and config read for the
+/// summary are the ones extraction uses.
+#[derive(Default)]
+struct DigestFacts {
+    /// The image's manifest and config.
+    image: Option<Arc<Image>>,
+    /// Its cache summary, from the image's labels.
+    summary: Option<Summary>,
+    /// Bytes it takes in the store, once extracted or measured.
+    size: Option<i64>,
+}
+
+/// The agent's state between passes.
+pub(super) struct Agent {
+    client: Client,
+    config: AgentConfig,
+    inventory: Inventory,
+    gpus: Vec<Gpu>,
+    namespaced: Reflected<GKMCache>,
+    cluster: Reflected<ClusterGKMCache>,
+    /// This node's Node, its metadata only.
+    node: Reflected<PartialObjectMeta<Node>>,
+    store: Store,
+    index: DeliveryIndex,
+    mounts: MountRecords,
+    reports: NodeReports,
+    /// What is known of each image digest this node deals with.
+    facts: HashMap<Digest, DigestFacts>,
+    /// Summary reads that failed, tried again with backoff.
+    summary_failures: Backoff,
+    /// Extractions that failed, tried again with backoff.
+    extract_failures: Backoff,
+    /// Extractions under way, off the agent's loop.
+    extractions: HashMap<Digest, JoinHandle<Result<i64, String>>>,
+    /// One extraction at a time, so their memory never adds up.
+    extract_slots: Arc<Semaphore>,
+    /// Wakes the agent's loop when an extraction ends.
+    changed: Arc<Notify>,
+    /// Since when each stored digest has been unreferenced.
+    unreferenced: Unreferenced,
+    labelled: Option<BTreeMap<String, String>>,
+}
+
+impl Agent {
+    pub(super) fn new(
+        client: Client,
+        config: AgentConfig,
+        inventory: Inventory,
+        namespaced: Reflected<GKMCache>,
+        cluster: Reflected<ClusterGKMCache>,
+        node: Reflected<PartialObjectMeta<Node>>,
+        changed: Arc<Notify>,
+    ) -> Result<Agent> {
+        let store = Store::open(&config.store_dir)?;
+        let gpus = inventory.usable_gpus().cloned().collect();
+        Ok(Agent {
+            index: DeliveryIndex::new(store.root()),
+            mounts: MountRecords::new(store.root()),
+            reports: NodeReports::new(client.clone(), &config.node_name, gpu_statuses(&inventory)),
+            client,
+            config,
+            inventory,
+            gpus,
+            namespaced,
+            cluster,
+            node,
+            store,
+            facts: HashMap::new(),
+            summary_failures: Backoff::default(),
+            extract_failures: Backoff::default(),
+            extractions: HashMap::new(),
+            extract_slots: Arc::new(Semaphore::new(1)),
+            changed,
+            unreferenced: Unreferenced::default(),
+            labelled: None,
+        })
+    }
+
+    /// When a failed step is due to be tried again.
+    pub(super) fn next_retry(&self) -> Option<Instant> {
+        match (
+            self.summary_failures.next_due(),
+            self.extract_failures.next_due(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Brings every cache on this node in step and reports.
+    pub(super) async fn sync_once(&mut self) -> Result<()> {
+        self.harvest_extractions().await;
+        let node_labels = self.label_node().await?;
+        let records = self.mounts.clone();
+        let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
+        // What the store holds, listed once for the whole pass.
+        let store = self.store.clone();
+        let stored: HashSet<Digest> = blocking("listing the store", move || Ok(store.list()?))
+            .await?
+            .into_iter()
+            .collect();
+        let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
+        let mut referenced: HashSet<Digest> = HashSet::new();
+        for record in mounts {
+            referenced.insert(record.digest.clone());
+            pods.entry(record.cache)
+                .or_default()
+                .entry(record.digest)
+                .or_default()
+                .push(record.pod);
+        }
+
+        let mut keys = HashSet::new();
+        let mut reports: BTreeMap<
+            Option<String>,
+            BTreeMap<String, BTreeMap<String, NodeCacheStatus>>,
+        > = BTreeMap::new();
+        let caches: Vec<Box<dyn CacheView>> = self
+            .namespaced
+            .state()
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn CacheView>)
+            .chain(
+                self.cluster
+                    .state()
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn CacheView>),
+            )
+            .collect();
+        for cache in &caches {
+            let key = cache.key();
+            let cache_pods = pods.remove(&key).unwrap_or_default();
+            let entries = self
+                .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
+                .await?;
+            for digest in entries.keys().filter_map(|d| d.parse::<Digest>().ok()) {
+                if stored.contains(&digest) {
+                    referenced.insert(digest);
+                }
+            }
+            if !entries.is_empty() {
+                reports
+                    .entry(key.namespace().map(str::to_string))
+                    .or_default()
+                    .insert(key.name().to_string(), entries);
+            }
+            keys.insert(key);
+        }
+        let namespaces: HashSet<Option<String>> = keys
+            .iter()
+            .map(|k| k.namespace().map(str::to_string))
+            .collect();
+        // Delivery entries of caches that are gone.
+        let index = self.index.clone();
+        blocking("pruning the delivery index", move || {
+            for (key, _) in index.list()? {
+                if !keys.contains(&key) {
+                    index.remove(&key)?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        self.reports.write(reports, &namespaces).await?;
+        let stored = self.collect_garbage(&referenced, &stored).await?;
+        // Facts of digests no cache resolves to and the store does not hold
+        // are of no further use (a tag moved on).
+        let resolved: HashSet<Digest> = caches
+            .iter()
+            .filter_map(|c| c.resolved()?.parse().ok())
+            .collect();
+        self.facts.retain(|digest, _| {
+            resolved.contains(digest)
+                || stored.contains(digest)
+                || self.extractions.contains_key(digest)
+        });
+        self.measure_store(&stored).await
+    }
+
+    /// Sets the store metrics, measuring (off the loop) the digests whose
+    /// size is not known yet, such as those extracted before a restart.
+    async fn measure_store(&mut self, stored: &[Digest]) -> Result<()> {
+        let unknown: Vec<(Digest, std::path::PathBuf)> = stored
+            .iter()
+            .filter(|d| self.size_of(d).is_none())
+            .filter_map(|d| self.store.get(d).map(|path| (d.clone(), path)))
+            .collect();
+        if !unknown.is_empty() {
+            let measured = blocking("measuring the store", move || {
+                Ok(unknown
+                    .into_iter()
+                    .map(|(digest, path)| (digest, tree_size(&path)))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+            for (digest, size) in measured {
+                self.facts.entry(digest).or_default().size = Some(size);
+            }
+        }
+        let bytes = stored.iter().filter_map(|d| self.size_of(d)).sum();
+        self.config.metrics.store(stored.len(), bytes);
+        Ok(())
+    }
+
+    async fn plan_and_act(
+        &mut self,
+        cache: &dyn CacheView,
+        key: &CacheKey,
+        node_labels: &BTreeMap<String, String>,
+        pods: &BTreeMap<Digest, Vec<PodRef>>,
+        in_store: &HashSet<Digest>,
+    ) -> Result<BTreeMap<String, NodeCacheStatus>> {
+        let check = CheckOptions::default();
+        loop {
+            let resolved: Option<Digest> = cache.resolved().and_then(|d| d.parse().ok());
+            let summary_failed = resolved
+                .as_ref()
+                .and_then(|d| self.summary_failures.waiting(d));
+            let known = resolved.as_ref().and_then(|d| self.facts.get(d));
+            let summary = match known.and_then(|f| f.summary.as_ref()) {
+                Some(s) => Some(Ok(s)),
+                None => summary_failed.as_deref().map(Err),
+            };
+            let extract_failed = resolved
+                .as_ref()
+                .and_then(|d| self.extract_failures.waiting(d));
+            let stored = match &resolved {
+                Some(d) if in_store.contains(d) => Ok(true),
+                Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
+                None => Ok(false),
+            };
+            let input = CacheInput {
+                spec: cache.spec(),
+                status: cache.status(),
+                deleting: cache.deleting(),
+                summary,
+                stored,
+                size: known.and_then(|f| f.size),
+                pods,
+            };
+            let node = NodeView {
+                labels: node_labels,
+                gpus: &self.gpus,
+                check: &check,
+            };
+            let plan = plan_cache(&input, &node);
+            if let Some(digest) = plan.needs_summary {
+                let read = self.read_summary(cache.image(), &digest).await;
+                self.config.metrics.summary_read(read.is_ok());
+                match read {
+                    Ok((image, summary)) => {
+                        self.summary_failures.succeeded(&digest);
+                        let facts = self.facts.entry(digest).or_default();
+                        facts.image = Some(Arc::new(image));
+                        facts.summary = Some(summary);
+                    }
+                    Err(why) => {
+                        warn!(%digest, error = %why, "reading the image summary failed");
+                        self.summary_failures.failed(&digest, why);
+                    }
+                }
+                continue;
+            }
+            let (index, key) = (self.index.clone(), key.clone());
+            blocking("writing the delivery index", move || match &plan.delivery {
+                DeliveryChange::Publish(delivery) => Ok(index.publish(&key, delivery)?),
+                DeliveryChange::Remove => Ok(index.remove(&key).map(drop)?),
+            })
+            .await?;
+            if let Some(digest) = plan.extract {
+                // Off the loop: the next pass plans again with the outcome.
+                self.start_extraction(cache.image(), digest);
+            }
+            return Ok(plan.entries);
+        }
+    }
+
+    /// Reads the image's manifest and config, and its summary from them.
+    async fn read_summary(&self, image: &str, digest: &Digest) -> Result<(Image, Summary), String> {
+        let repo = self.repo(image, digest).map_err(|e| e.to_string())?;
+        let image = Image::fetch(&repo).await.map_err(|e| e.to_string())?;
+        let summary = image.cache().map_err(|e| e.to_string())?.summary;
+        Ok((image, summary))
+    }
+
+    fn size_of(&self, digest: &Digest) -> Option<i64> {
+        self.facts.get(digest).and_then(|f| f.size)
+    }
+
+    /// Pulls and extracts `digest` in a task of its own, unless one is
+    /// already under way; its outcome is collected by the next pass.
+    fn start_extraction(&mut self, image: &str, digest: Digest) {
+        if self.extractions.contains_key(&digest) {
+            return;
+        }
+        let repo = match self.repo(image, &digest) {
+            Ok(repo) => repo,
+            Err(e) => {
+                self.extract_failures.failed(&digest, e.to_string());
+                return;
+            }
+        };
+        let store = self.store.clone();
+        // The manifest and config the summary came from: not read again.
+        let known = self.facts.get(&digest).and_then(|f| f.image.clone());
+        let policy = self.config.extract_policy.clone();
+        let slots = self.extract_slots.clone();
+        let changed = self.changed.clone();
+        let metrics = self.config.metrics.clone();
+        let what = digest.clone();
+        let task = tokio::spawn(async move {
+            let outcome = match slots.acquire_owned().await {
+                Err(e) => Err(e.to_string()),
+                Ok(_slot) => {
+                    let started = Instant::now();
+                    let outcome = async {
+                        let stored = match &known {
+                            Some(image) => store.ensure_image(&repo, image, &policy, None).await,
+                            None => store.ensure(&repo, &policy, None).await,
+                        }
+                        .map_err(|e| e.to_string())?;
+                        let path = stored.path.clone();
+                        let size = tokio::task::spawn_blocking(move || tree_size(&path))
+                            .await
+                            .map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                        info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
+                        Ok(size)
+                    }
+                    .await;
+                    metrics.extraction(outcome.is_ok(), started.elapsed());
+                    outcome
+                }
+            };
+            changed.notify_one();
+            outcome
+        });
+        self.extractions.insert(digest, task);
+    }
+
+    /// Collects the outcome of the extractions that ended.
+    async fn harvest_extractions(&mut self) {
+        let ended: Vec<Digest> = self
+            .extractions
+            .iter()
+            .filter(|(_, task)| task.is_finished())
+            .map(|(digest, _)| digest.clone())
+            .collect();
+        for digest in ended {
+            let Some(task) = self.extractions.remove(&digest) else {
+                continue;
+            };
+            match task.await {
+                Ok(Ok(size)) => {
+                    self.facts.entry(digest.clone()).or_default().size = Some(size);
+                    self.extract_failures.succeeded(&digest);
+                }
+                Ok(Err(why)) => {
+                    warn!(%digest, error = %why, "extraction failed");
+                    self.extract_failures.failed(&digest, why);
+                }
+                Err(e) => {
+                    warn!(%digest, error = %e, "extraction task failed");
+                    self.extract_failures.failed(&digest, e.to_string());
+                }
+            }
+        }
+    }
+
+    fn repo(&self, image: &str, digest: &Digest) -> Result<Repo> {
+        let reference: ImageRef = image
+            .parse()
+            .map_err(|e: gkm_oci::Error| Error::InvalidSpec(format!("{image}: {e}")))?;
+        Ok(Repo::open(
+            &reference.with_digest(digest),
+            &self.config.registry,
+        )?)
+    }
+
+    /// Removes the digests of `stored` (this pass's listing of the store)
+    /// that nothing references, not being extracted either, once they have
+    /// been unreferenced for the grace period; returns the digests the store
+    /// still holds. The removals run off the async runtime.
+    async fn collect_garbage(
+        &mut self,
+        referenced: &HashSet<Digest>,
+        stored: &HashSet<Digest>,
+    ) -> Result<Vec<Digest>> {
+        let mut keep = referenced.clone();
+        keep.extend(self.extractions.keys().cloned());
+        let expired =
+            self.unreferenced
+                .expired(stored, &keep, Instant::now(), self.config.gc_grace);
+        let store = self.store.clone();
+        let removed = blocking("removing unreferenced caches from the store", move || {
+            let mut removed = Vec::new();
+            for digest in expired {
+                if store.remove(&digest)? {
+                    removed.push(digest);
+                }
+            }
+            Ok(removed)
+        })
+        .await?;
+        for digest in &removed {
+            info!(%digest, "removed unreferenced cache from the store");
+            self.unreferenced.removed(digest);
+            if let Some(facts) = self.facts.get_mut(digest) {
+                facts.size = None;
+            }
+        }
+        let mut left: Vec<Digest> = stored
+            .iter()
+            .filter(|d| !removed.contains(d))
+            .cloned()
+            .collect();
+        left.sort();
+        Ok(left)
+    }
+
+    /// Applies the GPU labels to this node's Node object (when it changed)
+    /// and returns the node's labels.
+    async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
+        let Some(node) = self.node.get(&ObjectRef::new(&self.config.node_name)) else {
+            return Ok(BTreeMap::new());
+        };
+        self.reports.set_node_uid(node.metadata.uid.clone());
+        let mut labels = node.labels().clone();
+        if !self.config.label_node {
+            return Ok(labels);
+        }
+        let wanted = gkm_gpu::labels::node_labels(&self.inventory, &self.config.label_options);
+        if self.labelled.as_ref() == Some(&wanted) {
+            return Ok(labels);
+        }
+        labels =
+            super::labels::apply_node_labels(&self.client, &self.config.node_name, &wanted).await?;
+        self.labelled = Some(wanted);
+        Ok(labels)
+    }
+}
+
+/// Both cache kinds, seen through the fields planning needs.
+trait CacheView: Send + Sync {
+    fn key(&self) -> CacheKey;
+    fn spec(&self) -> &gkm_k8s_api::crd::CacheSpec;
+    fn status(&self) -> Option<&gkm_k8s_api::crd::CacheStatus>;
+    fn image(&self) -> &str;
+    fn resolved(&self) -> Option<&str>;
+    fn deleting(&self) -> bool;
+}
+
+impl<K: CacheObject> CacheView for std::sync::Arc<K> {
+    fn key(&self) -> CacheKey {
+        CacheObject::key(self.as_ref())
+    }
+    fn spec(&self) -> &gkm_k8s_api::crd::CacheSpec {
+        self.cache_spec()
+    }
+    fn status(&self) -> Option<&gkm_k8s_api::crd::CacheStatus> {
+        self.cache_status()
+    }
+    fn image(&self) -> &str {
+        &self.cache_spec().image
+    }
+    fn resolved(&self) -> Option<&str> {
+        self.cache_status()
+            .and_then(|s| s.resolved_digest.as_deref())
+    }
+    fn deleting(&self) -> bool {
+        self.meta().deletion_timestamp.is_some()
+    }
+}
+
+/// Bytes of regular files under `dir`.
+fn tree_size(dir: &std::path::Path) -> i64 {
+    let mut total = 0i64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => total += m.len() as i64,
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}

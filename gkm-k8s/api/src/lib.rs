@@ -1,0 +1,30 @@
+//! gkm's Kubernetes API: the `gkm.io/v1alpha1` custom resources and what
+//! every component reads of them.
+//!
+//! - [`crd`]: `GKMCache`, `ClusterGKMCache`, their node reports
+//!   `GKMCacheNode` and `ClusterGKMCacheNode`, and `GKMGPUQuota`, with the
+//!   CRD manifests ([`crd::crds_yaml`]).
+//! - [`cache_object`]: what both cache kinds share, so one generic
+//!   controller serves both, and their key ([`CacheKey`]).
+//! - [`conditions`]: status conditions that keep their transition time.
+//! - [`served`]: waiting until the apiserver serves the cache kinds.
+//!
+//! ```
+//! use gkm_k8s_api::crd::{GKMCache, crds_yaml};
+//! let cache: GKMCache = serde_yaml::from_str(r#"
+//! apiVersion: gkm.io/v1alpha1
+//! kind: GKMCache
+//! metadata: {name: vector-add, namespace: ml}
+//! spec: {image: "registry.example/caches/vector-add:sm90"}
+//! "#).unwrap();
+//! assert_eq!(cache.spec.cache.image, "registry.example/caches/vector-add:sm90");
+//! assert!(crds_yaml().unwrap().contains("name: gkmcaches.gkm.io"));
+//! ```
+#![deny(missing_docs)]
+
+pub mod cache_object;
+pub mod conditions;
+pub mod crd;
+pub mod served;
+
+pub use cache_object::{CacheKey, CacheObject, NodeReport, Scope};

@@ -1,0 +1,266 @@
+//! Reading a `NodePublishVolume` request into what to mount for whom, with an
+//! `INVALID_ARGUMENT` status naming what is wrong.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use tonic::Status;
+
+use crate::proto::NodePublishVolumeRequest;
+use crate::proto::volume_capability::AccessType;
+use crate::{
+    ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE,
+    CTX_POD_UID,
+};
+use gkm_core::CacheKey;
+use gkm_k8s_node::mount_records::PodRef;
+use gkm_k8s_node::names::check_key;
+
+/// A checked publish request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishRequest {
+    /// The kubelet's volume id.
+    pub volume_id: String,
+    /// Where to mount.
+    pub target_path: PathBuf,
+    /// The cache asked for.
+    pub cache: CacheKey,
+    /// The pod asking.
+    pub pod: PodRef,
+}
+
+/// A required, non-empty string field.
+pub fn required<'a>(value: &'a str, field: &str) -> Result<&'a str, Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{field} is required")))
+    } else {
+        Ok(value)
+    }
+}
+
+/// A required absolute path field.
+pub fn absolute_path(value: &str, field: &str) -> Result<PathBuf, Status> {
+    let path = PathBuf::from(required(value, field)?);
+    if !path.is_absolute() {
+        return Err(Status::invalid_argument(format!(
+            "{field} {value:?} is not an absolute path"
+        )));
+    }
+    Ok(path)
+}
+
+/// Check `req` and read its volume context.
+///
+/// ```
+/// use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
+/// use gkm_k8s_csi::volume::parse_publish;
+///
+/// let req = NodePublishVolumeRequest {
+///     volume_id: "csi-1".into(),
+///     target_path: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/kernels/mount".into(),
+///     volume_capability: Some(VolumeCapability {
+///         access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+///         access_mode: None,
+///     }),
+///     volume_context: [
+///         ("csi.storage.k8s.io/ephemeral", "true"),
+///         ("csi.storage.k8s.io/pod.namespace", "ml"),
+///         ("csi.storage.k8s.io/pod.name", "infer-0"),
+///         ("csi.gkm.io/GKMCache", "vector-add"),
+///     ]
+///     .into_iter()
+///     .map(|(k, v)| (k.to_string(), v.to_string()))
+///     .collect(),
+///     ..Default::default()
+/// };
+/// let parsed = parse_publish(&req).unwrap();
+/// assert_eq!(parsed.cache.namespace.as_deref(), Some("ml")); // the pod's namespace
+/// assert_eq!(parsed.cache.name, "vector-add");
+/// ```
+pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Status> {
+    let volume_id = required(&req.volume_id, "volume_id")?.to_string();
+    let target_path = absolute_path(&req.target_path, "target_path")?;
+    let capability = req
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+    match capability.access_type {
+        Some(AccessType::Mount(_)) => {}
+        Some(AccessType::Block(_)) => {
+            return Err(Status::invalid_argument(
+                "block access is not supported: a gkm cache is a directory (use a filesystem volume)",
+            ));
+        }
+        None => {
+            return Err(Status::invalid_argument(
+                "volume_capability has no access type (mount or block)",
+            ));
+        }
+    }
+    let ctx = &req.volume_context;
+    if get(ctx, CTX_EPHEMERAL) != Some("true") {
+        return Err(Status::invalid_argument(format!(
+            "{} serves only inline ephemeral volumes: the volume context lacks {CTX_EPHEMERAL}=\"true\" \
+             (declare the volume under the pod's volumes[].csi, and podInfoOnMount: true in the CSIDriver)",
+            crate::DRIVER_NAME
+        )));
+    }
+    let pod_namespace =
+        get(ctx, CTX_POD_NAMESPACE).ok_or_else(|| missing_pod_info(CTX_POD_NAMESPACE))?;
+    let pod_name = get(ctx, CTX_POD_NAME).ok_or_else(|| missing_pod_info(CTX_POD_NAME))?;
+    let pod = PodRef {
+        namespace: pod_namespace.to_string(),
+        name: pod_name.to_string(),
+        uid: get(ctx, CTX_POD_UID).map(str::to_string),
+    };
+    let cache = match (get(ctx, ATTR_CACHE), get(ctx, ATTR_CLUSTER_CACHE)) {
+        (Some(_), Some(_)) => {
+            return Err(Status::invalid_argument(format!(
+                "volume attributes name both {ATTR_CACHE} and {ATTR_CLUSTER_CACHE}; give one"
+            )));
+        }
+        (None, None) => {
+            return Err(Status::invalid_argument(format!(
+                "volume attributes name no cache: set {ATTR_CACHE} (with {ATTR_NAMESPACE}, default the pod's \
+                 namespace) or {ATTR_CLUSTER_CACHE}"
+            )));
+        }
+        (Some(name), None) => {
+            CacheKey::namespaced(get(ctx, ATTR_NAMESPACE).unwrap_or(pod_namespace), name)
+        }
+        (None, Some(name)) => {
+            if let Some(ns) = get(ctx, ATTR_NAMESPACE) {
+                return Err(Status::invalid_argument(format!(
+                    "{ATTR_NAMESPACE} ({ns:?}) applies to {ATTR_CACHE}, not to a {ATTR_CLUSTER_CACHE}"
+                )));
+            }
+            CacheKey::cluster(name)
+        }
+    };
+    check_key(&cache).map_err(|e| Status::invalid_argument(format!("volume attributes: {e}")))?;
+    Ok(PublishRequest {
+        volume_id,
+        target_path,
+        cache,
+        pod,
+    })
+}
+
+/// A non-empty value of `key`.
+fn get<'a>(ctx: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
+    ctx.get(key).map(String::as_str).filter(|v| !v.is_empty())
+}
+
+fn missing_pod_info(key: &str) -> Status {
+    Status::invalid_argument(format!(
+        "the volume context lacks {key}: set podInfoOnMount: true in the {} CSIDriver",
+        crate::DRIVER_NAME
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+    use crate::proto::VolumeCapability;
+    use crate::proto::volume_capability::{BlockVolume, MountVolume};
+
+    fn request(ctx: &[(&str, &str)]) -> NodePublishVolumeRequest {
+        NodePublishVolumeRequest {
+            volume_id: "csi-1".into(),
+            target_path: "/pods/p/mount".into(),
+            volume_capability: Some(VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: None,
+            }),
+            volume_context: ctx
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    const POD: [(&str, &str); 4] = [
+        (CTX_EPHEMERAL, "true"),
+        (CTX_POD_NAMESPACE, "ml"),
+        (CTX_POD_NAME, "infer-0"),
+        (CTX_POD_UID, "0c1d"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> NodePublishVolumeRequest {
+        let mut ctx = POD.to_vec();
+        ctx.extend_from_slice(extra);
+        request(&ctx)
+    }
+
+    fn refusal(req: &NodePublishVolumeRequest) -> String {
+        let status = parse_publish(req).expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        status.message().to_string()
+    }
+
+    #[test]
+    fn namespaced_cache_in_another_namespace() {
+        let p = parse_publish(&with(&[
+            (ATTR_CACHE, "vector-add"),
+            (ATTR_NAMESPACE, "shared"),
+        ]))
+        .expect("ok");
+        assert_eq!(p.cache, CacheKey::namespaced("shared", "vector-add"));
+        assert_eq!(
+            p.pod,
+            PodRef {
+                namespace: "ml".into(),
+                name: "infer-0".into(),
+                uid: Some("0c1d".into())
+            }
+        );
+    }
+
+    #[test]
+    fn cluster_cache() {
+        let p = parse_publish(&with(&[(ATTR_CLUSTER_CACHE, "vector-add")])).expect("ok");
+        assert_eq!(p.cache, CacheKey::cluster("vector-add"));
+    }
+
+    #[test]
+    fn refusals_name_what_is_wrong() {
+        let mut no_id = with(&[(ATTR_CACHE, "c")]);
+        no_id.volume_id.clear();
+        assert_eq!(refusal(&no_id), "volume_id is required");
+
+        let mut relative = with(&[(ATTR_CACHE, "c")]);
+        relative.target_path = "pods/p".into();
+        assert!(refusal(&relative).contains("not an absolute path"));
+
+        let mut no_cap = with(&[(ATTR_CACHE, "c")]);
+        no_cap.volume_capability = None;
+        assert_eq!(refusal(&no_cap), "volume_capability is required");
+
+        let mut block = with(&[(ATTR_CACHE, "c")]);
+        block.volume_capability = Some(VolumeCapability {
+            access_type: Some(AccessType::Block(BlockVolume {})),
+            access_mode: None,
+        });
+        assert!(refusal(&block).contains("block access is not supported"));
+
+        assert!(refusal(&request(&[(ATTR_CACHE, "c")])).contains(CTX_EPHEMERAL));
+        assert!(
+            refusal(&request(&[(CTX_EPHEMERAL, "true"), (ATTR_CACHE, "c")]))
+                .contains(CTX_POD_NAMESPACE)
+        );
+        assert!(refusal(&with(&[])).contains("name no cache"));
+        assert!(refusal(&with(&[(ATTR_CACHE, "a"), (ATTR_CLUSTER_CACHE, "b")])).contains("both"));
+        assert!(
+            refusal(&with(&[(ATTR_CLUSTER_CACHE, "b"), (ATTR_NAMESPACE, "ml")]))
+                .contains("applies to")
+        );
+        assert!(refusal(&with(&[(ATTR_CACHE, "../../etc")])).contains("not a valid object name"));
+        assert!(
+            refusal(&with(&[(ATTR_CACHE, "c"), (ATTR_NAMESPACE, "a/b")]))
+                .contains("not a valid namespace")
+        );
+    }
+}

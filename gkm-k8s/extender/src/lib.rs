@@ -1,0 +1,91 @@
+//! gkm's kube-scheduler extender: GPU fit (whole and shared GPUs), quotas
+//! per namespace and GPU model, packing against fragmentation, and
+//! placement by where a pod's kernel caches fit and are extracted.
+//!
+//! The decisions are pure functions of an in-memory [`index::Index`] that
+//! watches fill ([`watch`]); the HTTP verbs ([`server`]) read it. Filter and
+//! prioritize never write anything. Bind reserves room in the index (check
+//! and reservation under one lock, so concurrent binds never overshoot a
+//! node or a quota), writes the device assignment annotation
+//! ([`gkm_core::assignment`]) and binds the pod; every step may be retried.
+//!
+//! # Resources
+//!
+//! - Whole GPUs: the extended resources in [`index::IndexConfig`]
+//!   (`nvidia.com/gpu` and `amd.com/gpu` by default; passthrough resources
+//!   are added by flag), counted per node from allocatable minus what bound
+//!   pods and reservations hold.
+//! - Shared GPUs: [`GPU_CORES`] (percent of one GPU, 100 per GPU) and
+//!   [`GPU_MEMORY`] (MiB). A node's GPUs come from its annotation
+//!   [`DEVICES_ANNOTATION`], which gkm's device plugin publishes under the
+//!   IDs it offers their units by ([`gkm_core::assignment`] holds the one
+//!   naming both sides use); a node without it takes no shared-GPU pod.
+//!   The extender picks the GPU and records it; enforcing the fraction
+//!   inside the container is not the extender's job.
+//!
+//! # Quotas
+//!
+//! A [`gkm_k8s_api::crd::GKMGPUQuota`] caps what a namespace holds per GPU model,
+//! the model being the node label [`DEFAULT_MODEL_LABEL`] that gkm's agent
+//! writes.
+
+pub mod bind;
+pub mod cache;
+pub mod hold;
+pub mod index;
+pub mod latency;
+pub mod node;
+pub mod protocol;
+pub mod request;
+pub mod server;
+pub mod status;
+pub mod verbs;
+pub mod watch;
+
+#[cfg(test)]
+mod tests;
+
+pub use index::{Index, IndexConfig};
+pub use server::{Extender, URL_PREFIX};
+
+/// Shared-GPU cores, in percent of one GPU.
+pub const GPU_CORES: &str = "gkm.io/gpu-cores";
+/// Shared-GPU memory, in MiB.
+pub const GPU_MEMORY: &str = "gkm.io/gpu-memory";
+/// The cores of one GPU.
+pub const CORES_PER_GPU: i64 = gkm_core::assignment::CORES_PER_GPU;
+/// The node annotation listing a node's shared-GPU devices:
+/// `[{"id": "GPU-…", "cores": 100, "memory": 16384}]`.
+pub const DEVICES_ANNOTATION: &str = gkm_core::assignment::NODE_GPUS_ANNOTATION;
+/// The node label naming the GPU model, written by gkm's agent.
+pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
+/// The extended resources counted as whole GPUs unless configured.
+pub const DEFAULT_WHOLE_RESOURCES: &[&str] = &["nvidia.com/gpu", "amd.com/gpu"];
+
+/// Sets up the extender against `client`: the extender to serve (see
+/// [`gkm_k8s_runtime::endpoints::Endpoints::with_routes`]) and the work to run beside it
+/// (the watches, and the quota status writer every `status_period`). The
+/// watches register their readiness checks in `readiness`; filter answers
+/// with an error until all are ready.
+pub fn start(
+    client: kube::Client,
+    config: IndexConfig,
+    readiness: &gkm_k8s_runtime::readiness::Readiness,
+    status_period: std::time::Duration,
+) -> (
+    std::sync::Arc<Extender>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (store, writer) = kube::runtime::reflector::store();
+    let extender = std::sync::Arc::new(Extender::new(
+        config,
+        Some(client.clone()),
+        Some(store),
+        readiness.clone(),
+    ));
+    let watches = watch::run(client.clone(), extender.clone(), writer, readiness);
+    let status = status::run(client, extender.clone(), status_period);
+    (extender, async move {
+        futures::join!(watches, status);
+    })
+}

@@ -1,0 +1,20 @@
+//! The CSI volume a pod mounts a cache with: the driver's name, the volume
+//! attributes a pod sets, and the pod information the kubelet adds. The
+//! driver reads them, the scheduler extender reads the same from pod specs.
+
+/// The driver's name.
+pub const DRIVER_NAME: &str = "csi.gkm.io";
+/// The volume attribute naming a `GKMCache`.
+pub const ATTR_CACHE: &str = "csi.gkm.io/GKMCache";
+/// The volume attribute naming the `GKMCache`'s namespace.
+pub const ATTR_NAMESPACE: &str = "csi.gkm.io/namespace";
+/// The volume attribute naming a `ClusterGKMCache`.
+pub const ATTR_CLUSTER_CACHE: &str = "csi.gkm.io/ClusterGKMCache";
+/// The kubelet's marker of an inline ephemeral volume (`"true"`).
+pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
+/// The pod's namespace, as the kubelet passes it.
+pub const CTX_POD_NAMESPACE: &str = "csi.storage.k8s.io/pod.namespace";
+/// The pod's name, as the kubelet passes it.
+pub const CTX_POD_NAME: &str = "csi.storage.k8s.io/pod.name";
+/// The pod's uid, as the kubelet passes it.
+pub const CTX_POD_UID: &str = "csi.storage.k8s.io/pod.uid";

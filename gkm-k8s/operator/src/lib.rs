@@ -1,0 +1,261 @@
+//! The operator: one generic controller for `GKMCache` and `ClusterGKMCache`.
+//!
+//! For each cache it resolves `spec.image` to a digest (again every
+//! `resolveInterval`, so a moved tag rolls out), verifies the signature
+//! against the cache's policy or the operator's default as the operator's
+//! [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
+//! agents' reports up into counts, conditions and the Status column, and
+//! writes status once per real change. A cache with `storageClassName` also
+//! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
+//! until no pod uses its claims and no node uses or reports it, removes what
+//! it made, then releases the finalizer.
+
+mod error;
+pub mod metrics;
+mod pending_writes;
+pub mod pvc;
+mod reconcile;
+mod report_index;
+pub mod resolutions;
+pub mod rollup;
+mod status;
+mod status_owners;
+mod verdict;
+mod verifier;
+pub mod webhook;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gkm_oci::RegistryOptions;
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tracing::{info, warn};
+
+pub use error::{Error, Result};
+pub use metrics::{Metrics, OperatorCollector};
+pub use reconcile::FINALIZER;
+pub use verdict::PolicyFloor;
+pub use verifier::{ImageVerifier, RegistryVerifier};
+
+use gkm_k8s_api::cache_object::CacheObject;
+use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, SignaturePolicy};
+use report_index::ReportIndex;
+
+/// How the operator runs.
+#[derive(Clone)]
+pub struct OperatorConfig {
+    /// How to reach registries.
+    pub registry: RegistryOptions,
+    /// The policy for caches without `spec.signature`; without one, such
+    /// caches are never verified, so never delivered.
+    pub default_policy: Option<SignaturePolicy>,
+    /// How often tags are resolved again when a cache does not say.
+    pub resolve_interval: Duration,
+    /// What every cache's signature policy must meet.
+    pub floor: PolicyFloor,
+    /// How long a verified image stays verified before its signatures are
+    /// checked again (also when nothing changed).
+    pub reverify_interval: Duration,
+    /// The name events are reported under.
+    pub instance: String,
+    /// How PVC-mode caches get their claims, volumes and fill Jobs.
+    pub pvc: crate::pvc::PvcOptions,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        OperatorConfig {
+            registry: RegistryOptions::default(),
+            default_policy: None,
+            resolve_interval: Duration::from_secs(300),
+            floor: PolicyFloor::default(),
+            reverify_interval: Duration::from_secs(3600),
+            instance: "gkm-operator".into(),
+            pvc: crate::pvc::PvcOptions::default(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The apiserver client.
+    pub client: Client,
+    /// Configuration.
+    pub config: OperatorConfig,
+    /// Signature verification.
+    pub verifier: Arc<dyn ImageVerifier>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Tag resolutions, reused within each cache's resolve interval.
+    pub resolutions: resolutions::Resolutions,
+    /// Status writes the controllers' caches do not show yet.
+    pub pending_writes: pending_writes::PendingWrites,
+    /// The cluster's Nodes, their names and uids only: whether a node that
+    /// reports still exists, without a request per report.
+    pub nodes: reflector::Store<PartialObjectMeta<Node>>,
+}
+
+/// Runs both controllers until the process is asked to stop.
+pub async fn run(
+    client: Client,
+    config: OperatorConfig,
+    verifier: Arc<dyn ImageVerifier>,
+    metrics: Arc<Metrics>,
+) {
+    let reporter = Reporter {
+        controller: "gkm-operator".into(),
+        instance: Some(config.instance.clone()),
+    };
+    let nodes = watch_nodes(&client).await;
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        config,
+        verifier,
+        metrics,
+        resolutions: resolutions::Resolutions::default(),
+        pending_writes: pending_writes::PendingWrites::default(),
+        nodes,
+    });
+    futures::join!(
+        controller::<GKMCache>(ctx.clone()),
+        controller::<ClusterGKMCache>(ctx)
+    );
+}
+
+/// Watches the node reports of `K`'s kind into `index`; the stream names
+/// the caches whose entries each event changed.
+fn watch_reports<K: CacheObject>(
+    client: &Client,
+    index: Arc<ReportIndex>,
+) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static {
+    let (changed, triggers) = futures::channel::mpsc::unbounded();
+    let api: Api<K::NodeReport> = Api::all(client.clone());
+    let indexing = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .for_each(move |event| {
+            match &event {
+                Ok(event) => {
+                    for (namespace, name) in index.observe(event) {
+                        let cache = ObjectRef::<K>::new(&name);
+                        let cache = match &namespace {
+                            Some(ns) => cache.within(ns),
+                            None => cache,
+                        };
+                        // The receiver lives as long as the controller.
+                        let _ = changed.unbounded_send(cache);
+                    }
+                }
+                Err(e) => warn!(error = %e, "watching node reports"),
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(indexing);
+    triggers
+}
+
+/// A store of the cluster's Nodes, once it has listed them all. Only names
+/// and uids are kept: at a thousand nodes, their labels, annotations and
+/// managed fields would be most of the operator's memory.
+async fn watch_nodes(client: &Client) -> reflector::Store<PartialObjectMeta<Node>> {
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let reflect = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|node| {
+                let meta = &mut node.metadata;
+                (meta.labels, meta.annotations, meta.managed_fields) = (None, None, None);
+            }),
+    )
+    .for_each(|event| {
+        if let Err(e) = event {
+            warn!(error = %e, "watching nodes");
+        }
+        futures::future::ready(())
+    });
+    tokio::spawn(reflect);
+    // The stream retries for ever; its store only drops with the process.
+    let _ = reader.wait_until_ready().await;
+    reader
+}
+
+async fn controller<K: CacheObject>(ctx: Arc<Context>) {
+    let caches: Api<K> = Api::all(ctx.client.clone());
+    let reports = Arc::new(ReportIndex::default());
+    let changed = watch_reports::<K>(&ctx.client, reports.clone());
+    reports.wait_until_listed().await;
+    // `reconcile_on` (kube-runtime's `unstable-runtime-reconcile-on`): the
+    // one watch of the reports feeds the index and names the caches whose
+    // entries changed. `watches` would need a second watch of every report,
+    // and would trigger every cache a report mentions on each of its writes.
+    let controller = Controller::new(caches, watcher::Config::default())
+        .reconcile_on(changed)
+        .shutdown_on_signal();
+    let cached = controller.store();
+    ctx.metrics.count_caches(move || {
+        cached
+            .state()
+            .iter()
+            .map(|c| c.cache_status().and_then(|s| s.state))
+            .collect()
+    });
+    controller
+        .run(
+            move |cache, ctx| {
+                let reports = reports.clone();
+                async move {
+                    let began = Instant::now();
+                    let outcome =
+                        crate::error::contained(reconcile::reconcile(cache, ctx.clone(), reports))
+                            .await;
+                    ctx.metrics
+                        .reconciled(K::SCOPE, began.elapsed(), outcome.as_ref().err());
+                    outcome
+                }
+            },
+            reconcile::error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            match result {
+                Ok((cache, _)) => info!(cache = %cache.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::contained;
+    use kube::runtime::controller::Action;
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_an_error_not_the_end() {
+        let outcome = contained(async {
+            let values: Vec<u64> = Vec::new();
+            if values.is_empty() {
+                panic!("reconcile met an impossible object");
+            }
+            Ok(Action::await_change())
+        })
+        .await;
+        let err = outcome.expect_err("a panic is an error");
+        assert!(err.to_string().contains("impossible object"), "{err}");
+        assert!(
+            contained(async { Ok(Action::await_change()) })
+                .await
+                .is_ok()
+        );
+    }
+}

@@ -1,0 +1,352 @@
+//! The Kubernetes objects a [`Plan`](super::plan::Plan) asks for, as
+//! server-side apply bodies. Pure: tests read the bodies.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use super::plan::{ClaimPlan, PvcMode};
+use gkm_k8s_api::cache_object::{CacheKey, Scope};
+use gkm_k8s_api::crd::{CacheSpec, PodTemplate};
+
+/// The label naming the cache an object belongs to.
+pub const CACHE_LABEL: &str = "gkm.io/cache";
+/// The label naming the cache's kind (`GKMCache`, `ClusterGKMCache`).
+pub const KIND_LABEL: &str = "gkm.io/cache-kind";
+/// The label naming a namespaced cache's namespace (on cluster-scoped volumes).
+pub const NAMESPACE_LABEL: &str = "gkm.io/cache-namespace";
+/// The label naming the node a ReadWriteOnce claim serves.
+pub const NODE_LABEL: &str = "gkm.io/node";
+/// The annotation naming the digest a fill Job extracts.
+pub const DIGEST_ANNOTATION: &str = "gkm.io/digest";
+/// Who made the object.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gkm-operator");
+/// Where a fill Job mounts the claim.
+pub const FILL_MOUNT: &str = "/cache";
+
+/// How the operator makes claims, volumes and fill Jobs.
+#[derive(Debug, Clone)]
+pub struct PvcOptions {
+    /// The image whose entrypoint is `gkm-operator` (the fill Job runs
+    /// `gkm-operator fill`).
+    pub job_image: String,
+    /// The fill Job's `imagePullPolicy`.
+    pub job_image_pull_policy: String,
+    /// Run fill Jobs in the node's network namespace (a registry reachable
+    /// only from the nodes themselves, such as a node-local mirror).
+    pub job_host_network: bool,
+    /// Speak plain HTTP to the registry from fill Jobs.
+    pub insecure_registry: bool,
+    /// Make PersistentVolumes under this directory on the nodes (hostPath),
+    /// for clusters without a provisioner for the StorageClass.
+    pub volume_dir: Option<PathBuf>,
+    /// The size claims request (and gkm-made volumes offer).
+    pub claim_size: String,
+}
+
+impl Default for PvcOptions {
+    fn default() -> Self {
+        PvcOptions {
+            job_image: "ghcr.io/gkm-rs/gkm-operator:v0.1.0".into(),
+            job_image_pull_policy: "IfNotPresent".into(),
+            job_host_network: false,
+            insecure_registry: false,
+            volume_dir: None,
+            claim_size: "1Gi".into(),
+        }
+    }
+}
+
+/// The labels every object made for `key` carries; listing by them finds
+/// what the cache owns.
+pub fn owner_labels(key: &CacheKey) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (CACHE_LABEL.to_string(), key.name().to_string()),
+        (
+            KIND_LABEL.to_string(),
+            match key.scope() {
+                Scope::Namespaced => "GKMCache",
+                Scope::Cluster => "ClusterGKMCache",
+            }
+            .to_string(),
+        ),
+        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+    ]);
+    if let Some(ns) = key.namespace() {
+        labels.insert(NAMESPACE_LABEL.to_string(), ns.to_string());
+    }
+    labels
+}
+
+/// A label selector matching [`owner_labels`].
+pub fn owner_selector(key: &CacheKey) -> String {
+    owner_labels(key)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn labels_for(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, String> {
+    let mut labels = owner_labels(key);
+    if let Some(node) = &claim.node {
+        labels.insert(NODE_LABEL.to_string(), node.clone());
+    }
+    labels
+}
+
+/// The claim.
+pub fn claim(key: &CacheKey, spec: &CacheSpec, plan: &ClaimPlan, options: &PvcOptions) -> Value {
+    let mode = PvcMode::of(spec).unwrap_or(PvcMode::ReadOnlyMany);
+    let mut body = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": plan.name, "namespace": plan.namespace,
+                     "labels": labels_for(key, plan)},
+        "spec": {
+            "accessModes": [mode.access_mode()],
+            "storageClassName": spec.storage_class_name,
+            "resources": {"requests": {"storage": options.claim_size}},
+        },
+    });
+    if let Some(volume) = &plan.volume {
+        body["spec"]["volumeName"] = json!(volume);
+    }
+    body
+}
+
+/// The gkm-made volume of a claim (hostPath under the volume directory;
+/// pinned to its node in ReadWriteOnce mode), pre-bound to the claim.
+pub fn volume(
+    key: &CacheKey,
+    spec: &CacheSpec,
+    plan: &ClaimPlan,
+    options: &PvcOptions,
+) -> Option<Value> {
+    let name = plan.volume.as_ref()?;
+    let dir = options.volume_dir.as_ref()?;
+    let mode = PvcMode::of(spec).unwrap_or(PvcMode::ReadOnlyMany);
+    let mut body = json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": labels_for(key, plan)},
+        "spec": {
+            "accessModes": [mode.access_mode()],
+            "capacity": {"storage": options.claim_size},
+            "storageClassName": spec.storage_class_name,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": plan.namespace, "name": plan.name},
+            "hostPath": {"path": dir.join(name).display().to_string(),
+                         "type": "DirectoryOrCreate"},
+        },
+    });
+    if let Some(node) = &plan.node {
+        body["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]}});
+    }
+    Some(body)
+}
+
+/// The fill Job of a claim: `gkm-operator fill` extracting `image` (pinned
+/// to the verified digest) into the claim, with the cache's `podTemplate`
+/// on its pod and gkm's own settings kept.
+pub fn job(
+    key: &CacheKey,
+    spec: &CacheSpec,
+    plan: &ClaimPlan,
+    digest: &str,
+    image: &str,
+    options: &PvcOptions,
+) -> Option<Value> {
+    let name = plan.job.as_ref()?;
+    let template = spec.pod_template.clone().unwrap_or_default();
+    let mut pod_labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    pod_labels.extend(labels_for(key, plan));
+    let annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let mut args = vec![
+        "fill".to_string(),
+        format!("--image={image}"),
+        format!("--into={FILL_MOUNT}"),
+    ];
+    if options.insecure_registry {
+        args.push("--insecure-registry".into());
+    }
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": false,
+        "containers": [{
+            "name": "fill",
+            "image": options.job_image,
+            "imagePullPolicy": options.job_image_pull_policy,
+            "args": args,
+            "volumeMounts": [{"name": "cache", "mountPath": FILL_MOUNT}],
+        }],
+        "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": plan.name}}],
+    });
+    if options.job_host_network {
+        pod_spec["hostNetwork"] = json!(true);
+    }
+    apply_template(&mut pod_spec, &template, plan.node.as_deref());
+    let mut job_annotations = BTreeMap::new();
+    job_annotations.insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
+    Some(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": plan.namespace,
+                     "labels": labels_for(key, plan), "annotations": job_annotations},
+        "spec": {
+            "backoffLimit": 4,
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }))
+}
+
+/// Copies the template's scheduling fields onto `pod_spec`; a ReadWriteOnce
+/// Job stays pinned to its node whatever the template's affinity says (the
+/// node is added to every required term).
+fn apply_template(pod_spec: &mut Value, template: &PodTemplate, node: Option<&str>) {
+    let scheduling = template.spec.clone().unwrap_or_default();
+    if let Some(selector) = &scheduling.node_selector {
+        pod_spec["nodeSelector"] = json!(selector);
+    }
+    if let Some(tolerations) = &scheduling.tolerations {
+        pod_spec["tolerations"] = json!(tolerations);
+    }
+    if let Some(class) = &scheduling.priority_class_name {
+        pod_spec["priorityClassName"] = json!(class);
+    }
+    let mut affinity = scheduling
+        .affinity
+        .as_ref()
+        .and_then(|a| serde_json::to_value(a).ok())
+        .unwrap_or_else(|| json!({}));
+    if let Some(node) = node {
+        let pin = json!({"key": "metadata.name", "operator": "In", "values": [node]});
+        let terms = &mut affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        match terms.as_array_mut() {
+            Some(list) if !list.is_empty() => {
+                for term in list {
+                    match term["matchFields"].as_array_mut() {
+                        Some(fields) => fields.push(pin.clone()),
+                        None => term["matchFields"] = json!([pin.clone()]),
+                    }
+                }
+            }
+            _ => *terms = json!([{"matchFields": [pin]}]),
+        }
+    }
+    if affinity.as_object().is_some_and(|a| !a.is_empty()) {
+        pod_spec["affinity"] = affinity;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gkm_k8s_api::crd::AccessMode;
+
+    fn key() -> CacheKey {
+        CacheKey::namespaced("team", "vector-add")
+    }
+
+    fn spec(modes: Vec<AccessMode>, template: Option<serde_json::Value>) -> CacheSpec {
+        CacheSpec {
+            image: "r.example/c:v1".into(),
+            storage_class_name: Some("standard".into()),
+            access_modes: Some(modes),
+            pod_template: template.map(|t| serde_json::from_value(t).expect("template")),
+            ..CacheSpec::default()
+        }
+    }
+
+    fn claim_plan(node: Option<&str>) -> ClaimPlan {
+        ClaimPlan {
+            namespace: "team".into(),
+            name: "vector-add".into(),
+            node: node.map(String::from),
+            volume: Some("gkm-abc".into()),
+            job: Some("vector-add-0123".into()),
+        }
+    }
+
+    #[test]
+    fn the_template_reaches_the_job_pod_and_gkm_keeps_its_own() {
+        let template = json!({
+            "metadata": {"labels": {"team": "ml", CACHE_LABEL: "spoofed"},
+                         "annotations": {"note": "x"}},
+            "spec": {"nodeSelector": {"gpu": "yes"},
+                     "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "priorityClassName": "high",
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                         {"nodeSelectorTerms": [{"matchExpressions": [
+                             {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
+        });
+        let spec = spec(vec![AccessMode::ReadWriteOnce], Some(template));
+        let options = PvcOptions::default();
+        let job = job(
+            &key(),
+            &spec,
+            &claim_plan(Some("n1")),
+            "sha256:00",
+            "r.example/c@sha256:00",
+            &options,
+        )
+        .expect("a job");
+        let pod = &job["spec"]["template"];
+        assert_eq!(pod["metadata"]["labels"]["team"], "ml");
+        assert_eq!(pod["metadata"]["labels"][CACHE_LABEL], "vector-add");
+        assert_eq!(pod["metadata"]["annotations"]["note"], "x");
+        assert_eq!(pod["spec"]["nodeSelector"]["gpu"], "yes");
+        assert_eq!(pod["spec"]["tolerations"][0]["key"], "gpu");
+        assert_eq!(pod["spec"]["priorityClassName"], "high");
+        let term = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0];
+        assert_eq!(term["matchExpressions"][0]["key"], "zone");
+        assert_eq!(term["matchFields"][0]["values"][0], "n1");
+        assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(
+            pod["spec"]["containers"][0]["args"][1],
+            "--image=r.example/c@sha256:00"
+        );
+        let _: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job).expect("a Job");
+    }
+
+    #[test]
+    fn volumes_are_pre_bound_and_rwo_ones_pinned() {
+        let options = PvcOptions {
+            volume_dir: Some("/var/lib/gkm/volumes".into()),
+            ..PvcOptions::default()
+        };
+        let rox = spec(vec![AccessMode::ReadOnlyMany], None);
+        let v = volume(&key(), &rox, &claim_plan(None), &options).expect("a volume");
+        assert_eq!(v["spec"]["claimRef"]["name"], "vector-add");
+        assert_eq!(
+            v["spec"]["hostPath"]["path"],
+            "/var/lib/gkm/volumes/gkm-abc"
+        );
+        assert_eq!(v["spec"]["accessModes"][0], "ReadOnlyMany");
+        assert!(v["spec"].get("nodeAffinity").is_none());
+        let rwo = spec(vec![], None);
+        let v = volume(&key(), &rwo, &claim_plan(Some("n1")), &options).expect("a volume");
+        assert_eq!(
+            v["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchFields"][0]["values"]
+                [0],
+            "n1"
+        );
+        let c = claim(&key(), &rwo, &claim_plan(Some("n1")), &options);
+        assert_eq!(c["spec"]["volumeName"], "gkm-abc");
+        assert_eq!(c["spec"]["accessModes"][0], "ReadWriteOnce");
+        assert!(volume(&key(), &rox, &claim_plan(None), &PvcOptions::default()).is_none());
+    }
+}

@@ -1,0 +1,320 @@
+//! The one reconcile for both cache kinds: resolve, verify, roll up, write
+//! status once per real change; on deletion, wait for the nodes, then let go.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gkm_oci::{Image, ImageRef, Repo};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::Context;
+use super::metrics::RegistryOperation;
+use super::report_index::ReportIndex;
+use super::rollup::NodeEntries;
+use super::rollup::rollup;
+use super::status::{Claims, Observed, Resolved, deleting, desired};
+use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
+use super::verdict::{verdict, verdict_event};
+use crate::error::{Error, Result};
+use crate::pvc::{FIELD_MANAGER, PvcMode, reconcile_claims, remove_claims};
+use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
+use gkm_k8s_api::crd::{CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, resolve_interval};
+
+/// The finalizer that holds a cache until no node uses or reports it.
+pub const FINALIZER: &str = "gkm.io/cleanup";
+
+/// Reconciles one cache of either kind.
+pub async fn reconcile<K: CacheObject>(
+    cache: Arc<K>,
+    ctx: Arc<Context>,
+    reports: Arc<ReportIndex>,
+) -> Result<Action> {
+    let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    finalizer(&api, FINALIZER, cache, |event| async {
+        match event {
+            Finalizer::Apply(cache) => apply(cache.as_ref(), &ctx, &reports).await,
+            Finalizer::Cleanup(cache) => cleanup(cache.as_ref(), &ctx, &reports).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// How the controller retries a failed reconcile.
+pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    match error {
+        Error::WaitingForNodes(_) => Action::requeue(Duration::from_secs(2)),
+        // Retrying at once would only panic again: back off a while.
+        Error::Panicked(why) => {
+            tracing::error!(cache = %cache.key(), %why, "reconcile panicked");
+            Action::requeue(Duration::from_secs(300))
+        }
+        other => {
+            warn!(cache = %cache.key(), error = %other, "reconcile failed");
+            Action::requeue(Duration::from_secs(10))
+        }
+    }
+}
+
+async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) -> Result<Action> {
+    let key = cache.key();
+    let spec = cache.cache_spec();
+    let old = cache.cache_status().cloned().unwrap_or_default();
+    let (interval, interval_note) = resolve_interval(
+        spec.resolve_interval.as_deref(),
+        ctx.config.resolve_interval,
+    );
+    if let Some(note) = &interval_note {
+        warn!(cache = %key, "{note}");
+    }
+
+    // Fetch: the digest, then its verdict, the nodes' reports, the claims.
+    let resolution = match resolve(&spec.image, interval, ctx).await {
+        Err(message) => Err(message),
+        Ok(digest) => Ok(observe(cache, ctx, &old, reports, digest).await?),
+    };
+    // Decide, then write once.
+    let status = desired(&Observed {
+        generation: cache.meta().generation,
+        old: &old,
+        interval_note,
+        resolution,
+    });
+    write_status(cache, ctx, &old, status).await?;
+    Ok(Action::requeue(interval))
+}
+
+/// What is known about `digest`, the image `cache` resolved to: its verdict
+/// (announced when it is news), the nodes' reports rolled up, and the claims
+/// when the cache is or was in PVC mode.
+async fn observe<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    old: &CacheStatus,
+    reports: &ReportIndex,
+    digest: String,
+) -> Result<Resolved> {
+    let spec = cache.cache_spec();
+    let (verification, checked) = verdict(cache, ctx, &digest, old).await;
+    if let Some((type_, reason)) = verdict_event(old.verification.as_ref(), &verification, checked)
+    {
+        let note = verification.message.clone().unwrap_or_default();
+        publish(cache, ctx, type_, reason, note).await;
+    }
+    let entries = live_reports_for(cache, ctx, reports).await?;
+    let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
+    let pvc_mode = PvcMode::of(spec).is_some();
+    let claims = if pvc_mode || old.pvc_status.is_some() {
+        let outcome = reconcile_claims(
+            cache,
+            &ctx.client,
+            &ctx.config.pvc,
+            Some(&digest),
+            verification.is_deliverable(),
+            &compatible_nodes(&entries, &digest),
+        )
+        .await?;
+        Some(Claims { pvc_mode, outcome })
+    } else {
+        None
+    };
+    Ok(Resolved {
+        digest,
+        verification,
+        nodes,
+        claims,
+    })
+}
+
+async fn cleanup<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    reports: &ReportIndex,
+) -> Result<Action> {
+    let key = cache.key();
+    let old = cache.cache_status().cloned().unwrap_or_default();
+    let entries = live_reports_for(cache, ctx, reports).await?;
+    let (counts, _) = rollup(
+        old.resolved_digest.as_deref(),
+        true,
+        entries.iter().map(|(_, e)| e),
+    );
+    let status = deleting(&old, cache.meta().generation, counts, entries.len());
+    write_status(cache, ctx, &old, status).await?;
+    if !remove_claims(&key, &ctx.client, &ctx.config.pvc).await? {
+        return Err(Error::WaitingForNodes(format!(
+            "{key}: its Jobs, claims and volumes are being removed"
+        )));
+    }
+    if !entries.is_empty() {
+        return Err(Error::WaitingForNodes(format!(
+            "{key}: {} nodes still report it ({} pods use it)",
+            entries.len(),
+            counts.pod_deleting_cnt
+        )));
+    }
+    info!(cache = %key, "no node uses or reports the cache; releasing it");
+    ctx.pending_writes
+        .forget(cache.uid().as_deref().unwrap_or_default());
+    Ok(Action::await_change())
+}
+
+/// The nodes whose agents report `digest` extracted (so compatible with
+/// their GPUs): where ReadWriteOnce claims go.
+fn compatible_nodes(entries: &[(String, NodeEntries)], digest: &str) -> BTreeSet<String> {
+    entries
+        .iter()
+        .filter(|(_, entries)| {
+            entries.iter().any(|(d, e)| {
+                d == digest
+                    && matches!(
+                        e.state,
+                        Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
+                    )
+            })
+        })
+        .map(|(node, _)| node.clone())
+        .collect()
+}
+
+/// The entries of the nodes that report the cache, by node; reports of
+/// nodes that no longer exist (scaled down, deleted) are removed rather
+/// than counted or waited for: no agent will ever update them, and a
+/// deletion waiting on them would never end.
+async fn live_reports_for<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    reports: &ReportIndex,
+) -> Result<Vec<(String, NodeEntries)>> {
+    let key = cache.key();
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut out = Vec::new();
+    for (node, entries) in reports.for_cache(&key) {
+        // The watched Nodes answer for nearly every report. A node missing
+        // there is asked of the apiserver before its report goes: the watch
+        // may not show a Node created a moment ago yet.
+        let watched = ctx.nodes.get(&ObjectRef::new(&node)).is_some();
+        if watched || nodes.get_metadata_opt(&node).await?.is_some() {
+            out.push((node, entries));
+            continue;
+        }
+        let api = K::NodeReport::api(ctx.client.clone(), key.namespace());
+        match api.delete(&node, &DeleteParams::default()).await {
+            Ok(_) => {
+                info!(cache = %key, %node, "removed the report of a node that no longer exists")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+/// The digest `image` resolves to: remembered for `interval`, else asked
+/// of the registry.
+async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<String, String> {
+    let now = std::time::Instant::now();
+    if let Some(digest) = ctx.resolutions.fresh(image, interval, now) {
+        return Ok(digest);
+    }
+    let reference: ImageRef = image
+        .parse()
+        .map_err(|e| format!("spec.image {image:?}: {e}"))?;
+    let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
+    let resolved = Image::resolve(&repo).await;
+    ctx.metrics
+        .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
+    let digest = resolved
+        .map_err(|e| format!("resolving {image}: {e}"))?
+        .to_string();
+    ctx.resolutions
+        .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
+    Ok(digest)
+}
+
+/// Applies `new` (server-side, as [`FIELD_MANAGER`]) unless it equals `old`
+/// ignoring `lastUpdated`, with an event when the state changes. The body
+/// is the whole status the operator wants: a field it leaves out (a
+/// `pvcStatus` after leaving PVC mode, a namespace's entry in it) is
+/// removed, which a merge patch would leave in place.
+/// Status fields an older operator wrote by merge patch are first taken
+/// over ([`super::status_owners`]), so they are removed the same way.
+async fn write_status<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    old: &CacheStatus,
+    mut new: CacheStatus,
+) -> Result<()> {
+    new.last_updated = old.last_updated.clone();
+    let uid = cache.uid().unwrap_or_default();
+    if &new == old || ctx.pending_writes.repeats(&uid, old, &new) {
+        return Ok(());
+    }
+    if new.state != old.state {
+        let message = format!(
+            "{:?} → {:?} ({})",
+            old.state.unwrap_or_default(),
+            new.state.unwrap_or_default(),
+            new.resolved_digest.as_deref().unwrap_or("unresolved")
+        );
+        publish(cache, ctx, EventType::Normal, "StateChanged", message).await;
+    }
+    new.last_updated = Some(Time(Timestamp::now()));
+    let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    if let Some(upgrade) = upgrade_patch(cache.meta(), FIELD_MANAGER, LEGACY_STATUS_MANAGERS) {
+        // Status fields an older operator updated become this apply's, so
+        // the apply below may drop them. Refused when the object changed
+        // since it was read; the next reconcile works from the new one.
+        let patch = Patch::Json::<()>(serde_json::from_value(upgrade)?);
+        api.patch(&cache.name_any(), &PatchParams::default(), &patch)
+            .await?;
+    }
+    let body = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": new,
+    });
+    api.patch_status(
+        &cache.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    ctx.pending_writes.record(&uid, &new);
+    ctx.metrics.status_written();
+    Ok(())
+}
+
+async fn publish<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cache.object_ref(&())).await {
+        warn!(error = %e, "publishing an event failed");
+    }
+}

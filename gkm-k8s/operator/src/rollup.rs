@@ -1,0 +1,192 @@
+//! Rolling node reports up into a cache's counts and state. Pure: tests feed
+//! it reports, the reconcile feeds it the watched node reports.
+
+use gkm_k8s_api::crd::{CacheCounts, CacheState, NodeCacheStatus};
+
+/// What the rollup reads of a node's entry for one digest: its state and
+/// how many pods use it. Eight bytes, where the entry itself is hundreds:
+/// the operator keeps one per cache, node and digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Where the digest stands on the node.
+    pub state: Option<CacheState>,
+    /// The pods using it there.
+    pub pods: u32,
+}
+
+impl From<&NodeCacheStatus> for Entry {
+    fn from(entry: &NodeCacheStatus) -> Entry {
+        Entry {
+            state: entry.state,
+            pods: entry
+                .pods
+                .as_ref()
+                .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+/// One node's entries for one cache, by image digest.
+pub type NodeEntries = Vec<(String, Entry)>;
+
+/// A cache's cluster-wide counts and state, from the entries of every node
+/// that reported it.
+///
+/// Per node, the entry for `resolved` (the digest the tag resolves to now)
+/// decides the node counts: Running → in use, Extracted → not in use, Error →
+/// error, Incompatible → incompatible (no GPU there fits it: not an error). Pods on `resolved` are running; pods on any other digest are
+/// outdated, or deleting when the cache is being deleted. The state is the
+/// furthest any node got: Deleting, Outdated, Running, Extracted, Downloading,
+/// Error, Incompatible (it fits no node that reported), then Pending.
+pub fn rollup<'a>(
+    resolved: Option<&str>,
+    deleting: bool,
+    nodes: impl IntoIterator<Item = &'a NodeEntries>,
+) -> (CacheCounts, CacheState) {
+    let mut counts = CacheCounts::default();
+    let mut downloading = false;
+    for entries in nodes {
+        counts.node_cnt += 1;
+        for (digest, entry) in entries {
+            let pods = i32::try_from(entry.pods).unwrap_or(i32::MAX);
+            let current = Some(digest.as_str()) == resolved;
+            if deleting {
+                counts.pod_deleting_cnt += pods;
+            } else if current {
+                counts.pod_running_cnt += pods;
+            } else {
+                counts.pod_outdated_cnt += pods;
+            }
+            if !current {
+                continue;
+            }
+            match entry.state {
+                Some(CacheState::Running | CacheState::Outdated) => counts.node_in_use_cnt += 1,
+                Some(CacheState::Extracted) => {
+                    if pods > 0 {
+                        counts.node_in_use_cnt += 1;
+                    } else {
+                        counts.node_not_in_use_cnt += 1;
+                    }
+                }
+                Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
+                Some(CacheState::Incompatible) => counts.node_incompatible_cnt += 1,
+                Some(CacheState::Downloading) => downloading = true,
+                Some(CacheState::Pending | CacheState::Deleting) | None => {}
+            }
+        }
+    }
+    let state = if deleting {
+        CacheState::Deleting
+    } else if resolved.is_none() {
+        CacheState::Pending
+    } else if counts.pod_outdated_cnt > 0 {
+        CacheState::Outdated
+    } else if counts.pod_running_cnt > 0 || counts.node_in_use_cnt > 0 {
+        CacheState::Running
+    } else if counts.node_not_in_use_cnt > 0 {
+        CacheState::Extracted
+    } else if downloading {
+        CacheState::Downloading
+    } else if counts.node_error_cnt > 0 {
+        CacheState::Error
+    } else if counts.node_incompatible_cnt > 0 {
+        CacheState::Incompatible
+    } else {
+        CacheState::Pending
+    };
+    (counts, state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gkm_k8s_api::crd::PodData;
+
+    fn entry(state: CacheState, pods: u32) -> Entry {
+        Entry {
+            state: Some(state),
+            pods,
+        }
+    }
+
+    fn node(entries: &[(&str, Entry)]) -> NodeEntries {
+        entries.iter().map(|(d, e)| (d.to_string(), *e)).collect()
+    }
+
+    #[test]
+    fn an_entry_is_read_as_its_state_and_pod_count() {
+        let reported = NodeCacheStatus {
+            state: Some(CacheState::Running),
+            message: Some("in use".into()),
+            pods: Some(vec![PodData::default(), PodData::default()]),
+            ..NodeCacheStatus::default()
+        };
+        assert_eq!(Entry::from(&reported), entry(CacheState::Running, 2));
+        assert_eq!(Entry::from(&NodeCacheStatus::default()), Entry::default());
+    }
+
+    #[test]
+    fn three_nodes_one_extracted_one_incompatible_one_without_gpus() {
+        let sm75 = node(&[("sha256:new", entry(CacheState::Extracted, 0))]);
+        let gfx = node(&[("sha256:new", entry(CacheState::Incompatible, 0))]);
+        let none = node(&[("sha256:new", entry(CacheState::Incompatible, 0))]);
+        let (counts, state) = rollup(Some("sha256:new"), false, [&sm75, &gfx, &none]);
+        assert_eq!(counts.node_cnt, 3);
+        assert_eq!(counts.node_not_in_use_cnt, 1);
+        assert_eq!(
+            counts.node_error_cnt, 0,
+            "incompatible nodes are not errors"
+        );
+        assert_eq!(counts.node_incompatible_cnt, 2);
+        assert_eq!(state, CacheState::Extracted);
+        // Fitting no node at all is its own state, not an error.
+        let (counts, state) = rollup(Some("sha256:new"), false, [&gfx, &none]);
+        assert_eq!(
+            (counts.node_error_cnt, counts.node_incompatible_cnt),
+            (0, 2)
+        );
+        assert_eq!(state, CacheState::Incompatible);
+        // A real failure elsewhere still shows as one.
+        let broken = node(&[("sha256:new", entry(CacheState::Error, 0))]);
+        let (counts, state) = rollup(Some("sha256:new"), false, [&gfx, &broken]);
+        assert_eq!(
+            (counts.node_error_cnt, counts.node_incompatible_cnt),
+            (1, 1)
+        );
+        assert_eq!(state, CacheState::Error);
+    }
+
+    #[test]
+    fn pods_on_an_old_digest_are_outdated() {
+        let n = node(&[
+            ("sha256:old", entry(CacheState::Outdated, 1)),
+            ("sha256:new", entry(CacheState::Running, 2)),
+        ]);
+        let (counts, state) = rollup(Some("sha256:new"), false, [&n]);
+        assert_eq!((counts.pod_running_cnt, counts.pod_outdated_cnt), (2, 1));
+        assert_eq!(counts.node_in_use_cnt, 1);
+        assert_eq!(state, CacheState::Outdated);
+    }
+
+    #[test]
+    fn deleting_counts_every_pod_as_deleting() {
+        let n = node(&[("sha256:new", entry(CacheState::Running, 2))]);
+        let (counts, state) = rollup(Some("sha256:new"), true, [&n]);
+        assert_eq!((counts.pod_running_cnt, counts.pod_deleting_cnt), (0, 2));
+        assert_eq!(state, CacheState::Deleting);
+    }
+
+    #[test]
+    fn nothing_reported_is_pending_and_errors_alone_are_errors() {
+        assert_eq!(rollup(Some("sha256:a"), false, []).1, CacheState::Pending);
+        assert_eq!(rollup(None, false, []).1, CacheState::Pending);
+        let n = node(&[("sha256:a", entry(CacheState::Error, 0))]);
+        assert_eq!(rollup(Some("sha256:a"), false, [&n]).1, CacheState::Error);
+        let d = node(&[("sha256:a", entry(CacheState::Downloading, 0))]);
+        assert_eq!(
+            rollup(Some("sha256:a"), false, [&n, &d]).1,
+            CacheState::Downloading
+        );
+    }
+}

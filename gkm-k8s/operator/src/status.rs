@@ -1,0 +1,581 @@
+//! A cache's status, decided from what a reconcile fetched: pure, so every
+//! state and condition is tested without a cluster. The reconcile fetches
+//! (resolution, verdict, node reports, claims), calls [`desired`] (or
+//! [`deleting`]), and writes the result once.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use crate::pvc::ClaimsOutcome;
+use gkm_k8s_api::conditions::{Cond, merge};
+use gkm_k8s_api::crd::{CacheCounts, CacheState, CacheStatus, VerificationStatus};
+
+/// Everything a cache's status is decided from.
+pub(super) struct Observed<'a> {
+    /// The cache's `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The status written before.
+    pub old: &'a CacheStatus,
+    /// Why `spec.resolveInterval` was not used as written, if it was not.
+    pub interval_note: Option<String>,
+    /// The resolved image, or why `spec.image` could not be resolved.
+    pub resolution: Result<Resolved, String>,
+}
+
+/// What is known about a resolved image.
+pub(super) struct Resolved {
+    /// The digest the tag resolves to.
+    pub digest: String,
+    /// The signature verdict for it.
+    pub verification: VerificationStatus,
+    /// The node reports rolled up for it ([`super::rollup::rollup`]).
+    pub nodes: (CacheCounts, CacheState),
+    /// The claims, when the cache is (or was) in PVC mode.
+    pub claims: Option<Claims>,
+}
+
+/// What the PVC-mode reconcile found.
+pub(super) struct Claims {
+    /// Whether the cache is in PVC mode now (rather than leaving it).
+    pub pvc_mode: bool,
+    /// Its claims, Jobs and pods.
+    pub outcome: ClaimsOutcome,
+}
+
+/// The status `observed` calls for. `lastUpdated` is the old one: the write
+/// sets it when anything else changed.
+pub(super) fn desired(observed: &Observed<'_>) -> CacheStatus {
+    let old = observed.old;
+    let mut status = CacheStatus {
+        observed_generation: observed.generation,
+        ..old.clone()
+    };
+    let mut wanted = Vec::new();
+    match &observed.resolution {
+        Err(message) => {
+            status.state = Some(CacheState::Error);
+            wanted.push(Cond {
+                type_: "Ready",
+                status: false,
+                reason: "ResolveFailed",
+                message: message.clone(),
+            });
+        }
+        Ok(resolved) => {
+            let digest = &resolved.digest;
+            let verification = &resolved.verification;
+            let ok = verification.is_deliverable();
+            let (mut counts, mut state) = resolved.nodes;
+            if let Some(claims) = &resolved.claims {
+                state = claims.outcome.state.unwrap_or(state);
+                if claims.pvc_mode {
+                    counts.pod_running_cnt = claims.outcome.pods_running;
+                    counts.pod_outdated_cnt = claims.outcome.pods_outdated;
+                }
+                status.pvc_owner = claims.outcome.owner;
+                status.pvc_status = claims.outcome.pvc_status.clone();
+            }
+            status.resolved_digest = Some(digest.clone());
+            status.state = Some(if ok { state } else { CacheState::Error });
+            status.counts = counts;
+            status.verification = Some(verification.clone());
+            wanted.push(Cond {
+                type_: "Verified",
+                status: verification.verified,
+                reason: if verification.verified {
+                    "SignatureVerified"
+                } else if ok {
+                    "NotEnforced"
+                } else {
+                    "VerificationFailed"
+                },
+                message: verification.message.clone().unwrap_or_default(),
+            });
+            let holding = counts.node_in_use_cnt + counts.node_not_in_use_cnt;
+            let ready = ok && holding > 0;
+            wanted.push(Cond {
+                type_: "Ready",
+                status: ready,
+                reason: if !ok {
+                    "NotVerified"
+                } else if ready {
+                    "Extracted"
+                } else {
+                    "NoNodeReady"
+                },
+                message: format!("{holding} of {} nodes hold {digest}", counts.node_cnt),
+            });
+            wanted.push(Cond {
+                type_: "Degraded",
+                status: !ok || counts.node_error_cnt > 0,
+                reason: if !ok {
+                    "NotVerified"
+                } else if counts.node_error_cnt > 0 {
+                    "NodeErrors"
+                } else {
+                    "AsExpected"
+                },
+                message: format!(
+                    "{} nodes report an error; {} have no GPU the cache fits",
+                    counts.node_error_cnt, counts.node_incompatible_cnt
+                ),
+            });
+        }
+    }
+    if let Some(message) = &observed.interval_note {
+        wanted.push(Cond {
+            type_: "ResolveIntervalValid",
+            status: false,
+            reason: "OutOfBounds",
+            message: message.clone(),
+        });
+    }
+    status.conditions = Some(merge(
+        old.conditions.as_deref(),
+        wanted,
+        observed.generation,
+    ));
+    status
+}
+
+/// The status of a cache being deleted: `Deleting`, with the counts of the
+/// nodes that still report it (`reporting` of them) and `Ready` false; the
+/// other conditions stay as they were.
+pub(super) fn deleting(
+    old: &CacheStatus,
+    generation: Option<i64>,
+    counts: CacheCounts,
+    reporting: usize,
+) -> CacheStatus {
+    let ready = Cond {
+        type_: "Ready",
+        status: false,
+        reason: "Deleting",
+        message: format!(
+            "deleting: {reporting} nodes still report the cache; {} pods use it",
+            counts.pod_deleting_cnt
+        ),
+    };
+    let existing = old.conditions.as_deref();
+    let ready = merge(existing, vec![ready], generation);
+    let mut conditions: Vec<Condition> = existing
+        .unwrap_or(&[])
+        .iter()
+        .filter(|c| c.type_ != "Ready")
+        .cloned()
+        .collect();
+    conditions.extend(ready);
+    CacheStatus {
+        state: Some(CacheState::Deleting),
+        counts,
+        conditions: Some(conditions),
+        observed_generation: generation,
+        ..old.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use gkm_k8s_api::crd::{PvcOwner, PvcStatus, SignatureMode};
+
+    const DIGEST: &str = "sha256:abc";
+
+    fn verified() -> VerificationStatus {
+        VerificationStatus {
+            verified: true,
+            deliverable: Some(true),
+            mode: Some(SignatureMode::Enforce),
+            digest: Some(DIGEST.into()),
+            message: Some("signed by k".into()),
+            ..VerificationStatus::default()
+        }
+    }
+
+    fn audited() -> VerificationStatus {
+        VerificationStatus {
+            verified: false,
+            deliverable: Some(true),
+            mode: Some(SignatureMode::Audit),
+            message: Some("no signature".into()),
+            ..verified()
+        }
+    }
+
+    fn refused() -> VerificationStatus {
+        VerificationStatus {
+            verified: false,
+            deliverable: Some(false),
+            message: Some("no signature".into()),
+            ..verified()
+        }
+    }
+
+    fn counts(nodes: i32, in_use: i32, idle: i32, errors: i32) -> CacheCounts {
+        CacheCounts {
+            node_cnt: nodes,
+            node_in_use_cnt: in_use,
+            node_not_in_use_cnt: idle,
+            node_error_cnt: errors,
+            ..CacheCounts::default()
+        }
+    }
+
+    fn resolved(verification: VerificationStatus, nodes: (CacheCounts, CacheState)) -> Resolved {
+        Resolved {
+            digest: DIGEST.into(),
+            verification,
+            nodes,
+            claims: None,
+        }
+    }
+
+    fn decide(resolution: Result<Resolved, String>, note: Option<&str>) -> CacheStatus {
+        desired(&Observed {
+            generation: Some(3),
+            old: &CacheStatus::default(),
+            interval_note: note.map(str::to_string),
+            resolution,
+        })
+    }
+
+    /// `(status, reason)` of the condition `type_`.
+    fn condition(status: &CacheStatus, type_: &str) -> Option<(String, String)> {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    fn is(value: &str, reason: &str) -> Option<(String, String)> {
+        Some((value.to_string(), reason.to_string()))
+    }
+
+    #[test]
+    fn each_observation_gives_its_state_conditions_and_counts() {
+        struct Row {
+            what: &'static str,
+            resolution: Result<Resolved, String>,
+            state: CacheState,
+            /// `(type, status, reason)` that must be present.
+            conditions: &'static [(&'static str, &'static str, &'static str)],
+            node_counts: (i32, i32, i32, i32),
+        }
+        let rows = vec![
+            Row {
+                what: "the tag does not resolve",
+                resolution: Err("resolving r/c:v1: not found".into()),
+                state: CacheState::Error,
+                conditions: &[("Ready", "False", "ResolveFailed")],
+                node_counts: (0, 0, 0, 0),
+            },
+            Row {
+                what: "verified, extracted on one of two nodes",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(2, 0, 1, 0), CacheState::Extracted),
+                )),
+                state: CacheState::Extracted,
+                conditions: &[
+                    ("Verified", "True", "SignatureVerified"),
+                    ("Ready", "True", "Extracted"),
+                    ("Degraded", "False", "AsExpected"),
+                ],
+                node_counts: (2, 0, 1, 0),
+            },
+            Row {
+                what: "verified and used by a pod",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(1, 1, 0, 0), CacheState::Running),
+                )),
+                state: CacheState::Running,
+                conditions: &[("Ready", "True", "Extracted")],
+                node_counts: (1, 1, 0, 0),
+            },
+            Row {
+                what: "pods on an older digest",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(1, 1, 0, 0), CacheState::Outdated),
+                )),
+                state: CacheState::Outdated,
+                conditions: &[("Ready", "True", "Extracted")],
+                node_counts: (1, 1, 0, 0),
+            },
+            Row {
+                what: "verified, no node has it yet",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(2, 0, 0, 0), CacheState::Downloading),
+                )),
+                state: CacheState::Downloading,
+                conditions: &[
+                    ("Ready", "False", "NoNodeReady"),
+                    ("Degraded", "False", "AsExpected"),
+                ],
+                node_counts: (2, 0, 0, 0),
+            },
+            Row {
+                what: "verified, nothing reported",
+                resolution: Ok(resolved(
+                    verified(),
+                    (CacheCounts::default(), CacheState::Pending),
+                )),
+                state: CacheState::Pending,
+                conditions: &[("Ready", "False", "NoNodeReady")],
+                node_counts: (0, 0, 0, 0),
+            },
+            Row {
+                what: "verified, it fits no node's GPU",
+                resolution: Ok(resolved(
+                    verified(),
+                    (
+                        CacheCounts {
+                            node_cnt: 2,
+                            node_incompatible_cnt: 2,
+                            ..CacheCounts::default()
+                        },
+                        CacheState::Incompatible,
+                    ),
+                )),
+                state: CacheState::Incompatible,
+                conditions: &[
+                    ("Ready", "False", "NoNodeReady"),
+                    ("Degraded", "False", "AsExpected"),
+                ],
+                node_counts: (2, 0, 0, 0),
+            },
+            Row {
+                what: "verified, a node failed",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(2, 0, 1, 1), CacheState::Extracted),
+                )),
+                state: CacheState::Extracted,
+                conditions: &[
+                    ("Ready", "True", "Extracted"),
+                    ("Degraded", "True", "NodeErrors"),
+                ],
+                node_counts: (2, 0, 1, 1),
+            },
+            Row {
+                what: "verified, every node failed",
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(1, 0, 0, 1), CacheState::Error),
+                )),
+                state: CacheState::Error,
+                conditions: &[
+                    ("Ready", "False", "NoNodeReady"),
+                    ("Degraded", "True", "NodeErrors"),
+                ],
+                node_counts: (1, 0, 0, 1),
+            },
+            Row {
+                what: "unsigned under Audit: delivered, not verified",
+                resolution: Ok(resolved(
+                    audited(),
+                    (counts(1, 0, 1, 0), CacheState::Extracted),
+                )),
+                state: CacheState::Extracted,
+                conditions: &[
+                    ("Verified", "False", "NotEnforced"),
+                    ("Ready", "True", "Extracted"),
+                ],
+                node_counts: (1, 0, 1, 0),
+            },
+            Row {
+                what: "unsigned under Enforce: an error whatever the nodes say",
+                resolution: Ok(resolved(
+                    refused(),
+                    (counts(1, 0, 1, 0), CacheState::Extracted),
+                )),
+                state: CacheState::Error,
+                conditions: &[
+                    ("Verified", "False", "VerificationFailed"),
+                    ("Ready", "False", "NotVerified"),
+                    ("Degraded", "True", "NotVerified"),
+                ],
+                node_counts: (1, 0, 1, 0),
+            },
+        ];
+        for row in rows {
+            let status = decide(row.resolution, None);
+            assert_eq!(status.state, Some(row.state), "{}", row.what);
+            for (type_, value, reason) in row.conditions {
+                assert_eq!(
+                    condition(&status, type_),
+                    is(value, reason),
+                    "{}: {type_}",
+                    row.what
+                );
+            }
+            let c = status.counts;
+            assert_eq!(
+                (
+                    c.node_cnt,
+                    c.node_in_use_cnt,
+                    c.node_not_in_use_cnt,
+                    c.node_error_cnt
+                ),
+                row.node_counts,
+                "{}",
+                row.what
+            );
+            assert_eq!(status.observed_generation, Some(3), "{}", row.what);
+            assert!(
+                condition(&status, "ResolveIntervalValid").is_none(),
+                "{}",
+                row.what
+            );
+        }
+    }
+
+    #[test]
+    fn a_resolve_failure_keeps_the_last_digest_and_verdict() {
+        let old = decide(
+            Ok(resolved(
+                verified(),
+                (counts(1, 0, 1, 0), CacheState::Extracted),
+            )),
+            None,
+        );
+        let status = desired(&Observed {
+            generation: Some(4),
+            old: &old,
+            interval_note: None,
+            resolution: Err("registry down".into()),
+        });
+        assert_eq!(status.state, Some(CacheState::Error));
+        assert_eq!(status.resolved_digest.as_deref(), Some(DIGEST));
+        assert_eq!(status.verification, old.verification);
+        assert_eq!(status.counts, old.counts);
+        let types: Vec<_> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| &c.type_)
+            .collect();
+        assert_eq!(types, ["Ready"], "only what is known now is claimed");
+    }
+
+    #[test]
+    fn an_interval_out_of_bounds_is_a_condition_whatever_else_holds() {
+        let note = Some("resolveInterval \"1s\" is below the minimum; using 10s");
+        for resolution in [
+            Err("down".to_string()),
+            Ok(resolved(
+                verified(),
+                (counts(1, 0, 1, 0), CacheState::Extracted),
+            )),
+        ] {
+            let status = decide(resolution, note);
+            assert_eq!(
+                condition(&status, "ResolveIntervalValid"),
+                is("False", "OutOfBounds")
+            );
+        }
+    }
+
+    #[test]
+    fn pvc_claims_decide_the_state_and_pod_counts_and_leaving_pvc_mode_clears_them() {
+        let pvc = BTreeMap::from([("team".to_string(), PvcStatus::default())]);
+        let with_claims = |pvc_mode: bool, outcome: ClaimsOutcome| Resolved {
+            claims: Some(Claims { pvc_mode, outcome }),
+            ..resolved(verified(), (counts(1, 0, 1, 0), CacheState::Extracted))
+        };
+        let filling = ClaimsOutcome {
+            state: Some(CacheState::Downloading),
+            owner: Some(PvcOwner::Operator),
+            pvc_status: Some(pvc.clone()),
+            pods_running: 2,
+            pods_outdated: 1,
+        };
+        let status = decide(Ok(with_claims(true, filling)), None);
+        assert_eq!(status.state, Some(CacheState::Downloading));
+        assert_eq!(
+            (
+                status.counts.pod_running_cnt,
+                status.counts.pod_outdated_cnt
+            ),
+            (2, 1)
+        );
+        assert_eq!(status.pvc_owner, Some(PvcOwner::Operator));
+        assert_eq!(status.pvc_status, Some(pvc));
+
+        // Back in CSI mode: the claims are gone, and so are their fields.
+        let left = desired(&Observed {
+            generation: Some(4),
+            old: &status,
+            interval_note: None,
+            resolution: Ok(with_claims(false, ClaimsOutcome::default())),
+        });
+        assert_eq!(left.state, Some(CacheState::Extracted));
+        assert_eq!((left.pvc_owner, left.pvc_status), (None, None));
+        assert_eq!(left.counts.pod_running_cnt, 0);
+
+        // A refused image is an error in PVC mode too.
+        let refused_pvc = Resolved {
+            verification: refused(),
+            ..with_claims(
+                true,
+                ClaimsOutcome {
+                    state: Some(CacheState::Pending),
+                    ..ClaimsOutcome::default()
+                },
+            )
+        };
+        assert_eq!(decide(Ok(refused_pvc), None).state, Some(CacheState::Error));
+    }
+
+    #[test]
+    fn an_unchanged_observation_decides_an_equal_status() {
+        let observe = |old: &CacheStatus| {
+            desired(&Observed {
+                generation: Some(3),
+                old,
+                interval_note: None,
+                resolution: Ok(resolved(
+                    verified(),
+                    (counts(1, 0, 1, 0), CacheState::Extracted),
+                )),
+            })
+        };
+        let first = observe(&CacheStatus::default());
+        assert_eq!(observe(&first), first, "nothing to write the second time");
+    }
+
+    #[test]
+    fn deleting_counts_the_nodes_left_and_keeps_the_other_conditions() {
+        let old = decide(
+            Ok(resolved(
+                verified(),
+                (counts(1, 1, 0, 0), CacheState::Running),
+            )),
+            None,
+        );
+        let left = CacheCounts {
+            node_cnt: 1,
+            pod_deleting_cnt: 2,
+            ..CacheCounts::default()
+        };
+        let status = deleting(&old, Some(4), left, 1);
+        assert_eq!(status.state, Some(CacheState::Deleting));
+        assert_eq!(status.counts.pod_deleting_cnt, 2);
+        assert_eq!(condition(&status, "Ready"), is("False", "Deleting"));
+        assert_eq!(
+            condition(&status, "Verified"),
+            is("True", "SignatureVerified")
+        );
+        assert_eq!(status.resolved_digest.as_deref(), Some(DIGEST));
+        assert_eq!(
+            deleting(&status, Some(4), left, 1),
+            status,
+            "no write while nothing changes"
+        );
+    }
+}

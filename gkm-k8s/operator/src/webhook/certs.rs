@@ -1,0 +1,218 @@
+//! The webhook's own serving certificate: a self-issued CA and a serving
+//! certificate it signs, swapped in place before they expire.
+
+use std::net::IpAddr;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp, tz::TimeZone};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+
+/// A CA and the serving certificate it signed, in PEM.
+#[derive(Clone)]
+pub struct Issued {
+    /// The CA certificate (what the webhook configuration's `caBundle` holds).
+    pub ca_pem: String,
+    /// The serving certificate.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+    /// When both stop being valid.
+    pub not_after: Timestamp,
+}
+
+impl std::fmt::Debug for Issued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issued")
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sets `params`' validity to the calendar days of `from` and `to` (UTC).
+fn set_validity(params: &mut CertificateParams, from: Timestamp, to: Timestamp) {
+    let day = |at: Timestamp| {
+        let date = at.to_zoned(TimeZone::UTC).date();
+        rcgen::date_time_ymd(
+            i32::from(date.year()),
+            date.month().unsigned_abs(),
+            date.day().unsigned_abs(),
+        )
+    };
+    params.not_before = day(from);
+    params.not_after = day(to);
+}
+
+/// Issues a new CA and a serving certificate for `hosts` (IP addresses or
+/// DNS names), both valid for `validity` (whole days, at least one).
+pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, String> {
+    let err = |e: rcgen::Error| format!("issuing the webhook certificate: {e}");
+    let now = Timestamp::now();
+    let days = (validity.as_secs() / 86_400).max(1) as i64;
+    let not_after = now
+        .checked_add(SignedDuration::from_hours(24 * days))
+        .map_err(|e| format!("certificate validity {validity:?}: {e}"))?;
+    let not_before = now
+        .checked_sub(SignedDuration::from_hours(24))
+        .map_err(|e| format!("certificate start: {e}"))?;
+    let ca_key = KeyPair::generate().map_err(err)?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = name("gkm webhook CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    set_validity(&mut ca, not_before, not_after);
+    let ca_pem = ca.self_signed(&ca_key).map_err(err)?.pem();
+    let mut leaf = CertificateParams::default();
+    leaf.distinguished_name = name("gkm-operator webhook");
+    leaf.subject_alt_names = hosts
+        .iter()
+        .map(|h| match h.parse::<IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => h
+                .clone()
+                .try_into()
+                .map(SanType::DnsName)
+                .map_err(|e| format!("webhook host {h:?}: {e}")),
+        })
+        .collect::<Result<_, _>>()?;
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    set_validity(&mut leaf, not_before, not_after);
+    let key = KeyPair::generate().map_err(err)?;
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let cert_pem = leaf.signed_by(&key, &issuer).map_err(err)?.pem();
+    Ok(Issued {
+        ca_pem,
+        cert_pem,
+        key_pem: key.serialize_pem(),
+        not_after,
+    })
+}
+
+fn name(common: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common);
+    dn
+}
+
+/// Whether a certificate valid until `not_after`, issued for `validity`,
+/// is due for rotation at `now`: in the last third of its life.
+pub fn due(not_after: Timestamp, now: Timestamp, validity: Duration) -> bool {
+    let margin = SignedDuration::from_secs((validity.as_secs() / 3) as i64);
+    now.checked_add(margin).is_ok_and(|t| t >= not_after)
+}
+
+/// The serving certificate the TLS server presents, replaceable while it runs.
+#[derive(Debug)]
+pub struct RotatingCert(RwLock<Arc<CertifiedKey>>);
+
+impl RotatingCert {
+    /// Serves `cert_pem` with `key_pem`.
+    pub fn new(cert_pem: &str, key_pem: &str) -> Result<Arc<RotatingCert>, String> {
+        Ok(Arc::new(RotatingCert(RwLock::new(certified(
+            cert_pem, key_pem,
+        )?))))
+    }
+
+    /// Serves `cert_pem` with `key_pem` from the next handshake on.
+    pub fn replace(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
+        let new = certified(cert_pem, key_pem)?;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = new;
+        Ok(())
+    }
+
+    /// A TLS acceptor presenting the current certificate.
+    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, String> {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS configuration: {e}"))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+impl ResolvesServerCert for RotatingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.0
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
+    }
+}
+
+fn certified(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("no certificate in the PEM".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| format!("the key cannot sign: {e}"))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_is_due_in_the_last_third() {
+        let validity = Duration::from_secs(30 * 86_400);
+        let issued = Timestamp::now();
+        let not_after = issued
+            .checked_add(SignedDuration::from_hours(30 * 24))
+            .expect("date");
+        let at = |days: i64| {
+            issued
+                .checked_add(SignedDuration::from_hours(24 * days))
+                .expect("date")
+        };
+        assert!(!due(not_after, at(0), validity));
+        assert!(!due(not_after, at(19), validity));
+        assert!(due(not_after, at(21), validity));
+        assert!(due(not_after, at(31), validity));
+    }
+
+    #[test]
+    fn issued_certificates_serve_and_name_their_hosts() {
+        let issued = issue(
+            &[
+                "127.0.0.1".into(),
+                "gkm-operator-webhook.gkm-system.svc".into(),
+            ],
+            Duration::from_secs(7 * 86_400),
+        )
+        .expect("issued");
+        assert!(issued.ca_pem.contains("BEGIN CERTIFICATE"));
+        let cert = RotatingCert::new(&issued.cert_pem, &issued.key_pem).expect("usable");
+        cert.acceptor().expect("an acceptor");
+        let again = issue(&["127.0.0.1".into()], Duration::from_secs(86_400)).expect("issued");
+        cert.replace(&again.cert_pem, &again.key_pem)
+            .expect("replaced");
+        assert_ne!(again.ca_pem, issued.ca_pem, "each rotation has its own CA");
+    }
+}
