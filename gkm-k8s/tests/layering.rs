@@ -110,6 +110,9 @@ fn node_side_crates_build_without_what_they_never_use() {
         let tree = normal_tree(package);
         println!("{package}: {} crates", tree.len());
         let found: Vec<_> = forbidden.iter().filter(|f| tree.contains(**f)).collect();
-        assert!(found.is_empty(), "{package} builds with {found:?}, but {why}");
+        assert!(
+            found.is_empty(),
+            "{package} builds with {found:?}, but {why}"
+        );
     }
 }

@@ -114,10 +114,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         needs_summary: None,
         extract: None,
     };
-    let resolved: Option<Digest> = cache
-        .status
-        .and_then(|s| s.resolved_digest.as_deref())
-        .and_then(|d| d.parse().ok());
+    let resolved: Option<Digest> = cache.status.and_then(|s| s.resolved());
 
     // Pods keep their digests' entries, whatever else happens: outdated when
     // the digest is no longer the resolved one, deleting when the cache goes.

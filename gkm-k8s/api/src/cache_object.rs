@@ -36,6 +36,11 @@ pub trait CacheObject:
     /// The API for this kind, in `namespace` when it is namespaced.
     fn api(client: Client, namespace: Option<&str>) -> Api<Self>;
 
+    /// The digest the operator resolved `spec.image` to, if it has.
+    fn resolved_digest(&self) -> Option<gkm_core::Digest> {
+        self.cache_status()?.resolved()
+    }
+
     /// This cache's key.
     fn key(&self) -> CacheKey {
         let name = self.meta().name.clone().unwrap_or_default();

@@ -75,12 +75,7 @@ fn summarize_cache(digests: &BTreeMap<String, NodeCacheStatus>) -> CacheOnNode {
         for gpu in entry.incompatible_reasons.iter().flatten() {
             reasons.push(format!("GPU {}: {}", gpu.id, gpu.reasons.join(", ")));
         }
-        if compatible
-            && matches!(
-                entry.state,
-                Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
-            )
-        {
+        if compatible && entry.state.is_some_and(CacheState::is_on_node) {
             summary.extracted.push(digest.clone());
         }
     }

@@ -125,7 +125,7 @@ macro_rules! indexed_cache {
                 CacheObject::key(self)
             }
             fn upsert(&self, index: &mut Index) {
-                let digest = self.cache_status().and_then(|s| s.resolved_digest.clone());
+                let digest = self.resolved_digest().map(|d| d.to_string());
                 index.upsert_cache(CacheObject::key(self), digest);
             }
             fn delete(&self, index: &mut Index) {

@@ -61,18 +61,26 @@ pub fn rollup<'a>(
                 continue;
             }
             match entry.state {
-                Some(CacheState::Running | CacheState::Outdated) => counts.node_in_use_cnt += 1,
-                Some(CacheState::Extracted) => {
-                    if pods > 0 {
-                        counts.node_in_use_cnt += 1;
-                    } else {
+                Some(state) if state.is_on_node() => {
+                    // Extracted with no pod is the one state not in use.
+                    if state == CacheState::Extracted && pods == 0 {
                         counts.node_not_in_use_cnt += 1;
+                    } else {
+                        counts.node_in_use_cnt += 1;
                     }
                 }
                 Some(CacheState::Error | CacheState::NoNamespace) => counts.node_error_cnt += 1,
                 Some(CacheState::Incompatible) => counts.node_incompatible_cnt += 1,
                 Some(CacheState::Downloading) => downloading = true,
-                Some(CacheState::Pending | CacheState::Deleting) | None => {}
+                Some(
+                    CacheState::Pending
+                    | CacheState::Deleting
+                    // On the node: counted above.
+                    | CacheState::Extracted
+                    | CacheState::Running
+                    | CacheState::Outdated,
+                )
+                | None => {}
             }
         }
     }

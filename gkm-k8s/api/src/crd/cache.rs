@@ -1,6 +1,7 @@
 //! `GKMCache` (namespaced) and `ClusterGKMCache` (cluster): a kernel cache
 //! image to deliver to the nodes whose GPUs it fits.
 
+use gkm_core::Digest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -168,6 +169,14 @@ pub struct CacheStatus {
     /// When this status last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_updated: Option<Time>,
+}
+
+impl CacheStatus {
+    /// The digest `spec.image` resolved to, parsed; `None` while unresolved
+    /// (or if the field holds something that is not a digest).
+    pub fn resolved(&self) -> Option<Digest> {
+        self.resolved_digest.as_deref()?.parse().ok()
+    }
 }
 
 /// The outcome of verifying a cache image's signature, and the operator's

@@ -33,6 +33,19 @@ pub enum CacheState {
     Incompatible,
 }
 
+impl CacheState {
+    /// Whether a node report in this state says the digest's tree is in the
+    /// node's store, ready to mount: extracted, mounted, or mounted at an
+    /// older digest. The operator counts such nodes, the scheduler extender
+    /// prefers them.
+    pub fn is_on_node(self) -> bool {
+        matches!(
+            self,
+            CacheState::Extracted | CacheState::Running | CacheState::Outdated
+        )
+    }
+}
+
 /// Per-state node and pod counts (GKM's `counts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -18,6 +17,7 @@ use super::objects::{self, PvcOptions};
 use super::plan::{ClaimPlan, Plan, PlanInput, PvcMode, plan};
 use crate::error::{Error, Result};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
+use gkm_k8s_api::conditions::{Cond, merge};
 use gkm_k8s_api::crd::{CacheState, PvcOwner, PvcStatus};
 
 /// The field manager of every object gkm applies for PVC delivery.
@@ -334,26 +334,19 @@ async fn observe(
             }
         }
         let ready = done == claims.len() && !claims.is_empty();
-        let status_text = if ready { "True" } else { "False" };
-        // The transition time moves only when the condition's status does.
-        let since = previous
+        let existing = previous
             .and_then(|p| p.get(namespace))
-            .and_then(|p| p.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .filter(|c| c.status == status_text)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| Time(Timestamp::now()));
-        let condition = Condition {
-            type_: "Ready".into(),
-            status: status_text.into(),
+            .and_then(|p| p.conditions.as_deref());
+        let condition = Cond {
+            type_: "Ready",
+            status: ready,
             reason: if ready {
                 "Filled"
             } else if wanted.withheld.is_some() {
                 "Withheld"
             } else {
                 "Filling"
-            }
-            .into(),
+            },
             message: wanted.withheld.clone().unwrap_or_else(|| {
                 let mut m = format!("{done} of {} claims filled", claims.len());
                 for extra in &message {
@@ -362,9 +355,8 @@ async fn observe(
                 }
                 m
             }),
-            last_transition_time: since,
-            observed_generation: None,
         };
+        let conditions = merge(existing, vec![condition], None);
         let single = (claims.len() == 1).then(|| claims[0]);
         status.insert(
             namespace.clone(),
@@ -373,7 +365,7 @@ async fn observe(
                 pvc_name: Some(single.map_or(key.name().to_string(), |c| c.name.clone())),
                 job_name: single.and_then(|c| c.job.clone()),
                 pvc_owner: Some(owner),
-                conditions: Some(vec![condition]),
+                conditions: Some(conditions),
             },
         );
     }
