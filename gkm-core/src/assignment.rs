@@ -57,6 +57,7 @@ pub const ANNOTATION: &str = "gkm.io/gpu-assignment";
 
 /// Why an annotation value is not an assignment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AssignmentError {
     /// Not a JSON object of string arrays.
     #[error("{ANNOTATION} is not a JSON object mapping resource names to device ID lists: {0}")]

@@ -441,6 +441,7 @@ fn backend_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backend, D
 
 /// Why a directory could not be read as a cache.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheError {
     /// A file or directory could not be read.
     #[error("reading {path}: {source}")]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 /// Problems with one device (an unreadable file, a malformed value) do not
 /// stop discovery: they become warnings in the [`crate::Inventory`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A file or directory could not be read.
     #[error("cannot read {path}: {source}")]

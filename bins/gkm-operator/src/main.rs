@@ -10,12 +10,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
-use gkm_k8s_api::crd::{MAX_RESOLVE_INTERVAL, SignatureMode, SignaturePolicy};
+use gkm_k8s_api::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s_api::served::ready_when_caches_listable;
 use gkm_k8s_operator::pvc::PvcOptions;
 use gkm_k8s_operator::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_k8s_operator::{
-    ImageVerifier, Metrics, OperatorCollector, OperatorConfig, PolicyFloor, RegistryVerifier,
+    ImageVerifier, InvalidConfig, Metrics, OperatorCollector, OperatorConfig, PolicyFloor,
+    RegistryVerifier,
 };
 use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s_runtime::metrics::{Sampled, register_build_info};
@@ -231,6 +232,17 @@ fn read_policy(flag: &str, path: &Path) -> anyhow::Result<SignaturePolicy> {
         .with_context(|| format!("--{flag} {}: not a signature policy", path.display()))
 }
 
+/// The flag that sets what `e` names.
+fn flag_of(e: &InvalidConfig) -> &'static str {
+    match e {
+        InvalidConfig::ResolveInterval { .. } => "--resolve-interval",
+        InvalidConfig::ReverifyInterval { .. } => "--reverify-interval",
+        InvalidConfig::NoRequiredSigner => "--required-signers",
+        InvalidConfig::NoAllowedMode => "--allowed-signature-modes",
+        _ => "the operator's flags",
+    }
+}
+
 fn identity(flag: Option<String>) -> String {
     flag.filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
@@ -261,36 +273,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .as_deref()
         .map(|p| read_policy("required-signers", p))
         .transpose()?;
-    if required
-        .as_ref()
-        .is_some_and(|p| p.signers.as_ref().is_none_or(Vec::is_empty))
-    {
-        bail!("--required-signers must name at least one signer");
-    }
-    // The admin's own intervals may be shorter than a cache's (tests, labs),
-    // never zero: that would spin against the registry.
-    let min = Duration::from_secs(1);
-    if cli.resolve_interval < min || cli.resolve_interval > MAX_RESOLVE_INTERVAL {
-        bail!("--resolve-interval must be from {min:?} to {MAX_RESOLVE_INTERVAL:?}");
-    }
-    if cli.reverify_interval < min {
-        bail!("--reverify-interval must be at least {min:?}");
-    }
-    let client = gkm_k8s_runtime::client::connect(
-        cli.kubeconfig.as_deref(),
-        &gkm_bin_support::program_name(),
-    )
-    .await?;
-    // Every replica serves the webhook, leader or not: the Service may send
-    // a pod to any of them.
-    let webhook = match webhook {
-        Some(options) => Some(
-            Webhook::start(client.clone(), options)
-                .await
-                .map_err(|e| anyhow::anyhow!("the pvc-mutation webhook: {e}"))?,
-        ),
-        None => None,
-    };
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
@@ -312,6 +294,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             volume_dir: cli.pvc_volume_dir,
             claim_size: cli.pvc_size,
         },
+    };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{} {e}", flag_of(&e)))?;
+    let client = gkm_k8s_runtime::client::connect(
+        cli.kubeconfig.as_deref(),
+        &gkm_bin_support::program_name(),
+    )
+    .await?;
+    // Every replica serves the webhook, leader or not: the Service may send
+    // a pod to any of them.
+    let webhook = match webhook {
+        Some(options) => Some(
+            Webhook::start(client.clone(), options)
+                .await
+                .map_err(|e| anyhow::anyhow!("the pvc-mutation webhook: {e}"))?,
+        ),
+        None => None,
     };
 
     let metrics = Arc::new(Metrics::default());
@@ -347,11 +347,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         SHUTDOWN_GRACE,
     );
     let result = match elector {
-        None => {
-            controllers.await;
-            Ok(())
-        }
+        None => match controllers.await {
+            Some(Err(e)) => Err(e.into()),
+            _ => Ok(()),
+        },
         Some(elector) => match elector.run(shutdown_signal(), controllers).await {
+            Outcome::Completed(Some(Err(e))) => Err(e.into()),
             Outcome::Completed(_) | Outcome::ShutDown => Ok(()),
             Outcome::LeadershipLost { holder } => Err(anyhow::anyhow!(
                 "lost the Lease {}/{} (held by {}); exiting so that a restart stands by",

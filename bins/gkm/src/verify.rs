@@ -132,5 +132,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_REJECTED))
         }
         Err(VerifyError::Image(e)) => Err(e.into()),
+        Err(e) => Err(e.into()),
     }
 }

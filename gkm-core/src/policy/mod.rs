@@ -41,6 +41,7 @@ pub use trusted_root::{Authority, LogKey, TrustedRoot, Validity, parse_rfc3339};
 
 /// Why a policy, key, identity or trusted root was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// A PEM public key could not be read.
     #[error("public key: {0}")]

@@ -87,6 +87,7 @@ impl fmt::Display for Verified {
 /// Why an image's signatures were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 #[serde(rename_all = "camelCase", tag = "reason", content = "detail")]
+#[non_exhaustive]
 pub enum Rejection {
     /// The image has no signature in either format.
     #[error(

@@ -28,6 +28,7 @@ mod reports;
 mod retry;
 mod sync;
 pub mod telemetry;
+mod view;
 mod wakes;
 
 use std::path::PathBuf;
@@ -53,8 +54,9 @@ pub use crate::error::{Error, Result};
 
 pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
 pub use metrics::AgentMetrics;
-pub use plan::{NodeView, plan_cache};
+pub use plan::{CacheInput, NodeView, plan_cache};
 pub use telemetry::{GpuMetrics, TelemetryConfig};
+pub use view::CacheView;
 
 /// How an agent runs.
 #[derive(Clone)]

@@ -9,11 +9,11 @@ use gkm_core::compat::{CheckOptions, Report, check_summary};
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
-use gkm_k8s_api::crd::{
-    CacheSpec, CacheState, CacheStatus, IncompatibleGpu, NodeCacheStatus, PodData,
-};
+use gkm_k8s_api::crd::{CacheState, IncompatibleGpu, NodeCacheStatus, PodData};
 use gkm_k8s_node::delivery::{Delivery, Verdict, incompatibility_reason};
 use gkm_k8s_node::mount_records::PodRef;
+
+use crate::view::CacheView;
 
 /// This node, as planning sees it.
 pub struct NodeView<'a> {
@@ -27,12 +27,8 @@ pub struct NodeView<'a> {
 
 /// One cache, with what the agent knows of its image on this node.
 pub struct CacheInput<'a> {
-    /// Its spec.
-    pub spec: &'a CacheSpec,
-    /// Its status (the operator's resolved digest and verification).
-    pub status: Option<&'a CacheStatus>,
-    /// Whether it is being deleted.
-    pub deleting: bool,
+    /// What the agent reads of the cache itself.
+    pub view: CacheView<'a>,
     /// The resolved digest's summary, or why it could not be read.
     pub summary: Option<Result<&'a Summary, &'a str>>,
     /// Whether the resolved digest is in the store, or why extracting failed.
@@ -99,6 +95,7 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut plan = plan_delivery(cache, node);
     if let DeliveryChange::Publish(delivery) = &mut plan.delivery {
         delivery.workload_namespaces = cache
+            .view
             .spec
             .workload_namespaces
             .as_ref()
@@ -114,15 +111,15 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         needs_summary: None,
         extract: None,
     };
-    let resolved: Option<Digest> = cache.status.and_then(|s| s.resolved());
+    let resolved: Option<Digest> = cache.view.resolved_digest();
 
     // Pods keep their digests' entries, whatever else happens: outdated when
     // the digest is no longer the resolved one, deleting when the cache goes.
     for (digest, pods) in cache.pods {
-        if pods.is_empty() || Some(digest) == resolved.as_ref() && !cache.deleting {
+        if pods.is_empty() || Some(digest) == resolved.as_ref() && !cache.view.deleting {
             continue;
         }
-        let state = if cache.deleting {
+        let state = if cache.view.deleting {
             CacheState::Deleting
         } else {
             CacheState::Outdated
@@ -136,10 +133,10 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             },
         );
     }
-    if cache.deleting {
+    if cache.view.deleting {
         return plan;
     }
-    if let Some(selector) = &cache.spec.node_selector {
+    if let Some(selector) = &cache.view.spec.node_selector {
         let matches = Selector::try_from(selector.clone()).map(|s| s.matches(node.labels));
         if !matches.unwrap_or(false) {
             return plan;
@@ -151,7 +148,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut entry = NodeCacheStatus::default();
     // The operator's recorded verdict decides, never the spec: the spec's
     // mode is only what the cache asked for, not what the floor allows.
-    let verification = cache.status.and_then(|s| s.verification.as_ref());
+    let verification = cache.view.verification;
     if !verification.is_some_and(|v| v.admits(digest.as_str())) {
         // The operator's note, when it is about this digest.
         let why = verification
@@ -239,7 +236,7 @@ fn pod_data(pods: &[PodRef], digest: &Digest) -> Vec<PodData> {
 mod tests {
     use super::*;
     use gkm_core::{Arch, Backend, Vendor};
-    use gkm_k8s_api::crd::{SignaturePolicy, VerificationStatus};
+    use gkm_k8s_api::crd::{CacheSpec, CacheStatus, SignaturePolicy, VerificationStatus};
 
     const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const OLD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -321,9 +318,7 @@ mod tests {
                 check: &check,
             };
             let input = CacheInput {
-                spec: &self.spec,
-                status: Some(&self.status),
-                deleting: self.deleting,
+                view: CacheView::new(&self.spec, Some(&self.status), self.deleting),
                 summary: self
                     .summary
                     .as_ref()

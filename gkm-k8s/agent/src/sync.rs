@@ -22,6 +22,7 @@ use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
 use super::reports::{NodeReports, gpu_statuses};
 use super::retry::Backoff;
+use super::view::CacheView;
 use crate::error::{Error, Result, blocking};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
 use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
@@ -146,16 +147,16 @@ impl Agent {
             Option<String>,
             BTreeMap<String, BTreeMap<String, NodeCacheStatus>>,
         > = BTreeMap::new();
-        let caches: Vec<Box<dyn CacheView>> = self
+        let caches: Vec<Box<dyn Cache>> = self
             .namespaced
             .state()
             .into_iter()
-            .map(|c| Box::new(c) as Box<dyn CacheView>)
+            .map(|c| Box::new(c) as Box<dyn Cache>)
             .chain(
                 self.cluster
                     .state()
                     .into_iter()
-                    .map(|c| Box::new(c) as Box<dyn CacheView>),
+                    .map(|c| Box::new(c) as Box<dyn Cache>),
             )
             .collect();
         for cache in &caches {
@@ -198,7 +199,7 @@ impl Agent {
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
             .iter()
-            .filter_map(|c| c.resolved()?.parse().ok())
+            .filter_map(|c| c.view().resolved_digest())
             .collect();
         self.facts.retain(|digest, _| {
             resolved.contains(digest)
@@ -235,15 +236,16 @@ impl Agent {
 
     async fn plan_and_act(
         &mut self,
-        cache: &dyn CacheView,
+        cache: &dyn Cache,
         key: &CacheKey,
         node_labels: &BTreeMap<String, String>,
         pods: &BTreeMap<Digest, Vec<PodRef>>,
         in_store: &HashSet<Digest>,
     ) -> Result<BTreeMap<String, NodeCacheStatus>> {
         let check = CheckOptions::default();
+        let view = cache.view();
         loop {
-            let resolved: Option<Digest> = cache.resolved().and_then(|d| d.parse().ok());
+            let resolved: Option<Digest> = view.resolved_digest();
             let summary_failed = resolved
                 .as_ref()
                 .and_then(|d| self.summary_failures.waiting(d));
@@ -261,9 +263,7 @@ impl Agent {
                 None => Ok(false),
             };
             let input = CacheInput {
-                spec: cache.spec(),
-                status: cache.status(),
-                deleting: cache.deleting(),
+                view,
                 summary,
                 stored,
                 size: known.and_then(|f| f.size),
@@ -276,7 +276,7 @@ impl Agent {
             };
             let plan = plan_cache(&input, &node);
             if let Some(digest) = plan.needs_summary {
-                let read = self.read_summary(cache.image(), &digest).await;
+                let read = self.read_summary(view.image(), &digest).await;
                 self.config.metrics.summary_read(read.is_ok());
                 match read {
                     Ok((image, summary)) => {
@@ -300,7 +300,7 @@ impl Agent {
             .await?;
             if let Some(digest) = plan.extract {
                 // Off the loop: the next pass plans again with the outcome.
-                self.start_extraction(cache.image(), digest);
+                self.start_extraction(view.image(), digest);
             }
             return Ok(plan.entries);
         }
@@ -470,35 +470,18 @@ impl Agent {
     }
 }
 
-/// Both cache kinds, seen through the fields planning needs.
-trait CacheView: Send + Sync {
+/// Both cache kinds, behind one type.
+trait Cache: Send + Sync {
     fn key(&self) -> CacheKey;
-    fn spec(&self) -> &gkm_k8s_api::crd::CacheSpec;
-    fn status(&self) -> Option<&gkm_k8s_api::crd::CacheStatus>;
-    fn image(&self) -> &str;
-    fn resolved(&self) -> Option<&str>;
-    fn deleting(&self) -> bool;
+    fn view(&self) -> CacheView<'_>;
 }
 
-impl<K: CacheObject> CacheView for std::sync::Arc<K> {
+impl<K: CacheObject> Cache for std::sync::Arc<K> {
     fn key(&self) -> CacheKey {
         CacheObject::key(self.as_ref())
     }
-    fn spec(&self) -> &gkm_k8s_api::crd::CacheSpec {
-        self.cache_spec()
-    }
-    fn status(&self) -> Option<&gkm_k8s_api::crd::CacheStatus> {
-        self.cache_status()
-    }
-    fn image(&self) -> &str {
-        &self.cache_spec().image
-    }
-    fn resolved(&self) -> Option<&str> {
-        self.cache_status()
-            .and_then(|s| s.resolved_digest.as_deref())
-    }
-    fn deleting(&self) -> bool {
-        self.meta().deletion_timestamp.is_some()
+    fn view(&self) -> CacheView<'_> {
+        CacheView::of(self.as_ref())
     }
 }
 

@@ -18,6 +18,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
+use crate::view::CacheView;
+
 use gkm_k8s_api::cache_object::CacheObject;
 
 /// The last seen fingerprint of each watched object's agent-relevant
@@ -53,16 +55,9 @@ impl Seen {
     }
 }
 
-/// What the agent reads of a cache: its spec, resolved digest, verdict and
-/// deletion.
+/// What the agent reads of a cache ([`CacheView`]), to fingerprint.
 pub(super) fn cache_view<K: CacheObject>(cache: &K) -> Value {
-    let status = cache.cache_status();
-    json!({
-        "spec": cache.cache_spec(),
-        "resolved": status.and_then(|s| s.resolved_digest.as_deref()),
-        "verification": status.and_then(|s| s.verification.as_ref()),
-        "deleting": cache.meta().deletion_timestamp.is_some(),
-    })
+    serde_json::to_value(CacheView::of(cache)).unwrap_or(Value::Null)
 }
 
 /// What the agent reads of its Node (the uid is [`Seen`]'s key): the labels.

@@ -75,6 +75,7 @@ pub mod fuzzing;
 pub mod identity;
 pub mod mount;
 pub mod node;
+pub mod publish;
 pub mod server;
 pub mod volume;
 

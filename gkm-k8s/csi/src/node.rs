@@ -11,7 +11,6 @@ use gkm_core::store_layout::StoreLayout;
 use jiff::Timestamp;
 use tonic::{Request, Response, Status};
 
-use crate::access::{check_pod, check_workload_namespace};
 use crate::mount::{CacheTree, bind_read_only, mount_at, same_directory, unmount_all};
 use crate::proto::node_server::Node;
 use crate::proto::{
@@ -19,8 +18,9 @@ use crate::proto::{
     NodeGetInfoResponse, NodePublishVolumeRequest, NodePublishVolumeResponse,
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
+use crate::publish::{Decision, Entry, Observed, TargetMount, decide};
 use crate::volume::{PublishRequest, absolute_path, parse_publish, required};
-use gkm_k8s_node::delivery::{DeliveryIndex, Verdict};
+use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
 
 /// The Node service of `csi.gkm.io` on one node.
@@ -62,125 +62,128 @@ impl NodeService {
     }
 
     /// Publish a checked request: the blocking part of `NodePublishVolume`.
+    /// It reads what the node holds, [decides](crate::publish::decide), and
+    /// carries the decision out.
     pub fn publish(&self, req: &PublishRequest) -> Result<(), Status> {
         let inner = &*self.inner;
         let _guard = inner
             .lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let node = &inner.node_name;
-        check_pod(req)?;
-        let delivery = inner.index.get(&req.cache).map_err(internal)?.ok_or_else(|| {
-            let path = inner.index.path_of(&req.cache).map(|p| p.display().to_string()).unwrap_or_default();
-            Status::not_found(format!(
-                "{} is not known on node {node}: the gkm agent has recorded no delivery decision for it ({path}); \
-                 check that the cache exists and that gkm-agent runs on this node",
-                req.cache
-            ))
-        })?;
-        check_workload_namespace(req, &delivery)?;
-        let what = format!("{} digest {}", req.cache, delivery.digest);
-        let reason = delivery.reason.as_deref().unwrap_or("no reason recorded");
-        match delivery.verdict {
-            Verdict::Deliverable => {}
-            Verdict::NotVerified => {
-                return Err(Status::failed_precondition(format!(
-                    "{what} is not verified: {reason}"
-                )));
-            }
-            Verdict::Incompatible => {
-                return Err(Status::failed_precondition(format!(
-                    "{what} is not compatible with any GPU on node {node}: {reason}"
-                )));
-            }
-            Verdict::NotExtracted => {
-                return Err(Status::unavailable(format!(
-                    "{what} is not extracted on node {node} yet: {reason}"
-                )));
-            }
-        }
-        let entry = inner.store.get(&delivery.digest).ok_or_else(|| {
-            Status::unavailable(format!(
-                "{what} is deliverable but its store directory {} is missing on node {node}",
-                inner.store.path_of(&delivery.digest).display()
-            ))
-        })?;
-        let tree = CacheTree::open(&entry).map_err(|e| {
-            Status::failed_precondition(format!("{what} cannot be mounted on node {node}: {e}"))
-        })?;
-        let source = tree.mount_source();
-
-        if let Ok(Some(existing)) = inner.mounts.get(&req.volume_id)
-            && existing.target_path != req.target_path
-            && mount_at(&existing.target_path).map_err(internal)?.is_some()
-        {
-            return Err(Status::failed_precondition(format!(
-                "volume {} is already published at {}; unpublish it there first",
-                req.volume_id,
-                existing.target_path.display()
-            )));
-        }
-
-        let record = MountRecord {
-            volume_id: req.volume_id.clone(),
-            pod: req.pod.clone(),
-            cache: req.cache.clone(),
-            digest: delivery.digest.clone(),
-            target_path: req.target_path.clone(),
-            published: Timestamp::now(),
-        };
-
-        if let Some(existing) = mount_at(&req.target_path).map_err(internal)? {
-            let ours = same_directory(&req.target_path, &source).map_err(internal)?;
-            if ours && existing.is_read_only() {
-                // Published already: make sure the record is there too.
+        let (observed, tree) = self.observe(req)?;
+        match decide(req, &inner.node_name, &observed, Timestamp::now())? {
+            Decision::AlreadyPublished(record) => {
                 inner.mounts.record(&record).map_err(internal)?;
                 tracing::debug!(volume = %req.volume_id, target = %req.target_path.display(), "already published");
-                return Ok(());
+                Ok(())
             }
-            return Err(Status::failed_precondition(format!(
-                "target path {} is already a mount point ({} {}{}), not the read-only {what}",
-                req.target_path.display(),
-                existing.fs_type,
-                existing.root.display(),
-                if existing.is_read_only() {
-                    ", read-only"
-                } else {
-                    ""
-                },
-            )));
+            Decision::Mount(record) => {
+                // Ready entries always come with their open tree.
+                let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
+                self.mount(&record, &tree)
+            }
         }
+    }
 
+    /// What the node holds that `req` decides on, and the cache tree to
+    /// mount when there is one. Only reads.
+    fn observe(&self, req: &PublishRequest) -> Result<(Observed, Option<CacheTree>), Status> {
+        let inner = &*self.inner;
+        let delivery = inner.index.get(&req.cache).map_err(internal)?;
+        let index_file = inner
+            .index
+            .path_of(&req.cache)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let mut tree = None;
+        let entry = match &delivery {
+            None => Entry::Missing {
+                path: PathBuf::new(),
+            },
+            Some(delivery) => match inner.store.get(&delivery.digest) {
+                None => Entry::Missing {
+                    path: inner.store.path_of(&delivery.digest),
+                },
+                Some(dir) => match CacheTree::open(&dir) {
+                    Ok(open) => {
+                        tree = Some(open);
+                        Entry::Ready
+                    }
+                    Err(e) => Entry::Unmountable {
+                        reason: e.to_string(),
+                    },
+                },
+            },
+        };
+        let published_elsewhere = match inner.mounts.get(&req.volume_id) {
+            Ok(Some(existing))
+                if existing.target_path != req.target_path
+                    && mount_at(&existing.target_path).map_err(internal)?.is_some() =>
+            {
+                Some(existing.target_path)
+            }
+            _ => None,
+        };
+        let at_target = match mount_at(&req.target_path).map_err(internal)? {
+            None => None,
+            Some(existing) => Some(TargetMount {
+                read_only: existing.is_read_only(),
+                ours: match &tree {
+                    Some(tree) => {
+                        same_directory(&req.target_path, &tree.mount_source()).map_err(internal)?
+                    }
+                    None => false,
+                },
+                fs_type: existing.fs_type,
+                root: existing.root,
+            }),
+        };
+        let observed = Observed {
+            delivery,
+            index_file,
+            entry,
+            published_elsewhere,
+            at_target,
+        };
+        Ok((observed, tree))
+    }
+
+    /// Records `record`, then bind-mounts `tree` read-only at its target;
+    /// undoes both if the mount fails.
+    fn mount(&self, record: &MountRecord, tree: &CacheTree) -> Result<(), Status> {
+        let inner = &*self.inner;
+        let node = &inner.node_name;
+        let target = &record.target_path;
         // Record first: the records are always a superset of the mounts, so
         // the agent never frees a digest that is mounted.
-        inner.mounts.record(&record).map_err(internal)?;
-        let created = match create_target(&req.target_path) {
+        inner.mounts.record(record).map_err(internal)?;
+        let created = match create_target(target) {
             Ok(created) => created,
             Err(e) => {
-                let _ = inner.mounts.remove(&req.volume_id);
+                let _ = inner.mounts.remove(&record.volume_id);
                 return Err(Status::internal(format!(
                     "creating target path {}: {e}",
-                    req.target_path.display()
+                    target.display()
                 )));
             }
         };
-        if let Err(e) = bind_read_only(&source, &req.target_path) {
+        if let Err(e) = bind_read_only(&tree.mount_source(), target) {
             if created {
-                let _ = fs::remove_dir(&req.target_path);
+                let _ = fs::remove_dir(target);
             }
-            let _ = inner.mounts.remove(&req.volume_id);
+            let _ = inner.mounts.remove(&record.volume_id);
             return Err(Status::internal(format!(
                 "bind-mounting {} read-only onto {} on node {node}: {e}",
                 tree.path.display(),
-                req.target_path.display()
+                target.display()
             )));
         }
         tracing::info!(
-            volume = %req.volume_id,
-            pod = %format!("{}/{}", req.pod.namespace, req.pod.name),
-            cache = %req.cache,
-            digest = %delivery.digest,
-            target = %req.target_path.display(),
+            volume = %record.volume_id,
+            pod = %format!("{}/{}", record.pod.namespace, record.pod.name),
+            cache = %record.cache,
+            digest = %record.digest,
+            target = %target.display(),
             "published"
         );
         Ok(())

@@ -12,6 +12,7 @@ use gkm_k8s_node::volume::{ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, DRIVE
 
 /// Why a pod's GPU request cannot be scheduled at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RequestError {
     /// A GPU resource is not a whole number.
     #[error("{resource}: {value:?} is not a whole number")]

@@ -133,6 +133,7 @@ impl<S: Connected> Connected for AuthorityFix<S> {
 
 /// Why a client's byte stream could not be rewritten.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RewriteError {
     /// A header block did not decode.
     #[error("HTTP/2 header block of stream {stream}: {detail}")]

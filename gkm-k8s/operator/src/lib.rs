@@ -68,6 +68,73 @@ pub struct OperatorConfig {
     pub pvc: crate::pvc::PvcOptions,
 }
 
+/// An [`OperatorConfig`] the operator cannot run with, naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidConfig {
+    /// `resolve_interval` is outside what the operator accepts.
+    #[error("must be from {min:?} to {max:?}, not {got:?} (the resolve interval)")]
+    ResolveInterval {
+        /// The shortest allowed.
+        min: Duration,
+        /// The longest allowed.
+        max: Duration,
+        /// What was given.
+        got: Duration,
+    },
+    /// `reverify_interval` is too short.
+    #[error("must be at least {min:?}, not {got:?} (the re-verify interval)")]
+    ReverifyInterval {
+        /// The shortest allowed.
+        min: Duration,
+        /// What was given.
+        got: Duration,
+    },
+    /// `floor.required` names no signer, so it would require nothing.
+    #[error("must name at least one signer (the required signers)")]
+    NoRequiredSigner,
+    /// `floor.allowed_modes` is empty.
+    #[error("must name at least one mode (the allowed signature modes; Enforce is always allowed)")]
+    NoAllowedMode,
+}
+
+impl OperatorConfig {
+    /// The shortest resolve and re-verify interval: shorter than a cache
+    /// may ask for (tests, labs), never zero, which would spin against the
+    /// registry.
+    pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+    /// Checks what [`run`] relies on; the binary's flags go through this too.
+    pub fn validate(&self) -> std::result::Result<(), InvalidConfig> {
+        let (min, max) = (Self::MIN_INTERVAL, gkm_k8s_api::crd::MAX_RESOLVE_INTERVAL);
+        if self.resolve_interval < min || self.resolve_interval > max {
+            return Err(InvalidConfig::ResolveInterval {
+                min,
+                max,
+                got: self.resolve_interval,
+            });
+        }
+        if self.reverify_interval < min {
+            return Err(InvalidConfig::ReverifyInterval {
+                min,
+                got: self.reverify_interval,
+            });
+        }
+        if self.floor.allowed_modes.is_empty() {
+            return Err(InvalidConfig::NoAllowedMode);
+        }
+        if self
+            .floor
+            .required
+            .as_ref()
+            .is_some_and(|p| p.signers.as_ref().is_none_or(Vec::is_empty))
+        {
+            return Err(InvalidConfig::NoRequiredSigner);
+        }
+        Ok(())
+    }
+}
+
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
@@ -103,13 +170,15 @@ pub struct Context {
     pub nodes: reflector::Store<PartialObjectMeta<Node>>,
 }
 
-/// Runs both controllers until the process is asked to stop.
+/// Runs both controllers until the process is asked to stop; refuses a
+/// `config` that does not [validate](OperatorConfig::validate).
 pub async fn run(
     client: Client,
     config: OperatorConfig,
     verifier: Arc<dyn ImageVerifier>,
     metrics: Arc<Metrics>,
-) {
+) -> std::result::Result<(), InvalidConfig> {
+    config.validate()?;
     let reporter = Reporter {
         controller: "gkm-operator".into(),
         instance: Some(config.instance.clone()),
@@ -129,6 +198,7 @@ pub async fn run(
         controller::<GKMCache>(ctx.clone()),
         controller::<ClusterGKMCache>(ctx)
     );
+    Ok(())
 }
 
 /// Watches the node reports of `K`'s kind into `index`; the stream names
@@ -237,8 +307,41 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use crate::error::contained;
+    use crate::{InvalidConfig, OperatorConfig};
+    use gkm_k8s_api::crd::SignaturePolicy;
     use kube::runtime::controller::Action;
+
+    #[test]
+    fn a_config_is_checked_before_the_operator_runs() {
+        assert_eq!(OperatorConfig::default().validate(), Ok(()));
+        let spinning = OperatorConfig {
+            resolve_interval: Duration::ZERO,
+            ..OperatorConfig::default()
+        };
+        let err = spinning.validate().expect_err("a zero interval spins");
+        assert!(
+            matches!(err, InvalidConfig::ResolveInterval { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("must be from 1s"), "{err}");
+        let never_reverified = OperatorConfig {
+            reverify_interval: Duration::from_millis(10),
+            ..OperatorConfig::default()
+        };
+        assert!(matches!(
+            never_reverified.validate(),
+            Err(InvalidConfig::ReverifyInterval { .. })
+        ));
+        let mut empty_floor = OperatorConfig::default();
+        empty_floor.floor.required = Some(SignaturePolicy::default());
+        assert_eq!(empty_floor.validate(), Err(InvalidConfig::NoRequiredSigner));
+        let mut no_mode = OperatorConfig::default();
+        no_mode.floor.allowed_modes.clear();
+        assert_eq!(no_mode.validate(), Err(InvalidConfig::NoAllowedMode));
+    }
 
     #[tokio::test]
     async fn a_panicking_reconcile_is_an_error_not_the_end() {

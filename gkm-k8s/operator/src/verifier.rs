@@ -234,6 +234,7 @@ impl ImageVerifier for RegistryVerifier {
             },
             Err(VerifyError::Rejected(why)) => refused(why.to_string()),
             Err(VerifyError::Image(e)) => refused(format!("reading signatures: {e}")),
+            Err(e) => refused(e.to_string()),
         }
     }
 }

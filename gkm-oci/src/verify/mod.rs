@@ -63,6 +63,7 @@ pub use sct::OID_SCT_LIST;
 
 /// Why [`verify`] gave no [`Verified`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerifyError {
     /// Signatures were read and refused, or there were none.
     #[error("signature refused: {0}")]
