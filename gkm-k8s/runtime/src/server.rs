@@ -97,26 +97,42 @@ async fn serve_connection(
     }
 }
 
+/// A certificate, key or TLS configuration that cannot serve, with why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+impl TlsError {
+    /// An error saying `message`.
+    pub fn new(message: impl Into<String>) -> TlsError {
+        TlsError(message.into())
+    }
+}
+
 /// A TLS acceptor serving the PEM certificate chain `cert` with the PEM
 /// private key `key` (TLS 1.2 and 1.3, aws-lc-rs).
-pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, String> {
+pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, TlsError> {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
     let chain = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+        .map_err(|e| TlsError(format!("the certificate is not PEM: {e}")))?;
     if chain.is_empty() {
-        return Err("the certificate file holds no certificate".into());
+        return Err(TlsError::new("the certificate file holds no certificate"));
     }
     let key = PrivateKeyDer::from_pem_slice(key)
-        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+        .map_err(|e| TlsError(format!("the key is not a PEM private key: {e}")))?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
-        .map_err(|e| format!("the certificate and key do not make a TLS configuration: {e}"))?;
+        .map_err(|e| {
+            TlsError(format!(
+                "the certificate and key do not make a TLS configuration: {e}"
+            ))
+        })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use gkm_k8s_runtime::server::TlsError;
 use jiff::{SignedDuration, Timestamp, tz::TimeZone};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -53,16 +54,16 @@ fn set_validity(params: &mut CertificateParams, from: Timestamp, to: Timestamp) 
 
 /// Issues a new CA and a serving certificate for `hosts` (IP addresses or
 /// DNS names), both valid for `validity` (whole days, at least one).
-pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, String> {
-    let err = |e: rcgen::Error| format!("issuing the webhook certificate: {e}");
+pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, TlsError> {
+    let err = |e: rcgen::Error| TlsError::new(format!("issuing the webhook certificate: {e}"));
     let now = Timestamp::now();
     let days = (validity.as_secs() / 86_400).max(1) as i64;
     let not_after = now
         .checked_add(SignedDuration::from_hours(24 * days))
-        .map_err(|e| format!("certificate validity {validity:?}: {e}"))?;
+        .map_err(|e| TlsError::new(format!("certificate validity {validity:?}: {e}")))?;
     let not_before = now
         .checked_sub(SignedDuration::from_hours(24))
-        .map_err(|e| format!("certificate start: {e}"))?;
+        .map_err(|e| TlsError::new(format!("certificate start: {e}")))?;
     let ca_key = KeyPair::generate().map_err(err)?;
     let mut ca = CertificateParams::default();
     ca.distinguished_name = name("gkm webhook CA");
@@ -83,7 +84,7 @@ pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, String> {
                 .clone()
                 .try_into()
                 .map(SanType::DnsName)
-                .map_err(|e| format!("webhook host {h:?}: {e}")),
+                .map_err(|e| TlsError::new(format!("webhook host {h:?}: {e}"))),
         })
         .collect::<Result<_, _>>()?;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
@@ -122,25 +123,25 @@ pub struct RotatingCert(RwLock<Arc<CertifiedKey>>);
 
 impl RotatingCert {
     /// Serves `cert_pem` with `key_pem`.
-    pub fn new(cert_pem: &str, key_pem: &str) -> Result<Arc<RotatingCert>, String> {
+    pub fn new(cert_pem: &str, key_pem: &str) -> Result<Arc<RotatingCert>, TlsError> {
         Ok(Arc::new(RotatingCert(RwLock::new(certified(
             cert_pem, key_pem,
         )?))))
     }
 
     /// Serves `cert_pem` with `key_pem` from the next handshake on.
-    pub fn replace(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
+    pub fn replace(&self, cert_pem: &str, key_pem: &str) -> Result<(), TlsError> {
         let new = certified(cert_pem, key_pem)?;
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = new;
         Ok(())
     }
 
     /// A TLS acceptor presenting the current certificate.
-    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, String> {
+    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS configuration: {e}"))?
+            .map_err(|e| TlsError::new(format!("TLS configuration: {e}")))?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
@@ -158,20 +159,20 @@ impl ResolvesServerCert for RotatingCert {
     }
 }
 
-fn certified(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, String> {
+fn certified(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, TlsError> {
     let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("the certificate is not PEM: {e}"))?;
+        .map_err(|e| TlsError::new(format!("the certificate is not PEM: {e}")))?;
     if chain.is_empty() {
-        return Err("no certificate in the PEM".into());
+        return Err(TlsError::new("no certificate in the PEM"));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-        .map_err(|e| format!("the key is not a PEM private key: {e}"))?;
+        .map_err(|e| TlsError::new(format!("the key is not a PEM private key: {e}")))?;
     let provider = rustls::crypto::aws_lc_rs::default_provider();
     let signing = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| format!("the key cannot sign: {e}"))?;
+        .map_err(|e| TlsError::new(format!("the key cannot sign: {e}")))?;
     Ok(Arc::new(CertifiedKey::new(chain, signing)))
 }
 

@@ -31,7 +31,7 @@ pub use config::{CONFIGURATION_NAME, Endpoint, MUTATE_PATH, configuration};
 
 use gkm_k8s_runtime::endpoints::Endpoints;
 use gkm_k8s_runtime::readiness::Readiness;
-use gkm_k8s_runtime::server::EndpointServer;
+use gkm_k8s_runtime::server::{EndpointServer, TlsError};
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]
@@ -61,13 +61,44 @@ pub struct Webhook {
     rotation: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookError {
+    /// A certificate or key file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The certificate or key cannot serve TLS.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The `MutatingWebhookConfiguration` could not be applied.
+    #[error("applying MutatingWebhookConfiguration {CONFIGURATION_NAME}: {0}")]
+    Configuration(#[source] kube::Error),
+    /// The listen address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 impl Webhook {
     /// Applies the webhook configuration and starts serving.
-    pub async fn start(client: Client, options: WebhookOptions) -> Result<Webhook, String> {
+    pub async fn start(client: Client, options: WebhookOptions) -> Result<Webhook, WebhookError> {
         let (cert, issued) = match &options.cert_files {
             Some((cert, key)) => {
                 let read = |p: &PathBuf| {
-                    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+                    std::fs::read_to_string(p).map_err(|source| WebhookError::Read {
+                        path: p.clone(),
+                        source,
+                    })
                 };
                 (certs::RotatingCert::new(&read(cert)?, &read(key)?)?, None)
             }
@@ -84,7 +115,10 @@ impl Webhook {
         let server =
             EndpointServer::start_endpoints(options.listen, endpoints, Some(cert.acceptor()?))
                 .await
-                .map_err(|e| format!("listening on {}: {e}", options.listen))?;
+                .map_err(|source| WebhookError::Listen {
+                    addr: options.listen,
+                    source,
+                })?;
         info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation webhook");
         let rotation =
             issued.map(|issued| tokio::spawn(rotate(client, options.clone(), cert, issued)));
@@ -106,7 +140,7 @@ async fn apply_configuration(
     client: &Client,
     options: &WebhookOptions,
     bundle: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), WebhookError> {
     let mut body = configuration(&options.endpoint, bundle);
     if let Some(owner) = &options.owner {
         match Api::<ClusterRole>::all(client.clone()).get_opt(owner).await {
@@ -134,7 +168,7 @@ async fn apply_configuration(
         )
         .await
         .map(|_| ())
-        .map_err(|e| format!("applying MutatingWebhookConfiguration {CONFIGURATION_NAME}: {e}"))
+        .map_err(WebhookError::Configuration)
 }
 
 /// Checks hourly (or sooner for short validities) and rotates when due:
