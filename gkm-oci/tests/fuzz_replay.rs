@@ -12,7 +12,7 @@ fn fuzz_dir() -> &'static Path {
 }
 
 #[test]
-fn every_target_of_the_fuzz_crate_replays_here_or_in_gkm_k8s() {
+fn every_target_of_the_fuzz_crate_replays_here_or_in_gkm_k8s_csi() {
     let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).expect("fuzz/Cargo.toml");
     let declared: Vec<&str> = manifest
         .lines()
@@ -20,8 +20,8 @@ fn every_target_of_the_fuzz_crate_replays_here_or_in_gkm_k8s() {
         .filter_map(|l| l.strip_suffix('"'))
         .filter(|n| *n != "gkm-fuzz")
         .collect();
-    // gkm-k8s replays these (gkm-k8s/tests/fuzz_replay.rs).
-    let in_k8s = ["csi_publish", "duration"];
+    // gkm-k8s-csi replays these (gkm-k8s/csi/tests/fuzz_replay.rs).
+    let in_k8s = ["csi_publish"];
     for name in &declared {
         assert!(
             TARGETS.iter().any(|(t, _)| t == name) || in_k8s.contains(name),

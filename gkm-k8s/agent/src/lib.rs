@@ -17,9 +17,20 @@
 //!    and the pods using it (from the CSI driver's mount records),
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
+//!
+//! ```no_run
+//! # async fn example(client: kube::Client) -> Result<(), gkm_k8s_agent::Error> {
+//! let config = gkm_k8s_agent::AgentConfig::new("node-a", "/var/lib/gkm/store");
+//! let ctrl_c = async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! };
+//! gkm_k8s_agent::run(client, config, ctrl_c).await
+//! # }
+//! ```
 
 pub mod allocations;
 mod error;
+mod extractions;
 mod gc;
 mod labels;
 mod metrics;

@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::{Client, ResourceExt};
-use tokio::sync::{Notify, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::AgentConfig;
+use super::extractions::{Extractions, tree_size};
 use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
 use super::reports::{NodeReports, gpu_statuses};
@@ -60,14 +60,8 @@ pub(super) struct Agent {
     facts: HashMap<Digest, DigestFacts>,
     /// Summary reads that failed, tried again with backoff.
     summary_failures: Backoff,
-    /// Extractions that failed, tried again with backoff.
-    extract_failures: Backoff,
-    /// Extractions under way, off the agent's loop.
-    extractions: HashMap<Digest, JoinHandle<Result<i64, String>>>,
-    /// One extraction at a time, so their memory never adds up.
-    extract_slots: Arc<Semaphore>,
-    /// Wakes the agent's loop when an extraction ends.
-    changed: Arc<Notify>,
+    /// Pulls and extractions, off the agent's loop.
+    extractions: Extractions,
     /// Since when each stored digest has been unreferenced.
     unreferenced: Unreferenced,
     labelled: Option<BTreeMap<String, String>>,
@@ -85,6 +79,12 @@ impl Agent {
     ) -> Result<Agent> {
         let store = Store::open(&config.store_dir)?;
         let gpus = inventory.usable_gpus().cloned().collect();
+        let extractions = Extractions::new(
+            store.clone(),
+            config.extract_policy.clone(),
+            config.metrics.clone(),
+            changed,
+        );
         Ok(Agent {
             index: DeliveryIndex::new(store.root()),
             mounts: MountRecords::new(store.root()),
@@ -99,10 +99,7 @@ impl Agent {
             store,
             facts: HashMap::new(),
             summary_failures: Backoff::default(),
-            extract_failures: Backoff::default(),
-            extractions: HashMap::new(),
-            extract_slots: Arc::new(Semaphore::new(1)),
-            changed,
+            extractions,
             unreferenced: Unreferenced::default(),
             labelled: None,
         })
@@ -112,7 +109,7 @@ impl Agent {
     pub(super) fn next_retry(&self) -> Option<Instant> {
         match (
             self.summary_failures.next_due(),
-            self.extract_failures.next_due(),
+            self.extractions.next_due(),
         ) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -121,7 +118,9 @@ impl Agent {
 
     /// Brings every cache on this node in step and reports.
     pub(super) async fn sync_once(&mut self) -> Result<()> {
-        self.harvest_extractions().await;
+        for (digest, size) in self.extractions.harvest().await {
+            self.facts.entry(digest).or_default().size = Some(size);
+        }
         let node_labels = self.label_node().await?;
         let records = self.mounts.clone();
         let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
@@ -204,7 +203,7 @@ impl Agent {
         self.facts.retain(|digest, _| {
             resolved.contains(digest)
                 || stored.contains(digest)
-                || self.extractions.contains_key(digest)
+                || self.extractions.is_running(digest)
         });
         self.measure_store(&stored).await
     }
@@ -254,9 +253,7 @@ impl Agent {
                 Some(s) => Some(Ok(s)),
                 None => summary_failed.as_deref().map(Err),
             };
-            let extract_failed = resolved
-                .as_ref()
-                .and_then(|d| self.extract_failures.waiting(d));
+            let extract_failed = resolved.as_ref().and_then(|d| self.extractions.waiting(d));
             let stored = match &resolved {
                 Some(d) if in_store.contains(d) => Ok(true),
                 Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
@@ -318,82 +315,18 @@ impl Agent {
         self.facts.get(digest).and_then(|f| f.size)
     }
 
-    /// Pulls and extracts `digest` in a task of its own, unless one is
-    /// already under way; its outcome is collected by the next pass.
+    /// Pulls and extracts `digest` of `image` unless already under way.
     fn start_extraction(&mut self, image: &str, digest: Digest) {
-        if self.extractions.contains_key(&digest) {
+        if self.extractions.is_running(&digest) {
             return;
         }
-        let repo = match self.repo(image, &digest) {
-            Ok(repo) => repo,
-            Err(e) => {
-                self.extract_failures.failed(&digest, e.to_string());
-                return;
+        match self.repo(image, &digest) {
+            Ok(repo) => {
+                // The manifest and config the summary came from: not read again.
+                let known = self.facts.get(&digest).and_then(|f| f.image.clone());
+                self.extractions.start(repo, digest, known);
             }
-        };
-        let store = self.store.clone();
-        // The manifest and config the summary came from: not read again.
-        let known = self.facts.get(&digest).and_then(|f| f.image.clone());
-        let policy = self.config.extract_policy.clone();
-        let slots = self.extract_slots.clone();
-        let changed = self.changed.clone();
-        let metrics = self.config.metrics.clone();
-        let what = digest.clone();
-        let task = tokio::spawn(async move {
-            let outcome = match slots.acquire_owned().await {
-                Err(e) => Err(e.to_string()),
-                Ok(_slot) => {
-                    let started = Instant::now();
-                    let outcome = async {
-                        let stored = match &known {
-                            Some(image) => store.ensure_image(&repo, image, &policy, None).await,
-                            None => store.ensure(&repo, &policy, None).await,
-                        }
-                        .map_err(|e| e.to_string())?;
-                        let path = stored.path.clone();
-                        let size = tokio::task::spawn_blocking(move || tree_size(&path))
-                            .await
-                            .map_err(|e| format!("measuring the extracted tree: {e}"))?;
-                        info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
-                        Ok(size)
-                    }
-                    .await;
-                    metrics.extraction(outcome.is_ok(), started.elapsed());
-                    outcome
-                }
-            };
-            changed.notify_one();
-            outcome
-        });
-        self.extractions.insert(digest, task);
-    }
-
-    /// Collects the outcome of the extractions that ended.
-    async fn harvest_extractions(&mut self) {
-        let ended: Vec<Digest> = self
-            .extractions
-            .iter()
-            .filter(|(_, task)| task.is_finished())
-            .map(|(digest, _)| digest.clone())
-            .collect();
-        for digest in ended {
-            let Some(task) = self.extractions.remove(&digest) else {
-                continue;
-            };
-            match task.await {
-                Ok(Ok(size)) => {
-                    self.facts.entry(digest.clone()).or_default().size = Some(size);
-                    self.extract_failures.succeeded(&digest);
-                }
-                Ok(Err(why)) => {
-                    warn!(%digest, error = %why, "extraction failed");
-                    self.extract_failures.failed(&digest, why);
-                }
-                Err(e) => {
-                    warn!(%digest, error = %e, "extraction task failed");
-                    self.extract_failures.failed(&digest, e.to_string());
-                }
-            }
+            Err(e) => self.extractions.failed(&digest, e.to_string()),
         }
     }
 
@@ -417,7 +350,7 @@ impl Agent {
         stored: &HashSet<Digest>,
     ) -> Result<Vec<Digest>> {
         let mut keep = referenced.clone();
-        keep.extend(self.extractions.keys().cloned());
+        keep.extend(self.extractions.running().cloned());
         let expired =
             self.unreferenced
                 .expired(stored, &keep, Instant::now(), self.config.gc_grace);
@@ -483,23 +416,4 @@ impl<K: CacheObject> Cache for std::sync::Arc<K> {
     fn view(&self) -> CacheView<'_> {
         CacheView::of(self.as_ref())
     }
-}
-
-/// Bytes of regular files under `dir`.
-fn tree_size(dir: &std::path::Path) -> i64 {
-    let mut total = 0i64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) => total += m.len() as i64,
-                Err(_) => {}
-            }
-        }
-    }
-    total
 }

@@ -74,8 +74,8 @@ pub fn absolute_path(value: &str, field: &str) -> Result<PathBuf, Status> {
 ///     ..Default::default()
 /// };
 /// let parsed = parse_publish(&req).unwrap();
-/// assert_eq!(parsed.cache.namespace.as_deref(), Some("ml")); // the pod's namespace
-/// assert_eq!(parsed.cache.name, "vector-add");
+/// assert_eq!(parsed.cache.namespace(), Some("ml")); // the pod's namespace
+/// assert_eq!(parsed.cache.name(), "vector-add");
 /// ```
 pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Status> {
     let volume_id = required(&req.volume_id, "volume_id")?.to_string();

@@ -70,6 +70,16 @@
 //! the assignment names GPUs: the preference is that many free units of
 //! each, and `Allocate` hands the container the assigned GPUs even when the
 //! kubelet counted units of others ([`preferred::assigned_units`]).
+//!
+//! Resource names, socket names and the variables KubeVirt reads are
+//! decided in [`naming`]:
+//!
+//! ```
+//! use gkm_k8s_device_plugin::naming::{env_var, socket_name};
+//! let resource = "nvidia.com/GH100_H100_SXM5_80GB";
+//! assert_eq!(socket_name(resource), "gkm-nvidia.com_GH100_H100_SXM5_80GB.sock");
+//! assert_eq!(env_var("PCI_RESOURCE", resource), "PCI_RESOURCE_NVIDIA_COM_GH100_H100_SXM5_80GB");
+//! ```
 
 #![deny(missing_docs)]
 

@@ -28,6 +28,19 @@
 //! A [`gkm_k8s_api::crd::GKMGPUQuota`] caps what a namespace holds per GPU model,
 //! the model being the node label [`DEFAULT_MODEL_LABEL`] that gkm's agent
 //! writes.
+//!
+//! What a pod asks for, read as the scheduler reads it:
+//!
+//! ```
+//! use gkm_k8s_extender::request::GpuRequest;
+//! let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+//!     "metadata": {"name": "infer", "namespace": "ml"},
+//!     "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+//! })).unwrap();
+//! let request = GpuRequest::from_pod(&pod, &["nvidia.com/gpu".to_string()]).unwrap();
+//! assert_eq!(request.gpus(), 2);
+//! assert!(!request.is_shared());
+//! ```
 
 pub mod bind;
 pub mod cache;

@@ -9,6 +9,24 @@
 //! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
 //! until no pod uses its claims and no node uses or reports it, removes what
 //! it made, then releases the finalizer.
+//!
+//! The decisions are pure functions the reconcile feeds, such as the rollup
+//! of node reports into a cache's counts and state:
+//!
+//! ```
+//! use gkm_k8s_api::crd::CacheState;
+//! use gkm_k8s_operator::rollup::{Entry, rollup};
+//! let extracted = Entry { state: Some(CacheState::Extracted), pods: 0 };
+//! let mounted = Entry { state: Some(CacheState::Running), pods: 2 };
+//! let nodes = [
+//!     vec![("sha256:aa".to_string(), extracted)],
+//!     vec![("sha256:aa".to_string(), mounted)],
+//! ];
+//! let (counts, state) = rollup(Some("sha256:aa"), false, &nodes);
+//! assert_eq!(state, CacheState::Running);
+//! assert_eq!((counts.node_in_use_cnt, counts.node_not_in_use_cnt), (1, 1));
+//! assert_eq!(counts.pod_running_cnt, 2);
+//! ```
 
 mod error;
 pub mod metrics;

@@ -252,7 +252,7 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
 /// is the whole status the operator wants: a field it leaves out (a
 /// `pvcStatus` after leaving PVC mode, a namespace's entry in it) is
 /// removed, which a merge patch would leave in place.
-/// Status fields an older operator wrote by merge patch are first taken
+/// Status fields a writer without a field manager owns are first taken
 /// over ([`super::status_owners`]), so they are removed the same way.
 async fn write_status<K: CacheObject>(
     cache: &K,
@@ -277,7 +277,7 @@ async fn write_status<K: CacheObject>(
     new.last_updated = Some(Time(Timestamp::now()));
     let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
     if let Some(upgrade) = upgrade_patch(cache.meta(), FIELD_MANAGER, LEGACY_STATUS_MANAGERS) {
-        // Status fields an older operator updated become this apply's, so
+        // Status fields a writer without a field manager updated become this apply's, so
         // the apply below may drop them. Refused when the object changed
         // since it was read; the next reconcile works from the new one.
         let patch = Patch::Json::<()>(serde_json::from_value(upgrade)?);

@@ -1,13 +1,13 @@
-//! Taking over the status fields an older operator owned.
+//! Taking over status fields that a writer without a field manager owns.
 //!
-//! Before status was written by server-side apply, the operator wrote it
-//! with a JSON merge patch and no field manager: the apiserver recorded those
-//! writes as `Update`s of the `status` subresource by a manager named after
-//! the client (see [`LEGACY_STATUS_MANAGERS`]). After an upgrade such an
-//! entry still owns the fields it wrote, so a field the operator's apply
-//! leaves out (a `pvcStatus` after leaving PVC mode) would never be removed.
-//! As client-go's `csaupgrade.UpgradeManagedFields` does, the operator first
-//! moves those fields into its own `Apply` entry, in one JSON patch of
+//! A client that writes status with an update or merge patch and names no
+//! field manager (and sends no `User-Agent`) is recorded by the apiserver as
+//! an `Update` of the `status` subresource by `unknown`
+//! ([`LEGACY_STATUS_MANAGERS`]). Such an entry keeps owning the fields it
+//! wrote, so a field the operator's apply leaves out (a `pvcStatus` after
+//! leaving PVC mode) would never be removed. As client-go's
+//! `csaupgrade.UpgradeManagedFields` does, the operator first moves those
+//! fields into its own `Apply` entry, in one JSON patch of
 //! `metadata.managedFields` guarded by the object's `resourceVersion`; its
 //! next apply then owns, and may drop, every status field.
 
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 /// The managers whose status `Update`s the operator takes over: `unknown`,
 /// the name the apiserver records for a client that names no field manager
-/// and sends no `User-Agent`, as the operator's merge patches of status did.
+/// and sends no `User-Agent`.
 pub const LEGACY_STATUS_MANAGERS: &[&str] = &["unknown"];
 
 const STATUS: &str = "status";

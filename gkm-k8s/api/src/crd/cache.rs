@@ -189,7 +189,7 @@ pub struct VerificationStatus {
     /// Whether a signer of the policy was proven.
     pub verified: bool,
     /// Whether the image may be delivered: verified, or not required to be
-    /// by the mode in force. Absent (from an older operator): `verified`.
+    /// by the mode in force. Absent (a status written without it): `verified`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliverable: Option<bool>,
     /// The mode in force: the cache's (or the default policy's) as the
@@ -272,7 +272,7 @@ mod tests {
             ..verified.clone()
         };
         assert!(!refused.admits(DIGEST));
-        // An older operator wrote no verdict: `verified` decides.
+        // A status without a verdict: `verified` decides.
         let older = VerificationStatus {
             deliverable: None,
             ..verified
