@@ -14,10 +14,10 @@ use serde_json::json;
 use tracing::info;
 
 use super::objects::{self, PvcOptions};
-use super::plan::{ClaimPlan, Plan, PlanInput, PvcMode, plan};
+use super::plan::{Plan, PlanInput, PvcMode, plan};
+use super::status::{FAILED_AFTER, Fill, NamespaceFacts, claims_status};
 use crate::error::{Error, Result};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
-use gkm_k8s_api::conditions::{Cond, merge};
 use gkm_k8s_api::crd::{CacheState, PvcOwner, PvcStatus};
 
 /// The field manager of every object gkm applies for PVC delivery.
@@ -269,8 +269,9 @@ async fn pods_using(
         .collect())
 }
 
-/// Reads the Jobs and pods back into status, and records on each claim the
-/// digest it holds once its Job completed.
+/// Reads the Jobs back, records on each claim the digest it holds once its
+/// Job completed, reads the pods using the claims, and makes the status of
+/// what it read ([`claims_status`]).
 async fn observe(
     key: &CacheKey,
     spec: &gkm_k8s_api::crd::CacheSpec,
@@ -279,117 +280,71 @@ async fn observe(
     digest: Option<&str>,
     previous: Option<&BTreeMap<String, PvcStatus>>,
 ) -> Result<ClaimsOutcome> {
-    let mode = PvcMode::of(spec);
-    let Some(mode) = mode else {
+    let Some(mode) = PvcMode::of(spec) else {
         return Ok(ClaimsOutcome::default());
     };
-    let owner = match mode {
-        PvcMode::ReadOnlyMany => PvcOwner::Operator,
-        PvcMode::ReadWriteOnce => PvcOwner::Agent,
-    };
-    let mut by_namespace: BTreeMap<String, Vec<&ClaimPlan>> = BTreeMap::new();
-    for claim in &wanted.claims {
-        by_namespace
-            .entry(claim.namespace.clone())
-            .or_default()
-            .push(claim);
-    }
-    let mut out = ClaimsOutcome {
-        owner: Some(owner),
-        ..ClaimsOutcome::default()
-    };
-    let mut status = BTreeMap::new();
-    let (mut filled, mut failed, mut total) = (0, 0, 0);
-    for (namespace, claims) in &by_namespace {
-        let mut done = 0;
-        let mut message = Vec::new();
-        for claim in claims {
-            total += 1;
-            let Some(job_name) = &claim.job else { continue };
-            let job = Api::<Job>::namespaced(client.clone(), namespace)
-                .get_opt(job_name)
-                .await?;
-            let js = job.as_ref().and_then(|j| j.status.as_ref());
-            if js.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
-                done += 1;
-                if let Some(d) = digest {
-                    record_fill(client, namespace, &claim.name, d).await?;
+    let mut facts = read_fills(client, wanted).await?;
+    if let Some(digest) = digest {
+        for (namespace, seen) in &facts {
+            for (claim, fill) in &seen.fills {
+                if *fill == Fill::Done {
+                    record_fill(client, namespace, claim, digest).await?;
                 }
-            } else if js.and_then(|s| s.failed).unwrap_or(0) > 4 {
-                failed += 1;
-                message.push(format!("Job {job_name} failed"));
             }
         }
-        filled += done;
-        let names: BTreeSet<String> = claims
+    }
+    // After the fills are recorded, so a refill shows in the pods at once.
+    read_pods(client, key, wanted, &mut facts).await?;
+    Ok(claims_status(key, mode, wanted, digest, previous, &facts))
+}
+
+/// Where each planned claim's fill Job stands, by namespace.
+async fn read_fills(client: &Client, wanted: &Plan) -> Result<BTreeMap<String, NamespaceFacts>> {
+    let mut facts: BTreeMap<String, NamespaceFacts> = BTreeMap::new();
+    for claim in &wanted.claims {
+        let seen = facts.entry(claim.namespace.clone()).or_default();
+        let Some(job_name) = &claim.job else { continue };
+        let job = Api::<Job>::namespaced(client.clone(), &claim.namespace)
+            .get_opt(job_name)
+            .await?;
+        let js = job.as_ref().and_then(|j| j.status.as_ref());
+        let fill = if js.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
+            Fill::Done
+        } else if js.and_then(|s| s.failed).unwrap_or(0) > FAILED_AFTER {
+            Fill::Failed
+        } else {
+            Fill::Pending
+        };
+        seen.fills.insert(claim.name.clone(), fill);
+    }
+    Ok(facts)
+}
+
+/// Counts, per namespace, the pods using its claims (or a claim named after
+/// the cache), as running or as started before a refill.
+async fn read_pods(
+    client: &Client,
+    key: &CacheKey,
+    wanted: &Plan,
+    facts: &mut BTreeMap<String, NamespaceFacts>,
+) -> Result<()> {
+    for (namespace, seen) in facts.iter_mut() {
+        let names: BTreeSet<String> = wanted
+            .claims
             .iter()
+            .filter(|c| &c.namespace == namespace)
             .map(|c| c.name.clone())
             .chain(std::iter::once(key.name().to_string()))
             .collect();
         for pod in pods_using(client, namespace, &names).await? {
             if refilled_since(client, namespace, &pod).await? {
-                out.pods_outdated += 1;
+                seen.pods_outdated += 1;
             } else {
-                out.pods_running += 1;
+                seen.pods_running += 1;
             }
         }
-        let ready = done == claims.len() && !claims.is_empty();
-        let existing = previous
-            .and_then(|p| p.get(namespace))
-            .and_then(|p| p.conditions.as_deref());
-        let condition = Cond {
-            type_: "Ready",
-            status: ready,
-            reason: if ready {
-                "Filled"
-            } else if wanted.withheld.is_some() {
-                "Withheld"
-            } else {
-                "Filling"
-            },
-            message: wanted.withheld.clone().unwrap_or_else(|| {
-                let mut m = format!("{done} of {} claims filled", claims.len());
-                for extra in &message {
-                    m.push_str("; ");
-                    m.push_str(extra);
-                }
-                m
-            }),
-        };
-        let conditions = merge(existing, vec![condition], None);
-        let single = (claims.len() == 1).then(|| claims[0]);
-        status.insert(
-            namespace.clone(),
-            PvcStatus {
-                pv_name: single.and_then(|c| c.volume.clone()),
-                pvc_name: Some(single.map_or(key.name().to_string(), |c| c.name.clone())),
-                job_name: single.and_then(|c| c.job.clone()),
-                pvc_owner: Some(owner),
-                conditions: Some(conditions),
-            },
-        );
     }
-    out.pvc_status = Some(status);
-    out.state = Some(if !wanted.missing_namespaces.is_empty() {
-        CacheState::NoNamespace
-    } else if wanted.withheld.is_some() {
-        // Not filled on purpose: the verdict or the nodes' reports say why,
-        // and the node rollup's state stands.
-        return Ok(out);
-    } else if failed > 0 {
-        CacheState::Error
-    } else if out.pods_outdated > 0 {
-        CacheState::Outdated
-    } else if total > 0 && filled == total && out.pods_running > 0 {
-        CacheState::Running
-    } else if total > 0 && filled == total {
-        CacheState::Extracted
-    } else if digest.is_some() && total > 0 {
-        CacheState::Downloading
-    } else {
-        CacheState::Pending
-    });
-    Ok(out)
+    Ok(())
 }
 
 /// Marks `claim` as holding `digest`; on a refill (it held another digest)

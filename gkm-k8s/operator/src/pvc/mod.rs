@@ -13,6 +13,7 @@ mod fill;
 pub mod mutation;
 pub mod objects;
 pub mod plan;
+mod status;
 
 pub use apply::{
     ClaimsOutcome, FIELD_MANAGER, FILLED_ANNOTATION, REFILLED_AT_ANNOTATION, reconcile_claims,
