@@ -6,7 +6,8 @@ use std::path::Path;
 
 use gkm_core::Arch;
 
-use crate::pci::{read_trimmed, sorted_entries};
+use crate::pci::{PciDevice, read_trimmed, sorted_entries};
+use gkm_core::Gpu;
 
 /// One GPU node of the KFD topology.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +191,45 @@ pub fn family(arch: &Arch) -> Option<&'static str> {
         Some("NV")
     } else {
         None
+    }
+}
+
+/// Fills in what a GPU on amdgpu has beyond its PCI ids: the marketing name
+/// sysfs gives, the gfx target, wavefront size and memory of its KFD node,
+/// and its VRAM; a GPU `bound` to amdgpu without a KFD node is warned of.
+pub(crate) fn enrich(
+    gpu: &mut Gpu,
+    dev: &PciDevice,
+    kfd: &[KfdNode],
+    bound: bool,
+    warnings: &mut Vec<String>,
+) {
+    if let Some(name) = read_trimmed(&dev.path.join("product_name"))
+        .ok()
+        .flatten()
+        .filter(|n| !n.is_empty())
+    {
+        gpu.product = name;
+    }
+    let node = kfd.iter().find(|n| n.pci_address == dev.address);
+    match node {
+        Some(node) => {
+            gpu.arch = node.arch.clone();
+            gpu.warp_size = node.wavefront_size;
+            gpu.memory_bytes = node.memory_bytes;
+        }
+        None if bound => warnings.push(format!(
+            "{} {} is on amdgpu but has no KFD topology node; its gfx target is unknown",
+            dev.address, gpu.product
+        )),
+        None => {}
+    }
+    if let Some(vram) = read_trimmed(&dev.path.join("mem_info_vram_total"))
+        .ok()
+        .flatten()
+        .and_then(|t| t.parse::<u64>().ok())
+    {
+        gpu.memory_bytes = Some(vram);
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gkm_core::{Arch, Backend, Gpu, Vendor};
+use gkm_core::{Backend, Gpu, Vendor};
 
 use crate::amd::{self, KfdNode};
 use crate::inventory::Inventory;
@@ -174,46 +174,8 @@ pub(crate) fn assemble(
             _ => {}
         }
         match kind {
-            Backend::Cuda => {
-                gpu.warp_size = Some(32);
-                gpu.arch = nvidia::compute_capability(dev.device_id)
-                    .map(|(major, minor)| Arch::from_compute_capability(major, minor));
-                if let Some(pos) = nvml_gpus
-                    .iter()
-                    .position(|n| n.pci_address.as_deref() == Some(dev.address.as_str()))
-                {
-                    apply_nvml(&mut gpu, nvml_gpus.remove(pos), &inventory.nvml);
-                }
-            }
-            Backend::Hip => {
-                if let Some(name) = read_trimmed(&dev.path.join("product_name"))
-                    .ok()
-                    .flatten()
-                    .filter(|n| !n.is_empty())
-                {
-                    gpu.product = name;
-                }
-                let node = kfd.iter().find(|n| n.pci_address == dev.address);
-                match node {
-                    Some(node) => {
-                        gpu.arch = node.arch.clone();
-                        gpu.warp_size = node.wavefront_size;
-                        gpu.memory_bytes = node.memory_bytes;
-                    }
-                    None if bound => warnings.push(format!(
-                        "{} {} is on amdgpu but has no KFD topology node; its gfx target is unknown",
-                        dev.address, gpu.product
-                    )),
-                    None => {}
-                }
-                if let Some(vram) = read_trimmed(&dev.path.join("mem_info_vram_total"))
-                    .ok()
-                    .flatten()
-                    .and_then(|t| t.parse::<u64>().ok())
-                {
-                    gpu.memory_bytes = Some(vram);
-                }
-            }
+            Backend::Cuda => nvidia::enrich(&mut gpu, dev, &mut nvml_gpus, &inventory.nvml),
+            Backend::Hip => amd::enrich(&mut gpu, dev, kfd, bound, &mut warnings),
             Backend::Xpu | Backend::Hpu => {}
         }
         inventory.gpus.push(gpu);
@@ -232,7 +194,7 @@ pub(crate) fn assemble(
             pci_address: n.pci_address.clone(),
             ..Gpu::default()
         };
-        apply_nvml(&mut gpu, n, &inventory.nvml);
+        nvidia::apply_nvml(&mut gpu, n, &inventory.nvml);
         inventory.gpus.push(gpu);
     }
     if let crate::NvmlStatus::NoDriver { reason } = &inventory.nvml {
@@ -256,27 +218,6 @@ pub(crate) fn assemble(
     inventory
 }
 
-fn apply_nvml(gpu: &mut Gpu, n: nvidia::NvmlGpu, status: &crate::NvmlStatus) {
-    if let Some(name) = n.name {
-        gpu.product = name;
-    }
-    gpu.uuid = n.uuid.or(gpu.uuid.take());
-    gpu.arch = n.arch.or(gpu.arch.take());
-    gpu.memory_bytes = n.memory_bytes.or(gpu.memory_bytes);
-    gpu.mig_mode = n.mig_mode;
-    if let crate::NvmlStatus::Loaded {
-        driver_version,
-        cuda_driver_version,
-        ..
-    } = status
-    {
-        if !driver_version.is_empty() {
-            gpu.driver_version = Some(driver_version.clone());
-        }
-        gpu.toolkit_version = cuda_driver_version.clone();
-    }
-}
-
 /// `ROOT/module/<driver>/version` (`nvidia` → `550.54.15`).
 fn module_version(root: &Path, driver: &str) -> Option<String> {
     let module = driver.replace('-', "_");
@@ -291,6 +232,7 @@ mod tests {
     use super::*;
     use crate::NvmlStatus;
     use crate::nvidia::NvmlGpu;
+    use gkm_core::Arch;
     use gkm_core::gpu::MigMode;
 
     fn h100_tree() -> PathBuf {

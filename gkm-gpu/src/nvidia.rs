@@ -9,6 +9,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use crate::inventory::NvmlStatus;
+use crate::pci::PciDevice;
+use gkm_core::Gpu;
 
 /// One GPU as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,6 +295,48 @@ pub fn compute_capability(device_id: u16) -> Option<(u32, u32)> {
         0x2901 => (10, 0),
         _ => return None,
     })
+}
+
+/// Fills in what a GPU on the nvidia driver has beyond sysfs: warp size,
+/// compute capability by device id, then what NVML says of the GPU at
+/// `dev`'s address (taken out of `nvml_gpus`).
+pub(crate) fn enrich(
+    gpu: &mut Gpu,
+    dev: &PciDevice,
+    nvml_gpus: &mut Vec<NvmlGpu>,
+    status: &NvmlStatus,
+) {
+    gpu.warp_size = Some(32);
+    gpu.arch = compute_capability(dev.device_id)
+        .map(|(major, minor)| Arch::from_compute_capability(major, minor));
+    if let Some(pos) = nvml_gpus
+        .iter()
+        .position(|n| n.pci_address.as_deref() == Some(dev.address.as_str()))
+    {
+        apply_nvml(gpu, nvml_gpus.remove(pos), status);
+    }
+}
+
+/// What NVML says of one GPU, over what sysfs said.
+pub(crate) fn apply_nvml(gpu: &mut Gpu, n: NvmlGpu, status: &NvmlStatus) {
+    if let Some(name) = n.name {
+        gpu.product = name;
+    }
+    gpu.uuid = n.uuid.or(gpu.uuid.take());
+    gpu.arch = n.arch.or(gpu.arch.take());
+    gpu.memory_bytes = n.memory_bytes.or(gpu.memory_bytes);
+    gpu.mig_mode = n.mig_mode;
+    if let NvmlStatus::Loaded {
+        driver_version,
+        cuda_driver_version,
+        ..
+    } = status
+    {
+        if !driver_version.is_empty() {
+            gpu.driver_version = Some(driver_version.clone());
+        }
+        gpu.toolkit_version = cuda_driver_version.clone();
+    }
 }
 
 #[cfg(test)]
