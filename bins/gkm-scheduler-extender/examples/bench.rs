@@ -116,7 +116,7 @@ async fn schedule(
 /// The extender's exact answer times per verb (`GET /scheduler/latency`):
 /// verb → (calls, p50, p99, max), in seconds.
 async fn latencies(addr: &str) -> anyhow::Result<serde_json::Value> {
-    let reply = support::http_get(addr, gkm_k8s_extender::server::LATENCY_PATH).await?;
+    let reply = support::http_get(addr, gkm_k8s_extender::LATENCY_PATH).await?;
     let body = reply
         .split_once("\r\n\r\n")
         .map(|(_, body)| body)

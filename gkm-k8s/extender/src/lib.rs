@@ -2,8 +2,8 @@
 //! per namespace and GPU model, packing against fragmentation, and
 //! placement by where a pod's kernel caches fit and are extracted.
 //!
-//! The decisions are pure functions of an in-memory [`index::Index`] that
-//! watches fill ([`watch`]); the HTTP verbs ([`server`]) read it. Filter and
+//! The decisions are pure functions of an in-memory [`Index`] that
+//! watches fill (`watch`); the HTTP verbs (`server`) read it. Filter and
 //! prioritize never write anything. Bind reserves room in the index (check
 //! and reservation under one lock, so concurrent binds never overshoot a
 //! node or a quota), writes the device assignment annotation
@@ -11,7 +11,7 @@
 //!
 //! # Resources
 //!
-//! - Whole GPUs: the extended resources in [`index::IndexConfig`]
+//! - Whole GPUs: the extended resources in [`IndexConfig`]
 //!   (`nvidia.com/gpu` and `amd.com/gpu` by default; passthrough resources
 //!   are added by flag), counted per node from allocatable minus what bound
 //!   pods and reservations hold.
@@ -42,24 +42,26 @@
 //! assert!(!request.is_shared());
 //! ```
 
-pub mod bind;
-pub mod cache;
-pub mod hold;
-pub mod index;
-pub mod latency;
-pub mod node;
+mod bind;
+mod cache;
+mod hold;
+mod index;
+mod latency;
+mod node;
 pub mod protocol;
 pub mod request;
-pub mod server;
-pub mod status;
-pub mod verbs;
-pub mod watch;
+mod server;
+mod status;
+mod verbs;
+mod watch;
 
 #[cfg(test)]
 mod tests;
 
-pub use index::{Index, IndexConfig};
-pub use server::{Extender, URL_PREFIX};
+pub use cache::{CacheFit, CacheOnNode};
+pub use index::{Choice, Index, IndexConfig};
+pub use node::{Device, NodeGpus, parse_devices};
+pub use server::{Extender, LATENCY_PATH, URL_PREFIX};
 
 /// Shared-GPU cores, in percent of one GPU.
 pub const GPU_CORES: &str = "gkm.io/gpu-cores";

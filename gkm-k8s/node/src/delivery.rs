@@ -97,9 +97,8 @@ impl Delivery {
     }
 
     /// Whether the CSI driver may mount it: the node's verdict, which the
-    /// agent reached from the operator's
-    /// ([`VerificationStatus::admits`]),
-    /// the GPU fit and the store. The driver decides nothing else.
+    /// agent reached from the operator's (`VerificationStatus::admits` in
+    /// `gkm-k8s-api`), the GPU fit and the store. The driver decides nothing else.
     pub fn is_deliverable(&self) -> bool {
         self.verdict == Verdict::Deliverable
     }
