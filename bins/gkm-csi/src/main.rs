@@ -87,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!("stopping");
         let _ = stop_tx.send(true);
     });
-    tokio::spawn(gkm_k8s_csi::server::forget_stale_mount_records(
+    tokio::spawn(gkm_k8s_csi::forget_stale_mount_records(
         config.store_root.clone(),
         MOUNT_RECORD_CHECK,
         MOUNT_RECORD_CHECK,

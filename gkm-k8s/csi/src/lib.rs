@@ -25,7 +25,7 @@
 //! decisions from the node-local [delivery index](gkm_k8s_node::delivery) and writes
 //! [mount records](gkm_k8s_node::mount_records::MountRecords) the agent counts pods from:
 //!
-//! - `NodePublishVolume` first applies the [access rules](access): a
+//! - `NodePublishVolume` first applies the access rules (`access`): a
 //!   `GKMCache` only for pods of its namespace, a `ClusterGKMCache` only for
 //!   pods of its `workloadNamespaces` (any namespace when unset)
 //!   (`PERMISSION_DENIED` otherwise). It then looks the cache up in the
@@ -69,12 +69,12 @@
 
 #![deny(missing_docs)]
 
-pub mod access;
+mod access;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
-pub mod identity;
+mod identity;
 pub mod mount;
-pub mod node;
+mod node;
 pub mod publish;
 pub mod server;
 pub mod volume;
@@ -87,7 +87,7 @@ pub use gkm_k8s_node::volume::{
 };
 pub use identity::IdentityService;
 pub use node::NodeService;
-pub use server::{Driver, DriverConfig, serve_csi};
+pub use server::{Driver, DriverConfig, forget_stale_mount_records, serve_csi};
 
 /// What the driver tells the kubelet when it registers: a CSI plugin named
 /// [`DRIVER_NAME`], serving CSI 1.0.0. Its registration socket is

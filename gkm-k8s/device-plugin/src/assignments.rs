@@ -134,7 +134,7 @@ impl AssignmentSource for PodAssignments {
 }
 
 /// The devices `assignment` gives `pod` of `resource`, as
-/// [`super::preferred`] compares them with what the kubelet offers.
+/// `preferred` compares them with what the kubelet offers.
 ///
 /// For the unit resources (`gkm.io/gpu-cores`, `gkm.io/gpu-memory`) the
 /// assignment names GPUs; each is expanded to as many unit IDs `<gpu>-<i>`

@@ -34,7 +34,7 @@
 //! `pci-stub`, no driver, or a bridge) is not offered, and the reason is
 //! logged and written to the status file. The GPU's own audio function in
 //! its group is fine once it is on `vfio-pci` too. GPUs sharing a group are
-//! allocated together: [`preferred`] completes groups, and [`allocate`]
+//! allocated together: `preferred` completes groups, and `allocate`
 //! refuses a request that would split one.
 //!
 //! # Health and changes
@@ -52,7 +52,7 @@
 //!
 //! Each resource is served on its own socket in the kubelet's device-plugins
 //! directory (`gkm-<resource>.sock`) and registered through the kubelet's
-//! `kubelet.sock` ([`plugin::run`]). When the kubelet restarts it removes the
+//! `kubelet.sock` ([`run`]). When the kubelet restarts it removes the
 //! plugins' sockets and recreates `kubelet.sock`; the plugin notices either,
 //! serves again and registers again.
 //!
@@ -69,7 +69,7 @@
 //! otherwise it prefers whole IOMMU groups on one NUMA node. For GPU units
 //! the assignment names GPUs: the preference is that many free units of
 //! each, and `Allocate` hands the container the assigned GPUs even when the
-//! kubelet counted units of others ([`preferred::assigned_units`]).
+//! kubelet counted units of others (`assigned_units`).
 //!
 //! Resource names, socket names and the variables KubeVirt reads are
 //! decided in [`naming`]:
@@ -83,17 +83,17 @@
 
 #![deny(missing_docs)]
 
-pub mod allocate;
+mod allocate;
 pub mod assignments;
 mod error;
 pub mod naming;
 pub mod node_gpus;
 #[cfg(feature = "testing")]
 pub mod node_tree;
-pub mod plugin;
-pub mod preferred;
+mod plugin;
+mod preferred;
 pub mod resources;
-pub mod service;
+mod service;
 
 pub use plugin::{PluginConfig, run};
 pub use resources::{NodePaths, Resource, ResourceKind, Snapshot, scan};

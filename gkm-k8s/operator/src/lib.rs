@@ -29,12 +29,12 @@
 //! ```
 
 mod error;
-pub mod metrics;
+mod metrics;
 mod pending_writes;
 pub mod pvc;
 mod reconcile;
 mod report_index;
-pub mod resolutions;
+mod resolutions;
 pub mod rollup;
 mod status;
 mod status_owners;
