@@ -164,9 +164,11 @@ pub async fn run(
         client,
         config.clone(),
         inventory,
-        namespaced,
-        cluster,
-        node,
+        sync::Watched {
+            namespaced,
+            cluster,
+            node,
+        },
         changed.clone(),
     )?;
     let mut tick = tokio::time::interval(config.resync);

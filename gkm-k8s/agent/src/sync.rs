@@ -42,19 +42,32 @@ struct DigestFacts {
     size: Option<i64>,
 }
 
+/// What the agent watches: both cache kinds and its own Node.
+pub(super) struct Watched {
+    /// Every `GKMCache`.
+    pub(super) namespaced: Reflected<GKMCache>,
+    /// Every `ClusterGKMCache`.
+    pub(super) cluster: Reflected<ClusterGKMCache>,
+    /// This node's Node, its metadata only.
+    pub(super) node: Reflected<PartialObjectMeta<Node>>,
+}
+
+/// What the agent keeps on the node's disk: the store, the delivery index
+/// it writes for the CSI driver, and the mount records it reads.
+struct NodeFiles {
+    store: Store,
+    index: DeliveryIndex,
+    mounts: MountRecords,
+}
+
 /// The agent's state between passes.
 pub(super) struct Agent {
     client: Client,
     config: AgentConfig,
     inventory: Inventory,
     gpus: Vec<Gpu>,
-    namespaced: Reflected<GKMCache>,
-    cluster: Reflected<ClusterGKMCache>,
-    /// This node's Node, its metadata only.
-    node: Reflected<PartialObjectMeta<Node>>,
-    store: Store,
-    index: DeliveryIndex,
-    mounts: MountRecords,
+    watched: Watched,
+    files: NodeFiles,
     reports: NodeReports,
     /// What is known of each image digest this node deals with.
     facts: HashMap<Digest, DigestFacts>,
@@ -72,9 +85,7 @@ impl Agent {
         client: Client,
         config: AgentConfig,
         inventory: Inventory,
-        namespaced: Reflected<GKMCache>,
-        cluster: Reflected<ClusterGKMCache>,
-        node: Reflected<PartialObjectMeta<Node>>,
+        watched: Watched,
         changed: Arc<Notify>,
     ) -> Result<Agent> {
         let store = Store::open(&config.store_dir)?;
@@ -86,17 +97,17 @@ impl Agent {
             changed,
         );
         Ok(Agent {
-            index: DeliveryIndex::new(store.root()),
-            mounts: MountRecords::new(store.root()),
+            files: NodeFiles {
+                index: DeliveryIndex::new(store.root()),
+                mounts: MountRecords::new(store.root()),
+                store,
+            },
             reports: NodeReports::new(client.clone(), &config.node_name, gpu_statuses(&inventory)),
             client,
             config,
             inventory,
             gpus,
-            namespaced,
-            cluster,
-            node,
-            store,
+            watched,
             facts: HashMap::new(),
             summary_failures: Backoff::default(),
             extractions,
@@ -122,10 +133,10 @@ impl Agent {
             self.facts.entry(digest).or_default().size = Some(size);
         }
         let node_labels = self.label_node().await?;
-        let records = self.mounts.clone();
+        let records = self.files.mounts.clone();
         let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
         // What the store holds, listed once for the whole pass.
-        let store = self.store.clone();
+        let store = self.files.store.clone();
         let stored: HashSet<Digest> = blocking("listing the store", move || Ok(store.list()?))
             .await?
             .into_iter()
@@ -147,12 +158,14 @@ impl Agent {
             BTreeMap<String, BTreeMap<String, NodeCacheStatus>>,
         > = BTreeMap::new();
         let caches: Vec<Box<dyn Cache>> = self
+            .watched
             .namespaced
             .state()
             .into_iter()
             .map(|c| Box::new(c) as Box<dyn Cache>)
             .chain(
-                self.cluster
+                self.watched
+                    .cluster
                     .state()
                     .into_iter()
                     .map(|c| Box::new(c) as Box<dyn Cache>),
@@ -182,7 +195,7 @@ impl Agent {
             .map(|k| k.namespace().map(str::to_string))
             .collect();
         // Delivery entries of caches that are gone.
-        let index = self.index.clone();
+        let index = self.files.index.clone();
         blocking("pruning the delivery index", move || {
             for (key, _) in index.list()? {
                 if !keys.contains(&key) {
@@ -214,7 +227,7 @@ impl Agent {
         let unknown: Vec<(Digest, std::path::PathBuf)> = stored
             .iter()
             .filter(|d| self.size_of(d).is_none())
-            .filter_map(|d| self.store.get(d).map(|path| (d.clone(), path)))
+            .filter_map(|d| self.files.store.get(d).map(|path| (d.clone(), path)))
             .collect();
         if !unknown.is_empty() {
             let measured = blocking("measuring the store", move || {
@@ -289,7 +302,7 @@ impl Agent {
                 }
                 continue;
             }
-            let (index, key) = (self.index.clone(), key.clone());
+            let (index, key) = (self.files.index.clone(), key.clone());
             blocking("writing the delivery index", move || match &plan.delivery {
                 DeliveryChange::Publish(delivery) => Ok(index.publish(&key, delivery)?),
                 DeliveryChange::Remove => Ok(index.remove(&key).map(drop)?),
@@ -354,7 +367,7 @@ impl Agent {
         let expired =
             self.unreferenced
                 .expired(stored, &keep, Instant::now(), self.config.gc_grace);
-        let store = self.store.clone();
+        let store = self.files.store.clone();
         let removed = blocking("removing unreferenced caches from the store", move || {
             let mut removed = Vec::new();
             for digest in expired {
@@ -384,7 +397,11 @@ impl Agent {
     /// Applies the GPU labels to this node's Node object (when it changed)
     /// and returns the node's labels.
     async fn label_node(&mut self) -> Result<BTreeMap<String, String>> {
-        let Some(node) = self.node.get(&ObjectRef::new(&self.config.node_name)) else {
+        let Some(node) = self
+            .watched
+            .node
+            .get(&ObjectRef::new(&self.config.node_name))
+        else {
             return Ok(BTreeMap::new());
         };
         self.reports.set_node_uid(node.metadata.uid.clone());

@@ -58,9 +58,9 @@ mod watch;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{CacheFit, CacheOnNode};
+pub use cache::CacheFit;
+pub use hold::Share;
 pub use index::{Choice, Index, IndexConfig};
-pub use node::{Device, NodeGpus, parse_devices};
 pub use server::{Extender, LATENCY_PATH, URL_PREFIX};
 
 /// Shared-GPU cores, in percent of one GPU.
