@@ -83,11 +83,14 @@ esac
 
 # One target directory serves both trees, so dependencies build once. The
 # workspace's own crates have the same names in both, and cargo judges them
-# fresh by file times, so they are cleaned before each tree's build.
-WORKSPACE_CRATES=(gkm-core gkm-oci gkm-gpu gkm-k8s gkm-testenv gkm-bin-support gkm-operator gkm-agent gkm-local)
+# fresh by file times, so each tree's own crates (whichever it has) are
+# cleaned before its build.
 clean_workspace_crates() {
-  local args=() crate
-  for crate in "${WORKSPACE_CRATES[@]}"; do args+=(-p "$crate"); done
+  local args=() manifest name
+  while IFS= read -r manifest; do
+    name=$(sed -n 's/^name = "\(.*\)"/\1/p' "$manifest" | head -1)
+    [[ -n $name ]] && args+=(-p "$name")
+  done < <(cd "$1" && find . -name Cargo.toml -not -path './target/*' -not -path './fuzz/*' -not -path './hack/*')
   (cd "$1" && cargo clean -q "${PROFILE_FLAG[@]}" "${args[@]}")
 }
 
