@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
             .and_then(|n| n.to_str())
             .with_context(|| format!("{}: not a node name", dir.display()))?
             .to_string();
-        let client = gkm_k8s_runtime::client::connect(Some(&kubeconfig), "gkm-agent").await?;
+        let client = gkm_k8s_runtime::client::connect(Some(&kubeconfig)).await?;
         let mut config = gkm_k8s_agent::AgentConfig::new(&name, dir.join("store"));
         config.discovery.simulate = Some(dir.join("gpus.yaml"));
         config.registry.insecure = true;

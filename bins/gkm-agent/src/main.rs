@@ -87,11 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         bail!("--simulate {}: no such file", file.display());
     }
-    let client = gkm_k8s_runtime::client::connect(
-        cli.kubeconfig.as_deref(),
-        &gkm_bin_support::program_name(),
-    )
-    .await?;
+    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
     let mut config = AgentConfig::new(&cli.node_name, &cli.store);
     config.discovery = DiscoveryOptions {
         sysfs_root: cli.sysfs,

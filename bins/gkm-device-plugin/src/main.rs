@@ -81,11 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let node = match cli.node_name {
         Some(node) if !node.is_empty() => Some((
-            gkm_k8s_runtime::client::connect(
-                cli.kubeconfig.as_deref(),
-                &gkm_bin_support::program_name(),
-            )
-            .await?,
+            gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?,
             node,
         )),
         _ => None,

@@ -298,11 +298,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{} {e}", flag_of(&e)))?;
-    let client = gkm_k8s_runtime::client::connect(
-        cli.kubeconfig.as_deref(),
-        &gkm_bin_support::program_name(),
-    )
-    .await?;
+    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
     // Every replica serves the webhook, leader or not: the Service may send
     // a pod to any of them.
     let webhook = match webhook {

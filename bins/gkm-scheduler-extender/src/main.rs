@@ -66,11 +66,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(tls(cert, key)?),
         _ => None,
     };
-    let client = gkm_k8s_runtime::client::connect(
-        cli.kubeconfig.as_deref(),
-        &gkm_bin_support::program_name(),
-    )
-    .await?;
+    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
     let config = IndexConfig {
         whole_resources: cli.whole_gpu_resources,
         model_label: cli.model_label,

@@ -2,7 +2,6 @@
 
 pub mod shutdown;
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -28,20 +27,6 @@ where
     } else {
         builder.init();
     }
-}
-
-/// The file name this program was started as (`gkm-operator`), empty when
-/// unknown: the name its apiserver client sends
-/// (`gkm_k8s_runtime::client::connect`).
-pub fn program_name() -> String {
-    std::env::args_os()
-        .next()
-        .and_then(|arg0| {
-            Path::new(&arg0)
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default()
 }
 
 /// Parses a duration flag made of whole units: `90s`, `5m`, `1h30m`, `250ms`.

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::identity::identify;
+use crate::identity::{identify, program_name};
 
 /// The apiserver client could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -26,9 +26,15 @@ pub enum ConnectError {
 
 /// A client for the apiserver: from `kubeconfig` when given, else from
 /// `$KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount. It
-/// identifies itself as `program` ([`crate::identity`]), so the apiserver
-/// records the writes that name no field manager under that name.
-pub async fn connect(
+/// identifies itself as the program the process was started as
+/// ([`program_name`]), so the apiserver records the writes that name no
+/// field manager under that name.
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ConnectError> {
+    connect_as(kubeconfig, &program_name()).await
+}
+
+/// [`connect`], identifying the client as `program` ([`crate::identity`]).
+pub async fn connect_as(
     kubeconfig: Option<&Path>,
     program: &str,
 ) -> Result<kube::Client, ConnectError> {

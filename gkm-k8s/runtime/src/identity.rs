@@ -38,6 +38,19 @@ pub fn user_agent(program: &str) -> String {
     )
 }
 
+/// The file name this program was started as (`gkm-operator`), empty when
+/// unknown.
+pub fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            std::path::Path::new(&arg0)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+}
+
 /// Makes `config`'s client send [`user_agent`]`(program)`, replacing a
 /// User-Agent it was given before.
 pub fn identify(config: &mut kube::Config, program: &str) {
