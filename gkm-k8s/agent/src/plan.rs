@@ -148,7 +148,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut entry = NodeCacheStatus::default();
     // The operator's recorded verdict decides, never the spec: the spec's
     // mode is only what the cache asked for, not what the floor allows.
-    let verification = cache.view.verification;
+    let verification = cache.view.verification();
     if !verification.is_some_and(|v| v.admits(digest.as_str())) {
         // The operator's note, when it is about this digest.
         let why = verification

@@ -328,11 +328,9 @@ impl Agent {
         self.facts.get(digest).and_then(|f| f.size)
     }
 
-    /// Pulls and extracts `digest` of `image` unless already under way.
+    /// Pulls and extracts `digest` of `image` (unless already under way:
+    /// [`Extractions::start`]).
     fn start_extraction(&mut self, image: &str, digest: Digest) {
-        if self.extractions.is_running(&digest) {
-            return;
-        }
         match self.repo(image, &digest) {
             Ok(repo) => {
                 // The manifest and config the summary came from: not read again.
