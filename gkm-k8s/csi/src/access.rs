@@ -108,19 +108,18 @@ mod tests {
     use gkm_core::CacheKey;
     use gkm_k8s_node::mount_records::PodRef;
 
+    /// A request from a pod in `pod_ns` for the `GKMCache` in `cache_ns`,
+    /// or the `ClusterGKMCache` when `None`.
     fn request(
-        scope: Scope,
         cache_ns: Option<&str>,
         pod_ns: &str,
         uid: Option<&str>,
         target: &str,
     ) -> PublishRequest {
-        let cache = CacheKey::named(cache_ns, "vector-add");
-        assert_eq!(cache.scope(), scope, "a namespace names a GKMCache");
         PublishRequest {
             volume_id: "csi-1".into(),
             target_path: PathBuf::from(target),
-            cache,
+            cache: CacheKey::named(cache_ns, "vector-add"),
             pod: PodRef {
                 namespace: pod_ns.into(),
                 name: "infer-0".into(),
@@ -139,18 +138,8 @@ mod tests {
 
     #[test]
     fn a_gkmcache_only_in_its_own_namespace() {
-        assert!(
-            check_pod(&request(
-                Scope::Namespaced,
-                Some("ml"),
-                "ml",
-                Some("0c1d"),
-                TARGET
-            ))
-            .is_ok()
-        );
+        assert!(check_pod(&request(Some("ml"), "ml", Some("0c1d"), TARGET)).is_ok());
         let why = denied(check_pod(&request(
-            Scope::Namespaced,
             Some("other"),
             "ml",
             Some("0c1d"),
@@ -162,33 +151,12 @@ mod tests {
 
     #[test]
     fn the_pod_uid_must_be_the_kubelets() {
-        let why = denied(check_pod(&request(
-            Scope::Namespaced,
-            Some("ml"),
-            "ml",
-            Some("beef"),
-            TARGET,
-        )));
+        let why = denied(check_pod(&request(Some("ml"), "ml", Some("beef"), TARGET)));
         assert!(why.contains("publishes for pod 0c1d"), "{why}");
-        let why = denied(check_pod(&request(
-            Scope::Namespaced,
-            Some("ml"),
-            "ml",
-            None,
-            TARGET,
-        )));
+        let why = denied(check_pod(&request(Some("ml"), "ml", None, TARGET)));
         assert!(why.contains("podInfoOnMount"), "{why}");
         // A target outside the kubelet's layout (csi-sanity's) has no uid to match.
-        assert!(
-            check_pod(&request(
-                Scope::Namespaced,
-                Some("ml"),
-                "ml",
-                None,
-                "/tmp/target"
-            ))
-            .is_ok()
-        );
+        assert!(check_pod(&request(Some("ml"), "ml", None, "/tmp/target")).is_ok());
     }
 
     #[test]
@@ -200,7 +168,7 @@ mod tests {
         let any = Delivery::deliverable(digest.clone());
         let limited =
             Delivery::deliverable(digest).for_namespaces(Some(vec!["a".into(), "b".into()]));
-        let pod_in = |ns: &str| request(Scope::Cluster, None, ns, Some("0c1d"), TARGET);
+        let pod_in = |ns: &str| request(None, ns, Some("0c1d"), TARGET);
         assert!(check_workload_namespace(&pod_in("ml"), &any).is_ok());
         assert!(check_workload_namespace(&pod_in("b"), &limited).is_ok());
         let why = denied(check_workload_namespace(&pod_in("ml"), &limited));

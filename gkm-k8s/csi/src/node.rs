@@ -18,7 +18,7 @@ use crate::proto::{
     NodeGetInfoResponse, NodePublishVolumeRequest, NodePublishVolumeResponse,
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
-use crate::publish::{Decision, Entry, Observed, TargetMount, decide};
+use crate::publish::{Decision, Entry, Observed, Recorded, TargetMount, decide};
 use crate::volume::{PublishRequest, absolute_path, parse_publish, required};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
@@ -89,31 +89,32 @@ impl NodeService {
     /// mount when there is one. Only reads.
     fn observe(&self, req: &PublishRequest) -> Result<(Observed, Option<CacheTree>), Status> {
         let inner = &*self.inner;
-        let delivery = inner.index.get(&req.cache).map_err(internal)?;
-        let index_file = inner
-            .index
-            .path_of(&req.cache)
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
         let mut tree = None;
-        let entry = match &delivery {
-            None => Entry::Missing {
-                path: PathBuf::new(),
+        let recorded = match inner.index.get(&req.cache).map_err(internal)? {
+            None => Recorded::Nothing {
+                index_file: inner
+                    .index
+                    .path_of(&req.cache)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
             },
-            Some(delivery) => match inner.store.get(&delivery.digest) {
-                None => Entry::Missing {
-                    path: inner.store.path_of(&delivery.digest),
-                },
-                Some(dir) => match CacheTree::open(&dir) {
-                    Ok(open) => {
-                        tree = Some(open);
-                        Entry::Ready
-                    }
-                    Err(e) => Entry::Unmountable {
-                        reason: e.to_string(),
+            Some(delivery) => {
+                let entry = match inner.store.get(&delivery.digest) {
+                    None => Entry::Missing {
+                        path: inner.store.path_of(&delivery.digest),
                     },
-                },
-            },
+                    Some(dir) => match CacheTree::open(&dir) {
+                        Ok(open) => {
+                            tree = Some(open);
+                            Entry::Ready
+                        }
+                        Err(e) => Entry::Unmountable {
+                            reason: e.to_string(),
+                        },
+                    },
+                };
+                Recorded::Decision { delivery, entry }
+            }
         };
         let published_elsewhere = match inner.mounts.get(&req.volume_id) {
             Ok(Some(existing))
@@ -139,9 +140,7 @@ impl NodeService {
             }),
         };
         let observed = Observed {
-            delivery,
-            index_file,
-            entry,
+            recorded,
             published_elsewhere,
             at_target,
         };

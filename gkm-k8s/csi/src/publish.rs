@@ -43,15 +43,28 @@ pub struct TargetMount {
     pub ours: bool,
 }
 
+/// What the agent recorded for the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// No delivery decision, in the delivery index file read.
+    Nothing {
+        /// The file, named in the refusal.
+        index_file: String,
+    },
+    /// Its decision, and the store entry of the digest it decided on.
+    Decision {
+        /// The decision.
+        delivery: Delivery,
+        /// The digest's store entry.
+        entry: Entry,
+    },
+}
+
 /// What the node holds that a publish decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
-    /// The agent's delivery decision for the cache, if it recorded one.
-    pub delivery: Option<Delivery>,
-    /// The delivery index file read, for the message when there is none.
-    pub index_file: String,
-    /// The store entry of the decision's digest (meaningless without one).
-    pub entry: Entry,
+    /// What the agent recorded for the cache.
+    pub recorded: Recorded,
     /// Where the volume is still mounted under another target path, if its
     /// mount record names one that is still a mount point.
     pub published_elsewhere: Option<PathBuf>,
@@ -79,13 +92,16 @@ pub fn decide(
     now: Timestamp,
 ) -> Result<Decision, Status> {
     check_pod(req)?;
-    let delivery = observed.delivery.as_ref().ok_or_else(|| {
-        Status::not_found(format!(
-            "{} is not known on node {node}: the gkm agent has recorded no delivery decision for it ({}); \
-             check that the cache exists and that gkm-agent runs on this node",
-            req.cache, observed.index_file
-        ))
-    })?;
+    let (delivery, entry) = match &observed.recorded {
+        Recorded::Nothing { index_file } => {
+            return Err(Status::not_found(format!(
+                "{} is not known on node {node}: the gkm agent has recorded no delivery decision for it ({index_file}); \
+                 check that the cache exists and that gkm-agent runs on this node",
+                req.cache
+            )));
+        }
+        Recorded::Decision { delivery, entry } => (delivery, entry),
+    };
     check_workload_namespace(req, delivery)?;
     let what = format!("{} digest {}", req.cache, delivery.digest);
     let reason = delivery.reason.as_deref().unwrap_or("no reason recorded");
@@ -107,7 +123,7 @@ pub fn decide(
             )));
         }
     }
-    match &observed.entry {
+    match entry {
         Entry::Missing { path } => {
             return Err(Status::unavailable(format!(
                 "{what} is deliverable but its store directory {} is missing on node {node}",
@@ -179,10 +195,18 @@ mod tests {
     }
 
     fn observed(delivery: Option<Delivery>) -> Observed {
+        with_entry(delivery, Entry::Ready)
+    }
+
+    fn with_entry(delivery: Option<Delivery>, entry: Entry) -> Observed {
+        let recorded = match delivery {
+            Some(delivery) => Recorded::Decision { delivery, entry },
+            None => Recorded::Nothing {
+                index_file: "/store/delivery/gkmcache/ml/vector-add.json".into(),
+            },
+        };
         Observed {
-            delivery,
-            index_file: "/store/delivery/gkmcache/ml/vector-add.json".into(),
-            entry: Entry::Ready,
+            recorded,
             published_elsewhere: None,
             at_target: None,
         }
@@ -249,22 +273,22 @@ mod tests {
                 "is not extracted on node node-a yet: pulling",
             ),
             (
-                Observed {
-                    entry: Entry::Missing {
+                with_entry(
+                    Some(Delivery::deliverable(digest())),
+                    Entry::Missing {
                         path: "/store/sha256/ab".into(),
                     },
-                    ..observed(Some(Delivery::deliverable(digest())))
-                },
+                ),
                 Code::Unavailable,
                 "its store directory /store/sha256/ab is missing",
             ),
             (
-                Observed {
-                    entry: Entry::Unmountable {
+                with_entry(
+                    Some(Delivery::deliverable(digest())),
+                    Entry::Unmountable {
                         reason: "a symbolic link".into(),
                     },
-                    ..observed(Some(Delivery::deliverable(digest())))
-                },
+                ),
                 Code::FailedPrecondition,
                 "cannot be mounted on node node-a: a symbolic link",
             ),
