@@ -87,7 +87,54 @@ debian_packages() {
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm)
+# triton_component VERSION
+# Real Triton, which compiles GPU kernels ahead of time for any target without
+# a GPU: a virtualenv of Debian's python3 in triton-VERSION/ with the pinned
+# wheels from PyPI (hack/triton-requirements.txt), run by
+# $GKM_TOOLS_DIR/bin/triton-python. Keyed by the requirements and the Python
+# version, so a warm run installs nothing.
+triton_component() {
+  local version=$1
+  local dest=$tools_dir/triton-$version
+  local python=/usr/bin/python3
+  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+    log "apt-get install python3 python3-venv (for the Triton virtualenv)"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+  fi
+  local key
+  key="$("$python" --version) $(sha256sum "$root/hack/triton-requirements.txt" | cut -d' ' -f1)"
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
+    log "triton $version: cached in $dest"
+  else
+    log "triton $version: installing into $dest"
+    rm -rf "$dest"
+    "$python" -m venv "$dest"
+    "$dest/bin/python" -m pip install --quiet --no-input --require-hashes --only-binary=:all: \
+      -r "$root/hack/triton-requirements.txt"
+    printf '%s' "$key" > "$dest/.stamp"
+  fi
+  # The script that runs it. A virtualenv's python finds its packages only
+  # when run by the virtualenv's own path, and Triton's HIP cache keys hash
+  # the path of its bundled device libraries (HIPOptions.hash: ocml.bc,
+  # ockl.bc), so it runs through one fixed path on every machine: the path
+  # the fixtures in fixtures/triton were compiled from.
+  local link=/tmp/gkm-triton-$version
+  rm -f "$bin_dir/triton-python"
+  cat > "$bin_dir/triton-python" <<EOF
+#!/bin/sh
+# Real Triton $version (hack/components.sh triton), run from $link.
+if [ "\$(readlink $link)" != "$dest" ]; then
+  ln -sfn "$dest" $link || { echo "triton-python: cannot link $link to $dest" >&2; exit 1; }
+fi
+exec $link/bin/python "\$@"
+EOF
+  chmod +x "$bin_dir/triton-python"
+}
+
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -131,6 +178,9 @@ for c in "${wanted[@]}"; do
     # (go-containerregistry v0.20.7) and Go's gzip and tar, following MCV's
     # published extraction rules, for gkm-oci/tests/mcv_format.rs.
     mcv-extract) go_component mcv-extract v0.20.7 mcv-extract mcv-extract=. ;;
+    # Real Triton, for the fixtures under fixtures/triton and the test that
+    # real Triton reuses the caches gkm delivers (bins/gkm/tests/triton_reuse.rs).
+    triton) triton_component 3.6.0 ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done

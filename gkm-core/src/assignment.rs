@@ -35,9 +35,11 @@
 //! `{"gkm.io/gpu-cores":["GPU-8f3a"],"gkm.io/gpu-memory":["GPU-8f3a"]}`
 //! gives the pod's cores and memory on `GPU-8f3a`. A pod asking for more than
 //! one GPU's cores lists several GPUs, and its units are cut over them by
-//! [`split_units`] ([`Assignment::units`]); the device plugin hands the
-//! container that many units of each named GPU, whichever units the kubelet
-//! picked.
+//! [`split_units`] ([`Assignment::units`]); the device plugin prefers that
+//! many free units of each named GPU when the kubelet asks which units to
+//! allocate, and hands the container exactly the units the kubelet
+//! allocated, so an assignment steers the choice among free units and never
+//! reaches a unit another pod holds.
 //!
 //! ```
 //! use gkm_core::assignment::{Assignment, unit_id, unit_gpu};

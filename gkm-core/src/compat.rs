@@ -16,18 +16,16 @@
 //! - **warp size**: equal. A CUDA GPU whose warp size is not reported counts
 //!   as 32, the only warp size NVIDIA has; for other GPUs an unknown warp
 //!   size makes the GPU incompatible ([`Reason::GpuWithoutWarpSize`]).
-//! - **PTX ISA** (CUDA targets that record one, on GPUs whose driver's CUDA
-//!   version, [`Gpu::toolkit_version`], is known): the ISA is not newer than
-//!   the driver supports, per [`max_ptx_version`]. A driver newer than that
-//!   table is not checked. This is deliberately conservative: a cubin built
-//!   from newer PTX often still loads through CUDA's minor version
-//!   compatibility, but only a driver that knows the ISA can also
-//!   JIT-compile the PTX, and a cache kept from a GPU costs a recompile
-//!   while a delivered cache that does not load fails the workload.
-//! - **CUDA major version** (CUDA targets that record the toolkit they were
-//!   built with, on GPUs whose driver's CUDA version is known): not newer
-//!   than the driver's; CUDA's minor version compatibility lets a 12.8
-//!   build run on a 12.2 driver, not a 13.0 one.
+//! - **driver** (CUDA targets, on GPUs whose driver's CUDA version,
+//!   [`Gpu::toolkit_version`], is known): the driver loads the target's
+//!   cubins. By CUDA's minor version compatibility a driver runs cubins
+//!   built by any toolkit of its own major version, so only a toolkit of a
+//!   newer major version is refused: the one the target records
+//!   ([`Reason::CudaNewerThanDriver`]) and the one its PTX ISA
+//!   implies ([`Reason::PtxNewerThanDriver`]; PTX ISA 9.x is CUDA 13). A
+//!   Triton 3.6 cache (PTX ISA 8.7) fits a CUDA 12.4 driver. The rule, its
+//!   source and why PTX JIT never comes into it are in one place, the
+//!   `driver` module.
 //! - **Triton version** (targets that record one, when the caller gives
 //!   [`CheckOptions::triton_version`]): equal. Triton's cache key hashes its
 //!   own version, so a kernel compiled by another Triton is never found.
@@ -39,6 +37,7 @@
 //! or of a cache without targets, is incompatible with a reason in
 //! [`Report::reasons`].
 
+mod driver;
 mod ptx;
 mod target_json;
 
@@ -130,7 +129,9 @@ pub enum Reason {
         /// The GPU's.
         gpu: u32,
     },
-    /// The kernels' PTX ISA is newer than the GPU's driver supports.
+    /// The kernels' PTX ISA comes from a toolkit of a newer CUDA major
+    /// version than the GPU's driver supports (PTX ISA 9.0 on a CUDA 12.8
+    /// driver): the driver cannot load its cubins.
     PtxNewerThanDriver {
         /// The target's PTX ISA version (84 for 8.4).
         ptx_version: u32,
@@ -201,7 +202,9 @@ impl fmt::Display for Reason {
                 driver_cuda_version,
             } => write!(
                 f,
-                "PTX ISA {} is newer than the driver supports (CUDA {driver_cuda_version}: up to PTX ISA {})",
+                "PTX ISA {} comes from a newer CUDA major version than the driver's \
+                 (CUDA {driver_cuda_version}: up to PTX ISA {}); minor version \
+                 compatibility stops at the major version",
                 ptx_display(*ptx_version),
                 ptx_display(*max_ptx_version)
             ),
@@ -344,15 +347,20 @@ impl fmt::Display for Report {
 ///     ..Default::default()
 /// };
 /// let a100 = Gpu { index: 1, product: "A100".into(), arch: Some("80".parse().unwrap()), ..t4.clone() };
-/// let old_driver = Gpu { index: 2, toolkit_version: Some("12.2".into()), ..t4.clone() };
+/// // CUDA's minor version compatibility: a 12.2 driver runs 12.4's cubins…
+/// let older_minor = Gpu { index: 2, toolkit_version: Some("12.2".into()), ..t4.clone() };
+/// // …an 11.8 driver does not.
+/// let older_major = Gpu { index: 3, toolkit_version: Some("11.8".into()), ..t4.clone() };
 ///
-/// let report = check_summary(&summary, &[t4, a100, old_driver], &CheckOptions::default());
+/// let report = check_summary(&summary, &[t4, a100, older_minor, older_major], &CheckOptions::default());
 /// assert!(report.compatible);
 /// assert!(report.gpus[0].compatible);
 /// assert!(matches!(report.gpus[1].mismatches[0].reasons[..], [Reason::ArchMismatch { .. }]));
+/// assert!(report.gpus[2].compatible);
 /// assert_eq!(
-///     report.gpus[2].mismatches[0].reasons[0].to_string(),
-///     "PTX ISA 8.4 is newer than the driver supports (CUDA 12.2: up to PTX ISA 8.2)"
+///     report.gpus[3].mismatches[0].reasons[0].to_string(),
+///     "PTX ISA 8.4 comes from a newer CUDA major version than the driver's \
+///      (CUDA 11.8: up to PTX ISA 7.8); minor version compatibility stops at the major version"
 /// );
 /// ```
 pub fn check_summary(summary: &Summary, gpus: &[Gpu], options: &CheckOptions) -> Report {
@@ -412,27 +420,9 @@ pub fn check_target(target: &Target, gpu: &Gpu, options: &CheckOptions) -> Vec<R
     }
     if target.backend == Backend::Cuda
         && backend == Backend::Cuda
-        && let (Some(ptx), Some(driver)) = (target.ptx_version, &gpu.toolkit_version)
-        && let Some(max) = max_ptx_version(driver)
-        && ptx > max
+        && let Some(driver) = &gpu.toolkit_version
     {
-        reasons.push(Reason::PtxNewerThanDriver {
-            ptx_version: ptx,
-            max_ptx_version: max,
-            driver_cuda_version: driver.trim().to_string(),
-        });
-    }
-    if target.backend == Backend::Cuda
-        && backend == Backend::Cuda
-        && let (Some(built), Some(driver)) = (&target.cuda_version, &gpu.toolkit_version)
-        && let (Some((built_major, _)), Some((driver_major, _))) =
-            (ptx::parse_version(built), ptx::parse_version(driver))
-        && built_major > driver_major
-    {
-        reasons.push(Reason::CudaNewerThanDriver {
-            cuda_version: built.trim().to_string(),
-            driver_cuda_version: driver.trim().to_string(),
-        });
+        reasons.extend(driver::driver_reasons(target, driver));
     }
     if let (Some(cache), Some(expected)) = (&target.triton_version, &options.triton_version)
         && cache.trim() != expected.trim()

@@ -46,6 +46,7 @@ fn node() -> Vec<Gpu> {
             kernel_driver: Some("vfio-pci".into()),
             ..Default::default()
         },
+        nvidia(5, "Tesla T4", "7.5", "11.8"),
     ]
 }
 
@@ -55,7 +56,11 @@ fn cuda_cache_on_a_mixed_node() {
     let report = check_manifest(&manifest, &node(), &CheckOptions::default());
     assert!(report.compatible);
     let compatible: Vec<u32> = report.compatible_gpus().map(|g| g.index).collect();
-    assert_eq!(compatible, [0], "only the T4 whose driver knows PTX 8.4");
+    assert_eq!(
+        compatible,
+        [0, 2],
+        "the T4s whose driver is CUDA 12 (PTX ISA 8.4 is CUDA 12.4's), not the 11.8 one"
+    );
     insta::assert_snapshot!(report.to_string());
     insta::assert_json_snapshot!(report);
 }
@@ -162,4 +167,106 @@ fn mcv_labels_with_a_toolkit_version() {
             .collect::<Vec<_>>(),
         ["the kernels were built with CUDA 13.0, newer than the driver's CUDA 12.8"]
     );
+}
+
+/// The repository's own fixtures (`fixtures/` at the workspace root).
+fn repo_fixture(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures")
+        .join(path)
+}
+
+#[test]
+fn triton_36_cubins_load_on_an_older_minor_driver_of_the_same_major() {
+    // Recorded on an H100 by Triton 3.6.0: PTX ISA 8.7, assembled by the
+    // ptxas of CUDA 12.8 that Triton bundles. Triton loads the cubin, which
+    // CUDA's minor version compatibility lets any 12.x driver run.
+    let manifest = cache::scan(&repo_fixture("caches/triton-vector-add-cuda-sm90")).unwrap();
+    assert_eq!(manifest.summary().targets[0].ptx_version, Some(87));
+    let gpus = [
+        nvidia(0, "NVIDIA H100 80GB HBM3", "9.0", "12.4"),
+        nvidia(1, "NVIDIA H100 80GB HBM3", "9.0", "12.0"),
+        nvidia(2, "NVIDIA H100 80GB HBM3", "9.0", "13.0"),
+        nvidia(3, "NVIDIA H100 80GB HBM3", "9.0", "11.8"),
+    ];
+    let report = check_manifest(&manifest, &gpus, &CheckOptions::default());
+    assert_eq!(
+        report
+            .compatible_gpus()
+            .map(|g| g.index)
+            .collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert_eq!(
+        report.gpus[3]
+            .all_reasons()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [
+            "PTX ISA 8.7 comes from a newer CUDA major version than the driver's \
+             (CUDA 11.8: up to PTX ISA 7.8); minor version compatibility stops at the major version"
+        ]
+    );
+}
+
+#[test]
+fn a_ptx_of_a_newer_major_or_kernels_that_need_ptx_jit_do_not_load() {
+    // PTX ISA 9.0 is CUDA 13's: a 12.9 driver, the newest of 12, cannot load
+    // its cubins; a 13.0 driver can.
+    let cuda13 = cache::Summary::from_label(
+        r#"{"targets":[{"backend":"cuda","arch":"90","warp_size":32,"ptx_version":90}]}"#,
+    )
+    .unwrap();
+    let gpus = [
+        nvidia(0, "NVIDIA H200", "9.0", "12.9"),
+        nvidia(1, "NVIDIA H200", "9.0", "13.0"),
+    ];
+    let report = check_summary(&cuda13, &gpus, &CheckOptions::default());
+    assert_eq!(
+        report
+            .compatible_gpus()
+            .map(|g| g.index)
+            .collect::<Vec<_>>(),
+        [1]
+    );
+    assert!(matches!(
+        report.gpus[0].mismatches[0].reasons[..],
+        [Reason::PtxNewerThanDriver {
+            ptx_version: 90,
+            max_ptx_version: 88,
+            ..
+        }]
+    ));
+
+    // An sm_80 cubin does not run on sm_90: only a JIT of its PTX would, and
+    // Triton compiles the kernel again instead. Refused under either
+    // architecture rule, even by a driver that knows the PTX ISA. On sm_86
+    // the sm_80 cubin runs as it is (binary compatibility, no JIT).
+    let sm80 = cache::Summary::from_label(
+        r#"{"targets":[{"backend":"cuda","arch":"80","warp_size":32,"ptx_version":87}]}"#,
+    )
+    .unwrap();
+    let gpus = [
+        nvidia(0, "NVIDIA H100 80GB HBM3", "9.0", "12.8"),
+        nvidia(1, "NVIDIA A10", "8.6", "12.4"),
+    ];
+    for rule in [CudaArchRule::Exact, CudaArchRule::BinaryCompatible] {
+        let options = CheckOptions {
+            cuda_arch_rule: rule,
+            ..Default::default()
+        };
+        let report = check_summary(&sm80, &gpus, &options);
+        assert!(
+            matches!(
+                report.gpus[0].mismatches[0].reasons[..],
+                [Reason::ArchMismatch { .. }]
+            ),
+            "{rule:?}: {report}"
+        );
+        assert_eq!(
+            report.gpus[1].compatible,
+            rule == CudaArchRule::BinaryCompatible,
+            "{rule:?}: {report}"
+        );
+    }
 }

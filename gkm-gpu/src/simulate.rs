@@ -9,7 +9,11 @@
 //! so the output of `gkm gpus --json` is itself a valid file. Optional `vfio`
 //! and `mdevs` lists are read as [`crate::VfioDevice`] and
 //! [`crate::MdevDevice`]; other top-level keys are ignored. GPUs are numbered
-//! in file order; an `index` in an entry is ignored.
+//! in file order; an `index` in an entry is ignored. Every GPU gets a `uuid`
+//! and a `pciAddress` (as real GPUs have) unless its entry gives them:
+//! derived from the file's name, its directory's name, its text and the
+//! GPU's index, so stable from one read to the next (wherever the tree
+//! lies), with NVML's `GPU-…` form for NVIDIA.
 //!
 //! ```yaml
 //! gpus:
@@ -42,207 +46,13 @@ use serde::Deserialize;
 use crate::Error;
 use crate::inventory::{Inventory, MdevDevice, VfioDevice};
 
+mod identity;
+mod profiles;
+
+pub use profiles::{PROFILES, Profile};
+
 /// The most GPUs one entry may ask for.
 pub const MAX_COUNT: u32 = 1024;
-
-/// A named GPU to simulate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Profile {
-    /// The name used in files, `H100`.
-    pub name: &'static str,
-    /// Other accepted names.
-    pub aliases: &'static [&'static str],
-    /// Who makes it.
-    pub vendor: Vendor,
-    /// The name its driver reports.
-    pub product: &'static str,
-    /// Its backend.
-    pub backend: Backend,
-    /// Its architecture (`75`, `gfx90a`); empty when the backend has none.
-    pub arch: &'static str,
-    /// Threads per warp / wavefront.
-    pub warp_size: Option<u32>,
-    /// Device memory in bytes, as the driver reports it.
-    pub memory_bytes: u64,
-    /// PCI vendor and device id.
-    pub pci_id: &'static str,
-    /// Driver version simulated GPUs report unless the entry says otherwise.
-    pub driver_version: Option<&'static str>,
-    /// CUDA version simulated GPUs report unless the entry says otherwise.
-    pub toolkit_version: Option<&'static str>,
-}
-
-const MIB: u64 = 1 << 20;
-const NV_DRIVER: Option<&str> = Some("550.54.15");
-const NV_CUDA: Option<&str> = Some("12.4");
-
-const fn nvidia(
-    name: &'static str,
-    aliases: &'static [&'static str],
-    product: &'static str,
-    arch: &'static str,
-    memory_mib: u64,
-    pci_id: &'static str,
-) -> Profile {
-    Profile {
-        name,
-        aliases,
-        vendor: Vendor::Nvidia,
-        product,
-        backend: Backend::Cuda,
-        arch,
-        warp_size: Some(32),
-        memory_bytes: memory_mib * MIB,
-        pci_id,
-        driver_version: NV_DRIVER,
-        toolkit_version: NV_CUDA,
-    }
-}
-
-const fn amd(
-    name: &'static str,
-    product: &'static str,
-    arch: &'static str,
-    memory_bytes: u64,
-    pci_id: &'static str,
-) -> Profile {
-    Profile {
-        name,
-        aliases: &[],
-        vendor: Vendor::Amd,
-        product,
-        backend: Backend::Hip,
-        arch,
-        warp_size: Some(64),
-        memory_bytes,
-        pci_id,
-        driver_version: None,
-        toolkit_version: None,
-    }
-}
-
-/// The profiles gkm knows. NVIDIA ones report driver 550.54.15 and CUDA 12.4
-/// unless an entry says otherwise; memory is what the driver reports.
-pub const PROFILES: &[Profile] = &[
-    nvidia("T4", &["Tesla-T4"], "Tesla T4", "75", 15360, "10de:1eb8"),
-    nvidia(
-        "V100",
-        &["V100-SXM2-32GB"],
-        "Tesla V100-SXM2-32GB",
-        "70",
-        32768,
-        "10de:1db5",
-    ),
-    nvidia("A10", &[], "NVIDIA A10", "86", 23028, "10de:2236"),
-    nvidia(
-        "A100",
-        &["A100-80GB", "A100-SXM4-80GB"],
-        "NVIDIA A100-SXM4-80GB",
-        "80",
-        81920,
-        "10de:20b2",
-    ),
-    nvidia(
-        "A100-40GB",
-        &["A100-SXM4-40GB"],
-        "NVIDIA A100-SXM4-40GB",
-        "80",
-        40960,
-        "10de:20b0",
-    ),
-    nvidia("L4", &[], "NVIDIA L4", "89", 23034, "10de:27b8"),
-    nvidia("L40S", &[], "NVIDIA L40S", "89", 46068, "10de:26b9"),
-    nvidia(
-        "H100",
-        &["H100-SXM", "H100-80GB"],
-        "NVIDIA H100 80GB HBM3",
-        "90",
-        81559,
-        "10de:2330",
-    ),
-    nvidia("H200", &[], "NVIDIA H200", "90", 143771, "10de:2335"),
-    amd(
-        "MI100",
-        "AMD Instinct MI100",
-        "gfx908",
-        34342961152,
-        "1002:738c",
-    ),
-    amd(
-        "MI210",
-        "AMD Instinct MI210",
-        "gfx90a",
-        68702699520,
-        "1002:740f",
-    ),
-    amd(
-        "MI250X",
-        "AMD Instinct MI250X",
-        "gfx90a",
-        68702699520,
-        "1002:7408",
-    ),
-    amd(
-        "MI300X",
-        "AMD Instinct MI300X",
-        "gfx942",
-        206141652992,
-        "1002:74a1",
-    ),
-    Profile {
-        name: "Gaudi2",
-        aliases: &["HL-225"],
-        vendor: Vendor::Intel,
-        product: "Intel Gaudi2 AI Training Accelerator",
-        backend: Backend::Hpu,
-        arch: "",
-        warp_size: None,
-        memory_bytes: 96 << 30,
-        pci_id: "1da3:1020",
-        driver_version: None,
-        toolkit_version: None,
-    },
-];
-
-impl Profile {
-    /// The profile called `name` (case, `-`, `_` and spaces ignored).
-    ///
-    /// ```
-    /// let p = gkm_gpu::simulate::Profile::find("mi300x").unwrap();
-    /// assert_eq!(p.gpu().arch.unwrap().as_str(), "gfx942");
-    /// ```
-    pub fn find(name: &str) -> Option<&'static Profile> {
-        let key = fold(name);
-        PROFILES
-            .iter()
-            .find(|p| fold(p.name) == key || p.aliases.iter().any(|a| fold(a) == key))
-    }
-
-    /// The GPU this profile simulates, at index 0.
-    pub fn gpu(&self) -> Gpu {
-        Gpu {
-            vendor: self.vendor,
-            product: self.product.to_string(),
-            backend: Some(self.backend),
-            arch: (!self.arch.is_empty())
-                .then(|| self.arch.parse::<Arch>().ok())
-                .flatten(),
-            warp_size: self.warp_size,
-            memory_bytes: Some(self.memory_bytes),
-            pci_id: Some(self.pci_id.to_string()),
-            driver_version: self.driver_version.map(str::to_string),
-            toolkit_version: self.toolkit_version.map(str::to_string),
-            ..Gpu::default()
-        }
-    }
-}
-
-fn fold(name: &str) -> String {
-    name.chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
-}
 
 /// The file as written.
 #[derive(Deserialize)]
@@ -323,6 +133,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Inventory, Error> {
             gpus.push(g);
         }
     }
+    identity::assign(&mut gpus, &identity::seed(path, text));
     Ok(Inventory {
         gpus,
         vfio: file.vfio,
@@ -426,12 +237,28 @@ mod tests {
 
     #[test]
     fn required_profiles_have_the_right_targets() {
-        for (name, arch) in [("T4", "sm_75"), ("A100", "sm_80"), ("H100", "sm_90")] {
+        for (name, arch) in [
+            ("T4", "sm_75"),
+            ("A100", "sm_80"),
+            ("A10", "sm_86"),
+            ("L4", "sm_89"),
+            ("H100", "sm_90"),
+            ("H200", "sm_90"),
+            ("B200", "sm_100"),
+            ("GB200", "sm_100"),
+            ("B300", "sm_103"),
+            ("RTX-PRO-6000", "sm_120"),
+        ] {
             let gpu = Profile::find(name).unwrap().gpu();
             assert_eq!(gpu.arch.unwrap().sm_name().as_deref(), Some(arch), "{name}");
             assert_eq!(gpu.warp_size, Some(32));
         }
-        for (name, arch) in [("MI210", "gfx90a"), ("MI300X", "gfx942")] {
+        for (name, arch) in [
+            ("MI210", "gfx90a"),
+            ("MI300X", "gfx942"),
+            ("MI325X", "gfx942"),
+            ("MI355X", "gfx950"),
+        ] {
             let gpu = Profile::find(name).unwrap().gpu();
             assert_eq!(gpu.arch.unwrap().as_str(), arch, "{name}");
             assert_eq!(gpu.warp_size, Some(64));

@@ -16,19 +16,19 @@ fn table(rows: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-const H100: &str = "gpus: [{profile: H100, count: 8, driverVersion: 550.90.07}]";
+const H100: &str = "gpus: [{profile: H100, count: 8, driverVersion: 580.105.08}]";
 
 const GKM_H100: &[(&str, &str)] = &[
     ("gkm.io/gpu.arch", "sm_90"),
     ("gkm.io/gpu.backend", "cuda"),
     ("gkm.io/gpu.count", "8"),
-    ("gkm.io/gpu.driver.major", "550"),
-    ("gkm.io/gpu.driver.minor", "90"),
+    ("gkm.io/gpu.driver.major", "580"),
+    ("gkm.io/gpu.driver.minor", "105"),
     ("gkm.io/gpu.memory", "81559"),
     ("gkm.io/gpu.product", "NVIDIA-H100-80GB-HBM3"),
     ("gkm.io/gpu.simulated", "true"),
-    ("gkm.io/gpu.toolkit.major", "12"),
-    ("gkm.io/gpu.toolkit.minor", "4"),
+    ("gkm.io/gpu.toolkit.major", "13"),
+    ("gkm.io/gpu.toolkit.minor", "0"),
     ("gkm.io/gpu.vendor", "nvidia"),
     ("gkm.io/gpu.warp-size", "32"),
 ];
@@ -45,18 +45,18 @@ fn an_nvidia_node_gets_gkm_labels_and_with_the_flag_gpu_feature_discovery_names(
         ("nvidia.com/gpu.family", "hopper"),
         ("nvidia.com/gpu.compute.major", "9"),
         ("nvidia.com/gpu.compute.minor", "0"),
-        ("nvidia.com/cuda.driver.major", "550"),
-        ("nvidia.com/cuda.driver.minor", "90"),
-        ("nvidia.com/cuda.driver.rev", "07"),
-        ("nvidia.com/cuda.runtime.major", "12"),
-        ("nvidia.com/cuda.runtime.minor", "4"),
-        ("nvidia.com/cuda.driver-version.full", "550.90.07"),
-        ("nvidia.com/cuda.driver-version.major", "550"),
-        ("nvidia.com/cuda.driver-version.minor", "90"),
-        ("nvidia.com/cuda.driver-version.revision", "07"),
-        ("nvidia.com/cuda.runtime-version.full", "12.4"),
-        ("nvidia.com/cuda.runtime-version.major", "12"),
-        ("nvidia.com/cuda.runtime-version.minor", "4"),
+        ("nvidia.com/cuda.driver.major", "580"),
+        ("nvidia.com/cuda.driver.minor", "105"),
+        ("nvidia.com/cuda.driver.rev", "08"),
+        ("nvidia.com/cuda.runtime.major", "13"),
+        ("nvidia.com/cuda.runtime.minor", "0"),
+        ("nvidia.com/cuda.driver-version.full", "580.105.08"),
+        ("nvidia.com/cuda.driver-version.major", "580"),
+        ("nvidia.com/cuda.driver-version.minor", "105"),
+        ("nvidia.com/cuda.driver-version.revision", "08"),
+        ("nvidia.com/cuda.runtime-version.full", "13.0"),
+        ("nvidia.com/cuda.runtime-version.major", "13"),
+        ("nvidia.com/cuda.runtime-version.minor", "0"),
     ]));
     assert_eq!(labels(H100, true), expected);
 }

@@ -172,3 +172,64 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn every_simulated_gpu_has_a_uuid_and_a_pci_address_of_its_own() {
+    let text: String = std::iter::once("gpus:\n".to_string())
+        .chain(
+            PROFILES
+                .iter()
+                .map(|p| format!("  - profile: {}\n    count: 2\n", p.name)),
+        )
+        .collect();
+    let inv = parse(&text).unwrap();
+    let uuids: std::collections::BTreeSet<&str> =
+        inv.gpus.iter().filter_map(|g| g.uuid.as_deref()).collect();
+    let addresses: std::collections::BTreeSet<&str> = inv
+        .gpus
+        .iter()
+        .filter_map(|g| g.pci_address.as_deref())
+        .collect();
+    assert_eq!(uuids.len(), inv.gpus.len(), "{uuids:?}");
+    assert_eq!(addresses.len(), inv.gpus.len(), "{addresses:?}");
+    for gpu in &inv.gpus {
+        let uuid = gpu.uuid.as_deref().unwrap();
+        // NVML's form, which dcgm-exporter's `UUID` label carries.
+        assert_eq!(
+            uuid.starts_with("GPU-"),
+            gpu.vendor == Vendor::Nvidia,
+            "{uuid}"
+        );
+    }
+    // The same file reads the same; another file gives other UUIDs.
+    assert_eq!(parse(&text).unwrap().gpus, inv.gpus);
+    let elsewhere = simulate::parse(&text, Path::new("other-node.yaml")).unwrap();
+    assert!(
+        elsewhere
+            .gpus
+            .iter()
+            .zip(&inv.gpus)
+            .all(|(a, b)| a.uuid != b.uuid)
+    );
+    // A UUID or address the entry gives is kept.
+    let given = parse(
+        "gpus:\n  - profile: B200\n    uuid: GPU-given\n    pciAddress: \"0000:18:00.0\"\n  - profile: B200\n",
+    )
+    .unwrap();
+    assert_eq!(given.gpus[0].uuid.as_deref(), Some("GPU-given"));
+    assert_eq!(given.gpus[0].pci_address.as_deref(), Some("0000:18:00.0"));
+    assert_eq!(given.gpus[1].pci_address.as_deref(), Some("0000:19:00.0"));
+}
+
+#[test]
+fn profiles_of_2026_report_a_current_driver() {
+    for name in ["B200", "B300", "GB200", "RTX-PRO-6000", "H200", "T4"] {
+        let gpu = simulate::Profile::find(name).unwrap().gpu();
+        assert_eq!(gpu.driver_version.as_deref(), Some("580.95.05"), "{name}");
+        assert_eq!(gpu.toolkit_version.as_deref(), Some("13.0"), "{name}");
+    }
+    let b300 = simulate::Profile::find("b300").unwrap().gpu();
+    assert_eq!(b300.describe(), "0 NVIDIA B300 SXM6 AC (cuda/103/32)");
+    let mi355x = simulate::Profile::find("MI355X").unwrap().gpu();
+    assert_eq!(mi355x.describe(), "0 AMD Instinct MI355X (hip/gfx950/64)");
+}

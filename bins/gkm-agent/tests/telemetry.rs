@@ -52,6 +52,7 @@ fn agent(
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--node-name={node}"))
         .arg(format!("--store={}", dir.join("store").display()))
+        .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
         .arg(format!("--metrics-addr=127.0.0.1:{port}"))
         .arg("--pod-resources-socket=")
         .arg("--resync=1s")
@@ -150,7 +151,7 @@ async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyh
         ("nvidia.com/gpu.count", "8"),
         ("nvidia.com/gpu.family", "hopper"),
         ("nvidia.com/cuda.driver.major", "550"),
-        ("nvidia.com/cuda.runtime.minor", "4"),
+        ("nvidia.com/cuda.runtime.minor", "0"),
         ("gkm.io/gpu.arch", "sm_90"),
     ] {
         assert_eq!(labels.get(key).map(String::as_str), Some(value), "{key}");

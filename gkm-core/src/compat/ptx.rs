@@ -69,6 +69,20 @@ pub fn max_ptx_version(cuda_version: &str) -> Option<u32> {
         .map(|(_, ptx)| *ptx)
 }
 
+/// The CUDA major version whose toolkits emit PTX ISA `ptx` (84 for 8.4):
+/// the major of the release that introduced it, or, for an ISA newer than
+/// the table that keeps the newest known ISA major (9.2 after 9.1), that
+/// release's major, since a new CUDA major version starts a new ISA major
+/// version (7.0 with 11.0, 8.0 with 12.0, 9.0 with 13.0). `None` for an ISA
+/// of an unknown newer major (10.0), or older than the table (before 6.0).
+pub(crate) fn cuda_major_of_ptx(ptx: u32) -> Option<u32> {
+    let ((major, _), known) = FIRST_CUDA_OF_PTX
+        .iter()
+        .rev()
+        .find(|(_, known)| *known <= ptx)?;
+    (known / 10 == ptx / 10).then_some(*major)
+}
+
 /// `12.4` → (12, 4); `12` → (12, 0); extra components are ignored.
 pub(crate) fn parse_version(version: &str) -> Option<(u32, u32)> {
     let mut parts = version.trim().split('.');
@@ -109,5 +123,17 @@ mod tests {
         assert_eq!(max_ptx_version("13.2"), None);
         assert_eq!(max_ptx_version("twelve"), None);
         assert_eq!(max_ptx_version(""), None);
+    }
+
+    #[test]
+    fn ptx_majors() {
+        assert_eq!(cuda_major_of_ptx(87), Some(12));
+        assert_eq!(cuda_major_of_ptx(80), Some(12));
+        assert_eq!(cuda_major_of_ptx(78), Some(11));
+        assert_eq!(cuda_major_of_ptx(90), Some(13));
+        assert_eq!(cuda_major_of_ptx(92), Some(13));
+        assert_eq!(cuda_major_of_ptx(64), Some(10));
+        assert_eq!(cuda_major_of_ptx(100), None);
+        assert_eq!(cuda_major_of_ptx(50), None);
     }
 }

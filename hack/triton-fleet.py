@@ -1,0 +1,192 @@
+"""Real Triton caches for every GPU target of a 2026 fleet, compiled ahead of
+time without a GPU, and a check of whether Triton reuses a cache tree.
+
+    triton-python hack/triton-fleet.py targets
+    triton-python hack/triton-fleet.py compile --target cuda/90/32 --cache DIR
+    triton-python hack/triton-fleet.py check --target cuda/90/32 --cache DIR
+
+`compile` fills DIR (a TRITON_CACHE_DIR) with the kernels below compiled for
+one target. `check` runs the very same compiles against DIR and prints, as
+JSON, which of them Triton had to compile: it wraps the backend's last stage
+(CUDABackend.make_cubin, HIPBackend.make_hsaco), which Triton runs only when
+the cache does not hold the kernel. A tree that Triton reuses entirely has
+"compiled": 0. Run it with the Triton that hack/components.sh installs
+($GKM_TOOLS_DIR/bin/triton-python); hack/triton-fixtures.sh writes the
+fixtures with it.
+
+The kernels: Triton's vector-add tutorial kernel, and a kernel with an
+autotuning space whose every configuration is compiled as Triton's
+autotuner compiles each one it benchmarks (its own cache entry per config).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+# The cache directory must be set before Triton reads its settings.
+if __name__ == "__main__":
+    _args = sys.argv[1:]
+    if "--cache" in _args:
+        os.environ["TRITON_CACHE_DIR"] = os.path.abspath(_args[_args.index("--cache") + 1])
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+# The fleet: every target Triton compiles for, and the GPUs that run it.
+TARGETS = {
+    "cuda/75/32": "NVIDIA T4",
+    "cuda/80/32": "NVIDIA A100",
+    "cuda/86/32": "NVIDIA A10",
+    "cuda/89/32": "NVIDIA L4, L40S",
+    "cuda/90/32": "NVIDIA H100, H200",
+    "cuda/100/32": "NVIDIA B200, GB200",
+    "cuda/103/32": "NVIDIA B300",
+    "cuda/120/32": "NVIDIA RTX PRO 6000 Blackwell",
+    "hip/gfx90a/64": "AMD MI210, MI250X",
+    "hip/gfx942/64": "AMD MI300X, MI325X",
+    "hip/gfx950/64": "AMD MI355X",
+}
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, output_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    """Triton's vector-add tutorial kernel."""
+    pid = tl.program_id(axis=0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(output_ptr + offsets, x + y, mask=mask)
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_SIZE": 256}, num_warps=2),
+        triton.Config({"BLOCK_SIZE": 1024}, num_warps=4),
+        triton.Config({"BLOCK_SIZE": 4096}, num_warps=8),
+    ],
+    key=["n_elements"],
+)
+@triton.jit
+def scaled_add_kernel(x_ptr, y_ptr, output_ptr, alpha, n_elements, BLOCK_SIZE: tl.constexpr):
+    """output = alpha * x + y, with the block size and warps autotuned."""
+    pid = tl.program_id(axis=0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(output_ptr + offsets, alpha * x + y, mask=mask)
+
+
+def compiles():
+    """Every compile: (label, ASTSource, options), in a fixed order."""
+    pointers = {"x_ptr": "*fp32", "y_ptr": "*fp32", "output_ptr": "*fp32"}
+    yield (
+        "add_kernel BLOCK_SIZE=1024 num_warps=4",
+        ASTSource(
+            fn=add_kernel,
+            signature={**pointers, "n_elements": "i32", "BLOCK_SIZE": "constexpr"},
+            constexprs={"BLOCK_SIZE": 1024},
+        ),
+        {"num_warps": 4},
+    )
+    for config in scaled_add_kernel.configs:
+        label = " ".join(
+            ["scaled_add_kernel"]
+            + [f"{k}={v}" for k, v in config.kwargs.items()]
+            + [f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"]
+        )
+        yield (
+            label,
+            ASTSource(
+                fn=scaled_add_kernel.fn,
+                signature={**pointers, "alpha": "fp32", "n_elements": "i32", "BLOCK_SIZE": "constexpr"},
+                constexprs=dict(config.kwargs),
+            ),
+            {"num_warps": config.num_warps, "num_stages": config.num_stages},
+        )
+
+
+def gpu_target(spec):
+    """`cuda/90/32` or `hip/gfx942/64` as Triton's GPUTarget."""
+    try:
+        backend, arch, warp = spec.split("/")
+        return GPUTarget(backend, int(arch) if backend == "cuda" else arch, int(warp))
+    except ValueError:
+        sys.exit(f"bad target {spec!r}: expected BACKEND/ARCH/WARP_SIZE, one of {', '.join(TARGETS)}")
+
+
+class FinalStage:
+    """Counts the runs of the backends' last compile stage."""
+
+    def __init__(self):
+        from triton.backends.amd.compiler import HIPBackend
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        self.calls = 0
+        for cls, name in ((CUDABackend, "make_cubin"), (HIPBackend, "make_hsaco")):
+            # A method in some Triton versions, a staticmethod in others.
+            attribute = cls.__dict__[name]
+            is_static = isinstance(attribute, staticmethod)
+            original = attribute.__func__ if is_static else attribute
+
+            def wrapped(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            setattr(cls, name, staticmethod(wrapped) if is_static else wrapped)
+
+
+def run(spec):
+    """Compile everything for one target; report what Triton compiled."""
+    target = gpu_target(spec)
+    stage = FinalStage()
+    kernels = []
+    for label, source, options in compiles():
+        before = stage.calls
+        kernel = triton.compile(source, target=target, options=options)
+        kernels.append({
+            "kernel": label,
+            "hash": kernel.hash,
+            "compiled": stage.calls > before,
+        })
+    return {
+        "target": spec,
+        "triton": triton.__version__,
+        "cache": os.environ["TRITON_CACHE_DIR"],
+        "kernels": kernels,
+        "compiled": sum(k["compiled"] for k in kernels),
+        "reused": sum(not k["compiled"] for k in kernels),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("targets", help="list the fleet's targets, one a line")
+    for name, text in (
+        ("compile", "compile the kernels for TARGET into the cache DIR"),
+        ("check", "compile against the cache DIR and report, as JSON, what was compiled"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--target", required=True, help="BACKEND/ARCH/WARP_SIZE, e.g. cuda/90/32")
+        p.add_argument("--cache", required=True, help="the TRITON_CACHE_DIR tree")
+    args = parser.parse_args()
+    if args.command == "targets":
+        for spec, gpus in TARGETS.items():
+            print(f"{spec}\t{gpus}")
+        return
+    if not os.path.isdir(args.cache):
+        sys.exit(f"no cache directory {args.cache}")
+    report = run(args.target)
+    if args.command == "check":
+        print(json.dumps(report, indent=2))
+    elif report["reused"]:
+        sys.exit(f"{args.cache} already held {report['reused']} of the kernels: compile into an empty directory")
+
+
+if __name__ == "__main__":
+    main()
