@@ -340,14 +340,33 @@ async fn apiserver_rejects_invalid_objects_naming_the_field() -> anyhow::Result<
     let client = setup(ns).await?;
     let cases = invalid_objects();
     assert!(cases.len() >= 15);
+    let failures = unrefused(&client, ns, "crd-invalid", &cases).await?;
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    Ok(())
+}
+
+/// Creates each case and returns what went wrong: a case accepted, refused
+/// with an unexpected status, or refused without naming its field.
+async fn unrefused(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    cases: &[Invalid],
+) -> anyhow::Result<Vec<String>> {
     let mut failures = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let (resource, namespace) = match case.kind {
             "GKMCache" => (resource::<GKMCache>(), Some(ns)),
             _ => (resource::<ClusterGKMCache>(), None),
         };
-        let obj = object(case.kind, &format!("crd-invalid-{i}"), case.spec.clone())?;
-        match create(&client, &resource, namespace, &obj).await? {
+        let obj = object(case.kind, &format!("{prefix}-{i}"), case.spec.clone())?;
+        match create(client, &resource, namespace, &obj).await? {
             Ok(_) => failures.push(format!("{}: accepted", case.case)),
             Err(kube::Error::Api(status)) => {
                 if status.code != 422 && status.code != 400 {
@@ -358,13 +377,129 @@ async fn apiserver_rejects_invalid_objects_naming_the_field() -> anyhow::Result<
                 } else if !status.message.contains(case.field) {
                     failures.push(format!(
                         "{}: message does not name {}: {}",
-                        case.case, case.field, status.message
+                        case.case,
+                        case.field,
+                        status.message.chars().take(400).collect::<String>()
                     ));
                 }
             }
             Err(other) => failures.push(format!("{}: unexpected error {other}", case.case)),
         }
     }
+    Ok(failures)
+}
+
+/// `n` distinct entries `k0: value … k{n-1}: value`.
+fn many_entries(n: usize, value: &str) -> Value {
+    Value::Object(
+        (0..n)
+            .map(|i| (format!("k{i}"), Value::from(value)))
+            .collect(),
+    )
+}
+
+/// Caches whose podTemplate, nodeSelector or other tenant-written fields are
+/// far larger than any real use: each is something the operator and every
+/// agent would otherwise hold in memory whole.
+fn oversized_objects() -> Vec<Invalid> {
+    let image = "quay.io/gkm/cache-examples:vector-add-cache-cuda";
+    let long = "x".repeat(64 * 1024);
+    let template = |spec: Value| json!({"image": image, "podTemplate": {"spec": spec}});
+    let expression = |values: Value| json!({"key": "k", "operator": "In", "values": values});
+    let many_values = Value::from((0..10_000).map(|i| format!("v{i}")).collect::<Vec<_>>());
+    let case = |case, spec, field| Invalid {
+        case,
+        kind: "GKMCache",
+        spec,
+        field,
+    };
+    vec![
+        case(
+            "thousands of podTemplate labels",
+            json!({"image": image, "podTemplate": {"metadata": {"labels": many_entries(5000, "v")}}}),
+            "spec.podTemplate.metadata.labels",
+        ),
+        case(
+            "thousands of podTemplate annotations",
+            json!({"image": image, "podTemplate": {"metadata": {"annotations": many_entries(5000, "v")}}}),
+            "spec.podTemplate.metadata.annotations",
+        ),
+        case(
+            "a 1 KiB podTemplate label key",
+            json!({"image": image, "podTemplate": {"metadata": {"labels": {"k".repeat(1024): "v"}}}}),
+            "spec.podTemplate.metadata.labels",
+        ),
+        case(
+            "a 64 KiB podTemplate annotation",
+            json!({"image": image, "podTemplate": {"metadata": {"annotations": {"a": long}}}}),
+            "spec.podTemplate.metadata.annotations",
+        ),
+        case(
+            "thousands of podTemplate nodeSelector entries",
+            template(json!({"nodeSelector": many_entries(5000, "v")})),
+            "spec.podTemplate.spec.nodeSelector",
+        ),
+        case(
+            "thousands of tolerations",
+            template(json!({"tolerations": vec![json!({"operator": "Exists"}); 5000]})),
+            "spec.podTemplate.spec.tolerations",
+        ),
+        case(
+            "a 64 KiB toleration key",
+            template(json!({"tolerations": [{"key": long, "operator": "Exists"}]})),
+            "spec.podTemplate.spec.tolerations[0].key",
+        ),
+        case(
+            "a 64 KiB priorityClassName",
+            template(json!({"priorityClassName": long})),
+            "spec.podTemplate.spec.priorityClassName",
+        ),
+        case(
+            "thousands of node selector terms",
+            template(
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": vec![json!({"matchExpressions": [expression(json!(["a"]))]}); 5000]}}}}),
+            ),
+            "spec.podTemplate.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+        ),
+        case(
+            "ten thousand affinity values",
+            template(
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expression(many_values.clone())]}]}}}}),
+            ),
+            "spec.podTemplate.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values",
+        ),
+        case(
+            "a 64 KiB pod affinity topology key",
+            template(
+                json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": long, "labelSelector": {"matchLabels": {"app": "x"}}}]}}}),
+            ),
+            "spec.podTemplate.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey",
+        ),
+        case(
+            "thousands of cache nodeSelector labels",
+            json!({"image": image, "nodeSelector": {"matchLabels": many_entries(5000, "v")}}),
+            "spec.nodeSelector.matchLabels",
+        ),
+        case(
+            "ten thousand cache nodeSelector values",
+            json!({"image": image, "nodeSelector": {"matchExpressions": [expression(many_values)]}}),
+            "spec.nodeSelector.matchExpressions[0].values",
+        ),
+    ]
+}
+
+/// A tenant cannot make the operator and every agent cache a huge object:
+/// every list, map and string a cache's spec carries is bounded in the
+/// schema, and the apiserver refuses an oversized one naming the field.
+#[tokio::test]
+async fn apiserver_refuses_oversized_caches_naming_the_field() -> anyhow::Result<()> {
+    let ns = "crd-oversized";
+    let client = setup(ns).await?;
+    let cases = oversized_objects();
+    let failures = unrefused(&client, ns, "crd-oversized", &cases).await?;
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",

@@ -21,7 +21,9 @@ use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{
     GKMCache, GKMCacheNode, KeySigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
 };
-use gkm_k8s_operator::{ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier};
+use gkm_k8s_operator::{
+    ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier, TenantSigners,
+};
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -102,6 +104,8 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         registry: registry_options(),
         resolve_interval: Duration::from_secs(1),
         floor: PolicyFloor::default(),
+        // The caches name their own signers: counted in this namespace only.
+        tenant_signers: TenantSigners::in_namespaces([ns]),
         ..OperatorConfig::default()
     };
     let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use gkm_k8s_api::cache_object::Scope;
 use gkm_k8s_api::crd::{CacheState, GKMCache, GKMCacheNode, PvcOwner, PvcStatus};
 use gkm_k8s_operator::{
-    ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier,
+    ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier, TenantSigners,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry, field_managers, promlint, samples};
@@ -107,6 +107,8 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     let config = OperatorConfig {
         registry: registry_options(),
         resolve_interval: Duration::from_secs(1),
+        // The caches name their own signers: counted in this namespace only.
+        tenant_signers: TenantSigners::in_namespaces([ns]),
         ..OperatorConfig::default()
     };
     let verifier: Arc<dyn ImageVerifier> = Arc::new(

@@ -16,7 +16,8 @@ use gkm_testenv::{
     ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
 };
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authorization::v1::{
@@ -25,6 +26,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -108,6 +110,9 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
         kind_of::<CustomResourceDefinition>(),
         kind_of::<ValidatingAdmissionPolicy>(),
         kind_of::<ValidatingAdmissionPolicyBinding>(),
+        kind_of::<MutatingWebhookConfiguration>(),
+        kind_of::<ValidatingWebhookConfiguration>(),
+        kind_of::<NetworkPolicy>(),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
         (
             "kubescheduler.config.k8s.io/v1",
@@ -435,11 +440,17 @@ const OPERATOR_RULES: &[&str] = &[
     "core namespaces,pods list",
     "admissionregistration.k8s.io mutatingwebhookconfigurations create",
     "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation",
+    "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
+    "gkm.io gkmgpuquotas list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",
 ];
+/// The operator's rules in the release namespace only: its Lease and the
+/// webhook CA Secret its replicas share.
 const OPERATOR_LEASE_RULES: &[&str] = &[
     "coordination.k8s.io leases create",
     "coordination.k8s.io leases get,update gkm-operator",
+    "core secrets create",
+    "core secrets get,update gkm-operator-webhook-ca",
 ];
 const AGENT_RULES: &[&str] = &[
     "gkm.io gkmcaches,clustergkmcaches get,list,watch",
@@ -601,6 +612,21 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         (
             "gkm-operator",
             "patch admissionregistration.k8s.io/mutatingwebhookconfigurations - other",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "patch admissionregistration.k8s.io/validatingwebhookconfigurations - gkm-gpu-quota",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "create admissionregistration.k8s.io/validatingwebhookconfigurations - -",
+            false,
+        ),
+        (
+            "gkm-operator",
+            "patch gkm.io/gkmgpuquotas rbac-team -",
             false,
         ),
         (

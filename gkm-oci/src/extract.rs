@@ -12,6 +12,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::disk::{DiskGuard, FreeSpaceReserve};
 use crate::error::{Error, Result};
 use crate::labels::{KindLayout, MANIFEST_FILE};
 use crate::layer::{DIR_MODE, EXEC_MODE, FILE_MODE};
@@ -55,6 +56,24 @@ pub struct ExtractPolicy {
     /// Largest zstd window, as a power of two (default 25: 32 MiB); a frame
     /// asking for more is refused rather than allocated.
     pub max_zstd_window_log: u32,
+    /// Most bytes the tree may take on disk, each file's data counted in
+    /// whole 4 KiB blocks and each directory and link as one block (default
+    /// `None`: no cap but the reserve). A node agent passes what is left of
+    /// the node's and of the namespace's budgets, whichever is smaller.
+    /// Unlike `max_total_size`, which bounds what an image may be, this
+    /// bounds what the caller can give it: crossing it stops extraction
+    /// with an [`std::io::ErrorKind::StorageFull`] error
+    /// ([`crate::disk::SpaceExceeded`]), not a rejection.
+    pub byte_budget: Option<u64>,
+    /// Space that must stay free on the filesystem extracted into (default
+    /// none: the caller knows whose filesystem it is; a node agent passes
+    /// [`FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN`], 12%, the kubelet's
+    /// default hard eviction threshold `nodefs.available<10%` plus a 2%
+    /// margin, so an extraction stops before the kubelet starts evicting
+    /// pods). Checked before extraction and
+    /// again at least every 4 MiB written; reaching it stops extraction
+    /// with an [`std::io::ErrorKind::StorageFull`] error.
+    pub free_space_reserve: FreeSpaceReserve,
 }
 
 impl Default for ExtractPolicy {
@@ -72,6 +91,8 @@ impl Default for ExtractPolicy {
             max_header_size: 64 << 10,
             max_path_bookkeeping: 32 << 20,
             max_zstd_window_log: 25,
+            byte_budget: None,
+            free_space_reserve: FreeSpaceReserve::NONE,
         }
     }
 }
@@ -189,6 +210,10 @@ pub struct ExtractStats {
     pub files: u64,
     /// Bytes of file data written.
     pub bytes: u64,
+    /// Bytes the tree was counted as taking against the byte budget: file
+    /// data in whole 4 KiB blocks, one block per directory and link
+    /// ([`crate::disk::tree_usage`] counts a tree on disk the same way).
+    pub disk_bytes: u64,
 }
 
 /// An error that travels through `io::Read` as an `io::Error`.
@@ -354,6 +379,8 @@ struct State<'p> {
     last_parent: Option<std::path::PathBuf>,
     /// Bytes of paths held in `seen`, `files` and `links`, with overhead.
     kept: u64,
+    /// The byte budget and free-space reserve.
+    disk: DiskGuard,
 }
 
 /// What remembering one path costs besides its bytes (set slot, allocation).
@@ -385,7 +412,8 @@ impl State<'_> {
 }
 
 /// Extract an uncompressed layer tar from `reader` into `dest`, an empty
-/// directory the caller owns, under `policy`. On error `dest` may hold a
+/// directory the caller owns, under `policy`, within its byte budget and
+/// free-space reserve on `dest`'s filesystem. On error `dest` may hold a
 /// partial tree: the caller removes it.
 pub fn extract_tar<R: Read>(
     reader: R,
@@ -405,6 +433,7 @@ pub fn extract_tar<R: Read>(
         buf: vec![0u8; 1 << 20],
         last_parent: None,
         kept: 0,
+        disk: DiskGuard::new(dest, policy),
     };
     let mut last = String::from("(start of archive)");
     let entries = archive.entries().map_err(|e| classify(e, &last))?;
@@ -417,6 +446,7 @@ pub fn extract_tar<R: Read>(
     // is hashed and counted.
     let mut rest = archive.into_inner();
     io::copy(&mut rest, &mut io::sink()).map_err(|e| classify(e, "(after end of archive)"))?;
+    state.stats.disk_bytes = state.disk.counted();
     Ok(state.stats)
 }
 
@@ -486,7 +516,7 @@ fn extract_entry<R: Read>(
         shown,
     };
     match kind {
-        tar::EntryType::Directory => write_dir(&at),
+        tar::EntryType::Directory => write_dir(&at, &mut st.disk),
         tar::EntryType::Regular | tar::EntryType::Continuous => {
             write_file(&mut entry, at, mode, st)
         }
@@ -575,12 +605,19 @@ impl Placed<'_> {
 
 /// Creates a directory entry (and its missing ancestors); an existing real
 /// directory is fine.
-fn write_dir(at: &Placed<'_>) -> Result<()> {
-    match make_dir(&at.target) {
-        Ok(()) => Ok(()),
+fn write_dir(at: &Placed<'_>, disk: &mut DiskGuard) -> Result<()> {
+    if fs::symlink_metadata(&at.target).is_err() {
+        disk.admit_dirs(1, &at.target)?;
+    }
+    let made = match make_dir(&at.target) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            make_dirs(at.dest, &at.target).map_err(|e| at.io_err(e))
+            make_dirs(at, &at.parent(), disk)?;
+            make_dir(&at.target)
         }
+        made => made,
+    };
+    match made {
+        Ok(()) => Ok(()),
         Err(e)
             if e.kind() == io::ErrorKind::AlreadyExists
                 && at.target.is_dir()
@@ -613,9 +650,10 @@ fn write_file<R: Read>(
     }
     let parent = at.parent();
     if st.last_parent.as_ref() != Some(&parent) {
-        make_dirs(at.dest, &parent).map_err(|e| at.io_err(e))?;
+        make_dirs(&at, &parent, &mut st.disk)?;
         st.last_parent = Some(parent);
     }
+    st.disk.admit(size, &at.target)?;
     let file_mode = if mode & 0o111 != 0 {
         EXEC_MODE
     } else {
@@ -645,6 +683,7 @@ fn write_file<R: Read>(
                 format!("archive ends {left} bytes into a {size}-byte entry"),
             );
         }
+        st.disk.write(n as u64, target)?;
         file.write_all(&st.buf[..n])
             .map_err(|e| Error::io(target, e))?;
         left -= n as u64;
@@ -673,7 +712,8 @@ fn link_target<R: Read>(
     let Ok(link) = String::from_utf8(link_bytes) else {
         return reject(at.shown, Rule::NonUtf8Name, "link target is not UTF-8");
     };
-    make_dirs(at.dest, &at.parent()).map_err(|e| at.io_err(e))?;
+    make_dirs(at, &at.parent(), &mut st.disk)?;
+    st.disk.admit(0, &at.target)?;
     st.account(&at.rel, at.shown)?;
     Ok(link)
 }
@@ -724,22 +764,24 @@ fn make_dir(dir: &Path) -> io::Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))
 }
 
-/// Creates `dir` and its missing ancestors below `dest` with [`DIR_MODE`].
-fn make_dirs(dest: &Path, dir: &Path) -> io::Result<()> {
+/// Creates `dir` and its missing ancestors below the extraction root with
+/// [`DIR_MODE`], for the entry `at`, counting each against `disk`.
+fn make_dirs(at: &Placed<'_>, dir: &Path, disk: &mut DiskGuard) -> Result<()> {
     let mut missing = Vec::new();
-    let mut at = dir;
-    while at != dest && !at.is_dir() {
-        missing.push(at);
-        match at.parent() {
-            Some(parent) => at = parent,
+    let mut up = dir;
+    while up != at.dest && !up.is_dir() {
+        missing.push(up);
+        match up.parent() {
+            Some(parent) => up = parent,
             None => break,
         }
     }
+    disk.admit_dirs(missing.len() as u64, dir)?;
     for dir in missing.into_iter().rev() {
         match make_dir(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(at.io_err(e)),
         }
     }
     Ok(())

@@ -14,7 +14,8 @@
 //!   layout or a registry.
 //! - [`Repo`], [`Image`], [`copy_image`]: read and move images.
 //! - [`Store`]: the content-addressed node store, extracting through the
-//!   hardened [`ExtractPolicy`].
+//!   hardened [`ExtractPolicy`], within a byte budget and a free-space
+//!   reserve ([`disk`]).
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
 //!   as property tests.
@@ -23,6 +24,7 @@
 pub mod auth;
 pub mod build;
 pub mod copy;
+pub mod disk;
 pub mod error;
 pub mod extract;
 #[cfg(feature = "testing")]
@@ -46,6 +48,7 @@ pub mod verify;
 pub use auth::Credentials;
 pub use build::{BuildOptions, Built, build, build_with_progress};
 pub use copy::copy_image;
+pub use disk::{FreeSpaceReserve, SpaceExceeded, SpaceLimit, tree_usage};
 pub use error::{Error, Result};
 pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use gkm_core::digest::{Digest, InvalidDigest};

@@ -16,7 +16,7 @@ use crate::extract::{
     Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, Rejection, Rule, classify,
     extract_tar,
 };
-use crate::image::{Image, Layer};
+use crate::image::Layer;
 use crate::labels::Compression;
 use crate::progress::{Progress, step};
 use crate::repo::{BlobSource, Repo};
@@ -323,42 +323,4 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io(dir, e))
-}
-
-/// Fails when the filesystem of `dir` has less room for unprivileged
-/// writers than `image`'s tree takes: its size label when it has one, and at
-/// least its compressed layer.
-pub(crate) fn check_free_space(dir: &Path, image: &Image) -> Result<()> {
-    let layer = image.cache_layer()?.size;
-    let needed = image
-        .cache()
-        .ok()
-        .and_then(|labels| labels.cache_size_bytes)
-        .unwrap_or(0)
-        .max(layer);
-    use std::os::unix::ffi::OsStrExt as _;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|e| Error::io(dir, io::Error::new(io::ErrorKind::InvalidInput, e)))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a NUL-terminated string and `stat` points to memory
-    // large enough for the statvfs structure the call fills in.
-    let rc = unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(Error::io(dir, io::Error::last_os_error()));
-    }
-    // SAFETY: statvfs returned 0, so it initialised `stat`.
-    let stat = unsafe { stat.assume_init() };
-    // The fields are narrower than u64 on 32-bit targets.
-    #[allow(clippy::useless_conversion)]
-    let free = u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize));
-    if free < needed {
-        return Err(Error::io(
-            dir,
-            io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!("{free} bytes free, the cache needs {needed}"),
-            ),
-        ));
-    }
-    Ok(())
 }

@@ -7,11 +7,12 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::disk::check_free_space;
 use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{extract_layer, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
 use gkm_core::digest::Digest;
@@ -101,6 +102,16 @@ impl Store {
     /// The stored tree of `digest`, if present.
     pub fn get(&self, digest: &Digest) -> Option<PathBuf> {
         self.layout.get(digest)
+    }
+
+    /// The bytes the stored tree of `digest` takes, counted as the byte
+    /// budget of [`ExtractPolicy::byte_budget`] counts them
+    /// ([`crate::disk::tree_usage`]); `None` when it is not stored.
+    pub fn usage(&self, digest: &Digest) -> Result<Option<u64>> {
+        match self.get(digest) {
+            Some(path) => crate::disk::tree_usage(&path).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Every stored digest.
@@ -206,7 +217,7 @@ impl Store {
             });
         }
         let layer = image.cache_layer()?.clone();
-        check_free_space(&self.root().join("staging"), image)?;
+        check_free_space(&self.root().join("staging"), image, policy)?;
         let staging = self.staging(&digest)?;
         let stats = extract_layer(
             repo,

@@ -5,11 +5,12 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::disk::check_free_space;
 use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{check_free_space, extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{extract_layer, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
 
@@ -35,7 +36,8 @@ impl Drop for Cleanup {
 }
 
 /// Extract the cache tree of `image` (without its `io.*.cache/` prefix and
-/// manifest) into `out`.
+/// manifest) into `out`, within the policy's byte budget and free-space
+/// reserve; on any error nothing of the tree is left in or next to `out`.
 ///
 /// When `out` does not exist the tree is built next to it and renamed into
 /// place in one step. When it is an existing empty directory (a mount
@@ -71,7 +73,7 @@ pub async fn extract_to_dir(
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         parent.join(tmp_name(".gkm-staging-"))
     };
-    check_free_space(staging.parent().unwrap_or(out), image)?;
+    check_free_space(staging.parent().unwrap_or(out), image, &options.policy)?;
     // Private while it is being filled.
     fs::DirBuilder::new()
         .mode(0o700)
@@ -100,12 +102,7 @@ pub async fn extract_to_dir(
             sync_filesystem(&staging)?;
         }
         if exists {
-            let entries = fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| Error::io(&staging, e))?;
-                let to = out.join(entry.file_name());
-                fs::rename(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
-            }
+            move_entries(&staging, &out)?;
         } else {
             fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
                 .map_err(|e| Error::io(&staging, e))?;
@@ -125,4 +122,32 @@ pub async fn extract_to_dir(
         cleanup.0 = None;
     }
     Ok(stats)
+}
+
+/// Moves the top-level entries of `staging` into `out`. On failure the
+/// entries already moved go back into `staging` (which the caller then
+/// removes), so `out` is never left holding part of the tree.
+fn move_entries(staging: &Path, out: &Path) -> Result<()> {
+    let mut moved = Vec::new();
+    let mut move_all = || -> Result<()> {
+        let entries = fs::read_dir(staging).map_err(|e| Error::io(staging, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(staging, e))?;
+            let to = out.join(entry.file_name());
+            fs::rename(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
+            moved.push(entry.file_name());
+        }
+        Ok(())
+    };
+    let result = move_all();
+    if result.is_err() {
+        for name in moved {
+            let back = fs::rename(out.join(&name), staging.join(&name));
+            if let Err(e) = back {
+                tracing::warn!(path = %out.join(&name).display(), error = %e,
+                    "could not take back part of a failed extraction");
+            }
+        }
+    }
+    result
 }

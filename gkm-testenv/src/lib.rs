@@ -52,3 +52,13 @@ pub use service_account::{service_account_groups, service_account_user};
 pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {
     tempfile::Builder::new().prefix("gkm-test-").tempdir()
 }
+
+/// The free-space reserve agents started by the tests keep (`--keep-free`).
+///
+/// Forced by the machine the tests run on, not by gkm: its disk reports a
+/// size of which only a small share is ever available to it, so the
+/// agent's default reserve, a share of the filesystem's size (the kubelet's
+/// eviction threshold plus a margin), would measure the machine rather than
+/// gkm. A fixed size keeps the reserve in force; `gkm-oci`'s
+/// `disk_limits` tests show the share on a filesystem of their own.
+pub const AGENT_KEEP_FREE_ARG: &str = "--keep-free=1GiB";

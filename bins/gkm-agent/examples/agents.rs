@@ -56,6 +56,9 @@ async fn main() -> anyhow::Result<()> {
         let mut config = gkm_k8s_agent::AgentConfig::new(&name, dir.join("store"));
         config.discovery.simulate = Some(dir.join("gpus.yaml"));
         config.registry.insecure = true;
+        // A fixed reserve, as the test ground's agents keep
+        // (gkm_testenv::AGENT_KEEP_FREE_ARG says why).
+        config.extract_policy.free_space_reserve = gkm_oci::FreeSpaceReserve::bytes(1 << 30);
         agents.spawn(async move {
             gkm_k8s_agent::run(client, config, gkm_bin_support::shutdown::shutdown_signal())
                 .await

@@ -4,19 +4,26 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_bin_support::shutdown::until_signal;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
-use gkm_k8s_agent::{AgentConfig, GpuMetrics, TelemetryConfig};
+use gkm_k8s_agent::{AgentConfig, GpuMetrics, Liveness, TelemetryConfig};
 use gkm_k8s_api::served::ready_when_caches_listable;
+use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes, text};
 use gkm_k8s_runtime::metrics::register_build_info;
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::EndpointServer;
-use gkm_oci::RegistryOptions;
+use gkm_oci::{FreeSpaceReserve, RegistryOptions};
+use hyper::body::Bytes;
+use hyper::{Method, StatusCode};
 use prometheus_client::registry::Registry;
+
+/// How long without a pass ending is a stall, unless three resyncs are longer.
+const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(300);
 
 /// How long the agent gets to finish a pass after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -52,6 +59,32 @@ struct Cli {
     /// How often every cache is checked even without a change (e.g. 30s).
     #[arg(long, default_value = "30s", value_parser = gkm_bin_support::duration)]
     resync: Duration,
+    /// The window the first pass is delayed within, by a point fixed by the
+    /// node's name, so that agents started together do not all list and
+    /// write at once (e.g. 10s; 0s for none).
+    #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
+    start_jitter: Duration,
+    /// How long reading an image's manifest and config may take in all,
+    /// however slowly the registry answers (e.g. 60s).
+    #[arg(long, default_value = "60s", value_parser = gkm_bin_support::duration)]
+    read_deadline: Duration,
+    /// How long pulling and extracting one image may take in all (e.g. 30m).
+    #[arg(long, default_value = "30m", value_parser = gkm_bin_support::duration)]
+    extract_deadline: Duration,
+    /// How long without an agent pass ending before /healthz fails, so the
+    /// kubelet restarts a stuck agent (e.g. 5m); longer than --resync.
+    /// Default: 5m, or three resyncs if that is longer.
+    #[arg(long, value_parser = gkm_bin_support::duration)]
+    stall_after: Option<Duration>,
+    /// Space to keep free on the store's filesystem, the kubelet's: a
+    /// percentage of it, bytes (KiB, MiB, GiB or TiB) or both, as in
+    /// 10%+1GiB. An extraction stops, keeping nothing, before less is free.
+    /// The default is the kubelet's default hard eviction threshold
+    /// (nodefs.available<10%) plus a 2% margin, so caches never make the
+    /// kubelet evict pods.
+    #[arg(long, value_name = "PERCENT|BYTES", value_parser = parse_reserve,
+          default_value_t = FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN)]
+    keep_free: FreeSpaceReserve,
     /// How long a digest no cache or pod uses stays in the store (e.g. 10m).
     #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     gc_grace: Duration,
@@ -72,12 +105,32 @@ struct Cli {
     log_json: bool,
 }
 
+/// Parses `--keep-free`.
+fn parse_reserve(s: &str) -> Result<FreeSpaceReserve, String> {
+    s.parse()
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) is empty");
     }
     if cli.resync.is_zero() {
         bail!("--resync must be longer than 0s");
+    }
+    if cli.read_deadline.is_zero() {
+        bail!("--read-deadline must be longer than 0s");
+    }
+    if cli.extract_deadline.is_zero() {
+        bail!("--extract-deadline must be longer than 0s");
+    }
+    let stall_after = cli
+        .stall_after
+        .unwrap_or_else(|| DEFAULT_STALL_AFTER.max(cli.resync.saturating_mul(3)));
+    if stall_after <= cli.resync {
+        bail!(
+            "--stall-after ({stall_after:?}) must be longer than --resync ({:?}): a pass ends at least every resync",
+            cli.resync
+        );
     }
     if cli.pod_resources_interval.is_zero() {
         bail!("--pod-resources-interval must be longer than 0s");
@@ -99,7 +152,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         ..RegistryOptions::default()
     };
     config.resync = cli.resync;
+    config.start_jitter = cli.start_jitter;
+    config.read_deadline = cli.read_deadline;
+    config.extract_deadline = cli.extract_deadline;
+    config.liveness = Liveness::new(stall_after);
     config.gc_grace = cli.gc_grace;
+    config.extract_policy.free_space_reserve = cli.keep_free;
     config.label_options = LabelOptions {
         vendor_labels: cli.vendor_labels,
     };
@@ -116,7 +174,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     register_build_info(&mut registry, "gkm-agent", env!("CARGO_PKG_VERSION"));
     registry.register_collector(Box::new(gpu_metrics));
     config.metrics.register(&mut registry);
-    let server = EndpointServer::start(cli.metrics_addr, registry, readiness.clone())
+    let endpoints = Endpoints::new(registry, readiness.clone())
+        .with_routes(Arc::new(Health(config.liveness.clone())));
+    let server = EndpointServer::start_endpoints(cli.metrics_addr, endpoints, None)
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
     ready_when_caches_listable(&client, &readiness);
@@ -132,6 +192,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     server.stop().await.context("the endpoints server")?;
     result
+}
+
+/// `/healthz` (and `/livez`): `ok` while the agent's passes go on, `503`
+/// with the reason once they stopped ([`Liveness`]).
+struct Health(Liveness);
+
+impl Routes for Health {
+    fn serves(&self, path: &str) -> bool {
+        matches!(path, "/healthz" | "/livez")
+    }
+
+    fn respond<'a>(&'a self, method: &'a Method, _: &'a str, _: Bytes) -> ResponseFuture<'a> {
+        Box::pin(async move {
+            let mut response = match self.0.check() {
+                Ok(()) => text(StatusCode::OK, "ok\n".into()),
+                Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+            };
+            if method == Method::HEAD {
+                *response.body_mut() = Default::default();
+            }
+            response
+        })
+    }
 }
 
 /// A path, where an empty value (which clap's path parser refuses) means none.

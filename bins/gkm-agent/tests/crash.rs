@@ -115,6 +115,7 @@ impl Setup {
         ))
         .arg(format!("--node-name={}", self.node))
         .arg(format!("--store={}", self.store().display()))
+        .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
         .arg(format!(
             "--simulate={}",
             self.dir.path().join("gpus.yaml").display()
@@ -122,6 +123,7 @@ impl Setup {
         .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
         .arg("--insecure-registry")
         .arg("--resync=1s")
+        .arg("--start-jitter=0s")
         .env("GKM_LOG", "info");
         cmd
     }

@@ -45,6 +45,7 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--node-name={node_name}"))
         .arg(format!("--store={}", dir.path().join("store").display()))
+        .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
         .arg(format!("--simulate={}", gpus.display()))
         .arg(format!("--metrics-addr=127.0.0.1:{port}"))
         // An hour: every pass after the first is woken by a watched change.
@@ -176,6 +177,15 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
     let (ok, err) = run(&["--node-name=n1", "--resync=0s"])?;
     assert!(!ok);
     assert!(err.contains("--resync"), "{err}");
+    let (ok, err) = run(&["--node-name=n1", "--resync=10m", "--stall-after=5m"])?;
+    assert!(!ok);
+    assert!(
+        err.contains("--stall-after") && err.contains("--resync"),
+        "{err}"
+    );
+    let (ok, err) = run(&["--node-name=n1", "--read-deadline=0s"])?;
+    assert!(!ok);
+    assert!(err.contains("--read-deadline"), "{err}");
     let (ok, err) = run(&["--node-name=n1", "--resync=9999999999999999h"])?;
     assert!(!ok);
     assert!(

@@ -510,14 +510,9 @@ impl Bench {
         Api::namespaced_with(self.client.clone(), NAMESPACE, &resource)
     }
 
-    /// Creates a GKMCache per `images` entry (`bench/NAME:v1`), its
-    /// signature policy naming `key`.
-    async fn create_caches(
-        &self,
-        images: &BTreeMap<String, String>,
-        key: &cosign::CosignKey,
-    ) -> anyhow::Result<()> {
-        let signature = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
+    /// Creates a GKMCache per `images` entry (`bench/NAME:v1`); they are
+    /// verified under the operator's default policy ([`Gkm::start`]).
+    async fn create_caches(&self, images: &BTreeMap<String, String>) -> anyhow::Result<()> {
         for name in images.keys() {
             let cache: DynamicObject = serde_json::from_value(json!({
                 "apiVersion": "gkm.io/v1alpha1",
@@ -525,7 +520,6 @@ impl Bench {
                 "metadata": {"name": name, "namespace": NAMESPACE},
                 "spec": {
                     "image": format!("{}/bench/{name}:v1", self.registry_addr),
-                    "signature": signature,
                 },
             }))?;
             self.caches().create(&PostParams::default(), &cache).await?;
@@ -709,13 +703,16 @@ struct Gkm {
 
 impl Gkm {
     /// Starts the agents of the nodes under `nodes_dir` and the operator, as
-    /// their ServiceAccounts, logging into `dir`.
+    /// their ServiceAccounts, logging into `dir`. The operator's default
+    /// signature policy (the administrator's, which every tree understands)
+    /// names `key`.
     fn start(
         bench: &Bench,
         dir: &Path,
         nodes_dir: &Path,
         operator: &Path,
         agents: &Path,
+        key: &cosign::CosignKey,
     ) -> anyhow::Result<Gkm> {
         let plane = &bench.plane;
         let mut cmd = Command::new(agents);
@@ -724,8 +721,13 @@ impl Gkm {
             .env("GKM_LOG", "warn");
         let agents = Process::spawn("agents", cmd, &dir.join("agents.log"))?;
         let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-operator")?;
+        let policy = dir.join("default-policy.json");
+        let signers = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
+        std::fs::write(&policy, signers.to_string())
+            .with_context(|| format!("writing {}", policy.display()))?;
         let mut cmd = Command::new(operator);
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--default-policy={}", policy.display()))
             .arg("--metrics-addr=127.0.0.1:0")
             .arg("--insecure-registry")
             .env("GKM_LOG", "info,kube=warn");
@@ -920,7 +922,7 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     let mut meter = Meter::start(&bench.client, &bench.audit_log, &bench.registry_log).await?;
     let mut m = Measured::default();
     // Phase 1: the agents and the operator start; no cache yet.
-    let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents)?;
+    let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents, &key)?;
     gkm.wait_for_labels(&mut meter, &mut m.start, &scale)
         .await?;
     settle(&mut meter, &mut m.start).await?;
@@ -928,7 +930,7 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
 
     // Phase 2: the caches are created and converge.
     let created = Instant::now();
-    bench.create_caches(&first, &key).await?;
+    bench.create_caches(&first).await?;
     bench.converge(&first, &scale, compatible, &mut gkm).await?;
     m.converge_secs = created.elapsed().as_secs_f64();
     let converge_quiet = settle(&mut meter, &mut m.converge).await?;

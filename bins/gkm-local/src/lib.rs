@@ -224,7 +224,11 @@ impl Stack {
             operator_kubeconfig,
             agent_kubeconfig,
             agent_node_kubeconfigs: BTreeMap::new(),
-            operator_args: vec!["--resolve-interval=2s".into()],
+            operator_args: vec![
+                "--resolve-interval=2s".into(),
+                // The test namespaces' caches name their own signers.
+                "--tenant-signer-namespaces=team-a,team-b,team-c".into(),
+            ],
             agent_args: vec!["--resync=2s".into(), "--gc-grace=0s".into()],
         })
     }
@@ -352,6 +356,7 @@ impl Stack {
                 pod_resources.display()
             ))
             .arg("--insecure-registry")
+            .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
             .args(&self.agent_args)
             .env("GKM_LOG", "info,kube=warn");
         let process = Process::spawn("gkm-agent", cmd, &node_dir.join("gkm-agent.log"))?;
@@ -466,9 +471,12 @@ impl Stack {
             "operator.extraArgs={}",
             serde_json::to_string(&self.operator_args)?
         ));
+        let agent_args: Vec<&str> = std::iter::once(gkm_testenv::AGENT_KEEP_FREE_ARG)
+            .chain(self.agent_args.iter().map(String::as_str))
+            .collect();
         values.push(format!(
             "agent.extraArgs={}",
-            serde_json::to_string(&self.agent_args)?
+            serde_json::to_string(&agent_args)?
         ));
         let chart_dir = chart::chart_dir().display().to_string();
         let mut args = vec![

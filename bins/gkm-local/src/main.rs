@@ -119,7 +119,11 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("    {image} = {digest}, signed");
 
     stack.set_args(
-        vec!["--resolve-interval=30s".into()],
+        vec![
+            "--resolve-interval=30s".into(),
+            // The demo cache names its own signer in the default namespace.
+            "--tenant-signer-namespaces=default".into(),
+        ],
         vec!["--resync=10s".into()],
     );
     if cli.no_real_node {

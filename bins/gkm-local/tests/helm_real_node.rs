@@ -290,16 +290,31 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
     }
 
     // The operator serves the pvc-mutation webhook; its configuration is
-    // owned by the chart's ClusterRole, so uninstalling removes it (checked
-    // with every other leftover below).
+    // the release's, so disabling the webhook or uninstalling removes it
+    // (checked with every other leftover below), and it carries the CA the
+    // operator's replicas share.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let configuration = webhooks.get("gkm-pvc-mutation").await?;
-    let owners = configuration.metadata.owner_references.unwrap_or_default();
+    let release = configuration
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("meta.helm.sh/release-name"))
+        .cloned();
+    assert_eq!(
+        release.as_deref(),
+        Some(chart::RELEASE),
+        "the webhook configuration is not the release's"
+    );
+    let bundle = configuration
+        .webhooks
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .and_then(|w| w.client_config.ca_bundle);
     assert!(
-        owners
-            .iter()
-            .any(|o| o.kind == "ClusterRole" && o.name == "gkm-operator"),
-        "the webhook configuration is not owned by the chart's ClusterRole: {owners:?}"
+        bundle.is_some(),
+        "the webhook configuration has no caBundle"
     );
 
     // An upgrade to a changed value rolls every pod.

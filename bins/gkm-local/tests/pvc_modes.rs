@@ -423,6 +423,15 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         .next()
         .ok_or_else(|| anyhow::anyhow!("the fill Job has no pod"))?;
     let pod_spec = job_pod.spec.clone().unwrap_or_default();
+    // The fill runs as a non-root user (Pod Security `restricted`) and
+    // still writes the gkm-made hostPath volume.
+    let context = pod_spec.security_context.clone().unwrap_or_default();
+    assert_eq!(context.run_as_non_root, Some(true), "{context:?}");
+    assert_eq!(
+        context.run_as_user,
+        Some(gkm_k8s_operator::pvc::objects::FILL_UID),
+        "{context:?}"
+    );
     assert!(
         [Some(NODE), Some(NODE2)].contains(&pod_spec.node_name.as_deref()),
         "scheduled onto a real node by the template's nodeSelector: {:?}",
@@ -472,6 +481,24 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         pvc_status.get("team-a").and_then(|p| p.pvc_name.as_deref()),
         Some("vector-add"),
         "{pvc_status:?}"
+    );
+    // The claim serves the digest's tree through the `current` link a
+    // refill switches in one rename.
+    let team_a_dir = volumes.join(gkm_k8s_operator::pvc::names::volume(
+        &gkm_k8s_api::cache_object::CacheKey::namespaced("team-a", "vector-add"),
+        "team-a",
+        None,
+    ));
+    let current = std::fs::read_link(team_a_dir.join(".gkm/current"))?;
+    assert!(
+        team_a_dir
+            .join(".gkm")
+            .join(&current)
+            .join(KERNEL_DIR)
+            .is_dir(),
+        "{} serves {}",
+        team_a_dir.display(),
+        current.display()
     );
     let log = read_claim(&stack, &client, "team-a", "reader", "vector-add").await?;
     assert!(log.contains(KERNEL_DIR), "{log}");

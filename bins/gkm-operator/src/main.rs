@@ -13,10 +13,11 @@ use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
 use gkm_k8s_api::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s_api::served::ready_when_caches_listable;
 use gkm_k8s_operator::pvc::PvcOptions;
+use gkm_k8s_operator::webhook::quota::QuotaOptions;
 use gkm_k8s_operator::webhook::{Endpoint, Webhook, WebhookOptions};
 use gkm_k8s_operator::{
     ImageVerifier, InvalidConfig, Metrics, OperatorCollector, OperatorConfig, PolicyFloor,
-    RegistryVerifier,
+    RegistryVerifier, TenantSigners,
 };
 use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_k8s_runtime::metrics::{Sampled, register_build_info};
@@ -43,7 +44,8 @@ struct Cli {
     /// Run the controllers only while holding a Lease, so that replicas stand by.
     #[arg(long)]
     leader_elect: bool,
-    /// The Lease's namespace.
+    /// The operator's namespace: its Lease's, the webhook CA Secret's and
+    /// that of the Secrets and ConfigMaps --required-signers names.
     #[arg(long, env = "POD_NAMESPACE", default_value = "gkm-system")]
     lease_namespace: String,
     /// The Lease's name.
@@ -62,11 +64,19 @@ struct Cli {
     /// Speak plain HTTP to registries (local test registries only).
     #[arg(long, env = "GKM_INSECURE_REGISTRY")]
     insecure_registry: bool,
-    /// The signature policy (YAML or JSON, the shape of a cache's
-    /// `spec.signature`) for caches that set none; without it such caches are
-    /// never verified, so never delivered.
+    /// The administrator's signature policy (YAML or JSON, the shape of a
+    /// cache's `spec.signature`): for caches that set none, and the signers
+    /// of every cache whose own signers do not count
+    /// (--tenant-signer-namespaces). Without it such caches are never
+    /// verified, so never delivered.
     #[arg(long)]
     default_policy: Option<PathBuf>,
+    /// Namespaces whose GKMCaches' own `spec.signature` signers count
+    /// (comma-separated). In every other namespace only the administrator's
+    /// signers (--default-policy, --required-signers) do; a ClusterGKMCache's
+    /// own signers always count.
+    #[arg(long, value_delimiter = ',', value_name = "NAMESPACES")]
+    tenant_signer_namespaces: Vec<String>,
     /// The signature modes a cache (or the default policy) may choose; any
     /// other is tightened to Enforce (comma-separated: Enforce, Audit, Off).
     #[arg(long, value_delimiter = ',', default_value = "Enforce")]
@@ -115,10 +125,17 @@ struct Cli {
     /// How the apiserver reaches the webhook: a URL (https://HOST:PORT), instead of a Service.
     #[arg(long)]
     webhook_url: Option<String>,
-    /// How long the webhook's self-issued certificate is valid (whole days;
-    /// rotated in the last third).
+    /// How long the webhook's self-issued CA is valid (whole days; rotated
+    /// in the last third). Every replica shares it through the Secret
+    /// gkm-operator-webhook-ca in the operator's namespace.
     #[arg(long, default_value = "720h", value_parser = gkm_bin_support::duration)]
     webhook_cert_validity: Duration,
+    /// How often each replica reads the shared webhook CA again (rotating
+    /// it when due and writing its bundle into the webhook configuration);
+    /// a new CA is trusted this long before replicas serve certificates it
+    /// signed (e.g. 1m).
+    #[arg(long, default_value = "1m", value_parser = gkm_bin_support::duration)]
+    webhook_ca_check_interval: Duration,
     /// Serve this certificate (cert-manager's tls.crt) instead of a
     /// self-issued one; cert-manager's CA injector then fills caBundle.
     #[arg(long, requires = "webhook_key_file")]
@@ -126,10 +143,14 @@ struct Cli {
     /// The key of --webhook-cert-file (tls.key).
     #[arg(long, requires = "webhook_cert_file")]
     webhook_key_file: Option<PathBuf>,
-    /// The ClusterRole that owns the webhook configuration, so uninstalling
-    /// gkm removes the webhook too (empty: unowned).
-    #[arg(long, default_value = "gkm-operator")]
-    webhook_owner_clusterrole: String,
+    /// For the GPU-quota webhook: an extended resource counted as whole
+    /// GPUs (repeat for several); the scheduler extender's list.
+    #[arg(long = "whole-gpu-resource", default_values = ["nvidia.com/gpu", "amd.com/gpu"])]
+    whole_gpu_resources: Vec<String>,
+    /// For the GPU-quota webhook: the node label naming the GPU model that
+    /// quotas count by; the scheduler extender's.
+    #[arg(long, default_value = "gkm.io/gpu.product")]
+    model_label: String,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -201,7 +222,12 @@ fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
         hosts,
         validity: cli.webhook_cert_validity,
         cert_files,
-        owner: Some(cli.webhook_owner_clusterrole.clone()).filter(|name| !name.is_empty()),
+        namespace: cli.lease_namespace.clone(),
+        check_interval: cli.webhook_ca_check_interval,
+        quota: QuotaOptions {
+            whole_resources: cli.whole_gpu_resources.clone(),
+            model_label: cli.model_label.clone(),
+        },
     }))
 }
 
@@ -243,6 +269,18 @@ fn flag_of(e: &InvalidConfig) -> &'static str {
     }
 }
 
+/// Whether `name` can name a namespace (an RFC 1123 label).
+fn is_namespace_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first() != Some(&b'-')
+        && bytes.last() != Some(&b'-')
+}
+
 fn identity(flag: Option<String>) -> String {
     flag.filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
@@ -262,6 +300,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.webhook_cert_validity < Duration::from_secs(86_400) {
         bail!("--webhook-cert-validity must be at least 24h");
     }
+    if !(Duration::from_secs(1)..=Duration::from_secs(86_400))
+        .contains(&cli.webhook_ca_check_interval)
+    {
+        bail!("--webhook-ca-check-interval must be from 1s to 24h");
+    }
+    if let Some(bad) = cli
+        .tenant_signer_namespaces
+        .iter()
+        .map(|n| n.trim())
+        .find(|n| !n.is_empty() && !is_namespace_name(n))
+    {
+        bail!("--tenant-signer-namespaces: {bad:?} is not a namespace name");
+    }
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -279,6 +330,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ..RegistryOptions::default()
         },
         default_policy,
+        tenant_signers: TenantSigners::in_namespaces(
+            cli.tenant_signer_namespaces
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty()),
+        ),
         resolve_interval: cli.resolve_interval,
         floor: PolicyFloor {
             allowed_modes: cli.allowed_signature_modes,
@@ -305,7 +362,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(options) => Some(
             Webhook::start(client.clone(), options)
                 .await
-                .map_err(|e| anyhow::anyhow!("the pvc-mutation webhook: {e}"))?,
+                .map_err(|e| anyhow::anyhow!("the admission webhooks: {e}"))?,
         ),
         None => None,
     };

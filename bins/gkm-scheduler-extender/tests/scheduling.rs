@@ -364,7 +364,7 @@ async fn settle(pods: &Api<Pod>, reason: &str) -> anyhow::Result<(Vec<Pod>, usiz
     }
 }
 
-/// The scheduler calls the extender over HTTPS here.
+/// The scheduler calls the extender over mutual TLS here.
 #[tokio::test]
 async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
     let mut cluster = Cluster::start().await?;
@@ -380,10 +380,11 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
             .await?;
     }
     quota(&cluster, "burst", "a100", "NVIDIA-A100", 8).await?;
-    // Over HTTPS: the scheduler trusts the extender's CA.
-    let ca = cluster.start_extender_tls().await?;
-    let config = support::scheduler_config(&cluster.extender_addr)?;
-    cluster.start_scheduler(&support::over_tls(&config, &ca)?)?;
+    // Over mutual TLS, as shipped: the scheduler trusts the extender's CA
+    // and presents its client certificate.
+    let certificates = cluster.start_extender_mtls().await?;
+    let config = support::scheduler_config_mtls(&cluster.extender_addr, &certificates)?;
+    cluster.start_scheduler(&config)?;
 
     let creates = (0..50).map(|i| {
         let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});

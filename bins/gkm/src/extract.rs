@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gkm_oci::{ExtractPolicy, Image, ImageRef, Repo, UnpackOptions, extract_to_dir};
+use gkm_oci::{
+    ExtractPolicy, FreeSpaceReserve, Image, ImageRef, Repo, UnpackOptions, extract_to_dir,
+};
 
 use crate::image_args::{RegistryArgs, finish, parse_ref};
 use crate::output;
@@ -41,11 +43,30 @@ pub struct Args {
     /// Largest ratio of uncompressed to compressed size.
     #[arg(long, value_name = "N")]
     max_compression_ratio: Option<u64>,
+    /// Most bytes the tree may take on disk (file data in whole 4 KiB
+    /// blocks, one block per directory); extraction stops, keeping nothing,
+    /// before it would take more. No cap by default.
+    #[arg(long, value_name = "BYTES")]
+    byte_budget: Option<u64>,
+    /// Space to keep free on the output's filesystem: a percentage of it,
+    /// bytes (with an optional KiB, MiB, GiB or TiB suffix) or both, as in
+    /// 10%+1GiB (0 for none); extraction stops, keeping nothing, before
+    /// less is free. None by default; on a node's own disk, 12% keeps the
+    /// kubelet's default hard eviction threshold (nodefs.available<10%)
+    /// plus a 2% margin free, as gkm's agent does.
+    #[arg(long, value_name = "PERCENT|BYTES", value_parser = parse_reserve,
+          default_value_t = FreeSpaceReserve::default())]
+    keep_free: FreeSpaceReserve,
     /// Print the result as JSON (no progress display).
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     pub(crate) registry: RegistryArgs,
+}
+
+/// Parses `--keep-free`.
+fn parse_reserve(s: &str) -> Result<FreeSpaceReserve, String> {
+    s.parse()
 }
 
 /// Runs `gkm extract`; prints the image digest.
@@ -58,6 +79,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         max_compression_ratio: args
             .max_compression_ratio
             .unwrap_or(d.max_compression_ratio),
+        byte_budget: args.byte_budget,
+        free_space_reserve: args.keep_free,
         allow_in_tree_links: args.allow_links,
         reject_special_bits: args.reject_special_bits,
         ..d

@@ -528,6 +528,62 @@ fn exit_codes_and_messages() {
     assert_same_tree(&fixtures().join(FIXTURES[0]), &empty);
 }
 
+/// `--byte-budget` and `--keep-free` stop an extraction that would take
+/// too much of the disk (exit 1, naming the limit) and leave nothing.
+#[test]
+fn extract_within_a_byte_budget_and_a_free_space_reserve() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let layout = format!("oci:{}/l:v1", w.display());
+    ok(&[
+        "build",
+        &fixtures().join(FIXTURES[0]).display().to_string(),
+        "-t",
+        &layout,
+    ]);
+    let out_dir = w.join("out/cache");
+    let out_arg = out_dir.display().to_string();
+    let out = gkm(
+        &["extract", &layout, "-o", &out_arg, "--byte-budget", "4096"],
+        &[],
+        None,
+    );
+    fails_saying(&out, "byte budget of 4096 bytes");
+    assert!(!out_dir.exists(), "{} exists", out_dir.display());
+    let left: Vec<_> = std::fs::read_dir(w.join("out"))
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left next to the output: {left:?}");
+    // All of the filesystem kept free: nothing can be written.
+    let out = gkm(
+        &["extract", &layout, "-o", &out_arg, "--keep-free", "100%"],
+        &[],
+        None,
+    );
+    fails_saying(&out, "free-space reserve");
+    assert!(!out_dir.exists(), "{} exists", out_dir.display());
+    // Not a percentage: a usage error.
+    let out = gkm(
+        &["extract", &layout, "-o", &out_arg, "--keep-free", "150%"],
+        &[],
+        None,
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("0% to 100%"), "{}", out.stderr);
+    // No reserve and room in the budget: extracted.
+    ok(&[
+        "extract",
+        &layout,
+        "-o",
+        &out_arg,
+        "--keep-free",
+        "0",
+        "--byte-budget",
+        "1073741824",
+    ]);
+    assert_same_tree(&fixtures().join(FIXTURES[0]), &out_dir);
+}
+
 #[test]
 fn credentials_from_docker_config_and_stdin() {
     let work = tempfile::tempdir().expect("tempdir");

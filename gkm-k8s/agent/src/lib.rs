@@ -5,10 +5,14 @@
 //! either kind in step on this node, level-triggered: on any change to a
 //! cache (and every `resync`) it
 //!
-//! 1. reads the image summary of the digest the operator resolved,
+//! 1. reads the image summary of the digest the operator resolved (in a
+//!    task of its own, under a total deadline, in slots shared fairly
+//!    between namespaces: a pass never waits for a registry),
 //! 2. checks it against the node's GPUs ([`gkm_core::compat`]),
 //! 3. pulls and extracts compatible, verified caches into the content-addressed
-//!    store ([`gkm_oci::Store`]), never an unverified or incompatible one,
+//!    store ([`gkm_oci::Store`]), never an unverified or incompatible one
+//!    (off the pass too, each under a total deadline, one per namespace at
+//!    a time),
 //! 4. publishes its decision in the delivery index the CSI driver reads
 //!    ([`gkm_k8s_node::delivery`]),
 //! 5. reports in the node's `GKMCacheNode` (one per namespace) and
@@ -17,6 +21,13 @@
 //!    and the pods using it (from the CSI driver's mount records),
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
+//!
+//! One namespace's failure stays in that namespace: a report that cannot
+//! be written fails alone (one in a namespace being terminated is not
+//! written at all), and the rest of the pass, garbage collection included,
+//! runs. The first pass waits a delay fixed by the node's name
+//! ([`start_delay`]), a pass the apiserver throttled delays the next as it
+//! asked, and [`Liveness`] tells `/healthz` when passes stop.
 //!
 //! ```no_run
 //! # async fn example(client: kube::Client) -> Result<(), gkm_k8s_agent::Error> {
@@ -33,10 +44,14 @@ mod error;
 mod extractions;
 mod gc;
 mod labels;
+mod liveness;
 mod metrics;
+mod pacing;
 mod plan;
+mod reads;
 mod reports;
 mod retry;
+mod slots;
 mod sync;
 pub mod telemetry;
 mod view;
@@ -49,7 +64,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use gkm_gpu::DiscoveryOptions;
 use gkm_gpu::labels::LabelOptions;
-use gkm_oci::{ExtractPolicy, RegistryOptions};
+use gkm_oci::{ExtractPolicy, FreeSpaceReserve, RegistryOptions};
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
@@ -64,8 +79,11 @@ use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
 pub use crate::error::{Error, Result};
 
 pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
+pub use liveness::Liveness;
 pub use metrics::AgentMetrics;
+pub use pacing::start_delay;
 pub use plan::{CacheInput, NodeView, plan_cache};
+pub use reports::ReportFailure;
 pub use telemetry::{GpuMetrics, TelemetryConfig};
 pub use view::CacheView;
 
@@ -80,12 +98,22 @@ pub struct AgentConfig {
     pub discovery: DiscoveryOptions,
     /// How to reach registries.
     pub registry: RegistryOptions,
-    /// Limits for extraction.
+    /// Limits for extraction; by default it keeps the kubelet's eviction
+    /// threshold plus a margin free on the store's filesystem
+    /// ([`FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN`]).
     pub extract_policy: ExtractPolicy,
+    /// How long reading an image's manifest and config may take in all,
+    /// however the registry paces its answers.
+    pub read_deadline: Duration,
+    /// How long pulling and extracting one image may take in all.
+    pub extract_deadline: Duration,
     /// How long an unreferenced digest stays in the store.
     pub gc_grace: Duration,
     /// How often everything is checked even without a change.
     pub resync: Duration,
+    /// The window the first pass is delayed within, by the node's name
+    /// ([`start_delay`]), so that agents started together spread out.
+    pub start_jitter: Duration,
     /// Whether to label the Node with its GPUs.
     pub label_node: bool,
     /// Which labels.
@@ -94,6 +122,8 @@ pub struct AgentConfig {
     pub telemetry: Option<TelemetryConfig>,
     /// The agent's own metrics (store, extractions, passes).
     pub metrics: AgentMetrics,
+    /// When passes last ended, for `/healthz`.
+    pub liveness: Liveness,
 }
 
 impl AgentConfig {
@@ -105,13 +135,20 @@ impl AgentConfig {
             store_dir: store_dir.into(),
             discovery: DiscoveryOptions::default(),
             registry: RegistryOptions::default(),
-            extract_policy: ExtractPolicy::default(),
+            extract_policy: ExtractPolicy {
+                free_space_reserve: FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN,
+                ..ExtractPolicy::default()
+            },
+            read_deadline: Duration::from_secs(60),
+            extract_deadline: Duration::from_secs(30 * 60),
             gc_grace: Duration::from_secs(600),
             resync: Duration::from_secs(30),
+            start_jitter: Duration::from_secs(10),
             label_node: true,
             label_options: LabelOptions::default(),
             telemetry: None,
             metrics: AgentMetrics::default(),
+            liveness: Liveness::default(),
         }
     }
 }
@@ -140,6 +177,19 @@ pub async fn run(
             inventory.clone(),
         )
         .await;
+    }
+
+    // Agents started together (a rollout, a cluster restart) spread their
+    // first lists and writes over the window.
+    tokio::pin!(shutdown);
+    let delay = pacing::start_delay(&config.node_name, config.start_jitter);
+    info!(delay = ?delay, "first pass after a delay fixed by the node's name");
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = &mut shutdown => {
+            info!("stopping");
+            return Ok(());
+        }
     }
 
     let changed = Arc::new(Notify::new());
@@ -173,7 +223,7 @@ pub async fn run(
     )?;
     let mut tick = tokio::time::interval(config.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
+    let mut throttle = pacing::Throttle::default();
     loop {
         let retry = agent.next_retry();
         let due = async move {
@@ -196,8 +246,20 @@ pub async fn run(
         let started = std::time::Instant::now();
         let outcome = gkm_k8s_runtime::tasks::contained(agent.sync_once()).await;
         config.metrics.pass(outcome.is_ok(), started.elapsed());
-        if let Err(e) = outcome {
+        config.liveness.pass_ended();
+        if let Err(e) = &outcome {
             warn!(error = %e, "sync failed; retrying at the next change or resync");
+        }
+        if let Some(wait) = throttle.after(outcome.as_ref().map(drop)) {
+            warn!(wait = ?wait, "the apiserver throttled this pass; waiting as it asked");
+            config.liveness.pass_deferred(wait);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = &mut shutdown => {
+                    info!("stopping");
+                    return Ok(());
+                }
+            }
         }
     }
 }

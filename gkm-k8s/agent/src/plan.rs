@@ -46,6 +46,9 @@ pub enum DeliveryChange {
     Publish(Delivery),
     /// Remove the entry: nothing may be mounted any more.
     Remove,
+    /// Leave the entry as it is: the image's summary is being read (off
+    /// the pass), and the decision waits for it, as it did before.
+    Unchanged,
 }
 
 /// The plan for one cache on this node.
@@ -161,6 +164,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let summary = match cache.summary {
         None => {
             plan.needs_summary = Some(digest.clone());
+            plan.delivery = DeliveryChange::Unchanged;
             entry.state = Some(CacheState::Pending);
             plan.entries.insert(digest.to_string(), entry);
             return plan;
@@ -448,6 +452,7 @@ mod tests {
             plan.needs_summary.as_ref().map(Digest::as_str),
             Some(DIGEST)
         );
+        assert_eq!(plan.delivery, DeliveryChange::Unchanged);
         case.summary = Some(Ok(summary(
             r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
         )));

@@ -8,9 +8,9 @@ use gkm_gpu::Inventory;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use gkm_k8s_api::crd::{
     CacheCounts, CacheNodeStatus, CacheState, ClusterGKMCacheNode, GKMCacheNode, GpuStatus,
     NodeCacheStatus,
@@ -36,6 +36,28 @@ pub(super) struct NodeReports {
     /// The Node's uid: reports are owned by their Node, so they go when it
     /// goes (where the garbage collector runs).
     node_uid: Option<String>,
+    /// Namespaces the apiserver said are being terminated: nothing new may
+    /// be created there, so no report is written until their caches are
+    /// gone (a tenant's finalizer can keep them for ever).
+    terminating: HashSet<String>,
+}
+
+/// A report that could not be written: the other namespaces' were.
+#[derive(Debug)]
+pub struct ReportFailure {
+    /// The report's namespace; `None` for the cluster report.
+    pub namespace: Option<String>,
+    /// Why.
+    pub error: Error,
+}
+
+impl std::fmt::Display for ReportFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "the report in namespace {ns}: {}", self.error),
+            None => write!(f, "the cluster report: {}", self.error),
+        }
+    }
 }
 
 impl NodeReports {
@@ -48,6 +70,7 @@ impl NodeReports {
             discovered: false,
             applied: HashSet::new(),
             node_uid: None,
+            terminating: HashSet::new(),
         }
     }
 
@@ -65,18 +88,34 @@ impl NodeReports {
 
     /// Writes a report per namespace in `namespaces` (and the cluster
     /// report), removes this node's reports from namespaces that have no
-    /// cache any more.
+    /// cache any more. Each namespace stands alone: one whose report cannot
+    /// be written is returned among the failures (and tried again at the
+    /// next pass) while the others are written; a namespace being
+    /// terminated is skipped.
     pub(super) async fn write(
         &mut self,
         mut entries: BTreeMap<Option<String>, CacheEntries>,
         namespaces: &HashSet<Option<String>>,
-    ) -> Result<()> {
-        if !self.discovered {
-            self.discover_existing().await?;
+    ) -> Vec<ReportFailure> {
+        let mut failures = Vec::new();
+        if !self.discovered
+            && let Err(error) = self.discover_existing().await
+        {
+            // Stale reports are found at a later pass; this one's are written.
+            warn!(%error, "listing this node's reports");
         }
+        // A terminating namespace with no cache left is gone, or soon is.
+        self.terminating
+            .retain(|ns| namespaces.contains(&Some(ns.clone())));
         let mut wanted: HashSet<Option<String>> = namespaces.clone();
         wanted.insert(None);
         for scope in &wanted {
+            if scope
+                .as_ref()
+                .is_some_and(|ns| self.terminating.contains(ns))
+            {
+                continue;
+            }
             let caches = entries.remove(scope).unwrap_or_default();
             let status = CacheNodeStatus {
                 node_name: self.node.clone(),
@@ -107,17 +146,33 @@ impl NodeReports {
                     .await
                 }
             };
-            if let Err(e) = written {
-                // The report was deleted behind this process: the next write
-                // applies its object again. Other failures (throttled, timed
-                // out) leave the object as it was.
-                if e.is_not_found() {
-                    self.applied.remove(scope);
+            match written {
+                Ok(()) => {
+                    self.applied.insert(scope.clone());
+                    self.written.insert(scope.clone(), status);
                 }
-                return Err(e);
+                Err(error) => {
+                    if let Some(ns) = scope
+                        && error.is_namespace_terminating()
+                    {
+                        info!(namespace = %ns, "not reporting in a namespace being terminated");
+                        self.terminating.insert(ns.clone());
+                        self.written.remove(scope);
+                        self.applied.remove(scope);
+                        continue;
+                    }
+                    // The report was deleted behind this process: the next
+                    // write applies its object again. Other failures
+                    // (throttled, timed out) leave the object as it was.
+                    if error.is_not_found() {
+                        self.applied.remove(scope);
+                    }
+                    failures.push(ReportFailure {
+                        namespace: scope.clone(),
+                        error,
+                    });
+                }
             }
-            self.applied.insert(scope.clone());
-            self.written.insert(scope.clone(), status);
         }
         let stale: Vec<Option<String>> = self
             .written
@@ -133,13 +188,20 @@ impl NodeReports {
                         info!(namespace = %ns, "removed this node's report: no cache left in the namespace")
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        // Kept as written: removed at a later pass.
+                        failures.push(ReportFailure {
+                            namespace: scope.clone(),
+                            error: e.into(),
+                        });
+                        continue;
+                    }
                 }
             }
             self.written.remove(&scope);
             self.applied.remove(&scope);
         }
-        Ok(())
+        failures
     }
 
     /// Finds this node's reports left from an earlier run, so that those in

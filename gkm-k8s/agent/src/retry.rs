@@ -2,6 +2,7 @@
 //! must not leave a cache undelivered until the agent restarts.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use gkm_oci::Digest;
@@ -21,16 +22,24 @@ struct Failure {
     next_try_at: Timestamp,
 }
 
-/// The failures of one step (reading a summary, extracting), per digest,
-/// with exponential backoff.
-#[derive(Debug, Default)]
-pub(super) struct Backoff {
-    failures: HashMap<Digest, Failure>,
+/// The failures of one step (reading a summary, extracting), per digest
+/// (or per namespace and digest), with exponential backoff.
+#[derive(Debug)]
+pub(super) struct Backoff<K = Digest> {
+    failures: HashMap<K, Failure>,
 }
 
-impl Backoff {
+impl<K> Default for Backoff<K> {
+    fn default() -> Self {
+        Backoff {
+            failures: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Backoff<K> {
     /// Records that the step failed for `digest` because of `message`.
-    pub(super) fn failed(&mut self, digest: &Digest, message: String) {
+    pub(super) fn failed(&mut self, digest: &K, message: String) {
         let attempts = self.failures.get(digest).map_or(0, |f| f.attempts) + 1;
         let delay = FIRST_DELAY
             .saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1).min(16)))
@@ -50,13 +59,13 @@ impl Backoff {
     }
 
     /// Records that the step succeeded for `digest`.
-    pub(super) fn succeeded(&mut self, digest: &Digest) {
+    pub(super) fn succeeded(&mut self, digest: &K) {
         self.failures.remove(digest);
     }
 
     /// Why the step failed for `digest` and when it is tried again, while
     /// that time has not come; `None` when it did not fail or is due.
-    pub(super) fn waiting(&self, digest: &Digest) -> Option<String> {
+    pub(super) fn waiting(&self, digest: &K) -> Option<String> {
         let f = self.failures.get(digest)?;
         (Instant::now() < f.next_try).then(|| {
             format!(

@@ -14,14 +14,15 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::AgentConfig;
 use super::extractions::{Extractions, tree_size};
 use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
+use super::reads::SummaryReads;
 use super::reports::{NodeReports, gpu_statuses};
-use super::retry::Backoff;
+use super::slots::Scope;
 use super::view::CacheView;
 use crate::error::{Error, Result, blocking};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
@@ -71,8 +72,9 @@ pub(super) struct Agent {
     reports: NodeReports,
     /// What is known of each image digest this node deals with.
     facts: HashMap<Digest, DigestFacts>,
-    /// Summary reads that failed, tried again with backoff.
-    summary_failures: Backoff,
+    /// Summary reads, off the pass; those that failed are tried again with
+    /// backoff.
+    reads: SummaryReads,
     /// Pulls and extractions, off the agent's loop.
     extractions: Extractions,
     /// Since when each stored digest has been unreferenced.
@@ -93,9 +95,11 @@ impl Agent {
         let extractions = Extractions::new(
             store.clone(),
             config.extract_policy.clone(),
+            config.extract_deadline,
             config.metrics.clone(),
-            changed,
+            changed.clone(),
         );
+        let reads = SummaryReads::new(config.read_deadline, config.metrics.clone(), changed);
         Ok(Agent {
             files: NodeFiles {
                 index: DeliveryIndex::new(store.root()),
@@ -109,7 +113,7 @@ impl Agent {
             gpus,
             watched,
             facts: HashMap::new(),
-            summary_failures: Backoff::default(),
+            reads,
             extractions,
             unreferenced: Unreferenced::default(),
             labelled: None,
@@ -118,10 +122,7 @@ impl Agent {
 
     /// When a failed step is due to be tried again.
     pub(super) fn next_retry(&self) -> Option<Instant> {
-        match (
-            self.summary_failures.next_due(),
-            self.extractions.next_due(),
-        ) {
+        match (self.reads.next_due(), self.extractions.next_due()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -129,8 +130,13 @@ impl Agent {
 
     /// Brings every cache on this node in step and reports.
     pub(super) async fn sync_once(&mut self) -> Result<()> {
-        for (digest, size) in self.extractions.harvest().await {
+        for (digest, size) in self.extractions.harvest() {
             self.facts.entry(digest).or_default().size = Some(size);
+        }
+        for (digest, read) in self.reads.harvest() {
+            let facts = self.facts.entry(digest).or_default();
+            facts.image = Some(Arc::new(read.image));
+            facts.summary = Some(read.summary);
         }
         let node_labels = self.label_node().await?;
         let records = self.files.mounts.clone();
@@ -205,7 +211,9 @@ impl Agent {
             Ok(())
         })
         .await?;
-        self.reports.write(reports, &namespaces).await?;
+        // One namespace's report failing leaves the others and garbage
+        // collection to run; the pass reports the failures at its end.
+        let failures = self.reports.write(reports, &namespaces).await;
         let stored = self.collect_garbage(&referenced, &stored).await?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
@@ -218,7 +226,12 @@ impl Agent {
                 || stored.contains(digest)
                 || self.extractions.is_running(digest)
         });
-        self.measure_store(&stored).await
+        self.measure_store(&stored).await?;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Reports(failures))
+        }
     }
 
     /// Sets the store metrics, measuring (off the loop) the digests whose
@@ -246,6 +259,9 @@ impl Agent {
         Ok(())
     }
 
+    /// Plans one cache and acts on the plan: publishes the delivery
+    /// decision and starts (off the pass) what the plan needs, a summary
+    /// read or an extraction. Never waits for a registry.
     async fn plan_and_act(
         &mut self,
         cache: &dyn Cache,
@@ -256,88 +272,81 @@ impl Agent {
     ) -> Result<BTreeMap<String, NodeCacheStatus>> {
         let check = CheckOptions::default();
         let view = cache.view();
-        loop {
-            let resolved: Option<Digest> = view.resolved_digest();
-            let summary_failed = resolved
-                .as_ref()
-                .and_then(|d| self.summary_failures.waiting(d));
-            let known = resolved.as_ref().and_then(|d| self.facts.get(d));
-            let summary = match known.and_then(|f| f.summary.as_ref()) {
-                Some(s) => Some(Ok(s)),
-                None => summary_failed.as_deref().map(Err),
-            };
-            let extract_failed = resolved.as_ref().and_then(|d| self.extractions.waiting(d));
-            let stored = match &resolved {
-                Some(d) if in_store.contains(d) => Ok(true),
-                Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
-                None => Ok(false),
-            };
-            let input = CacheInput {
-                view,
-                summary,
-                stored,
-                size: known.and_then(|f| f.size),
-                pods,
-            };
-            let node = NodeView {
-                labels: node_labels,
-                gpus: &self.gpus,
-                check: &check,
-            };
-            let plan = plan_cache(&input, &node);
-            if let Some(digest) = plan.needs_summary {
-                let read = self.read_summary(view.image(), &digest).await;
-                self.config.metrics.summary_read(read.is_ok());
-                match read {
-                    Ok((image, summary)) => {
-                        self.summary_failures.succeeded(&digest);
-                        let facts = self.facts.entry(digest).or_default();
-                        facts.image = Some(Arc::new(image));
-                        facts.summary = Some(summary);
-                    }
-                    Err(why) => {
-                        warn!(%digest, error = %why, "reading the image summary failed");
-                        self.summary_failures.failed(&digest, why);
-                    }
-                }
-                continue;
-            }
-            let (index, key) = (self.files.index.clone(), key.clone());
-            blocking("writing the delivery index", move || match &plan.delivery {
-                DeliveryChange::Publish(delivery) => Ok(index.publish(&key, delivery)?),
-                DeliveryChange::Remove => Ok(index.remove(&key).map(drop)?),
-            })
-            .await?;
-            if let Some(digest) = plan.extract {
-                // Off the loop: the next pass plans again with the outcome.
-                self.start_extraction(view.image(), digest);
-            }
-            return Ok(plan.entries);
+        let scope: Scope = key.namespace().map(str::to_string);
+        let resolved: Option<Digest> = view.resolved_digest();
+        let summary_failed = resolved
+            .as_ref()
+            .and_then(|d| self.reads.waiting(&scope, d));
+        let known = resolved.as_ref().and_then(|d| self.facts.get(d));
+        let summary = match known.and_then(|f| f.summary.as_ref()) {
+            Some(s) => Some(Ok(s)),
+            None => summary_failed.as_deref().map(Err),
+        };
+        let extract_failed = resolved
+            .as_ref()
+            .and_then(|d| self.extractions.waiting(&scope, d));
+        let stored = match &resolved {
+            Some(d) if in_store.contains(d) => Ok(true),
+            Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
+            None => Ok(false),
+        };
+        let input = CacheInput {
+            view,
+            summary,
+            stored,
+            size: known.and_then(|f| f.size),
+            pods,
+        };
+        let node = NodeView {
+            labels: node_labels,
+            gpus: &self.gpus,
+            check: &check,
+        };
+        let plan = plan_cache(&input, &node);
+        let (index, key) = (self.files.index.clone(), key.clone());
+        blocking("writing the delivery index", move || match &plan.delivery {
+            DeliveryChange::Publish(delivery) => Ok(index.publish(&key, delivery)?),
+            DeliveryChange::Remove => Ok(index.remove(&key).map(drop)?),
+            DeliveryChange::Unchanged => Ok(()),
+        })
+        .await?;
+        if let Some(digest) = plan.needs_summary {
+            // Off the pass: the pass that follows its end plans again.
+            self.start_read(&scope, view.image(), &digest);
         }
+        if let Some(digest) = plan.extract {
+            // Off the pass: the next pass plans again with the outcome.
+            self.start_extraction(&scope, view.image(), digest);
+        }
+        Ok(plan.entries)
     }
 
-    /// Reads the image's manifest and config, and its summary from them.
-    async fn read_summary(&self, image: &str, digest: &Digest) -> Result<(Image, Summary), String> {
-        let repo = self.repo(image, digest).map_err(|e| e.to_string())?;
-        let image = Image::fetch(&repo).await.map_err(|e| e.to_string())?;
-        let summary = image.cache().map_err(|e| e.to_string())?.summary;
-        Ok((image, summary))
+    /// Reads the manifest and config of `digest` of `image` for a cache of
+    /// `scope` (unless already under way: [`SummaryReads::start`]).
+    fn start_read(&mut self, scope: &Scope, image: &str, digest: &Digest) {
+        if self.reads.is_running(scope, digest) {
+            return;
+        }
+        match self.repo(image, digest) {
+            Ok(repo) => self.reads.start(scope, repo, digest),
+            Err(e) => self.reads.failed(scope, digest, e.to_string()),
+        }
     }
 
     fn size_of(&self, digest: &Digest) -> Option<i64> {
         self.facts.get(digest).and_then(|f| f.size)
     }
 
-    /// Pulls and extracts `digest` of `image` (unless already under way:
-    /// [`Extractions::start`]).
-    fn start_extraction(&mut self, image: &str, digest: Digest) {
+    /// Pulls and extracts `digest` of `image` for a cache of `scope`
+    /// (unless already under way: [`Extractions::start`]).
+    fn start_extraction(&mut self, scope: &Scope, image: &str, digest: Digest) {
         match self.repo(image, &digest) {
             Ok(repo) => {
                 // The manifest and config the summary came from: not read again.
                 let known = self.facts.get(&digest).and_then(|f| f.image.clone());
-                self.extractions.start(repo, digest, known);
+                self.extractions.start(scope, repo, digest, known);
             }
-            Err(e) => self.extractions.failed(&digest, e.to_string()),
+            Err(e) => self.extractions.failed(scope, &digest, e.to_string()),
         }
     }
 

@@ -8,6 +8,8 @@
 //!   controller serves both, and their key ([`CacheKey`]).
 //! - [`conditions`]: status conditions that keep their transition time.
 //! - [`served`]: waiting until the apiserver serves the cache kinds.
+//! - [`quota`]: the GPU-model quota decision, for the extender and the
+//!   operator's admission webhook alike.
 //!
 //! ```
 //! use gkm_k8s_api::crd::{GKMCache, crds_yaml};
@@ -25,6 +27,8 @@
 pub mod cache_object;
 pub mod conditions;
 pub mod crd;
+pub mod gpu_request;
+pub mod quota;
 pub mod served;
 
 pub use cache_object::{CacheKey, CacheObject, NodeReport, Scope};

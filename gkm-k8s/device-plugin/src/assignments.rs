@@ -1,10 +1,20 @@
-//! Finding the device assignments (`gkm.io/gpu-assignment`) of pods waiting
-//! on this node, so that `GetPreferredAllocation` can answer with them.
+//! Finding the device assignment (`gkm.io/gpu-assignment`) of the pod the
+//! kubelet allocates for, so that `GetPreferredAllocation` can answer with
+//! it.
 //!
-//! The kubelet does not tell a device plugin which pod it allocates for. The
-//! pods that can be meant are this node's pods that are still `Pending`,
-//! carry an assignment for the resource, and hold no devices of it yet (the
-//! kubelet's pod-resources API lists those that do); the oldest comes first.
+//! The kubelet does not tell a device plugin which pod it allocates for. It
+//! admits a node's pods one at a time, oldest first, and allocates a pod's
+//! devices when it admits it; the pod-resources API lists the pods that hold
+//! devices already. So the pod meant is the oldest pod of this node that is
+//! still `Pending`, asks for the resource and holds none of it yet
+//! ([`next_assignment`]). Only that pod's assignment is used: another pod's
+//! is never borrowed, even when it has the size asked for.
+//!
+//! An assignment only steers the choice among the devices the kubelet offers
+//! as available; the container always gets the devices the kubelet
+//! allocated, so a pod that wrote its own assignment (a forgery the chart's
+//! `gkm-gpu-assignment` admission policy refuses) can never be handed a
+//! device another pod holds.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -20,9 +30,10 @@ use super::resources::{GPU_CORES, GPU_MEMORY};
 /// Where assignments come from.
 #[tonic::async_trait]
 pub trait AssignmentSource: Send + Sync {
-    /// Device sets assigned of `resource` to pods waiting for it on this
-    /// node, oldest pod first. Failures are logged and read as "none".
-    async fn pending(&self, resource: &str) -> Vec<Vec<String>>;
+    /// The devices of `resource` assigned to the pod the kubelet allocates
+    /// for now (see [`next_assignment`]); `None` when that pod has none.
+    /// Failures are logged and read as "none".
+    async fn next(&self, resource: &str) -> Option<Vec<String>>;
 }
 
 /// Assignments read from the apiserver, minus pods the kubelet already gave
@@ -85,7 +96,7 @@ impl PodAssignments {
 
 #[tonic::async_trait]
 impl AssignmentSource for PodAssignments {
-    async fn pending(&self, resource: &str) -> Vec<Vec<String>> {
+    async fn next(&self, resource: &str) -> Option<Vec<String>> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&format!(
             "spec.nodeName={},status.phase=Pending",
@@ -95,41 +106,64 @@ impl AssignmentSource for PodAssignments {
             Ok(list) => list.items,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list this node's pending pods");
-                return Vec::new();
+                return None;
             }
         };
         let holding = self.holding(resource).await;
-        let mut found: Vec<(String, Vec<String>)> = Vec::new();
-        for pod in list {
-            let meta = &pod.metadata;
-            let Some(value) = meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else {
-                continue;
-            };
-            let key = format!(
-                "{}/{}",
-                meta.namespace.as_deref().unwrap_or_default(),
-                meta.name.as_deref().unwrap_or_default()
-            );
-            if holding.contains(&key) {
-                continue;
-            }
-            match Assignment::parse(value) {
-                Ok(assignment) => {
-                    let devices = assigned_devices(&pod, &assignment, resource);
-                    if !devices.is_empty() {
-                        let created = meta
-                            .creation_timestamp
-                            .as_ref()
-                            .map(|t| t.0.to_string())
-                            .unwrap_or_default();
-                        found.push((created, devices));
-                    }
-                }
-                Err(e) => tracing::warn!(pod = %key, error = %e, "ignoring a malformed assignment"),
-            }
+        next_assignment(&list, &holding, resource)
+    }
+}
+
+/// `namespace/name` of a pod.
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Whether any container of `pod` (init containers too) asks for `resource`.
+fn asks_for(pod: &Pod, resource: &str) -> bool {
+    pod.spec.iter().any(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| c.resources.as_ref())
+            .any(|r| {
+                r.limits.as_ref().is_some_and(|l| l.contains_key(resource))
+                    || r.requests
+                        .as_ref()
+                        .is_some_and(|q| q.contains_key(resource))
+            })
+    })
+}
+
+/// The assignment of `resource` of the pod the kubelet allocates for, among
+/// `pending` (this node's `Pending` pods): the oldest (by creation time,
+/// then `namespace/name`) that asks for `resource` and is not in `holding`
+/// (`namespace/name` of the pods that hold devices of it already). `None`
+/// when there is no such pod, or it has no usable assignment of `resource`:
+/// another pod's assignment is never taken instead.
+pub fn next_assignment(
+    pending: &[Pod],
+    holding: &BTreeSet<String>,
+    resource: &str,
+) -> Option<Vec<String>> {
+    let pod = pending
+        .iter()
+        .filter(|p| asks_for(p, resource) && !holding.contains(&pod_key(p)))
+        .min_by_key(|p| (p.metadata.creation_timestamp.clone(), pod_key(p)))?;
+    let value = pod.metadata.annotations.as_ref()?.get(ANNOTATION)?;
+    match Assignment::parse(value) {
+        Ok(assignment) => {
+            let devices = assigned_devices(pod, &assignment, resource);
+            (!devices.is_empty()).then_some(devices)
         }
-        found.sort();
-        found.into_iter().map(|(_, devices)| devices).collect()
+        Err(e) => {
+            tracing::warn!(pod = %pod_key(pod), error = %e, "ignoring a malformed assignment");
+            None
+        }
     }
 }
 
@@ -197,5 +231,50 @@ mod tests {
             ["GPU-c"]
         );
         assert!(assigned_devices(&pod, &Assignment::new(), GPU_CORES).is_empty());
+    }
+
+    /// A pending pod asking for one `nvidia.com/gpu`, created at `created`,
+    /// with `assigned` as its assignment.
+    fn pending(name: &str, created: &str, assigned: Option<&str>) -> Pod {
+        let annotations = assigned.map(|gpu| {
+            serde_json::json!({ANNOTATION: Assignment::new()
+                .with("nvidia.com/gpu", vec![gpu.to_string()])
+                .format()})
+        });
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "team", "creationTimestamp": created,
+                         "annotations": annotations},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            ]},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn only_the_pod_allocated_for_lends_its_assignment() {
+        let gpu = "nvidia.com/gpu";
+        let older = pending("older", "2026-01-01T00:00:00Z", None);
+        let newer = pending("newer", "2026-01-01T00:00:05Z", Some("GPU-b"));
+        let no_gpu: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cpu", "namespace": "team", "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "a"}]},
+        }))
+        .unwrap_or_default();
+        let pods = [newer.clone(), older.clone(), no_gpu];
+        // The oldest pod asking for GPUs has no assignment: none is used,
+        // not the newer pod's of the same size.
+        assert_eq!(next_assignment(&pods, &BTreeSet::new(), gpu), None);
+        // Once the older pod holds its GPU, the newer one is next.
+        let holding = BTreeSet::from(["team/older".to_string()]);
+        assert_eq!(
+            next_assignment(&pods, &holding, gpu),
+            Some(vec!["GPU-b".to_string()])
+        );
+        // A pod that asks for nothing of the resource is never the one.
+        assert_eq!(
+            next_assignment(&pods, &BTreeSet::new(), "amd.com/gpu"),
+            None
+        );
     }
 }

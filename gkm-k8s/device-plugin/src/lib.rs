@@ -64,12 +64,14 @@
 //! scheduler extender places shares on GPUs the plugin knows.
 //!
 //! `GetPreferredAllocation` answers with the devices gkm's scheduler
-//! extender assigned to the pod (the [`gkm_core::assignment`] annotation,
-//! found through [`assignments`]) when a pod waiting on the node has one;
-//! otherwise it prefers whole IOMMU groups on one NUMA node. For GPU units
-//! the assignment names GPUs: the preference is that many free units of
-//! each, and `Allocate` hands the container the assigned GPUs even when the
-//! kubelet counted units of others (`assigned_units`).
+//! extender assigned to the pod the kubelet allocates for (the
+//! [`gkm_core::assignment`] annotation, found through [`assignments`]) when
+//! it has one and they are available; otherwise it prefers whole IOMMU
+//! groups on one NUMA node. For GPU units the assignment names GPUs: the
+//! preference is that many free units of each. `Allocate` hands the
+//! container exactly the devices the kubelet allocated, never others: an
+//! assignment steers the choice among free devices and cannot reach a
+//! device another pod holds.
 //!
 //! Resource names, socket names and the variables KubeVirt reads are
 //! decided in [`naming`]:

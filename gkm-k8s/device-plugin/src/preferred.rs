@@ -20,23 +20,24 @@ pub struct Request<'a> {
 
 /// The devices to prefer for `request` from `resource`.
 ///
-/// `assigned` lists device sets a scheduler assigned to pods waiting on this
-/// node (oldest first, see [`gkm_core::assignment`]): the first set that the
-/// request can be served from (it holds the must-include devices, and enough
-/// of it is available) is the answer. Otherwise the choice keeps the
-/// must-include devices, completes IOMMU groups, and takes the rest from one
-/// place where one can hold them all: one GPU for GPU shares, else one NUMA
-/// node; the fullest such place first, leaving emptier ones whole; whole
-/// groups before split ones.
+/// `assigned` is the device set a scheduler assigned to the pod the kubelet
+/// allocates for (see [`crate::assignments`]); when the request can be
+/// served from it (it holds the must-include devices, and enough of it is
+/// available) it is the answer. Only available devices are ever preferred:
+/// an assignment naming devices another pod holds is passed over. Otherwise
+/// the choice keeps the must-include devices, completes IOMMU groups, and
+/// takes the rest from one place where one can hold them all: one GPU for
+/// GPU shares, else one NUMA node; the fullest such place first, leaving
+/// emptier ones whole; whole groups before split ones.
 pub fn preferred(
     resource: &Resource,
     request: Request<'_>,
-    assigned: &[Vec<String>],
+    assigned: Option<&[String]>,
 ) -> Vec<String> {
     let available: HashSet<&str> = request.available.iter().map(String::as_str).collect();
     let usable = |id: &str| available.contains(id) || request.must_include.iter().any(|m| m == id);
     let mut chosen = Chosen::default();
-    for set in assigned {
+    if let Some(set) = assigned {
         if let Some(ids) = assigned_shares(resource, request, set) {
             return ids;
         }
@@ -150,44 +151,6 @@ fn assigned_shares(
         }
     }
     (chosen.len() == request.size).then_some(chosen.ids)
-}
-
-/// The units to hand a container that the kubelet gave `ids` of a unit
-/// resource (GPU shares), so that it gets the GPUs a scheduler assigned.
-///
-/// The kubelet picks unit IDs itself (it usually takes the preferred ones,
-/// but need not). When `ids` are already units of the GPUs one of the
-/// `assigned` sets (see [`preferred`]) names, in the numbers it names, they
-/// are the answer. Otherwise the first assigned set of as many units stands
-/// in for them: the container gets the GPUs the scheduler chose, whichever
-/// units the kubelet counted. Resources not made of units, and requests no
-/// assignment matches, keep `ids`.
-pub fn assigned_units(
-    resource: &Resource,
-    ids: &[String],
-    assigned: &[Vec<String>],
-) -> Vec<String> {
-    if !resource.is_units() {
-        return ids.to_vec();
-    }
-    let per_gpu = |set: &[String]| -> Option<BTreeMap<String, usize>> {
-        let mut per: BTreeMap<String, usize> = BTreeMap::new();
-        for id in set {
-            *per.entry(unit_gpu(id)?.to_string()).or_default() += 1;
-        }
-        Some(per)
-    };
-    let given = per_gpu(ids);
-    if assigned
-        .iter()
-        .any(|set| given.is_some() && per_gpu(set) == given)
-    {
-        return ids.to_vec();
-    }
-    assigned
-        .iter()
-        .find(|set| set.len() == ids.len() && set.iter().all(|id| resource.device(id).is_some()))
-        .map_or_else(|| ids.to_vec(), Clone::clone)
 }
 
 /// Devices chosen so far, in order, each once.

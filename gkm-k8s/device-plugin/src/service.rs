@@ -138,8 +138,8 @@ impl DevicePlugin for ResourceService {
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
         let resource = self.current();
         let assigned = match &self.assignments {
-            Some(source) => source.pending(&resource.name).await,
-            None => Vec::new(),
+            Some(source) => source.next(&resource.name).await,
+            None => None,
         };
         let mut response = PreferredAllocationResponse::default();
         for container in request.into_inner().container_requests {
@@ -151,7 +151,7 @@ impl DevicePlugin for ResourceService {
                     must_include: &container.must_include_device_i_ds,
                     size,
                 },
-                &assigned,
+                assigned.as_deref(),
             );
             tracing::debug!(resource = %resource.name, ?ids, "preferred allocation");
             response
@@ -161,22 +161,18 @@ impl DevicePlugin for ResourceService {
         Ok(Response::new(response))
     }
 
+    /// Hands each container exactly the devices the kubelet allocated: the
+    /// kubelet never allocates a device another container holds, and its
+    /// pod-resources API reports what each pod holds, so no assignment
+    /// (which only steers `GetPreferredAllocation`) can change them.
     async fn allocate(
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
         let resource = self.current();
-        let assigned = match &self.assignments {
-            Some(source) if resource.is_units() => source.pending(&resource.name).await,
-            _ => Vec::new(),
-        };
         let mut response = AllocateResponse::default();
         for container in request.into_inner().container_requests {
-            let ids = preferred::assigned_units(&resource, &container.devices_ids, &assigned);
-            if ids != container.devices_ids {
-                tracing::info!(resource = %resource.name, kubelet = ?container.devices_ids, assigned = ?ids, "the kubelet picked units of other GPUs; handing over the assigned ones");
-            }
-            match allocate(&resource, &ids, &self.options) {
+            match allocate(&resource, &container.devices_ids, &self.options) {
                 Ok(answer) => {
                     tracing::info!(resource = %resource.name, devices = ?container.devices_ids, "allocated");
                     response.container_responses.push(answer);

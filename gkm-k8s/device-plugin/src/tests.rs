@@ -9,7 +9,7 @@ use gkm_gpu::pci_ids::PciIds;
 use super::allocate::{AllocateOptions, allocate};
 use super::node_gpus::node_gpus;
 use super::node_tree::{NodeTree, Pci};
-use super::preferred::{Request, assigned_units, preferred};
+use super::preferred::{Request, preferred};
 use super::resources::{Resource, ScanInputs, Snapshot, scan};
 use crate::proto::ContainerAllocateResponse;
 
@@ -223,9 +223,9 @@ fn gpus_sharing_a_group_go_together_and_mixed_model_groups_are_refused() {
         must_include: &[],
         size,
     };
-    assert_eq!(preferred(h100, ask(1), &[]), ["0000:20:00.0"]);
+    assert_eq!(preferred(h100, ask(1), None), ["0000:20:00.0"]);
     assert_eq!(
-        preferred(h100, ask(2), &[]),
+        preferred(h100, ask(2), None),
         ["0000:18:00.0", "0000:19:00.0"]
     );
     let must = strings(&["0000:19:00.0"]);
@@ -235,7 +235,7 @@ fn gpus_sharing_a_group_go_together_and_mixed_model_groups_are_refused() {
         size: 2,
     };
     assert_eq!(
-        preferred(h100, with_must, &[]),
+        preferred(h100, with_must, None),
         ["0000:18:00.0", "0000:19:00.0"]
     );
 }
@@ -459,24 +459,24 @@ fn preferences_follow_the_assignment_then_numa() {
     };
     // Two fit on either node: the fuller one (node 0: two free) is used whole.
     assert_eq!(
-        preferred(h100, ask(2), &[]),
+        preferred(h100, ask(2), None),
         ["0000:18:00.0", "0000:1b:00.0"]
     );
     // Three fit only on node 1.
     assert_eq!(
-        preferred(h100, ask(3), &[]),
+        preferred(h100, ask(3), None),
         ["0000:19:00.0", "0000:1a:00.0", "0000:1c:00.0"]
     );
     // A scheduler's assignment wins when the request can be served from it.
-    let assigned = vec![strings(&["0000:1c:00.0", "0000:18:00.0"])];
+    let assigned = strings(&["0000:1c:00.0", "0000:18:00.0"]);
     assert_eq!(
-        preferred(h100, ask(2), &assigned),
+        preferred(h100, ask(2), Some(&assigned)),
         ["0000:1c:00.0", "0000:18:00.0"]
     );
     // An assignment of devices no longer available is passed over.
-    let gone = vec![strings(&["0000:1d:00.0", "0000:18:00.0"])];
+    let gone = strings(&["0000:1d:00.0", "0000:18:00.0"]);
     assert_eq!(
-        preferred(h100, ask(2), &gone),
+        preferred(h100, ask(2), Some(&gone)),
         ["0000:18:00.0", "0000:1b:00.0"]
     );
 }
@@ -573,11 +573,11 @@ fn shared_gpus_are_offered_in_compute_and_memory_units() {
         per
     };
     assert_eq!(
-        on_gpus(preferred(cores, ask(30), &[])),
+        on_gpus(preferred(cores, ask(30), None)),
         BTreeMap::from([(uuid.to_string(), 30)])
     );
     assert_eq!(
-        on_gpus(preferred(cores, ask(50), &[])),
+        on_gpus(preferred(cores, ask(50), None)),
         BTreeMap::from([("0000:40:00.0".to_string(), 50)])
     );
 }
@@ -607,51 +607,13 @@ fn an_assignment_of_gpu_units_is_served_with_free_units_of_the_same_gpus() {
         must_include: &[],
         size: 3,
     };
-    let assigned = vec![strings(&["GPU-b-0", "GPU-b-1", "GPU-b-2"])];
+    let assigned = strings(&["GPU-b-0", "GPU-b-1", "GPU-b-2"]);
     assert_eq!(
-        preferred(cores, request, &assigned),
+        preferred(cores, request, Some(&assigned)),
         ["GPU-b-10", "GPU-b-11", "GPU-b-12"]
     );
     // An assignment of another size is for another container or pod.
-    let other = vec![strings(&["GPU-b-0"])];
-    let ids = preferred(cores, request, &other);
+    let other = strings(&["GPU-b-0"]);
+    let ids = preferred(cores, request, Some(&other));
     assert_eq!(ids.len(), 3);
-}
-
-#[test]
-fn allocation_gives_the_assigned_gpu_whichever_units_the_kubelet_picked() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tree = NodeTree::new(dir.path()).expect("tree");
-    for (addr, uuid, minor) in [("0000:18:00.0", "GPU-a", 0), ("0000:19:00.0", "GPU-b", 1)] {
-        tree.pci(&Pci::gpu(addr, NV, 0x2330).driver("nvidia"))
-            .expect("pci");
-        tree.nvidia_gpu(addr, uuid, minor).expect("proc");
-    }
-    let inputs = ScanInputs {
-        gpu_shares: true,
-        ..ScanInputs::default()
-    };
-    let snapshot = scan(tree.paths(), &PciIds::bundled(), &inputs).expect("scan");
-    let cores = &snapshot.resources["gkm.io/gpu-cores"];
-    // The pending pod was assigned 3 units of GPU-b (as the device plugin's
-    // assignment source expands `{"gkm.io/gpu-cores":["GPU-b"]}`).
-    let assigned = vec![strings(&["GPU-b-0", "GPU-b-1", "GPU-b-2"])];
-    // The kubelet took the preferred units: kept as they are.
-    let kept = strings(&["GPU-b-40", "GPU-b-41", "GPU-b-42"]);
-    assert_eq!(assigned_units(cores, &kept, &assigned), kept);
-    // The kubelet took units of GPU-a: the container still gets GPU-b.
-    let other = strings(&["GPU-a-0", "GPU-a-1", "GPU-a-2"]);
-    let ids = assigned_units(cores, &other, &assigned);
-    let answer = allocate(cores, &ids, &options(&tree, false)).expect("cores");
-    assert_eq!(answer.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
-    assert_eq!(answer.envs["GKM_GPU_CORES"], "GPU-b=3");
-    assert_eq!(container_paths(&answer), ["/dev/nvidia1", "/dev/nvidiactl"]);
-    // No assignment of that size, or none at all: the kubelet's units.
-    assert_eq!(assigned_units(cores, &other[..2], &assigned), &other[..2]);
-    assert_eq!(assigned_units(cores, &other, &[]), other);
-    // Whole devices are never remapped.
-    let whole = scan(tree.paths(), &PciIds::bundled(), &ScanInputs::default()).expect("scan");
-    let gpu = &whole.resources["nvidia.com/gpu"];
-    let asked = strings(&["GPU-a"]);
-    assert_eq!(assigned_units(gpu, &asked, &[strings(&["GPU-b"])]), asked);
 }

@@ -2,7 +2,6 @@
 //! amounts a quota counts.
 
 use std::collections::BTreeMap;
-use std::ops::{AddAssign, SubAssign};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -11,43 +10,7 @@ use gkm_core::assignment::split_units;
 use super::request::GpuRequest;
 use super::{GPU_CORES, GPU_MEMORY};
 
-/// GPUs as a quota counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Amount {
-    /// Whole GPUs.
-    pub gpus: i64,
-    /// Shared-GPU cores, percent of one GPU.
-    pub cores: i64,
-    /// Shared-GPU memory, MiB.
-    pub memory: i64,
-}
-
-impl Amount {
-    /// What `request` asks for.
-    pub fn of(request: &GpuRequest) -> Amount {
-        Amount {
-            gpus: request.gpus(),
-            cores: request.cores,
-            memory: request.memory,
-        }
-    }
-}
-
-impl AddAssign for Amount {
-    fn add_assign(&mut self, other: Amount) {
-        self.gpus += other.gpus;
-        self.cores += other.cores;
-        self.memory += other.memory;
-    }
-}
-
-impl SubAssign for Amount {
-    fn sub_assign(&mut self, other: Amount) {
-        self.gpus -= other.gpus;
-        self.cores -= other.cores;
-        self.memory -= other.memory;
-    }
-}
+pub use gkm_k8s_api::quota::{Amount, amount_of};
 
 /// A share of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +80,7 @@ impl Hold {
             namespace: namespace.to_string(),
             name: name.to_string(),
             node: node.to_string(),
-            amount: Amount::of(request),
+            amount: amount_of(request),
             whole: request.whole.clone(),
             shares,
             reserved,
@@ -129,11 +92,7 @@ impl Hold {
     /// is not bound, has finished, holds no GPU or asks for GPUs in a way
     /// that cannot be read.
     pub fn of_pod(pod: &Pod, whole_resources: &[String]) -> Option<Hold> {
-        let node = pod.spec.as_ref()?.node_name.as_deref()?;
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
-            return None;
-        }
+        let node = gkm_k8s_api::quota::holds_on(pod)?;
         let request = GpuRequest::from_pod(pod, whole_resources).ok()?;
         if request.is_empty() {
             return None;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::cache::{self, CacheFit, CacheOnNode};
-use super::hold::{Amount, Hold, Share, split_shares};
+use super::hold::{Amount, Hold, Share, amount_of, split_shares};
 use super::node::NodeGpus;
 use super::request::{CacheUse, GpuRequest};
 use super::{CORES_PER_GPU, DEFAULT_MODEL_LABEL, DEFAULT_WHOLE_RESOURCES};
@@ -242,7 +242,7 @@ impl Index {
             index: self,
             namespace,
             request,
-            asked: Amount::of(request),
+            asked: amount_of(request),
             own: self.holds.get(uid),
             quotas: self.quotas.get(namespace),
             used: self.quota_use.get(namespace),
@@ -508,24 +508,9 @@ impl Placer<'_> {
         {
             used -= own.amount;
         }
-        let asked = self.asked;
-        for (quota, limits) in quotas {
-            for limit in limits.iter().filter(|l| l.model == model) {
-                let dimensions = [
-                    (limit.gpus, used.gpus, asked.gpus, "GPUs"),
-                    (limit.cores, used.cores, asked.cores, "GPU cores (%)"),
-                    (limit.memory, used.memory, asked.memory, "GPU memory (MiB)"),
-                ];
-                for (cap, held, ask, what) in dimensions {
-                    if let Some(cap) = cap.filter(|&cap| ask > 0 && held + ask > cap) {
-                        return Err(format!(
-                            "gkm: quota {namespace}/{quota} reached: namespace {namespace} holds {held} of {cap} {what} of model {model}, the pod asks {ask}"
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
+        let quotas = quotas.iter().map(|(n, l)| (n.as_str(), l.as_slice()));
+        gkm_k8s_api::quota::check(namespace, model, quotas, used, self.asked)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -49,7 +49,7 @@ mod index;
 mod latency;
 mod node;
 pub mod protocol;
-pub mod request;
+pub use gkm_k8s_api::gpu_request as request;
 mod server;
 mod status;
 mod verbs;
@@ -59,23 +59,17 @@ mod watch;
 mod tests;
 
 pub use cache::CacheFit;
+pub use gkm_k8s_api::quota::amount_of;
 pub use hold::Share;
 pub use index::{Choice, Index, IndexConfig};
-pub use server::{Extender, LATENCY_PATH, URL_PREFIX};
+pub use server::{Extender, LATENCY_PATH, MAX_BODY_BYTES, MAX_IN_FLIGHT, URL_PREFIX};
 
-/// Shared-GPU cores, in percent of one GPU.
-pub const GPU_CORES: &str = "gkm.io/gpu-cores";
-/// Shared-GPU memory, in MiB.
-pub const GPU_MEMORY: &str = "gkm.io/gpu-memory";
-/// The cores of one GPU.
-pub const CORES_PER_GPU: i64 = gkm_core::assignment::CORES_PER_GPU;
+pub use gkm_k8s_api::gpu_request::{
+    CORES_PER_GPU, DEFAULT_MODEL_LABEL, DEFAULT_WHOLE_RESOURCES, GPU_CORES, GPU_MEMORY,
+};
 /// The node annotation listing a node's shared-GPU devices:
 /// `[{"id": "GPU-…", "cores": 100, "memory": 16384}]`.
 pub const DEVICES_ANNOTATION: &str = gkm_core::assignment::NODE_GPUS_ANNOTATION;
-/// The node label naming the GPU model, written by gkm's agent.
-pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
-/// The extended resources counted as whole GPUs unless configured.
-pub const DEFAULT_WHOLE_RESOURCES: &[&str] = &["nvidia.com/gpu", "amd.com/gpu"];
 
 /// Sets up the extender against `client`: the extender to serve (see
 /// [`gkm_k8s_runtime::endpoints::Endpoints::with_routes`]) and the work to run beside it

@@ -40,6 +40,16 @@ pub const URL_PREFIX: &str = "/scheduler";
 /// (`{"filter":{"count":…,"p50":…,"p99":…,"max":…},…}`, seconds).
 pub const LATENCY_PATH: &str = "/scheduler/latency";
 
+/// The largest request body a verb accepts: a scheduler call names nodes
+/// (`nodeCacheCapable`) and carries one pod, far below this. A larger body
+/// is refused with `413` before it is read whole.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The calls answered at once; one more is refused with `503` (the
+/// scheduler retries). kube-scheduler calls filter and prioritize for one
+/// pod at a time and binds a few pods at once, far below this.
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// A verb's label in the metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerbLabel {
@@ -185,6 +195,14 @@ impl Routes for Extender {
     fn serves(&self, path: &str) -> bool {
         path.strip_prefix(URL_PREFIX)
             .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    fn max_body_bytes(&self) -> usize {
+        MAX_BODY_BYTES
+    }
+
+    fn max_in_flight(&self) -> Option<usize> {
+        Some(MAX_IN_FLIGHT)
     }
 
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {

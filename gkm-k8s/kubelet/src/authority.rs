@@ -18,6 +18,15 @@
 //! everything the server writes. A stream the adapter cannot follow (a bad
 //! preface, an oversized frame) is passed through raw from then on, so the
 //! server reports the error as it would have.
+//!
+//! Decoding is bounded: HPACK lets a few bytes name a 4 KiB entry of the
+//! dynamic table again and again, so a small block can decode to gigabytes
+//! (an "HPACK bomb"). A header block, its decoded header list (sized as
+//! `SETTINGS_MAX_HEADER_LIST_SIZE` counts it: name, value and 32 bytes per
+//! field) and its number of fields each have a limit ([`MAX_HEADER_LIST`],
+//! [`MAX_HEADER_FIELDS`]); a block over one ends the connection with a
+//! [`RewriteError::TooLarge`] naming the stream and the limit, before any
+//! field beyond the limit is copied.
 
 use std::io;
 use std::pin::Pin;
@@ -34,8 +43,16 @@ const FRAME_HEADER: usize = 9;
 /// The largest frame the server accepts (HTTP/2's default
 /// `SETTINGS_MAX_FRAME_SIZE`, which tonic's server keeps).
 const MAX_FRAME: usize = 16_384;
-/// The largest header block followed; a larger one ends the connection.
-const MAX_HEADER_BLOCK: usize = 256 * 1024;
+/// The largest header list followed, in `SETTINGS_MAX_HEADER_LIST_SIZE`
+/// bytes (each field's name and value plus 32), and the largest encoded
+/// header block (never larger than the list it decodes to): the limit of the
+/// HTTP/2 server behind the adapter (hyper's default), so nothing it would
+/// have served is refused. A larger block ends the connection.
+pub const MAX_HEADER_LIST: usize = 16 * 1024;
+/// The most fields one header block may hold (the kubelet sends about ten).
+pub const MAX_HEADER_FIELDS: usize = 128;
+/// What RFC 7541 adds to each field's name and value when sizing a list.
+const FIELD_OVERHEAD: usize = 32;
 /// HPACK's default dynamic table size, which the server's decoder uses.
 const HPACK_TABLE: usize = 4_096;
 /// What replaces an authority that is not one.
@@ -98,7 +115,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 Poll::Ready(Ok(())) => {
                     this.rewriter
                         .feed(read.filled(), &mut this.ready)
-                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                        .map_err(|e| {
+                            tracing::warn!(error = %e, "ending a plugin-registration connection");
+                            io::Error::new(io::ErrorKind::InvalidData, e)
+                        })?;
                 }
             }
         }
@@ -143,6 +163,17 @@ pub enum RewriteError {
         /// What was wrong.
         detail: String,
     },
+    /// A header block over a limit ([`MAX_HEADER_LIST`],
+    /// [`MAX_HEADER_FIELDS`]): encoded or decoded, too large to follow.
+    #[error("HTTP/2 header block of stream {stream}: {what} exceeds the limit of {limit}")]
+    TooLarge {
+        /// The stream it belongs to.
+        stream: u32,
+        /// What exceeded the limit.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 #[derive(Default, PartialEq, Eq)]
@@ -164,6 +195,9 @@ pub struct Rewriter {
     decoder: Decoder<'static>,
     encoder: Encoder<'static>,
 }
+
+/// Decoded header fields, names and values.
+type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// A header block being collected from HEADERS and CONTINUATION frames.
 struct Block {
@@ -255,11 +289,12 @@ impl Rewriter {
             if self
                 .block
                 .as_ref()
-                .is_some_and(|b| b.fragment.len() > MAX_HEADER_BLOCK)
+                .is_some_and(|b| b.fragment.len() > MAX_HEADER_LIST)
             {
-                return Err(RewriteError::HeaderBlock {
+                return Err(RewriteError::TooLarge {
                     stream,
-                    detail: format!("larger than {MAX_HEADER_BLOCK} bytes"),
+                    what: "the encoded block (bytes)",
+                    limit: MAX_HEADER_LIST,
                 });
             }
             if flags & FLAG_END_HEADERS != 0
@@ -282,13 +317,7 @@ impl Rewriter {
     /// Decode `block`, fix its authority, encode it again as one HEADERS
     /// frame and as many CONTINUATION frames as its size needs.
     fn rewrite(&mut self, block: &Block, out: &mut Vec<u8>) -> Result<(), RewriteError> {
-        let mut fields =
-            self.decoder
-                .decode(&block.fragment)
-                .map_err(|e| RewriteError::HeaderBlock {
-                    stream: block.stream,
-                    detail: format!("{e:?}"),
-                })?;
+        let mut fields = self.decode(block)?;
         for (name, value) in fields.iter_mut() {
             if name.as_slice() == b":authority"
                 && http::uri::Authority::try_from(value.as_slice()).is_err()
@@ -323,6 +352,43 @@ impl Rewriter {
             first = false;
         }
         Ok(())
+    }
+}
+
+impl Rewriter {
+    /// Decode `block` within [`MAX_HEADER_LIST`] and [`MAX_HEADER_FIELDS`]:
+    /// fields past a limit are not copied, and the block is refused.
+    fn decode(&mut self, block: &Block) -> Result<HeaderList, RewriteError> {
+        let mut fields = Vec::new();
+        let mut list_size = 0usize;
+        let mut count = 0usize;
+        self.decoder
+            .decode_with_cb(&block.fragment, |name, value| {
+                count += 1;
+                list_size = list_size.saturating_add(name.len() + value.len() + FIELD_OVERHEAD);
+                if count <= MAX_HEADER_FIELDS && list_size <= MAX_HEADER_LIST {
+                    fields.push((name.into_owned(), value.into_owned()));
+                }
+            })
+            .map_err(|e| RewriteError::HeaderBlock {
+                stream: block.stream,
+                detail: format!("{e:?}"),
+            })?;
+        if count > MAX_HEADER_FIELDS {
+            return Err(RewriteError::TooLarge {
+                stream: block.stream,
+                what: "the number of header fields",
+                limit: MAX_HEADER_FIELDS,
+            });
+        }
+        if list_size > MAX_HEADER_LIST {
+            return Err(RewriteError::TooLarge {
+                stream: block.stream,
+                what: "the decoded header list (bytes)",
+                limit: MAX_HEADER_LIST,
+            });
+        }
+        Ok(fields)
     }
 }
 
@@ -522,6 +588,66 @@ mod tests {
         let mut out = Vec::new();
         Rewriter::default().feed(&oversized, &mut out).expect("raw");
         assert_eq!(out, oversized);
+    }
+
+    /// One HEADERS frame on `stream` holding `block` whole.
+    fn one_block(stream: u32, block: &[u8]) -> Vec<u8> {
+        let mut input = PREFACE.to_vec();
+        write_frame(&mut input, TYPE_HEADERS, FLAG_END_HEADERS, stream, block);
+        input
+    }
+
+    #[test]
+    fn a_block_decoding_past_the_limits_is_refused_naming_the_limit() {
+        // One 4 KiB table entry named five times: a small block whose
+        // header list is over MAX_HEADER_LIST.
+        let mut client = Encoder::new();
+        let big = vec![b'a'; 4000];
+        let mut block = client.encode([(b"x-big".as_slice(), big.as_slice())]);
+        block.extend(std::iter::repeat_n(0x80 | 62, 4));
+        assert!(block.len() < MAX_HEADER_LIST);
+        let err = Rewriter::default()
+            .feed(&one_block(9, &block), &mut Vec::new())
+            .expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                RewriteError::TooLarge {
+                    stream: 9,
+                    limit: MAX_HEADER_LIST,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("decoded header list"), "{err}");
+
+        // Many small fields: over MAX_HEADER_FIELDS.
+        let fields: Fields = (0..=MAX_HEADER_FIELDS)
+            .map(|i| (format!("x-{i}").into_bytes(), b"v".to_vec()))
+            .collect();
+        let block = encode(&mut Encoder::new(), &fields);
+        let err = Rewriter::default()
+            .feed(&one_block(11, &block), &mut Vec::new())
+            .expect_err("refused");
+        assert!(err.to_string().contains("number of header fields"), "{err}");
+        assert!(err.to_string().contains("stream 11"), "{err}");
+
+        // Just within the limits: rewritten.
+        let fields: Fields = (0..MAX_HEADER_FIELDS)
+            .map(|i| (format!("x-{i}").into_bytes(), b"v".to_vec()))
+            .collect();
+        let mut out = Vec::new();
+        Rewriter::default()
+            .feed(
+                &one_block(13, &encode(&mut Encoder::new(), &fields)),
+                &mut out,
+            )
+            .expect("within the limits");
+        assert_eq!(
+            server_view(&mut Decoder::new(), &out[PREFACE.len()..]),
+            vec![fields]
+        );
     }
 
     #[test]

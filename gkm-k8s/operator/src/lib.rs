@@ -1,9 +1,10 @@
 //! The operator: one generic controller for `GKMCache` and `ClusterGKMCache`.
 //!
 //! For each cache it resolves `spec.image` to a digest (again every
-//! `resolveInterval`, so a moved tag rolls out), verifies the signature
-//! against the cache's policy or the operator's default as the operator's
-//! [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
+//! `resolveInterval`, so a moved tag rolls out unless [`tag_follow`] holds
+//! it back), verifies the signature against the administrator's signers
+//! (a cache's own only where [`TenantSigners`] lets them count) as the
+//! operator's [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
 //! writes status once per real change. A cache with `storageClassName` also
 //! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
@@ -38,6 +39,8 @@ mod resolutions;
 pub mod rollup;
 mod status;
 mod status_owners;
+pub mod tag_follow;
+pub mod tenant_signers;
 mod verdict;
 mod verifier;
 pub mod webhook;
@@ -58,6 +61,7 @@ use tracing::{info, warn};
 pub use error::{Error, Result};
 pub use metrics::{Metrics, OperatorCollector};
 pub use reconcile::FINALIZER;
+pub use tenant_signers::TenantSigners;
 pub use verdict::PolicyFloor;
 pub use verifier::{ImageVerifier, RegistryVerifier};
 
@@ -70,9 +74,14 @@ use report_index::ReportIndex;
 pub struct OperatorConfig {
     /// How to reach registries.
     pub registry: RegistryOptions,
-    /// The policy for caches without `spec.signature`; without one, such
-    /// caches are never verified, so never delivered.
+    /// The administrator's policy: for caches without `spec.signature`, and
+    /// the signers of every cache whose own signers do not count
+    /// ([`TenantSigners`]). Without one, such caches are never verified, so
+    /// never delivered.
     pub default_policy: Option<SignaturePolicy>,
+    /// The namespaces whose caches' own `spec.signature` signers count
+    /// (none by default: only the administrator's signers do).
+    pub tenant_signers: TenantSigners,
     /// How often tags are resolved again when a cache does not say.
     pub resolve_interval: Duration,
     /// What every cache's signature policy must meet.
@@ -158,6 +167,7 @@ impl Default for OperatorConfig {
         OperatorConfig {
             registry: RegistryOptions::default(),
             default_policy: None,
+            tenant_signers: TenantSigners::default(),
             resolve_interval: Duration::from_secs(300),
             floor: PolicyFloor::default(),
             reverify_interval: Duration::from_secs(3600),

@@ -25,11 +25,14 @@ use super::rollup::NodeEntries;
 use super::rollup::rollup;
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
+use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
 use super::verdict::{verdict, verdict_event};
 use crate::error::{Error, Result};
 use crate::pvc::{FIELD_MANAGER, PvcMode, reconcile_claims, remove_claims};
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
-use gkm_k8s_api::crd::{CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, resolve_interval};
+use gkm_k8s_api::crd::{
+    CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval,
+};
 
 /// The finalizer that holds a cache until no node uses or reports it.
 pub const FINALIZER: &str = "gkm.io/cleanup";
@@ -100,8 +103,9 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
 }
 
 /// What is known about `digest`, the image `cache` resolved to: its verdict
-/// (announced when it is news), the nodes' reports rolled up, and the claims
-/// when the cache is or was in PVC mode.
+/// (announced when it is news), whether the cache follows its tag there
+/// ([`tag_follow`]), the nodes' reports rolled up for the digest it serves,
+/// and the claims when the cache is or was in PVC mode.
 async fn observe<K: CacheObject>(
     cache: &K,
     ctx: &Context,
@@ -111,10 +115,33 @@ async fn observe<K: CacheObject>(
 ) -> Result<Resolved> {
     let spec = cache.cache_spec();
     let (verification, checked) = verdict(cache, ctx, &digest, old).await;
-    if let Some((type_, reason)) = verdict_event(old.verification.as_ref(), &verification, checked)
-    {
-        let note = verification.message.clone().unwrap_or_default();
-        publish(cache, ctx, type_, reason, note).await;
+    let (digest, verification, checked, hold) =
+        follow_or_hold(cache, ctx, old, digest, verification, checked).await?;
+    match &hold {
+        None => {
+            if let Some((type_, reason)) =
+                verdict_event(old.verification.as_ref(), &verification, checked)
+            {
+                let note = verification.message.clone().unwrap_or_default();
+                publish(cache, ctx, type_, reason, note).await;
+            }
+        }
+        Some((reason, message)) => {
+            let news =
+                !old.conditions.iter().flatten().any(|c| {
+                    c.type_ == TAG_FOLLOWED && c.reason == *reason && c.message == *message
+                });
+            if news {
+                publish(
+                    cache,
+                    ctx,
+                    EventType::Warning,
+                    "TagNotFollowed",
+                    message.clone(),
+                )
+                .await;
+            }
+        }
     }
     let entries = live_reports_for(cache, ctx, reports).await?;
     let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
@@ -138,7 +165,94 @@ async fn observe<K: CacheObject>(
         verification,
         nodes,
         claims,
+        hold,
     })
+}
+
+/// The `TagFollowed` condition's type.
+const TAG_FOLLOWED: &str = "TagFollowed";
+
+/// The digest served, its verdict, whether signatures were checked for it
+/// now, and for a tag not followed, the `TagFollowed` condition's reason and
+/// message.
+type Served = (
+    String,
+    VerificationStatus,
+    bool,
+    Option<(&'static str, String)>,
+);
+
+/// Follows the tag to `digest` (recording the digest moved away from in the
+/// cache's history), or keeps serving the digest the cache served, as
+/// [`tag_follow::decide`] says.
+async fn follow_or_hold<K: CacheObject>(
+    cache: &K,
+    ctx: &Context,
+    old: &CacheStatus,
+    digest: String,
+    verification: VerificationStatus,
+    checked: bool,
+) -> Result<Served> {
+    let image = &cache.cache_spec().image;
+    let history = History::of(cache.annotations(), image);
+    // What the cache serves, under the spec it has now: a changed spec is
+    // followed as written.
+    let current = old
+        .resolved_digest
+        .clone()
+        .filter(|_| old.observed_generation == cache.meta().generation)
+        .filter(|d| old.verification.as_ref().is_some_and(|v| v.admits(d)));
+    let why = verification.message.clone().unwrap_or_default();
+    let hold = match tag_follow::decide(
+        &digest,
+        verification.is_deliverable(),
+        &why,
+        current.as_deref(),
+        &history,
+    ) {
+        Decision::Follow => {
+            if let Some(from) = current.as_deref().filter(|c| *c != digest) {
+                record_history(cache, ctx, &history.moved(from, &digest)).await?;
+            }
+            return Ok((digest, verification, checked, None));
+        }
+        Decision::Hold(hold) => hold,
+    };
+    if let Some(current) = current {
+        // Still verified under the policy in force (re-checked as usual)?
+        let (kept, kept_checked) = verdict(cache, ctx, &current, old).await;
+        if kept.admits(&current) {
+            let message = hold.message(Some(&current));
+            return Ok((current, kept, kept_checked, Some((hold.reason(), message))));
+        }
+    }
+    // Nothing verified to stay on: the tag's digest, refused if it is a rollback.
+    let message = hold.message(None);
+    let mut verification = verification;
+    if matches!(hold, Hold::RolledBack { .. }) {
+        verification.deliverable = Some(false);
+        verification.message = Some(message.clone());
+    }
+    Ok((
+        digest,
+        verification,
+        checked,
+        Some((hold.reason(), message)),
+    ))
+}
+
+/// Writes `history` into the cache's annotation.
+async fn record_history<K: CacheObject>(cache: &K, ctx: &Context, history: &History) -> Result<()> {
+    let api = K::api(ctx.client.clone(), cache.namespace().as_deref());
+    let patch = json!({"metadata": {"annotations": {HISTORY_ANNOTATION: history.to_annotation()}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    api.patch(&cache.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
+    info!(cache = %cache.key(), replaced = ?history.replaced.last(), "the tag moved; the digest it replaced is remembered");
+    Ok(())
 }
 
 async fn cleanup<K: CacheObject>(

@@ -31,6 +31,9 @@ pub(super) struct Resolved {
     pub nodes: (CacheCounts, CacheState),
     /// The claims, when the cache is (or was) in PVC mode.
     pub claims: Option<Claims>,
+    /// When the tag's digest is not followed ([`crate::tag_follow`]): the
+    /// `TagFollowed` condition's reason and message.
+    pub hold: Option<(&'static str, String)>,
 }
 
 /// What the PVC-mode reconcile found.
@@ -104,6 +107,14 @@ pub(super) fn desired(observed: &Observed<'_>) -> CacheStatus {
                 },
                 message: format!("{holding} of {} nodes hold {digest}", counts.node_cnt),
             });
+            if let Some((reason, message)) = &resolved.hold {
+                wanted.push(Cond {
+                    type_: "TagFollowed",
+                    status: false,
+                    reason,
+                    message: message.clone(),
+                });
+            }
             wanted.push(Cond {
                 type_: "Degraded",
                 status: !ok || counts.node_error_cnt > 0,
@@ -228,7 +239,39 @@ mod tests {
             verification,
             nodes,
             claims: None,
+            hold: None,
         }
+    }
+
+    #[test]
+    fn a_tag_not_followed_is_a_condition_while_the_served_digest_stays_ready() {
+        let held = Resolved {
+            hold: Some(("NotVerified", "the tag now points at sha256:b".into())),
+            ..resolved(verified(), (counts(1, 0, 1, 0), CacheState::Extracted))
+        };
+        let status = decide(Ok(held), None);
+        assert_eq!(status.state, Some(CacheState::Extracted));
+        assert_eq!(status.resolved_digest.as_deref(), Some(DIGEST));
+        let conditions = status.conditions.unwrap_or_default();
+        let tag = conditions.iter().find(|c| c.type_ == "TagFollowed");
+        assert_eq!(
+            tag.map(|c| (c.status.as_str(), c.reason.as_str())),
+            Some(("False", "NotVerified"))
+        );
+        let followed = decide(
+            Ok(resolved(
+                verified(),
+                (counts(1, 0, 1, 0), CacheState::Extracted),
+            )),
+            None,
+        );
+        assert!(
+            !followed
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "TagFollowed")
+        );
     }
 
     fn decide(resolution: Result<Resolved, String>, note: Option<&str>) -> CacheStatus {

@@ -70,14 +70,17 @@ pub(super) async fn verdict<K: CacheObject>(
     old: &CacheStatus,
 ) -> (VerificationStatus, bool) {
     let spec = cache.cache_spec();
-    let asked = spec
-        .signature
-        .clone()
-        .or_else(|| ctx.config.default_policy.clone());
-    let (mode, note) = ctx
+    let (asked, set_aside) = ctx.config.tenant_signers.policy_for(
+        &cache.key(),
+        spec.signature.as_ref(),
+        ctx.config.default_policy.as_ref(),
+    );
+    let (mode, tightened) = ctx
         .config
         .floor
         .mode(asked.as_ref().map_or(SignatureMode::Enforce, |p| p.mode));
+    let notes: Vec<String> = [set_aside, tightened].into_iter().flatten().collect();
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     let outcome = |verified: bool, message: String| VerificationStatus {
         verified,
         deliverable: Some(gkm_core::policy::Mode::from(mode).delivers(verified)),
@@ -160,7 +163,7 @@ async fn policies_in_force(
             .resolve(&key, &policy)
             .await
             .map_err(|e| format!("signature policy: {e}"))?;
-        out.push(("the cache's signers", core));
+        out.push(("the signers in force", core));
     }
     if let Some(required) = ctx
         .config

@@ -16,11 +16,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 use tracing::warn;
 
 use super::readiness::Readiness;
@@ -32,6 +33,9 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 /// How long a client may take to send its request head.
 pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a client may take to send a request body to [`Routes`].
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A response being computed.
 pub type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send + 'a>>;
 
@@ -39,20 +43,37 @@ pub type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Full<Bytes>>>
 pub trait Routes: Send + Sync {
     /// Whether these routes answer `path`.
     fn serves(&self, path: &str) -> bool;
+    /// The largest request body these routes accept; a larger one is
+    /// answered `413` without being read whole.
+    fn max_body_bytes(&self) -> usize {
+        MAX_BODY_BYTES
+    }
+    /// How many requests these routes answer at once, body reading
+    /// included; one more is answered `503` with `Retry-After` at once.
+    /// `None`: no limit.
+    fn max_in_flight(&self) -> Option<usize> {
+        None
+    }
     /// The response to `method` on `path` with the request `body` (at most
-    /// [`MAX_BODY_BYTES`]).
+    /// [`Routes::max_body_bytes`]).
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a>;
 }
 
-/// The largest request body a [`Routes`] path accepts.
+/// The largest request body a [`Routes`] path accepts unless it says less.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// Extra routes and the permits of their in-flight limit.
+struct Served {
+    routes: Arc<dyn Routes>,
+    in_flight: Option<Arc<Semaphore>>,
+}
 
 /// What the server answers with: the metrics registry, the readiness
 /// checks and any extra routes.
 pub struct Endpoints {
     registry: Registry,
     readiness: Readiness,
-    routes: Option<Arc<dyn Routes>>,
+    routes: Option<Served>,
 }
 
 impl Endpoints {
@@ -67,29 +88,56 @@ impl Endpoints {
 
     /// Also serves `routes`.
     pub fn with_routes(mut self, routes: Arc<dyn Routes>) -> Self {
-        self.routes = Some(routes);
+        let in_flight = routes.max_in_flight().map(|n| Arc::new(Semaphore::new(n)));
+        self.routes = Some(Served { routes, in_flight });
         self
     }
 
     /// Answers `request`: from the extra routes when they serve its path.
     pub(super) async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        let Some(routes) = self
+        let Some(served) = self
             .routes
             .as_ref()
-            .filter(|r| r.serves(request.uri().path()))
+            .filter(|s| s.routes.serves(request.uri().path()))
         else {
             return self.respond(&request);
         };
+        // Held until the response is computed.
+        let _permit = match &served.in_flight {
+            None => None,
+            Some(permits) => match permits.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return busy(served.routes.max_in_flight().unwrap_or_default()),
+            },
+        };
+        let limit = served.routes.max_body_bytes();
+        let declared = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return too_large(limit);
+        }
         let (parts, body) = request.into_parts();
-        match Limited::new(body, MAX_BODY_BYTES).collect().await {
-            Ok(body) => {
-                routes
+        let read = tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect());
+        match read.await {
+            Ok(Ok(body)) => {
+                served
+                    .routes
                     .respond(&parts.method, parts.uri.path(), body.to_bytes())
                     .await
             }
-            Err(e) => text(
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(limit),
+            Ok(Err(e)) => text(
                 StatusCode::BAD_REQUEST,
                 format!("reading the request body: {e}\n"),
+            ),
+            Err(_) => text(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body took longer than {}s to send\n",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
             ),
         }
     }
@@ -152,6 +200,26 @@ impl Endpoints {
         }
         response
     }
+}
+
+/// `413`: a request body over `limit` bytes.
+fn too_large(limit: usize) -> Response<Full<Bytes>> {
+    text(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than {limit} bytes, the most this path accepts\n"),
+    )
+}
+
+/// `503`: `limit` requests are already in flight.
+fn busy(limit: usize) -> Response<Full<Bytes>> {
+    let mut response = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{limit} requests are already being answered; retry shortly\n"),
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// A plain-text response.

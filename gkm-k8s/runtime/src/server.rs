@@ -110,11 +110,23 @@ impl TlsError {
 }
 
 /// A TLS acceptor serving the PEM certificate chain `cert` with the PEM
-/// private key `key` (TLS 1.2 and 1.3, aws-lc-rs).
+/// private key `key` (TLS 1.2 and 1.3, aws-lc-rs), to any client.
 pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, TlsError> {
+    acceptor(cert, key, None)
+}
+
+/// Like [`tls_acceptor`], for clients presenting a certificate that the PEM
+/// CA certificates `client_ca` signed (mutual TLS): a client without one,
+/// or with another CA's, fails the handshake and never sends a request.
+pub fn mtls_acceptor(cert: &[u8], key: &[u8], client_ca: &[u8]) -> Result<TlsAcceptor, TlsError> {
+    acceptor(cert, key, Some(client_ca))
+}
+
+fn acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Result<TlsAcceptor, TlsError> {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls::server::WebPkiClientVerifier;
 
     let chain = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
@@ -125,14 +137,33 @@ pub fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<TlsAcceptor, TlsError> {
     let key = PrivateKeyDer::from_pem_slice(key)
         .map_err(|e| TlsError(format!("the key is not a PEM private key: {e}")))?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
-        .map_err(|e| {
-            TlsError(format!(
-                "the certificate and key do not make a TLS configuration: {e}"
-            ))
-        })?;
+        .map_err(|e| TlsError(format!("no TLS protocol version to serve: {e}")))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(client_ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_slice_iter(client_ca) {
+                let ca = ca.map_err(|e| TlsError(format!("the client CA is not PEM: {e}")))?;
+                roots.add(ca).map_err(|e| {
+                    TlsError(format!("the client CA is not a usable certificate: {e}"))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(TlsError::new("the client CA file holds no certificate"));
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError(format!("the client CA cannot verify clients: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder.with_single_cert(chain, key).map_err(|e| {
+        TlsError(format!(
+            "the certificate and key do not make a TLS configuration: {e}"
+        ))
+    })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -173,5 +204,34 @@ impl EndpointServer {
     pub async fn stop(self) -> Result<(), tokio::task::JoinError> {
         let _ = self.stop.send(true);
         self.task.await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate for localhost and its key, in PEM.
+    fn self_signed() -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string()]).expect("parameters");
+        let cert = params.self_signed(&key).expect("a certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn a_client_ca_that_is_no_certificate_is_refused_by_name() {
+        let (cert, key) = self_signed();
+        let (ca, _) = self_signed();
+        assert!(mtls_acceptor(cert.as_bytes(), key.as_bytes(), ca.as_bytes()).is_ok());
+        let err = mtls_acceptor(cert.as_bytes(), key.as_bytes(), b"not a certificate")
+            .err()
+            .expect("no client CA");
+        assert_eq!(err.to_string(), "the client CA file holds no certificate");
+        let err = mtls_acceptor(cert.as_bytes(), key.as_bytes(), key.as_bytes())
+            .err()
+            .expect("a key is no CA");
+        assert_eq!(err.to_string(), "the client CA file holds no certificate");
     }
 }

@@ -15,6 +15,10 @@ use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+/// The flag that lets the extender serve its verbs without client
+/// certificates, for the tests of what it does (not of who may call it).
+pub const INSECURE: &str = "--insecure-no-client-auth";
+
 /// How long a pod may take to be scheduled or refused.
 pub const SETTLE: Duration = Duration::from_secs(90);
 
@@ -33,17 +37,128 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The shipped example scheduler configuration, calling the extender at `addr`.
-pub fn scheduler_config(addr: &str) -> anyhow::Result<String> {
+/// Where the shipped example scheduler configuration calls the extender.
+const SHIPPED_URL: &str = "https://gkm-scheduler-extender.gkm-system.svc:8888/scheduler";
+
+/// The shipped example scheduler configuration with its extender entry
+/// changed by `change`, calling the extender at `addr` (over `scheme`).
+fn shipped_config(
+    addr: &str,
+    scheme: &str,
+    change: impl FnOnce(&mut serde_yaml::Mapping) -> anyhow::Result<()>,
+) -> anyhow::Result<String> {
     let path = workspace_root().join("deploy/scheduler-extender/kube-scheduler-config.yaml");
     let text = std::fs::read_to_string(&path)?;
-    let shipped = "http://gkm-scheduler-extender.gkm-system.svc:8888/scheduler";
+    let mut value: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let extender = value
+        .get_mut("extenders")
+        .and_then(|e| e.get_mut(0))
+        .and_then(|e| e.as_mapping_mut())
+        .ok_or_else(|| anyhow::anyhow!("{} has no extender", path.display()))?;
     anyhow::ensure!(
-        text.contains(shipped),
-        "{} no longer calls {shipped}",
+        extender.get("urlPrefix").and_then(|u| u.as_str()) == Some(SHIPPED_URL),
+        "{} no longer calls {SHIPPED_URL}",
         path.display()
     );
-    Ok(text.replace(shipped, &format!("http://{addr}/scheduler")))
+    extender.insert(
+        "urlPrefix".into(),
+        format!("{scheme}://{addr}/scheduler").into(),
+    );
+    change(extender)?;
+    Ok(serde_yaml::to_string(&value)?)
+}
+
+/// The shipped example scheduler configuration, calling the extender at
+/// `addr` over plain HTTP (an extender run with [`INSECURE`]).
+pub fn scheduler_config(addr: &str) -> anyhow::Result<String> {
+    shipped_config(addr, "http", |extender| {
+        extender.insert("enableHTTPS".into(), false.into());
+        extender.remove("tlsConfig");
+        Ok(())
+    })
+}
+
+/// The chart's documents, rendered for the namespace gkm-system with the
+/// extender enabled and `values` (`--set` arguments) on top.
+pub fn chart_documents(values: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let helm = gkm_testenv::find_binary(gkm_testenv::Component::Helm)?;
+    let chart = workspace_root().join("deploy/helm/gkm");
+    let out = Command::new(helm)
+        .args(["template", "gkm"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            "gkm-system",
+            "--set",
+            "schedulerExtender.enabled=true",
+        ])
+        .args(values)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut docs = Vec::new();
+    for doc in text.split("\n---\n") {
+        let doc: Value = serde_yaml::from_str(doc)?;
+        if !doc.is_null() {
+            docs.push(doc);
+        }
+    }
+    Ok(docs)
+}
+
+/// The document of `kind` named `name` in `docs`.
+pub fn find_document<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+/// The extender container as the chart renders it.
+pub struct ChartExtender {
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Where the TLS Secret is mounted, when it is.
+    pub tls_mount: Option<String>,
+}
+
+/// The extender container as the chart renders it with `values`.
+pub fn chart_extender(values: &[&str]) -> anyhow::Result<ChartExtender> {
+    let docs = chart_documents(values)?;
+    let deployment = find_document(&docs, "Deployment", "gkm-scheduler-extender")
+        .ok_or_else(|| anyhow::anyhow!("no extender Deployment"))?;
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = container["args"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|a| a.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let secret_volumes: Vec<&str> = pod["volumes"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter(|v| v["secret"]["secretName"].is_string())
+                .filter_map(|v| v["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let tls_mount = container["volumeMounts"].as_array().and_then(|mounts| {
+        mounts
+            .iter()
+            .find(|m| {
+                m["name"]
+                    .as_str()
+                    .is_some_and(|n| secret_volumes.contains(&n))
+            })
+            .and_then(|m| m["mountPath"].as_str().map(String::from))
+    });
+    Ok(ChartExtender { args, tls_mount })
 }
 
 /// A scheduler configuration without extenders.
@@ -89,30 +204,52 @@ impl Cluster {
         self.start_extender_from(&binary).await
     }
 
-    /// Starts the extender `binary` as its ServiceAccount and waits until it
+    /// Starts the extender `binary` as its ServiceAccount, serving plain
+    /// HTTP to any caller (`--insecure-no-client-auth`), and waits until it
     /// is ready.
     pub async fn start_extender_from(&mut self, binary: &Path) -> anyhow::Result<()> {
-        self.spawn_extender(binary, &[]).await
+        self.spawn_extender(binary, &[INSECURE.to_string()]).await
     }
 
-    /// Starts this crate's extender serving HTTPS with a certificate for
-    /// 127.0.0.1 and returns the CA certificate (PEM) that signed it. Waits
+    /// Starts this crate's extender as the chart runs it by default: with
+    /// the chart's arguments, over mutual TLS with the certificates of
+    /// [`Certificates::issue`] where the chart mounts its TLS Secret. Waits
     /// only until it accepts connections.
-    pub async fn start_extender_tls(&mut self) -> anyhow::Result<String> {
+    pub async fn start_extender_mtls(&mut self) -> anyhow::Result<Certificates> {
         let binary = option_env!("CARGO_BIN_EXE_gkm-scheduler-extender")
             .map(PathBuf::from)
             .ok_or_else(|| anyhow::anyhow!("not built as a test: name the extender binary"))?;
-        let (ca, cert, key) = serving_certificate()?;
-        let dir = self.plane.dir();
-        let (cert_path, key_path) = (dir.join("extender.crt"), dir.join("extender.key"));
-        std::fs::write(&cert_path, cert)?;
-        std::fs::write(&key_path, key)?;
-        let flags = [
-            format!("--tls-cert-file={}", cert_path.display()),
-            format!("--tls-key-file={}", key_path.display()),
-        ];
+        let chart = chart_extender(&[])?;
+        let mount = chart.tls_mount.ok_or_else(|| {
+            anyhow::anyhow!(
+                "the chart's defaults mount no TLS Secret into the extender: {:?}",
+                chart.args
+            )
+        })?;
+        let certificates = Certificates::issue(self.plane.dir())?;
+        let secret = certificates.secret_dir.display().to_string();
+        // The chart's arguments but for where to listen (the test's address)
+        // and the Secret's files (the test's).
+        let flags: Vec<String> = chart
+            .args
+            .iter()
+            .filter(|a| !a.starts_with("--address=") && !a.starts_with("--metrics-address="))
+            .map(|a| a.replace(&mount, &secret))
+            .collect();
         self.spawn_extender(&binary, &flags).await?;
-        Ok(ca)
+        Ok(certificates)
+    }
+
+    /// Starts this crate's extender with extra `flags`, serving plain HTTP
+    /// to any caller (`--insecure-no-client-auth`), and waits only until it
+    /// accepts connections.
+    pub async fn start_extender_with(&mut self, flags: &[String]) -> anyhow::Result<()> {
+        let binary = option_env!("CARGO_BIN_EXE_gkm-scheduler-extender")
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow::anyhow!("not built as a test: name the extender binary"))?;
+        let mut flags = flags.to_vec();
+        flags.push(INSECURE.to_string());
+        self.spawn_extender(&binary, &flags).await
     }
 
     async fn spawn_extender(&mut self, binary: &Path, flags: &[String]) -> anyhow::Result<()> {
@@ -130,7 +267,8 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             process.check_running()?;
-            let up = if flags.is_empty() {
+            let plain = flags == [INSECURE];
+            let up = if plain {
                 http_get(&self.extender_addr, "/readyz")
                     .await
                     .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
@@ -296,42 +434,119 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(reply)
 }
 
-/// A CA and a serving certificate for 127.0.0.1 it signed: (CA PEM,
-/// certificate PEM, key PEM).
-fn serving_certificate() -> anyhow::Result<(String, String, String)> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_pem = ca.self_signed(&ca_key)?.pem();
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(vec!["localhost".to_string()])?;
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-    let cert = params.signed_by(&key, &Issuer::from_params(&ca, &ca_key))?;
-    Ok((ca_pem, cert.pem(), key.serialize_pem()))
+/// The certificates of an extender run over mutual TLS: one CA that signed
+/// the extender's serving certificate (for 127.0.0.1) and kube-scheduler's
+/// client certificate, as cert-manager's CA issuer would; and, for callers
+/// that must be refused, a client certificate of another CA.
+pub struct Certificates {
+    /// The CA (PEM): what the scheduler trusts and what the extender checks
+    /// client certificates against.
+    pub ca_pem: String,
+    /// The extender's TLS Secret as files, one per key (`tls.crt`,
+    /// `tls.key`, `ca.crt`), as the chart mounts it.
+    pub secret_dir: PathBuf,
+    /// The extender's serving certificate and key, in `secret_dir`.
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    /// kube-scheduler's client certificate and key (`tlsConfig.certFile`,
+    /// `tlsConfig.keyFile`).
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// A client certificate and key of another CA, in PEM.
+    pub foreign_cert_pem: String,
+    pub foreign_key_pem: String,
 }
 
-/// `config` (a scheduler configuration calling the extender over HTTP)
-/// calling it over HTTPS, trusting `ca_pem`.
-pub fn over_tls(config: &str, ca_pem: &str) -> anyhow::Result<String> {
+impl Certificates {
+    /// Issues the certificates into files under `dir`.
+    pub fn issue(dir: &Path) -> anyhow::Result<Certificates> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, SanType,
+        };
+        let ca = |name: &str| -> anyhow::Result<(CertificateParams, KeyPair, String)> {
+            let key = KeyPair::generate()?;
+            let mut params = CertificateParams::new(Vec::<String>::new())?;
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            let pem = params.self_signed(&key)?.pem();
+            Ok((params, key, pem))
+        };
+        let client = |ca: &(CertificateParams, KeyPair, String), name: &str| {
+            let key = KeyPair::generate()?;
+            let mut params = CertificateParams::new(Vec::<String>::new())?;
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params.signed_by(&key, &Issuer::from_params(&ca.0, &ca.1))?;
+            anyhow::Ok((cert.pem(), key.serialize_pem()))
+        };
+        let ours = ca("gkm scheduler extender CA")?;
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec!["localhost".to_string()])?;
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let serving = params.signed_by(&key, &Issuer::from_params(&ours.0, &ours.1))?;
+        let (client_pem, client_key_pem) = client(&ours, "system:kube-scheduler")?;
+        let other = ca("another CA")?;
+        let (foreign_cert_pem, foreign_key_pem) = client(&other, "system:kube-scheduler")?;
+
+        let secret_dir = dir.join("gkm-scheduler-extender-tls");
+        std::fs::create_dir_all(&secret_dir)?;
+        let write = |path: PathBuf, text: &str| -> anyhow::Result<PathBuf> {
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        write(secret_dir.join("ca.crt"), &ours.2)?;
+        Ok(Certificates {
+            serving_cert: write(secret_dir.join("tls.crt"), &serving.pem())?,
+            serving_key: write(secret_dir.join("tls.key"), &key.serialize_pem())?,
+            client_cert: write(dir.join("scheduler-client.crt"), &client_pem)?,
+            client_key: write(dir.join("scheduler-client.key"), &client_key_pem)?,
+            secret_dir,
+            ca_pem: ours.2,
+            foreign_cert_pem,
+            foreign_key_pem,
+        })
+    }
+
+    /// kube-scheduler's client certificate and key, in PEM.
+    pub fn client_pem(&self) -> anyhow::Result<(String, String)> {
+        Ok((
+            std::fs::read_to_string(&self.client_cert)?,
+            std::fs::read_to_string(&self.client_key)?,
+        ))
+    }
+}
+
+/// The shipped example configuration calling the extender at `addr`: over
+/// HTTPS with mutual TLS, trusting `certificates`' CA and presenting the
+/// scheduler's client certificate from them (in place of the example's own
+/// files).
+pub fn scheduler_config_mtls(addr: &str, certificates: &Certificates) -> anyhow::Result<String> {
     use base64::Engine as _;
-    let mut value: serde_yaml::Value = serde_yaml::from_str(config)?;
-    let extender = value
-        .get_mut("extenders")
-        .and_then(|e| e.get_mut(0))
-        .and_then(|e| e.as_mapping_mut())
-        .ok_or_else(|| anyhow::anyhow!("the configuration has no extender"))?;
-    let url = extender
-        .get("urlPrefix")
-        .and_then(|u| u.as_str())
-        .unwrap_or_default()
-        .replacen("http://", "https://", 1);
-    extender.insert("urlPrefix".into(), url.into());
-    extender.insert("enableHTTPS".into(), true.into());
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let tls = serde_yaml::to_value(BTreeMap::from([("caData", ca)]))?;
-    extender.insert("tlsConfig".into(), tls);
-    Ok(serde_yaml::to_string(&value)?)
+    shipped_config(addr, "https", |extender| {
+        anyhow::ensure!(
+            extender.get("enableHTTPS").and_then(|v| v.as_bool()) == Some(true),
+            "the shipped example does not call the extender over HTTPS"
+        );
+        let tls = extender
+            .get_mut("tlsConfig")
+            .and_then(|t| t.as_mapping_mut())
+            .ok_or_else(|| anyhow::anyhow!("the shipped example has no tlsConfig"))?;
+        for key in ["certFile", "keyFile"] {
+            anyhow::ensure!(
+                tls.get(key).is_some(),
+                "the shipped example's tlsConfig names no {key}: the scheduler would present no client certificate"
+            );
+        }
+        let path = |p: &Path| serde_yaml::Value::from(p.display().to_string());
+        tls.insert("certFile".into(), path(&certificates.client_cert));
+        tls.insert("keyFile".into(), path(&certificates.client_key));
+        tls.remove("caFile");
+        let ca = base64::engine::general_purpose::STANDARD.encode(&certificates.ca_pem);
+        tls.insert("caData".into(), ca.into());
+        Ok(())
+    })
 }

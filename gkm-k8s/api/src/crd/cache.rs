@@ -18,8 +18,11 @@ use super::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERE
 ///
 /// Without `storageClassName` the cache is delivered through the CSI driver
 /// `csi.gkm.io` from each node's store; with it, through GKM's PVC modes.
+///
+/// Every list, map and string in it is bounded (see [`super::bounds`]).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = super::bounds::bound_unbounded)]
 pub struct CacheSpec {
     /// The cache image: `registry/path[:tag][@sha256:…]`.
     #[schemars(length(min = 1, max = 525), regex(pattern = IMAGE_REFERENCE))]
@@ -44,7 +47,10 @@ pub struct CacheSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub workload_namespaces: Option<Vec<NamespaceName>>,
-    /// Who must have signed the image; the operator's default policy when unset.
+    /// Who must have signed the image; the operator's default policy when
+    /// unset. Its signers count only in namespaces the operator's
+    /// administrator opted in (`--tenant-signer-namespaces`) and in
+    /// ClusterGKMCaches; elsewhere the administrator's signers replace them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<SignaturePolicy>,
     /// Deliver only to nodes matching this selector (on top of GPU fit).

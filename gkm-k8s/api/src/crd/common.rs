@@ -120,11 +120,13 @@ pub struct PodTemplate {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateMetadata {
-    /// Labels.
+    /// Labels: at most 64, values of at most 63 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::bounds::labels)]
     pub labels: Option<BTreeMap<String, String>>,
-    /// Annotations.
+    /// Annotations: at most 64, values of at most 2048 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = super::bounds::annotations)]
     pub annotations: Option<BTreeMap<String, String>>,
 }
 
@@ -143,6 +145,7 @@ pub struct PodTemplateSpec {
     pub affinity: Option<Affinity>,
     /// The pod's PriorityClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,
 }
 

@@ -18,6 +18,7 @@
 // kube's `printcolumn(...)` attributes repeat keys such as `type_` by design.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod bounds;
 mod cache;
 mod common;
 mod node;

@@ -1,6 +1,8 @@
 //! `GKMGPUQuota` (namespaced): how many GPUs, and how much of shared GPUs, of
 //! each model the pods of a namespace may hold. The scheduler extender
-//! enforces it and writes the use into its status.
+//! enforces it at bind and writes the use into its status; the operator's
+//! admission webhook enforces it for pods that name their node and binds
+//! by any other scheduler. Both decide with [`crate::quota::check`].
 
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;

@@ -80,6 +80,7 @@ pub async fn reconcile_claims<K: CacheObject>(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for claim in &wanted.claims {
         if let Some(body) = objects::volume(&key, spec, claim, options) {
+            prepare_volume_dir(options, claim.volume.as_deref().unwrap_or_default());
             Api::<PersistentVolume>::all(client.clone())
                 .patch(
                     claim.volume.as_deref().unwrap_or_default(),
@@ -450,6 +451,30 @@ pub async fn remove_claims(key: &CacheKey, client: &Client, options: &PvcOptions
         }
     }
     Ok(false)
+}
+
+/// Makes a gkm-made volume's directory owned by the fill user when the
+/// operator can see the volume directory (it runs with it mounted, or on a
+/// node sharing it): hostPath volumes take no `fsGroup`, and the kubelet
+/// would make the directory root's, which a non-root fill cannot write.
+/// Where the operator cannot see it, the fill says what is wrong.
+fn prepare_volume_dir(options: &PvcOptions, name: &str) {
+    let Some(dir) = options.volume_dir.as_ref().filter(|d| d.is_dir()) else {
+        return;
+    };
+    let path = dir.join(name);
+    let uid = objects::FILL_UID as u32;
+    let owned = std::fs::metadata(&path)
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == uid)
+        .unwrap_or(false);
+    if owned || name.is_empty() {
+        return;
+    }
+    let made = std::fs::create_dir_all(&path)
+        .and_then(|()| std::os::unix::fs::chown(&path, Some(uid), Some(uid)));
+    if let Err(e) = made {
+        tracing::warn!(path = %path.display(), error = %e, "preparing a volume directory for a non-root fill");
+    }
 }
 
 /// Removes a gkm-made volume's directory when the operator can see it (the

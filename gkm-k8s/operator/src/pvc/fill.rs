@@ -1,8 +1,8 @@
 //! Filling a claim: what a fill Job's container runs (`gkm-operator fill`).
 //!
-//! The new tree is extracted beside the old one inside the volume, then the
-//! old entries are removed and the new ones moved to the volume root, so a
-//! refill after a moved tag never leaves a mix of two digests behind.
+//! The digest's tree is extracted into the claim's store beside the tree
+//! served now, and served by one atomic switch ([`super::layout`]): readers
+//! see the old tree or the new one, whole, never a mix or a gap.
 
 use std::fs;
 use std::path::Path;
@@ -11,13 +11,13 @@ use gkm_oci::{
     ExtractStats, Image, ImageRef, RegistryOptions, Repo, UnpackOptions, extract_to_dir,
 };
 
+use super::layout::Layout;
 use crate::error::{Error, Result};
 
-/// The hidden directory a fill builds the new tree in.
-const NEXT: &str = ".gkm-next";
-
 /// Extracts `image` (which must name a digest: a fill never follows a tag)
-/// into the volume mounted at `into`, replacing what it held.
+/// into the claim mounted at `into` and serves it there, replacing the tree
+/// served before. A tree of that digest already complete in the claim is
+/// served again without fetching it (no files are then counted).
 pub async fn fill(
     image: &ImageRef,
     into: &Path,
@@ -28,42 +28,55 @@ pub async fn fill(
             "{image}: a fill needs an image pinned to a digest (REPO@sha256:…)"
         )));
     };
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Io { path, source }
-    };
-    fs::create_dir_all(into).map_err(io(into))?;
-    let next = into.join(NEXT);
-    if next.exists() {
-        fs::remove_dir_all(&next).map_err(io(&next))?;
-    }
-    let repo = Repo::open(image, registry)?;
-    let fetched = Image::fetch(&repo).await?;
-    if fetched.digest != pinned {
-        return Err(Error::InvalidSpec(format!(
-            "{image}: the registry served {} instead",
-            fetched.digest
-        )));
-    }
-    let stats = extract_to_dir(&repo, &fetched, &next, &UnpackOptions::default()).await?;
-    for entry in fs::read_dir(into).map_err(io(into))? {
-        let entry = entry.map_err(io(into))?;
-        if entry.file_name() == NEXT {
-            continue;
+    fs::create_dir_all(into).map_err(|source| Error::Io {
+        path: into.to_path_buf(),
+        source,
+    })?;
+    let layout = Layout::new(into);
+    let partial = layout.prepare(&pinned).map_err(|e| writable(into, e))?;
+    let mut stats = ExtractStats::default();
+    if !layout.tree(&pinned).is_dir() {
+        let repo = Repo::open(image, registry)?;
+        let fetched = Image::fetch(&repo).await?;
+        if fetched.digest != pinned {
+            return Err(Error::InvalidSpec(format!(
+                "{image}: the registry served {} instead",
+                fetched.digest
+            )));
         }
-        let path = entry.path();
-        let removed = if entry.file_type().map_err(io(&path))?.is_dir() {
-            fs::remove_dir_all(&path)
-        } else {
-            fs::remove_file(&path)
-        };
-        removed.map_err(io(&path))?;
+        stats = extract_to_dir(&repo, &fetched, &partial, &UnpackOptions::default()).await?;
+        layout.complete(&pinned, &partial)?;
     }
-    for entry in fs::read_dir(&next).map_err(io(&next))? {
-        let entry = entry.map_err(io(&next))?;
-        let to = into.join(entry.file_name());
-        fs::rename(entry.path(), &to).map_err(io(&to))?;
-    }
-    fs::remove_dir(&next).map_err(io(&next))?;
+    layout.switch(&pinned)?;
     Ok(stats)
+}
+
+/// `error`, saying why when the claim refuses writes: fills run as a
+/// non-root user, so the volume must be writable by it (`fsGroup` does this
+/// for volumes that support ownership; a hostPath directory must be owned by
+/// the fill user).
+fn writable(into: &Path, error: Error) -> Error {
+    match &error {
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            Error::InvalidSpec(format!(
+                "{}: the claim is not writable by uid {} (the fill's user): {error}; a volume \
+                 without fsGroup support (hostPath) must be owned by that user",
+                into.display(),
+                process_uid()
+            ))
+        }
+        _ => error,
+    }
+}
+
+/// The uid this process runs as, read from `/proc/self/status`.
+fn process_uid() -> String {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next().map(String::from))
+        })
+        .unwrap_or_else(|| "?".into())
 }

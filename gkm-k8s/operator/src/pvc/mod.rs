@@ -6,10 +6,12 @@
 //! - `objects`: their server-side apply bodies (pure).
 //! - `apply`: the glue that applies, prunes, observes and removes them.
 //! - `fill`: what a fill Job's container runs.
+//! - `layout`: how a claim holds its trees so a refill switches atomically.
 //! - `mutation`: what the `gkm.io/pvc-mutation` pod webhook answers (pure).
 
 mod apply;
 mod fill;
+pub mod layout;
 pub mod mutation;
 pub mod objects;
 pub mod plan;

@@ -24,6 +24,9 @@ pub const DIGEST_ANNOTATION: &str = "gkm.io/digest";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gkm-operator");
 /// Where a fill Job mounts the claim.
 pub const FILL_MOUNT: &str = "/cache";
+/// The user and group fill Jobs run as (and the `fsGroup` their claim is
+/// given): not root, so they pass Pod Security `restricted`.
+pub const FILL_UID: i64 = 65532;
 
 /// How the operator makes claims, volumes and fill Jobs.
 #[derive(Debug, Clone)]
@@ -182,12 +185,27 @@ pub fn job(
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
+        // Pod Security `restricted`: the fill reads a registry and writes
+        // the claim, nothing more.
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": FILL_UID,
+            "runAsGroup": FILL_UID,
+            "fsGroup": FILL_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [{
             "name": "fill",
             "image": options.job_image,
             "imagePullPolicy": options.job_image_pull_policy,
             "args": args,
             "volumeMounts": [{"name": "cache", "mountPath": FILL_MOUNT}],
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]},
+            },
         }],
         "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": plan.name}}],
     });

@@ -1,5 +1,6 @@
-//! The webhook's own serving certificate: a self-issued CA and a serving
-//! certificate it signs, swapped in place before they expire.
+//! The webhook's own certificates: a self-issued CA (shared by every
+//! replica, [`super::shared_ca`]) and the serving certificate each replica
+//! has it sign, swapped in place when the CA changes.
 
 use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -17,24 +18,37 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
-/// A CA and the serving certificate it signed, in PEM.
-#[derive(Clone)]
-pub struct Issued {
+/// A CA: its certificate and key in PEM, and when it expires.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Ca {
     /// The CA certificate (what the webhook configuration's `caBundle` holds).
-    pub ca_pem: String,
-    /// The serving certificate.
     pub cert_pem: String,
     /// Its private key.
     pub key_pem: String,
-    /// When both stop being valid.
+    /// When it stops being valid.
     pub not_after: Timestamp,
 }
 
-impl std::fmt::Debug for Issued {
+impl std::fmt::Debug for Ca {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Issued")
+        f.debug_struct("Ca")
             .field("not_after", &self.not_after)
             .finish_non_exhaustive()
+    }
+}
+
+/// A serving certificate and its key, in PEM.
+#[derive(Clone)]
+pub struct Leaf {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leaf").finish_non_exhaustive()
     }
 }
 
@@ -52,10 +66,25 @@ fn set_validity(params: &mut CertificateParams, from: Timestamp, to: Timestamp) 
     params.not_after = day(to);
 }
 
-/// Issues a new CA and a serving certificate for `hosts` (IP addresses or
-/// DNS names), both valid for `validity` (whole days, at least one).
-pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, TlsError> {
-    let err = |e: rcgen::Error| TlsError::new(format!("issuing the webhook certificate: {e}"));
+fn rcgen_err(e: rcgen::Error) -> TlsError {
+    TlsError::new(format!("issuing the webhook certificate: {e}"))
+}
+
+/// The CA's parameters: the same for every CA gkm issues, so a leaf can be
+/// signed with nothing but the CA's key.
+fn ca_params() -> CertificateParams {
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = name("gkm webhook CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca
+}
+
+/// Issues a new CA valid for `validity` (whole days, at least one).
+pub fn issue_ca(validity: Duration) -> Result<Ca, TlsError> {
     let now = Timestamp::now();
     let days = (validity.as_secs() / 86_400).max(1) as i64;
     let not_after = now
@@ -64,16 +93,25 @@ pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, TlsError> {
     let not_before = now
         .checked_sub(SignedDuration::from_hours(24))
         .map_err(|e| TlsError::new(format!("certificate start: {e}")))?;
-    let ca_key = KeyPair::generate().map_err(err)?;
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name = name("gkm webhook CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    let key = KeyPair::generate().map_err(rcgen_err)?;
+    let mut ca = ca_params();
     set_validity(&mut ca, not_before, not_after);
-    let ca_pem = ca.self_signed(&ca_key).map_err(err)?.pem();
+    let cert_pem = ca.self_signed(&key).map_err(rcgen_err)?.pem();
+    Ok(Ca {
+        cert_pem,
+        key_pem: key.serialize_pem(),
+        not_after,
+    })
+}
+
+/// Issues a serving certificate for `hosts` (IP addresses or DNS names),
+/// signed by `ca` and valid as long as it.
+pub fn issue_leaf(ca: &Ca, hosts: &[String]) -> Result<Leaf, TlsError> {
+    let ca_key = KeyPair::from_pem(&ca.key_pem)
+        .map_err(|e| TlsError::new(format!("the webhook CA's key is not a PEM key: {e}")))?;
+    let not_before = Timestamp::now()
+        .checked_sub(SignedDuration::from_hours(24))
+        .map_err(|e| TlsError::new(format!("certificate start: {e}")))?;
     let mut leaf = CertificateParams::default();
     leaf.distinguished_name = name("gkm-operator webhook");
     leaf.subject_alt_names = hosts
@@ -92,15 +130,14 @@ pub fn issue(hosts: &[String], validity: Duration) -> Result<Issued, TlsError> {
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    set_validity(&mut leaf, not_before, not_after);
-    let key = KeyPair::generate().map_err(err)?;
-    let issuer = Issuer::from_params(&ca, &ca_key);
-    let cert_pem = leaf.signed_by(&key, &issuer).map_err(err)?.pem();
-    Ok(Issued {
-        ca_pem,
+    set_validity(&mut leaf, not_before, ca.not_after);
+    let key = KeyPair::generate().map_err(rcgen_err)?;
+    let params = ca_params();
+    let issuer = Issuer::from_params(&params, &ca_key);
+    let cert_pem = leaf.signed_by(&key, &issuer).map_err(rcgen_err)?.pem();
+    Ok(Leaf {
         cert_pem,
         key_pem: key.serialize_pem(),
-        not_after,
     })
 }
 
@@ -199,21 +236,26 @@ mod tests {
     }
 
     #[test]
-    fn issued_certificates_serve_and_name_their_hosts() {
-        let issued = issue(
-            &[
-                "127.0.0.1".into(),
-                "gkm-operator-webhook.gkm-system.svc".into(),
-            ],
-            Duration::from_secs(7 * 86_400),
-        )
-        .expect("issued");
-        assert!(issued.ca_pem.contains("BEGIN CERTIFICATE"));
-        let cert = RotatingCert::new(&issued.cert_pem, &issued.key_pem).expect("usable");
+    fn leaves_signed_by_a_ca_serve_and_name_their_hosts() {
+        let ca = issue_ca(Duration::from_secs(7 * 86_400)).expect("a CA");
+        assert!(ca.cert_pem.contains("BEGIN CERTIFICATE"));
+        let hosts = [
+            "127.0.0.1".to_string(),
+            "gkm-operator-webhook.gkm-system.svc".to_string(),
+        ];
+        let leaf = issue_leaf(&ca, &hosts).expect("a leaf");
+        let cert = RotatingCert::new(&leaf.cert_pem, &leaf.key_pem).expect("usable");
         cert.acceptor().expect("an acceptor");
-        let again = issue(&["127.0.0.1".into()], Duration::from_secs(86_400)).expect("issued");
-        cert.replace(&again.cert_pem, &again.key_pem)
+        let again = issue_ca(Duration::from_secs(86_400)).expect("a CA");
+        let next = issue_leaf(&again, &hosts).expect("a leaf");
+        cert.replace(&next.cert_pem, &next.key_pem)
             .expect("replaced");
-        assert_ne!(again.ca_pem, issued.ca_pem, "each rotation has its own CA");
+        assert_ne!(again.cert_pem, ca.cert_pem, "each CA is new");
+        let bad = Ca {
+            key_pem: "not a key".into(),
+            ..ca
+        };
+        let err = issue_leaf(&bad, &hosts).expect_err("no key, no leaf");
+        assert!(err.to_string().contains("CA's key"), "{err}");
     }
 }

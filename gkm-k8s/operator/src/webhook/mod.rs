@@ -2,28 +2,45 @@
 //! ReadWriteOnce caches: a labelled pod whose claim names the cache is
 //! pointed at the claim of its node ([`crate::pvc::mutation`]).
 //!
-//! Without cert-manager the operator issues its own CA and serving
-//! certificate, writes the CA into the MutatingWebhookConfiguration's
-//! `caBundle`, and rotates both in the last third of their validity (the
-//! bundle holds the old and the new CA while the serving certificate
-//! changes, so no call fails across a rotation). With cert-manager, the
-//! operator serves the certificate files it mounts and leaves `caBundle` to
-//! cert-manager's CA injector.
+//! Without cert-manager every replica serves a certificate signed by one CA
+//! they share through a Secret ([`shared_ca`]: created once, rotated in the
+//! last third of its life, the replaced CA trusted until it expires), and
+//! keeps the MutatingWebhookConfiguration's `caBundle` to that Secret's
+//! bundle. With cert-manager, the operator serves the certificate files it
+//! mounts and leaves `caBundle` to cert-manager's CA injector.
+//!
+//! Who owns the configuration follows from how the apiserver reaches the
+//! webhook: behind a Service ([`Endpoint::Service`], the chart's way) the
+//! chart renders the configuration along with the Service, so disabling
+//! the webhook or uninstalling removes both, and the operator only writes
+//! `caBundle` into it, never creating it; at a URL ([`Endpoint::Url`], an
+//! operator outside a chart) the operator creates it when it is missing.
+//!
+//! The same server answers the GPU-quota webhook ([`quota`]) at its own
+//! path, with the same certificate: its ValidatingWebhookConfiguration is
+//! always someone else's (the chart's, or an administrator's at a URL), and
+//! the operator keeps only its `caBundle` to the same bundle.
 
 pub mod certs;
 pub mod config;
+pub mod quota;
 pub mod review;
+pub mod shared_ca;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use jiff::Timestamp;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
@@ -42,17 +59,19 @@ pub struct WebhookOptions {
     pub endpoint: Endpoint,
     /// The names and addresses its certificate is for.
     pub hosts: Vec<String>,
-    /// How long an issued certificate is valid (whole days).
+    /// How long an issued CA is valid (whole days).
     pub validity: Duration,
     /// A certificate and key to serve instead (cert-manager's `tls.crt`
     /// and `tls.key`); the CA bundle is then cert-manager's to inject.
     pub cert_files: Option<(PathBuf, PathBuf)>,
-    /// A ClusterRole of the installation (the operator's own) to own the
-    /// webhook configuration, so that uninstalling gkm (`helm uninstall`,
-    /// `kubectl delete -f install.yaml`) removes the webhook with it instead
-    /// of leaving a webhook nobody serves. `None`, or a ClusterRole that does
-    /// not exist, leaves the configuration unowned.
-    pub owner: Option<String>,
+    /// The operator's namespace, where the shared CA's Secret lives.
+    pub namespace: String,
+    /// How often each replica reads the shared CA again (rotating it when
+    /// due and publishing its bundle); a new CA is in the bundle this long
+    /// before any running replica serves a certificate it signed.
+    pub check_interval: Duration,
+    /// How the GPU-quota webhook reads pods and nodes.
+    pub quota: quota::QuotaOptions,
 }
 
 /// The running webhook.
@@ -76,9 +95,34 @@ pub enum WebhookError {
     /// The certificate or key cannot serve TLS.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The `MutatingWebhookConfiguration` could not be applied.
-    #[error("applying MutatingWebhookConfiguration {CONFIGURATION_NAME}: {0}")]
+    /// The `MutatingWebhookConfiguration` could not be written.
+    #[error("writing the caBundle of MutatingWebhookConfiguration {CONFIGURATION_NAME}: {0}")]
     Configuration(#[source] kube::Error),
+    /// The quota webhook's `ValidatingWebhookConfiguration` could not be written.
+    #[error(
+        "writing the caBundle of ValidatingWebhookConfiguration {name}: {0}",
+        name = quota::QUOTA_CONFIGURATION_NAME
+    )]
+    QuotaConfiguration(#[source] kube::Error),
+    /// The shared CA's Secret could not be read or written.
+    #[error(
+        "the webhook CA Secret {namespace}/{}: {source}",
+        shared_ca::SECRET_NAME
+    )]
+    Secret {
+        /// Its namespace.
+        namespace: String,
+        /// Why.
+        source: kube::Error,
+    },
+    /// The shared CA's Secret holds something else.
+    #[error("in namespace {namespace}: {source}")]
+    BadSecret {
+        /// Its namespace.
+        namespace: String,
+        /// What is wrong.
+        source: shared_ca::BadSecret,
+    },
     /// The listen address could not be bound.
     #[error("listening on {addr}: {source}")]
     Listen {
@@ -90,9 +134,10 @@ pub enum WebhookError {
 }
 
 impl Webhook {
-    /// Applies the webhook configuration and starts serving.
+    /// Joins the shared CA (creating it when this is the first replica),
+    /// publishes its bundle and starts serving.
     pub async fn start(client: Client, options: WebhookOptions) -> Result<Webhook, WebhookError> {
-        let (cert, issued) = match &options.cert_files {
+        let (cert, shared) = match &options.cert_files {
             Some((cert, key)) => {
                 let read = |p: &PathBuf| {
                     std::fs::read_to_string(p).map_err(|source| WebhookError::Read {
@@ -103,15 +148,18 @@ impl Webhook {
                 (certs::RotatingCert::new(&read(cert)?, &read(key)?)?, None)
             }
             None => {
-                let issued = certs::issue(&options.hosts, options.validity)?;
-                let cert = certs::RotatingCert::new(&issued.cert_pem, &issued.key_pem)?;
-                (cert, Some(issued))
+                let store = CaStore::new(&client, &options);
+                let shared = store.current().await?;
+                publish_bundle(&client, &options, &shared.bundle(Timestamp::now())).await?;
+                let leaf = certs::issue_leaf(&shared.signing, &options.hosts)?;
+                let cert = certs::RotatingCert::new(&leaf.cert_pem, &leaf.key_pem)?;
+                (cert, Some((store, shared)))
             }
         };
-        let bundle = issued.as_ref().map(|i| i.ca_pem.clone());
-        apply_configuration(&client, &options, bundle.as_deref()).await?;
-        let endpoints = Endpoints::new(Registry::default(), Readiness::default())
-            .with_routes(Arc::new(review::MutationRoutes::new(client.clone())));
+        let endpoints =
+            Endpoints::new(Registry::default(), Readiness::default()).with_routes(Arc::new(
+                quota::AdmissionRoutes::new(client.clone(), options.quota.clone()),
+            ));
         let server =
             EndpointServer::start_endpoints(options.listen, endpoints, Some(cert.acceptor()?))
                 .await
@@ -119,9 +167,10 @@ impl Webhook {
                     addr: options.listen,
                     source,
                 })?;
-        info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation webhook");
-        let rotation =
-            issued.map(|issued| tokio::spawn(rotate(client, options.clone(), cert, issued)));
+        info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation and GPU-quota webhooks");
+        let rotation = shared.map(|(store, shared)| {
+            tokio::spawn(keep_current(client, options.clone(), store, cert, shared))
+        });
         Ok(Webhook { server, rotation })
     }
 
@@ -136,83 +185,255 @@ impl Webhook {
     }
 }
 
-async fn apply_configuration(
-    client: &Client,
-    options: &WebhookOptions,
-    bundle: Option<&str>,
-) -> Result<(), WebhookError> {
-    let mut body = configuration(&options.endpoint, bundle);
-    if let Some(owner) = &options.owner {
-        match Api::<ClusterRole>::all(client.clone()).get_opt(owner).await {
-            Ok(Some(role)) => {
-                body["metadata"]["ownerReferences"] = serde_json::json!([{
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRole",
-                    "name": owner,
-                    "uid": role.metadata.uid,
-                }]);
+/// The shared CA's Secret.
+struct CaStore {
+    api: Api<Secret>,
+    namespace: String,
+    validity: Duration,
+}
+
+impl CaStore {
+    fn new(client: &Client, options: &WebhookOptions) -> CaStore {
+        CaStore {
+            api: Api::namespaced(client.clone(), &options.namespace),
+            namespace: options.namespace.clone(),
+            validity: options.validity,
+        }
+    }
+
+    fn secret_err(&self, source: kube::Error) -> WebhookError {
+        WebhookError::Secret {
+            namespace: self.namespace.clone(),
+            source,
+        }
+    }
+
+    fn parse(&self, secret: &Secret) -> Result<shared_ca::SharedCa, WebhookError> {
+        let data = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        shared_ca::SharedCa::from_data(&data).map_err(|source| WebhookError::BadSecret {
+            namespace: self.namespace.clone(),
+            source,
+        })
+    }
+
+    fn secret(&self, shared: &shared_ca::SharedCa, resource_version: Option<String>) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(shared_ca::SECRET_NAME.into()),
+                namespace: Some(self.namespace.clone()),
+                resource_version,
+                labels: Some(
+                    [
+                        ("app.kubernetes.io/name", "gkm-operator"),
+                        ("app.kubernetes.io/part-of", "gkm"),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                shared
+                    .to_data()
+                    .into_iter()
+                    .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                    .collect(),
+            ),
+            type_: Some("Opaque".into()),
+            ..Secret::default()
+        }
+    }
+
+    /// The shared CA, created when there is none (the first writer wins:
+    /// a replica that loses the race reads the winner's) and rotated when
+    /// due (one rotation wins: the update is conditional on the version read).
+    async fn current(&self) -> Result<shared_ca::SharedCa, WebhookError> {
+        loop {
+            let Some(secret) = self
+                .api
+                .get_opt(shared_ca::SECRET_NAME)
+                .await
+                .map_err(|e| self.secret_err(e))?
+            else {
+                let first =
+                    shared_ca::SharedCa::new(certs::issue_ca(self.validity)?, Timestamp::now());
+                match self
+                    .api
+                    .create(&PostParams::default(), &self.secret(&first, None))
+                    .await
+                {
+                    Ok(_) => {
+                        info!(not_after = %first.signing.not_after, "issued the shared webhook CA");
+                        return Ok(first);
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => return Err(self.secret_err(e)),
+                }
+            };
+            let shared = self.parse(&secret)?;
+            let now = Timestamp::now();
+            if !shared.due(now, self.validity) {
+                return Ok(shared);
             }
-            Ok(None) => {
-                warn!(clusterrole = %owner, "no such ClusterRole: the webhook configuration stays unowned")
-            }
-            Err(e) => {
-                warn!(clusterrole = %owner, error = %e, "reading the owner ClusterRole; the webhook configuration stays unowned")
+            let next = shared.rotated(certs::issue_ca(self.validity)?, now);
+            let version = secret.metadata.resource_version.clone();
+            match self
+                .api
+                .replace(
+                    shared_ca::SECRET_NAME,
+                    &PostParams::default(),
+                    &self.secret(&next, version),
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(not_after = %next.signing.not_after, "rotated the shared webhook CA");
+                    return Ok(next);
+                }
+                // Another replica rotated (or it was deleted) meanwhile: read again.
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => continue,
+                Err(e) => return Err(self.secret_err(e)),
             }
         }
     }
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .patch(
-            CONFIGURATION_NAME,
-            &PatchParams::apply(crate::pvc::FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map(|_| ())
-        .map_err(WebhookError::Configuration)
 }
 
-/// Checks hourly (or sooner for short validities) and rotates when due:
-/// first the bundle gains the new CA, then the new certificate is served,
-/// and the old CA leaves the bundle at the next check.
-async fn rotate(
+/// Writes `bundle` into the `caBundle` of both webhooks' configurations;
+/// see [`publish_mutation_bundle`] and [`publish_quota_bundle`].
+async fn publish_bundle(
+    client: &Client,
+    options: &WebhookOptions,
+    bundle: &str,
+) -> Result<(), WebhookError> {
+    publish_mutation_bundle(client, options, bundle).await?;
+    publish_quota_bundle(client, bundle).await
+}
+
+/// Writes `bundle` into the quota webhook's `caBundle` (a strategic merge
+/// of that field only). The configuration is never the operator's to
+/// create: a missing one (the webhook disabled, gkm being uninstalled, an
+/// operator outside the chart whose administrator has not made it) is
+/// left missing.
+async fn publish_quota_bundle(client: &Client, bundle: &str) -> Result<(), WebhookError> {
+    let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
+    let patch = serde_json::json!({"webhooks": [
+        {"name": quota::QUOTA_WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
+    ]});
+    let params = PatchParams {
+        field_manager: Some(crate::pvc::FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(
+            quota::QUOTA_CONFIGURATION_NAME,
+            &params,
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            warn!(
+                configuration = quota::QUOTA_CONFIGURATION_NAME,
+                "no GPU-quota webhook configuration; nothing to write the CA into"
+            );
+            Ok(())
+        }
+        Err(e) => Err(WebhookError::QuotaConfiguration(e)),
+    }
+}
+
+/// Writes `bundle` into the configuration's `caBundle`. Behind a Service
+/// the configuration is the chart's: only `caBundle` is patched, and a
+/// missing configuration (the webhook disabled, gkm being uninstalled) is
+/// left missing. At a URL the operator applies the whole configuration.
+async fn publish_mutation_bundle(
+    client: &Client,
+    options: &WebhookOptions,
+    bundle: &str,
+) -> Result<(), WebhookError> {
+    let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
+    // Strategic merge: the webhook is matched by name, so nothing but its
+    // caBundle changes (and a configuration without it is refused, not
+    // given a webhook of ours).
+    let patch = serde_json::json!({"webhooks": [
+        {"name": config::WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
+    ]});
+    let params = PatchParams {
+        field_manager: Some(crate::pvc::FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(CONFIGURATION_NAME, &params, &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => match &options.endpoint {
+            Endpoint::Url(_) => api
+                .patch(
+                    CONFIGURATION_NAME,
+                    &PatchParams::apply(crate::pvc::FIELD_MANAGER).force(),
+                    &Patch::Apply(&configuration(&options.endpoint, Some(bundle))),
+                )
+                .await
+                .map(|_| ())
+                .map_err(WebhookError::Configuration),
+            Endpoint::Service { .. } => {
+                warn!(
+                    configuration = CONFIGURATION_NAME,
+                    "no webhook configuration (the chart installs it with the webhook enabled); nothing to write the CA into"
+                );
+                Ok(())
+            }
+        },
+        Err(e) => Err(WebhookError::Configuration(e)),
+    }
+}
+
+/// Every check interval: reads the shared CA (rotating it when due),
+/// publishes its bundle (which also puts right a configuration edited by
+/// someone else), and moves the serving certificate to a new signing CA
+/// once that CA has been in the bundle for a full interval.
+async fn keep_current(
     client: Client,
     options: WebhookOptions,
+    store: CaStore,
     cert: Arc<certs::RotatingCert>,
-    mut current: certs::Issued,
+    mut serving: shared_ca::SharedCa,
 ) {
-    let period = (options.validity / 24).clamp(Duration::from_secs(60), Duration::from_secs(3600));
     loop {
-        tokio::time::sleep(period).await;
-        // The bundle is rewritten at each check too, so a configuration
-        // edited or recreated by someone else is put right.
-        let due = certs::due(current.not_after, Timestamp::now(), options.validity);
-        let next = if due {
-            match certs::issue(&options.hosts, options.validity) {
-                Ok(next) => Some(next),
-                Err(e) => {
-                    warn!(error = %e, "issuing the next webhook certificate");
-                    None
-                }
+        tokio::time::sleep(options.check_interval).await;
+        let shared = match store.current().await {
+            Ok(shared) => shared,
+            Err(e) => {
+                warn!(error = %e, "reading the shared webhook CA");
+                continue;
             }
-        } else {
-            None
         };
-        let bundle = match &next {
-            Some(next) => format!("{}{}", next.ca_pem, current.ca_pem),
-            None => current.ca_pem.clone(),
-        };
-        if let Err(e) = apply_configuration(&client, &options, Some(&bundle)).await {
+        let now = Timestamp::now();
+        if let Err(e) = publish_bundle(&client, &options, &shared.bundle(now)).await {
             warn!(error = %e, "keeping the webhook's CA bundle current");
             continue;
         }
-        if let Some(next) = next {
-            match cert.replace(&next.cert_pem, &next.key_pem) {
-                Ok(()) => {
-                    info!(not_after = %next.not_after, "rotated the webhook certificate");
-                    current = next;
-                }
-                Err(e) => warn!(error = %e, "serving the rotated webhook certificate"),
+        if shared.signing == serving.signing || !shared.may_move_to(now, options.check_interval) {
+            continue;
+        }
+        let moved = certs::issue_leaf(&shared.signing, &options.hosts)
+            .and_then(|leaf| cert.replace(&leaf.cert_pem, &leaf.key_pem));
+        match moved {
+            Ok(()) => {
+                info!(not_after = %shared.signing.not_after, "serving a certificate of the new webhook CA");
+                serving = shared;
             }
+            Err(e) => warn!(error = %e, "serving a certificate of the new webhook CA"),
         }
     }
 }

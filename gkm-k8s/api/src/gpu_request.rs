@@ -1,14 +1,25 @@
 //! What a pod asks of GPUs: whole GPUs per resource, a share of one GPU, and
-//! the gkm caches it mounts.
+//! the gkm caches it mounts, read as the scheduler reads it; shared by the
+//! scheduler extender and the operator's quota webhook.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{CORES_PER_GPU, GPU_CORES, GPU_MEMORY};
-use gkm_k8s_api::cache_object::CacheKey;
+use crate::cache_object::CacheKey;
 use gkm_k8s_node::volume::{ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, DRIVER_NAME};
+
+/// Shared-GPU cores, in percent of one GPU.
+pub const GPU_CORES: &str = "gkm.io/gpu-cores";
+/// Shared-GPU memory, in MiB.
+pub const GPU_MEMORY: &str = "gkm.io/gpu-memory";
+/// The cores of one GPU.
+pub const CORES_PER_GPU: i64 = gkm_core::assignment::CORES_PER_GPU;
+/// The node label naming the GPU model, written by gkm's agent.
+pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
+/// The extended resources counted as whole GPUs unless configured.
+pub const DEFAULT_WHOLE_RESOURCES: &[&str] = &["nvidia.com/gpu", "amd.com/gpu"];
 
 /// Why a pod's GPU request cannot be scheduled at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,339 @@
+//! `GKMGPUQuota` at admission: `gkm-operator`, running as its
+//! ServiceAccount with the shipped RBAC against a real kube-apiserver,
+//! answers the chart's `gkm-gpu-quota` ValidatingWebhookConfiguration, so a
+//! pod that never meets gkm's scheduler extender (created with
+//! `spec.nodeName`, or bound by another scheduler) cannot take its
+//! namespace past its quota of a GPU model.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gkm_k8s_operator::webhook::Endpoint;
+use gkm_k8s_operator::webhook::quota::{
+    QUOTA_CONFIGURATION_NAME, QUOTA_WEBHOOK_NAME, quota_configuration,
+};
+use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+
+const SYSTEM: &str = "gkm-system";
+/// The GPU model of the nodes `a100-*`, as gkm's agent labels it.
+const A100: &str = "NVIDIA-A100-SXM4-80GB";
+/// The label the model is read from.
+const MODEL_LABEL: &str = "gkm.io/gpu.product";
+
+/// One test at a time: the webhook configuration is cluster-wide.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// A running operator serving the webhooks, and the admin's client.
+struct Ground {
+    admin: kube::Client,
+    operator: Process,
+    _dir: tempfile::TempDir,
+}
+
+/// The operator as deployed (its ServiceAccount, the shipped RBAC), serving
+/// the webhooks at a loopback URL the quota configuration points at; Nodes
+/// `a100-1`, `a100-2` (model [`A100`]) and `h100-1` (another model).
+async fn ground() -> anyhow::Result<Ground> {
+    let plane = ControlPlane::shared().await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
+    plane
+        .apply_file(&deploy_dir().join("namespace.yaml"))
+        .await?;
+    plane
+        .apply_file(&deploy_dir().join("rbac/operator.yaml"))
+        .await?;
+    let admin = plane.client().await?;
+    let apply = PatchParams::apply("gkm-test").force();
+    for (name, model) in [
+        ("a100-1", A100),
+        ("a100-2", A100),
+        ("h100-1", "NVIDIA-H100-80GB-HBM3"),
+    ] {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {MODEL_LABEL: model}},
+        }))?;
+        Api::<Node>::all(admin.clone())
+            .patch(name, &apply, &Patch::Apply(&node))
+            .await?;
+    }
+
+    let (metrics_port, hook_port) = (free_port()?, free_port()?);
+    let url = format!("https://127.0.0.1:{hook_port}");
+    // The administrator's configuration (the chart's, at a URL): the
+    // operator only writes its caBundle.
+    let config = quota_configuration(&Endpoint::Url(url.clone()), SYSTEM, None);
+    plane.apply_object(&config, false).await?;
+
+    let dir = gkm_testenv::temp_dir()?;
+    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-operator")?;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-operator"));
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--leader-elect")
+        .arg("--leader-identity=quota")
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+        .arg(format!("--webhook-listen=127.0.0.1:{hook_port}"))
+        .arg(format!("--webhook-url={url}"))
+        .env("GKM_LOG", "info");
+    let mut operator = Process::spawn("operator", cmd, &dir.path().join("operator.log"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let configs = Api::<ValidatingWebhookConfiguration>::all(admin.clone());
+    loop {
+        operator.check_running()?;
+        let ready = get(metrics_port, "/readyz")
+            .await
+            .is_some_and(|(s, _)| s == 200);
+        let bundle = configs
+            .get_opt(QUOTA_CONFIGURATION_NAME)
+            .await?
+            .and_then(|c| c.webhooks?.into_iter().next())
+            .and_then(|w| w.client_config.ca_bundle)
+            .is_some();
+        if ready && bundle {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the operator never got ready with the quota webhook's caBundle written; log:\n{}",
+            operator.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The apiserver's own view of webhook configurations follows a watch.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(Ground {
+        admin,
+        operator,
+        _dir: dir,
+    })
+}
+
+/// A namespace (with its `default` ServiceAccount, as the controller
+/// manager would make it) and, with `gpus`, a quota `a100-gpus` of that
+/// many GPUs of [`A100`].
+async fn namespace(admin: &kube::Client, name: &str, gpus: Option<i64>) -> anyhow::Result<()> {
+    let apply = PatchParams::apply("gkm-test").force();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(name, &apply, &Patch::Apply(&ns))
+        .await?;
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default", "namespace": name}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), name)
+        .patch("default", &apply, &Patch::Apply(&account))
+        .await?;
+    if let Some(gpus) = gpus {
+        let quota: gkm_k8s_api::crd::GKMGPUQuota = serde_json::from_value(json!({
+            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMGPUQuota",
+            "metadata": {"name": "a100-gpus", "namespace": name},
+            "spec": {"limits": [{"model": A100, "gpus": gpus}]},
+        }))?;
+        Api::<gkm_k8s_api::crd::GKMGPUQuota>::namespaced(admin.clone(), name)
+            .patch("a100-gpus", &apply, &Patch::Apply(&quota))
+            .await?;
+    }
+    Ok(())
+}
+
+/// A pod asking for one `nvidia.com/gpu`, naming `node` when given.
+fn gpu_pod(name: &str, node: Option<&str>) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.invalid/infer:v1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))?)
+}
+
+/// Creates `pod` in `namespace`: the apiserver's refusal message, if any.
+async fn create(
+    admin: &kube::Client,
+    namespace: &str,
+    pod: &Pod,
+) -> anyhow::Result<Option<String>> {
+    match Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), pod)
+        .await
+    {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) => Ok(Some(e.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Binds the pod `name` to `node` through a Binding, as any scheduler
+/// does: the apiserver's refusal message, if any.
+async fn bind(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+) -> anyhow::Result<Option<String>> {
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    match Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
+        .await
+    {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) => Ok(Some(e.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The refusal a pod of `namespace` asking one more GPU gets at 2 of 2.
+fn over_quota(namespace: &str) -> String {
+    format!(
+        "gkm: quota {namespace}/a100-gpus reached: namespace {namespace} holds 2 of 2 GPUs of model {A100}, the pod asks 1"
+    )
+}
+
+#[tokio::test]
+async fn a_pod_naming_its_node_cannot_exceed_its_namespaces_gpu_model_quota() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let mut ground = ground().await?;
+    let admin = ground.admin.clone();
+    namespace(&admin, "quota-team", Some(2)).await?;
+    namespace(&admin, "quota-free", None).await?;
+
+    // Two GPUs of the model: within the quota, on either node of it.
+    for (name, node) in [("infer-1", "a100-1"), ("infer-2", "a100-2")] {
+        let refused = create(&admin, "quota-team", &gpu_pod(name, Some(node))?).await?;
+        assert_eq!(refused, None, "{name} on {node} was refused");
+    }
+    // The third is refused, naming the quota, the model, the limit and the use.
+    let refused = create(&admin, "quota-team", &gpu_pod("infer-3", Some("a100-1"))?).await?;
+    let message = refused.ok_or_else(|| {
+        anyhow::anyhow!(
+            "a third A100 GPU pod naming its node was admitted over a quota of 2; log:\n{}",
+            ground.operator.log_tail(20)
+        )
+    })?;
+    assert!(
+        message.contains(&over_quota("quota-team")),
+        "the refusal does not say why: {message}"
+    );
+    // Another model is not capped by it; another namespace has no quota.
+    assert_eq!(
+        create(&admin, "quota-team", &gpu_pod("train-1", Some("h100-1"))?).await?,
+        None
+    );
+    for i in 0..3 {
+        let pod = gpu_pod(&format!("free-{i}"), Some("a100-1"))?;
+        assert_eq!(create(&admin, "quota-free", &pod).await?, None);
+    }
+    ground.operator.check_running()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn binding_a_pod_beyond_its_namespaces_gpu_model_quota_is_refused() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let mut ground = ground().await?;
+    let admin = ground.admin.clone();
+    namespace(&admin, "quota-bind", Some(2)).await?;
+    for name in ["bound-1", "bound-2", "bound-3", "bound-4"] {
+        assert_eq!(
+            create(&admin, "quota-bind", &gpu_pod(name, None)?).await?,
+            None
+        );
+    }
+    for (name, node) in [("bound-1", "a100-1"), ("bound-2", "a100-2")] {
+        let refused = bind(&admin, "quota-bind", name, node).await?;
+        assert_eq!(refused, None, "binding {name} to {node} was refused");
+    }
+    let refused = bind(&admin, "quota-bind", "bound-3", "a100-1").await?;
+    let message = refused.ok_or_else(|| {
+        anyhow::anyhow!(
+            "a bind to a third A100 GPU was admitted over a quota of 2; log:\n{}",
+            ground.operator.log_tail(20)
+        )
+    })?;
+    assert!(
+        message.contains(&over_quota("quota-bind")),
+        "the refusal does not say why: {message}"
+    );
+    let pod = Api::<Pod>::namespaced(admin.clone(), "quota-bind")
+        .get("bound-3")
+        .await?;
+    assert_eq!(
+        pod.spec.and_then(|s| s.node_name),
+        None,
+        "bound-3 was bound"
+    );
+    // A node of another model is not capped by the quota.
+    assert_eq!(bind(&admin, "quota-bind", "bound-4", "h100-1").await?, None);
+    ground.operator.check_running()?;
+    Ok(())
+}
+
+/// The chart's configuration is the one the operator's crate describes
+/// (CEL expressions compared word by word: YAML folds them over lines).
+#[test]
+fn the_chart_renders_the_quota_webhook_the_operator_answers() -> anyhow::Result<()> {
+    let helm = gkm_testenv::find_binary(gkm_testenv::Component::Helm)?;
+    let out = Command::new(helm)
+        .args(["template", "gkm"])
+        .arg(deploy_dir().join("helm/gkm"))
+        .args(["--namespace", SYSTEM])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut rendered = None;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc)?;
+        if value["kind"] == "ValidatingWebhookConfiguration"
+            && value["metadata"]["name"] == QUOTA_CONFIGURATION_NAME
+        {
+            rendered = Some(value);
+        }
+    }
+    let rendered = rendered
+        .ok_or_else(|| anyhow::anyhow!("the chart renders no {QUOTA_CONFIGURATION_NAME}"))?;
+    let service = Endpoint::Service {
+        namespace: SYSTEM.into(),
+        name: "gkm-operator-webhook".into(),
+        port: 443,
+    };
+    let words = |v: &Value| -> Value {
+        let mut v = v.clone();
+        for c in v["matchConditions"].as_array_mut().into_iter().flatten() {
+            let expression = c["expression"].as_str().unwrap_or_default();
+            c["expression"] = json!(expression.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+        v
+    };
+    let ours = quota_configuration(&service, SYSTEM, None);
+    assert_eq!(
+        words(&rendered["webhooks"][0]),
+        words(&ours["webhooks"][0]),
+        "the chart's quota webhook differs from the operator's"
+    );
+    assert_eq!(rendered["webhooks"][0]["name"], QUOTA_WEBHOOK_NAME);
+    let names: HashSet<&str> = ours["webhooks"][0]["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 3);
+    Ok(())
+}

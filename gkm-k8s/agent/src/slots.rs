@@ -1,0 +1,88 @@
+//! Registry work shared fairly between namespaces: at most `total` reads
+//! (or extractions) at once, and at most one per namespace, so that one
+//! tenant's slow registry holds one slot, never all of them. Waiters are
+//! served first come, first served, so a namespace with many caches queues
+//! behind the others' instead of before them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Whose work it is: a namespace, or `None` for cluster-scoped caches.
+pub(crate) type Scope = Option<String>;
+
+/// Slots for work, shared between namespaces.
+pub(crate) struct FairSlots {
+    total: Arc<Semaphore>,
+    per_scope: Mutex<HashMap<Scope, Arc<Semaphore>>>,
+}
+
+/// A held slot: released when dropped.
+pub(crate) struct Slot {
+    _scope: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+impl FairSlots {
+    /// `total` slots (at least one), one per scope at most.
+    pub(crate) fn new(total: usize) -> FairSlots {
+        FairSlots {
+            total: Arc::new(Semaphore::new(total.max(1))),
+            per_scope: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for `scope`'s slot, then for one of the shared ones.
+    pub(crate) async fn acquire(&self, scope: &Scope) -> Slot {
+        let own = self
+            .per_scope
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(scope.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        // Neither semaphore is ever closed.
+        let scope = own.acquire_owned().await.expect("never closed");
+        let total = self
+            .total
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        Slot {
+            _scope: scope,
+            _total: total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_namespace_holds_one_slot_and_others_get_the_rest() {
+        let slots = Arc::new(FairSlots::new(2));
+        let hostile: Scope = Some("hostile".into());
+        let _held = slots.acquire(&hostile).await;
+        // The hostile namespace's second read waits...
+        let again = {
+            let slots = slots.clone();
+            let hostile = hostile.clone();
+            tokio::spawn(async move { slots.acquire(&hostile).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!again.is_finished());
+        // ...while another namespace gets the other slot at once.
+        let other =
+            tokio::time::timeout(Duration::from_secs(1), slots.acquire(&Some("other".into())))
+                .await;
+        assert!(
+            other.is_ok(),
+            "another namespace waited for the hostile one"
+        );
+        again.abort();
+    }
+}

@@ -1,0 +1,461 @@
+//! The `gpu-quota.gkm.io` validating webhook: the GPU-model quotas
+//! ([`gkm_k8s_api::crd::GKMGPUQuota`]) at admission, for the pods that never
+//! meet gkm's scheduler extender.
+//!
+//! The extender enforces a namespace's quotas when it binds a pod. A pod
+//! created with `spec.nodeName`, or bound by another scheduler, is not
+//! bound by it; this webhook judges those where they enter:
+//!
+//! - `pods` `CREATE` with `spec.nodeName` set (mirror pods of static pods
+//!   excepted: the kubelet runs them whatever the apiserver says);
+//! - `pods/binding` `CREATE`: a bind by any scheduler, the extender's
+//!   included (the same decision, so it agrees with it).
+//!
+//! The decision is [`gkm_k8s_api::quota::check`], the one the extender
+//! makes; what a pod asks is read as the extender reads it
+//! ([`GpuRequest`]), and what the namespace holds is every pod of it bound
+//! (and not finished) to a node of the same GPU model, as the apiserver
+//! lists them now. Two pods admitted at the same instant can each see the
+//! other not yet there: the webhook closes the bypass, the extender's
+//! reservations keep its own binds exact.
+
+use std::collections::{BTreeSet, HashSet};
+
+use http::{Method, StatusCode};
+use hyper::body::Bytes;
+use k8s_openapi::api::core::v1::{Binding, Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::config::{Endpoint, MUTATE_PATH};
+use super::review::{MutationRoutes, response};
+use crate::pvc::mutation::Answer;
+use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
+use gkm_k8s_api::gpu_request::{DEFAULT_MODEL_LABEL, DEFAULT_WHOLE_RESOURCES, GpuRequest};
+use gkm_k8s_api::quota::{Amount, check, holds_on};
+use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
+
+/// The configuration's name (the chart renders it; the operator writes
+/// only its `caBundle`).
+pub const QUOTA_CONFIGURATION_NAME: &str = "gkm-gpu-quota";
+/// The webhook's name within it.
+pub const QUOTA_WEBHOOK_NAME: &str = "gpu-quota.gkm.io";
+/// The path the webhook serves.
+pub const QUOTA_PATH: &str = "/validate-gpu-quota";
+
+/// What the webhook reads pods and nodes by; the scheduler extender's
+/// settings, which should be the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaOptions {
+    /// Extended resources counted as whole GPUs.
+    pub whole_resources: Vec<String>,
+    /// The node label naming the GPU model.
+    pub model_label: String,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        QuotaOptions {
+            whole_resources: DEFAULT_WHOLE_RESOURCES
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
+            model_label: DEFAULT_MODEL_LABEL.to_string(),
+        }
+    }
+}
+
+/// Whether `pod` fits its namespace's `quotas` on a node of `model`, given
+/// the namespace's `pods` and the names of the nodes of that model
+/// (`model_nodes`); the refusal names the quota, the model, the limit and
+/// the use. A pod whose GPU request cannot be read is the scheduler's and
+/// the device plugin's to refuse, not a quota's.
+pub fn decide(
+    pod: &Pod,
+    model: &str,
+    quotas: &[(String, Vec<GpuModelLimit>)],
+    pods: &[Pod],
+    model_nodes: &HashSet<String>,
+    whole_resources: &[String],
+) -> Result<(), String> {
+    let amount = |pod: &Pod| {
+        GpuRequest::from_pod(pod, whole_resources)
+            .ok()
+            .map(|r| gkm_k8s_api::quota::amount_of(&r))
+            .unwrap_or_default()
+    };
+    let asked = amount(pod);
+    if asked == Amount::default() {
+        return Ok(());
+    }
+    let namespace = pod.namespace().unwrap_or_default();
+    let mut used = Amount::default();
+    for other in pods {
+        if other.name_any() == pod.name_any() {
+            continue;
+        }
+        if holds_on(other).is_some_and(|node| model_nodes.contains(node)) {
+            used += amount(other);
+        }
+    }
+    let quotas = quotas.iter().map(|(n, l)| (n.as_str(), l.as_slice()));
+    check(&namespace, model, quotas, used, asked).map_err(|e| e.to_string())
+}
+
+/// What one admission request is about: the pod and the node it would run on.
+#[derive(Debug)]
+enum Subject {
+    /// A pod created already naming its node.
+    Created(Box<Pod>),
+    /// A bind of the pod `name` to a node.
+    Bound {
+        /// The pod.
+        name: String,
+        /// The node.
+        node: String,
+    },
+    /// Nothing for a quota (a pod that names no node).
+    Nothing,
+}
+
+/// Reads the subject of the AdmissionReview `request`.
+fn subject(request: &Value) -> Result<Subject, String> {
+    if request["subResource"].as_str() == Some("binding") {
+        let binding: Binding = serde_json::from_value(request["object"].clone())
+            .map_err(|e| format!("request.object is not a Binding: {e}"))?;
+        let name = request["name"]
+            .as_str()
+            .map(String::from)
+            .or(binding.metadata.name)
+            .unwrap_or_default();
+        return Ok(Subject::Bound {
+            name,
+            node: binding.target.name.unwrap_or_default(),
+        });
+    }
+    let pod: Pod = serde_json::from_value(request["object"].clone())
+        .map_err(|e| format!("request.object is not a Pod: {e}"))?;
+    let names_node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    Ok(if names_node {
+        Subject::Created(Box::new(pod))
+    } else {
+        Subject::Nothing
+    })
+}
+
+/// The quota webhook's answers, with what it reads from the apiserver.
+pub struct QuotaRoutes {
+    client: Client,
+    options: QuotaOptions,
+}
+
+impl QuotaRoutes {
+    /// Answers with what `client` reads.
+    pub fn new(client: Client, options: QuotaOptions) -> QuotaRoutes {
+        QuotaRoutes { client, options }
+    }
+
+    /// Whether the subject fits its namespace's quotas (it does when there
+    /// is nothing to judge); `Err` when the apiserver could not be read.
+    async fn judge(&self, namespace: &str, subject: Subject) -> kube::Result<Result<(), String>> {
+        let quotas = Api::<GKMGPUQuota>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default())
+            .await?;
+        if quotas.items.is_empty() {
+            return Ok(Ok(()));
+        }
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let (pod, node) = match subject {
+            Subject::Nothing => return Ok(Ok(())),
+            Subject::Created(pod) => {
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                let mut pod = *pod;
+                pod.metadata.namespace = Some(namespace.to_string());
+                (pod, node)
+            }
+            Subject::Bound { name, node } => {
+                match pods.iter().find(|p| p.name_any() == name) {
+                    Some(pod) => (pod.clone(), node),
+                    // The apiserver refuses a bind of a missing pod itself.
+                    None => return Ok(Ok(())),
+                }
+            }
+        };
+        let Some(node) = Api::<Node>::all(self.client.clone()).get_opt(&node).await? else {
+            return Ok(Ok(()));
+        };
+        let label = &self.options.model_label;
+        let Some(model) = node.labels().get(label).cloned() else {
+            return Ok(Ok(()));
+        };
+        let model_nodes: HashSet<String> = Api::<Node>::all(self.client.clone())
+            .list_metadata(&ListParams::default().labels(&format!("{label}={model}")))
+            .await?
+            .items
+            .into_iter()
+            .map(|n| n.name_any())
+            .collect();
+        let quotas: Vec<(String, Vec<GpuModelLimit>)> = quotas
+            .items
+            .into_iter()
+            .map(|q| (q.name_any(), q.spec.limits))
+            .collect();
+        Ok(decide(
+            &pod,
+            &model,
+            &quotas,
+            &pods,
+            &model_nodes,
+            &self.options.whole_resources,
+        ))
+    }
+
+    async fn review(&self, body: &[u8]) -> Result<Value, String> {
+        let review: Value =
+            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+        let request = &review["request"];
+        let namespace = request["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = request["name"]
+            .as_str()
+            .or(request["object"]["metadata"]["name"].as_str())
+            .or(request["object"]["metadata"]["generateName"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let answer = match self.judge(&namespace, subject(request)?).await {
+            Ok(Ok(())) => Answer::Untouched,
+            Ok(Err(why)) => {
+                info!(pod = %format!("{namespace}/{name}"), %why, "refused a pod over its GPU quota");
+                Answer::Refuse(why)
+            }
+            Err(e) => {
+                warn!(pod = %format!("{namespace}/{name}"), error = %e, "reading what the GPU quota needs");
+                Answer::Refuse(format!(
+                    "gkm could not check the GPU quotas of namespace {namespace}: {e}"
+                ))
+            }
+        };
+        Ok(response(&review, &answer))
+    }
+}
+
+/// The configuration of the quota webhook, as the chart renders it
+/// (`deploy/helm/gkm/templates/manifests/operator.yaml`), for an operator
+/// reached at `endpoint` in `namespace`; `ca_bundle` is the PEM the
+/// apiserver trusts for it.
+///
+/// - Only pods that name a node, ask for some extended resource and are
+///   not mirror pods are sent (`matchConditions`), and every bind.
+/// - `failurePolicy: Fail`: a quota that gives way whenever the operator
+///   is away is no quota. An operator outage delays binds (the scheduler
+///   retries them) and refuses `nodeName` GPU pods, but nothing exceeds a
+///   quota. The operator's own namespace and `kube-system` are left out
+///   (`namespaceSelector`), so the operator and the control plane can
+///   always be scheduled, the webhook's own pods included.
+pub fn quota_configuration(endpoint: &Endpoint, namespace: &str, ca_bundle: Option<&str>) -> Value {
+    let mut client = match endpoint {
+        Endpoint::Url(url) => json!({"url": format!("{}{QUOTA_PATH}", url.trim_end_matches('/'))}),
+        Endpoint::Service {
+            namespace,
+            name,
+            port,
+        } => json!({"service": {"namespace": namespace, "name": name, "port": port,
+                                "path": QUOTA_PATH}}),
+    };
+    if let Some(pem) = ca_bundle {
+        use base64::Engine as _;
+        client["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
+    }
+    let excluded: BTreeSet<&str> = ["kube-system", namespace].into_iter().collect();
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": QUOTA_CONFIGURATION_NAME,
+                     "labels": {"app.kubernetes.io/name": "gkm-operator",
+                                "app.kubernetes.io/part-of": "gkm"}},
+        "webhooks": [{
+            "name": QUOTA_WEBHOOK_NAME,
+            "clientConfig": client,
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods", "pods/binding"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchExpressions": [{
+                "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                "values": excluded.into_iter().collect::<Vec<_>>()}]},
+            "matchConditions": MATCH_CONDITIONS.iter()
+                .map(|(name, expression)| json!({"name": name, "expression": expression}))
+                .collect::<Vec<_>>(),
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }],
+    })
+}
+
+/// The CEL conditions a request must meet to be sent; a bind always is.
+pub const MATCH_CONDITIONS: &[(&str, &str)] = &[
+    (
+        "binds-or-names-a-node",
+        "(has(request.subResource) && request.subResource == 'binding') || (has(object.spec.nodeName) && object.spec.nodeName != '')",
+    ),
+    (
+        "binds-or-asks-for-extended-resources",
+        "(has(request.subResource) && request.subResource == 'binding') || object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))))",
+    ),
+    (
+        "binds-or-is-not-a-mirror-pod",
+        "(has(request.subResource) && request.subResource == 'binding') || !has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
+    ),
+];
+
+/// The operator's admission routes: the pvc-mutation webhook and the quota
+/// webhook on one server, one certificate.
+pub struct AdmissionRoutes {
+    mutation: MutationRoutes,
+    quota: QuotaRoutes,
+}
+
+impl AdmissionRoutes {
+    /// Both webhooks, reading with `client`.
+    pub fn new(client: Client, options: QuotaOptions) -> AdmissionRoutes {
+        AdmissionRoutes {
+            mutation: MutationRoutes::new(client.clone()),
+            quota: QuotaRoutes::new(client, options),
+        }
+    }
+}
+
+impl Routes for AdmissionRoutes {
+    fn serves(&self, path: &str) -> bool {
+        path == MUTATE_PATH || path == QUOTA_PATH
+    }
+
+    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
+        if path == MUTATE_PATH {
+            return self.mutation.respond(method, path, body);
+        }
+        Box::pin(async move {
+            if method != Method::POST {
+                return text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "the webhook takes POST\n".into(),
+                );
+            }
+            match self.quota.review(&body).await {
+                Ok(answer) => {
+                    let mut response = text(StatusCode::OK, answer.to_string());
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    response
+                }
+                Err(message) => text(StatusCode::BAD_REQUEST, format!("{message}\n")),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, node: Option<&str>, gpus: i64, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+            "status": {"phase": phase},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn pods_on_nodes_of_the_model_count_and_the_refusal_names_the_quota() {
+        let quotas = vec![(
+            "a100".to_string(),
+            vec![GpuModelLimit {
+                model: "A100".into(),
+                gpus: Some(2),
+                ..GpuModelLimit::default()
+            }],
+        )];
+        let nodes: HashSet<String> = ["a1".to_string(), "a2".to_string()].into();
+        let resources = QuotaOptions::default().whole_resources;
+        let pods = vec![
+            pod("one", Some("a1"), 1, "Running"),
+            pod("other-model", Some("h1"), 4, "Running"),
+            pod("done", Some("a2"), 4, "Succeeded"),
+            pod("pending", None, 4, "Pending"),
+        ];
+        let new = pod("two", Some("a2"), 1, "Pending");
+        assert_eq!(
+            decide(&new, "A100", &quotas, &pods, &nodes, &resources),
+            Ok(())
+        );
+        let mut pods = pods;
+        pods.push(new);
+        let third = pod("three", Some("a1"), 1, "Pending");
+        assert_eq!(
+            decide(&third, "A100", &quotas, &pods, &nodes, &resources),
+            Err("gkm: quota ml/a100 reached: namespace ml holds 2 of 2 GPUs of model A100, the pod asks 1".into())
+        );
+        // The pod being bound is not counted twice.
+        let bound = pod("two", None, 1, "Pending");
+        assert_eq!(
+            decide(&bound, "A100", &quotas, &pods, &nodes, &resources),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn only_binds_and_pods_naming_a_node_are_judged() {
+        let binding = json!({"subResource": "binding", "name": "p", "object": {
+            "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}});
+        assert!(matches!(
+            subject(&binding),
+            Ok(Subject::Bound { name, node }) if name == "p" && node == "n1"
+        ));
+        let unbound = json!({"object": {"metadata": {"name": "p"}, "spec": {"containers": []}}});
+        assert!(matches!(subject(&unbound), Ok(Subject::Nothing)));
+        let named = json!({"object": {"metadata": {"name": "p"},
+                                      "spec": {"nodeName": "n1", "containers": []}}});
+        assert!(matches!(subject(&named), Ok(Subject::Created(_))));
+    }
+
+    #[test]
+    fn the_configuration_is_a_valid_object_that_spares_the_operators_namespace() {
+        let body = quota_configuration(
+            &Endpoint::Url("https://127.0.0.1:9443".into()),
+            "gkm-system",
+            Some("PEM"),
+        );
+        let hook = &body["webhooks"][0];
+        assert_eq!(
+            hook["clientConfig"]["url"],
+            "https://127.0.0.1:9443/validate-gpu-quota"
+        );
+        assert_eq!(hook["failurePolicy"], "Fail");
+        assert_eq!(
+            hook["namespaceSelector"]["matchExpressions"][0]["values"],
+            json!(["gkm-system", "kube-system"])
+        );
+        let _: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration =
+            serde_json::from_value(body).expect("a valid object");
+    }
+}

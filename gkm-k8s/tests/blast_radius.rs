@@ -1,0 +1,773 @@
+//! What one tenant, or one gkm component's identity, can do to the others,
+//! against a real apiserver with the policies and RBAC `deploy/` ships:
+//! each test is named after what it defends.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const SYSTEM: &str = "gkm-system";
+/// A tenant's namespace.
+const TEAM: &str = "blast-team";
+/// The tenant, a user who may create and edit pods in [`TEAM`].
+const TENANT: &str = "tenant@example.com";
+const ASSIGNMENT: &str = "gkm.io/gpu-assignment";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Applies `files` (paths under `deploy/`) to the shared control plane,
+/// with the tenant's namespace, its `default` ServiceAccount, and the
+/// tenant's rights on pods there.
+async fn install(files: &[&str]) -> anyhow::Result<(&'static ControlPlane, kube::Client)> {
+    let plane = ControlPlane::shared().await?;
+    plane
+        .apply_file(&deploy_dir().join("namespace.yaml"))
+        .await?;
+    for file in files {
+        plane.apply_file(&deploy_dir().join(file)).await?;
+    }
+    let admin = plane.client().await?;
+    plane.ensure_namespace(TEAM).await?;
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": "default", "namespace": TEAM}});
+    plane.apply_object(&account, false).await?;
+    // What a namespace's `edit` role grants on pods (no controller-manager
+    // runs here to aggregate the built-in role).
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "tenant-pods", "namespace": TEAM},
+        "rules": [{"apiGroups": [""], "resources": ["pods"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
+    });
+    plane.apply_object(&role, false).await?;
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "tenant-pods", "namespace": TEAM},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-pods"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    });
+    plane.apply_object(&binding, false).await?;
+    Ok((plane, admin))
+}
+
+/// Who a request is made as, through the admin's impersonation.
+#[derive(Clone, Copy)]
+enum Who<'a> {
+    /// A user with no groups beyond `system:authenticated`.
+    User(&'a str),
+    /// A ServiceAccount of gkm's namespace.
+    Account(&'a str),
+    /// The admin itself.
+    Admin,
+}
+
+/// `request` made as `who`: the answer, or the apiserver's refusal.
+async fn as_who(
+    admin: &kube::Client,
+    who: Who<'_>,
+    mut request: http::Request<Vec<u8>>,
+) -> anyhow::Result<Result<Value, kube::core::Status>> {
+    let headers = request.headers_mut();
+    match who {
+        Who::User(name) => {
+            headers.insert("Impersonate-User", name.parse()?);
+        }
+        Who::Account(name) => {
+            headers.insert(
+                "Impersonate-User",
+                service_account_user(SYSTEM, name).parse()?,
+            );
+            for group in service_account_groups(SYSTEM) {
+                headers.append("Impersonate-Group", group.parse()?);
+            }
+        }
+        Who::Admin => {}
+    }
+    match admin.request::<Value>(request).await {
+        Ok(value) => Ok(Ok(value)),
+        Err(kube::Error::Api(status)) => Ok(Err(*status)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn pods_path(namespace: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods")
+}
+
+/// A pod bound to a node by `spec.nodeName` (so no scheduler sees it), with
+/// `annotations`.
+fn node_pod(name: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TEAM, "annotations": annotations},
+        "spec": {
+            "nodeName": "gpu-node-1",
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "main", "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    })
+}
+
+fn create(path: &str, body: &Value) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(kube::core::Request::new(path).create(&PostParams::default(), serde_json::to_vec(body)?)?)
+}
+
+fn merge(path: &str, name: &str, patch: &Value) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(
+        kube::core::Request::new(path).patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )?,
+    )
+}
+
+/// Asserts `result` is the policy's refusal naming who may write the
+/// annotation.
+fn refused_by_assignment_policy(what: &str, result: Result<Value, kube::core::Status>) {
+    match result {
+        Err(status)
+            if status.code == 403
+                && status
+                    .message
+                    .contains("only gkm-scheduler-extender may set")
+                && status.message.contains(ASSIGNMENT) => {}
+        other => panic!("{what}: expected the gpu-assignment policy's refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn only_the_scheduler_extender_may_set_a_pods_gpu_assignment() -> anyhow::Result<()> {
+    let (_plane, admin) = install(&[
+        "scheduler-extender/rbac.yaml",
+        "policies/gpu-assignment.yaml",
+    ])
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), TEAM);
+    let forged = json!({ASSIGNMENT: r#"{"nvidia.com/gpu":["GPU-held-by-another-pod"]}"#});
+
+    // A tenant creates a pod on a node with the GPUs of its choosing. The
+    // policy takes effect once the apiserver has loaded it: wait for the
+    // refusal, removing any pod that got through before.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let name = format!("forged-{n}");
+        let attempt = as_who(
+            &admin,
+            Who::User(TENANT),
+            create(&pods_path(TEAM), &node_pod(&name, forged.clone()))?,
+        )
+        .await?;
+        match attempt {
+            Err(status) if status.code == 403 && status.message.contains(ASSIGNMENT) => {
+                refused_by_assignment_policy("creating a pod with an assignment", Err(status));
+                break;
+            }
+            other => {
+                if other.is_ok() {
+                    pods.delete(&name, &Default::default()).await?;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "a tenant created a pod with its own {ASSIGNMENT}: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // The same pod without the annotation is the tenant's to make.
+    as_who(
+        &admin,
+        Who::User(TENANT),
+        create(&pods_path(TEAM), &node_pod("plain", json!({})))?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("creating a plain pod was refused: {}", s.message))?;
+
+    // Adding one later, through the pod or its status, as the tenant or as
+    // a cluster admin: refused.
+    let add = json!({"metadata": {"annotations": forged.clone()}});
+    refused_by_assignment_policy(
+        "a tenant adding an assignment",
+        as_who(
+            &admin,
+            Who::User(TENANT),
+            merge(&pods_path(TEAM), "plain", &add)?,
+        )
+        .await?,
+    );
+    refused_by_assignment_policy(
+        "an admin adding an assignment",
+        as_who(&admin, Who::Admin, merge(&pods_path(TEAM), "plain", &add)?).await?,
+    );
+    let status_path = format!("{}/plain/status", pods_path(TEAM));
+    let status_patch = http::Request::patch(format!("/api/v1/namespaces/{TEAM}/pods/plain/status"))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(serde_json::to_vec(&add)?)?;
+    refused_by_assignment_policy(
+        &format!("an admin adding an assignment through {status_path}"),
+        as_who(&admin, Who::Admin, status_patch).await?,
+    );
+    // A Binding's annotations are copied onto the pod.
+    let unbound = node_pod("unbound", json!({}));
+    let mut unbound = unbound;
+    unbound["spec"]
+        .as_object_mut()
+        .map(|s| s.remove("nodeName"));
+    as_who(&admin, Who::Admin, create(&pods_path(TEAM), &unbound)?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("creating an unbound pod was refused: {}", s.message))?;
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "unbound", "annotations": forged.clone()},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"},
+    });
+    refused_by_assignment_policy(
+        "an admin binding with an assignment",
+        as_who(
+            &admin,
+            Who::Admin,
+            create(&format!("{}/unbound/binding", pods_path(TEAM)), &binding)?,
+        )
+        .await?,
+    );
+
+    // The extender writes it (a merge patch, as at bind) and changes it.
+    let extender = Who::Account("gkm-scheduler-extender");
+    let written = json!({ASSIGNMENT: r#"{"nvidia.com/gpu":["GPU-a"]}"#});
+    as_who(
+        &admin,
+        extender,
+        merge(
+            &pods_path(TEAM),
+            "plain",
+            &json!({"metadata": {"annotations": written}}),
+        )?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("the extender's assignment was refused: {}", s.message))?;
+    let annotations = pods
+        .get("plain")
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert_eq!(
+        annotations.get(ASSIGNMENT).map(String::as_str),
+        Some(r#"{"nvidia.com/gpu":["GPU-a"]}"#)
+    );
+
+    // The tenant keeps editing its pod otherwise, but may not change or
+    // remove the assignment.
+    as_who(
+        &admin,
+        Who::User(TENANT),
+        merge(
+            &pods_path(TEAM),
+            "plain",
+            &json!({"metadata": {"labels": {"team": "ml"}}}),
+        )?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("labelling its own pod was refused: {}", s.message))?;
+    for (what, value) in [
+        ("changing", json!(r#"{"nvidia.com/gpu":["GPU-b"]}"#)),
+        ("removing", Value::Null),
+    ] {
+        refused_by_assignment_policy(
+            &format!("a tenant {what} the assignment"),
+            as_who(
+                &admin,
+                Who::User(TENANT),
+                merge(
+                    &pods_path(TEAM),
+                    "plain",
+                    &json!({"metadata": {"annotations": {ASSIGNMENT: value}}}),
+                )?,
+            )
+            .await?,
+        );
+    }
+    Ok(())
+}
+
+/// Creates (or replaces) Nodes `names`, each labelled `team: a`.
+async fn nodes(admin: &kube::Client, names: &[&str]) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(admin.clone());
+    for name in names {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"team": "a"}}}))?;
+        api.patch(
+            name,
+            &PatchParams::apply("gkm-blast-radius-test"),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The device plugin's ServiceAccount on `node` (its token's node-name
+/// claim), or with no claim.
+async fn as_device_plugin(
+    admin: &kube::Client,
+    node: Option<&str>,
+    mut request: http::Request<Vec<u8>>,
+) -> anyhow::Result<Result<Value, kube::core::Status>> {
+    if let Some(node) = node {
+        request.headers_mut().insert(
+            "Impersonate-Extra-authentication.kubernetes.io%2Fnode-name",
+            node.parse()?,
+        );
+    }
+    as_who(admin, Who::Account("gkm-device-plugin"), request).await
+}
+
+#[tokio::test]
+async fn the_device_plugin_may_write_only_its_own_nodes_gpu_devices() -> anyhow::Result<()> {
+    let (_plane, admin) = install(&[
+        "rbac/device-plugin.yaml",
+        "policies/device-plugin-own-node.yaml",
+    ])
+    .await?;
+    let (own, other) = ("dp-own-node", "dp-other-node");
+    nodes(&admin, &[own, other]).await?;
+    let api: Api<Node> = Api::all(admin.clone());
+    let devices = |value: &str| json!({"metadata": {"annotations": {"gkm.io/gpu-devices": value}}});
+
+    // The policy takes effect once the apiserver has loaded it: wait until
+    // the other node's annotation is refused, undoing writes that got
+    // through before.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let attempt = as_device_plugin(
+            &admin,
+            Some(own),
+            merge("/api/v1/nodes", other, &devices(r#"[{"id":"GPU-x"}]"#))?,
+        )
+        .await?;
+        match attempt {
+            Err(status) if status.code == 403 && status.message.contains("only its own") => break,
+            other_result => {
+                let undo = json!({"metadata": {"annotations": {"gkm.io/gpu-devices": null}}});
+                api.patch(other, &PatchParams::default(), &Patch::Merge(&undo))
+                    .await?;
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the device plugin of {own} wrote node {other}: {other_result:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // Its own node's gkm.io/gpu-devices, as it publishes it: allowed.
+    let published = r#"[{"id":"0000:40:00.0","cores":100,"memory":1024}]"#;
+    as_device_plugin(
+        &admin,
+        Some(own),
+        merge("/api/v1/nodes", own, &devices(published))?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("publishing its node's GPUs was refused: {}", s.message))?;
+    let annotations = api.get(own).await?.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("gkm.io/gpu-devices").map(String::as_str),
+        Some(published)
+    );
+
+    // Anything else: refused, naming gkm-device-plugin.
+    let refused: Vec<(&str, Option<&str>, &str, Value)> = vec![
+        ("another node's GPUs", Some(own), other, devices("[]")),
+        (
+            "a taint on its own node",
+            Some(own),
+            own,
+            json!({"spec": {"taints": [{"key": "evict", "effect": "NoExecute"}]}}),
+        ),
+        (
+            "cordoning its own node",
+            Some(own),
+            own,
+            json!({"spec": {"unschedulable": true}}),
+        ),
+        (
+            "a label on its own node",
+            Some(own),
+            own,
+            json!({"metadata": {"labels": {"team": "b"}}}),
+        ),
+        (
+            "another annotation on its own node",
+            Some(own),
+            own,
+            json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        (
+            "its GPUs without a node-name claim",
+            None,
+            own,
+            devices("[]"),
+        ),
+    ];
+    for (what, claim, node, patch) in refused {
+        match as_device_plugin(&admin, claim, merge("/api/v1/nodes", node, &patch)?).await? {
+            Err(status) if status.code == 403 && status.message.contains("gkm-device-plugin") => {}
+            other_result => {
+                panic!("{what}: expected a refusal naming gkm-device-plugin, got {other_result:?}")
+            }
+        }
+    }
+    // (The apiserver itself taints a new Node not-ready.)
+    let other_node = api.get(other).await?;
+    let taints = other_node.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(!taints.iter().any(|t| t.key == "evict"), "{taints:?}");
+    let own_node = api.get(own).await?;
+    assert_eq!(own_node.spec.and_then(|s| s.unschedulable), None);
+    assert_eq!(
+        own_node
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("a")
+    );
+    Ok(())
+}
+
+/// A request to create `body` under `path` as the operator's ServiceAccount.
+async fn as_operator(
+    admin: &kube::Client,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<Result<Value, kube::core::Status>> {
+    as_who(admin, Who::Account("gkm-operator"), create(path, body)?).await
+}
+
+fn refused_naming_operator(what: &str, result: Result<Value, kube::core::Status>) {
+    match result {
+        Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {}
+        other => panic!("{what}: expected the operator-scope policy's refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook()
+-> anyhow::Result<()> {
+    use gkm_k8s_api::cache_object::CacheKey;
+    use gkm_k8s_api::crd::{AccessMode, CacheSpec};
+    use gkm_k8s_operator::pvc::objects::{PvcOptions, job, volume};
+    use gkm_k8s_operator::pvc::plan::ClaimPlan;
+
+    let (_plane, admin) = install(&["rbac/operator.yaml", "policies/operator-scope.yaml"]).await?;
+    let jobs_path = format!("/apis/batch/v1/namespaces/{TEAM}/jobs");
+    let escape = |name: &str| {
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": TEAM},
+            "spec": {"template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "x", "image": "busybox", "command": ["chroot", "/host"],
+                                "securityContext": {"privileged": true},
+                                "volumeMounts": [{"name": "host", "mountPath": "/host"}]}],
+                "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+            }}},
+        })
+    };
+
+    // A privileged Job mounting the node's root, made with the operator's
+    // token. The policy takes effect once the apiserver has loaded it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let name = format!("escape-{n}");
+        match as_operator(&admin, &jobs_path, &escape(&name)).await? {
+            Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {
+                break;
+            }
+            other => {
+                if other.is_ok() {
+                    let background = kube::api::DeleteParams::background();
+                    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
+                        .delete(&name, &background)
+                        .await?;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the operator's identity created a privileged hostPath Job: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // What the operator itself makes for a ReadWriteOnce cache filled into
+    // gkm-made volumes: allowed.
+    let key = CacheKey::namespaced(TEAM, "vector-add");
+    let spec = CacheSpec {
+        image: "registry.example.com/caches/vector-add:v1".into(),
+        storage_class_name: Some("gkm-local".into()),
+        access_modes: Some(vec![AccessMode::ReadWriteOnce]),
+        ..CacheSpec::default()
+    };
+    let plan = ClaimPlan {
+        namespace: TEAM.into(),
+        name: "vector-add-node-1".into(),
+        node: Some("node-1".into()),
+        volume: Some("gkm-0123456789".into()),
+        job: Some("vector-add-fill-0123".into()),
+    };
+    let options = PvcOptions {
+        volume_dir: Some("/var/lib/gkm/volumes".into()),
+        ..PvcOptions::default()
+    };
+    let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let image = format!("registry.example.com/caches/vector-add@{digest}");
+    let fill = job(&key, &spec, &plan, digest, &image, &options)
+        .ok_or_else(|| anyhow::anyhow!("no fill Job planned"))?;
+    as_operator(&admin, &jobs_path, &fill)
+        .await?
+        .map_err(|s| anyhow::anyhow!("the operator's fill Job was refused: {}", s.message))?;
+    let made =
+        volume(&key, &spec, &plan, &options).ok_or_else(|| anyhow::anyhow!("no volume planned"))?;
+    as_operator(&admin, "/api/v1/persistentvolumes", &made)
+        .await?
+        .map_err(|s| anyhow::anyhow!("the operator's volume was refused: {}", s.message))?;
+
+    // Jobs that are not fill Jobs, and volumes that are not its own: refused.
+    let mut shell = fill.clone();
+    shell["metadata"]["name"] = json!("fill-with-a-shell");
+    shell["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["/bin/sh", "-c", "id"]);
+    let mut other_image = fill.clone();
+    other_image["metadata"]["name"] = json!("fill-other-image");
+    other_image["spec"]["template"]["spec"]["containers"][0]["image"] = json!("busybox");
+    let mut with_token = fill.clone();
+    with_token["metadata"]["name"] = json!("fill-with-a-token");
+    with_token["spec"]["template"]["spec"]["automountServiceAccountToken"] = json!(true);
+    with_token["spec"]["template"]["spec"]["serviceAccountName"] = json!("admin");
+    let mut host_pid = fill.clone();
+    host_pid["metadata"]["name"] = json!("fill-host-pid");
+    host_pid["spec"]["template"]["spec"]["hostPID"] = json!(true);
+    for (what, body) in [
+        ("a privileged hostPath Job", escape("escape")),
+        ("a fill Job with a shell", shell),
+        ("a Job of another image", other_image),
+        ("a Job with a ServiceAccount token", with_token),
+        ("a Job in the host's PID namespace", host_pid),
+    ] {
+        refused_naming_operator(what, as_operator(&admin, &jobs_path, &body).await?);
+    }
+    let mut etc = made.clone();
+    etc["metadata"]["name"] = json!("gkm-aaaaaaaaaa");
+    etc["spec"]["hostPath"]["path"] = json!("/etc");
+    let mut named = made.clone();
+    named["metadata"]["name"] = json!("data");
+    named["spec"]["hostPath"]["path"] = json!("/var/lib/gkm/volumes/data");
+    for (what, body) in [
+        ("a volume of /etc", etc),
+        ("a volume not named gkm-<hash>", named),
+    ] {
+        refused_naming_operator(
+            what,
+            as_operator(&admin, "/api/v1/persistentvolumes", &body).await?,
+        );
+    }
+
+    // A webhook configuration sending every pod elsewhere: refused (by RBAC
+    // where the operator may not create webhook configurations at all).
+    let hook = |name: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "pods.evil.example", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "clientConfig": {"url": "https://evil.example/mutate"},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            }],
+        })
+    };
+    for name in ["gkm-pvc-mutation", "evil"] {
+        let path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+        match as_operator(&admin, path, &hook(name)).await? {
+            Err(status) if status.code == 403 => {}
+            other => {
+                panic!("webhook configuration {name} to a URL: expected a refusal, got {other:?}")
+            }
+        }
+    }
+
+    // The chart's GPU-quota webhook configuration: the operator may write
+    // its caBundle, and nothing else of it. (Its namespaceSelector here
+    // matches no namespace, so it judges nothing in these tests.)
+    use gkm_k8s_operator::webhook::Endpoint;
+    use gkm_k8s_operator::webhook::quota::{QUOTA_CONFIGURATION_NAME, quota_configuration};
+    let service = Endpoint::Service {
+        namespace: SYSTEM.into(),
+        name: "gkm-operator-webhook".into(),
+        port: 443,
+    };
+    let mut quota = quota_configuration(&service, SYSTEM, None);
+    quota["webhooks"][0]["namespaceSelector"] =
+        json!({"matchLabels": {"gkm.io/test": "no-namespace-has-this"}});
+    _plane.apply_object(&quota, false).await?;
+    let quota_path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+    let strategic = |patch: &Value| -> anyhow::Result<http::Request<Vec<u8>>> {
+        Ok(kube::core::Request::new(quota_path).patch(
+            QUOTA_CONFIGURATION_NAME,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )?)
+    };
+    let webhook = quota["webhooks"][0]["name"].clone();
+    let ca_bundle = json!({"webhooks": [{"name": webhook, "clientConfig": {"caBundle": "UEVN"}}]});
+    as_who(&admin, Who::Account("gkm-operator"), strategic(&ca_bundle)?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("the operator's caBundle patch was refused: {}", s.message))?;
+    for (what, patch) in [
+        (
+            "the quota webhook sent to a URL",
+            json!({"webhooks": [{"name": webhook, "clientConfig": {
+                "service": null, "url": "https://evil.example/validate"}}]}),
+        ),
+        (
+            "the quota webhook failing open",
+            json!({"webhooks": [{"name": webhook, "failurePolicy": "Ignore"}]}),
+        ),
+        (
+            "the quota webhook judging no pod",
+            json!({"webhooks": [{"name": webhook, "rules": []}]}),
+        ),
+    ] {
+        refused_naming_operator(
+            what,
+            as_who(&admin, Who::Account("gkm-operator"), strategic(&patch)?).await?,
+        );
+    }
+    let mut evil = quota.clone();
+    evil["metadata"]["name"] = json!("evil");
+    match as_operator(&admin, quota_path, &evil).await? {
+        Err(status) if status.code == 403 => {}
+        other => panic!(
+            "a validating webhook configuration of its own: expected a refusal, got {other:?}"
+        ),
+    }
+    Ok(())
+}
+
+/// Whether `user` may `verb` `resource` (`resource[/subresource]` of
+/// `gkm.io`) in the tenant's namespace, by a SubjectAccessReview.
+async fn may(admin: &kube::Client, user: &str, verb: &str, resource: &str) -> anyhow::Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_string())),
+        None => (resource, None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(vec!["system:authenticated".into()]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                group: Some("gkm.io".into()),
+                resource: Some(resource.into()),
+                subresource,
+                namespace: Some(TEAM.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let reviewed = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(reviewed.status.is_some_and(|s| s.allowed))
+}
+
+#[tokio::test]
+async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow::Result<()> {
+    // A control plane of its own, whose controller-manager aggregates the
+    // built-in roles.
+    let plane = ControlPlane::start_with(gkm_testenv::ControlPlaneOptions {
+        controller_manager: true,
+        extra_controllers: vec!["clusterrole-aggregation-controller".into()],
+        ..Default::default()
+    })
+    .await?;
+    plane
+        .apply_file(&deploy_dir().join("rbac/tenant-roles.yaml"))
+        .await?;
+    plane.ensure_namespace(TEAM).await?;
+    let admin = plane.client().await?;
+    let (viewer, editor) = ("viewer@example.com", "editor@example.com");
+    for (user, role) in [(viewer, "view"), (editor, "edit")] {
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": TEAM},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        });
+        plane.apply_object(&binding, false).await?;
+    }
+
+    // The built-in roles take gkm's rules in once the controller has
+    // aggregated them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(may(&admin, editor, "create", "gkmcaches").await?
+        && may(&admin, viewer, "list", "gkmgpuquotas").await?)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "a namespace's edit role may not create GKMCaches, or its view role may not list GKMGPUQuotas"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let table: &[(&str, &str, &str, bool)] = &[
+        (viewer, "get", "gkmcaches", true),
+        (viewer, "watch", "gkmcachenodes", true),
+        (viewer, "get", "gkmgpuquotas/status", true),
+        (viewer, "create", "gkmcaches", false),
+        (viewer, "patch", "gkmcaches", false),
+        (editor, "list", "gkmcaches", true),
+        (editor, "create", "gkmcaches", true),
+        (editor, "patch", "gkmcaches", true),
+        (editor, "delete", "gkmcaches", true),
+        (editor, "get", "gkmcachenodes", true),
+        (editor, "patch", "gkmcaches/status", false),
+        (editor, "update", "gkmcaches/status", false),
+        (editor, "create", "gkmcachenodes", false),
+        (editor, "patch", "gkmcachenodes", false),
+        (editor, "patch", "gkmcachenodes/status", false),
+        (editor, "delete", "gkmcachenodes", false),
+        (editor, "create", "gkmgpuquotas", false),
+        (editor, "patch", "gkmgpuquotas", false),
+        (editor, "patch", "gkmgpuquotas/status", false),
+        (editor, "delete", "gkmgpuquotas", false),
+    ];
+    let mut wrong = Vec::new();
+    for (user, verb, resource, expected) in table {
+        let got = may(&admin, user, verb, resource).await?;
+        if got != *expected {
+            wrong.push(format!(
+                "{user}: {verb} {resource}: {got}, must be {expected}"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "tenant access differs:\n{}",
+        wrong.join("\n")
+    );
+    Ok(())
+}
