@@ -98,15 +98,45 @@ impl Default for FreeSpaceReserve {
 /// Binary size suffixes, largest first.
 const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
 
+/// Parses a number of bytes, with an optional `KiB`, `MiB`, `GiB` or `TiB`
+/// suffix: `1073741824`, `1GiB`, `512 KiB`.
+///
+/// ```
+/// assert_eq!(gkm_oci::disk::parse_bytes("64GiB"), Ok(64 << 30));
+/// assert_eq!(gkm_oci::disk::parse_bytes("4096"), Ok(4096));
+/// assert!(gkm_oci::disk::parse_bytes("64GB").is_err());
+/// ```
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let term = s.trim();
+    let (digits, shift) = UNITS
+        .iter()
+        .find_map(|(unit, shift)| term.strip_suffix(unit).map(|d| (d.trim(), *shift)))
+        .unwrap_or((term, 0));
+    let bad = || {
+        format!("{s:?}: expected a number of bytes, with an optional KiB, MiB, GiB or TiB suffix")
+    };
+    let n = digits.parse::<u64>().map_err(|_| bad())?;
+    if n.leading_zeros() < shift {
+        return Err(format!("{s:?}: more bytes than 64 bits hold"));
+    }
+    Ok(n << shift)
+}
+
+/// `bytes` as [`parse_bytes`] reads it: in the largest binary unit that
+/// divides it (`64GiB`), or plain (`1048577`).
+pub fn format_bytes(bytes: u64) -> String {
+    match UNITS
+        .iter()
+        .find(|(_, shift)| bytes >= 1 << shift && bytes.is_multiple_of(1 << shift))
+    {
+        Some((unit, shift)) => format!("{}{unit}", bytes >> shift),
+        None => bytes.to_string(),
+    }
+}
+
 impl fmt::Display for FreeSpaceReserve {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bytes = || match UNITS
-            .iter()
-            .find(|(_, shift)| self.bytes >= 1 << shift && self.bytes.is_multiple_of(1 << shift))
-        {
-            Some((unit, shift)) => format!("{}{unit}", self.bytes >> shift),
-            None => self.bytes.to_string(),
-        };
+        let bytes = || format_bytes(self.bytes);
         match (self.percent, self.bytes) {
             (0, _) => f.write_str(&bytes()),
             (p, 0) => write!(f, "{p}%"),
@@ -139,16 +169,11 @@ impl FromStr for FreeSpaceReserve {
                 reserve.percent = p;
                 continue;
             }
-            let (digits, shift) = UNITS
-                .iter()
-                .find_map(|(unit, shift)| term.strip_suffix(unit).map(|d| (d.trim(), *shift)))
-                .unwrap_or((term, 0));
-            let n = digits.parse::<u64>().map_err(|_| bad())?;
-            if bytes_seen || n.leading_zeros() < shift {
+            if bytes_seen {
                 return Err(bad());
             }
             bytes_seen = true;
-            reserve.bytes = n << shift;
+            reserve.bytes = parse_bytes(term).map_err(|_| bad())?;
         }
         Ok(reserve)
     }

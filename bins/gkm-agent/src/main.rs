@@ -85,6 +85,21 @@ struct Cli {
     #[arg(long, value_name = "PERCENT|BYTES", value_parser = parse_reserve,
           default_value_t = FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN)]
     keep_free: FreeSpaceReserve,
+    /// The most bytes the node store may hold (KiB, MiB, GiB or TiB, as in
+    /// 500GiB), counting files in whole 4 KiB blocks and each directory and
+    /// link as one; an extraction that would pass it stops, keeping
+    /// nothing, and is tried again later. Default: no cap beyond
+    /// --keep-free.
+    #[arg(long, value_name = "BYTES", value_parser = parse_cap)]
+    store_max_bytes: Option<u64>,
+    /// The most bytes the caches of one namespace may hold in the node
+    /// store, counted as --store-max-bytes counts them (the cluster-scoped
+    /// caches together count as one more namespace; a digest several
+    /// namespaces use counts for each), so that one tenant cannot take the
+    /// node's store from the others.
+    #[arg(long, value_name = "BYTES", value_parser = parse_cap,
+          default_value = "64GiB")]
+    namespace_max_bytes: u64,
     /// How long a digest no cache or pod uses stays in the store (e.g. 10m).
     #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     gc_grace: Duration,
@@ -108,6 +123,15 @@ struct Cli {
 /// Parses `--keep-free`.
 fn parse_reserve(s: &str) -> Result<FreeSpaceReserve, String> {
     s.parse()
+}
+
+/// Parses `--store-max-bytes` and `--namespace-max-bytes`: bytes, more
+/// than none.
+fn parse_cap(s: &str) -> Result<u64, String> {
+    match gkm_oci::disk::parse_bytes(s)? {
+        0 => Err(format!("{s:?}: a cap of 0 bytes would refuse every cache")),
+        bytes => Ok(bytes),
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -158,6 +182,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     config.liveness = Liveness::new(stall_after);
     config.gc_grace = cli.gc_grace;
     config.extract_policy.free_space_reserve = cli.keep_free;
+    config.store_max_bytes = cli.store_max_bytes;
+    config.namespace_max_bytes = Some(cli.namespace_max_bytes);
     config.label_options = LabelOptions {
         vendor_labels: cli.vendor_labels,
     };

@@ -4,7 +4,9 @@
 //! agent from reporting other namespaces or collecting garbage, and a
 //! tenant's registry that trickles its answers does not stall the other
 //! namespaces' caches (a small TCP server in this file plays that hostile
-//! registry; the healthy caches come from a real `docker-registry`).
+//! registry; the healthy caches come from a real `docker-registry`), and a
+//! tenant whose caches exceed its namespace's byte cap does not take the
+//! node's store from the others, whose caches stop at the store's cap.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -552,6 +554,157 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     )
     .await?;
     assert!(digest_dir(&node.store(), good.hex()).is_dir());
+    agent.terminate(Duration::from_secs(15))?;
+    Ok(())
+}
+
+/// Builds the sm75 fixture cache with `padding` more bytes in a file of its
+/// own (filled with `fill`, so each image is a digest of its own) and
+/// pushes it to `remote`; returns its digest.
+async fn push_padded(dir: &Path, remote: &str, padding: usize, fill: u8) -> anyhow::Result<Digest> {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
+    let tree = dir.join(format!("tree-{fill}"));
+    copy_tree(&fixture, &tree)?;
+    std::fs::write(tree.join("padding.bin"), vec![fill; padding])?;
+    let layout: ImageRef =
+        format!("oci:{}:v1", dir.join(format!("layout-{fill}")).display()).parse()?;
+    let options = BuildOptions {
+        compression: Compression::None,
+        ..BuildOptions::default()
+    };
+    let built = build(&tree, &layout, &options, &registry_options()).await?;
+    gkm_oci::copy_image(
+        &Repo::open(&layout, &registry_options())?,
+        &Repo::create(&remote.parse()?, &registry_options())?,
+        None,
+    )
+    .await?;
+    Ok(built.digest)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_over_its_byte_cap_does_not_take_the_node_from_others() -> anyhow::Result<()> {
+    let node = Node::new("tenancy-byte-caps-node").await?;
+    let (greedy, other, late) = (
+        "tenant-over-byte-cap",
+        "tenant-beside-byte-cap",
+        "tenant-after-store-full",
+    );
+    for namespace in [greedy, other, late] {
+        node.plane.ensure_namespace(namespace).await?;
+    }
+    // Each image takes a little under 500 KiB in the store: one fits a
+    // namespace's 768 KiB, two do not; two fit the node's 1280 KiB, three
+    // do not.
+    let registry = Registry::shared()?;
+    let mut images = Vec::new();
+    for (fill, name) in [(1u8, "first"), (2, "second"), (3, "beside"), (4, "late")] {
+        let remote = format!("{}/tenancy/bytes-{name}:v1", registry.addr());
+        let digest = push_padded(node.dir.path(), &remote, 384 << 10, fill).await?;
+        images.push((remote, digest));
+    }
+    let port = gkm_testenv::free_port()?;
+    let mut agent = node.agent(
+        port,
+        &["--namespace-max-bytes=768KiB", "--store-max-bytes=1280KiB"],
+    )?;
+    let message = |namespace: &'static str, cache: &'static str, digest: Digest| {
+        let api: Api<GKMCacheNode> = Api::namespaced(node.client.clone(), namespace);
+        let name = node.name.clone();
+        async move {
+            anyhow::Ok(
+                api.get_opt(&name)
+                    .await?
+                    .and_then(|r| {
+                        r.status?
+                            .caches?
+                            .get(cache)?
+                            .get(digest.as_str())?
+                            .message
+                            .clone()
+                    })
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    let extracted = |namespace: &'static str, cache: &'static str, digest: Digest| {
+        let node = &node;
+        async move {
+            anyhow::Ok(
+                node.state(namespace, cache, digest.as_str())
+                    .await?
+                    .as_deref()
+                    == Some("Extracted"),
+            )
+        }
+    };
+
+    // The tenant's first cache fits its cap and is extracted...
+    let (first, second, beside, last) = (&images[0], &images[1], &images[2], &images[3]);
+    node.cache(greedy, "first", &first.0, first.1.as_str(), true)
+        .await?;
+    until(
+        &mut agent,
+        "the tenant's first cache extracted",
+        Duration::from_secs(30),
+        || extracted(greedy, "first", first.1.clone()),
+    )
+    .await?;
+    // ...its second would take it past the cap: refused, saying so, and
+    // nothing of it kept.
+    node.cache(greedy, "second", &second.0, second.1.as_str(), true)
+        .await?;
+    until(
+        &mut agent,
+        "the tenant's second cache refused for its namespace's cap",
+        Duration::from_secs(30),
+        || async {
+            let m = message(greedy, "second", second.1.clone()).await?;
+            Ok(m.contains("namespace") && m.contains(&(768u64 << 10).to_string()))
+        },
+    )
+    .await?;
+    assert!(!digest_dir(&node.store(), second.1.hex()).exists());
+    // Another namespace's cache is still extracted.
+    node.cache(other, "beside", &beside.0, beside.1.as_str(), true)
+        .await?;
+    until(
+        &mut agent,
+        "the other namespace's cache extracted",
+        Duration::from_secs(30),
+        || extracted(other, "beside", beside.1.clone()),
+    )
+    .await?;
+    // The node's store is now too full for a third namespace's cache.
+    node.cache(late, "late", &last.0, last.1.as_str(), true)
+        .await?;
+    until(
+        &mut agent,
+        "the third namespace's cache refused for the store's cap",
+        Duration::from_secs(30),
+        || async {
+            let m = message(late, "late", last.1.clone()).await?;
+            Ok(m.contains("store") && m.contains(&(1280u64 << 10).to_string()))
+        },
+    )
+    .await?;
+    assert!(!digest_dir(&node.store(), last.1.hex()).exists());
+    assert!(!extracted(greedy, "second", second.1.clone()).await?);
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
 }

@@ -115,7 +115,12 @@ fn assert_same_tree(expected: &Path, actual: &Path) {
     );
 }
 
+/// A simulated inventory of one `profile` GPU under `dir`, in a directory of
+/// a fixed name: simulated UUIDs derive from the file's directory and name,
+/// so they read the same in every run.
 fn write_gpus(dir: &Path, profile: &str) -> PathBuf {
+    let dir = dir.join("inventories");
+    std::fs::create_dir_all(&dir).expect("inventory directory");
     let path = dir.join(format!("gpus-{profile}.yaml"));
     std::fs::write(&path, format!("gpus:\n  - profile: {profile}\n")).expect("write inventory");
     path

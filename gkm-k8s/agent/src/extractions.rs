@@ -1,11 +1,12 @@
 //! Pulling and extracting digests into the node store, off the agent's
 //! loop: few at a time (so their memory does not add up), at most one per
 //! namespace so that one tenant's slow registry cannot hold them all
-//! ([`FairSlots`]), each within a total deadline, each failure tried again
-//! with backoff, the loop woken when one ends.
+//! ([`FairSlots`]), each within a total deadline and a byte budget its
+//! namespace's and the node's caps leave it ([`Ledger`]), each failure
+//! tried again with backoff, the loop woken when one ends.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use gkm_oci::{ExtractPolicy, Image, Repo, Store};
@@ -14,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::budget::{Caps, Decision, Grant, Ledger};
 use crate::metrics::AgentMetrics;
 use crate::retry::Backoff;
 use crate::slots::{FairSlots, Scope};
@@ -24,6 +26,67 @@ const EXTRACTION_SLOTS: usize = 2;
 
 /// How one extraction ended: the extracted tree's size, or why it failed.
 type Ended = ((Scope, Digest), Result<i64, String>);
+
+/// The byte caps' ledger, shared with the extractions, and a wake for
+/// those waiting for others' grants to come back (each bounded by its own
+/// extraction's deadline).
+pub(crate) struct Budgets {
+    ledger: Mutex<Ledger>,
+    released: Notify,
+}
+
+impl Budgets {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until `scope`'s extraction may write some bytes: its grant,
+    /// or the cap that refuses it.
+    async fn grant(self: &Arc<Self>, scope: &Scope) -> Result<Held, String> {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            match self.ledger().grant(scope) {
+                Decision::Grant(grant) => {
+                    return Ok(Held {
+                        budgets: self.clone(),
+                        grant,
+                    });
+                }
+                Decision::Refuse(bound) => {
+                    return Err(format!("refused before extracting: {bound}"));
+                }
+                Decision::Wait => {}
+            }
+            released.await;
+        }
+    }
+}
+
+/// A grant held by an extraction, given back when dropped.
+struct Held {
+    budgets: Arc<Budgets>,
+    grant: Grant,
+}
+
+impl Held {
+    /// Gives the grant back, `stored` (the digest and its bytes) now
+    /// counting as stored.
+    fn stored(self, digest: Digest, bytes: u64) {
+        self.budgets
+            .ledger()
+            .ended(self.grant.id, Some((digest, bytes)));
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // A no-op when `stored` gave it back already.
+        self.budgets.ledger().ended(self.grant.id, None);
+        self.budgets.released.notify_waiters();
+    }
+}
 
 /// The extractions under way and those that failed.
 pub(crate) struct Extractions {
@@ -43,6 +106,8 @@ pub(crate) struct Extractions {
     failures: Backoff<(Scope, Digest)>,
     /// Few extractions at a time, one per namespace.
     slots: Arc<FairSlots>,
+    /// The bytes each may write.
+    budgets: Arc<Budgets>,
     /// How long one pull and extraction may take in all.
     deadline: Duration,
     /// Wakes the agent's loop when an extraction ends.
@@ -50,10 +115,12 @@ pub(crate) struct Extractions {
 }
 
 impl Extractions {
-    /// Extractions into `store` under `policy`, waking `changed` as each ends.
+    /// Extractions into `store` under `policy` and `caps`, waking
+    /// `changed` as each ends.
     pub(crate) fn new(
         store: Store,
         policy: ExtractPolicy,
+        caps: Caps,
         deadline: Duration,
         metrics: AgentMetrics,
         changed: Arc<Notify>,
@@ -66,6 +133,10 @@ impl Extractions {
             ended: unbounded_channel(),
             failures: Backoff::default(),
             slots: Arc::new(FairSlots::new(EXTRACTION_SLOTS)),
+            budgets: Arc::new(Budgets {
+                ledger: Mutex::new(Ledger::new(caps)),
+                released: Notify::new(),
+            }),
             deadline,
             changed,
         }
@@ -91,6 +162,21 @@ impl Extractions {
         self.failures.next_due()
     }
 
+    /// To call just before listing the store ([`Ledger::mark`]).
+    pub(crate) fn mark_listing(&self) -> u64 {
+        self.budgets.ledger().mark()
+    }
+
+    /// What the store held when listed at `mark` ([`Ledger::stored`]).
+    pub(crate) fn stored(
+        &self,
+        mark: u64,
+        bytes: HashMap<Digest, u64>,
+        uses: HashMap<Scope, std::collections::HashSet<Digest>>,
+    ) {
+        self.budgets.ledger().stored(mark, bytes, uses);
+    }
+
     /// Records that `digest` could not even be started for `scope`.
     pub(crate) fn failed(&mut self, scope: &Scope, digest: &Digest, why: String) {
         self.failures.failed(&(scope.clone(), digest.clone()), why);
@@ -114,23 +200,37 @@ impl Extractions {
         let store = self.store.clone();
         let policy = self.policy.clone();
         let slots = self.slots.clone();
+        let budgets = self.budgets.clone();
         let changed = self.changed.clone();
         let metrics = self.metrics.clone();
         let what = key.1.clone();
         let (deadline, ended, task_key) = (self.deadline, self.ended.0.clone(), key.clone());
         let task = tokio::spawn(async move {
             let slot = slots.acquire(&task_key.0).await;
+            // Granted with the slot, so that a namespace's queued
+            // extractions each see what the one before stored.
+            let held = budgets.grant(&task_key.0).await;
             let started = Instant::now();
             let work = async {
+                let held = held?;
+                let mut policy = policy;
+                policy.byte_budget = match (policy.byte_budget, held.grant.budget) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 let stored = match &known {
                     Some(image) => store.ensure_image(&repo, image, &policy, None).await,
                     None => store.ensure(&repo, &policy, None).await,
                 }
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| over_budget(&e, &held.grant))?;
                 let path = stored.path.clone();
-                let size = tokio::task::spawn_blocking(move || tree_size(&path))
-                    .await
-                    .map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                let (size, usage) = tokio::task::spawn_blocking(move || {
+                    (tree_size(&path), gkm_oci::tree_usage(&path))
+                })
+                .await
+                .map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                let usage = usage.map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                held.stored(what.clone(), usage);
                 info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
                 Ok(size)
             };
@@ -194,6 +294,15 @@ impl Extractions {
             }
         }
         extracted
+    }
+}
+
+/// Why an extraction failed: `e`, and when it stopped at the budget its
+/// grant gave it, the cap that set that budget.
+fn over_budget(e: &gkm_oci::Error, grant: &Grant) -> String {
+    match (e.space_exceeded().map(|s| &s.limit), &grant.bound) {
+        (Some(gkm_oci::SpaceLimit::Budget { .. }), Some(bound)) => format!("{e}; {bound}"),
+        _ => e.to_string(),
     }
 }
 

@@ -40,6 +40,7 @@
 //! ```
 
 pub mod allocations;
+mod budget;
 mod error;
 mod extractions;
 mod gc;
@@ -87,6 +88,10 @@ pub use reports::ReportFailure;
 pub use telemetry::{GpuMetrics, TelemetryConfig};
 pub use view::CacheView;
 
+/// The default cap on what one namespace's caches may hold in a node's
+/// store: 64 GiB.
+pub const DEFAULT_NAMESPACE_MAX_BYTES: u64 = 64 << 30;
+
 /// How an agent runs.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -102,6 +107,16 @@ pub struct AgentConfig {
     /// threshold plus a margin free on the store's filesystem
     /// ([`FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN`]).
     pub extract_policy: ExtractPolicy,
+    /// The most bytes the node store may hold, counted as
+    /// [`gkm_oci::tree_usage`] counts them; `None` (the default) for no cap
+    /// beyond the free-space reserve.
+    pub store_max_bytes: Option<u64>,
+    /// The most bytes the caches of one namespace may hold in the node
+    /// store (the cluster-scoped caches together count as one more
+    /// namespace), so that one tenant cannot take the store from the
+    /// others; a digest several namespaces use counts for each. Default
+    /// [`DEFAULT_NAMESPACE_MAX_BYTES`]; `None` for no cap.
+    pub namespace_max_bytes: Option<u64>,
     /// How long reading an image's manifest and config may take in all,
     /// however the registry paces its answers.
     pub read_deadline: Duration,
@@ -139,6 +154,8 @@ impl AgentConfig {
                 free_space_reserve: FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN,
                 ..ExtractPolicy::default()
             },
+            store_max_bytes: None,
+            namespace_max_bytes: Some(DEFAULT_NAMESPACE_MAX_BYTES),
             read_deadline: Duration::from_secs(60),
             extract_deadline: Duration::from_secs(30 * 60),
             gc_grace: Duration::from_secs(600),

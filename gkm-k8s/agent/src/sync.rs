@@ -39,8 +39,11 @@ struct DigestFacts {
     image: Option<Arc<Image>>,
     /// Its cache summary, from the image's labels.
     summary: Option<Summary>,
-    /// Bytes it takes in the store, once extracted or measured.
+    /// Bytes of its files in the store, once extracted or measured.
     size: Option<i64>,
+    /// Bytes it takes in the store counted as the byte caps count them
+    /// ([`gkm_oci::tree_usage`]), once measured.
+    usage: Option<u64>,
 }
 
 /// What the agent watches: both cache kinds and its own Node.
@@ -95,6 +98,10 @@ impl Agent {
         let extractions = Extractions::new(
             store.clone(),
             config.extract_policy.clone(),
+            super::budget::Caps {
+                node: config.store_max_bytes,
+                namespace: config.namespace_max_bytes,
+            },
             config.extract_deadline,
             config.metrics.clone(),
             changed.clone(),
@@ -142,6 +149,7 @@ impl Agent {
         let records = self.files.mounts.clone();
         let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
         // What the store holds, listed once for the whole pass.
+        let mark = self.extractions.mark_listing();
         let store = self.files.store.clone();
         let stored: HashSet<Digest> = blocking("listing the store", move || Ok(store.list()?))
             .await?
@@ -149,8 +157,14 @@ impl Agent {
             .collect();
         let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
         let mut referenced: HashSet<Digest> = HashSet::new();
+        // The stored digests each namespace's caches and pods use, for the
+        // byte caps.
+        let mut uses: HashMap<Scope, HashSet<Digest>> = HashMap::new();
         for record in mounts {
             referenced.insert(record.digest.clone());
+            uses.entry(record.cache.namespace().map(str::to_string))
+                .or_default()
+                .insert(record.digest.clone());
             pods.entry(record.cache)
                 .or_default()
                 .entry(record.digest)
@@ -179,6 +193,13 @@ impl Agent {
             .collect();
         for cache in &caches {
             let key = cache.key();
+            if let Some(digest) = cache.view().resolved_digest()
+                && stored.contains(&digest)
+            {
+                uses.entry(key.namespace().map(str::to_string))
+                    .or_default()
+                    .insert(digest);
+            }
             let cache_pods = pods.remove(&key).unwrap_or_default();
             let entries = self
                 .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
@@ -227,6 +248,14 @@ impl Agent {
                 || self.extractions.is_running(digest)
         });
         self.measure_store(&stored).await?;
+        let bytes = stored
+            .iter()
+            .filter_map(|d| Some((d.clone(), self.facts.get(d)?.usage?)))
+            .collect();
+        for digests in uses.values_mut() {
+            digests.retain(|d| stored.contains(d));
+        }
+        self.extractions.stored(mark, bytes, uses);
         if failures.is_empty() {
             Ok(())
         } else {
@@ -239,19 +268,28 @@ impl Agent {
     async fn measure_store(&mut self, stored: &[Digest]) -> Result<()> {
         let unknown: Vec<(Digest, std::path::PathBuf)> = stored
             .iter()
-            .filter(|d| self.size_of(d).is_none())
+            .filter(|d| {
+                self.facts
+                    .get(d)
+                    .is_none_or(|f| f.size.is_none() || f.usage.is_none())
+            })
             .filter_map(|d| self.files.store.get(d).map(|path| (d.clone(), path)))
             .collect();
         if !unknown.is_empty() {
             let measured = blocking("measuring the store", move || {
                 Ok(unknown
                     .into_iter()
-                    .map(|(digest, path)| (digest, tree_size(&path)))
+                    .map(|(digest, path)| {
+                        // Measured again next pass if it cannot be now.
+                        (digest, tree_size(&path), gkm_oci::tree_usage(&path).ok())
+                    })
                     .collect::<Vec<_>>())
             })
             .await?;
-            for (digest, size) in measured {
-                self.facts.entry(digest).or_default().size = Some(size);
+            for (digest, size, usage) in measured {
+                let facts = self.facts.entry(digest).or_default();
+                facts.size = Some(size);
+                facts.usage = usage;
             }
         }
         let bytes = stored.iter().filter_map(|d| self.size_of(d)).sum();
@@ -390,6 +428,7 @@ impl Agent {
             self.unreferenced.removed(digest);
             if let Some(facts) = self.facts.get_mut(digest) {
                 facts.size = None;
+                facts.usage = None;
             }
         }
         let mut left: Vec<Digest> = stored

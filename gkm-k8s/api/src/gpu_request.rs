@@ -21,6 +21,30 @@ pub const DEFAULT_MODEL_LABEL: &str = "gkm.io/gpu.product";
 /// The extended resources counted as whole GPUs unless configured.
 pub const DEFAULT_WHOLE_RESOURCES: &[&str] = &["nvidia.com/gpu", "amd.com/gpu"];
 
+/// How GPUs are read from pods and nodes: which extended resources count as
+/// whole GPUs, and which node label names the GPU model quotas are kept by.
+/// Whatever enforces a quota (the scheduler extender, the operator's quota
+/// webhook) must read the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReading {
+    /// Extended resources counted as whole GPUs.
+    pub whole_resources: Vec<String>,
+    /// The node label naming the GPU model quotas are kept by.
+    pub model_label: String,
+}
+
+impl Default for GpuReading {
+    fn default() -> Self {
+        GpuReading {
+            whole_resources: DEFAULT_WHOLE_RESOURCES
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
+            model_label: DEFAULT_MODEL_LABEL.to_string(),
+        }
+    }
+}
+
 /// Why a pod's GPU request cannot be scheduled at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -7,34 +7,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use super::CORES_PER_GPU;
 use super::cache::{self, CacheFit, CacheOnNode};
 use super::hold::{Amount, Hold, Share, amount_of, split_shares};
 use super::node::NodeGpus;
 use super::request::{CacheUse, GpuRequest};
-use super::{CORES_PER_GPU, DEFAULT_MODEL_LABEL, DEFAULT_WHOLE_RESOURCES};
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{CacheNodeStatus, GpuModelLimit, GpuModelUse};
 
 /// What the index reads from nodes and pods.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexConfig {
-    /// Extended resources counted as whole GPUs.
-    pub whole_resources: Vec<String>,
-    /// The node label naming the GPU model quotas are kept by.
-    pub model_label: String,
-}
-
-impl Default for IndexConfig {
-    fn default() -> Self {
-        IndexConfig {
-            whole_resources: DEFAULT_WHOLE_RESOURCES
-                .iter()
-                .map(|r| r.to_string())
-                .collect(),
-            model_label: DEFAULT_MODEL_LABEL.to_string(),
-        }
-    }
-}
+pub type IndexConfig = gkm_k8s_api::gpu_request::GpuReading;
 
 /// Where a pod fits on a node, and how well.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use http::{Method, StatusCode};
+use http::Method;
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::{Binding, Node, Pod};
 use kube::api::{Api, ListParams};
@@ -30,12 +30,12 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::config::{Endpoint, MUTATE_PATH};
-use super::review::{MutationRoutes, response};
+use super::review::{MutationRoutes, answer_review, response};
 use crate::pvc::mutation::Answer;
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
-use gkm_k8s_api::gpu_request::{DEFAULT_MODEL_LABEL, DEFAULT_WHOLE_RESOURCES, GpuRequest};
+use gkm_k8s_api::gpu_request::{GpuReading, GpuRequest};
 use gkm_k8s_api::quota::{Amount, check, holds_on};
-use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
+use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 
 /// The configuration's name (the chart renders it; the operator writes
 /// only its `caBundle`).
@@ -45,27 +45,9 @@ pub const QUOTA_WEBHOOK_NAME: &str = "gpu-quota.gkm.io";
 /// The path the webhook serves.
 pub const QUOTA_PATH: &str = "/validate-gpu-quota";
 
-/// What the webhook reads pods and nodes by; the scheduler extender's
-/// settings, which should be the same.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaOptions {
-    /// Extended resources counted as whole GPUs.
-    pub whole_resources: Vec<String>,
-    /// The node label naming the GPU model.
-    pub model_label: String,
-}
-
-impl Default for QuotaOptions {
-    fn default() -> Self {
-        QuotaOptions {
-            whole_resources: DEFAULT_WHOLE_RESOURCES
-                .iter()
-                .map(|r| r.to_string())
-                .collect(),
-            model_label: DEFAULT_MODEL_LABEL.to_string(),
-        }
-    }
-}
+/// What the webhook reads pods and nodes by: the scheduler extender's
+/// settings, which must be the same.
+pub type QuotaOptions = GpuReading;
 
 /// Whether `pod` fits its namespace's `quotas` on a node of `model`, given
 /// the namespace's `pods` and the names of the nodes of that model
@@ -349,25 +331,7 @@ impl Routes for AdmissionRoutes {
         if path == MUTATE_PATH {
             return self.mutation.respond(method, path, body);
         }
-        Box::pin(async move {
-            if method != Method::POST {
-                return text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "the webhook takes POST\n".into(),
-                );
-            }
-            match self.quota.review(&body).await {
-                Ok(answer) => {
-                    let mut response = text(StatusCode::OK, answer.to_string());
-                    response.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    response
-                }
-                Err(message) => text(StatusCode::BAD_REQUEST, format!("{message}\n")),
-            }
-        })
+        answer_review(method, async move { self.quota.review(&body).await })
     }
 }
 

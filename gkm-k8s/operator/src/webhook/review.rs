@@ -124,26 +124,36 @@ impl Routes for MutationRoutes {
         _path: &'a str,
         body: Bytes,
     ) -> ResponseFuture<'a> {
-        Box::pin(async move {
-            if method != Method::POST {
-                return text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "the webhook takes POST\n".into(),
-                );
-            }
-            match self.review(&body).await {
-                Ok(answer) => {
-                    let mut response = text(StatusCode::OK, answer.to_string());
-                    response.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    response
-                }
-                Err(message) => text(StatusCode::BAD_REQUEST, format!("{message}\n")),
-            }
-        })
+        answer_review(method, async move { self.review(&body).await })
     }
+}
+
+/// The HTTP answer of a webhook: `review` (the AdmissionReview it answers
+/// with, or what was wrong with the request) for a POST, 405 otherwise.
+pub(super) fn answer_review<'a>(
+    method: &Method,
+    review: impl Future<Output = Result<Value, String>> + Send + 'a,
+) -> ResponseFuture<'a> {
+    let post = method == Method::POST;
+    Box::pin(async move {
+        if !post {
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the webhook takes POST\n".into(),
+            );
+        }
+        match review.await {
+            Ok(answer) => {
+                let mut response = text(StatusCode::OK, answer.to_string());
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            Err(message) => text(StatusCode::BAD_REQUEST, format!("{message}\n")),
+        }
+    })
 }
 
 #[cfg(test)]
