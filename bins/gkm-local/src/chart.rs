@@ -209,6 +209,12 @@ fn sandbox_post_renderer(
                 r#"{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "GKM_SIMULATE", "value": "/simulated/$(NODE_NAME)/gpus.yaml"}}"#
                     .to_string(),
             );
+            // The machine's disk keeps little of its size free
+            // (gkm_testenv::AGENT_KEEP_FREE_ARG says why).
+            ops.push(format!(
+                r#"{{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "{}"}}"#,
+                gkm_testenv::AGENT_KEEP_FREE_ARG
+            ));
         }
         if let Some(port) = metrics_port {
             ops.push(format!(

@@ -471,12 +471,9 @@ impl Stack {
             "operator.extraArgs={}",
             serde_json::to_string(&self.operator_args)?
         ));
-        let agent_args: Vec<&str> = std::iter::once(gkm_testenv::AGENT_KEEP_FREE_ARG)
-            .chain(self.agent_args.iter().map(String::as_str))
-            .collect();
         values.push(format!(
             "agent.extraArgs={}",
-            serde_json::to_string(&agent_args)?
+            serde_json::to_string(&self.agent_args)?
         ));
         let chart_dir = chart::chart_dir().display().to_string();
         let mut args = vec![

@@ -39,6 +39,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
@@ -188,6 +189,7 @@ impl Webhook {
 /// The shared CA's Secret.
 struct CaStore {
     api: Api<Secret>,
+    configurations: Api<MutatingWebhookConfiguration>,
     namespace: String,
     validity: Duration,
 }
@@ -196,9 +198,31 @@ impl CaStore {
     fn new(client: &Client, options: &WebhookOptions) -> CaStore {
         CaStore {
             api: Api::namespaced(client.clone(), &options.namespace),
+            configurations: Api::all(client.clone()),
             namespace: options.namespace.clone(),
             validity: options.validity,
         }
+    }
+
+    /// The Secret's owner: the webhook configuration the chart installs, so
+    /// that uninstalling the chart (or disabling the webhook) removes the CA
+    /// with it. None while there is no configuration (an operator reached at
+    /// a URL creates its own after the CA).
+    async fn owner(&self) -> Result<Option<Vec<OwnerReference>>, WebhookError> {
+        let configuration = self
+            .configurations
+            .get_opt(CONFIGURATION_NAME)
+            .await
+            .map_err(WebhookError::Configuration)?;
+        Ok(configuration.and_then(|c| {
+            Some(vec![OwnerReference {
+                api_version: "admissionregistration.k8s.io/v1".into(),
+                kind: "MutatingWebhookConfiguration".into(),
+                name: CONFIGURATION_NAME.into(),
+                uid: c.metadata.uid?,
+                ..OwnerReference::default()
+            }])
+        }))
     }
 
     fn secret_err(&self, source: kube::Error) -> WebhookError {
@@ -221,12 +245,18 @@ impl CaStore {
         })
     }
 
-    fn secret(&self, shared: &shared_ca::SharedCa, resource_version: Option<String>) -> Secret {
+    fn secret(
+        &self,
+        shared: &shared_ca::SharedCa,
+        resource_version: Option<String>,
+        owner_references: Option<Vec<OwnerReference>>,
+    ) -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some(shared_ca::SECRET_NAME.into()),
                 namespace: Some(self.namespace.clone()),
                 resource_version,
+                owner_references,
                 labels: Some(
                     [
                         ("app.kubernetes.io/name", "gkm-operator"),
@@ -265,7 +295,10 @@ impl CaStore {
                     shared_ca::SharedCa::new(certs::issue_ca(self.validity)?, Timestamp::now());
                 match self
                     .api
-                    .create(&PostParams::default(), &self.secret(&first, None))
+                    .create(
+                        &PostParams::default(),
+                        &self.secret(&first, None, self.owner().await?),
+                    )
                     .await
                 {
                     Ok(_) => {
@@ -288,7 +321,7 @@ impl CaStore {
                 .replace(
                     shared_ca::SECRET_NAME,
                     &PostParams::default(),
-                    &self.secret(&next, version),
+                    &self.secret(&next, version, secret.metadata.owner_references.clone()),
                 )
                 .await
             {
