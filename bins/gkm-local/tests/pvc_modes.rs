@@ -361,7 +361,11 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
             "cuda",
         )
         .await?;
+    // The directory --pvc-volume-dir names exists on the nodes, as an
+    // administrator makes it; the operator makes each volume's directory in
+    // it, owned by the non-root fill user.
     let volumes = tmp.path().join("volumes");
+    std::fs::create_dir_all(&volumes)?;
     let webhook_port = gkm_testenv::free_port()?;
     let policy = tmp.path().join("default-policy.yaml");
     std::fs::write(
