@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::budget::{Caps, Decision, Grant, Ledger};
+use crate::ended::take_ended;
 use crate::metrics::AgentMetrics;
 use crate::retry::Backoff;
 use crate::slots::{FairSlots, Scope};
@@ -254,32 +255,13 @@ impl Extractions {
     /// The extractions that ended since the last call, with the size of
     /// each extracted tree; failures are kept for their backoff.
     pub(crate) fn harvest(&mut self) -> Vec<(Digest, i64)> {
-        // Each task sends its outcome before it finishes: once those
-        // finished now are listed, the channel holds all of theirs.
-        let finished: Vec<(Scope, Digest)> = self
-            .running
-            .iter()
-            .filter(|(_, task)| task.is_finished())
-            .map(|(key, _)| key.clone())
-            .collect();
-        let mut ended = Vec::new();
-        while let Ok(outcome) = self.ended.1.try_recv() {
-            ended.push(outcome);
-        }
-        // A finished task that sent nothing panicked.
-        let lost: Vec<_> = finished
-            .into_iter()
-            .filter(|key| !ended.iter().any(|(k, _)| k == key))
-            .collect();
-        ended.extend(lost.into_iter().map(|key| {
-            (
-                key,
-                Err("the extraction stopped without an answer".to_string()),
-            )
-        }));
+        let ended = take_ended(
+            &mut self.running,
+            &mut self.ended.1,
+            "the extraction stopped without an answer",
+        );
         let mut extracted = Vec::new();
         for (key, outcome) in ended {
-            self.running.remove(&key);
             let (scope, digest) = &key;
             let namespace = scope.as_deref().unwrap_or("");
             match outcome {

@@ -41,6 +41,7 @@
 
 pub mod allocations;
 mod budget;
+mod ended;
 mod error;
 mod extractions;
 mod gc;

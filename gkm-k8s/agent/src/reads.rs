@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::ended::take_ended;
 use crate::metrics::AgentMetrics;
 use crate::retry::Backoff;
 use crate::slots::{FairSlots, Scope};
@@ -120,30 +121,13 @@ impl SummaryReads {
     /// The reads that ended since the last call and succeeded; failures are
     /// kept for their backoff.
     pub(crate) fn harvest(&mut self) -> Vec<(Digest, ReadImage)> {
-        // Each task sends its outcome before it finishes: once those
-        // finished now are listed, the channel holds all of theirs.
-        let finished: Vec<ReadKey> = self
-            .running
-            .iter()
-            .filter(|(_, task)| task.is_finished())
-            .map(|(key, _)| key.clone())
-            .collect();
-        let mut ended = Vec::new();
-        while let Ok(outcome) = self.ended.1.try_recv() {
-            ended.push(outcome);
-        }
-        // A finished task that sent nothing panicked.
-        let lost: Vec<_> = finished
-            .into_iter()
-            .filter(|key| !ended.iter().any(|(k, _)| k == key))
-            .collect();
-        ended.extend(
-            lost.into_iter()
-                .map(|key| (key, Err("the read stopped without an answer".to_string()))),
+        let ended = take_ended(
+            &mut self.running,
+            &mut self.ended.1,
+            "the read stopped without an answer",
         );
         let mut read = Vec::new();
         for (key, outcome) in ended {
-            self.running.remove(&key);
             self.metrics.summary_read(outcome.is_ok());
             match outcome {
                 Ok(image) => {
