@@ -173,7 +173,12 @@ async fn main() -> anyhow::Result<()> {
     loop {
         stack.check_running()?;
         let status = caches.get("vector-add").await?.status.unwrap_or_default();
-        if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == nodes {
+        // Converged: every node reported and settled (extracted, or
+        // incompatible); a node still reading or extracting counts in
+        // Nodes but in none of the others.
+        let c = &status.counts;
+        let settled = c.node_in_use_cnt + c.node_not_in_use_cnt + c.node_incompatible_cnt;
+        if status.state == Some(CacheState::Extracted) && c.node_cnt == nodes && settled == nodes {
             break;
         }
         if Instant::now() > deadline {
