@@ -203,7 +203,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
                     return Ok(Err("absent".into()));
                 };
                 let status = cache.status.clone().unwrap_or_default();
-                if status.state == Some(CacheState::Extracted) && status.counts.node_cnt == 3 {
+                if status.state == Some(CacheState::Extracted) && settled(&status, 3) {
                     Ok(Ok(cache))
                 } else {
                     Ok(Err(format!("{:?} {:?}", status.state, status.counts)))
@@ -621,8 +621,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
                 });
             Ok(match entry.and_then(|e| e.state) {
                 Some(CacheState::Extracted)
-                    if status.state == Some(CacheState::Extracted)
-                        && status.counts.node_cnt == 3 =>
+                    if status.state == Some(CacheState::Extracted) && settled(&status, 3) =>
                 {
                     Ok(status.counts)
                 }
@@ -644,4 +643,13 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     })?;
     assert!(stored_digests(&stack.store_dir("node-gfx90a")).contains(&rocm_digest));
     Ok(())
+}
+
+/// Whether `nodes` nodes reported the cache and each settled: extracted, or
+/// incompatible. A node still reading or extracting (off its agent's pass)
+/// counts in `nodeCnt` but in none of the others.
+fn settled(status: &gkm_k8s_api::crd::CacheStatus, nodes: i32) -> bool {
+    let c = &status.counts;
+    c.node_cnt == nodes
+        && c.node_in_use_cnt + c.node_not_in_use_cnt + c.node_incompatible_cnt == nodes
 }
