@@ -98,6 +98,27 @@ impl Default for FreeSpaceReserve {
 /// Binary size suffixes, largest first.
 const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
 
+/// Why a size or a free-space reserve did not parse; each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidSize {
+    /// Not a number of bytes.
+    #[error("{0:?}: expected a number of bytes, with an optional KiB, MiB, GiB or TiB suffix")]
+    NotBytes(String),
+    /// More bytes than a `u64` holds.
+    #[error("{0:?}: more bytes than 64 bits hold")]
+    TooLarge(String),
+    /// Not a reserve ([`FreeSpaceReserve`]'s text).
+    #[error(
+        "{0:?}: expected a percentage of the filesystem, a number of bytes \
+         (with an optional KiB, MiB, GiB or TiB suffix) or both, as in 10%+1GiB"
+    )]
+    NotReserve(String),
+    /// A percentage over 100%, or more than one.
+    #[error("{0:?}: one percentage, a whole number from 0% to 100%")]
+    BadPercentage(String),
+}
+
 /// Parses a number of bytes, with an optional `KiB`, `MiB`, `GiB` or `TiB`
 /// suffix: `1073741824`, `1GiB`, `512 KiB`.
 ///
@@ -106,18 +127,17 @@ const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 
 /// assert_eq!(gkm_oci::disk::parse_bytes("4096"), Ok(4096));
 /// assert!(gkm_oci::disk::parse_bytes("64GB").is_err());
 /// ```
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, InvalidSize> {
     let term = s.trim();
     let (digits, shift) = UNITS
         .iter()
         .find_map(|(unit, shift)| term.strip_suffix(unit).map(|d| (d.trim(), *shift)))
         .unwrap_or((term, 0));
-    let bad = || {
-        format!("{s:?}: expected a number of bytes, with an optional KiB, MiB, GiB or TiB suffix")
-    };
-    let n = digits.parse::<u64>().map_err(|_| bad())?;
+    let n = digits
+        .parse::<u64>()
+        .map_err(|_| InvalidSize::NotBytes(s.to_string()))?;
     if n.leading_zeros() < shift {
-        return Err(format!("{s:?}: more bytes than 64 bits hold"));
+        return Err(InvalidSize::TooLarge(s.to_string()));
     }
     Ok(n << shift)
 }
@@ -146,24 +166,17 @@ impl fmt::Display for FreeSpaceReserve {
 }
 
 impl FromStr for FreeSpaceReserve {
-    type Err = String;
+    type Err = InvalidSize;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "{s:?}: expected a percentage of the filesystem, a number of bytes \
-                 (with an optional KiB, MiB, GiB or TiB suffix) or both, as in 10%+1GiB"
-            )
-        };
+    fn from_str(s: &str) -> Result<Self, InvalidSize> {
+        let bad = || InvalidSize::NotReserve(s.to_string());
         let mut reserve = FreeSpaceReserve::NONE;
         let (mut percent_seen, mut bytes_seen) = (false, false);
         for term in s.trim().split('+').map(str::trim) {
             if let Some(p) = term.strip_suffix('%') {
                 let p = p.trim().parse::<u8>().map_err(|_| bad())?;
                 if p > 100 || percent_seen {
-                    return Err(format!(
-                        "{s:?}: one percentage, a whole number from 0% to 100%"
-                    ));
+                    return Err(InvalidSize::BadPercentage(s.to_string()));
                 }
                 percent_seen = true;
                 reserve.percent = p;

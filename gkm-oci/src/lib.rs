@@ -48,7 +48,7 @@ pub mod verify;
 pub use auth::Credentials;
 pub use build::{BuildOptions, Built, build, build_with_progress};
 pub use copy::copy_image;
-pub use disk::{FreeSpaceReserve, SpaceExceeded, SpaceLimit, tree_usage};
+pub use disk::{FreeSpaceReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_usage};
 pub use error::{Error, Result};
 pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use gkm_core::digest::{Digest, InvalidDigest};

@@ -82,7 +82,7 @@ struct Cli {
     /// The default is the kubelet's default hard eviction threshold
     /// (nodefs.available<10%) plus a 2% margin, so caches never make the
     /// kubelet evict pods.
-    #[arg(long, value_name = "PERCENT|BYTES", value_parser = parse_reserve,
+    #[arg(long, value_name = "PERCENT|BYTES", value_parser = <FreeSpaceReserve as std::str::FromStr>::from_str,
           default_value_t = FreeSpaceReserve::KUBELET_EVICTION_PLUS_MARGIN)]
     keep_free: FreeSpaceReserve,
     /// The most bytes the node store may hold (KiB, MiB, GiB or TiB, as in
@@ -120,15 +120,10 @@ struct Cli {
     log_json: bool,
 }
 
-/// Parses `--keep-free`.
-fn parse_reserve(s: &str) -> Result<FreeSpaceReserve, String> {
-    s.parse()
-}
-
 /// Parses `--store-max-bytes` and `--namespace-max-bytes`: bytes, more
 /// than none.
 fn parse_cap(s: &str) -> Result<u64, String> {
-    match gkm_oci::disk::parse_bytes(s)? {
+    match gkm_oci::disk::parse_bytes(s).map_err(|e| e.to_string())? {
         0 => Err(format!("{s:?}: a cap of 0 bytes would refuse every cache")),
         bytes => Ok(bytes),
     }

@@ -54,7 +54,7 @@ pub struct Args {
     /// less is free. None by default; on a node's own disk, 12% keeps the
     /// kubelet's default hard eviction threshold (nodefs.available<10%)
     /// plus a 2% margin free, as gkm's agent does.
-    #[arg(long, value_name = "PERCENT|BYTES", value_parser = parse_reserve,
+    #[arg(long, value_name = "PERCENT|BYTES", value_parser = <FreeSpaceReserve as std::str::FromStr>::from_str,
           default_value_t = FreeSpaceReserve::default())]
     keep_free: FreeSpaceReserve,
     /// Print the result as JSON (no progress display).
@@ -62,11 +62,6 @@ pub struct Args {
     json: bool,
     #[command(flatten)]
     pub(crate) registry: RegistryArgs,
-}
-
-/// Parses `--keep-free`.
-fn parse_reserve(s: &str) -> Result<FreeSpaceReserve, String> {
-    s.parse()
 }
 
 /// Runs `gkm extract`; prints the image digest.

@@ -81,7 +81,7 @@ use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
 pub use crate::error::{Error, Result};
 
 pub use labels::{FIELD_MANAGER as LABELS_FIELD_MANAGER, apply_node_labels};
-pub use liveness::Liveness;
+pub use liveness::{Liveness, Stalled};
 pub use metrics::AgentMetrics;
 pub use pacing::start_delay;
 pub use plan::{CacheInput, NodeView, plan_cache};

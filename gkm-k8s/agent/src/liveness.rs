@@ -35,8 +35,8 @@ impl Liveness {
         *last_end = (*last_end).max(Instant::now() + wait);
     }
 
-    /// `Ok` while passes go on; otherwise why the agent is not live.
-    pub fn check(&self) -> Result<(), String> {
+    /// `Ok` while passes go on; otherwise how long they have stopped.
+    pub fn check(&self) -> Result<(), Stalled> {
         let last_end = *self.last_end.lock().unwrap_or_else(PoisonError::into_inner);
         stalled(last_end, Instant::now(), self.stall_after)
     }
@@ -49,18 +49,32 @@ impl Default for Liveness {
     }
 }
 
+/// The agent's passes stopped: none ended for `since`, longer than the
+/// `allowed` stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no agent pass has ended for {}s (more than the {}s allowed)",
+    since.as_secs(),
+    allowed.as_secs()
+)]
+pub struct Stalled {
+    /// How long since the last pass ended.
+    pub since: Duration,
+    /// How long without one is allowed.
+    pub allowed: Duration,
+}
+
 /// Whether passes stopped: none ended from `last_end` to `now`, longer than
 /// `stall_after`.
-fn stalled(last_end: Instant, now: Instant, stall_after: Duration) -> Result<(), String> {
+fn stalled(last_end: Instant, now: Instant, stall_after: Duration) -> Result<(), Stalled> {
     let since = now.saturating_duration_since(last_end);
     if since <= stall_after {
         return Ok(());
     }
-    Err(format!(
-        "no agent pass has ended for {}s (more than the {}s allowed)",
-        since.as_secs(),
-        stall_after.as_secs()
-    ))
+    Err(Stalled {
+        since,
+        allowed: stall_after,
+    })
 }
 
 #[cfg(test)]
@@ -74,7 +88,7 @@ mod tests {
         assert!(stalled(start, start + allowed, allowed).is_ok());
         let why = stalled(start, start + Duration::from_secs(61), allowed).unwrap_err();
         assert_eq!(
-            why,
+            why.to_string(),
             "no agent pass has ended for 61s (more than the 60s allowed)"
         );
         let live = Liveness::new(allowed);
