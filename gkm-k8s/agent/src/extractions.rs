@@ -224,13 +224,22 @@ impl Extractions {
                     None => store.ensure(&repo, &policy, None).await,
                 }
                 .map_err(|e| over_budget(&e, &held.grant))?;
-                let path = stored.path.clone();
-                let (size, usage) = tokio::task::spawn_blocking(move || {
-                    (tree_size(&path), gkm_oci::tree_usage(&path))
-                })
-                .await
-                .map_err(|e| format!("measuring the extracted tree: {e}"))?;
-                let usage = usage.map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                // What extraction wrote it counted; a digest another
+                // extraction stored first is measured on disk.
+                let (size, usage) = match stored.extracted {
+                    Some(stats) => (stats.bytes as i64, stats.disk_bytes),
+                    None => {
+                        let path = stored.path.clone();
+                        let (size, usage) = tokio::task::spawn_blocking(move || {
+                            (tree_size(&path), gkm_oci::tree_usage(&path))
+                        })
+                        .await
+                        .map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                        let usage =
+                            usage.map_err(|e| format!("measuring the extracted tree: {e}"))?;
+                        (size, usage)
+                    }
+                };
                 held.stored(what.clone(), usage);
                 info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
                 Ok(size)
