@@ -173,12 +173,9 @@ async fn main() -> anyhow::Result<()> {
     loop {
         stack.check_running()?;
         let status = caches.get("vector-add").await?.status.unwrap_or_default();
-        // Converged: every node reported and settled (extracted, or
-        // incompatible); a node still reading or extracting counts in
-        // Nodes but in none of the others.
+        // Converged: every node reported and settled.
         let c = &status.counts;
-        let settled = c.node_in_use_cnt + c.node_not_in_use_cnt + c.node_incompatible_cnt;
-        if status.state == Some(CacheState::Extracted) && c.node_cnt == nodes && settled == nodes {
+        if status.state == Some(CacheState::Extracted) && c.node_cnt == nodes && c.all_settled() {
             break;
         }
         if Instant::now() > deadline {

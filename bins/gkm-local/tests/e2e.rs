@@ -645,11 +645,7 @@ async fn cache_pipeline_end_to_end() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether `nodes` nodes reported the cache and each settled: extracted, or
-/// incompatible. A node still reading or extracting (off its agent's pass)
-/// counts in `nodeCnt` but in none of the others.
+/// Whether `nodes` nodes reported the cache and each settled.
 fn settled(status: &gkm_k8s_api::crd::CacheStatus, nodes: i32) -> bool {
-    let c = &status.counts;
-    c.node_cnt == nodes
-        && c.node_in_use_cnt + c.node_not_in_use_cnt + c.node_incompatible_cnt == nodes
+    status.counts.node_cnt == nodes && status.counts.all_settled()
 }

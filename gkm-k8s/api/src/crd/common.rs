@@ -70,6 +70,16 @@ pub struct CacheCounts {
     pub pod_outdated_cnt: i32,
 }
 
+impl CacheCounts {
+    /// Whether every node that reported the cache has settled: extracted
+    /// (in use or not) or incompatible. A node still reading or extracting
+    /// counts in `nodeCnt` but in none of the others.
+    pub fn all_settled(&self) -> bool {
+        self.node_in_use_cnt + self.node_not_in_use_cnt + self.node_incompatible_cnt
+            == self.node_cnt
+    }
+}
+
 /// Who manages the PVCs in PVC delivery mode (GKM's `pvcOwner`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub enum PvcOwner {
