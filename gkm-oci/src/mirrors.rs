@@ -104,28 +104,42 @@ impl HostsConfig {
         }
     }
 
-    /// Reads every host file the configuration holds, so that a broken
-    /// one is reported when a daemon starts rather than at its first pull.
-    pub fn check(&self) -> Result<()> {
+    /// What is wrong with the host files the configuration holds, each
+    /// error naming its file and key: for a daemon to report when it
+    /// starts. A directory shared with containerd (`/etc/containerd/certs.d`)
+    /// may hold files for registries gkm never reads, so these are not
+    /// fatal there; a pull from a registry whose file is unusable fails
+    /// with the same error.
+    pub fn problems(&self) -> Vec<Error> {
         let dir = match self {
-            HostsConfig::None => return Ok(()),
+            HostsConfig::None => return Vec::new(),
             HostsConfig::Text(text) => {
-                return parse_hosts(text, "registry.invalid", "registry.invalid", false)
-                    .map(drop)
-                    .map_err(|reason| Error::HostsConfig {
+                let parsed = parse_hosts(text, "registry.invalid", "registry.invalid", false);
+                return parsed
+                    .err()
+                    .map(|reason| Error::HostsConfig {
                         path: "the registry hosts text".into(),
                         reason,
-                    });
+                    })
+                    .into_iter()
+                    .collect();
             }
             HostsConfig::Dir(dir) => dir,
         };
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io(dir, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => return vec![Error::io(dir, e)],
         };
+        let mut problems = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    problems.push(Error::io(dir, e));
+                    continue;
+                }
+            };
             let path = entry.path().join(HOSTS_FILE);
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,
@@ -139,15 +153,20 @@ impl HostsConfig {
                 {
                     continue;
                 }
-                Err(e) => return Err(Error::io(&path, e)),
+                Err(e) => {
+                    problems.push(Error::io(&path, e));
+                    continue;
+                }
             };
             let name = entry.file_name().to_string_lossy().into_owned();
-            parse_hosts(&text, &name, &name, false).map_err(|reason| Error::HostsConfig {
-                path: path.display().to_string(),
-                reason,
-            })?;
+            if let Err(reason) = parse_hosts(&text, &name, &name, false) {
+                problems.push(Error::HostsConfig {
+                    path: path.display().to_string(),
+                    reason,
+                });
+            }
         }
-        Ok(())
+        problems
     }
 }
 
@@ -691,13 +710,18 @@ mod tests {
             .hosts_for("q.example", "q.example", false)
             .expect("hosts");
         assert_eq!(other[0].authority, "shared.local");
-        config.check().expect("valid");
+        assert!(config.problems().is_empty());
         write("broken.example", "[host.\"https://m\"]\nca = \"x\"\n");
-        let err = config.check().expect_err("broken");
+        let problems: Vec<String> = config.problems().iter().map(|e| e.to_string()).collect();
         assert!(
-            err.to_string().contains("broken.example/hosts.toml")
-                && err.to_string().contains("`ca`"),
-            "{err}"
+            matches!(problems.as_slice(), [p] if p.contains("broken.example/hosts.toml") && p.contains("`ca`")),
+            "{problems:?}"
         );
+        // Only that registry's pulls fail, naming the file and the key.
+        let err = config
+            .hosts_for("broken.example", "broken.example", false)
+            .expect_err("unusable");
+        assert!(err.to_string().contains("`ca`"), "{err}");
+        assert!(config.hosts_for("q.example", "q.example", false).is_ok());
     }
 }

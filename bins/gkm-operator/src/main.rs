@@ -316,9 +316,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return fill(image, into, *insecure_registry, registry_hosts.as_ref()).await;
     }
     let registry_hosts = HostsConfig::Dir(cli.registry_config_dir.clone());
-    registry_hosts
-        .check()
-        .context("--registry-config-dir: a registry host file is not usable")?;
+    for problem in registry_hosts.problems() {
+        tracing::warn!(%problem, "--registry-config-dir: fill Jobs read this registry without mirrors");
+    }
     let webhook = webhook_options(&cli)?;
     if cli.webhook_cert_validity < Duration::from_secs(86_400) {
         bail!("--webhook-cert-validity must be at least 24h");
