@@ -75,7 +75,9 @@ case $REVISIONS in
 esac
 PROFILE=${PROFILE:-debug}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+# The target directory cargo itself uses (it may be set by configuration).
+export CARGO_TARGET_DIR=$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 OUT=${OUT:-$(mktemp -d /tmp/gkm-bench-operator.XXXXXX)}
 
 case $PROFILE in

@@ -102,6 +102,30 @@ pub fn owner_selector(key: &CacheKey) -> String {
         .join(",")
 }
 
+/// The label selector of everything gkm makes for PVC delivery, whichever
+/// cache it belongs to: what the operator's watches of Jobs, claims and
+/// volumes ask for.
+pub fn managed_selector() -> String {
+    format!(
+        "{}={},{CACHE_LABEL},{KIND_LABEL}",
+        MANAGED_BY.0, MANAGED_BY.1
+    )
+}
+
+/// The cache an object made for it belongs to, read back from its
+/// [`owner_labels`]; `None` when they do not name one.
+pub fn owner_of(labels: &BTreeMap<String, String>) -> Option<CacheKey> {
+    if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
+        return None;
+    }
+    let name = labels.get(CACHE_LABEL)?;
+    match labels.get(KIND_LABEL).map(String::as_str)? {
+        "GKMCache" => Some(CacheKey::namespaced(labels.get(NAMESPACE_LABEL)?, name)),
+        "ClusterGKMCache" => Some(CacheKey::cluster(name)),
+        _ => None,
+    }
+}
+
 fn labels_for(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, String> {
     let mut labels = owner_labels(key);
     if let Some(node) = &claim.node {
@@ -412,6 +436,23 @@ mod tests {
                 .get("env")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn the_owner_is_read_back_from_the_labels() {
+        for key in [key(), CacheKey::cluster("shared")] {
+            let mut labels = owner_labels(&key);
+            assert_eq!(owner_of(&labels), Some(key.clone()));
+            labels.insert(NODE_LABEL.into(), "n1".into());
+            assert_eq!(owner_of(&labels), Some(key.clone()), "a node claim's");
+            labels.remove(MANAGED_BY.0);
+            assert_eq!(owner_of(&labels), None, "not made by gkm");
+        }
+        let mut labels = owner_labels(&key());
+        labels.remove(NAMESPACE_LABEL);
+        assert_eq!(owner_of(&labels), None, "a GKMCache names its namespace");
+        labels.insert(KIND_LABEL.into(), "Other".into());
+        assert_eq!(owner_of(&labels), None);
     }
 
     #[test]
