@@ -162,7 +162,7 @@ mod tests {
         }))
         .expect("a claim");
         let entry = claim(&claim_object).expect("gkm's");
-        assert_eq!(entry.keys, [key.clone()]);
+        assert_eq!(entry.keys, std::slice::from_ref(&key));
         assert_eq!(entry.facts.filled.as_deref(), Some("sha256:aa"));
         assert!(entry.facts.refilled_at.is_some());
         let job_object: Job = serde_json::from_value(json!({

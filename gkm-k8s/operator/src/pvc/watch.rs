@@ -84,10 +84,13 @@ pub struct Watches {
     /// Started by the first reconcile that needs them.
     pods: tokio::sync::OnceCell<Arc<Indexed<ClaimRef, ClaimUser>>>,
     senders: Senders,
-    receivers: Mutex<(
-        Option<UnboundedReceiver<Changed>>,
-        Option<UnboundedReceiver<Changed>>,
-    )>,
+    receivers: Mutex<Receivers>,
+}
+
+/// Each kind's end of its channel, until its controller takes it.
+struct Receivers {
+    namespaced: Option<UnboundedReceiver<Changed>>,
+    cluster: Option<UnboundedReceiver<Changed>>,
 }
 
 /// The Jobs, claims and volumes a cache owns, as watched.
@@ -154,7 +157,10 @@ impl Watches {
             namespaces,
             pods: tokio::sync::OnceCell::new(),
             senders,
-            receivers: Mutex::new((Some(namespaced_rx), Some(cluster_rx))),
+            receivers: Mutex::new(Receivers {
+                namespaced: Some(namespaced_rx),
+                cluster: Some(cluster_rx),
+            }),
         })
     }
 
@@ -167,8 +173,8 @@ impl Watches {
     ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static {
         let mut receivers = self.receivers.lock().unwrap_or_else(|e| e.into_inner());
         let receiver = match K::SCOPE {
-            Scope::Namespaced => receivers.0.take(),
-            Scope::Cluster => receivers.1.take(),
+            Scope::Namespaced => receivers.namespaced.take(),
+            Scope::Cluster => receivers.cluster.take(),
         };
         if receiver.is_none() {
             warn!("PVC delivery's triggers were taken before; this controller gets none");
