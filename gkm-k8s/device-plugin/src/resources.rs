@@ -221,7 +221,9 @@ pub fn scan(
     Ok(from_inventory(paths, ids, inputs, inventory))
 }
 
-fn from_inventory(
+/// [`scan`] on an inventory already discovered, for callers that need the
+/// inventory too (the DRA plugin describes devices with it).
+pub fn from_inventory(
     paths: &NodePaths,
     ids: &PciIds,
     inputs: &ScanInputs,

@@ -1,0 +1,456 @@
+//! The pure decisions against the device plugin's simulated node: what is
+//! published, what a claim's container gets, and what survives a restart.
+
+use std::path::Path;
+use std::time::Duration;
+
+use gkm_gpu::PciIdsSource;
+use gkm_gpu::pci_ids::PciIds;
+use gkm_k8s_device_plugin::node_tree::{EXAMPLE_VGPUS, NodeTree, Pci};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+
+use crate::cdi::{self, CdiSpec};
+use crate::checkpoint::ClaimStore;
+use crate::devices::NodeDevices;
+use crate::prepare::{PrepareContext, PrepareError, prepare};
+use crate::slices::{MAX_DEVICES_PER_SLICE, PoolOwner, pool_slices, still_published};
+use crate::{DRIVER, DraConfig, look};
+
+const NODE: &str = "node-a";
+const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
+
+/// The device plugin's example node (two H100s and an A100 on vfio-pci, an
+/// H100 in a group that is not viable, two T4 vGPUs) plus an H100 on
+/// `nvidia` and an MI300X on `amdgpu`.
+fn example_node(root: &Path) -> (NodeTree, NodeDevices) {
+    let tree = NodeTree::new(&root.join("node")).unwrap();
+    tree.example().unwrap();
+    tree.pci(
+        &Pci::gpu("0000:6e:00.0", 0x10de, 0x2330)
+            .driver("nvidia")
+            .numa(0),
+    )
+    .unwrap();
+    tree.nvidia_gpu("0000:6e:00.0", H100_UUID, 0).unwrap();
+    tree.dev_node("nvidia-uvm").unwrap();
+    tree.pci(&Pci::gpu("0000:8a:00.0", 0x1002, 0x74a1).driver("amdgpu"))
+        .unwrap();
+    let drm = tree
+        .paths()
+        .sysfs_root
+        .join("devices/pci0000:00/0000:8a:00.0/drm/renderD128");
+    std::fs::create_dir_all(drm).unwrap();
+    tree.dev_node("kfd").unwrap();
+    tree.dev_node("dri/renderD128").unwrap();
+    let config = config(&tree, root);
+    let ids = PciIds::open(&config.pci_ids).unwrap();
+    let devices = look(&config, &ids).unwrap();
+    (tree, devices)
+}
+
+fn config(tree: &NodeTree, root: &Path) -> DraConfig {
+    DraConfig {
+        paths: tree.paths().clone(),
+        kubelet_dir: root.join("kubelet"),
+        cdi_dir: root.join("cdi"),
+        state_dir: root.join("state"),
+        pci_ids: PciIdsSource::Bundled,
+        poll: Duration::from_secs(1),
+        nvml: false,
+        node_name: NODE.to_string(),
+    }
+}
+
+fn slice_yaml(devices: &NodeDevices) -> serde_json::Value {
+    let owner = PoolOwner {
+        node: NODE,
+        node_uid: "6f0c6a3e-0000-4000-8000-000000000001",
+    };
+    serde_json::to_value(pool_slices(DRIVER, &owner, 1, &devices.devices)).unwrap()
+}
+
+#[test]
+fn the_example_node_publishes_its_gpus_vfio_devices_and_vgpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tree, devices) = example_node(dir.path());
+    let names: Vec<&str> = devices.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0000-6e-00-0",
+            "gpu-0000-8a-00-0",
+            "vfio-0000-18-00-0",
+            "vfio-0000-2a-00-0",
+            "vfio-0000-3b-00-0",
+            "vgpu-0b1c5e8a-1111-4d2e-9c3a-000000000001",
+            "vgpu-0b1c5e8a-1111-4d2e-9c3a-000000000002",
+        ]
+    );
+    // The H100 in the group that is not viable is left out, with why.
+    let reason = devices
+        .excluded
+        .iter()
+        .find(|e| e.device == "0000:4c:00.0")
+        .map(|e| e.reason.as_str())
+        .unwrap_or_default();
+    assert!(reason.contains("IOMMU group 13 is not viable"), "{reason}");
+    // Paths under the temporary directory are not in the slice.
+    let slices = slice_yaml(&devices);
+    insta::assert_yaml_snapshot!("example_node_slice", slices);
+}
+
+#[test]
+fn a_missing_group_node_unpublishes_the_device_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, _) = example_node(dir.path());
+    tree.remove_group_node(10).unwrap();
+    let config = config(&tree, dir.path());
+    let devices = look(&config, &PciIds::open(&config.pci_ids).unwrap()).unwrap();
+    assert!(devices.device("vfio-0000-18-00-0").is_none());
+    assert!(
+        devices
+            .excluded
+            .iter()
+            .any(|e| e.device == "0000:18:00.0" && e.reason.contains("vfio/10 is missing")),
+        "{:?}",
+        devices.excluded
+    );
+}
+
+#[test]
+fn large_pools_are_split_into_slices_of_at_most_128_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tree, devices) = example_node(dir.path());
+    let many: Vec<_> = (0..300)
+        .map(|i| {
+            let mut d = devices.devices[0].clone();
+            d.name = format!("gpu-{i}");
+            d
+        })
+        .collect();
+    let owner = PoolOwner {
+        node: NODE,
+        node_uid: "uid",
+    };
+    let slices = pool_slices(DRIVER, &owner, 7, &many);
+    assert_eq!(slices.len(), 3);
+    for slice in &slices {
+        assert_eq!(slice.spec.pool.resource_slice_count, 3);
+        assert_eq!(slice.spec.pool.generation, 7);
+        assert_eq!(slice.spec.pool.name, NODE);
+        assert!(slice.spec.devices.as_ref().unwrap().len() <= MAX_DEVICES_PER_SLICE);
+    }
+    assert!(still_published(&slices, &slices, 7));
+    assert!(!still_published(&slices, &slices, 8));
+    assert!(!still_published(&slices[..2], &slices, 7));
+    // No devices: one empty slice says the pool is empty.
+    let empty = pool_slices(DRIVER, &owner, 1, &[]);
+    assert_eq!(empty.len(), 1);
+    assert_eq!(empty[0].spec.devices.as_deref(), Some(&[][..]));
+}
+
+/// A claim allocated `results` (request, driver, pool, device).
+fn claim(uid: &str, results: &[(&str, &str, &str, &str)]) -> ResourceClaim {
+    let results: Vec<_> = results
+        .iter()
+        .map(|(request, driver, pool, device)| {
+            json!({"request": request, "driver": driver, "pool": pool, "device": device})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "gpu", "namespace": "ml", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gkm-gpu"}}]}},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }))
+    .unwrap()
+}
+
+fn prepare_in(
+    devices: &NodeDevices,
+    dev_root: &Path,
+    uid: &str,
+    claim: &ResourceClaim,
+) -> Result<crate::prepare::PreparedClaim, PrepareError> {
+    let present = |rel: &str| dev_root.join(rel).exists();
+    prepare(
+        uid,
+        claim,
+        &PrepareContext {
+            driver: DRIVER,
+            pool: NODE,
+            devices,
+            dev_root,
+            present: &present,
+        },
+    )
+}
+
+/// The spec with the node's `/dev` root shown as `/dev`.
+fn spec_json(spec: &CdiSpec, dev_root: &Path) -> serde_json::Value {
+    let text = serde_json::to_string(spec)
+        .unwrap()
+        .replace(&dev_root.display().to_string(), "/host/dev");
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn an_nvidia_gpu_claim_gets_its_device_node_the_shared_nodes_and_its_uuid() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    let uid = "c1a1m000-0000-4000-8000-000000000001";
+    let prepared = prepare_in(
+        &devices,
+        dev_root,
+        uid,
+        &claim(
+            uid,
+            &[
+                ("gpu", DRIVER, NODE, "gpu-0000-6e-00-0"),
+                ("nic", "nic.example.com", NODE, "eth0"),
+            ],
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        prepared.devices.len(),
+        1,
+        "other drivers' devices are theirs"
+    );
+    assert_eq!(
+        prepared.devices[0].cdi_device_ids,
+        [format!("gkm.io/gpu={uid}-gpu-0000-6e-00-0")]
+    );
+    assert_eq!(
+        spec_json(&prepared.spec, dev_root),
+        json!({
+            "cdiVersion": "0.5.0",
+            "kind": "gkm.io/gpu",
+            "devices": [{
+                "name": format!("{uid}-gpu-0000-6e-00-0"),
+                "containerEdits": {"deviceNodes": [
+                    {"path": "/dev/nvidia0", "hostPath": "/host/dev/nvidia0", "permissions": "rw"},
+                ]},
+            }],
+            "containerEdits": {
+                "env": [format!("NVIDIA_VISIBLE_DEVICES={H100_UUID}")],
+                // nvidia-uvm-tools does not exist on this node: left out.
+                "deviceNodes": [
+                    {"path": "/dev/nvidiactl", "hostPath": "/host/dev/nvidiactl", "permissions": "rw"},
+                    {"path": "/dev/nvidia-uvm", "hostPath": "/host/dev/nvidia-uvm", "permissions": "rw"},
+                ],
+            },
+        })
+    );
+}
+
+#[test]
+fn amd_vfio_and_vgpu_claims_get_their_nodes_and_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    let uid = "c1a1m000-0000-4000-8000-000000000002";
+    let prepared = prepare_in(
+        &devices,
+        dev_root,
+        uid,
+        &claim(
+            uid,
+            &[
+                ("amd", DRIVER, NODE, "gpu-0000-8a-00-0"),
+                ("vm", DRIVER, NODE, "vfio-0000-2a-00-0"),
+                (
+                    "vgpu",
+                    DRIVER,
+                    NODE,
+                    &format!("vgpu-{}", EXAMPLE_VGPUS[1].0),
+                ),
+            ],
+        ),
+    )
+    .unwrap();
+    let spec = spec_json(&prepared.spec, dev_root);
+    let nodes = |v: &serde_json::Value| -> Vec<String> {
+        v["containerEdits"]["deviceNodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                format!(
+                    "{} <- {}",
+                    n["path"].as_str().unwrap(),
+                    n["hostPath"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        nodes(&spec["devices"][0]),
+        ["/dev/dri/renderD128 <- /host/dev/dri/renderD128"]
+    );
+    assert_eq!(
+        nodes(&spec["devices"][1]),
+        ["/dev/vfio/11 <- /host/dev/vfio/11"]
+    );
+    assert_eq!(
+        nodes(&spec["devices"][2]),
+        ["/dev/vfio/31 <- /host/dev/vfio/31"]
+    );
+    assert_eq!(
+        nodes(&spec),
+        [
+            "/dev/kfd <- /host/dev/kfd",
+            "/dev/vfio/vfio <- /host/dev/vfio/vfio"
+        ]
+    );
+    assert_eq!(
+        spec["containerEdits"]["env"],
+        json!([
+            "GKM_VFIO_DEVICES=0000:2a:00.0",
+            format!("GKM_MDEV_UUIDS={}", EXAMPLE_VGPUS[1].0)
+        ])
+    );
+}
+
+#[test]
+fn a_claim_the_node_cannot_prepare_is_refused_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    let uid = "c1a1m000-0000-4000-8000-000000000003";
+    let gone = claim(uid, &[("gpu", DRIVER, NODE, "vfio-0000-4c-00-0")]);
+    let err = prepare_in(&devices, dev_root, uid, &gone).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ResourceClaim ml/gpu was allocated node-a/vfio-0000-4c-00-0, which this node does not have (or no longer has healthy)"
+    );
+    let other_pool = claim(uid, &[("gpu", DRIVER, "node-b", "gpu-0000-6e-00-0")]);
+    assert!(matches!(
+        prepare_in(&devices, dev_root, uid, &other_pool),
+        Err(PrepareError::UnknownDevice { .. })
+    ));
+    let recreated = claim("another-uid", &[("gpu", DRIVER, NODE, "gpu-0000-6e-00-0")]);
+    assert!(matches!(
+        prepare_in(&devices, dev_root, uid, &recreated),
+        Err(PrepareError::OtherClaim { .. })
+    ));
+    let mut pending = claim(uid, &[]);
+    pending.status = None;
+    assert_eq!(
+        prepare_in(&devices, dev_root, uid, &pending)
+            .unwrap_err()
+            .to_string(),
+        "ResourceClaim ml/gpu is not allocated"
+    );
+}
+
+#[test]
+fn prepared_claims_and_their_specs_survive_a_restart_and_strays_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    let (state, cdi_dir) = (dir.path().join("state"), dir.path().join("cdi"));
+    let uid = "c1a1m000-0000-4000-8000-000000000004";
+    let prepared = prepare_in(
+        &devices,
+        dev_root,
+        uid,
+        &claim(uid, &[("gpu", DRIVER, NODE, "gpu-0000-6e-00-0")]),
+    )
+    .unwrap();
+    let mut store = ClaimStore::open(&state, &cdi_dir).unwrap();
+    store.insert(uid, prepared.clone()).unwrap();
+    let spec_file = cdi_dir.join(cdi::spec_file_name(uid));
+    let written: CdiSpec = serde_json::from_slice(&std::fs::read(&spec_file).unwrap()).unwrap();
+    assert_eq!(written, prepared.spec);
+    drop(store);
+
+    // A restart: the claim is still prepared. A lost spec is written again;
+    // a spec of a claim not prepared (a crash between the two writes) goes.
+    std::fs::remove_file(&spec_file).unwrap();
+    let stray = cdi_dir.join(cdi::spec_file_name("stray-uid"));
+    std::fs::write(&stray, "{}").unwrap();
+    let other = cdi_dir.join("nvidia.com-gpu.json");
+    std::fs::write(&other, "{}").unwrap();
+    let mut store = ClaimStore::open(&state, &cdi_dir).unwrap();
+    assert_eq!(store.get(uid), Some(&prepared));
+    assert!(spec_file.exists());
+    assert!(!stray.exists());
+    assert!(
+        other.exists(),
+        "other drivers' specs are not ours to remove"
+    );
+
+    store.remove(uid).unwrap();
+    store.remove(uid).unwrap();
+    assert!(!spec_file.exists());
+    let store = ClaimStore::open(&state, &cdi_dir).unwrap();
+    assert_eq!(store.uids().count(), 0);
+    // No temporary files are left behind.
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["prepared-claims.json"]);
+}
+
+#[test]
+fn a_damaged_checkpoint_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("prepared-claims.json"), "{not json").unwrap();
+    let err = ClaimStore::open(&state, &dir.path().join("cdi")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("prepared-claims.json: not a prepared-claims checkpoint"),
+        "{err}"
+    );
+}
+
+#[test]
+fn driver_versions_memory_and_compute_capability_are_typed_attributes() {
+    use gkm_k8s_device_plugin::resources::{ScanInputs, from_inventory};
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, _) = example_node(dir.path());
+    let mut inventory = gkm_gpu::discover(&gkm_gpu::DiscoveryOptions {
+        sysfs_root: tree.paths().sysfs_root.clone(),
+        nvml: false,
+        simulate: None,
+        pci_ids: PciIdsSource::Bundled,
+    })
+    .unwrap();
+    // What NVML reports on a real node.
+    let gpu = inventory
+        .gpus
+        .iter_mut()
+        .find(|g| g.pci_address.as_deref() == Some("0000:6e:00.0"))
+        .unwrap();
+    gpu.driver_version = Some("580.65.06".into());
+    gpu.toolkit_version = Some("13.0".into());
+    gpu.memory_bytes = Some(85_520_809_984);
+    let ids = PciIds::open(&PciIdsSource::Bundled).unwrap();
+    let snapshot = from_inventory(
+        tree.paths(),
+        &ids,
+        &ScanInputs::default(),
+        inventory.clone(),
+    );
+    let devices = crate::devices::node_devices(&inventory, &snapshot, &Default::default());
+    let h100 = devices.device("gpu-0000-6e-00-0").unwrap();
+    let version = |k: &str| h100.attributes[k].version.clone();
+    assert_eq!(version("driverVersion").as_deref(), Some("580.65.6"));
+    assert_eq!(version("toolkitVersion").as_deref(), Some("13.0.0"));
+    assert_eq!(version("computeCapability").as_deref(), Some("9.0.0"));
+    let owner = PoolOwner {
+        node: NODE,
+        node_uid: "uid",
+    };
+    let slice = &pool_slices(DRIVER, &owner, 1, &devices.devices)[0];
+    let device = &slice.spec.devices.as_ref().unwrap()[0];
+    assert_eq!(
+        device.capacity.as_ref().unwrap()["memory"].value.0,
+        "85520809984"
+    );
+}
