@@ -1,0 +1,427 @@
+//! `gkm-dra-plugin` with a real kube-scheduler, kubelet, containerd (CDI on,
+//! reading the node's own spec directory) and runc, against a sysfs, /dev
+//! and /proc tree the test makes: an H100 and an A100 on the `nvidia`
+//! driver.
+//!
+//! The tree's device nodes are character devices with the numbers of
+//! `/dev/null` (1:3), made with mknod: CDI copies a device's type and
+//! numbers into the container, so the containers really get `/dev/nvidia0`,
+//! and those nodes are harmless.
+//!
+//! One test walks the story: the node's ResourceSlice, a DeviceClass for
+//! H100s, a pod whose claim gets the H100 and sees what CDI injected, a
+//! plugin restart and a kubelet restart that leave the pod and its claim as
+//! they were, a second claim after them that gets the A100, unpreparing, and
+//! the slices going when the plugin stops.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
+use gkm_testenv::{
+    BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, Scheduler, pod_log,
+    wait_for_pod,
+};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const NODE: &str = "real-dra";
+const NS: &str = "dra";
+const DRIVER: &str = "gpu.gkm.io";
+const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
+const A100_UUID: &str = "GPU-7f000000-1111-2222-3333-444444444444";
+const H100: &str = "NVIDIA H100 SXM5 80GB";
+
+/// The chart's RBAC for the plugin (`dra.enabled`), rendered by helm.
+fn chart_rbac(dir: &Path) -> anyhow::Result<PathBuf> {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gkm");
+    let out = Command::new(gkm_testenv::find_binary(gkm_testenv::Component::Helm)?)
+        .args(["template", "gkm"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            "gkm-system",
+            "--set",
+            "dra.enabled=true",
+            "--show-only",
+            "templates/rbac/dra-plugin.yaml",
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join("dra-rbac.yaml");
+    std::fs::write(&path, out.stdout)?;
+    Ok(path)
+}
+
+/// Starts the plugin for `node` reading `tree`, as the user of `kubeconfig`.
+fn start_plugin(
+    node: &RealNode,
+    tree: &NodeTree,
+    kubeconfig: &Path,
+    work: &Path,
+    log: &str,
+) -> anyhow::Result<Process> {
+    let paths = tree.paths();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-dra-plugin"));
+    cmd.arg(format!("--node-name={}", node.name()))
+        .arg(format!("--kubelet-dir={}", node.kubelet_dir().display()))
+        .arg(format!("--cdi-dir={}", node.cdi_spec_dir().display()))
+        .arg(format!("--state-dir={}", work.join("state").display()))
+        .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
+        .arg(format!("--dev-root={}", paths.dev_root.display()))
+        .arg(format!("--proc-root={}", paths.proc_root.display()))
+        .arg(format!("--pci-ids={}", work.join("pci.ids").display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--poll=500ms")
+        .arg("--no-nvml");
+    Process::spawn("gkm-dra-plugin", cmd, &work.join(log))
+}
+
+/// A busybox pod (scheduled by kube-scheduler) whose container uses the
+/// claim `claim`, printing its NVIDIA variable and which GPU device nodes it
+/// has, then waiting.
+fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            // No node lifecycle controller runs to lift the node's
+            // not-ready taint.
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c",
+                    "tr '\\0' '\\n' < /proc/1/environ | grep -E '^NVIDIA_VISIBLE_DEVICES=' ; \
+                     for d in /dev/nvidia*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done; \
+                     echo DONE; exec sleep 100000"],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        }
+    }))?)
+}
+
+/// The pod's log once it printed DONE.
+async fn log_when_done(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
+    wait_for_pod(pods, name, TIMEOUT, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await?;
+    let began = Instant::now();
+    loop {
+        let log = pod_log(pods, name, "main").await.unwrap_or_default();
+        if log.contains("DONE") {
+            return Ok(log);
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("pod {name} printed no DONE: {log}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The devices of the node's gkm slices: name → productName, once `want`
+/// holds.
+async fn wait_slices(
+    slices: &Api<ResourceSlice>,
+    want: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let began = Instant::now();
+    let selector = format!("spec.nodeName={NODE},spec.driver={DRIVER}");
+    loop {
+        let mut devices = BTreeMap::new();
+        for slice in slices
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items
+        {
+            for device in slice.spec.devices.unwrap_or_default() {
+                let product = device
+                    .attributes
+                    .unwrap_or_default()
+                    .get("productName")
+                    .and_then(|a| a.string.clone())
+                    .unwrap_or_default();
+                devices.insert(device.name, product);
+            }
+        }
+        if want(&devices) {
+            return Ok(devices);
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("the node's slices hold {devices:?} after {TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The devices `claim`'s allocation names: (driver, pool, device).
+async fn allocated(
+    claims: &Api<ResourceClaim>,
+    claim: &str,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    let claim = claims.get(claim).await?;
+    Ok(claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| (r.driver, r.pool, r.device))
+        .collect())
+}
+
+/// The generation of the node's pool (`None` while it has no slices).
+async fn pool_generation(slices: &Api<ResourceSlice>) -> anyhow::Result<Option<i64>> {
+    let selector = format!("spec.nodeName={NODE},spec.driver={DRIVER}");
+    Ok(slices
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max())
+}
+
+fn gpu_claim(name: &str, class: &str) -> anyhow::Result<ResourceClaim> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": class}},
+        ]}},
+    }))?)
+}
+
+fn device_class(name: &str, expression: &str) -> anyhow::Result<DeviceClass> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }))?)
+}
+
+/// Waits until `check` holds, or fails naming `what`.
+async fn eventually<F: Fn() -> bool>(what: &str, check: F) -> anyhow::Result<()> {
+    let began = Instant::now();
+    while !check() {
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("{what} after {TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kubelet_restarts()
+-> anyhow::Result<()> {
+    let plane = ControlPlane::shared().await?;
+    let mut node = RealNode::start(
+        plane,
+        RealNodeOptions {
+            name: NODE.to_string(),
+            ..RealNodeOptions::default()
+        },
+    )
+    .await?;
+    plane.ensure_namespace(NS).await?;
+    let client = plane.client().await?;
+    // No controller-manager runs here to make the namespace's default
+    // ServiceAccount, which pod admission looks up.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    if accounts.get_opt("default").await?.is_none() {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "default", "namespace": NS}}))?;
+        accounts.create(&PostParams::default(), &account).await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+
+    // The plugin runs as its ServiceAccount with the chart's RBAC.
+    let work = gkm_testenv::temp_dir()?;
+    plane
+        .apply_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/namespace.yaml"))
+        .await?;
+    plane.apply_file(&chart_rbac(work.path())?).await?;
+    let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-dra-plugin")?;
+
+    let tree = NodeTree::new(&work.path().join("node"))?.with_char_devices()?;
+    tree.pci(&Pci::gpu("0000:6e:00.0", 0x10de, 0x2330).driver("nvidia"))?;
+    tree.nvidia_gpu("0000:6e:00.0", H100_UUID, 0)?;
+    tree.pci(&Pci::gpu("0000:7f:00.0", 0x10de, 0x20b5).driver("nvidia"))?;
+    tree.nvidia_gpu("0000:7f:00.0", A100_UUID, 1)?;
+    tree.dev_node("nvidia-uvm")?;
+    std::fs::write(
+        work.path().join("pci.ids"),
+        "10de  NVIDIA Corporation\n\t20b5  GA100 [A100 PCIe 80GB]\n\t2330  GH100 [H100 SXM5 80GB]\n",
+    )?;
+    let mut plugin = start_plugin(&node, &tree, &kubeconfig, work.path(), "plugin.log")?;
+
+    // The node's pool: both GPUs, named by model.
+    let began = Instant::now();
+    let devices = wait_slices(&slices, |d| d.len() == 2).await?;
+    eprintln!(
+        "slices published {:?} after start: {devices:?}",
+        began.elapsed()
+    );
+    assert_eq!(devices["gpu-0000-6e-00-0"], H100);
+    assert_eq!(devices["gpu-0000-7f-00-0"], "NVIDIA A100 PCIe 80GB");
+
+    // A DeviceClass for H100s, one for any gkm GPU.
+    let h100_class = format!(
+        "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].productName == '{H100}'"
+    );
+    for (name, expression) in [
+        ("gkm-h100", h100_class.as_str()),
+        (
+            "gkm-gpu",
+            "device.driver == 'gpu.gkm.io' && device.attributes['gpu.gkm.io'].type == 'gpu'",
+        ),
+    ] {
+        if classes.get_opt(name).await?.is_none() {
+            classes
+                .create(&PostParams::default(), &device_class(name, expression)?)
+                .await?;
+        }
+    }
+    claims
+        .create(&PostParams::default(), &gpu_claim("h100", "gkm-h100")?)
+        .await?;
+    let mut scheduler = Scheduler::start(
+        plane,
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
+    )?;
+    pods.create(&PostParams::default(), &claim_pod("trainer", "h100")?)
+        .await?;
+    let log = log_when_done(&pods, "trainer").await?;
+    eprintln!("trainer:\n{log}");
+    // What CDI injected: the H100's node, the shared nodes, its UUID; not
+    // the A100's node.
+    assert!(
+        log.contains(&format!("NVIDIA_VISIBLE_DEVICES={H100_UUID}\n")),
+        "{log}"
+    );
+    for node in ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"] {
+        assert!(log.contains(&format!("CHAR-DEVICE {node}\n")), "{log}");
+    }
+    assert!(!log.contains("/dev/nvidia1"), "{log}");
+    // The claim's allocation names the device the container got.
+    let h100 = (
+        DRIVER.to_string(),
+        NODE.to_string(),
+        "gpu-0000-6e-00-0".to_string(),
+    );
+    assert_eq!(allocated(&claims, "h100").await?, [h100.clone()]);
+    let uid = claims.get("h100").await?.metadata.uid.unwrap_or_default();
+    let spec = node.cdi_spec_dir().join(format!("gkm.io-gpu_{uid}.json"));
+    assert!(spec.exists(), "{}", spec.display());
+    let container = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.container_id.clone())
+    };
+    let first = container(&pods.get("trainer").await?);
+
+    // The plugin restarts: its slices go and come back; the prepared claim
+    // stays prepared (its spec stays), and the pod runs on.
+    plugin.stop(Duration::from_secs(10));
+    wait_slices(&slices, |d| d.is_empty()).await?;
+    assert!(spec.exists(), "a stopping plugin keeps prepared claims");
+    let mut plugin = start_plugin(&node, &tree, &kubeconfig, work.path(), "plugin-2.log")?;
+    wait_slices(&slices, |d| d.len() == 2).await?;
+
+    // The kubelet restarts: it wipes the node's slices when it starts; the
+    // plugin writes them again (a newer generation of the pool) and
+    // registers again.
+    let before = pool_generation(&slices).await?;
+    node.restart_kubelet().await?;
+    let began = Instant::now();
+    loop {
+        let now = pool_generation(&slices).await?;
+        if now.is_some_and(|g| before.is_some_and(|b| g > b)) {
+            break;
+        }
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!(
+                "the pool is at generation {now:?}, not past {before:?}, after the kubelet restart"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_slices(&slices, |d| d.len() == 2).await?;
+    eprintln!(
+        "slices written again {:?} after the kubelet was Ready",
+        began.elapsed()
+    );
+    plugin.check_running()?;
+    let trainer = pods.get("trainer").await?;
+    assert_eq!(
+        trainer.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running")
+    );
+    assert_eq!(container(&trainer), first, "the container was not replaced");
+    assert_eq!(allocated(&claims, "h100").await?, [h100]);
+    assert!(spec.exists());
+
+    // A second claim for any gkm GPU, after both restarts: the H100 is
+    // taken, so it gets the A100, through the restarted kubelet.
+    claims
+        .create(&PostParams::default(), &gpu_claim("any", "gkm-gpu")?)
+        .await?;
+    pods.create(&PostParams::default(), &claim_pod("second", "any")?)
+        .await?;
+    let log = log_when_done(&pods, "second").await?;
+    assert!(
+        log.contains(&format!("NVIDIA_VISIBLE_DEVICES={A100_UUID}\n")),
+        "{log}"
+    );
+    assert!(log.contains("CHAR-DEVICE /dev/nvidia1\n"), "{log}");
+    assert!(!log.contains("/dev/nvidia0"), "{log}");
+    assert_eq!(
+        allocated(&claims, "any").await?,
+        [(
+            DRIVER.to_string(),
+            NODE.to_string(),
+            "gpu-0000-7f-00-0".to_string()
+        )]
+    );
+    scheduler.check_running()?;
+
+    // The first pod goes: the restarted plugin unprepares the claim it
+    // prepared before its restart (from its checkpoint), removing the spec.
+    pods.delete("trainer", &DeleteParams::default()).await?;
+    let plugin_log = work.path().join("plugin-2.log");
+    eventually(
+        "the first claim is not unprepared (its CDI spec is still there)",
+        || {
+            !spec.exists()
+                && std::fs::read_to_string(&plugin_log)
+                    .is_ok_and(|log| log.contains("unprepared") && log.contains(&uid))
+        },
+    )
+    .await?;
+
+    // The plugin stops for good: its slices go with it.
+    plugin.stop(Duration::from_secs(10));
+    wait_slices(&slices, |d| d.is_empty()).await?;
+    pods.delete("second", &DeleteParams::default()).await?;
+    drop(scheduler);
+    Ok(())
+}
