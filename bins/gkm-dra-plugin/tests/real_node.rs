@@ -14,8 +14,10 @@
 //! they were, a second claim after them that gets the A100, unpreparing, and
 //! the slices going when the plugin stops.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -36,31 +38,6 @@ const DRIVER: &str = "gpu.gkm.io";
 const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
 const A100_UUID: &str = "GPU-7f000000-1111-2222-3333-444444444444";
 const H100: &str = "NVIDIA H100 SXM5 80GB";
-
-/// The chart's RBAC for the plugin (`dra.enabled`), rendered by helm.
-fn chart_rbac(dir: &Path) -> anyhow::Result<PathBuf> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gkm");
-    let out = Command::new(gkm_testenv::find_binary(gkm_testenv::Component::Helm)?)
-        .args(["template", "gkm"])
-        .arg(&chart)
-        .args([
-            "--namespace",
-            "gkm-system",
-            "--set",
-            "dra.enabled=true",
-            "--show-only",
-            "templates/rbac/dra-plugin.yaml",
-        ])
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = dir.join("dra-rbac.yaml");
-    std::fs::write(&path, out.stdout)?;
-    Ok(path)
-}
 
 /// Starts the plugin for `node` reading `tree`, as the user of `kubeconfig`.
 fn start_plugin(
@@ -257,7 +234,13 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     plane
         .apply_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/namespace.yaml"))
         .await?;
-    plane.apply_file(&chart_rbac(work.path())?).await?;
+    plane
+        .apply_file(&support::render_chart(
+            work.path(),
+            "dra-rbac.yaml",
+            &["rbac/dra-plugin.yaml"],
+        )?)
+        .await?;
     let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-dra-plugin")?;
 
     let tree = NodeTree::new(&work.path().join("node"))?.with_char_devices()?;

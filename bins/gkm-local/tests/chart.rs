@@ -44,7 +44,8 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     // Images pinned by digest from a private registry, a distribution with
-    // its kubelet elsewhere, GPU nodes only, no device plugin.
+    // its kubelet elsewhere, GPU nodes only, GPUs through DRA instead of the
+    // device plugin.
     Variant {
         name: "private_registry_custom_paths",
         args: &[
@@ -62,6 +63,8 @@ const VARIANTS: &[Variant] = &[
             "storeDir=/data/gkm",
             "--set",
             "devicePlugin.enabled=false",
+            "--set",
+            "dra.enabled=true",
             "--set",
             "namespace.create=true",
             // Label values are strings: with --set, `true` would be refused.
