@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use gkm_gpu::PciIdsSource;
-use gkm_k8s_device_plugin::NodePaths;
+use gkm_k8s_devices::NodePaths;
 use gkm_k8s_dra::DraConfig;
 
 /// gkm DRA plugin: publishes the node's GPUs, VFIO-bound GPUs and vGPUs as

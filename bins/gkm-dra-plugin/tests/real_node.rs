@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
+use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, Scheduler, pod_log,
     wait_for_pod,

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gkm_k8s_device_plugin::resources::Access;
+use gkm_k8s_devices::resources::Access;
 use serde::{Deserialize, Serialize};
 
 use crate::devices::DraDevice;

@@ -1,14 +1,15 @@
 //! Which of a node's devices the driver publishes, under which names and
 //! with which attributes: a pure function of what discovery found
-//! ([`gkm_gpu::Inventory`]) and how the device plugin would hand each device
-//! to a container ([`Snapshot`]), so both paths agree on what a device is.
+//! ([`gkm_gpu::Inventory`]) and how each device reaches a container
+//! ([`Snapshot`], as the device plugin hands it too), so both paths agree on
+//! what a device is.
 
 use std::collections::BTreeMap;
 
 use gkm_core::Gpu;
 use gkm_gpu::Inventory;
-use gkm_k8s_device_plugin::Snapshot;
-use gkm_k8s_device_plugin::resources::{Access, Excluded, PluginDevice, ResourceKind};
+use gkm_k8s_devices::Snapshot;
+use gkm_k8s_devices::resources::{Access, Excluded, PluginDevice, ResourceKind};
 use k8s_openapi::api::resource::v1::DeviceAttribute;
 use serde::Serialize;
 

@@ -29,9 +29,8 @@
 //! access (ResourceClaims and its node's ResourceSlices, against pods and
 //! its Node's annotation), and a GPU must be offered through one of the two
 //! paths only, or two pods could get it. A node runs one plugin or the
-//! other; both read the node through the same code
-//! ([`gkm_k8s_device_plugin::resources`]), so a device is the same device
-//! either way.
+//! other; both read the node through the same crate
+//! ([`gkm_k8s_devices`]), so a device is the same device either way.
 #![deny(missing_docs)]
 
 pub mod cdi;

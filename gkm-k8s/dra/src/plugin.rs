@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_gpu::{DiscoveryOptions, PciIdsSource};
-use gkm_k8s_device_plugin::NodePaths;
-use gkm_k8s_device_plugin::resources::{ScanInputs, from_inventory};
+use gkm_k8s_devices::NodePaths;
+use gkm_k8s_devices::resources::{ScanInputs, from_inventory};
 use gkm_k8s_kubelet::authority::AuthorityFix;
 use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
 use gkm_k8s_kubelet::socket::{bind, finish};
@@ -69,8 +69,8 @@ impl DraConfig {
     }
 }
 
-/// Reads the node's devices: discovery, what the device plugin would hand
-/// a container, and each PCI function's root complex.
+/// Reads the node's devices: discovery, what each needs in a container
+/// ([`gkm_k8s_devices::resources`]), and each PCI function's root complex.
 pub fn look(config: &DraConfig, ids: &PciIds) -> Result<NodeDevices> {
     let inventory = gkm_gpu::discover(&DiscoveryOptions {
         sysfs_root: config.paths.sysfs_root.clone(),

@@ -1,4 +1,4 @@
-//! The pure decisions against the device plugin's simulated node: what is
+//! The pure decisions against a simulated node (`gkm_k8s_devices::node_tree`): what is
 //! published, what a claim's container gets, and what survives a restart.
 
 use std::path::Path;
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gkm_gpu::PciIdsSource;
 use gkm_gpu::pci_ids::PciIds;
-use gkm_k8s_device_plugin::node_tree::{EXAMPLE_VGPUS, NodeTree, Pci};
+use gkm_k8s_devices::node_tree::{EXAMPLE_VGPUS, NodeTree, Pci};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
@@ -20,7 +20,7 @@ use crate::{DRIVER, DraConfig, look};
 const NODE: &str = "node-a";
 const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
 
-/// The device plugin's example node (two H100s and an A100 on vfio-pci, an
+/// The simulated example node (two H100s and an A100 on vfio-pci, an
 /// H100 in a group that is not viable, two T4 vGPUs) plus an H100 on
 /// `nvidia` and an MI300X on `amdgpu`.
 fn example_node(root: &Path) -> (NodeTree, NodeDevices) {
@@ -411,7 +411,7 @@ fn a_damaged_checkpoint_is_an_error_naming_the_file() {
 
 #[test]
 fn driver_versions_memory_and_compute_capability_are_typed_attributes() {
-    use gkm_k8s_device_plugin::resources::{ScanInputs, from_inventory};
+    use gkm_k8s_devices::resources::{ScanInputs, from_inventory};
     let dir = tempfile::tempdir().unwrap();
     let (tree, _) = example_node(dir.path());
     let mut inventory = gkm_gpu::discover(&gkm_gpu::DiscoveryOptions {
