@@ -91,3 +91,48 @@ async fn main() -> ExitCode {
     gkm_bin_support::init_logging(cli.log_json, "info");
     gkm_bin_support::exit_code("gkm-dra-plugin", run(cli).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chart's DaemonSet (as rendered in the chart's snapshot with
+    /// `dra.enabled` and a custom kubelet directory) passes flags this
+    /// binary takes.
+    #[test]
+    fn the_charts_daemonset_args_parse() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../gkm-local/tests/snapshots/chart__chart_private_registry_custom_paths.snap"
+        );
+        let text = std::fs::read_to_string(path).expect("the chart snapshot");
+        let daemonset: serde_yaml::Value = text
+            .split("\n---\n")
+            .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+            .find(|doc| {
+                doc["kind"].as_str() == Some("DaemonSet")
+                    && doc["metadata"]["name"].as_str() == Some("gkm-dra-plugin")
+            })
+            .expect("the gkm-dra-plugin DaemonSet in the chart snapshot");
+        let args: Vec<String> = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let cli = Cli::try_parse_from(
+            ["gkm-dra-plugin", "--node-name=n1"]
+                .into_iter()
+                .map(String::from)
+                .chain(args),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cli.kubelet_dir, PathBuf::from("/var/lib/k0s/kubelet"));
+        assert_eq!(
+            cli.state_dir,
+            PathBuf::from("/var/lib/k0s/kubelet/plugins/gpu.gkm.io")
+        );
+        assert_eq!(cli.cdi_dir, PathBuf::from("/var/run/cdi"));
+        assert_eq!(cli.sysfs_root, PathBuf::from("/host/sys"));
+    }
+}

@@ -309,7 +309,10 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         NODE.to_string(),
         "gpu-0000-6e-00-0".to_string(),
     );
-    assert_eq!(allocated(&claims, "h100").await?, [h100.clone()]);
+    assert_eq!(
+        allocated(&claims, "h100").await?,
+        std::slice::from_ref(&h100)
+    );
     let uid = claims.get("h100").await?.metadata.uid.unwrap_or_default();
     let spec = node.cdi_spec_dir().join(format!("gkm.io-gpu_{uid}.json"));
     assert!(spec.exists(), "{}", spec.display());
