@@ -8,7 +8,8 @@
 //! numbers into the container, so the containers really get `/dev/nvidia0`,
 //! and those nodes are harmless.
 //!
-//! One test walks the story: the node's ResourceSlice, a DeviceClass for
+//! One test walks the story: the node's ResourceSlice (a GPU whose device
+//! node goes leaves it, and comes back with it), a DeviceClass for
 //! H100s, a pod whose claim gets the H100 and sees what CDI injected, a
 //! plugin restart and a kubelet restart that leave the pod and its claim as
 //! they were, a second claim after them that gets the A100, unpreparing, and
@@ -264,6 +265,21 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     );
     assert_eq!(devices["gpu-0000-6e-00-0"], H100);
     assert_eq!(devices["gpu-0000-7f-00-0"], "NVIDIA A100 PCIe 80GB");
+
+    // A GPU's device node goes: the GPU leaves the pool; it comes back.
+    let a100_node = tree.paths().dev_root.join("nvidia1");
+    std::fs::remove_file(&a100_node)?;
+    wait_slices(&slices, |d| {
+        !d.contains_key("gpu-0000-7f-00-0") && d.len() == 1
+    })
+    .await?;
+    tree.dev_node("nvidia1")?;
+    let began = Instant::now();
+    wait_slices(&slices, |d| d.len() == 2).await?;
+    eprintln!(
+        "the A100 published again {:?} after its node came back",
+        began.elapsed()
+    );
 
     // A DeviceClass for H100s, one for any gkm GPU.
     let h100_class = format!(
