@@ -3,6 +3,8 @@
 //! node (named by its token's node-name claim) and reads ResourceClaims;
 //! nothing else.
 
+// The plugin itself is not started here.
+#[allow(dead_code)]
 mod support;
 
 use std::time::{Duration, Instant};
@@ -67,18 +69,12 @@ async fn the_dra_plugin_may_write_only_its_own_nodes_slices_and_read_claims() ->
 {
     let plane = ControlPlane::shared().await?;
     let work = gkm_testenv::temp_dir()?;
-    plane
-        .apply_file(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/namespace.yaml"),
-        )
-        .await?;
-    plane
-        .apply_file(&support::render_chart(
-            work.path(),
-            "dra.yaml",
-            &["rbac/dra-plugin.yaml", "policies/dra-plugin-own-node.yaml"],
-        )?)
-        .await?;
+    support::install(
+        plane,
+        work.path(),
+        &["rbac/dra-plugin.yaml", "policies/dra-plugin-own-node.yaml"],
+    )
+    .await?;
     let admin = plane.client().await?;
     let (own, other) = ("dra-own-node", "dra-other-node");
     for name in [own, other] {

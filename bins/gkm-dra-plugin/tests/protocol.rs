@@ -6,15 +6,13 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_k8s_dra::proto::{v1, v1beta1};
 use gkm_k8s_kubelet::proto::registration::InfoRequest;
 use gkm_k8s_kubelet::proto::registration::registration_client::RegistrationClient;
-use gkm_testenv::{ControlPlane, Process};
+use gkm_testenv::ControlPlane;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -50,6 +48,15 @@ async fn allocated_claim(client: &kube::Client, name: &str) -> anyhow::Result<St
     Ok(created.metadata.uid.unwrap_or_default())
 }
 
+/// The same claim, as v1beta1 names it.
+fn beta_claim(claim: &v1::Claim) -> v1beta1::Claim {
+    v1beta1::Claim {
+        namespace: claim.namespace.clone(),
+        uid: claim.uid.clone(),
+        name: claim.name.clone(),
+    }
+}
+
 #[tokio::test]
 async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() -> anyhow::Result<()>
 {
@@ -57,16 +64,7 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
     let client = plane.client().await?;
     plane.ensure_namespace(NS).await?;
     let work = gkm_testenv::temp_dir()?;
-    plane
-        .apply_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/namespace.yaml"))
-        .await?;
-    plane
-        .apply_file(&support::render_chart(
-            work.path(),
-            "dra-rbac.yaml",
-            &["rbac/dra-plugin.yaml"],
-        )?)
-        .await?;
+    let kubeconfig = support::install(plane, work.path(), &["rbac/dra-plugin.yaml"]).await?;
     let node: Node = serde_json::from_value(json!({"metadata": {"name": NODE}}))?;
     Api::<Node>::all(client.clone())
         .patch(
@@ -83,27 +81,21 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
         "GPU-6e000000-1111-2222-3333-444444444444",
         0,
     )?;
-    let paths = tree.paths();
-    let (kubelet, cdi) = (work.path().join("kubelet"), work.path().join("cdi"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-dra-plugin"));
-    cmd.arg(format!("--node-name={NODE}"))
-        .arg(format!("--kubelet-dir={}", kubelet.display()))
-        .arg(format!("--cdi-dir={}", cdi.display()))
-        .arg(format!(
-            "--state-dir={}",
-            work.path().join("state").display()
-        ))
-        .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
-        .arg(format!("--dev-root={}", paths.dev_root.display()))
-        .arg(format!("--proc-root={}", paths.proc_root.display()))
-        .arg(format!(
-            "--kubeconfig={}",
-            plane
-                .kubeconfig_for_service_account("gkm-system", "gkm-dra-plugin")?
-                .display()
-        ))
-        .arg("--no-nvml");
-    let mut plugin = Process::spawn("gkm-dra-plugin", cmd, &work.path().join("plugin.log"))?;
+    let kubelet = work.path().join("kubelet");
+    let site = support::Site {
+        node: NODE,
+        kubelet_dir: kubelet.clone(),
+        cdi_dir: work.path().join("cdi"),
+        state_dir: work.path().join("state"),
+    };
+    let cdi = site.cdi_dir.clone();
+    let mut plugin = support::start_plugin(
+        &site,
+        &tree,
+        &kubeconfig,
+        &[],
+        &work.path().join("plugin.log"),
+    )?;
 
     // Registration, as the kubelet's plugin watcher asks.
     let registration = gkm_k8s_kubelet::socket::connect(
@@ -161,11 +153,7 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
     assert_eq!(again.claims[&uid], *answer);
     let beta = v1beta1
         .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
-            claims: vec![v1beta1::Claim {
-                namespace: NS.to_string(),
-                uid: uid.clone(),
-                name: "gpu".to_string(),
-            }],
+            claims: vec![beta_claim(&claim)],
         })
         .await?
         .into_inner();
@@ -196,11 +184,7 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
     for _ in 0..2 {
         let done = v1beta1
             .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
-                claims: vec![v1beta1::Claim {
-                    namespace: NS.to_string(),
-                    uid: uid.clone(),
-                    name: "gpu".to_string(),
-                }],
+                claims: vec![beta_claim(&claim)],
             })
             .await?
             .into_inner();

@@ -18,14 +18,11 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, Scheduler, pod_log,
-    wait_for_pod,
+    BUSYBOX_IMAGE, ControlPlane, RealNode, RealNodeOptions, Scheduler, running_pod_log,
 };
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -39,30 +36,6 @@ const DRIVER: &str = "gpu.gkm.io";
 const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
 const A100_UUID: &str = "GPU-7f000000-1111-2222-3333-444444444444";
 const H100: &str = "NVIDIA H100 SXM5 80GB";
-
-/// Starts the plugin for `node` reading `tree`, as the user of `kubeconfig`.
-fn start_plugin(
-    node: &RealNode,
-    tree: &NodeTree,
-    kubeconfig: &Path,
-    work: &Path,
-    log: &str,
-) -> anyhow::Result<Process> {
-    let paths = tree.paths();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-dra-plugin"));
-    cmd.arg(format!("--node-name={}", node.name()))
-        .arg(format!("--kubelet-dir={}", node.kubelet_dir().display()))
-        .arg(format!("--cdi-dir={}", node.cdi_spec_dir().display()))
-        .arg(format!("--state-dir={}", work.join("state").display()))
-        .arg(format!("--sysfs-root={}", paths.sysfs_root.display()))
-        .arg(format!("--dev-root={}", paths.dev_root.display()))
-        .arg(format!("--proc-root={}", paths.proc_root.display()))
-        .arg(format!("--pci-ids={}", work.join("pci.ids").display()))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--poll=500ms")
-        .arg("--no-nvml");
-    Process::spawn("gkm-dra-plugin", cmd, &work.join(log))
-}
 
 /// A busybox pod (scheduled by kube-scheduler) whose container uses the
 /// claim `claim`, printing its NVIDIA variable and which GPU device nodes it
@@ -90,25 +63,6 @@ fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
             }],
         }
     }))?)
-}
-
-/// The pod's log once it printed DONE.
-async fn log_when_done(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    wait_for_pod(pods, name, TIMEOUT, |p| {
-        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    })
-    .await?;
-    let began = Instant::now();
-    loop {
-        let log = pod_log(pods, name, "main").await.unwrap_or_default();
-        if log.contains("DONE") {
-            return Ok(log);
-        }
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!("pod {name} printed no DONE: {log}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The devices of the node's gkm slices: name → productName, once `want`
@@ -232,17 +186,17 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
 
     // The plugin runs as its ServiceAccount with the chart's RBAC.
     let work = gkm_testenv::temp_dir()?;
-    plane
-        .apply_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/namespace.yaml"))
-        .await?;
-    plane
-        .apply_file(&support::render_chart(
-            work.path(),
-            "dra-rbac.yaml",
-            &["rbac/dra-plugin.yaml"],
-        )?)
-        .await?;
-    let kubeconfig = plane.kubeconfig_for_service_account("gkm-system", "gkm-dra-plugin")?;
+    let kubeconfig = support::install(plane, work.path(), &["rbac/dra-plugin.yaml"]).await?;
+    let site = support::Site {
+        node: node.name(),
+        kubelet_dir: node.kubelet_dir(),
+        cdi_dir: node.cdi_spec_dir(),
+        state_dir: work.path().join("state"),
+    };
+    let pci_ids = [format!(
+        "--pci-ids={}",
+        work.path().join("pci.ids").display()
+    )];
 
     let tree = NodeTree::new(&work.path().join("node"))?.with_char_devices()?;
     tree.pci(&Pci::gpu("0000:6e:00.0", 0x10de, 0x2330).driver("nvidia"))?;
@@ -254,7 +208,13 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         work.path().join("pci.ids"),
         "10de  NVIDIA Corporation\n\t20b5  GA100 [A100 PCIe 80GB]\n\t2330  GH100 [H100 SXM5 80GB]\n",
     )?;
-    let mut plugin = start_plugin(&node, &tree, &kubeconfig, work.path(), "plugin.log")?;
+    let mut plugin = support::start_plugin(
+        &site,
+        &tree,
+        &kubeconfig,
+        &pci_ids,
+        &work.path().join("plugin.log"),
+    )?;
 
     // The node's pool: both GPUs, named by model.
     let began = Instant::now();
@@ -307,7 +267,7 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     )?;
     pods.create(&PostParams::default(), &claim_pod("trainer", "h100")?)
         .await?;
-    let log = log_when_done(&pods, "trainer").await?;
+    let log = running_pod_log(&pods, "trainer", "main", "DONE", TIMEOUT).await?;
     eprintln!("trainer:\n{log}");
     // What CDI injected: the H100's node, the shared nodes, its UUID; not
     // the A100's node.
@@ -346,7 +306,13 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     plugin.stop(Duration::from_secs(10));
     wait_slices(&slices, |d| d.is_empty()).await?;
     assert!(spec.exists(), "a stopping plugin keeps prepared claims");
-    let mut plugin = start_plugin(&node, &tree, &kubeconfig, work.path(), "plugin-2.log")?;
+    let mut plugin = support::start_plugin(
+        &site,
+        &tree,
+        &kubeconfig,
+        &pci_ids,
+        &work.path().join("plugin-2.log"),
+    )?;
     wait_slices(&slices, |d| d.len() == 2).await?;
 
     // The kubelet restarts: it wipes the node's slices when it starts; the
@@ -389,7 +355,7 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         .await?;
     pods.create(&PostParams::default(), &claim_pod("second", "any")?)
         .await?;
-    let log = log_when_done(&pods, "second").await?;
+    let log = running_pod_log(&pods, "second", "main", "DONE", TIMEOUT).await?;
     assert!(
         log.contains(&format!("NVIDIA_VISIBLE_DEVICES={A100_UUID}\n")),
         "{log}"
