@@ -28,7 +28,7 @@ use gkm_k8s_kubelet::proto::podresources::{AllocatableResourcesRequest, ListPodR
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, running_pod_log, wait_for_pod,
 };
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -179,16 +179,8 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         },
     )
     .await?;
-    plane.ensure_namespace(NS).await?;
+    plane.ensure_pod_namespace(NS).await?;
     let client = plane.client().await?;
-    // No controller-manager runs here to make the namespace's default
-    // ServiceAccount, which pod admission looks up.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    if accounts.get_opt("default").await?.is_none() {
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "default", "namespace": NS}}))?;
-        accounts.create(&PostParams::default(), &account).await?;
-    }
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 

@@ -10,8 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 const SYSTEM: &str = "gkm-system";
@@ -78,14 +77,7 @@ async fn the_dra_plugin_may_write_only_its_own_nodes_slices_and_read_claims() ->
     let admin = plane.client().await?;
     let (own, other) = ("dra-own-node", "dra-other-node");
     for name in [own, other] {
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        Api::<Node>::all(admin.clone())
-            .patch(
-                name,
-                &PatchParams::apply("gkm-dra-test"),
-                &Patch::Apply(&node),
-            )
-            .await?;
+        plane.ensure_node(name).await?;
     }
     let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(admin.clone());
 

@@ -13,7 +13,6 @@ use gkm_k8s_dra::proto::{v1, v1beta1};
 use gkm_k8s_kubelet::proto::registration::InfoRequest;
 use gkm_k8s_kubelet::proto::registration::registration_client::RegistrationClient;
 use gkm_testenv::ControlPlane;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -65,14 +64,7 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
     plane.ensure_namespace(NS).await?;
     let work = gkm_testenv::temp_dir()?;
     let kubeconfig = support::install(plane, work.path(), &["rbac/dra-plugin.yaml"]).await?;
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": NODE}}))?;
-    Api::<Node>::all(client.clone())
-        .patch(
-            NODE,
-            &PatchParams::apply("gkm-dra-test"),
-            &Patch::Apply(&node),
-        )
-        .await?;
+    plane.ensure_node(NODE).await?;
 
     let tree = NodeTree::new(&work.path().join("node"))?;
     tree.pci(&Pci::gpu("0000:6e:00.0", 0x10de, 0x2330).driver("nvidia"))?;

@@ -24,7 +24,7 @@ use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, RealNode, RealNodeOptions, Scheduler, running_pod_log,
 };
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -169,16 +169,8 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         },
     )
     .await?;
-    plane.ensure_namespace(NS).await?;
+    plane.ensure_pod_namespace(NS).await?;
     let client = plane.client().await?;
-    // No controller-manager runs here to make the namespace's default
-    // ServiceAccount, which pod admission looks up.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    if accounts.get_opt("default").await?.is_none() {
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "default", "namespace": NS}}))?;
-        accounts.create(&PostParams::default(), &account).await?;
-    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let slices: Api<ResourceSlice> = Api::all(client.clone());
