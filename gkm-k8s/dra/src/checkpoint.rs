@@ -57,6 +57,13 @@ impl ClaimStore {
                         path: checkpoint.clone(),
                         source,
                     })?;
+                if read.version != VERSION {
+                    return Err(Error::CheckpointVersion {
+                        path: checkpoint,
+                        found: read.version,
+                        known: VERSION,
+                    });
+                }
                 read.claims
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),

@@ -25,6 +25,19 @@ pub enum Error {
         /// What was wrong with it.
         source: serde_json::Error,
     },
+    /// The prepared-claims checkpoint is of a format this plugin does not
+    /// know (written by a newer one).
+    #[error(
+        "{path}: prepared-claims checkpoint version {found}, this plugin reads version {known}"
+    )]
+    CheckpointVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version it has.
+        found: u32,
+        /// The version this plugin reads.
+        known: u32,
+    },
     /// A socket could not be served.
     #[error(transparent)]
     Socket(#[from] gkm_k8s_kubelet::socket::SocketError),
