@@ -44,8 +44,7 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     // Images pinned by digest from a private registry, a distribution with
-    // its kubelet elsewhere, GPU nodes only, GPUs through DRA instead of the
-    // device plugin.
+    // its kubelet elsewhere, GPU nodes only, no device plugin.
     Variant {
         name: "private_registry_custom_paths",
         args: &[
@@ -63,6 +62,7 @@ const VARIANTS: &[Variant] = &[
             "storeDir=/data/gkm",
             "--set",
             "devicePlugin.enabled=false",
+            // GPUs through DRA instead of the device plugin.
             "--set",
             "dra.enabled=true",
             "--set",
