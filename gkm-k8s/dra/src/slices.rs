@@ -81,9 +81,31 @@ pub fn pool_slices(
         .collect()
 }
 
-/// The name of slice `index` of the node's pool.
+/// The longest object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The name of slice `index` of the node's pool: `<node>-<driver>-<index>`;
+/// for a node name so long that this would not be a valid object name, the
+/// node part is cut and followed by a hash of the whole node name, so two
+/// such nodes still get names of their own.
 pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
-    format!("{node}-{driver}-{index}")
+    let name = format!("{node}-{driver}-{index}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    // FNV-1a: stable across builds, so a restarted plugin names its slices
+    // as before.
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let tail = format!("-{hash:016x}-{driver}-{index}");
+    let keep = MAX_NAME.saturating_sub(tail.len());
+    // Node names are ASCII (DNS subdomains); cut on a character boundary anyway.
+    let cut = (0..=keep.min(node.len()))
+        .rev()
+        .find(|&i| node.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}{tail}", node[..cut].trim_end_matches(['-', '.']))
 }
 
 fn device(d: &DraDevice) -> Device {

@@ -150,6 +150,22 @@ fn large_pools_are_split_into_slices_of_at_most_128_devices() {
     assert_eq!(empty[0].spec.devices.as_deref(), Some(&[][..]));
 }
 
+#[test]
+fn slices_of_very_long_node_names_still_have_valid_distinct_names() {
+    use crate::slices::slice_name;
+    assert_eq!(slice_name("node-a", DRIVER, 0), "node-a-gpu.gkm.io-0");
+    let long_a = format!("{}.a", "n".repeat(250));
+    let long_b = format!("{}.b", "n".repeat(250));
+    let (a, b) = (
+        slice_name(&long_a, DRIVER, 1),
+        slice_name(&long_b, DRIVER, 1),
+    );
+    assert!(a.len() <= 253 && b.len() <= 253, "{a} {b}");
+    assert_ne!(a, b);
+    assert!(a.ends_with("-gpu.gkm.io-1"), "{a}");
+    assert_eq!(a, slice_name(&long_a, DRIVER, 1), "stable");
+}
+
 /// A claim allocated `results` (request, driver, pool, device).
 fn claim(uid: &str, results: &[(&str, &str, &str, &str)]) -> ResourceClaim {
     let results: Vec<_> = results
