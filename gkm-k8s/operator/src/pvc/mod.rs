@@ -22,5 +22,5 @@ pub use apply::{
     remove_claims,
 };
 pub use fill::fill;
-pub use objects::PvcOptions;
+pub use objects::{FILL_HOSTS_ENV, PvcOptions};
 pub use plan::{PvcMode, names};
