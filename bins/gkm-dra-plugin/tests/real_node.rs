@@ -12,8 +12,10 @@
 //! node goes leaves it, and comes back with it), a DeviceClass for
 //! H100s, a pod whose claim gets the H100 and sees what CDI injected, a
 //! plugin restart and a kubelet restart that leave the pod and its claim as
-//! they were, a second claim after them that gets the A100, unpreparing, and
-//! the slices going when the plugin stops.
+//! they were, a second claim after them that gets the A100, unpreparing,
+//! VM-shaped pods claiming a passthrough GPU and a vGPU that read their
+//! device metadata files (the PCI address, the mdev UUID) as KubeVirt's
+//! virt-launcher does, and the slices going when the plugin stops.
 
 mod support;
 
@@ -63,6 +65,62 @@ fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
             }],
         }
     }))?)
+}
+
+const VGPU_UUID: &str = "0b1c5e8a-1111-4d2e-9c3a-000000000001";
+
+/// A VM-shaped pod: its container uses claim `claim` (the pod's name for it
+/// is `vm-gpu`, its request `request`) and prints the device metadata file
+/// virt-launcher would read, then the VFIO nodes it has.
+fn vm_pod(name: &str, claim: &str, request: &str) -> anyhow::Result<Pod> {
+    let file = format!(
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{claim}/{request}/{DRIVER}-metadata.json"
+    );
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "vm-gpu", "resourceClaimName": claim}],
+            "containers": [{
+                "name": "compute",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", format!(
+                    "cat {file}; echo END-METADATA; \
+                     for d in /dev/vfio/*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done; \
+                     echo DONE; exec sleep 100000")],
+                "resources": {"claims": [{"name": "vm-gpu", "request": request}]},
+            }],
+        }
+    }))?)
+}
+
+/// The metadata object a [`vm_pod`]'s log shows, and the rest of the log.
+fn metadata_in_log(log: &str) -> anyhow::Result<(serde_json::Value, &str)> {
+    let (file, rest) = log
+        .split_once("END-METADATA\n")
+        .ok_or_else(|| anyhow::anyhow!("no metadata in the log:\n{log}"))?;
+    let mut stream = serde_json::Deserializer::from_str(file).into_iter::<serde_json::Value>();
+    let first = stream
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("an empty metadata file:\n{log}"))??;
+    Ok((first, rest))
+}
+
+/// The string attribute `key` of the only device of a metadata object's
+/// only request.
+fn only_device_attribute(metadata: &serde_json::Value, key: &str) -> Option<String> {
+    let requests = metadata["requests"].as_array()?;
+    let devices = requests.first()?["devices"].as_array()?;
+    if requests.len() != 1 || devices.len() != 1 {
+        return None;
+    }
+    devices[0]["attributes"][key]["string"]
+        .as_str()
+        .map(str::to_string)
 }
 
 /// The devices of the node's gkm slices: name → productName, once `want`
@@ -377,6 +435,104 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         },
     )
     .await?;
+
+    // Virtual machines: an H100 on vfio-pci (group 11), a T4 with a vGPU,
+    // and an H100 on vfio-pci whose group 13 holds its audio function on a
+    // host driver: that group is not viable, so it is never published.
+    tree.dev_node("vfio/vfio")?;
+    tree.pci(
+        &Pci::gpu("0000:2a:00.0", 0x10de, 0x2330)
+            .driver("vfio-pci")
+            .group(11),
+    )?;
+    tree.group_node(11)?;
+    tree.pci(
+        &Pci::gpu("0000:4c:00.0", 0x10de, 0x2330)
+            .driver("vfio-pci")
+            .group(13),
+    )?;
+    tree.group_node(13)?;
+    tree.pci(
+        &Pci::audio("0000:4c:00.1", 0x10de, 0x22ba)
+            .driver("snd_hda_intel")
+            .group(13),
+    )?;
+    tree.pci(&Pci::gpu("0000:5d:00.0", 0x10de, 0x1eb8).driver("nvidia"))?;
+    tree.mdev(VGPU_UUID, "0000:5d:00.0", "nvidia-222", "GRID T4-2Q", 30)?;
+    let devices = wait_slices(&slices, |d| d.len() == 4).await?;
+    assert!(devices.contains_key("vfio-0000-2a-00-0"), "{devices:?}");
+    assert!(
+        devices.contains_key(&format!("vgpu-{VGPU_UUID}")),
+        "{devices:?}"
+    );
+    assert!(
+        !devices.contains_key("vfio-0000-4c-00-0"),
+        "a group that is not viable is not published: {devices:?}"
+    );
+    for (class, kind) in [("gkm-passthrough", "vfio"), ("gkm-vgpu", "vgpu")] {
+        let expression = format!(
+            "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{kind}'"
+        );
+        if classes.get_opt(class).await?.is_none() {
+            classes
+                .create(&PostParams::default(), &device_class(class, &expression)?)
+                .await?;
+        }
+    }
+    for (claim, request, class, pod) in [
+        ("pgpu", "pgpu", "gkm-passthrough", "vm-pgpu"),
+        ("vgpu", "vgpu", "gkm-vgpu", "vm-vgpu"),
+    ] {
+        let mut object = gpu_claim(claim, class)?;
+        if let Some(requests) = object
+            .spec
+            .devices
+            .as_mut()
+            .and_then(|d| d.requests.as_mut())
+        {
+            requests[0].name = request.to_string();
+        }
+        claims.create(&PostParams::default(), &object).await?;
+        pods.create(&PostParams::default(), &vm_pod(pod, claim, request)?)
+            .await?;
+    }
+    let log = running_pod_log(&pods, "vm-pgpu", "compute", "DONE", TIMEOUT).await?;
+    eprintln!("vm-pgpu:\n{log}");
+    let (metadata, rest) = metadata_in_log(&log)?;
+    assert_eq!(
+        only_device_attribute(&metadata, "resource.kubernetes.io/pciBusID").as_deref(),
+        Some("0000:2a:00.0"),
+        "{metadata:#}"
+    );
+    assert_eq!(metadata["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+    assert_eq!(metadata["metadata"]["name"], "pgpu");
+    assert!(rest.contains("CHAR-DEVICE /dev/vfio/11\n"), "{log}");
+    assert!(rest.contains("CHAR-DEVICE /dev/vfio/vfio\n"), "{log}");
+    let log = running_pod_log(&pods, "vm-vgpu", "compute", "DONE", TIMEOUT).await?;
+    eprintln!("vm-vgpu:\n{log}");
+    let (metadata, rest) = metadata_in_log(&log)?;
+    assert_eq!(
+        only_device_attribute(&metadata, "mdevUUID").as_deref(),
+        Some(VGPU_UUID),
+        "{metadata:#}"
+    );
+    assert!(rest.contains("CHAR-DEVICE /dev/vfio/30\n"), "{log}");
+    assert!(!rest.contains("/dev/vfio/11"), "{log}");
+    // The files are the plugin's, under its state directory, until the
+    // claim is unprepared.
+    let host_file = work
+        .path()
+        .join("state/dra-device-metadata")
+        .join(format!("{NS}_pgpu"))
+        .join("pgpu/metadata.json");
+    assert!(host_file.exists(), "{}", host_file.display());
+    pods.delete("vm-pgpu", &DeleteParams::default()).await?;
+    eventually(
+        "the passthrough claim's metadata file is not removed",
+        || !host_file.exists(),
+    )
+    .await?;
+    pods.delete("vm-vgpu", &DeleteParams::default()).await?;
 
     // The plugin stops for good: its slices go with it.
     plugin.stop(Duration::from_secs(10));

@@ -67,6 +67,21 @@ pub struct ContainerEdits {
     /// Device nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    /// Bind mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A bind mount of a host file into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    /// On the host.
+    pub host_path: PathBuf,
+    /// In the container.
+    pub container_path: String,
+    /// `ro`, `bind`.
+    pub options: Vec<String>,
 }
 
 /// A device node: where it is in the container and on the host.
@@ -89,6 +104,34 @@ pub fn qualified_name(claim_uid: &str, device: &str) -> String {
 
 fn device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
+}
+
+/// The CDI device of claim `claim_uid` that bind-mounts request
+/// `request`'s metadata file (`host_path`) read-only at `container_path`,
+/// named `<claim UID>-metadata-<request>`; returns it and its qualified
+/// name. It cannot clash with a device's CDI device: device names start
+/// with `gpu-`, `vfio-` or `vgpu-`.
+pub fn metadata_device(
+    claim_uid: &str,
+    request: &str,
+    host_path: &Path,
+    container_path: &str,
+) -> (CdiDevice, String) {
+    let name = format!("metadata-{request}");
+    (
+        CdiDevice {
+            name: device_name(claim_uid, &name),
+            container_edits: ContainerEdits {
+                mounts: vec![Mount {
+                    host_path: host_path.to_path_buf(),
+                    container_path: container_path.to_string(),
+                    options: vec!["ro".to_string(), "bind".to_string()],
+                }],
+                ..ContainerEdits::default()
+            },
+        },
+        qualified_name(claim_uid, &name),
+    )
 }
 
 /// The spec file name of a claim, `gkm.io-gpu_<claim UID>.json` (what the
@@ -171,8 +214,8 @@ pub fn claim_spec(
         cdi_devices.push(CdiDevice {
             name: device_name(claim_uid, &device.name),
             container_edits: ContainerEdits {
-                env: Vec::new(),
                 device_nodes: own.iter().map(|rel| node(rel)).collect(),
+                ..ContainerEdits::default()
             },
         });
     }
@@ -193,6 +236,7 @@ pub fn claim_spec(
         container_edits: ContainerEdits {
             env,
             device_nodes: shared.iter().map(|rel| node(rel)).collect(),
+            mounts: Vec::new(),
         },
     }
 }

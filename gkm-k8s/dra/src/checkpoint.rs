@@ -5,11 +5,14 @@
 //! written whole or not at all (a temporary file, fsync, rename, fsync of
 //! the directory).
 //!
-//! Order: a claim's spec file is written before the checkpoint names it,
-//! and removed before the checkpoint forgets it. On open, specs the
-//! checkpoint names are rewritten if missing, and spec files of this
-//! driver that it does not name (left by a crash between the two writes)
-//! are removed.
+//! Its device metadata files ([`crate::metadata`]) live under
+//! `<state dir>/dra-device-metadata/`.
+//!
+//! Order: a claim's metadata files and spec file are written before the
+//! checkpoint names it, and removed before the checkpoint forgets it. On
+//! open, the files of claims the checkpoint names are rewritten if
+//! missing, and spec files and metadata directories of claims it does not
+//! name (left by a crash between the writes) are removed.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cdi;
 use crate::error::{Error, Result};
+use crate::metadata;
 use crate::prepare::PreparedClaim;
 
 /// The checkpoint's file name in the state directory.
@@ -39,6 +43,7 @@ struct Checkpoint {
 pub struct ClaimStore {
     checkpoint: PathBuf,
     cdi_dir: PathBuf,
+    metadata_dir: PathBuf,
     claims: BTreeMap<String, PreparedClaim>,
 }
 
@@ -72,10 +77,17 @@ impl ClaimStore {
         let store = ClaimStore {
             checkpoint,
             cdi_dir: cdi_dir.to_path_buf(),
+            metadata_dir: state_dir.join(metadata::HOST_SUBDIR),
             claims,
         };
         store.reconcile_specs()?;
         Ok(store)
+    }
+
+    /// Where device metadata files go
+    /// (`<state dir>/dra-device-metadata`).
+    pub fn metadata_dir(&self) -> &Path {
+        &self.metadata_dir
     }
 
     /// What was prepared for claim `uid`.
@@ -90,10 +102,19 @@ impl ClaimStore {
 
     /// Records claim `uid` as prepared: its spec file, then the checkpoint.
     pub fn insert(&mut self, uid: &str, claim: PreparedClaim) -> Result<()> {
-        self.write_spec(uid, &claim)?;
+        let written = self
+            .write_metadata(&claim)
+            .and_then(|()| self.write_spec(uid, &claim));
+        if let Err(e) = written {
+            // Nothing half-done is left: the claim is prepared again.
+            let _ = self.remove_metadata(&claim);
+            return Err(e);
+        }
         self.claims.insert(uid.to_string(), claim);
         if let Err(e) = self.save() {
-            self.claims.remove(uid);
+            if let Some(claim) = self.claims.remove(uid) {
+                let _ = self.remove_metadata(&claim);
+            }
             let _ = std::fs::remove_file(self.spec_path(uid));
             return Err(e);
         }
@@ -108,6 +129,9 @@ impl ClaimStore {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(&spec)(e)),
+        }
+        if let Some(claim) = self.claims.get(uid) {
+            self.remove_metadata(claim)?;
         }
         if let Some(claim) = self.claims.remove(uid)
             && let Err(e) = self.save()
@@ -130,6 +154,30 @@ impl ClaimStore {
         write_atomically(&self.spec_path(uid), &bytes)
     }
 
+    fn write_metadata(&self, claim: &PreparedClaim) -> Result<()> {
+        for file in &claim.metadata {
+            let bytes = file.bytes().map_err(|source| Error::Checkpoint {
+                path: file.host_path.clone(),
+                source,
+            })?;
+            if let Some(dir) = file.host_path.parent() {
+                std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+            }
+            write_atomically(&file.host_path, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Removes claim `claim`'s metadata directory (fine when missing).
+    fn remove_metadata(&self, claim: &PreparedClaim) -> Result<()> {
+        let dir = metadata::claim_dir(&self.metadata_dir, &claim.namespace, &claim.name);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(&dir)(e)),
+        }
+    }
+
     fn save(&self) -> Result<()> {
         let checkpoint = Checkpoint {
             version: VERSION,
@@ -142,10 +190,14 @@ impl ClaimStore {
         write_atomically(&self.checkpoint, &bytes)
     }
 
-    /// Rewrites missing specs of prepared claims; removes this driver's
-    /// specs of claims not prepared.
+    /// Rewrites missing specs and metadata files of prepared claims;
+    /// removes this driver's specs and metadata of claims not prepared.
     fn reconcile_specs(&self) -> Result<()> {
         for (uid, claim) in &self.claims {
+            if claim.metadata.iter().any(|f| !f.host_path.exists()) {
+                tracing::info!(claim = %uid, "rewriting the missing metadata files of a prepared claim");
+                self.write_metadata(claim)?;
+            }
             if !self.spec_path(uid).exists() {
                 tracing::info!(claim = %uid, "rewriting the missing CDI spec of a prepared claim");
                 self.write_spec(uid, claim)?;
@@ -161,6 +213,20 @@ impl ClaimStore {
                 tracing::info!(claim = %uid, "removing the CDI spec of a claim not prepared");
                 let path = entry.path();
                 std::fs::remove_file(&path).map_err(Error::io(&path))?;
+            }
+        }
+        let kept: Vec<PathBuf> = self
+            .claims
+            .values()
+            .map(|c| metadata::claim_dir(&self.metadata_dir, &c.namespace, &c.name))
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(&self.metadata_dir) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if !kept.contains(&path) {
+                    tracing::info!(dir = %path.display(), "removing the metadata of a claim not prepared");
+                    std::fs::remove_dir_all(&path).map_err(Error::io(&path))?;
+                }
             }
         }
         Ok(())

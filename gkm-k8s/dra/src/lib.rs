@@ -17,6 +17,10 @@
 //!   `/dev/nvidiactl`, `/dev/nvidia-uvm*` and `NVIDIA_VISIBLE_DEVICES`;
 //!   `/dev/kfd` and the render node; `/dev/vfio/<group>` and
 //!   `/dev/vfio/vfio`. The kubelet hands the CDI names to the runtime.
+//!   Each request also gets a device metadata file ([`metadata`], the DRA
+//!   device attributes downward API) that virtual machine launchers read
+//!   the PCI address or mdev UUID from. A claim taking part of an IOMMU
+//!   group is refused.
 //! - **Remembers** prepared claims in a checkpoint ([`checkpoint`]), so a
 //!   claim prepared before a kubelet or plugin restart is answered with the
 //!   same devices, and its CDI spec is there for the runtime.
@@ -37,6 +41,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
 mod error;
+pub mod metadata;
 mod plugin;
 pub mod prepare;
 pub mod publish;

@@ -6,8 +6,11 @@
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
+use gkm_k8s_devices::resources::Access;
+
 use crate::cdi::{self, CdiSpec};
-use crate::devices::{DraDevice, NodeDevices};
+use crate::devices::{DeviceType, DraDevice, NodeDevices};
+use crate::metadata::{self, MetadataFile};
 
 /// One device of a prepared claim, as the kubelet is told.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,7 +28,7 @@ pub struct PreparedDevice {
 
 /// A claim prepared on this node: what the kubelet was told, and the CDI
 /// spec that backs it (kept, so a restarted plugin can rewrite it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreparedClaim {
     /// The claim's namespace.
@@ -36,6 +39,10 @@ pub struct PreparedClaim {
     pub devices: Vec<PreparedDevice>,
     /// The CDI spec written for it.
     pub spec: CdiSpec,
+    /// Its device metadata files, one per request (none in checkpoints
+    /// written before the plugin wrote them).
+    #[serde(default)]
+    pub metadata: Vec<MetadataFile>,
 }
 
 /// Why a claim cannot be prepared.
@@ -77,6 +84,24 @@ pub enum PrepareError {
         /// The device named.
         device: String,
     },
+    /// The allocation takes part of an IOMMU group: a group goes to one
+    /// virtual machine whole.
+    #[error(
+        "ResourceClaim {namespace}/{name} was allocated {device}, which shares IOMMU group {group} with {missing}; a group goes to one VM whole, so the claim must ask for all of them (for example with a matchAttribute constraint on gpu.gkm.io/iommuGroup)"
+    )]
+    PartOfGroup {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The device allocated.
+        device: String,
+        /// Its IOMMU group.
+        group: u32,
+        /// The PCI addresses of its group's GPUs the claim was not
+        /// allocated, comma-separated.
+        missing: String,
+    },
 }
 
 /// What the plugin knows when it prepares a claim.
@@ -92,6 +117,9 @@ pub struct PrepareContext<'a> {
     pub dev_root: &'a std::path::Path,
     /// Whether an optional device node exists under `dev_root`.
     pub present: &'a dyn Fn(&str) -> bool,
+    /// Where device metadata files go on the host
+    /// (`<state dir>/dra-device-metadata`).
+    pub metadata_dir: &'a std::path::Path,
 }
 
 /// Prepares claim `uid` from the claim the apiserver has: its allocation's
@@ -148,10 +176,77 @@ pub fn prepare(
             cdi_device_ids: vec![cdi::qualified_name(uid, &device.name)],
         });
     }
+    check_whole_groups(&devices, &namespace, &name)?;
+    let mut spec = cdi::claim_spec(uid, &devices, ctx.dev_root, ctx.present);
+    let with_requests: Vec<(&DraDevice, &[String])> = devices
+        .iter()
+        .zip(&prepared)
+        .map(|(device, p)| (*device, p.request_names.as_slice()))
+        .collect();
+    let metadata = metadata::claim_metadata(
+        uid,
+        claim,
+        ctx.driver,
+        ctx.pool,
+        &with_requests,
+        ctx.metadata_dir,
+    );
+    // Each request's metadata comes with its first device.
+    for file in &metadata {
+        let (device, qualified) =
+            cdi::metadata_device(uid, &file.request, &file.host_path, &file.container_path);
+        spec.devices.push(device);
+        if let Some(first) = prepared.iter_mut().find(|p| {
+            p.request_names
+                .iter()
+                .any(|r| metadata::base_request(r) == file.request)
+        }) {
+            first.cdi_device_ids.push(qualified);
+        }
+    }
     Ok(PreparedClaim {
         namespace,
         name,
         devices: prepared,
-        spec: cdi::claim_spec(uid, &devices, ctx.dev_root, ctx.present),
+        spec,
+        metadata,
     })
+}
+
+/// Refuses a claim holding a passthrough GPU without the other GPUs of its
+/// IOMMU group (as the device plugin does): the group's devices cannot be
+/// split between virtual machines.
+fn check_whole_groups(
+    devices: &[&DraDevice],
+    namespace: &str,
+    name: &str,
+) -> Result<(), PrepareError> {
+    for device in devices.iter().filter(|d| d.kind == DeviceType::Vfio) {
+        if let Access::Vfio {
+            iommu_group,
+            group_peers,
+            ..
+        } = &device.access
+        {
+            let missing: Vec<&str> = group_peers
+                .iter()
+                .filter(|peer| {
+                    !devices
+                        .iter()
+                        .any(|d| d.kind == DeviceType::Vfio && &d.id == *peer)
+                })
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(PrepareError::PartOfGroup {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    device: device.id.clone(),
+                    group: *iommu_group,
+                    missing: missing.join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
 }

@@ -103,6 +103,7 @@ impl DraService {
         let devices = inner.devices.borrow().clone();
         let dev_root = inner.dev_root.clone();
         let present = |rel: &str| dev_root.join(rel).exists();
+        let metadata_dir = inner.store.lock().await.metadata_dir().to_path_buf();
         let prepared = prepare(
             &claim.uid,
             &object,
@@ -112,6 +113,7 @@ impl DraService {
                 devices: &devices,
                 dev_root: &inner.dev_root,
                 present: &present,
+                metadata_dir: &metadata_dir,
             },
         )
         .map_err(|e| e.to_string())?;

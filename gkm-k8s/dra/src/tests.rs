@@ -198,15 +198,29 @@ fn prepare_in(
             devices,
             dev_root,
             present: &present,
+            metadata_dir: &metadata_dir(dev_root),
         },
     )
 }
 
-/// The spec with the node's `/dev` root shown as `/dev`.
+/// Where [`prepare_in`] puts metadata files: the example tree's
+/// `state/dra-device-metadata`, as the plugin's state directory would.
+fn metadata_dir(dev_root: &Path) -> std::path::PathBuf {
+    dev_root
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("state")
+        .join(crate::metadata::HOST_SUBDIR)
+}
+
+/// The spec with the node's `/dev` root shown as `/host/dev`, and the
+/// metadata directory as `/host/meta`.
 fn spec_json(spec: &CdiSpec, dev_root: &Path) -> serde_json::Value {
     let text = serde_json::to_string(spec)
         .unwrap()
-        .replace(&dev_root.display().to_string(), "/host/dev");
+        .replace(&dev_root.display().to_string(), "/host/dev")
+        .replace(&metadata_dir(dev_root).display().to_string(), "/host/meta");
     serde_json::from_str(&text).unwrap()
 }
 
@@ -236,7 +250,10 @@ fn an_nvidia_gpu_claim_gets_its_device_node_the_shared_nodes_and_its_uuid() {
     );
     assert_eq!(
         prepared.devices[0].cdi_device_ids,
-        [format!("gkm.io/gpu={uid}-gpu-0000-6e-00-0")]
+        [
+            format!("gkm.io/gpu={uid}-gpu-0000-6e-00-0"),
+            format!("gkm.io/gpu={uid}-metadata-gpu")
+        ]
     );
     assert_eq!(
         spec_json(&prepared.spec, dev_root),
@@ -248,6 +265,13 @@ fn an_nvidia_gpu_claim_gets_its_device_node_the_shared_nodes_and_its_uuid() {
                 "containerEdits": {"deviceNodes": [
                     {"path": "/dev/nvidia0", "hostPath": "/host/dev/nvidia0", "permissions": "rw"},
                 ]},
+            }, {
+                "name": format!("{uid}-metadata-gpu"),
+                "containerEdits": {"mounts": [{
+                    "hostPath": "/host/meta/ml_gpu/gpu/metadata.json",
+                    "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/gpu/gpu/gpu.gkm.io-metadata.json",
+                    "options": ["ro", "bind"],
+                }]},
             }],
             "containerEdits": {
                 "env": [format!("NVIDIA_VISIBLE_DEVICES={H100_UUID}")],
@@ -326,6 +350,150 @@ fn amd_vfio_and_vgpu_claims_get_their_nodes_and_variables() {
             "GKM_VFIO_DEVICES=0000:2a:00.0",
             format!("GKM_MDEV_UUIDS={}", EXAMPLE_VGPUS[1].0)
         ])
+    );
+}
+
+/// The metadata file of `request` a prepared claim lists, as a JSON value.
+fn metadata_of(prepared: &crate::prepare::PreparedClaim, request: &str) -> serde_json::Value {
+    let file = prepared
+        .metadata
+        .iter()
+        .find(|f| f.request == request)
+        .unwrap_or_else(|| panic!("no metadata for request {request}"));
+    serde_json::from_slice(&file.bytes().unwrap()).unwrap()
+}
+
+#[test]
+fn vm_claims_get_metadata_with_the_pci_address_or_the_mdev_uuid() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    let uid = "c1a1m000-0000-4000-8000-000000000005";
+    let vgpu = format!("vgpu-{}", EXAMPLE_VGPUS[0].0);
+    let mut vm = claim(
+        uid,
+        &[
+            ("pgpu", DRIVER, NODE, "vfio-0000-2a-00-0"),
+            ("vgpu/t4", DRIVER, NODE, &vgpu),
+        ],
+    );
+    // Made from a template: the pod's name for it names the file.
+    vm.metadata.annotations = Some(
+        [(
+            crate::metadata::POD_CLAIM_NAME_ANNOTATION.to_string(),
+            "vm-gpus".to_string(),
+        )]
+        .into(),
+    );
+    let prepared = prepare_in(&devices, dev_root, uid, &vm).unwrap();
+    let pgpu = metadata_of(&prepared, "pgpu");
+    assert_eq!(pgpu["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+    assert_eq!(pgpu["kind"], "DeviceMetadata");
+    assert_eq!(
+        pgpu["metadata"],
+        json!({"name": "gpu", "namespace": "ml", "uid": uid, "generation": 1})
+    );
+    assert_eq!(pgpu["podClaimName"], "vm-gpus");
+    let device = &pgpu["requests"][0]["devices"][0];
+    assert_eq!(pgpu["requests"][0]["name"], "pgpu");
+    assert_eq!(
+        (&device["driver"], &device["pool"], &device["name"]),
+        (&json!(DRIVER), &json!(NODE), &json!("vfio-0000-2a-00-0"))
+    );
+    assert_eq!(
+        device["attributes"]["resource.kubernetes.io/pciBusID"],
+        json!({"string": "0000:2a:00.0"})
+    );
+    let vgpu_meta = metadata_of(&prepared, "vgpu");
+    assert_eq!(vgpu_meta["requests"][0]["name"], "vgpu/t4");
+    assert_eq!(
+        vgpu_meta["requests"][0]["devices"][0]["attributes"]["mdevUUID"],
+        json!({"string": EXAMPLE_VGPUS[0].0})
+    );
+    let paths: Vec<&str> = prepared
+        .metadata
+        .iter()
+        .map(|f| f.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/vm-gpus/pgpu/gpu.gkm.io-metadata.json",
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/vm-gpus/vgpu/gpu.gkm.io-metadata.json",
+        ]
+    );
+    // Each request's file comes with its own device.
+    assert_eq!(
+        prepared.devices[1].cdi_device_ids[1],
+        format!("gkm.io/gpu={uid}-metadata-vgpu")
+    );
+
+    // The store writes the files, keeps them across a restart, and removes
+    // them with the claim.
+    let (state, cdi_dir) = (dir.path().join("state"), dir.path().join("cdi"));
+    let mut store = ClaimStore::open(&state, &cdi_dir).unwrap();
+    store.insert(uid, prepared.clone()).unwrap();
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&prepared.metadata[0].host_path).unwrap()).unwrap();
+    assert_eq!(on_disk, pgpu);
+    drop(store);
+    std::fs::remove_file(&prepared.metadata[1].host_path).unwrap();
+    let stray = metadata_dir(dev_root).join("ml_gone");
+    std::fs::create_dir_all(&stray).unwrap();
+    let mut store = ClaimStore::open(&state, &cdi_dir).unwrap();
+    assert!(prepared.metadata[1].host_path.exists(), "rewritten");
+    assert!(!stray.exists(), "a claim not prepared keeps no metadata");
+    store.remove(uid).unwrap();
+    assert!(!prepared.metadata[0].host_path.exists());
+    assert_eq!(
+        std::fs::read_dir(metadata_dir(dev_root)).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn a_claim_taking_part_of_an_iommu_group_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, mut devices) = example_node(dir.path());
+    let dev_root = &tree.paths().dev_root;
+    // Two GPUs sharing IOMMU group 11.
+    for (name, peer) in [
+        ("vfio-0000-2a-00-0", "0000:18:00.0"),
+        ("vfio-0000-18-00-0", "0000:2a:00.0"),
+    ] {
+        let device = devices.devices.iter_mut().find(|d| d.name == name).unwrap();
+        if let gkm_k8s_devices::resources::Access::Vfio {
+            iommu_group,
+            group_peers,
+            ..
+        } = &mut device.access
+        {
+            *iommu_group = 11;
+            *group_peers = vec![peer.to_string()];
+        }
+    }
+    let uid = "c1a1m000-0000-4000-8000-000000000006";
+    let half = claim(uid, &[("pgpu", DRIVER, NODE, "vfio-0000-2a-00-0")]);
+    assert_eq!(
+        prepare_in(&devices, dev_root, uid, &half)
+            .unwrap_err()
+            .to_string(),
+        "ResourceClaim ml/gpu was allocated 0000:2a:00.0, which shares IOMMU group 11 with 0000:18:00.0; a group goes to one VM whole, so the claim must ask for all of them (for example with a matchAttribute constraint on gpu.gkm.io/iommuGroup)"
+    );
+    let whole = claim(
+        uid,
+        &[
+            ("pgpu", DRIVER, NODE, "vfio-0000-2a-00-0"),
+            ("pgpu", DRIVER, NODE, "vfio-0000-18-00-0"),
+        ],
+    );
+    let prepared = prepare_in(&devices, dev_root, uid, &whole).unwrap();
+    assert_eq!(
+        metadata_of(&prepared, "pgpu")["requests"][0]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
     );
 }
 
@@ -408,7 +576,9 @@ fn prepared_claims_and_their_specs_survive_a_restart_and_strays_are_removed() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(left, ["prepared-claims.json"]);
+    let mut left: Vec<_> = left.into_iter().map(|n| n.into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["dra-device-metadata", "prepared-claims.json"]);
 }
 
 #[test]
