@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, RealNode, RealNodeOptions, Scheduler, running_pod_log,
+    BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Scheduler,
+    running_pod_log,
 };
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
@@ -36,8 +37,11 @@ const NODE: &str = "real-dra";
 const NS: &str = "dra";
 const DRIVER: &str = "gpu.gkm.io";
 const H100_UUID: &str = "GPU-6e000000-1111-2222-3333-444444444444";
+const H100_B_UUID: &str = "GPU-9b000000-1111-2222-3333-444444444444";
 const A100_UUID: &str = "GPU-7f000000-1111-2222-3333-444444444444";
 const H100: &str = "NVIDIA H100 SXM5 80GB";
+/// The chart's class for H100s (support::install names the model).
+const H100_CLASS: &str = "gkm-model-h100";
 
 /// A busybox pod (scheduled by kube-scheduler) whose container uses the
 /// claim `claim`, printing its NVIDIA variable and which GPU device nodes it
@@ -196,13 +200,6 @@ fn gpu_claim(name: &str, class: &str) -> anyhow::Result<ResourceClaim> {
     }))?)
 }
 
-fn device_class(name: &str, expression: &str) -> anyhow::Result<DeviceClass> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }))?)
-}
-
 /// Waits until `check` holds, or fails naming `what`.
 async fn eventually<F: Fn() -> bool>(what: &str, check: F) -> anyhow::Result<()> {
     let began = Instant::now();
@@ -218,7 +215,18 @@ async fn eventually<F: Fn() -> bool>(what: &str, check: F) -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kubelet_restarts()
 -> anyhow::Result<()> {
-    let plane = ControlPlane::shared().await?;
+    // kube-controller-manager's resource claim controller releases the
+    // claims of pods that are gone; its resource quota controller keeps
+    // ResourceQuota status, which quota admission needs.
+    let plane = &ControlPlane::start_with(ControlPlaneOptions {
+        controller_manager: true,
+        extra_controllers: vec![
+            "resourceclaim-controller".to_string(),
+            "resourcequota-controller".to_string(),
+        ],
+        ..ControlPlaneOptions::default()
+    })
+    .await?;
     let mut node = RealNode::start(
         plane,
         RealNodeOptions {
@@ -232,11 +240,16 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let classes: Api<DeviceClass> = Api::all(client.clone());
 
-    // The plugin runs as its ServiceAccount with the chart's RBAC.
+    // The plugin runs as its ServiceAccount with the chart's RBAC; the
+    // chart's DeviceClasses (with a class for H100s).
     let work = gkm_testenv::temp_dir()?;
-    let kubeconfig = support::install(plane, work.path(), &["rbac/dra-plugin.yaml"]).await?;
+    let kubeconfig = support::install(
+        plane,
+        work.path(),
+        &["rbac/dra-plugin.yaml", "manifests/dra-deviceclasses.yaml"],
+    )
+    .await?;
     let site = support::Site {
         node: node.name(),
         kubelet_dir: node.kubelet_dir(),
@@ -291,25 +304,9 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         began.elapsed()
     );
 
-    // A DeviceClass for H100s, one for any gkm GPU.
-    let h100_class = format!(
-        "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].productName == '{H100}'"
-    );
-    for (name, expression) in [
-        ("gkm-h100", h100_class.as_str()),
-        (
-            "gkm-gpu",
-            "device.driver == 'gpu.gkm.io' && device.attributes['gpu.gkm.io'].type == 'gpu'",
-        ),
-    ] {
-        if classes.get_opt(name).await?.is_none() {
-            classes
-                .create(&PostParams::default(), &device_class(name, expression)?)
-                .await?;
-        }
-    }
+    // A claim of the chart's class for H100s.
     claims
-        .create(&PostParams::default(), &gpu_claim("h100", "gkm-h100")?)
+        .create(&PostParams::default(), &gpu_claim("h100", H100_CLASS)?)
         .await?;
     let mut scheduler = Scheduler::start(
         plane,
@@ -459,7 +456,10 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     )?;
     tree.pci(&Pci::gpu("0000:5d:00.0", 0x10de, 0x1eb8).driver("nvidia"))?;
     tree.mdev(VGPU_UUID, "0000:5d:00.0", "nvidia-222", "GRID T4-2Q", 30)?;
-    let devices = wait_slices(&slices, |d| d.len() == 4).await?;
+    // And a second H100 for containers, for the quota below.
+    tree.pci(&Pci::gpu("0000:9b:00.0", 0x10de, 0x2330).driver("nvidia"))?;
+    tree.nvidia_gpu("0000:9b:00.0", H100_B_UUID, 2)?;
+    let devices = wait_slices(&slices, |d| d.len() == 5).await?;
     assert!(devices.contains_key("vfio-0000-2a-00-0"), "{devices:?}");
     assert!(
         devices.contains_key(&format!("vgpu-{VGPU_UUID}")),
@@ -469,16 +469,6 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         !devices.contains_key("vfio-0000-4c-00-0"),
         "a group that is not viable is not published: {devices:?}"
     );
-    for (class, kind) in [("gkm-passthrough", "vfio"), ("gkm-vgpu", "vgpu")] {
-        let expression = format!(
-            "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{kind}'"
-        );
-        if classes.get_opt(class).await?.is_none() {
-            classes
-                .create(&PostParams::default(), &device_class(class, &expression)?)
-                .await?;
-        }
-    }
     for (claim, request, class, pod) in [
         ("pgpu", "pgpu", "gkm-passthrough", "vm-pgpu"),
         ("vgpu", "vgpu", "gkm-vgpu", "vm-vgpu"),
@@ -534,10 +524,221 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     .await?;
     pods.delete("vm-vgpu", &DeleteParams::default()).await?;
 
+    // Every claim so far goes (kube-controller-manager releases them once
+    // their pods are gone), so all container GPUs are free.
+    pods.delete("second", &DeleteParams::default()).await?;
+    for claim in ["h100", "any", "pgpu", "vgpu"] {
+        claims.delete(claim, &DeleteParams::default()).await?;
+    }
+    until("the story's claims are not gone", || async {
+        Ok(claims.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await?;
+
+    quota_of_two_h100s_per_namespace(plane, &client).await?;
+    nvidia_gpu_pods_are_served_through_dra(&client).await?;
+
     // The plugin stops for good: its slices go with it.
     plugin.stop(Duration::from_secs(10));
     wait_slices(&slices, |d| d.is_empty()).await?;
-    pods.delete("second", &DeleteParams::default()).await?;
     drop(scheduler);
+    Ok(())
+}
+
+/// Waits until `check` says yes, or fails naming `what`.
+async fn until<F, Fut>(what: &str, check: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let began = Instant::now();
+    while !check().await? {
+        if began.elapsed() > TIMEOUT {
+            anyhow::bail!("{what} after {TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// A namespace may hold at most 2 devices of the chart's H100 class, with
+/// a plain ResourceQuota: of 5 claims created at once, quota admission
+/// lets 2 in and refuses 3; both get an H100; when one goes, exactly one
+/// more gets in, and gets the H100 it freed.
+async fn quota_of_two_h100s_per_namespace(
+    plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    const QNS: &str = "dra-quota";
+    plane.ensure_pod_namespace(QNS).await?;
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), QNS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), QNS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), QNS);
+    let key = format!("{H100_CLASS}.deviceclass.resource.k8s.io/devices");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "h100s", "namespace": QNS},
+                "spec": {"hard": {key.clone(): "2"}},
+            }))?,
+        )
+        .await?;
+    let used = || async {
+        let quota = quotas.get("h100s").await?;
+        Ok::<_, anyhow::Error>(
+            quota
+                .status
+                .and_then(|s| s.used)
+                .and_then(|u| u.get(&key).map(|q| q.0.clone())),
+        )
+    };
+    // Quota admission counts against the status the controller keeps.
+    until("the quota has no status", || async {
+        Ok(used().await?.is_some())
+    })
+    .await?;
+    let claim_in_quota = |name: &str| -> anyhow::Result<ResourceClaim> {
+        let mut claim = gpu_claim(name, H100_CLASS)?;
+        claim.metadata.namespace = Some(QNS.to_string());
+        Ok(claim)
+    };
+    let pod_in_quota = |name: &str, claim: &str| -> anyhow::Result<Pod> {
+        let mut pod = claim_pod(name, claim)?;
+        pod.metadata.namespace = Some(QNS.to_string());
+        Ok(pod)
+    };
+
+    let mut creating = tokio::task::JoinSet::new();
+    for i in 0..5 {
+        let (claims, claim) = (claims.clone(), claim_in_quota(&format!("h100-{i}"))?);
+        creating.spawn(async move {
+            let name = claim.metadata.name.clone().unwrap_or_default();
+            (name, claims.create(&PostParams::default(), &claim).await)
+        });
+    }
+    let (mut admitted, mut refused) = (Vec::new(), Vec::new());
+    while let Some(done) = creating.join_next().await {
+        match done? {
+            (name, Ok(_)) => admitted.push(name),
+            (name, Err(kube::Error::Api(e))) => refused.push((name, e.code, e.message)),
+            (name, Err(e)) => anyhow::bail!("creating claim {name}: {e}"),
+        }
+    }
+    admitted.sort();
+    eprintln!("quota: admitted {admitted:?}, refused {refused:#?}");
+    assert_eq!(admitted.len(), 2, "{admitted:?} {refused:?}");
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    for (_, code, message) in &refused {
+        assert_eq!(*code, 403, "{message}");
+        assert!(
+            message.contains("exceeded quota: h100s") && message.contains(&key),
+            "{message}"
+        );
+    }
+    let mut uuids = Vec::new();
+    for (i, claim) in admitted.iter().enumerate() {
+        let pod = format!("quota-{i}");
+        pods.create(&PostParams::default(), &pod_in_quota(&pod, claim)?)
+            .await?;
+    }
+    for i in 0..admitted.len() {
+        let log = running_pod_log(&pods, &format!("quota-{i}"), "main", "DONE", TIMEOUT).await?;
+        uuids.push(visible_devices(&log)?);
+    }
+    let freed = uuids[0].clone();
+    uuids.sort();
+    assert_eq!(uuids, [H100_UUID, H100_B_UUID]);
+
+    // One goes: exactly one more claim gets in.
+    pods.delete("quota-0", &DeleteParams::default()).await?;
+    claims
+        .delete(&admitted[0], &DeleteParams::default())
+        .await?;
+    until("the quota still counts the deleted claim", || async {
+        Ok(used().await?.as_deref() == Some("1"))
+    })
+    .await?;
+    claims
+        .create(&PostParams::default(), &claim_in_quota("h100-5")?)
+        .await?;
+    let sixth = claims
+        .create(&PostParams::default(), &claim_in_quota("h100-6")?)
+        .await;
+    assert!(
+        matches!(&sixth, Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("exceeded quota")),
+        "{sixth:?}"
+    );
+    pods.create(&PostParams::default(), &pod_in_quota("quota-2", "h100-5")?)
+        .await?;
+    let log = running_pod_log(&pods, "quota-2", "main", "DONE", TIMEOUT).await?;
+    assert_eq!(
+        visible_devices(&log)?,
+        freed,
+        "it gets the H100 that was freed"
+    );
+    for pod in ["quota-1", "quota-2"] {
+        pods.delete(pod, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+/// The `NVIDIA_VISIBLE_DEVICES` a [`claim_pod`]'s log shows.
+fn visible_devices(log: &str) -> anyhow::Result<String> {
+    log.lines()
+        .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no NVIDIA_VISIBLE_DEVICES in the log:\n{log}"))
+}
+
+/// A pod asking for `nvidia.com/gpu: 1`, with no claim, gets a GPU from
+/// `gpu.gkm.io` through the chart's class `gkm-nvidia-gpu`
+/// (`extendedResourceName`): kube-scheduler makes the claim, the plugin
+/// prepares it, and the pod's status names it.
+async fn nvidia_gpu_pods_are_served_through_dra(client: &kube::Client) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut pod = claim_pod("extended", "unused")?;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.resource_claims = None;
+        spec.containers[0].resources = Some(serde_json::from_value(json!({
+            "limits": {"nvidia.com/gpu": "1"},
+        }))?);
+    }
+    pods.create(&PostParams::default(), &pod).await?;
+    let log = running_pod_log(&pods, "extended", "main", "DONE", TIMEOUT).await?;
+    eprintln!("extended:\n{log}");
+    // One of the node's NVIDIA GPUs, as allocated.
+    let visible = visible_devices(&log)?;
+    let device = [
+        (H100_UUID, "gpu-0000-6e-00-0"),
+        (H100_B_UUID, "gpu-0000-9b-00-0"),
+        (A100_UUID, "gpu-0000-7f-00-0"),
+    ]
+    .into_iter()
+    .find_map(|(uuid, device)| (uuid == visible).then_some(device))
+    .ok_or_else(|| anyhow::anyhow!("{visible} is none of the node's NVIDIA GPUs"))?;
+    let status = pods
+        .get("extended")
+        .await?
+        .status
+        .and_then(|s| s.extended_resource_claim_status)
+        .ok_or_else(|| anyhow::anyhow!("the pod's status names no extended resource claim"))?;
+    let claim = Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .get(&status.resource_claim_name)
+        .await?;
+    let results = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    assert_eq!(
+        results
+            .iter()
+            .map(|r| (r.driver.as_str(), r.device.as_str()))
+            .collect::<Vec<_>>(),
+        [(DRIVER, device)]
+    );
+    pods.delete("extended", &DeleteParams::default()).await?;
     Ok(())
 }

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Renders the chart's `templates` (paths under `templates/`) with
-/// `dra.enabled=true` for the namespace gkm-system into `dir/<name>`.
+/// `dra.enabled=true` and a DeviceClass for H100s (`gkm-model-h100`) for
+/// the namespace gkm-system into `dir/<name>`.
 fn render_chart(dir: &Path, name: &str, templates: &[&str]) -> anyhow::Result<PathBuf> {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gkm");
     let mut cmd = Command::new(gkm_testenv::find_binary(gkm_testenv::Component::Helm)?);
@@ -13,6 +14,8 @@ fn render_chart(dir: &Path, name: &str, templates: &[&str]) -> anyhow::Result<Pa
         "gkm-system",
         "--set",
         "dra.enabled=true",
+        "--set-json",
+        r#"dra.deviceClasses.models=[{"name":"h100","productName":"NVIDIA H100 SXM5 80GB"}]"#,
     ]);
     for template in templates {
         cmd.args(["--show-only", &format!("templates/{template}")]);
