@@ -516,6 +516,50 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         .join(format!("{NS}_pgpu"))
         .join("pgpu/metadata.json");
     assert!(host_file.exists(), "{}", host_file.display());
+
+    // The passthrough GPU's group node goes: the plugin's health stream
+    // tells the kubelet, which shows it in the pod's status; it comes back.
+    // The kubelet names a device by its first CDI device.
+    let pgpu_uid = claims.get("pgpu").await?.metadata.uid.unwrap_or_default();
+    let resource_id = format!("gkm.io/gpu={pgpu_uid}-vfio-0000-2a-00-0");
+    let health_shown = |want: &'static str| {
+        let (pods, resource_id) = (pods.clone(), resource_id.clone());
+        move || {
+            let (pods, resource_id) = (pods.clone(), resource_id.clone());
+            async move {
+                let pod = pods.get("vm-pgpu").await?;
+                Ok(allocated_health(&pod, &resource_id).as_deref() == Some(want))
+            }
+        }
+    };
+    until(
+        "the pod's status does not show the passthrough GPU healthy",
+        health_shown("Healthy"),
+    )
+    .await?;
+    tree.remove_group_node(11)?;
+    let began = Instant::now();
+    until(
+        "the pod's status does not show the passthrough GPU unhealthy",
+        health_shown("Unhealthy"),
+    )
+    .await?;
+    eprintln!(
+        "the pod's status showed the GPU unhealthy {:?} after its group node went: {:?}",
+        began.elapsed(),
+        pods.get("vm-pgpu")
+            .await?
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.into_iter().next())
+            .and_then(|c| c.allocated_resources_status)
+    );
+    tree.group_node(11)?;
+    until(
+        "the pod's status does not show the passthrough GPU healthy again",
+        health_shown("Healthy"),
+    )
+    .await?;
     pods.delete("vm-pgpu", &DeleteParams::default()).await?;
     eventually(
         "the passthrough claim's metadata file is not removed",
@@ -741,4 +785,20 @@ async fn nvidia_gpu_pods_are_served_through_dra(client: &kube::Client) -> anyhow
     );
     pods.delete("extended", &DeleteParams::default()).await?;
     Ok(())
+}
+
+/// The health the pod's first container's `allocatedResourcesStatus`
+/// shows for resource `resource_id` (the device's first CDI device name).
+fn allocated_health(pod: &Pod, resource_id: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .allocated_resources_status
+        .as_ref()?
+        .iter()
+        .flat_map(|s| s.resources.iter().flatten())
+        .find(|r| r.resource_id == resource_id)
+        .and_then(|r| r.health.clone())
 }

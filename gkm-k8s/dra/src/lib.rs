@@ -21,6 +21,9 @@
 //!   device attributes downward API) that virtual machine launchers read
 //!   the PCI address or mdev UUID from. A claim taking part of an IOMMU
 //!   group is refused.
+//! - **Reports health** to the kubelet ([`health`]): a published device
+//!   that goes or fails is reported unhealthy, so pods using it show it in
+//!   their status, as it leaves the slice.
 //! - **Remembers** prepared claims in a checkpoint ([`checkpoint`]), so a
 //!   claim prepared before a kubelet or plugin restart is answered with the
 //!   same devices, and its CDI spec is there for the runtime.
@@ -41,6 +44,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
 mod error;
+pub mod health;
 pub mod metadata;
 mod plugin;
 pub mod prepare;
@@ -75,6 +79,13 @@ pub mod proto {
     #[allow(missing_docs, clippy::all, clippy::pedantic)]
     pub mod v1 {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+
+    /// The `v1alpha1.DRAResourceHealth` service (package `v1alpha1`):
+    /// device health the kubelet shows in pod status.
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod health {
+        tonic::include_proto!("v1alpha1");
     }
 
     /// The `v1beta1.DRAPlugin` service (package

@@ -23,6 +23,8 @@ use tonic::transport::Server;
 use crate::checkpoint::ClaimStore;
 use crate::devices::{NodeDevices, node_devices};
 use crate::error::{Error, Result};
+use crate::health::HealthService;
+use crate::proto::health::dra_resource_health_server::DraResourceHealthServer;
 use crate::proto::v1::dra_plugin_server::DraPluginServer;
 use crate::proto::v1beta1::dra_plugin_server::DraPluginServer as DraPluginServerV1beta1;
 use crate::publish::{Publisher, watch_slices};
@@ -140,6 +142,7 @@ pub async fn run(
         Arc::new(ApiClaims(client.clone())),
         store,
     );
+    let health = HealthService::new(&config.node_name, devices_rx.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -156,6 +159,7 @@ pub async fn run(
             let served = Server::builder()
                 .add_service(DraPluginServer::new(service.clone()))
                 .add_service(DraPluginServerV1beta1::new(service))
+                .add_service(DraResourceHealthServer::new(health))
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(listener).map(|c| c.map(AuthorityFix::new)),
                     stop,

@@ -119,6 +119,47 @@ fn a_missing_group_node_unpublishes_the_device_with_the_reason() {
 }
 
 #[test]
+fn a_published_device_that_goes_is_reported_unhealthy_with_the_reason() {
+    use crate::health::Known;
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, before) = example_node(dir.path());
+    let mut known = Known::default();
+    known.learn(&before);
+    assert!(known.health(&before).iter().all(|h| h.healthy));
+    tree.remove_group_node(10).unwrap();
+    tree.remove_mdev(EXAMPLE_VGPUS[1].0).unwrap();
+    let config = config(&tree, dir.path());
+    let after = look(&config, &PciIds::open(&config.pci_ids).unwrap()).unwrap();
+    known.learn(&after);
+    let unhealthy: Vec<(String, String)> = known
+        .health(&after)
+        .into_iter()
+        .filter(|h| !h.healthy)
+        .map(|h| (h.device, h.message))
+        .collect();
+    assert_eq!(unhealthy.len(), 2, "{unhealthy:?}");
+    assert_eq!(unhealthy[0].0, "vfio-0000-18-00-0");
+    assert!(
+        unhealthy[0].1.contains("vfio/10 is missing"),
+        "{unhealthy:?}"
+    );
+    assert_eq!(unhealthy[1].0, format!("vgpu-{}", EXAMPLE_VGPUS[1].0));
+    assert_eq!(
+        unhealthy[1].1,
+        format!("{} is no longer on the node", EXAMPLE_VGPUS[1].0)
+    );
+    // It comes back: healthy again.
+    tree.group_node(10).unwrap();
+    let back = look(&config, &PciIds::open(&config.pci_ids).unwrap()).unwrap();
+    assert!(
+        known
+            .health(&back)
+            .iter()
+            .any(|h| h.device == "vfio-0000-18-00-0" && h.healthy)
+    );
+}
+
+#[test]
 fn large_pools_are_split_into_slices_of_at_most_128_devices() {
     let dir = tempfile::tempdir().unwrap();
     let (_tree, devices) = example_node(dir.path());
