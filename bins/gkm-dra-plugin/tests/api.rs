@@ -138,7 +138,11 @@ async fn the_plugin_registers_and_prepares_idempotently_over_v1_and_v1beta1() ->
             request_names: vec!["gpu".to_string()],
             pool_name: NODE.to_string(),
             device_name: DEVICE.to_string(),
-            cdi_device_ids: vec![format!("gkm.io/gpu={uid}-{DEVICE}")],
+            // The device, and its request's device metadata file.
+            cdi_device_ids: vec![
+                format!("gkm.io/gpu={uid}-{DEVICE}"),
+                format!("gkm.io/gpu={uid}-metadata-gpu"),
+            ],
             share_id: None,
         }]
     );

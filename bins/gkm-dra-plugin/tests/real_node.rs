@@ -43,10 +43,19 @@ const H100: &str = "NVIDIA H100 SXM5 80GB";
 /// The chart's class for H100s (support::install names the model).
 const H100_CLASS: &str = "gkm-model-h100";
 
-/// A busybox pod (scheduled by kube-scheduler) whose container uses the
-/// claim `claim`, printing its NVIDIA variable and which GPU device nodes it
-/// has, then waiting.
-fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
+/// A busybox pod (scheduled by kube-scheduler) in [`NS`] whose container
+/// `container` uses the claim `claim` (the pod's name for it `pod_claim`,
+/// its request `request` when given) and runs `script`, then waits.
+fn busybox_pod(
+    name: &str,
+    container: &str,
+    (pod_claim, claim, request): (&str, &str, Option<&str>),
+    script: &str,
+) -> anyhow::Result<Pod> {
+    let mut uses = json!({"name": pod_claim});
+    if let Some(request) = request {
+        uses["request"] = json!(request);
+    }
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
         "spec": {
@@ -56,50 +65,48 @@ fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
             // No node lifecycle controller runs to lift the node's
             // not-ready taint.
             "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "resourceClaims": [{"name": pod_claim, "resourceClaimName": claim}],
             "containers": [{
-                "name": "main",
+                "name": container,
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c",
-                    "tr '\\0' '\\n' < /proc/1/environ | grep -E '^NVIDIA_VISIBLE_DEVICES=' ; \
-                     for d in /dev/nvidia*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done; \
-                     echo DONE; exec sleep 100000"],
-                "resources": {"claims": [{"name": "gpu"}]},
+                "command": ["/bin/sh", "-c", format!("{script} echo DONE; exec sleep 100000")],
+                "resources": {"claims": [uses]},
             }],
         }
     }))?)
 }
 
+/// A pod whose container uses the claim `claim`, printing its NVIDIA
+/// variable and which GPU device nodes it has.
+fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
+    busybox_pod(
+        name,
+        "main",
+        ("gpu", claim, None),
+        "tr '\\0' '\\n' < /proc/1/environ | grep -E '^NVIDIA_VISIBLE_DEVICES=' ; \
+         for d in /dev/nvidia*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done;",
+    )
+}
+
 const VGPU_UUID: &str = "0b1c5e8a-1111-4d2e-9c3a-000000000001";
 
-/// A VM-shaped pod: its container uses claim `claim` (the pod's name for it
-/// is `vm-gpu`, its request `request`) and prints the device metadata file
-/// virt-launcher would read, then the VFIO nodes it has.
+/// A VM-shaped pod: its container `compute` uses claim `claim` (the pod's
+/// name for it is `vm-gpu`, its request `request`) and prints the device
+/// metadata file virt-launcher would read, then the VFIO nodes it has.
 fn vm_pod(name: &str, claim: &str, request: &str) -> anyhow::Result<Pod> {
     let file = format!(
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{claim}/{request}/{DRIVER}-metadata.json"
     );
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "restartPolicy": "Never",
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "vm-gpu", "resourceClaimName": claim}],
-            "containers": [{
-                "name": "compute",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", format!(
-                    "cat {file}; echo END-METADATA; \
-                     for d in /dev/vfio/*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done; \
-                     echo DONE; exec sleep 100000")],
-                "resources": {"claims": [{"name": "vm-gpu", "request": request}]},
-            }],
-        }
-    }))?)
+    busybox_pod(
+        name,
+        "compute",
+        ("vm-gpu", claim, Some(request)),
+        &format!(
+            "cat {file}; echo END-METADATA; \
+             for d in /dev/vfio/*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done;"
+        ),
+    )
 }
 
 /// The metadata object a [`vm_pod`]'s log shows, and the rest of the log.

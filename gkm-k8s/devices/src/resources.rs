@@ -92,6 +92,43 @@ pub enum Access {
     },
 }
 
+/// The peers of a VFIO device's IOMMU group an allocation leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingPeers<'a> {
+    /// The IOMMU group.
+    pub group: u32,
+    /// The peers left out (their IDs).
+    pub missing: Vec<&'a str>,
+    /// How many devices the group has: what must be allocated together.
+    pub group_size: usize,
+}
+
+impl Access {
+    /// For a VFIO device sharing its IOMMU group with other devices: the
+    /// peers `taken` does not hold, when any. A group goes to one VM whole,
+    /// so an allocation missing some is refused.
+    pub fn missing_group_peers(&self, taken: impl Fn(&str) -> bool) -> Option<MissingPeers<'_>> {
+        let Access::Vfio {
+            iommu_group,
+            group_peers,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let missing: Vec<&str> = group_peers
+            .iter()
+            .map(String::as_str)
+            .filter(|peer| !taken(peer))
+            .collect();
+        (!missing.is_empty()).then(|| MissingPeers {
+            group: *iommu_group,
+            missing,
+            group_size: group_peers.len() + 1,
+        })
+    }
+}
+
 /// One device the plugin offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -6,8 +6,6 @@
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
 
-use gkm_k8s_devices::resources::Access;
-
 use crate::cdi::{self, CdiSpec};
 use crate::devices::{DeviceType, DraDevice, NodeDevices};
 use crate::metadata::{self, MetadataFile};
@@ -221,31 +219,20 @@ fn check_whole_groups(
     namespace: &str,
     name: &str,
 ) -> Result<(), PrepareError> {
+    let taken = |peer: &str| {
+        devices
+            .iter()
+            .any(|d| d.kind == DeviceType::Vfio && d.id == peer)
+    };
     for device in devices.iter().filter(|d| d.kind == DeviceType::Vfio) {
-        if let Access::Vfio {
-            iommu_group,
-            group_peers,
-            ..
-        } = &device.access
-        {
-            let missing: Vec<&str> = group_peers
-                .iter()
-                .filter(|peer| {
-                    !devices
-                        .iter()
-                        .any(|d| d.kind == DeviceType::Vfio && &d.id == *peer)
-                })
-                .map(String::as_str)
-                .collect();
-            if !missing.is_empty() {
-                return Err(PrepareError::PartOfGroup {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    device: device.id.clone(),
-                    group: *iommu_group,
-                    missing: missing.join(", "),
-                });
-            }
+        if let Some(short) = device.access.missing_group_peers(taken) {
+            return Err(PrepareError::PartOfGroup {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                device: device.id.clone(),
+                group: short.group,
+                missing: short.missing.join(", "),
+            });
         }
     }
     Ok(())
