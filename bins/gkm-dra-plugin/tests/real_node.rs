@@ -28,7 +28,7 @@ use gkm_testenv::{
     running_pod_log,
 };
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
@@ -43,15 +43,31 @@ const H100: &str = "NVIDIA H100 SXM5 80GB";
 /// The chart's class for H100s (support::install names the model).
 const H100_CLASS: &str = "gkm-model-h100";
 
+/// Where a pod's claim comes from.
+#[derive(Clone, Copy)]
+enum ClaimSource<'a> {
+    /// The ResourceClaim of this name.
+    Claim(&'a str),
+    /// A ResourceClaim made for the pod from the template of this name.
+    Template(&'a str),
+}
+
 /// A busybox pod (scheduled by kube-scheduler) in [`NS`] whose container
-/// `container` uses the claim `claim` (the pod's name for it `pod_claim`,
-/// its request `request` when given) and runs `script`, then waits.
+/// `container` uses the claim from `source` (the pod's name for it
+/// `pod_claim`, its request `request` when given) and runs `script`, then
+/// waits.
 fn busybox_pod(
     name: &str,
     container: &str,
-    (pod_claim, claim, request): (&str, &str, Option<&str>),
+    (pod_claim, source, request): (&str, ClaimSource<'_>, Option<&str>),
     script: &str,
 ) -> anyhow::Result<Pod> {
+    let pod_claim_entry = match source {
+        ClaimSource::Claim(claim) => json!({"name": pod_claim, "resourceClaimName": claim}),
+        ClaimSource::Template(template) => {
+            json!({"name": pod_claim, "resourceClaimTemplateName": template})
+        }
+    };
     let mut uses = json!({"name": pod_claim});
     if let Some(request) = request {
         uses["request"] = json!(request);
@@ -65,7 +81,7 @@ fn busybox_pod(
             // No node lifecycle controller runs to lift the node's
             // not-ready taint.
             "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": pod_claim, "resourceClaimName": claim}],
+            "resourceClaims": [pod_claim_entry],
             "containers": [{
                 "name": container,
                 "image": BUSYBOX_IMAGE,
@@ -83,7 +99,7 @@ fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
     busybox_pod(
         name,
         "main",
-        ("gpu", claim, None),
+        ("gpu", ClaimSource::Claim(claim), None),
         "tr '\\0' '\\n' < /proc/1/environ | grep -E '^NVIDIA_VISIBLE_DEVICES=' ; \
          for d in /dev/nvidia*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done;",
     )
@@ -91,17 +107,22 @@ fn claim_pod(name: &str, claim: &str) -> anyhow::Result<Pod> {
 
 const VGPU_UUID: &str = "0b1c5e8a-1111-4d2e-9c3a-000000000001";
 
-/// A VM-shaped pod: its container `compute` uses claim `claim` (the pod's
-/// name for it is `vm-gpu`, its request `request`) and prints the device
-/// metadata file virt-launcher would read, then the VFIO nodes it has.
-fn vm_pod(name: &str, claim: &str, request: &str) -> anyhow::Result<Pod> {
+/// A VM-shaped pod: its container `compute` uses the claim from `source`
+/// (the pod's name for it is `vm-gpu`, its request `request`) and prints
+/// the device metadata file virt-launcher would read, where it would look
+/// for it, then the VFIO nodes it has.
+fn vm_pod(name: &str, source: ClaimSource<'_>, request: &str) -> anyhow::Result<Pod> {
+    let dir = match source {
+        ClaimSource::Claim(claim) => format!("resourceclaims/{claim}"),
+        ClaimSource::Template(_) => "resourceclaimtemplates/vm-gpu".to_string(),
+    };
     let file = format!(
-        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{claim}/{request}/{DRIVER}-metadata.json"
+        "/var/run/kubernetes.io/dra-device-attributes/{dir}/{request}/{DRIVER}-metadata.json"
     );
     busybox_pod(
         name,
         "compute",
-        ("vm-gpu", claim, Some(request)),
+        ("vm-gpu", source, Some(request)),
         &format!(
             "cat {file}; echo END-METADATA; \
              for d in /dev/vfio/*; do if [ -c $d ]; then echo CHAR-DEVICE $d; fi; done;"
@@ -476,23 +497,34 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         !devices.contains_key("vfio-0000-4c-00-0"),
         "a group that is not viable is not published: {devices:?}"
     );
-    for (claim, request, class, pod) in [
-        ("pgpu", "pgpu", "gkm-passthrough", "vm-pgpu"),
-        ("vgpu", "vgpu", "gkm-vgpu", "vm-vgpu"),
-    ] {
-        let mut object = gpu_claim(claim, class)?;
-        if let Some(requests) = object
-            .spec
-            .devices
-            .as_mut()
-            .and_then(|d| d.requests.as_mut())
-        {
-            requests[0].name = request.to_string();
-        }
-        claims.create(&PostParams::default(), &object).await?;
-        pods.create(&PostParams::default(), &vm_pod(pod, claim, request)?)
-            .await?;
+    // The passthrough GPU by a claim of its own; the vGPU by a template,
+    // as KubeVirt's VMs ask (its file is under the pod's name for it).
+    let mut pgpu = gpu_claim("pgpu", "gkm-passthrough")?;
+    if let Some(requests) = pgpu.spec.devices.as_mut().and_then(|d| d.requests.as_mut()) {
+        requests[0].name = "pgpu".to_string();
     }
+    claims.create(&PostParams::default(), &pgpu).await?;
+    pods.create(
+        &PostParams::default(),
+        &vm_pod("vm-pgpu", ClaimSource::Claim("pgpu"), "pgpu")?,
+    )
+    .await?;
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "vgpu", "namespace": NS},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "vgpu", "exactly": {"deviceClassName": "gkm-vgpu"}},
+                ]}}},
+            }))?,
+        )
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &vm_pod("vm-vgpu", ClaimSource::Template("vgpu"), "vgpu")?,
+    )
+    .await?;
     let log = running_pod_log(&pods, "vm-pgpu", "compute", "DONE", TIMEOUT).await?;
     eprintln!("vm-pgpu:\n{log}");
     let (metadata, rest) = metadata_in_log(&log)?;
@@ -513,6 +545,7 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
         Some(VGPU_UUID),
         "{metadata:#}"
     );
+    assert_eq!(metadata["podClaimName"], "vm-gpu", "{metadata:#}");
     assert!(rest.contains("CHAR-DEVICE /dev/vfio/30\n"), "{log}");
     assert!(!rest.contains("/dev/vfio/11"), "{log}");
     // The files are the plugin's, under its state directory, until the
@@ -578,7 +611,8 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     // Every claim so far goes (kube-controller-manager releases them once
     // their pods are gone), so all container GPUs are free.
     pods.delete("second", &DeleteParams::default()).await?;
-    for claim in ["h100", "any", "pgpu", "vgpu"] {
+    // (The vGPU's claim, made from its template, goes with its pod.)
+    for claim in ["h100", "any", "pgpu"] {
         claims.delete(claim, &DeleteParams::default()).await?;
     }
     until("the story's claims are not gone", || async {
