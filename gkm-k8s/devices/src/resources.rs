@@ -232,6 +232,36 @@ pub struct ScanInputs {
     pub gpu_shares: bool,
 }
 
+impl ScanInputs {
+    /// Records a critical XID NVML reported: its GPU (every GPU of
+    /// `all_gpus`, PCI addresses, when NVML could not say which) is
+    /// unhealthy from now on. Returns whether it was recorded (an XID that
+    /// is an application's fault is not).
+    pub fn record_xid(
+        &mut self,
+        event: &gkm_gpu::nvidia::XidEvent,
+        all_gpus: impl IntoIterator<Item = String>,
+    ) -> bool {
+        let xid = event
+            .xid
+            .map_or_else(|| "unknown".to_string(), |x| x.to_string());
+        if !event.is_critical() {
+            return false;
+        }
+        match &event.pci_address {
+            Some(address) => {
+                self.xids.insert(address.clone(), xid);
+            }
+            None => {
+                for address in all_gpus {
+                    self.xids.insert(address, xid.clone());
+                }
+            }
+        }
+        true
+    }
+}
+
 /// Shares of a GPU's compute: 100 units per GPU, IDs `<gpu>-<n>`.
 pub const GPU_CORES: &str = "gkm.io/gpu-cores";
 /// Shares of a GPU's memory: one unit per MiB, IDs `<gpu>-<n>`.

@@ -57,7 +57,7 @@ pub mod version;
 mod tests;
 
 pub use error::{Error, Result};
-pub use plugin::{DraConfig, look, run};
+pub use plugin::{DraConfig, look, look_with, run};
 
 use gkm_k8s_kubelet::registration::Plugin;
 

@@ -5,13 +5,14 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_gpu::{DiscoveryOptions, PciIdsSource};
 use gkm_k8s_devices::NodePaths;
-use gkm_k8s_devices::resources::{ScanInputs, from_inventory};
+use gkm_k8s_devices::resources::{Access, ScanInputs, from_inventory};
 use gkm_k8s_kubelet::authority::AuthorityFix;
 use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
 use gkm_k8s_kubelet::socket::{bind, finish};
@@ -74,18 +75,19 @@ impl DraConfig {
 /// Reads the node's devices: discovery, what each needs in a container
 /// ([`gkm_k8s_devices::resources`]), and each PCI function's root complex.
 pub fn look(config: &DraConfig, ids: &PciIds) -> Result<NodeDevices> {
+    look_with(config, ids, &ScanInputs::default())
+}
+
+/// [`look`], with what NVML reported: GPUs with a critical XID are
+/// unhealthy.
+pub fn look_with(config: &DraConfig, ids: &PciIds, inputs: &ScanInputs) -> Result<NodeDevices> {
     let inventory = gkm_gpu::discover(&DiscoveryOptions {
         sysfs_root: config.paths.sysfs_root.clone(),
         nvml: config.nvml,
         simulate: None,
         pci_ids: config.pci_ids.clone(),
     })?;
-    let snapshot = from_inventory(
-        &config.paths,
-        ids,
-        &ScanInputs::default(),
-        inventory.clone(),
-    );
+    let snapshot = from_inventory(&config.paths, ids, inputs, inventory.clone());
     let roots = pcie_roots(&config.paths.sysfs_root);
     Ok(node_devices(&inventory, &snapshot, &roots))
 }
@@ -110,6 +112,39 @@ fn pcie_roots(sysfs_root: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Watches NVML's XIDs on a thread of its own until `stop`: a GPU with a
+/// critical one is unhealthy from the next look on (left out of the slice,
+/// reported unhealthy to the kubelet). Without NVML, logs why and ends.
+fn watch_xids(
+    inputs: Arc<Mutex<ScanInputs>>,
+    devices: watch::Receiver<NodeDevices>,
+    stop: Arc<AtomicBool>,
+) {
+    std::thread::spawn(move || {
+        let ended = gkm_gpu::nvidia::watch_xids(&stop, |event| {
+            // NVML could not say which GPU: every NVIDIA GPU.
+            let nvidia: Vec<String> = devices
+                .borrow()
+                .devices
+                .iter()
+                .filter(|d| matches!(d.access, Access::Nvidia { .. }))
+                .filter_map(|d| d.attributes.get(crate::devices::PCI_BUS_ID))
+                .filter_map(|a| a.string.clone())
+                .collect();
+            let critical = inputs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record_xid(&event, nvidia);
+            if critical {
+                tracing::warn!(gpu = ?event.pci_address, xid = ?event.xid, "critical XID: the GPU is unhealthy");
+            } else {
+                tracing::info!(gpu = ?event.pci_address, xid = ?event.xid, "XID ignored (an application's fault)");
+            }
+        });
+        tracing::info!(reason = %ended, "no NVML XID health checks");
+    });
+}
+
 /// Logs devices left out that were not left out before, with the reason.
 fn log_excluded(before: &NodeDevices, now: &NodeDevices) {
     for excluded in &now.excluded {
@@ -129,9 +164,14 @@ pub async fn run(
 ) -> Result<()> {
     let ids = PciIds::open(&config.pci_ids)?;
     let store = ClaimStore::open(&config.state_dir, &config.cdi_dir)?;
+    let inputs = Arc::new(Mutex::new(ScanInputs::default()));
     let first = look(&config, &ids)?;
     log_excluded(&NodeDevices::default(), &first);
     let (devices_tx, devices_rx) = watch::channel(first);
+    let xids_stop = Arc::new(AtomicBool::new(false));
+    if config.nvml {
+        watch_xids(inputs.clone(), devices_rx.clone(), xids_stop.clone());
+    }
     let mut publisher = Publisher::new(client.clone(), DRIVER, &config.node_name).await?;
 
     let service = DraService::new(
@@ -200,7 +240,11 @@ pub async fn run(
             _ = &mut shutdown => break,
             _ = slices_changed.notified() => {}
             _ = poll.tick() => {
-                match look(&config, &ids) {
+                let now = {
+                    let inputs = inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    look_with(&config, &ids, &inputs)
+                };
+                match now {
                     Ok(now) => {
                         if now != *devices_rx.borrow() {
                             log_excluded(&devices_rx.borrow(), &now);
@@ -215,6 +259,7 @@ pub async fn run(
         }
     }
     watch.abort();
+    xids_stop.store(true, Ordering::Relaxed);
     stop_tx.send_replace(true);
     if let Err(e) = publisher.withdraw().await {
         tracing::warn!(error = %e, "deleting the node's ResourceSlices");

@@ -148,6 +148,29 @@ fn a_published_device_that_goes_is_reported_unhealthy_with_the_reason() {
         unhealthy[1].1,
         format!("{} is no longer on the node", EXAMPLE_VGPUS[1].0)
     );
+    // A critical XID on the H100 (as NVML reports it): unhealthy too.
+    let mut inputs = gkm_k8s_devices::resources::ScanInputs::default();
+    let xid = gkm_gpu::nvidia::XidEvent {
+        pci_address: Some("0000:6e:00.0".to_string()),
+        xid: Some(79),
+    };
+    assert!(inputs.record_xid(&xid, []));
+    let ignored = gkm_gpu::nvidia::XidEvent {
+        pci_address: Some("0000:6e:00.0".to_string()),
+        xid: Some(43),
+    };
+    assert!(!inputs.record_xid(&ignored, []), "an application's fault");
+    let xid_seen =
+        crate::look_with(&config, &PciIds::open(&config.pci_ids).unwrap(), &inputs).unwrap();
+    assert!(xid_seen.device("gpu-0000-6e-00-0").is_none());
+    let h100 = known
+        .health(&xid_seen)
+        .into_iter()
+        .find(|h| h.device == "gpu-0000-6e-00-0")
+        .unwrap();
+    assert!(!h100.healthy);
+    assert!(h100.message.contains("XID 79"), "{}", h100.message);
+
     // It comes back: healthy again.
     tree.group_node(10).unwrap();
     let back = look(&config, &PciIds::open(&config.pci_ids).unwrap()).unwrap();
