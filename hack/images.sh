@@ -37,10 +37,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-ALL=(gkm-operator gkm-agent gkm-csi gkm-device-plugin gkm-scheduler-extender gkm)
+ALL=(gkm-operator gkm-agent gkm-csi gkm-device-plugin gkm-dra-plugin gkm-scheduler-extender gkm)
 # Components that need root in their pod (the chart's securityContexts say
 # why); every other image runs as 65532.
-ROOT_COMPONENTS=" gkm-agent gkm-csi gkm-device-plugin "
+ROOT_COMPONENTS=" gkm-agent gkm-csi gkm-device-plugin gkm-dra-plugin "
 # The Debian packages of the base layer, pinned.
 DEBIAN_BASE=(libc6=2.36-9+deb12u14 libgcc-s1=12.2.0-14+deb12u1 ca-certificates=20230311+deb12u1)
 

@@ -14,6 +14,7 @@
 //! | `agent` | `gkm-k8s-agent` | the node agent |
 //! | `csi` | `gkm-k8s-csi` | the CSI node driver |
 //! | `device_plugin` | `gkm-k8s-device-plugin` | the kubelet device plugin |
+//! | `dra` | `gkm-k8s-dra` | the kubelet DRA plugin (driver `gpu.gkm.io`) |
 //! | `extender` | `gkm-k8s-extender` | the kube-scheduler extender |
 //!
 //! ```
@@ -34,6 +35,8 @@ pub use gkm_k8s_agent as agent;
 pub use gkm_k8s_csi as csi;
 #[cfg(feature = "device-plugin")]
 pub use gkm_k8s_device_plugin as device_plugin;
+#[cfg(feature = "dra")]
+pub use gkm_k8s_dra as dra;
 #[cfg(feature = "extender")]
 pub use gkm_k8s_extender as extender;
 #[cfg(feature = "operator")]

@@ -11,6 +11,7 @@ const COMPONENTS: &[&str] = &[
     "gkm-k8s-agent",
     "gkm-k8s-csi",
     "gkm-k8s-device-plugin",
+    "gkm-k8s-dra",
     "gkm-k8s-extender",
     "gkm-k8s-operator",
 ];
@@ -31,6 +32,11 @@ const FORBIDDEN: &[(&str, &[&str], &str)] = &[
         "gkm-k8s-kubelet",
         &["kube", "k8s-openapi", "oci-client", "nvml-wrapper"],
         "the kubelet's gRPC plumbing knows nothing of the apiserver",
+    ),
+    (
+        "gkm-k8s-devices",
+        &["kube", "k8s-openapi", "tonic", "oci-client"],
+        "reading a node's devices needs neither the apiserver nor the kubelet",
     ),
     (
         "gkm-k8s-extender",

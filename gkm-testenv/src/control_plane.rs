@@ -332,6 +332,27 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Makes sure namespace `name` exists with its `default` ServiceAccount,
+    /// which pod admission looks up: no controller-manager runs here to
+    /// make it, so a test that creates pods in a namespace of its own needs
+    /// this rather than [`ControlPlane::ensure_namespace`].
+    pub async fn ensure_pod_namespace(&self, name: &str) -> anyhow::Result<()> {
+        self.ensure_namespace(name).await?;
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client().await?, name);
+        let account: k8s_openapi::api::core::v1::ServiceAccount = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "default", "namespace": name}}),
+        )?;
+        accounts
+            .patch(
+                "default",
+                &PatchParams::apply("gkm-testenv"),
+                &Patch::Apply(&account),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Makes sure a Node object named `name` exists (server-side apply), for
     /// tests of components that act on a Node without a kubelet behind it.
     pub async fn ensure_node(&self, name: &str) -> anyhow::Result<()> {

@@ -76,3 +76,30 @@ pub async fn pod_log(pods: &Api<Pod>, name: &str, container: &str) -> anyhow::Re
     };
     Ok(pods.logs(name, &params).await?)
 }
+
+/// The log of `container` in pod `name` once the pod is Running and its log
+/// holds `marker` (what a test's container prints when it has said all it
+/// will say).
+pub async fn running_pod_log(
+    pods: &Api<Pod>,
+    name: &str,
+    container: &str,
+    marker: &str,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    let began = Instant::now();
+    wait_for_pod(pods, name, timeout, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await?;
+    loop {
+        let log = pod_log(pods, name, container).await.unwrap_or_default();
+        if log.contains(marker) {
+            return Ok(log);
+        }
+        if began.elapsed() > timeout {
+            anyhow::bail!("pod {name} printed no {marker} after {timeout:?}: {log}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use gkm_core::assignment::{ANNOTATION, Assignment, unit_gpu};
 use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
 use gkm_testenv::{BUSYBOX_IMAGE, ControlPlane, RealNode, RealNodeOptions, pod_log, wait_for_pod};
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -135,14 +135,8 @@ async fn a_forged_assignment_never_gets_a_gpu_another_pod_holds() -> anyhow::Res
         },
     )
     .await?;
-    plane.ensure_namespace(NS).await?;
+    plane.ensure_pod_namespace(NS).await?;
     let client = plane.client().await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    if accounts.get_opt("default").await?.is_none() {
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "default", "namespace": NS}}))?;
-        accounts.create(&PostParams::default(), &account).await?;
-    }
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
     for file in ["namespace.yaml", "rbac/device-plugin.yaml"] {
         plane.apply_file(&deploy.join(file)).await?;

@@ -26,9 +26,9 @@ use gkm_k8s_device_plugin::node_tree::{EXAMPLE_VGPU_PARENT, NodeTree, Pci};
 use gkm_k8s_kubelet::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use gkm_k8s_kubelet::proto::podresources::{AllocatableResourcesRequest, ListPodResourcesRequest};
 use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, pod_log, wait_for_pod,
+    BUSYBOX_IMAGE, ControlPlane, Process, RealNode, RealNodeOptions, running_pod_log, wait_for_pod,
 };
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -108,25 +108,6 @@ async fn wait_allocatable(
     }
 }
 
-/// The pod's log once it printed DONE.
-async fn log_when_done(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    wait_for_pod(pods, name, TIMEOUT, |p| {
-        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    })
-    .await?;
-    let began = Instant::now();
-    loop {
-        let log = pod_log(pods, name, "main").await.unwrap_or_default();
-        if log.contains("DONE") {
-            return Ok(log);
-        }
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!("pod {name} printed no DONE: {log}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// What the kubelet's pod-resources API says each pod of the test holds:
 /// pod → resource → device IDs.
 async fn pod_resources(
@@ -198,16 +179,8 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         },
     )
     .await?;
-    plane.ensure_namespace(NS).await?;
+    plane.ensure_pod_namespace(NS).await?;
     let client = plane.client().await?;
-    // No controller-manager runs here to make the namespace's default
-    // ServiceAccount, which pod admission looks up.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    if accounts.get_opt("default").await?.is_none() {
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "default", "namespace": NS}}))?;
-        accounts.create(&PostParams::default(), &account).await?;
-    }
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 
@@ -271,7 +244,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
             .format(),
     )]));
     pods.create(&PostParams::default(), &vm).await?;
-    let log = log_when_done(&pods, "vm-h100").await?;
+    let log = running_pod_log(&pods, "vm-h100", "main", "DONE", TIMEOUT).await?;
     assert!(
         log.contains("PCI_RESOURCE_NVIDIA_COM_GH100_H100_SXM5_80GB=0000:2a:00.0\n"),
         "{log}"
@@ -283,7 +256,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         &device_pod("vm-vgpu", T4_2Q, 1, "/dev/vfio/vfio")?,
     )
     .await?;
-    let log = log_when_done(&pods, "vm-vgpu").await?;
+    let log = running_pod_log(&pods, "vm-vgpu", "main", "DONE", TIMEOUT).await?;
     let vgpu = log
         .lines()
         .find_map(|l| l.strip_prefix("MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-2Q="))
@@ -296,7 +269,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
         &device_pod("cuda", GPU, 1, "/dev/nvidia0")?,
     )
     .await?;
-    let log = log_when_done(&pods, "cuda").await?;
+    let log = running_pod_log(&pods, "cuda", "main", "DONE", TIMEOUT).await?;
     assert!(
         log.contains(&format!("NVIDIA_VISIBLE_DEVICES={GPU_UUID}\n")),
         "{log}"

@@ -63,6 +63,11 @@ const VARIANTS: &[Variant] = &[
             "storeDir=/data/gkm",
             "--set",
             "devicePlugin.enabled=false",
+            // GPUs through DRA instead of the device plugin.
+            "--set",
+            "dra.enabled=true",
+            "--set-json",
+            r#"dra.deviceClasses.models=[{"name":"h100","productName":"NVIDIA H100 SXM5 80GB"},{"name":"h100-vm","productName":"NVIDIA H100 SXM5 80GB","type":"vfio"}]"#,
             "--set",
             "namespace.create=true",
             // Label values are strings: with --set, `true` would be refused.

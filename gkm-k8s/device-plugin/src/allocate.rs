@@ -167,26 +167,18 @@ fn check_whole_groups(
     devices: &[&PluginDevice],
 ) -> Result<(), Status> {
     for device in devices {
-        if let Access::Vfio {
-            iommu_group,
-            group_peers,
-            ..
-        } = &device.access
+        if let Some(short) = device
+            .access
+            .missing_group_peers(|peer| ids.iter().any(|id| id == peer))
         {
-            let missing: Vec<&str> = group_peers
-                .iter()
-                .filter(|p| !ids.contains(p))
-                .map(String::as_str)
-                .collect();
-            if !missing.is_empty() {
-                return Err(Status::failed_precondition(format!(
-                    "{}: {} shares IOMMU group {iommu_group} with {}; a group goes to one VM whole, so request {} devices that include all of them",
-                    resource.name,
-                    device.id,
-                    missing.join(", "),
-                    group_peers.len() + 1
-                )));
-            }
+            return Err(Status::failed_precondition(format!(
+                "{}: {} shares IOMMU group {} with {}; a group goes to one VM whole, so request {} devices that include all of them",
+                resource.name,
+                device.id,
+                short.group,
+                short.missing.join(", "),
+                short.group_size
+            )));
         }
     }
     Ok(())

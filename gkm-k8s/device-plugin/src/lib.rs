@@ -88,13 +88,13 @@
 mod allocate;
 pub mod assignments;
 mod error;
-pub mod naming;
+pub use gkm_k8s_devices::naming;
 pub mod node_gpus;
 #[cfg(feature = "testing")]
-pub mod node_tree;
+pub use gkm_k8s_devices::node_tree;
 mod plugin;
 mod preferred;
-pub mod resources;
+pub use gkm_k8s_devices::resources;
 mod service;
 
 pub use plugin::{PluginConfig, run};

@@ -356,6 +356,18 @@ fn write_status(path: Option<&Path>, snapshot: &Snapshot) {
     }
 }
 
+/// Logs an XID NVML reported, and whether it made its GPU unhealthy.
+pub(crate) fn log_xid(event: &gkm_gpu::nvidia::XidEvent, critical: bool) {
+    let xid = event
+        .xid
+        .map_or_else(|| "unknown".to_string(), |x| x.to_string());
+    if critical {
+        tracing::warn!(gpu = ?event.pci_address, xid, "critical XID: marking the GPU unhealthy");
+    } else {
+        tracing::info!(gpu = ?event.pci_address, xid, "XID ignored (an application's fault)");
+    }
+}
+
 /// Reads GPU UUIDs from NVML once and watches its critical XIDs on a thread
 /// of its own; without NVML, logs why and does nothing.
 fn start_nvml(health: &Arc<Health>) {
@@ -377,27 +389,9 @@ fn start_nvml(health: &Arc<Health>) {
     let health = health.clone();
     std::thread::spawn(move || {
         let ended = gkm_gpu::nvidia::watch_xids(&health.stop, |event| {
-            let xid = event
-                .xid
-                .map_or_else(|| "unknown".to_string(), |x| x.to_string());
-            if !event.is_critical() {
-                tracing::info!(gpu = ?event.pci_address, xid, "XID ignored (an application's fault)");
-                return;
-            }
-            tracing::warn!(gpu = ?event.pci_address, xid, "critical XID: marking the GPU unhealthy");
             let mut inputs = lock(&health.inputs);
-            match event.pci_address {
-                Some(address) => {
-                    inputs.xids.insert(address, xid);
-                }
-                // NVML could not say which GPU: all of them.
-                None => {
-                    let all: Vec<String> = inputs.nvml_uuids.keys().cloned().collect();
-                    for address in all {
-                        inputs.xids.insert(address, xid.clone());
-                    }
-                }
-            }
+            let all: Vec<String> = inputs.nvml_uuids.keys().cloned().collect();
+            log_xid(&event, inputs.record_xid(&event, all));
         });
         tracing::info!(reason = %ended, "no NVML XID health checks");
     });

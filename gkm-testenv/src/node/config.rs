@@ -66,6 +66,11 @@ impl NodePaths {
     pub fn kubelet_key(&self) -> PathBuf {
         self.dir.join("pki/kubelet.key")
     }
+    /// The CDI spec directory containerd reads (`cdi_spec_dirs`), where DRA
+    /// plugins write their specs.
+    pub fn cdi_spec_dir(&self) -> PathBuf {
+        self.dir.join("cdi")
+    }
     /// Container logs (the kubelet's `podLogsDir`).
     pub fn pod_logs(&self) -> PathBuf {
         self.dir.join("pod-logs")
@@ -100,6 +105,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false
+  enable_cdi = true
+  cdi_spec_dirs = [{cdi}]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
@@ -130,6 +137,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         runc = toml_string(&runc.display().to_string()),
         runc_root = q(paths.runc_root()),
         cni_conf = q(paths.cni_conf_dir()),
+        cdi = q(paths.cdi_spec_dir()),
         pause = toml_string(pause_image),
     )
 }

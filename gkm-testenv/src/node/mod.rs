@@ -138,6 +138,7 @@ impl RealNode {
             paths.cni_ipam_dir(),
             paths.kubelet_root(),
             paths.pod_logs(),
+            paths.cdi_spec_dir(),
             dir.join("pki"),
         ] {
             std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
@@ -260,6 +261,11 @@ impl RealNode {
     /// The kubelet's pod-resources socket.
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir().join("pod-resources/kubelet.sock")
+    }
+
+    /// The CDI spec directory the node's containerd reads.
+    pub fn cdi_spec_dir(&self) -> PathBuf {
+        self.paths.cdi_spec_dir()
     }
 
     /// Where pods' volumes are mounted (`pods/<uid>/volumes/…`).

@@ -9,7 +9,7 @@
 //! harmless there.
 //!
 //! ```
-//! use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
+//! use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 //! let dir = tempfile::tempdir().unwrap();
 //! let tree = NodeTree::new(dir.path()).unwrap();
 //! tree.pci(&Pci::gpu("0000:3b:00.0", 0x10de, 0x2330).driver("vfio-pci").group(12)).unwrap();

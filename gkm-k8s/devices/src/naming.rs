@@ -34,7 +34,7 @@ pub fn vendor_domain(vendor: Vendor) -> Option<&'static str> {
 /// device id.
 ///
 /// ```
-/// use gkm_k8s_device_plugin::naming::model_name;
+/// use gkm_k8s_devices::naming::model_name;
 /// assert_eq!(model_name(Some("GH100 [H100 SXM5 80GB]"), 0x2330), "GH100_H100_SXM5_80GB");
 /// assert_eq!(model_name(Some("TU104GL [Quadro RTX 4000 Mobile / Max-Q]"), 0x1eb6),
 ///            "TU104GL_QUADRO_RTX_4000_MOBILE___MAXQ");
@@ -73,7 +73,7 @@ pub fn model_name(pci_ids_name: Option<&str>, device_id: u16) -> String {
 /// whitespace runs to `_`, or its type id (`nvidia-222`) when it has none.
 ///
 /// ```
-/// use gkm_k8s_device_plugin::naming::mdev_name;
+/// use gkm_k8s_devices::naming::mdev_name;
 /// assert_eq!(mdev_name(Some("GRID T4-2Q"), "nvidia-222"), "GRID_T4-2Q");
 /// assert_eq!(mdev_name(None, "nvidia-222"), "nvidia-222");
 /// ```
@@ -104,7 +104,7 @@ fn valid_name(text: &str) -> String {
 /// `prefix` + `_` + the resource name upper-cased with `/` and `.` to `_`.
 ///
 /// ```
-/// use gkm_k8s_device_plugin::naming::env_var;
+/// use gkm_k8s_devices::naming::env_var;
 /// assert_eq!(env_var("PCI_RESOURCE", "nvidia.com/GH100_H100_SXM5_80GB"),
 ///            "PCI_RESOURCE_NVIDIA_COM_GH100_H100_SXM5_80GB");
 /// assert_eq!(env_var("MDEV_PCI_RESOURCE", "nvidia.com/GRID_T4-2Q"),
@@ -125,7 +125,7 @@ const MAX_SOCKET_NAME: usize = 48;
 /// long resource name is cut and made unique with a hash of the whole name.
 ///
 /// ```
-/// use gkm_k8s_device_plugin::naming::socket_name;
+/// use gkm_k8s_devices::naming::socket_name;
 /// assert_eq!(socket_name("nvidia.com/GRID_T4-2Q"), "gkm-nvidia.com_GRID_T4-2Q.sock");
 /// let long = socket_name("nvidia.com/TU104GL_QUADRO_RTX_4000_MOBILE___MAXQ");
 /// assert_eq!(long, "gkm-nvidia.com_TU104GL_QUADRO_RTX_-5f24acf1.sock");

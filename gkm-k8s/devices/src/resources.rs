@@ -92,6 +92,43 @@ pub enum Access {
     },
 }
 
+/// The peers of a VFIO device's IOMMU group an allocation leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingPeers<'a> {
+    /// The IOMMU group.
+    pub group: u32,
+    /// The peers left out (their IDs).
+    pub missing: Vec<&'a str>,
+    /// How many devices the group has: what must be allocated together.
+    pub group_size: usize,
+}
+
+impl Access {
+    /// For a VFIO device sharing its IOMMU group with other devices: the
+    /// peers `taken` does not hold, when any. A group goes to one VM whole,
+    /// so an allocation missing some is refused.
+    pub fn missing_group_peers(&self, taken: impl Fn(&str) -> bool) -> Option<MissingPeers<'_>> {
+        let Access::Vfio {
+            iommu_group,
+            group_peers,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let missing: Vec<&str> = group_peers
+            .iter()
+            .map(String::as_str)
+            .filter(|peer| !taken(peer))
+            .collect();
+        (!missing.is_empty()).then(|| MissingPeers {
+            group: *iommu_group,
+            missing,
+            group_size: group_peers.len() + 1,
+        })
+    }
+}
+
 /// One device the plugin offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -195,6 +232,36 @@ pub struct ScanInputs {
     pub gpu_shares: bool,
 }
 
+impl ScanInputs {
+    /// Records a critical XID NVML reported: its GPU (every GPU of
+    /// `all_gpus`, PCI addresses, when NVML could not say which) is
+    /// unhealthy from now on. Returns whether it was recorded (an XID that
+    /// is an application's fault is not).
+    pub fn record_xid(
+        &mut self,
+        event: &gkm_gpu::nvidia::XidEvent,
+        all_gpus: impl IntoIterator<Item = String>,
+    ) -> bool {
+        let xid = event
+            .xid
+            .map_or_else(|| "unknown".to_string(), |x| x.to_string());
+        if !event.is_critical() {
+            return false;
+        }
+        match &event.pci_address {
+            Some(address) => {
+                self.xids.insert(address.clone(), xid);
+            }
+            None => {
+                for address in all_gpus {
+                    self.xids.insert(address, xid.clone());
+                }
+            }
+        }
+        true
+    }
+}
+
 /// Shares of a GPU's compute: 100 units per GPU, IDs `<gpu>-<n>`.
 pub const GPU_CORES: &str = "gkm.io/gpu-cores";
 /// Shares of a GPU's memory: one unit per MiB, IDs `<gpu>-<n>`.
@@ -221,7 +288,9 @@ pub fn scan(
     Ok(from_inventory(paths, ids, inputs, inventory))
 }
 
-fn from_inventory(
+/// [`scan`] on an inventory already discovered, for callers that need the
+/// inventory too (the DRA plugin describes devices with it).
+pub fn from_inventory(
     paths: &NodePaths,
     ids: &PciIds,
     inputs: &ScanInputs,
