@@ -63,6 +63,10 @@ pub struct CaptureOptions {
     /// The GPU the cache was compiled on, when known; recorded in the
     /// [`COMPILED_ON_LABEL`] label.
     pub gpu: Option<String>,
+    /// The GPUs of the machine the cache was compiled on: without
+    /// [`gpu`](Self::gpu), the label records those that fit the cache's
+    /// targets ([`compiled_on`]).
+    pub gpus: Vec<gkm_core::gpu::Gpu>,
     /// Where to write the temporary layout (default: the system's temporary
     /// directory).
     pub work_dir: Option<PathBuf>,
@@ -201,6 +205,44 @@ impl CaptureError {
     }
 }
 
+/// The GPU a cache with `summary` was compiled on, from the `gpus` of the
+/// machine it was compiled on: the products of those whose backend,
+/// architecture and warp size are one of the cache's targets, without
+/// repeats, joined by `, ` (`None` when no GPU matches).
+///
+/// ```
+/// use gkm_core::cache::{Summary, Target};
+/// use gkm_core::gpu::{Arch, Backend, Gpu};
+/// let summary = Summary::new([Target {
+///     backend: Backend::Cuda, arch: Arch::from_compute_capability(7, 5), warp_size: 32,
+///     ptx_version: None, cuda_version: None, triton_version: None,
+/// }]);
+/// let t4 = Gpu {
+///     product: "Tesla T4".into(), backend: Some(Backend::Cuda),
+///     arch: Some(Arch::from_compute_capability(7, 5)), warp_size: Some(32), ..Gpu::default()
+/// };
+/// let a100 = Gpu { product: "A100".into(), arch: Some(Arch::from_compute_capability(8, 0)), ..t4.clone() };
+/// assert_eq!(gkm_oci::capture::compiled_on(&summary, &[a100.clone(), t4.clone(), t4]).as_deref(), Some("Tesla T4"));
+/// assert_eq!(gkm_oci::capture::compiled_on(&summary, &[a100]), None);
+/// ```
+pub fn compiled_on(
+    summary: &gkm_core::cache::Summary,
+    gpus: &[gkm_core::gpu::Gpu],
+) -> Option<String> {
+    let mut products: Vec<&str> = Vec::new();
+    for gpu in gpus {
+        let fits = summary.targets.iter().any(|t| {
+            gpu.backend == Some(t.backend)
+                && gpu.arch.as_ref() == Some(&t.arch)
+                && gpu.warp_size == Some(t.warp_size)
+        });
+        if fits && !products.contains(&gpu.product.as_str()) {
+            products.push(&gpu.product);
+        }
+    }
+    (!products.is_empty()).then(|| products.join(", "))
+}
+
 /// Checks that `target` is a registry repository with a tag (or none, for
 /// `latest`), which is all a capture may push to.
 pub fn check_target(target: &ImageRef) -> Result<(), CaptureError> {
@@ -242,7 +284,7 @@ pub async fn capture(
             &format!("checking {} against the safety rules", dir.display()),
             None,
         );
-        let (tree, built) = {
+        let (tree, built, gpu) = {
             let dir = dir.to_path_buf();
             let work = work.clone();
             let options = options.clone();
@@ -292,7 +334,7 @@ pub async fn capture(
             layer: built.layer,
             signature: signed.location,
             verified,
-            gpu: options.gpu.clone(),
+            gpu,
         })
     }
     .await;
@@ -307,7 +349,7 @@ fn pack(
     title: &str,
     options: &CaptureOptions,
     progress: Option<Progress>,
-) -> Result<(TreeStats, crate::Built), Error> {
+) -> Result<(TreeStats, crate::Built, Option<String>), Error> {
     let limits = &options.limits;
     let tree = check_tree(dir, limits)?;
     step(
@@ -322,8 +364,12 @@ fn pack(
         &format!("packing {} files, {} bytes", tree.files, tree.bytes),
         None,
     );
+    let gpu = options
+        .gpu
+        .clone()
+        .or_else(|| compiled_on(&cache.summary(), &options.gpus));
     let mut labels = BTreeMap::new();
-    if let Some(gpu) = &options.gpu {
+    if let Some(gpu) = &gpu {
         labels.insert(COMPILED_ON_LABEL.to_string(), gpu.clone());
     }
     let layout = Layout::create(work)?;
@@ -338,7 +384,7 @@ fn pack(
     )?;
     // The tree may have grown between the check and the packing.
     crate::extract::check_total(0, built.layer.cache_size_bytes, limits, "(packed tree)")?;
-    Ok((tree, built))
+    Ok((tree, built, gpu))
 }
 
 /// Points `target`'s tag at `manifest`, then checks the tag resolves to it.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context;
 use gkm_oci::capture::{CaptureError, CaptureOptions, Captured, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ExtractPolicy, ImageRef, Progress, Report};
@@ -41,8 +42,16 @@ pub struct Args {
     title: Option<String>,
     /// The GPU the cache was compiled on (for example "NVIDIA T4"),
     /// recorded in the image's `io.gkm.compiled-on-gpu` label.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["discover_gpu", "gpus"])]
     gpu: Option<String>,
+    /// Record the GPUs of this machine that fit the cache's targets as the
+    /// GPU it was compiled on (run where the workload ran).
+    #[arg(long)]
+    discover_gpu: bool,
+    /// Like --discover-gpu, from a simulated inventory file (YAML or JSON,
+    /// as `gkm gpus --json` prints) instead of this machine's GPUs.
+    #[arg(long, value_name = "FILE", conflicts_with = "discover_gpu")]
+    gpus: Option<PathBuf>,
     /// The most the cache's files may add up to (a number of bytes, with an
     /// optional KiB, MiB, GiB or TiB suffix); a larger tree is refused
     /// before anything is packed. The default is the agents' default cap of
@@ -52,6 +61,12 @@ pub struct Args {
     /// The most files and directories the cache may hold.
     #[arg(long, default_value_t = ExtractPolicy::default().max_entries)]
     max_files: u64,
+    /// Also write the outcome, as compact JSON of at most 4 KiB
+    /// (`{captured, image, digest}` or `{captured, reason, message}`), to
+    /// this file: a Job's `terminationMessagePath`, where the on-cluster
+    /// capture reads it.
+    #[arg(long, value_name = "PATH")]
+    termination_log: Option<PathBuf>,
     /// Print the result as JSON (no progress display); a failure prints
     /// `{captured: false, reason, message}` too.
     #[arg(long)]
@@ -91,6 +106,54 @@ struct FailedDoc {
     message: String,
 }
 
+/// The outcome written to `--termination-log`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Outcome {
+    captured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    digest: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<FailureReason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+/// The most a container's termination message may hold.
+const TERMINATION_MESSAGE_MAX: usize = 4096;
+
+impl Outcome {
+    /// Compact JSON within [`TERMINATION_MESSAGE_MAX`] bytes: a long
+    /// message is cut (at a character boundary) until it fits.
+    fn to_bounded_json(&self) -> String {
+        let mut outcome = Outcome {
+            image: self.image.clone(),
+            digest: self.digest.clone(),
+            message: self.message.clone(),
+            ..*self
+        };
+        loop {
+            let json = serde_json::to_string(&outcome).unwrap_or_default();
+            let excess = json.len().saturating_sub(TERMINATION_MESSAGE_MAX);
+            let Some(message) = outcome.message.as_mut().filter(|_| excess > 0) else {
+                return json;
+            };
+            if message.len() <= excess + 3 {
+                outcome.message = None;
+                continue;
+            }
+            let mut cut = message.len() - excess - 3;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+    }
+}
+
 /// Without a progress bar (standard error is not a terminal, or `--json`),
 /// each step as a line on standard error, so a Job's log shows how far a
 /// capture got.
@@ -105,6 +168,18 @@ impl Report for StepLines {
 /// Runs `gkm capture`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let key = args.key.load()?;
+    let gpus = if args.discover_gpu || args.gpus.is_some() {
+        let opts = gkm_gpu::DiscoveryOptions {
+            simulate: args.gpus.clone(),
+            ..Default::default()
+        };
+        tokio::task::spawn_blocking(move || gkm_gpu::discover(&opts))
+            .await
+            .context("GPU discovery stopped")??
+            .gpus
+    } else {
+        Vec::new()
+    };
     let options = CaptureOptions {
         limits: ExtractPolicy {
             max_total_size: args.max_bytes,
@@ -115,6 +190,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         title: args.title.clone(),
         format: args.format.format(),
         gpu: args.gpu.clone(),
+        gpus,
         work_dir: None,
     };
     let registry = args.registry.options()?;
@@ -133,6 +209,26 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     )
     .await;
     drop(bar);
+    if let Some(path) = &args.termination_log {
+        let outcome = match &result {
+            Ok(c) => Outcome {
+                captured: true,
+                image: Some(c.pinned.to_string()),
+                digest: Some(c.digest.to_string()),
+                reason: None,
+                message: None,
+            },
+            Err(e) => Outcome {
+                captured: false,
+                image: None,
+                digest: None,
+                reason: Some(e.reason()),
+                message: Some(e.to_string()),
+            },
+        };
+        std::fs::write(path, outcome.to_bounded_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     match result {
         Ok(captured) => {
             report(&args, &key, &captured)?;
@@ -217,5 +313,31 @@ fn failed(args: &Args, err: CaptureError) -> anyhow::Result<ExitCode> {
             CaptureError::Image(e) => anyhow::Error::from(e),
             other => anyhow::Error::from(other),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_to_fit_a_termination_message() {
+        let outcome = Outcome {
+            captured: false,
+            image: None,
+            digest: None,
+            reason: Some(FailureReason::UnsafeTree),
+            message: Some("é".repeat(5000)),
+        };
+        let json = outcome.to_bounded_json();
+        assert!(json.len() <= TERMINATION_MESSAGE_MAX, "{}", json.len());
+        let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        assert_eq!(doc["reason"], "UnsafeTree");
+        assert!(doc["message"].as_str().is_some_and(|m| m.ends_with('…')));
+        let short = Outcome {
+            message: Some("short".into()),
+            ..outcome
+        };
+        assert!(short.to_bounded_json().contains("\"message\":\"short\""));
     }
 }

@@ -108,17 +108,34 @@ fn a_real_triton_cache_is_captured_signed_verified_and_tagged_last() {
     );
     insta::assert_snapshot!("capture-text", redacted(&text(&out), dir, registry.addr()));
 
-    // --json, to another tag: the same tree gives the same digest.
+    // --json, to another tag, the GPU found in the machine's inventory (a
+    // T4 and an A100; the cache fits the T4): a different label, so another
+    // digest; the same run again gives the same digest.
+    let inventory = dir.join("gpus.yaml");
+    std::fs::write(&inventory, "gpus:\n  - profile: A100\n  - profile: T4\n").expect("inventory");
+    let inventory = inventory.display().to_string();
     let again = format!("{}/capture/t4:v2", registry.addr());
-    let json = capture(
-        &cache,
-        &again,
-        &["--gpu", "NVIDIA T4", "--insecure", "--json"],
-        dir,
-    );
+    let args = ["--gpus", inventory.as_str(), "--insecure", "--json"];
+    let json = capture(&cache, &again, &args, dir);
     assert_eq!(json.status.code(), Some(0), "{}", text(&json));
     let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
-    assert_eq!(doc["digest"], digest.as_str(), "deterministic: {doc}");
+    assert_eq!(doc["gpu"], "Tesla T4", "{doc}");
+    assert_ne!(doc["digest"], digest.as_str(), "{doc}");
+    // Again, as the on-cluster Job runs it: the outcome in a termination log.
+    let log = dir.join("termination-log");
+    let log_arg = log.display().to_string();
+    let mut job_args = args.to_vec();
+    job_args.extend(["--termination-log", &log_arg]);
+    let rerun = capture(&cache, &again, &job_args, dir);
+    assert_eq!(rerun.status.code(), Some(0), "{}", text(&rerun));
+    let redo: serde_json::Value = serde_json::from_slice(&rerun.stdout).expect("JSON");
+    assert_eq!(redo["digest"], doc["digest"], "deterministic: {redo}");
+    let outcome: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&log).expect("termination log")).expect("JSON");
+    assert_eq!(
+        outcome,
+        serde_json::json!({"captured": true, "image": doc["image"], "digest": doc["digest"]})
+    );
     insta::assert_snapshot!(
         "capture-json",
         support::json_snapshot(&String::from_utf8_lossy(&json.stdout), dir, registry.addr())
@@ -167,7 +184,22 @@ fn a_symbolic_link_to_etc_is_refused_before_packing() {
         .expect("entry")
         .path();
     std::os::unix::fs::symlink("/etc", key_dir.join("etc")).expect("symlink");
-    let doc = refused(registry, &cache, "capture/symlink", &[], 4, dir);
+    let log = dir.join("termination-log");
+    let log_arg = log.display().to_string();
+    let doc = refused(
+        registry,
+        &cache,
+        "capture/symlink",
+        &["--termination-log", &log_arg],
+        4,
+        dir,
+    );
+    let outcome: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&log).expect("termination log")).expect("JSON");
+    assert_eq!(
+        outcome,
+        serde_json::json!({"captured": false, "reason": "UnsafeTree", "message": doc["message"]})
+    );
     assert_eq!(doc["reason"], "UnsafeTree", "{doc}");
     let message = doc["message"].as_str().expect("message");
     assert!(
