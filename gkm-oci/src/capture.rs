@@ -97,7 +97,7 @@ pub struct Captured {
 
 /// The step a capture failed in, as a stable reason (the on-cluster
 /// capture's status reasons).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FailureReason {
     /// The target is not a registry repository with a tag.
     InvalidTarget,

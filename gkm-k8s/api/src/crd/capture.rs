@@ -46,8 +46,17 @@ pub const BYTE_SIZE: &str = r"^[0-9]+ ?(KiB|MiB|GiB|TiB)?$";
     doc = "Captures the kernel cache a workload compiled into its csi.gkm.io capture volume into a signed cache image.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
-    printcolumn(name = "Digest", type_ = "string", json_path = ".status.digest", priority = "1"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Digest",
+        type_ = "string",
+        json_path = ".status.digest",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.targetImage == oldSelf.targetImage")
@@ -205,9 +214,16 @@ mod tests {
         let crd = serde_json::to_value(GKMCacheCapture::crd()).expect("CRD");
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let rules = schema["x-kubernetes-validations"].to_string();
-        assert!(rules.contains("self.targetImage == oldSelf.targetImage"), "{rules}");
+        assert!(
+            rules.contains("self.targetImage == oldSelf.targetImage"),
+            "{rules}"
+        );
         let target = &schema["properties"]["targetImage"];
-        assert!(target["x-kubernetes-validations"].to_string().contains("'@'"));
+        assert!(
+            target["x-kubernetes-validations"]
+                .to_string()
+                .contains("'@'")
+        );
         let signing = &schema["properties"]["signing"]["properties"];
         assert!(signing.get("namespace").is_none(), "{signing}");
         assert!(signing["secretName"].is_object(), "{signing}");
