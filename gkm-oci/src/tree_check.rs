@@ -55,10 +55,10 @@ pub fn check_tree(root: &Path, policy: &ExtractPolicy) -> Result<TreeStats> {
     };
     let meta = fs::metadata(root).map_err(|e| Error::io(root, e))?;
     if !meta.is_dir() {
-        return Err(Error::Unpackable {
+        return Err(Error::Cache(gkm_core::cache::CacheError::NotACache {
             path: root.to_path_buf(),
-            reason: "not a directory".into(),
-        });
+            expected: "a directory".into(),
+        }));
     }
     let mut stats = TreeStats::default();
     let mut linked: HashMap<(u64, u64), Linked> = HashMap::new();
@@ -285,6 +285,15 @@ mod tests {
             ..ExtractPolicy::default()
         };
         assert_eq!(rule(check_tree(dir.path(), &short)).0, Rule::NameTooLong);
+    }
+
+    #[test]
+    fn a_file_is_not_a_cache() {
+        let dir = tree();
+        let err = check_tree(&dir.path().join("KEY/k.json"), &ExtractPolicy::default())
+            .expect_err("a file");
+        assert!(matches!(err, Error::Cache(_)), "{err}");
+        assert!(err.to_string().contains("expected a directory"), "{err}");
     }
 
     #[test]

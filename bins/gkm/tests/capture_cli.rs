@@ -304,3 +304,22 @@ fn a_target_by_digest_or_layout_is_refused() {
         assert!(!dir.join("layout").exists(), "nothing written for {target}");
     }
 }
+
+#[test]
+fn a_vllm_cache_is_captured_as_a_vllm_image() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/caches/vllm-torch-compile-inductor");
+    let target = format!("{}/capture/vllm:v1", registry.addr());
+    let out = capture(&cache, &target, &["--insecure", "--json"], dir);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["verified"]["digest"], doc["digest"], "{doc}");
+    let inspected = gkm(&["inspect", &target, "--insecure", "--json"], dir);
+    assert_eq!(inspected.status.code(), Some(0), "{}", text(&inspected));
+    let image: serde_json::Value = serde_json::from_slice(&inspected.stdout).expect("JSON");
+    assert_eq!(image["kind"], "vllm", "{image}");
+    assert_eq!(image["digest"], doc["digest"], "{image}");
+}
