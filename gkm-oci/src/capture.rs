@@ -7,7 +7,8 @@
 //!    on the tree as it is on disk), before anything is read or packed;
 //! 2. the scan ([`gkm_core::cache::scan`]): a tree that is not a Triton or
 //!    vLLM cache is refused with what was expected;
-//! 3. a deterministic build ([`crate::build`]) into a temporary OCI layout;
+//! 3. a deterministic build ([`crate::build`]) into a temporary OCI layout,
+//!    once the registry answered (so an unreachable one costs no packing);
 //! 4. the push, by digest: blobs, then the manifest at its digest, so no tag
 //!    ever names a half-pushed image;
 //! 5. the signature, with the given key, over that digest;
@@ -284,7 +285,26 @@ pub async fn capture(
             &format!("checking {} against the safety rules", dir.display()),
             None,
         );
-        let (tree, built, gpu) = {
+        let (tree, cache) = {
+            let dir = dir.to_path_buf();
+            let limits = options.limits.clone();
+            let progress = progress.clone();
+            tokio::task::spawn_blocking(move || inspect(&dir, &limits, progress))
+                .await
+                .map_err(Error::from)??
+        };
+        // Before the longest local step, so an unreachable registry or
+        // missing credentials cost no packing.
+        step(p, &format!("reaching {target}"), None);
+        Repo::create(target, registry)?
+            .has_blob(&Digest::of(b"{}"))
+            .await?;
+        step(
+            p,
+            &format!("packing {} files, {} bytes", tree.files, tree.bytes),
+            None,
+        );
+        let (built, gpu) = {
             let dir = dir.to_path_buf();
             let work = work.clone();
             let options = options.clone();
@@ -292,8 +312,7 @@ pub async fn capture(
                 .title
                 .clone()
                 .unwrap_or_else(|| target.default_title());
-            let progress = progress.clone();
-            tokio::task::spawn_blocking(move || pack(&dir, &work, &title, &options, progress))
+            tokio::task::spawn_blocking(move || pack(&dir, cache, &work, &title, &options))
                 .await
                 .map_err(Error::from)??
         };
@@ -342,15 +361,12 @@ pub async fn capture(
     result
 }
 
-/// Steps 1-3: check, scan and build into the layout at `work`. Blocking.
-fn pack(
+/// Steps 1-2: check and scan. Blocking.
+fn inspect(
     dir: &Path,
-    work: &Path,
-    title: &str,
-    options: &CaptureOptions,
+    limits: &ExtractPolicy,
     progress: Option<Progress>,
-) -> Result<(TreeStats, crate::Built, Option<String>), Error> {
-    let limits = &options.limits;
+) -> Result<(TreeStats, CacheManifest), Error> {
     let tree = check_tree(dir, limits)?;
     step(
         progress.as_ref(),
@@ -359,11 +375,18 @@ fn pack(
     );
     let cache = gkm_core::cache::scan(dir)?;
     check_prefixed_paths(&tree, &crate::layer::tree_root(dir, &cache)?, limits)?;
-    step(
-        progress.as_ref(),
-        &format!("packing {} files, {} bytes", tree.files, tree.bytes),
-        None,
-    );
+    Ok((tree, cache))
+}
+
+/// Step 3: build the scanned `cache` into the layout at `work`, recording
+/// the GPU. Blocking.
+fn pack(
+    dir: &Path,
+    cache: CacheManifest,
+    work: &Path,
+    title: &str,
+    options: &CaptureOptions,
+) -> Result<(crate::Built, Option<String>), Error> {
     let gpu = options
         .gpu
         .clone()
@@ -383,8 +406,13 @@ fn pack(
         &labels,
     )?;
     // The tree may have grown between the check and the packing.
-    crate::extract::check_total(0, built.layer.cache_size_bytes, limits, "(packed tree)")?;
-    Ok((tree, built, gpu))
+    crate::extract::check_total(
+        0,
+        built.layer.cache_size_bytes,
+        &options.limits,
+        "(packed tree)",
+    )?;
+    Ok((built, gpu))
 }
 
 /// Points `target`'s tag at `manifest`, then checks the tag resolves to it.

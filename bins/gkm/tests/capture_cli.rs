@@ -282,6 +282,10 @@ fn an_unreachable_registry_fails_with_a_clear_error() {
         "the error names the registry: {stderr}"
     );
     assert!(
+        stderr.contains("gkm capture: reaching") && !stderr.contains("gkm capture: packing"),
+        "nothing is packed for a registry that cannot be reached: {stderr}"
+    );
+    assert!(
         started.elapsed() < std::time::Duration::from_secs(60),
         "a refused connection fails at once, took {:?}",
         started.elapsed()
