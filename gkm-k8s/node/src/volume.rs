@@ -18,6 +18,9 @@ pub const ATTR_CAPTURE: &str = "csi.gkm.io/GKMCacheCapture";
 /// The volume attribute naming, by uid, the workload pod whose captured
 /// tree a capture Job mounts.
 pub const ATTR_CAPTURED_POD: &str = "csi.gkm.io/capturedPodUID";
+/// The volume attribute lowering the bound of a workload's capture volume
+/// (bytes; the driver's own bound is the most it may be).
+pub const ATTR_CAPTURE_MAX_BYTES: &str = "csi.gkm.io/captureMaxBytes";
 /// The kubelet's marker of an inline ephemeral volume (`"true"`).
 pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 /// The pod's namespace, as the kubelet passes it.

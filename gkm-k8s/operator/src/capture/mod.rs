@@ -2,10 +2,11 @@
 //! next for a `GKMCacheCapture` ([`decide`]) and the Job that runs
 //! `gkm capture` for it ([`job`]).
 //!
-//! Not wired yet: no controller watches captures, and `csi.gkm.io` does not
-//! yet serve capture volumes (`csi.gkm.io/GKMCacheCapture`), so the
-//! `GKMCacheCapture` CRD is not installed. Until then, capture off-cluster
-//! with `gkm capture`.
+//! Not wired yet: no controller watches captures or carries these
+//! decisions out, and nothing calls the CSI driver's `release_capture`, so
+//! the `GKMCacheCapture` CRD is not installed. `csi.gkm.io` serves the
+//! capture volumes (`gkm_k8s_csi::capture`). Until then, capture
+//! off-cluster with `gkm capture`.
 
 pub mod decide;
 pub mod job;
