@@ -7,7 +7,7 @@
 //!    on the tree as it is on disk), before anything is read or packed;
 //! 2. the scan ([`gkm_core::cache::scan`]): a tree that is not a Triton or
 //!    vLLM cache is refused with what was expected;
-//! 3. a deterministic build ([`crate::build`]) into a temporary OCI layout,
+//! 3. a deterministic build ([`crate::build()`]) into a temporary OCI layout,
 //!    once the registry answered (so an unreachable one costs no packing);
 //! 4. the push, by digest: blobs, then the manifest at its digest, so no tag
 //!    ever names a half-pushed image;
