@@ -6,18 +6,30 @@
 //! `gkm_oci::capture` (what the capture Job runs), becomes an image in the
 //! real registry that verifies with the capture's key; a tree holding a
 //! symbolic link to /etc is refused and nothing is pushed; released, the
-//! trees leave nothing on the node.
+//! trees leave nothing on the node. Then the capture Job the operator's
+//! decisions make, run by the real kubelet with gkm's own image: it pushes
+//! a signed image and its termination message completes the capture; a
+//! capture naming a Secret its namespace lacks fails.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gkm_core::policy::Policy;
+use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCacheCapture};
+use gkm_k8s_operator::capture::decide::{
+    Action, JobState, Observed, Outcome, Retry, Workload, WorkloadState, decide,
+    job_name as job_name_for,
+};
+use gkm_k8s_operator::capture::job::{CapturedPod, JobOptions, job as capture_job};
 use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::capture::{CaptureOptions, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ImageRef, RegistryOptions};
 use gkm_testenv::{BUSYBOX_IMAGE, mounts_under, pod_events, pod_log, wait_for_pod};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::CustomResourceExt;
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -234,5 +246,237 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
         mounts_under(&captures)
     );
     assert!(!tree.exists() && !evil_tree.exists());
+    Ok(())
+}
+
+/// The capture Job of `capture` for the workload `uid`, as the operator
+/// makes it, created in the cluster.
+async fn start_job(
+    client: &kube::Client,
+    capture: &GKMCacheCapture,
+    name: &str,
+    uid: &str,
+) -> anyhow::Result<()> {
+    let options = JobOptions {
+        image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
+        image_pull_policy: "Never".into(),
+        // The registry listens on the host's loopback.
+        host_network: true,
+    };
+    let pod = CapturedPod {
+        uid,
+        node: NODE,
+        tolerations: json!([]),
+    };
+    let job: Job = serde_json::from_value(
+        capture_job(capture, name, &pod, &options)
+            .ok_or_else(|| anyhow::anyhow!("no Job for {capture:?}"))?,
+    )?;
+    Api::<Job>::namespaced(client.clone(), "team-a")
+        .create(&PostParams::default(), &job)
+        .await?;
+    Ok(())
+}
+
+/// What the cluster shows of the capture Job `name`: its outcome once its
+/// pod ended, or that it cannot start (the glue's reading of a pod whose
+/// volume names a missing Secret).
+async fn job_state(client: &kube::Client, name: &str) -> anyhow::Result<Option<JobState>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await?;
+    let Some(pod) = listed.items.first() else {
+        return Ok(None);
+    };
+    let terminated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    if let Some(t) = terminated {
+        return Ok(Some(JobState::Finished(
+            t.message.as_deref().and_then(Outcome::parse),
+        )));
+    }
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let events = pod_events(client, "team-a", &pod_name).await?;
+    Ok(events
+        .iter()
+        .find(|e| e.starts_with("FailedMount") && e.contains("not found"))
+        .map(|e| JobState::Blocked {
+            reason: "SecretNotFound".into(),
+            message: e.clone(),
+        })
+        .or(Some(JobState::Running)))
+}
+
+/// Waits until the Job `name` finishes or is blocked.
+async fn settled(client: &kube::Client, name: &str) -> anyhow::Result<JobState> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match job_state(client, name).await? {
+            Some(JobState::Running) | None => {}
+            Some(state) => return Ok(state),
+        }
+        if Instant::now() > deadline {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+            let listed = pods
+                .list(&ListParams::default().labels(&format!("job-name={name}")))
+                .await?;
+            let mut seen = Vec::new();
+            for pod in listed.items {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                seen.push(format!(
+                    "{pod_name}: {:?}\n{:?}",
+                    pod.status,
+                    pod_events(client, "team-a", &pod_name).await?
+                ));
+            }
+            anyhow::bail!("the capture Job {name} never ended: {seen:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -> anyhow::Result<()>
+{
+    let tmp = gkm_testenv::temp_dir()?;
+    let mut stack =
+        Stack::start_with_controllers(tmp.path(), Vec::new(), &["job-controller"]).await?;
+    stack
+        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
+        .await?;
+    stack.start_csi(NODE)?;
+    // The gkm command line's image, as hack/images.sh builds it, in the
+    // node's containerd.
+    let gkm = gkm_testenv::workspace_binary("gkm")?;
+    let socket = stack
+        .real_node(NODE)
+        .ok_or_else(|| anyhow::anyhow!("no real node"))?
+        .containerd_socket();
+    let images = std::process::Command::new(repo_root().join("hack/images.sh"))
+        .args(["--profile", "dev", "--bin-dir"])
+        .arg(gkm.parent().unwrap_or(Path::new(".")))
+        .arg("--out")
+        .arg(tmp.path().join("images"))
+        .arg("--import")
+        .arg(&socket)
+        .arg("gkm")
+        .output()?;
+    anyhow::ensure!(
+        images.status.success(),
+        "hack/images.sh gkm: {}",
+        String::from_utf8_lossy(&images.stderr)
+    );
+    stack.plane.install_crds(&[GKMCacheCapture::crd()]).await?;
+    stack.plane.ensure_namespace("team-a").await?;
+    let client = stack.plane.client().await?;
+
+    // The tenant's signing Secret, in its namespace.
+    let key = cosign::generate_key_pair(&tmp.path().join("keys"))?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "signing", "namespace": "team-a"},
+        "stringData": {"cosign.key": std::fs::read_to_string(&key.private_key)?,
+                       "cosign.password": cosign::PASSWORD},
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), "team-a")
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let captures: Api<GKMCacheCapture> = Api::namespaced(client.clone(), "team-a");
+    let target = format!("{}/team-a/warm:v1", stack.registry.addr());
+    let make = |name: &str, secret: &str| {
+        serde_json::from_value::<GKMCacheCapture>(json!({
+            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"targetImage": target, "signing": {"secretName": secret},
+                     "insecureRegistry": true, "maxBytes": "8MiB"},
+        }))
+    };
+    let capture = captures
+        .create(&PostParams::default(), &make("warm", "signing")?)
+        .await?;
+
+    // The workload ends; the decision is to capture it with a Job.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+    let (uid, _) = run(&pods, &workload("team-a", "warm", "warm", "")?).await?;
+    let observed = Observed {
+        workloads: vec![Workload {
+            name: "warm".into(),
+            uid: uid.clone(),
+            node: Some(NODE.into()),
+            state: WorkloadState::Succeeded,
+        }],
+        ..Observed::default()
+    };
+    let retry = Retry::default();
+    let started = decide("warm", &CaptureStatus::default(), &observed, &retry);
+    assert_eq!(started.status.phase, CapturePhase::Capturing);
+    let Action::CreateJob(job_name) = &started.action else {
+        panic!("expected a Job: {started:?}");
+    };
+    start_job(&client, &capture, job_name, &uid).await?;
+
+    // The Job's outcome completes the capture with a digest that verifies.
+    let finished = settled(&client, job_name).await?;
+    let done = decide(
+        "warm",
+        &started.status,
+        &Observed {
+            job: Some(finished.clone()),
+            ..Observed::default()
+        },
+        &retry,
+    );
+    assert_eq!(done.status.phase, CapturePhase::Complete, "{finished:?}");
+    assert!(done.release_tree);
+    let digest: gkm_oci::Digest = done
+        .status
+        .digest
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no digest"))?
+        .parse()?;
+    let pinned: ImageRef = done.status.image.clone().unwrap_or_default().parse()?;
+    let registry = RegistryOptions {
+        insecure: true,
+        ..RegistryOptions::default()
+    };
+    let public = gkm_core::policy::PublicKey::from_pem(&key.public_pem)?;
+    gkm_oci::verify::verify(&pinned, &registry, &digest, &Policy::keys(vec![public])?).await?;
+    let tagged = gkm_oci::Repo::open(&target.parse()?, &registry)?
+        .fetch_manifest()
+        .await?;
+    assert_eq!(tagged.digest, digest, "the tag names the captured digest");
+
+    // A capture naming a Secret its namespace does not have cannot start:
+    // Failed, the Job deleted, nothing pushed.
+    let other = captures
+        .create(&PostParams::default(), &make("nokey", "missing")?)
+        .await?;
+    let (other_uid, _) = run(&pods, &workload("team-a", "warm-2", "nokey", "")?).await?;
+    let name = job_name_for("nokey", 1);
+    start_job(&client, &other, &name, &other_uid).await?;
+    let blocked = settled(&client, &name).await?;
+    let status = CaptureStatus {
+        phase: CapturePhase::Capturing,
+        job: Some(name.clone()),
+        attempts: 1,
+        ..CaptureStatus::default()
+    };
+    let failed = decide(
+        "nokey",
+        &status,
+        &Observed {
+            job: Some(blocked),
+            ..Observed::default()
+        },
+        &retry,
+    );
+    assert_eq!(failed.status.phase, CapturePhase::Failed);
+    assert_eq!(failed.status.reason.as_deref(), Some("SecretNotFound"));
+    assert_eq!(failed.action, Action::DeleteJob(name));
     Ok(())
 }

@@ -47,6 +47,9 @@ pub struct JobOptions {
     pub image: String,
     /// Its `imagePullPolicy`.
     pub image_pull_policy: String,
+    /// Run capture Jobs in the node's network namespace (a registry
+    /// reachable only from the nodes themselves, as for fill Jobs).
+    pub host_network: bool,
 }
 
 /// The workload pod whose tree the Job captures.
@@ -56,8 +59,8 @@ pub struct CapturedPod<'a> {
     pub uid: &'a str,
     /// The node the tree is on.
     pub node: &'a str,
-    /// Its tolerations, so the Job lands on the same (possibly tainted)
-    /// node.
+    /// Its tolerations, so the Job is not evicted from the same (possibly
+    /// tainted) node.
     pub tolerations: Value,
 }
 
@@ -155,12 +158,14 @@ pub fn job(
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
+                    "hostNetwork": options.host_network,
                     "automountServiceAccountToken": false,
                     "enableServiceLinks": false,
                     "tolerations": pod.tolerations,
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
-                        {"nodeSelectorTerms": [{"matchFields": [
-                            {"key": "metadata.name", "operator": "In", "values": [pod.node]}]}]}}},
+                    // Bound to the node by name: the tree is there only,
+                    // so there is nothing to schedule (and a cordoned node
+                    // still gets its tree captured).
+                    "nodeName": pod.node,
                     // Pod Security `restricted`.
                     "securityContext": {
                         "runAsNonRoot": true,
@@ -227,6 +232,7 @@ mod tests {
         JobOptions {
             image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
             image_pull_policy: "IfNotPresent".into(),
+            host_network: false,
         }
     }
 
@@ -238,11 +244,7 @@ mod tests {
         assert_eq!(job["metadata"]["namespace"], "team");
         assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], "uid-capture");
         let pod_spec = &job["spec"]["template"]["spec"];
-        assert_eq!(
-            pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                ["nodeSelectorTerms"][0]["matchFields"][0]["values"][0],
-            "node-1"
-        );
+        assert_eq!(pod_spec["nodeName"], "node-1");
         assert_eq!(pod_spec["tolerations"][0]["key"], "gpu");
         assert_eq!(pod_spec["automountServiceAccountToken"], false);
         let volumes = pod_spec["volumes"].as_array().expect("volumes");
