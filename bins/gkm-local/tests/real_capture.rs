@@ -92,6 +92,19 @@ fn reader(ns: &str, name: &str, capture: &str, uid: &str) -> anyhow::Result<Pod>
     )
 }
 
+/// Unmounts whatever capture trees are left under a store's `captures`
+/// directory when dropped, so a failing test leaves no mount behind (the
+/// node's teardown covers the kubelet's directory, not the store).
+struct LeaveNoTrees(std::path::PathBuf);
+
+impl Drop for LeaveNoTrees {
+    fn drop(&mut self) {
+        for mount in mounts_under(&self.0).iter().rev() {
+            let _ = gkm_k8s_csi::mount::unmount_all(mount);
+        }
+    }
+}
+
 fn phase(pod: &Pod) -> Option<&str> {
     pod.status.as_ref().and_then(|s| s.phase.as_deref())
 }
@@ -129,6 +142,7 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     let pods_a: Api<Pod> = Api::namespaced(client.clone(), "team-a");
     let pods_b: Api<Pod> = Api::namespaced(client.clone(), "team-b");
     let store = stack.store_dir(NODE);
+    let _cleanup = LeaveNoTrees(store.join("captures"));
 
     // The workload writes the real cache, and cannot write past the bound.
     let overflow = "if dd if=/dev/zero of=/capture/pad bs=1048576 count=16 2>/dev/null; \
@@ -372,6 +386,8 @@ async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -
         "hack/images.sh gkm: {}",
         String::from_utf8_lossy(&images.stderr)
     );
+    let store = stack.store_dir(NODE);
+    let _cleanup = LeaveNoTrees(store.join("captures"));
     stack.plane.install_crds(&[GKMCacheCapture::crd()]).await?;
     stack.plane.ensure_namespace("team-a").await?;
     let client = stack.plane.client().await?;
@@ -478,5 +494,14 @@ async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -
     assert_eq!(failed.status.phase, CapturePhase::Failed);
     assert_eq!(failed.status.reason.as_deref(), Some("SecretNotFound"));
     assert_eq!(failed.action, Action::DeleteJob(name));
+
+    // Both captures are over: their trees go, and nothing is left.
+    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
+        node_name: NODE.into(),
+        store_root: store.clone(),
+    })?;
+    driver.node.release_capture("team-a", "warm", &uid)?;
+    driver.node.release_capture("team-a", "nokey", &other_uid)?;
+    assert!(mounts_under(&store.join("captures")).is_empty());
     Ok(())
 }

@@ -5,8 +5,10 @@
 //! Not wired yet: no controller watches captures or carries these
 //! decisions out, and nothing calls the CSI driver's `release_capture`, so
 //! the `GKMCacheCapture` CRD is not installed. `csi.gkm.io` serves the
-//! capture volumes (`gkm_k8s_csi::capture`). Until then, capture
-//! off-cluster with `gkm capture`.
+//! capture volumes (`gkm_k8s_csi::capture`), and
+//! `bins/gkm-local/tests/real_capture.rs` runs these decisions and this Job
+//! by hand on a real node, standing in for the controller. Until the
+//! controller exists, capture off-cluster with `gkm capture`.
 
 pub mod decide;
 pub mod job;
