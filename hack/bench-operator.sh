@@ -37,6 +37,17 @@
 # no real node does. The harness itself (gkm-local's `bench_operator`
 # example) is built from the checked-out tree.
 #
+# Besides the table, $OUT/summary.json (its path is printed) holds what
+# scales, per revision, with the ratios after / baseline when both ran:
+# converge_seconds, change_seconds, operator_ and
+# agent_writes_per_stored_change (converge and change together),
+# agent_watch_events_converge (the apiserver's apiserver_watch_events_total
+# for every gkm.io resource but the agents' own reports, i.e. what agents
+# watch; the operator's and the harness's one watch each count too; the list
+# is agent_watched() in the harness), registry_requests_converge and _idle,
+# extractions (registry GETs of a cache image's layer), operator_rss_mib and
+# agents_cpu_seconds.
+#
 # "Writes per stored change" divides the audited writes by the changes the
 # apiserver stored (new resourceVersions, counted by watches): above 1, some
 # writes changed nothing. The operator's stored changes exclude the
@@ -61,7 +72,9 @@
 # debian for the registry, cosign) and the fixture caches.
 set -euo pipefail
 
-export NODES=${NODES:-1000} CACHES=${CACHES:-50} CHANGED=${CHANGED:-5} T4_PER_TEN=${T4_PER_TEN:-8}
+export NODES=${NODES:-1000} CACHES=${CACHES:-50} T4_PER_TEN=${T4_PER_TEN:-8}
+# 5 of the caches change, or all of them when there are fewer.
+export CHANGED=${CHANGED:-$(( CACHES < 5 ? CACHES : 5 ))}
 export IDLE_SECS=${IDLE_SECS:-600}
 # The agents driver (this tree's `agents` example, copied into the baseline)
 # calls the agent crate as the crate split left it, so a baseline is that
@@ -75,7 +88,9 @@ case $REVISIONS in
 esac
 PROFILE=${PROFILE:-debug}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+# The target directory cargo itself uses (it may be set by configuration).
+export CARGO_TARGET_DIR=$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 OUT=${OUT:-$(mktemp -d /tmp/gkm-bench-operator.XXXXXX)}
 
 case $PROFILE in
@@ -144,5 +159,7 @@ done
 echo "== baseline $BASELINE, after $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- . || echo '+changes'); $(( $(date +%s) - began )) s; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 baseline_figures=$OUT/baseline.json
 [[ $REVISIONS == after ]] && baseline_figures=-
-"$BENCH" compare "$baseline_figures" "$OUT/after.json"
-echo "(figures: $OUT/baseline.json, $OUT/after.json)" >&2
+"$BENCH" compare "$baseline_figures" "$OUT/after.json" "$OUT/summary.json"
+figures="$OUT/after.json"
+[[ $REVISIONS == after ]] || figures="$OUT/baseline.json, $figures"
+echo "(figures: $figures; summary: $OUT/summary.json)" >&2

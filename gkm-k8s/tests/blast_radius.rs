@@ -525,8 +525,12 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
         volume: Some("gkm-0123456789".into()),
         job: Some("vector-add-fill-0123".into()),
     };
+    // With registry mirrors: the fill Job carries its registry's host file.
     let options = PvcOptions {
         volume_dir: Some("/var/lib/gkm/volumes".into()),
+        registry_hosts: gkm_oci::mirrors::HostsConfig::Text(
+            "[host.\"http://127.0.0.1:30020\"]\n  capabilities = [\"pull\"]\n".into(),
+        ),
         ..PvcOptions::default()
     };
     let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -556,12 +560,22 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
     let mut host_pid = fill.clone();
     host_pid["metadata"]["name"] = json!("fill-host-pid");
     host_pid["spec"]["template"]["spec"]["hostPID"] = json!(true);
+    let mut secret_env = fill.clone();
+    secret_env["metadata"]["name"] = json!("fill-secret-env");
+    secret_env["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{
+        "name": "GKM_REGISTRY_HOSTS",
+        "valueFrom": {"secretKeyRef": {"name": "someone-elses", "key": "token"}},
+    }]);
     for (what, body) in [
         ("a privileged hostPath Job", escape("escape")),
         ("a fill Job with a shell", shell),
         ("a Job of another image", other_image),
         ("a Job with a ServiceAccount token", with_token),
         ("a Job in the host's PID namespace", host_pid),
+        (
+            "a fill Job reading a Secret into its environment",
+            secret_env,
+        ),
     ] {
         refused_naming_operator(what, as_operator(&admin, &jobs_path, &body).await?);
     }

@@ -38,23 +38,37 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
     );
     let mut sent = 0u64;
     for blob in missing {
-        let mut source = src.open_blob(&blob.digest).await?;
-        if let Some(p) = progress.clone() {
-            let stream = source.into_stream().await?;
-            let base = sent;
-            let mut done = 0u64;
-            source = BlobSource::Stream(
-                stream
-                    .inspect(move |chunk| {
-                        if let Ok(c) = chunk {
-                            done += c.len() as u64;
-                            p.bytes(base + done);
-                        }
-                    })
-                    .boxed(),
-            );
+        // A host (a mirror) whose bytes the destination refuses is
+        // skipped for the next one.
+        let mut start = 0;
+        loop {
+            let (mut source, from) = src.open_blob_from(&blob.digest, start).await?;
+            if let Some(p) = progress.clone() {
+                let stream = source.into_stream().await?;
+                let base = sent;
+                let mut done = 0u64;
+                source = BlobSource::Stream(
+                    stream
+                        .inspect(move |chunk| {
+                            if let Ok(c) = chunk {
+                                done += c.len() as u64;
+                                p.bytes(base + done);
+                            }
+                        })
+                        .boxed(),
+                );
+            }
+            match dst.put_blob(&blob.digest, blob.size, source).await {
+                Err(e) if !from.last => {
+                    tracing::warn!(
+                        host = %from.label, digest = %blob.digest, error = %e,
+                        "the blob a registry host served was refused; trying the next host"
+                    );
+                    start = from.index + 1;
+                }
+                result => break result?,
+            }
         }
-        dst.put_blob(&blob.digest, blob.size, source).await?;
         sent += blob.size;
     }
     dst.put_manifest(&raw).await?;

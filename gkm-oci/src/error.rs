@@ -81,6 +81,14 @@ pub enum Error {
         /// Why it cannot be used.
         reason: String,
     },
+    /// A registry host file (`hosts.toml`) cannot be used.
+    #[error("{path}: {reason}")]
+    HostsConfig {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A background task panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(String),

@@ -32,12 +32,13 @@ pub mod error;
 pub mod extract;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
+mod host_reader;
 pub mod image;
 pub mod json;
 pub mod labels;
 pub mod layer;
 pub mod layout;
-mod manifest_get;
+pub mod mirrors;
 pub mod pipeline;
 pub mod progress;
 pub mod reference;

@@ -19,7 +19,7 @@ use crate::extract::{
 use crate::image::Layer;
 use crate::labels::Compression;
 use crate::progress::{Progress, step};
-use crate::repo::{BlobSource, Repo};
+use crate::repo::{BlobHost, BlobSource, Repo};
 use gkm_core::digest::{Digest, Hasher};
 
 const CHUNK: usize = 1 << 20;
@@ -109,7 +109,9 @@ impl Read for ChunkReader {
 }
 
 /// Decompress `raw` into chunks sent on `tx`, then read the rest of `raw`
-/// so it is all hashed. Returns the digest of the compressed bytes.
+/// so it is all hashed, even when the extractor stopped early (so that a
+/// refusal of the layer can be told apart from bytes that are not the
+/// layer). Returns the digest of the compressed bytes.
 fn decompress<R: Read>(
     raw: Counting<R>,
     compression: Compression,
@@ -143,29 +145,24 @@ fn decompress<R: Read>(
             }
         }
     };
+    // The compressed bytes, once decompression ended.
     let mut raw = match compression {
         Compression::Zstd => {
             // A frame asking for a larger window is refused rather than
             // allocated.
             let mut d = zstd::Decoder::new(raw)?;
             d.window_log_max(max_window_log)?;
-            if !pump(&mut d)? {
-                return Err(stopped());
-            }
+            pump(&mut d)?;
             d.finish().into_inner()
         }
         Compression::Gzip => {
             let mut d = flate2::read::MultiGzDecoder::new(raw);
-            if !pump(&mut d)? {
-                return Err(stopped());
-            }
+            pump(&mut d)?;
             d.into_inner()
         }
         Compression::None => {
             let mut r = raw;
-            if !pump(&mut r)? {
-                return Err(stopped());
-            }
+            pump(&mut r)?;
             r
         }
     };
@@ -174,12 +171,15 @@ fn decompress<R: Read>(
     Ok(raw.hasher.finish().0)
 }
 
-fn stopped() -> io::Error {
-    io::Error::other("extraction stopped before the end of the layer")
-}
-
 /// Extract `layer` of `repo` into `dest` (an empty directory the caller
 /// owns and removes on error), verifying the layer digest.
+///
+/// With registry mirrors ([`crate::mirrors`]) the layer is read from the
+/// first host that serves it; when the bytes a host served are not the
+/// layer (they hash to another digest, or stop short), `dest` is emptied
+/// and the next host is tried, the last one's failure being the result. A
+/// refusal by the extraction policy of bytes that do hash to the layer's
+/// digest is the image's own, and final.
 pub async fn extract_layer(
     repo: &Repo,
     layer: &Layer,
@@ -189,75 +189,162 @@ pub async fn extract_layer(
     progress: Option<Progress>,
 ) -> Result<ExtractStats> {
     let compression = layer.compression()?;
-    let source = repo.open_blob(&layer.digest).await?;
-    let what = match source {
-        BlobSource::File(_) => "extracting the layer",
-        BlobSource::Stream(_) => "fetching and extracting the layer",
-    };
-    step(progress.as_ref(), what, Some(layer.size));
-    let raw: Box<dyn Read + Send> = match source {
-        BlobSource::File(path) => Box::new(File::open(&path).map_err(|e| Error::io(&path, e))?),
-        BlobSource::Stream(mut stream) => {
-            let (tx, rx) = tokio::sync::mpsc::channel(32);
-            let what = repo.image().to_string();
-            tokio::spawn(async move {
-                // Network chunks are small; batch them so the extractor
-                // wakes once per BATCH bytes, not once per packet.
-                const BATCH: usize = 256 << 10;
-                let mut batch = bytes::BytesMut::new();
-                while let Some(item) = stream.next().await {
-                    match item {
-                        Ok(chunk) => {
-                            batch.extend_from_slice(&chunk);
-                            if batch.len() >= BATCH
-                                && tx.send(Ok(batch.split().freeze())).await.is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let e =
-                                io::Error::other(Carried::Source(format!("reading {what}: {e}")));
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    }
-                }
-                if !batch.is_empty() {
-                    let _ = tx.send(Ok(batch.freeze())).await;
-                }
-            });
-            Box::new(ChannelReader {
-                rx,
-                current: Bytes::new(),
-            })
-        }
-    };
-    let expected = layer.digest.clone();
-    let size = layer.size;
-    let dest = dest.to_path_buf();
-    let policy = policy.clone();
-    tokio::task::spawn_blocking(move || {
-        run(
-            raw,
+    let mut start = 0;
+    loop {
+        let (source, from) = repo.open_blob_from(&layer.digest, start).await?;
+        let attempt = Attempt {
             compression,
-            &expected,
-            size,
-            &dest,
+            layer,
+            from: &from,
+            dest,
             mapping,
-            &policy,
-            progress,
-        )
-    })
-    .await?
+            policy,
+        };
+        match attempt.extract(source, progress.clone()).await {
+            Err(e) if !from.last && served_other_bytes(&e) => {
+                tracing::warn!(
+                    host = %from.label, digest = %layer.digest, error = %e,
+                    "refused the layer a registry host served; trying the next host"
+                );
+                let dir = dest.to_path_buf();
+                tokio::task::spawn_blocking(move || empty_dir(&dir)).await??;
+                start = from.index + 1;
+            }
+            result => return result,
+        }
+    }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Whether `e`, from extracting what a host served, says the host served
+/// other bytes than the layer (or none), rather than that the layer itself
+/// was refused or the destination failed.
+fn served_other_bytes(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::DigestMismatch { .. }
+            | Error::Task(_)
+            | Error::Registry { .. }
+            | Error::NotFound { .. }
+    )
+}
+
+/// Removes everything in `dir`, keeping `dir`.
+fn empty_dir(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(())
+}
+
+/// One try at extracting a layer from one host.
+struct Attempt<'a> {
+    compression: Compression,
+    layer: &'a Layer,
+    from: &'a BlobHost,
+    dest: &'a Path,
+    mapping: Mapping,
+    policy: &'a ExtractPolicy,
+}
+
+impl Attempt<'_> {
+    async fn extract(
+        &self,
+        source: BlobSource,
+        progress: Option<Progress>,
+    ) -> Result<ExtractStats> {
+        let what = match source {
+            BlobSource::File(_) => "extracting the layer",
+            BlobSource::Stream(_) => "fetching and extracting the layer",
+        };
+        step(progress.as_ref(), what, Some(self.layer.size));
+        let raw: Box<dyn Read + Send> = match source {
+            BlobSource::File(path) => Box::new(File::open(&path).map_err(|e| Error::io(&path, e))?),
+            BlobSource::Stream(stream) => Box::new(channel_reader(stream, self.from.label.clone())),
+        };
+        let check = Check {
+            expected: self.layer.digest.clone(),
+            size: self.layer.size,
+            from: self.from.label.clone(),
+        };
+        let compression = self.compression;
+        let dest = self.dest.to_path_buf();
+        let mapping = self.mapping;
+        let policy = self.policy.clone();
+        tokio::task::spawn_blocking(move || {
+            run(raw, compression, &check, &dest, mapping, &policy, progress)
+        })
+        .await?
+    }
+}
+
+/// A blocking reader of `stream`, pumped by an async task; a read error
+/// names `what`.
+fn channel_reader(
+    mut stream: futures::stream::BoxStream<'static, io::Result<Bytes>>,
+    what: String,
+) -> ChannelReader {
+    let (tx, rx) = tokio::sync::mpsc::channel(32);
+    tokio::spawn(async move {
+        // Network chunks are small; batch them so the extractor
+        // wakes once per BATCH bytes, not once per packet.
+        const BATCH: usize = 256 << 10;
+        let mut batch = bytes::BytesMut::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(chunk) => {
+                    batch.extend_from_slice(&chunk);
+                    if batch.len() >= BATCH && tx.send(Ok(batch.split().freeze())).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let e = io::Error::other(Carried::Source(format!("reading {what}: {e}")));
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let _ = tx.send(Ok(batch.freeze())).await;
+        }
+    });
+    ChannelReader {
+        rx,
+        current: Bytes::new(),
+    }
+}
+
+/// What the bytes read must be.
+struct Check {
+    /// The layer's digest.
+    expected: Digest,
+    /// Its declared size.
+    size: u64,
+    /// Where they come from, for errors.
+    from: String,
+}
+
+impl Check {
+    /// The error for bytes that are not the layer.
+    fn mismatch(&self, actual: impl std::fmt::Display) -> Error {
+        Error::DigestMismatch {
+            what: format!("layer of {}", self.from),
+            expected: self.expected.to_string(),
+            actual: actual.to_string(),
+        }
+    }
+}
+
 fn run(
     raw: Box<dyn Read + Send>,
     compression: Compression,
-    expected: &Digest,
-    size: u64,
+    check: &Check,
     dest: &Path,
     mapping: Mapping,
     policy: &ExtractPolicy,
@@ -268,7 +355,7 @@ fn run(
         inner: raw,
         hasher: Hasher::default(),
         count: count.clone(),
-        declared: size,
+        declared: check.size,
         progress,
     };
     let window = policy.max_zstd_window_log;
@@ -292,16 +379,22 @@ fn run(
         let digest = decompressor
             .join()
             .map_err(|_| Error::Task("decompression thread panicked".into()))?;
-        let stats = extracted?;
-        let actual = digest.map_err(|e| classify(e, "(layer)"))?;
-        if &actual != expected {
-            return Err(Error::DigestMismatch {
-                what: "layer".into(),
-                expected: expected.to_string(),
-                actual: actual.to_string(),
-            });
+        match (extracted, digest) {
+            (Ok(stats), Ok(actual)) if actual == check.expected => Ok(stats),
+            (Ok(_), Ok(actual)) => Err(check.mismatch(actual)),
+            (Ok(_), Err(e)) => Err(classify(e, "(layer)")),
+            // Refused, and the whole layer was hashed: a refusal of the
+            // layer's own bytes is the image's, of other bytes the
+            // source's.
+            (Err(refused), Ok(actual)) if actual == check.expected => Err(refused),
+            (Err(_), Ok(actual)) => Err(check.mismatch(actual)),
+            // The rest could not be read: the source failed (the error
+            // says how), or sent more bytes than the layer has.
+            (Err(_), Err(e)) => Err(match classify(e, "(layer)") {
+                Error::Rejected(more) => check.mismatch(format!("no digest: {}", more.detail)),
+                failed => failed,
+            }),
         }
-        Ok(stats)
     })
 }
 

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 use oci_spec::image::{Descriptor, MediaType};
 
 use crate::auth::Credentials;
 use crate::error::{Error, Result};
+use crate::host_reader::{HostReader, oci_client_for};
 use crate::labels::OCI_MANIFEST;
 use crate::layout::Layout;
-use crate::manifest_get::ManifestGetter;
+use crate::mirrors::{Host, HostsConfig, Need, Role};
 use crate::reference::{ImageRef, Selector};
 use gkm_core::digest::Digest;
 
@@ -26,8 +26,13 @@ use gkm_core::digest::Digest;
 pub struct RegistryOptions {
     /// Speak plain HTTP instead of HTTPS.
     pub insecure: bool,
-    /// Credentials.
+    /// Credentials. Those given explicitly are sent only to the registry an
+    /// image names; a mirror gets its own entry of Docker's `config.json`,
+    /// if any.
     pub credentials: Credentials,
+    /// Mirrors to read through ([`crate::mirrors`]): reads of content by
+    /// digest try them first; writes always go to the registry itself.
+    pub hosts: HostsConfig,
 }
 
 /// A manifest as stored: its exact bytes, digest and media type.
@@ -74,15 +79,31 @@ pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60)
 
 enum Backend {
     Registry {
+        /// Writes, and the registry's own credential exchange.
         client: Arc<oci_client::Client>,
         reference: Reference,
         auth: RegistryAuth,
-        manifests: Box<ManifestGetter>,
+        /// Where reads go, mirrors first, the registry (or its `server`)
+        /// last.
+        hosts: Vec<HostReader>,
     },
     Layout {
         layout: Layout,
         selector: Selector,
     },
+}
+
+/// Which host a blob is read from, in the order [`Repo::open_blob_from`]
+/// tries them.
+#[derive(Debug, Clone)]
+pub struct BlobHost {
+    /// Its position among the hosts that may serve blobs: the next try
+    /// starts after it.
+    pub index: usize,
+    /// What errors name (the image, and the mirror).
+    pub label: String,
+    /// Whether it is the last host: its failure is the pull's.
+    pub last: bool,
 }
 
 /// An image location opened for reading or writing.
@@ -105,22 +126,33 @@ impl Repo {
     fn connect(image: &ImageRef, options: &RegistryOptions, create: bool) -> Result<Repo> {
         let backend = match image {
             ImageRef::Registry(reference) => {
-                let config = ClientConfig {
-                    protocol: if options.insecure {
-                        ClientProtocol::Http
-                    } else {
-                        ClientProtocol::Https
-                    },
-                    connect_timeout: Some(CONNECT_TIMEOUT),
-                    read_timeout: Some(READ_TIMEOUT),
-                    ..Default::default()
-                };
-                let auth = options.credentials.resolve(reference.resolve_registry())?;
+                let origin = reference.resolve_registry();
+                let auth = options.credentials.resolve(origin)?;
+                let client = Arc::new(oci_client_for(&Host::origin(origin, options.insecure)));
+                let hosts = options
+                    .hosts
+                    .hosts_for(reference.registry(), origin, options.insecure)?
+                    .into_iter()
+                    .map(|host| {
+                        let (client, auth) = if host.role == Role::Server
+                            && host.authority == origin
+                            && host.plain_http == options.insecure
+                        {
+                            (client.clone(), auth.clone())
+                        } else {
+                            (
+                                Arc::new(oci_client_for(&host)),
+                                mirror_auth(&options.credentials, &host.authority)?,
+                            )
+                        };
+                        HostReader::new(host, reference, client, auth)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 Backend::Registry {
-                    client: Arc::new(oci_client::Client::new(config)),
+                    client,
                     reference: reference.clone(),
                     auth,
-                    manifests: Box::new(ManifestGetter::new(options.insecure)?),
+                    hosts,
                 }
             }
             ImageRef::Layout { path, selector } => Backend::Layout {
@@ -144,18 +176,36 @@ impl Repo {
     }
 
     fn registry_err(&self, e: oci_client::errors::OciDistributionError) -> Error {
-        use oci_client::errors::OciDistributionError as E;
-        match &e {
-            E::ImageManifestNotFoundError(_) => Error::NotFound {
-                what: "manifest".into(),
-                location: self.image.to_string(),
-            },
-            E::ServerError { code: 404, .. } => Error::NotFound {
-                what: "manifest or blob".into(),
-                location: self.image.to_string(),
-            },
-            _ => Error::registry(&self.image, e),
+        registry_error(&self.image, e)
+    }
+
+    /// The first answer of `read` from the hosts that may be asked for
+    /// `need`, in order; a host that fails is logged and the next one
+    /// tried, and the last one's failure is the result.
+    async fn first_host<'a, T, F, Fut>(
+        hosts: &'a [HostReader],
+        need: Need,
+        what: &str,
+        read: F,
+    ) -> Result<T>
+    where
+        F: Fn(&'a HostReader) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let able = able(hosts, need);
+        let Some((last, before)) = able.split_last() else {
+            return Err(no_host(hosts, need, what));
+        };
+        for host in before {
+            match read(host).await {
+                Ok(value) => return Ok(value),
+                Err(e) => tracing::warn!(
+                    host = %host.host, what, error = %e,
+                    "a registry mirror failed; trying the next host"
+                ),
+            }
         }
+        read(last).await
     }
 
     /// Fetch the manifest the reference selects (which may be an index).
@@ -172,40 +222,29 @@ impl Repo {
         let expected = digest.cloned().or_else(|| self.image.pinned_digest());
         let raw = match &self.backend {
             Backend::Registry {
-                client,
-                reference,
-                auth,
-                manifests,
+                reference, hosts, ..
             } => {
-                let reference = match digest {
-                    Some(d) => Reference::with_digest(
-                        reference.registry().to_string(),
-                        reference.repository().to_string(),
-                        d.to_string(),
-                    ),
-                    None => reference.clone(),
+                let pinned = digest.map(Digest::to_string);
+                let (selector, need) = match pinned.as_deref().or(reference.digest()) {
+                    Some(d) => (d, Need::Pull),
+                    None => (reference.tag().unwrap_or("latest"), Need::Resolve),
                 };
-                let fetched = manifests
-                    .get(client, &reference, auth, |e| self.registry_err(e))
-                    .await?;
-                let bytes = fetched.bytes;
-                let media_type = media_type_of(&bytes)?;
-                let actual = Digest::of(&bytes);
-                if let Some(claimed) = fetched.claimed_digest
-                    && let Ok(claimed) = claimed.parse::<Digest>()
-                    && claimed != actual
-                {
-                    return Err(Error::DigestMismatch {
-                        what: format!("manifest of {}", self.image),
-                        expected: claimed.to_string(),
-                        actual: actual.to_string(),
-                    });
-                }
-                RawManifest {
-                    digest: actual,
-                    media_type,
-                    bytes,
-                }
+                let what = format!("manifest {selector}");
+                Repo::first_host(hosts, need, &what, move |host| async move {
+                    let raw = fetched_manifest(host, selector).await?;
+                    // Bytes named by a digest are those bytes, whoever
+                    // serves them: a host serving others is refused here,
+                    // so the next one is tried.
+                    if need == Need::Pull && raw.digest.as_str() != selector {
+                        return Err(Error::DigestMismatch {
+                            what: format!("manifest of {}", host.label),
+                            expected: selector.to_string(),
+                            actual: raw.digest.to_string(),
+                        });
+                    }
+                    Ok(raw)
+                })
+                .await?
             }
             Backend::Layout { layout, selector } => {
                 let selector = match digest {
@@ -240,20 +279,23 @@ impl Repo {
     pub async fn fetch_small_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         let bytes = match &self.backend {
             Backend::Layout { layout, .. } => layout.read_blob(digest)?,
-            Backend::Registry { .. } => {
-                let stream = match self.open_blob(digest).await? {
-                    BlobSource::Stream(s) => s,
-                    BlobSource::File(_) => {
-                        return Err(Error::Task("unexpected file source".into()));
+            Backend::Registry { hosts, .. } => {
+                let what = format!("blob {digest}");
+                return Repo::first_host(hosts, Need::Pull, &what, move |host| async move {
+                    let stream = host.blob(digest).await?;
+                    let out = read_at_most(stream, MAX_DOCUMENT_SIZE + 1)
+                        .await
+                        .map_err(|e| Error::io(&host.label, e))?;
+                    if out.len() > MAX_DOCUMENT_SIZE {
+                        return Err(Error::format(
+                            format!("blob {digest} of {}", host.label),
+                            "larger than 4 MiB",
+                        ));
                     }
-                };
-                let out = read_at_most(stream, MAX_DOCUMENT_SIZE + 1)
-                    .await
-                    .map_err(|e| Error::io(self.image.to_string(), e))?;
-                if out.len() > MAX_DOCUMENT_SIZE {
-                    return Err(Error::format(format!("blob {digest}"), "larger than 4 MiB"));
-                }
-                out
+                    verified(&out, digest, &host.label)?;
+                    Ok(out)
+                })
+                .await;
             }
         };
         let actual = Digest::of(&bytes);
@@ -267,8 +309,22 @@ impl Repo {
         Ok(bytes)
     }
 
-    /// Open a blob for streaming. The caller checks the digest.
+    /// Open a blob for streaming, from the first host that answers. The
+    /// caller checks the digest.
     pub async fn open_blob(&self, digest: &Digest) -> Result<BlobSource> {
+        Ok(self.open_blob_from(digest, 0).await?.0)
+    }
+
+    /// Open a blob for streaming from the first host that answers among
+    /// those that may serve blobs, starting at the `start`-th: a caller
+    /// whose check of the bytes failed starts again after the host that
+    /// served them ([`BlobHost::index`]), until [`BlobHost::last`]. The
+    /// caller checks the digest.
+    pub async fn open_blob_from(
+        &self,
+        digest: &Digest,
+        start: usize,
+    ) -> Result<(BlobSource, BlobHost)> {
         match &self.backend {
             Backend::Layout { layout, .. } => {
                 let path = layout.blob_path(digest);
@@ -278,22 +334,37 @@ impl Repo {
                         location: layout.root().display().to_string(),
                     });
                 }
-                Ok(BlobSource::File(path))
+                let from = BlobHost {
+                    index: 0,
+                    label: self.image.to_string(),
+                    last: true,
+                };
+                Ok((BlobSource::File(path), from))
             }
-            Backend::Registry {
-                client,
-                reference,
-                auth,
-                ..
-            } => {
-                client
-                    .store_auth_if_needed(reference.resolve_registry(), auth)
-                    .await;
-                let sized = client
-                    .pull_blob_stream(reference, digest.as_str())
-                    .await
-                    .map_err(|e| self.registry_err(e))?;
-                Ok(BlobSource::Stream(sized.stream))
+            Backend::Registry { hosts, .. } => {
+                let able = able(hosts, Need::Pull);
+                if able.len() <= start {
+                    return Err(no_host(hosts, Need::Pull, &format!("blob {digest}")));
+                }
+                for (index, host) in able.iter().enumerate().skip(start) {
+                    let last = index + 1 == able.len();
+                    match host.blob(digest).await {
+                        Ok(stream) => {
+                            let from = BlobHost {
+                                index,
+                                label: host.label.clone(),
+                                last,
+                            };
+                            return Ok((BlobSource::Stream(stream), from));
+                        }
+                        Err(e) if !last => tracing::warn!(
+                            host = %host.host, %digest, error = %e,
+                            "a registry mirror failed; trying the next host"
+                        ),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(no_host(hosts, Need::Pull, &format!("blob {digest}")))
             }
         }
     }
@@ -430,6 +501,98 @@ impl Repo {
             }
         }
     }
+}
+
+/// The error for a failed registry request about `location`: a missing
+/// manifest or blob is [`Error::NotFound`].
+pub(crate) fn registry_error(
+    location: impl std::fmt::Display,
+    e: oci_client::errors::OciDistributionError,
+) -> Error {
+    use oci_client::errors::OciDistributionError as E;
+    match &e {
+        E::ImageManifestNotFoundError(_) => Error::NotFound {
+            what: "manifest".into(),
+            location: location.to_string(),
+        },
+        E::ServerError { code: 404, .. } => Error::NotFound {
+            what: "manifest or blob".into(),
+            location: location.to_string(),
+        },
+        _ => Error::registry(location, e),
+    }
+}
+
+/// The credentials a mirror (or a `server` other than the registry) gets:
+/// its own entry of Docker's `config.json`, never the credentials given
+/// for the registry an image names.
+fn mirror_auth(credentials: &Credentials, authority: &str) -> Result<RegistryAuth> {
+    match credentials {
+        Credentials::DockerConfig => credentials.resolve(authority),
+        Credentials::Anonymous | Credentials::Basic { .. } => Ok(RegistryAuth::Anonymous),
+    }
+}
+
+/// The hosts that may be asked for `need`, in the order to try them.
+fn able(hosts: &[HostReader], need: Need) -> Vec<&HostReader> {
+    hosts
+        .iter()
+        .filter(|h| h.host.capabilities.allows(need))
+        .collect()
+}
+
+/// No host of the configuration may be asked for `need`.
+fn no_host(hosts: &[HostReader], need: Need, what: &str) -> Error {
+    let listed = hosts
+        .iter()
+        .map(|h| h.host.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let capability = match need {
+        Need::Pull => "pull",
+        Need::Resolve => "resolve",
+    };
+    Error::NotFound {
+        what: what.to_string(),
+        location: format!("any host with the {capability} capability (hosts: {listed})"),
+    }
+}
+
+/// The manifest `selector` from `host`, its bytes checked against the
+/// digest the host claims for them.
+async fn fetched_manifest(host: &HostReader, selector: &str) -> Result<RawManifest> {
+    let fetched = host.manifest(selector).await?;
+    let bytes = fetched.bytes;
+    let media_type = media_type_of(&bytes)?;
+    let actual = Digest::of(&bytes);
+    if let Some(claimed) = fetched.claimed_digest
+        && let Ok(claimed) = claimed.parse::<Digest>()
+        && claimed != actual
+    {
+        return Err(Error::DigestMismatch {
+            what: format!("manifest of {}", host.label),
+            expected: claimed.to_string(),
+            actual: actual.to_string(),
+        });
+    }
+    Ok(RawManifest {
+        digest: actual,
+        media_type,
+        bytes,
+    })
+}
+
+/// `bytes` when they hash to `digest`, else a mismatch naming `from`.
+fn verified(bytes: &[u8], digest: &Digest, from: &str) -> Result<()> {
+    let actual = Digest::of(bytes);
+    if &actual != digest {
+        return Err(Error::DigestMismatch {
+            what: format!("blob of {from}"),
+            expected: digest.to_string(),
+            actual: actual.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The `mediaType` a manifest declares, or what its shape says it is.

@@ -192,6 +192,7 @@ async fn registry_with_credentials() {
             username: username.into(),
             password: password.into(),
         },
+        ..RegistryOptions::default()
     };
     let opts = with("builder", "s3cret");
     let name = FIXTURES[0];
@@ -203,6 +204,7 @@ async fn registry_with_credentials() {
     let anonymous = RegistryOptions {
         insecure: true,
         credentials: gkm_oci::Credentials::Anonymous,
+        ..RegistryOptions::default()
     };
     for (who, opts) in [
         ("anonymous", anonymous),

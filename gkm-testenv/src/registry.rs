@@ -66,18 +66,70 @@ impl Registry {
             "auth:\n  htpasswd:\n    realm: gkm-test\n    path: {}\n",
             htpasswd.display()
         );
-        Self::start_with(&root, Some(tempdir), &auth)
+        Self::start_with(&root, Some(tempdir), &auth, false)
     }
 
     fn start_in(root: &Path, tempdir: Option<tempfile::TempDir>) -> anyhow::Result<Registry> {
-        Self::start_with(root, tempdir, "")
+        Self::start_with(root, tempdir, "", false)
     }
 
-    /// Starts the registry with `extra` appended to its configuration.
+    /// Starts a registry of its own that logs every request it answers
+    /// (its access log), for tests that check which registry was asked
+    /// for what ([`Registry::gets_since`]).
+    pub fn start_logging_requests() -> anyhow::Result<Registry> {
+        let tempdir = crate::temp_dir()?;
+        let root = tempdir.path().to_path_buf();
+        Self::start_with(&root, Some(tempdir), "", true)
+    }
+
+    /// How many requests it has answered (its access log's lines); empty
+    /// unless started with [`Registry::start_logging_requests`].
+    pub fn answered(&self) -> anyhow::Result<usize> {
+        Ok(self.request_lines()?.len())
+    }
+
+    /// The GET request lines (`GET /v2/… HTTP/1.1`) of its access log
+    /// after the first `since` requests ([`Registry::answered`]) whose path
+    /// contains `needle`, for tests that check which registry was asked
+    /// for what.
+    pub fn gets_since(&self, since: usize, needle: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .request_lines()?
+            .into_iter()
+            .skip(since)
+            .filter(|r| r.starts_with("GET ") && r.contains(needle))
+            .collect())
+    }
+
+    /// The request lines of its access log, in order.
+    fn request_lines(&self) -> anyhow::Result<Vec<String>> {
+        let log = std::fs::read_to_string(self.root.join("registry.log"))?;
+        Ok(log
+            .lines()
+            .filter(|line| line.contains(" HTTP/1."))
+            .filter_map(|line| line.split('"').nth(1))
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Where the registry keeps the bytes of blob `digest`
+    /// (`sha256:<hex>`), for tests that make it serve other bytes.
+    pub fn blob_data_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.root
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2.min(hex.len())])
+            .join(hex)
+            .join("data")
+    }
+
+    /// Starts the registry with `extra` appended to its configuration, and
+    /// its access log on when `access_log`.
     fn start_with(
         root: &Path,
         tempdir: Option<tempfile::TempDir>,
         extra: &str,
+        access_log: bool,
     ) -> anyhow::Result<Registry> {
         let binary = find_binary(Component::Registry)?;
         let port = free_port()?;
@@ -86,9 +138,10 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
+                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: {}\nstorage:\n  \
                  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: \
                  {addr}\n{extra}",
+                !access_log,
                 root.join("data").display()
             ),
         )?;

@@ -17,6 +17,7 @@ use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes, text};
 use gkm_k8s_runtime::metrics::register_build_info;
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::EndpointServer;
+use gkm_oci::mirrors::HostsConfig;
 use gkm_oci::{FreeSpaceReserve, RegistryOptions};
 use hyper::body::Bytes;
 use hyper::{Method, StatusCode};
@@ -56,6 +57,12 @@ struct Cli {
     /// Speak plain HTTP to registries (local test registries only).
     #[arg(long, env = "GKM_INSECURE_REGISTRY")]
     insecure_registry: bool,
+    /// Registry mirrors and peer-to-peer caches: a directory of
+    /// containerd-style host files (<dir>/<registry>/hosts.toml, such as
+    /// /etc/containerd/certs.d). Content is read from them by digest and
+    /// checked against it; a missing directory means no mirrors.
+    #[arg(long, env = "GKM_REGISTRY_CONFIG_DIR", default_value = gkm_oci::mirrors::DEFAULT_CONFIG_DIR)]
+    registry_config_dir: PathBuf,
     /// How often every cache is checked even without a change (e.g. 30s).
     #[arg(long, default_value = "30s", value_parser = gkm_bin_support::duration)]
     resync: Duration,
@@ -166,8 +173,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         simulate: cli.simulate,
         ..DiscoveryOptions::default()
     };
+    let hosts = HostsConfig::Dir(cli.registry_config_dir);
+    for problem in hosts.problems() {
+        tracing::warn!(%problem, "--registry-config-dir: pulls from this registry will fail");
+    }
     config.registry = RegistryOptions {
         insecure: cli.insecure_registry,
+        hosts,
         ..RegistryOptions::default()
     };
     config.resync = cli.resync;

@@ -11,11 +11,13 @@
 //! bench_operator compare BASELINE.json AFTER.json
 //! # the after run's figures alone
 //! bench_operator compare - AFTER.json
+//! # either, also writing both runs' summaries (and ratios) to SUMMARY.json
+//! bench_operator compare BASELINE.json AFTER.json SUMMARY.json
 //! # fail, naming the install command, when a component is missing
 //! bench_operator check
 //! ```
 //!
-//! `run` reads NODES (1000), CACHES (50), CHANGED (5), T4_PER_TEN (8: of
+//! `run` reads NODES (1000), CACHES (50), CHANGED (5, at most CACHES), T4_PER_TEN (8: of
 //! every ten nodes, how many have the GPU the caches fit), IDLE_SECS (600)
 //! and CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
@@ -27,8 +29,14 @@
 //! (429 when it sheds load, 409, 5xx) are counted apart from the writes it
 //! took: a refused write changed nothing and is not the writer's choice to
 //! repeat one, since kube's client retries 429, 503 and 504 itself.
+//!
+//! Besides the table's figures, each run's OUT.json holds a `summary` of
+//! what scales ([`Summary`]); `compare … SUMMARY.json` writes the summaries
+//! of both revisions (and the ratios after / baseline when both ran) there.
+//! The watch events agents receive are read from the apiserver's
+//! `apiserver_watch_events_total` for the resources [`agent_watched`] names.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, Seek as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,6 +53,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 /// The fixture cache every image is built from (sm75 kernels).
@@ -54,6 +63,28 @@ const NAMESPACE: &str = "bench";
 /// The operator's and agents' users, as their ServiceAccounts.
 const OPERATOR_USER: &str = "system:serviceaccount:gkm-system:gkm-operator";
 const AGENT_USER: &str = "system:serviceaccount:gkm-system:gkm-agent";
+/// The caches the harness creates and the operator writes the status of,
+/// as (kind, plural).
+const CACHE_KINDS: &[(&str, &str)] = &[
+    ("GKMCache", "gkmcaches"),
+    ("ClusterGKMCache", "clustergkmcaches"),
+];
+/// The node reports the agents write, as (kind, plural): their writes are
+/// the agents' report writes and their stored changes are counted.
+const AGENT_REPORTS: &[(&str, &str)] = &[
+    ("GKMCacheNode", "gkmcachenodes"),
+    ("ClusterGKMCacheNode", "clustergkmcachenodes"),
+];
+
+/// Whether watch events of `group`/`resource` count as the agents': every
+/// gkm.io resource but the reports they write (the caches, or whatever
+/// gkm.io object the agents watch instead; the one place to change when
+/// they watch something else). The apiserver counts the events of every
+/// watcher, so the operator's watch and this harness's (one each) count too.
+fn agent_watched(group: &str, resource: &str) -> bool {
+    group == "gkm.io" && !AGENT_REPORTS.iter().any(|(_, plural)| *plural == resource)
+}
+
 /// No gkm write for this long after convergence ends a phase.
 const QUIET: Duration = Duration::from_secs(15);
 /// The longest a phase waits for that quiet after converging.
@@ -90,10 +121,12 @@ impl Scale {
                 Err(_) => Ok(default),
             }
         };
+        let caches = var("CACHES", 50)? as usize;
         let scale = Scale {
             nodes: var("NODES", 1000)? as usize,
-            caches: var("CACHES", 50)? as usize,
-            changed: var("CHANGED", 5)? as usize,
+            caches,
+            // 5 of the caches, or all of them when there are fewer.
+            changed: var("CHANGED", caches.min(5) as u64)? as usize,
             t4_per_ten: var("T4_PER_TEN", 8)? as usize,
             idle: Duration::from_secs(var("IDLE_SECS", 600)?),
             converge_timeout: Duration::from_secs(var("CONVERGE_TIMEOUT_SECS", 1800)?),
@@ -142,6 +175,8 @@ struct Counts {
     /// Registry requests: tag resolutions (manifests by tag) and the rest.
     registry_tags: u64,
     registry_other: u64,
+    /// Registry GETs of a cache image's layer: one per extraction.
+    layer_gets: u64,
     /// Changes the apiserver stored (new resourceVersions, as watched):
     /// of the caches and of the agents' reports.
     cache_changes: u64,
@@ -167,6 +202,15 @@ impl Counts {
             .sum()
     }
 
+    /// The writes of `writer` to any of `resources` and their status.
+    fn writes_to(&self, writer: &str, resources: &[(&str, &str)]) -> u64 {
+        resources
+            .iter()
+            .flat_map(|(_, plural)| [plural.to_string(), format!("{plural}/status")])
+            .map(|r| self.writes(writer, Some(&r)))
+            .sum()
+    }
+
     fn reads(&self, writer: &str) -> u64 {
         self.api
             .iter()
@@ -177,9 +221,13 @@ impl Counts {
 
     fn print(&self, phase: &str) {
         eprintln!(
-            "   {phase}: registry {} tag resolutions, {} other requests; stored changes: \
-             {} of caches, {} of node reports",
-            self.registry_tags, self.registry_other, self.cache_changes, self.report_changes
+            "   {phase}: registry {} tag resolutions, {} other requests ({} layer GETs); \
+             stored changes: {} of caches, {} of node reports",
+            self.registry_tags,
+            self.registry_other,
+            self.layer_gets,
+            self.cache_changes,
+            self.report_changes
         );
         for ((writer, verb, resource), n) in &self.api {
             eprintln!("   {phase}: {writer:<8} {verb:<8} {resource:<28} {n}");
@@ -280,6 +328,8 @@ fn gkm_resource(kind: &str, plural: &str) -> ApiResource {
 struct Meter {
     audit: LogMark,
     registry: LogMark,
+    /// The layer digests of the cache images.
+    layers: BTreeSet<String>,
     cache_changes: Arc<AtomicU64>,
     report_changes: Arc<AtomicU64>,
     watches: Vec<tokio::task::AbortHandle>,
@@ -294,25 +344,26 @@ impl Drop for Meter {
 }
 
 impl Meter {
-    async fn start(client: &kube::Client, audit: &Path, registry: &Path) -> anyhow::Result<Meter> {
+    async fn start(
+        client: &kube::Client,
+        audit: &Path,
+        registry: &Path,
+        layers: BTreeSet<String>,
+    ) -> anyhow::Result<Meter> {
         let cache_changes = Arc::new(AtomicU64::new(0));
         let report_changes = Arc::new(AtomicU64::new(0));
         let mut watches = Vec::new();
-        for (kind, plural, counter) in [
-            ("GKMCache", "gkmcaches", &cache_changes),
-            ("ClusterGKMCache", "clustergkmcaches", &cache_changes),
-            ("GKMCacheNode", "gkmcachenodes", &report_changes),
-            (
-                "ClusterGKMCacheNode",
-                "clustergkmcachenodes",
-                &report_changes,
-            ),
-        ] {
+        let counted = CACHE_KINDS
+            .iter()
+            .map(|kind| (kind, &cache_changes))
+            .chain(AGENT_REPORTS.iter().map(|kind| (kind, &report_changes)));
+        for ((kind, plural), counter) in counted {
             watches.push(count_changes(client, gkm_resource(kind, plural), counter.clone()).await?);
         }
         Ok(Meter {
             audit: LogMark::at_end(audit)?,
             registry: LogMark::at_end(registry)?,
+            layers,
             cache_changes,
             report_changes,
             watches,
@@ -355,10 +406,19 @@ impl Meter {
                 .or_default() += 1;
         }
         for line in self.registry.new_lines()? {
-            match registry_request(&line) {
-                Some(path) if is_tag_resolution(path) => counts.registry_tags += 1,
-                Some(_) => counts.registry_other += 1,
-                None => {}
+            let Some((method, path)) = registry_request(&line) else {
+                continue;
+            };
+            if is_tag_resolution(path) {
+                counts.registry_tags += 1;
+            } else {
+                counts.registry_other += 1;
+            }
+            let layer = path
+                .rsplit_once("/blobs/")
+                .is_some_and(|(_, digest)| self.layers.contains(digest));
+            if method == "GET" && layer {
+                counts.layer_gets += 1;
             }
         }
         counts.cache_changes += self.cache_changes.swap(0, Ordering::Relaxed);
@@ -367,15 +427,37 @@ impl Meter {
     }
 }
 
-/// The path of an access log line's request (`"GET /v2/... HTTP/1.1"`).
-fn registry_request(line: &str) -> Option<&str> {
+/// The method and path of an access log line's request (`"GET /v2/...
+/// HTTP/1.1"`).
+fn registry_request(line: &str) -> Option<(&str, &str)> {
     let request = line.split('"').nth(1)?;
     let mut parts = request.split(' ');
     let method = parts.next()?;
     let path = parts.next()?;
     (matches!(method, "GET" | "HEAD" | "PUT" | "POST" | "PATCH" | "DELETE")
         && path.starts_with("/v2/"))
-    .then_some(path)
+    .then_some((method, path))
+}
+
+/// The watch events the apiserver has sent so far for the resources
+/// [`agent_watched`] names (`apiserver_watch_events_total`).
+async fn agent_watch_events(client: &kube::Client) -> anyhow::Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("reading the apiserver's metrics")?;
+    Ok(gkm_testenv::samples(&text)?
+        .iter()
+        .filter(|s| s.name == "apiserver_watch_events_total")
+        .filter(|s| {
+            agent_watched(
+                s.label("group").unwrap_or_default(),
+                s.label("resource").unwrap_or_default(),
+            )
+        })
+        .map(|s| s.value)
+        .sum())
 }
 
 /// A manifest request by tag (not by digest, not a `sha256-…` signature tag).
@@ -476,14 +558,15 @@ impl Bench {
     }
 
     /// Builds the CUDA fixture into `repository:tag` with its own title (so
-    /// its own digest), signs it with `key` and returns the digest.
+    /// its own digest), signs it with `key` and returns the digest and its
+    /// layer's digest.
     async fn push(
         &self,
         repository: &str,
         tag: &str,
         title: &str,
         key: &cosign::CosignKey,
-    ) -> anyhow::Result<String> {
+    ) -> anyhow::Result<(String, String)> {
         let reference = format!("{}/{repository}:{tag}", self.registry_addr);
         let dest: ImageRef = reference.parse()?;
         let build = BuildOptions {
@@ -502,7 +585,7 @@ impl Bench {
         let key = key.clone();
         let signed = format!("{}/{repository}@{digest}", self.registry_addr);
         tokio::task::spawn_blocking(move || cosign::sign(&key, &signed)).await??;
-        Ok(digest)
+        Ok((digest, built.layer.digest.to_string()))
     }
 
     fn caches(&self) -> Api<DynamicObject> {
@@ -671,28 +754,41 @@ fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// The images the benchmark pushed: name → digest of the first set and of
+/// the changed ones, and the digests of their layers.
+struct Pushed {
+    first: BTreeMap<String, String>,
+    second: BTreeMap<String, String>,
+    layers: BTreeSet<String>,
+}
+
 /// Builds CACHES images (`bench/cache-NN:v1`) and, for the first CHANGED,
-/// another (`:v2`), all signed with `key`; returns name → digest of each set.
+/// another (`:v2`), all signed with `key`.
 async fn push_images(
     bench: &Bench,
     scale: &Scale,
     key: &cosign::CosignKey,
-) -> anyhow::Result<(BTreeMap<String, String>, BTreeMap<String, String>)> {
-    let mut first = BTreeMap::new();
-    let mut second = BTreeMap::new();
+) -> anyhow::Result<Pushed> {
+    let mut pushed = Pushed {
+        first: BTreeMap::new(),
+        second: BTreeMap::new(),
+        layers: BTreeSet::new(),
+    };
     for i in 0..scale.caches {
         let name = format!("cache-{i:02}");
         let repository = format!("bench/{name}");
-        let digest = bench.push(&repository, "v1", &name, key).await?;
-        first.insert(name.clone(), digest);
+        let (digest, layer) = bench.push(&repository, "v1", &name, key).await?;
+        pushed.first.insert(name.clone(), digest);
+        pushed.layers.insert(layer);
         if i < scale.changed {
-            let digest = bench
+            let (digest, layer) = bench
                 .push(&repository, "v2", &format!("{name}-v2"), key)
                 .await?;
-            second.insert(name, digest);
+            pushed.second.insert(name, digest);
+            pushed.layers.insert(layer);
         }
     }
-    Ok((first, second))
+    Ok(pushed)
 }
 
 /// gkm's processes: the agents (one process) and the operator.
@@ -798,34 +894,16 @@ struct Measured {
     operator_cpu_secs: f64,
     agents_rss_mib: f64,
     agents_cpu_secs: f64,
+    /// Watch events of the resources agents watch, while converging.
+    agent_watch_events_converge: f64,
 }
 
 impl Measured {
     /// The figures `compare` reads, by name.
     fn figures(&self, scale: &Scale) -> serde_json::Value {
         let per = |n: u64, objects: usize| n as f64 / objects.max(1) as f64;
-        let cache_writes = |c: &Counts| {
-            [
-                "gkmcaches",
-                "gkmcaches/status",
-                "clustergkmcaches",
-                "clustergkmcaches/status",
-            ]
-            .iter()
-            .map(|r| c.writes("operator", Some(r)))
-            .sum::<u64>()
-        };
-        let report_writes = |c: &Counts| {
-            [
-                "gkmcachenodes",
-                "gkmcachenodes/status",
-                "clustergkmcachenodes",
-                "clustergkmcachenodes/status",
-            ]
-            .iter()
-            .map(|r| c.writes("agents", Some(r)))
-            .sum::<u64>()
-        };
+        let cache_writes = |c: &Counts| c.writes_to("operator", CACHE_KINDS);
+        let report_writes = |c: &Counts| c.writes_to("agents", AGENT_REPORTS);
         // The cache changes the operator made: those stored, less the
         // harness's own (one create per cache, one spec change per changed
         // cache).
@@ -833,7 +911,7 @@ impl Measured {
         let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
         let (start, converge, change, idle) =
             (&self.start, &self.converge, &self.change, &self.idle);
-        json!({
+        let mut figures = json!({
             "nodes": scale.nodes,
             "caches": scale.caches,
             "t4_per_ten": scale.t4_per_ten,
@@ -886,6 +964,107 @@ impl Measured {
             "operator_cpu_secs": self.operator_cpu_secs,
             "agents_process_cpu_secs": self.agents_cpu_secs,
             "settled_quiet": self.settled_quiet,
+        });
+        figures["agent_watch_events_converge"] = json!(self.agent_watch_events_converge);
+        figures["extractions"] = json!(self.extractions());
+        figures["summary"] = json!(self.summary(scale));
+        figures
+    }
+
+    /// Extractions (GETs of a cache image's layer) after the start.
+    fn extractions(&self) -> u64 {
+        [&self.converge, &self.change, &self.idle]
+            .iter()
+            .map(|c| c.layer_gets)
+            .sum()
+    }
+
+    /// What scales, over the converge and change phases.
+    fn summary(&self, scale: &Scale) -> Summary {
+        let moving = [&self.converge, &self.change];
+        let sum = |f: &dyn Fn(&Counts) -> u64| moving.iter().map(|c| f(c)).sum::<u64>();
+        let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
+        // The harness's own cache changes (creations, spec changes) are not
+        // the operator's.
+        let harness_changes = (scale.caches + scale.changed) as u64;
+        Summary {
+            converge_seconds: self.converge_secs,
+            change_seconds: self.change_secs,
+            operator_writes_per_stored_change: ratio(
+                sum(&|c| c.writes_to("operator", CACHE_KINDS)),
+                sum(&|c| c.cache_changes).saturating_sub(harness_changes),
+            ),
+            agent_writes_per_stored_change: ratio(
+                sum(&|c| c.writes_to("agents", AGENT_REPORTS)),
+                sum(&|c| c.report_changes),
+            ),
+            agent_watch_events_converge: self.agent_watch_events_converge,
+            registry_requests_converge: self.converge.registry_tags + self.converge.registry_other,
+            registry_requests_idle: self.idle.registry_tags + self.idle.registry_other,
+            extractions: self.extractions(),
+            operator_rss_mib: self.operator_rss_mib,
+            agents_cpu_seconds: self.agents_cpu_secs,
+        }
+    }
+}
+
+/// What scales, per revision: the figures `summary.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Summary {
+    /// Time for the caches to converge on every node.
+    converge_seconds: f64,
+    /// Time for the changed caches to converge again.
+    change_seconds: f64,
+    /// The operator's writes to caches (and their status) per change the
+    /// apiserver stored, converging and changing (1: every write changed
+    /// something).
+    operator_writes_per_stored_change: f64,
+    /// The agents' writes to their reports per stored change, likewise.
+    agent_writes_per_stored_change: f64,
+    /// Watch events sent for the resources agents watch ([`agent_watched`])
+    /// while converging.
+    agent_watch_events_converge: f64,
+    /// Registry requests while converging, and while idle.
+    registry_requests_converge: u64,
+    registry_requests_idle: u64,
+    /// GETs of a cache image's layer after the start: one per extraction.
+    extractions: u64,
+    /// The operator's RSS at the end.
+    operator_rss_mib: f64,
+    /// CPU time of the agents' process.
+    agents_cpu_seconds: f64,
+}
+
+/// The summaries of the revisions that ran, and after / baseline of each
+/// figure when both did (`null` where the baseline's is 0).
+#[derive(Debug, Serialize)]
+struct Summaries {
+    baseline: Option<Summary>,
+    after: Summary,
+    ratios: Option<BTreeMap<String, Option<f64>>>,
+}
+
+impl Summaries {
+    fn new(baseline: Option<Summary>, after: Summary) -> anyhow::Result<Summaries> {
+        let ratios = match &baseline {
+            None => None,
+            Some(base) => {
+                let (base, new) = (serde_json::to_value(base)?, serde_json::to_value(&after)?);
+                let mut ratios = BTreeMap::new();
+                for (key, b) in base.as_object().into_iter().flatten() {
+                    let ratio = match (b.as_f64(), new[key].as_f64()) {
+                        (Some(b), Some(a)) if b != 0.0 => Some(a / b),
+                        _ => None,
+                    };
+                    ratios.insert(key.clone(), ratio);
+                }
+                Some(ratios)
+            }
+        };
+        Ok(Summaries {
+            baseline,
+            after,
+            ratios,
         })
     }
 }
@@ -912,14 +1091,19 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
         began.elapsed()
     );
     let key = cosign::generate_key_pair(&dir.join("cosign"))?;
-    let (first, second) = push_images(&bench, &scale, &key).await?;
+    let Pushed {
+        first,
+        second,
+        layers,
+    } = push_images(&bench, &scale, &key).await?;
     eprintln!(
         "== {} signed images pushed in {:.0?}",
         scale.caches + scale.changed,
         began.elapsed()
     );
 
-    let mut meter = Meter::start(&bench.client, &bench.audit_log, &bench.registry_log).await?;
+    let mut meter =
+        Meter::start(&bench.client, &bench.audit_log, &bench.registry_log, layers).await?;
     let mut m = Measured::default();
     // Phase 1: the agents and the operator start; no cache yet.
     let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents, &key)?;
@@ -929,11 +1113,13 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     eprintln!("== agents and operator up in {:.0?}", began.elapsed());
 
     // Phase 2: the caches are created and converge.
+    let watch_events = agent_watch_events(&bench.client).await?;
     let created = Instant::now();
     bench.create_caches(&first).await?;
     bench.converge(&first, &scale, compatible, &mut gkm).await?;
     m.converge_secs = created.elapsed().as_secs_f64();
     let converge_quiet = settle(&mut meter, &mut m.converge).await?;
+    m.agent_watch_events_converge = agent_watch_events(&bench.client).await? - watch_events;
     eprintln!(
         "== {} caches converged in {:.1}s (quiet after: {converge_quiet})",
         scale.caches, m.converge_secs
@@ -1019,9 +1205,13 @@ const ROWS: &[(&str, &str)] = &[
     ("agents_process_rss_mib", ""),
     ("operator_cpu_secs", ""),
     ("agents_process_cpu_secs", ""),
+    ("agent_watch_events_converge", ""),
+    ("extractions", ""),
 ];
 
-fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
+/// Prints the table of `baseline` (`-`: none) and `after`; with `summary`,
+/// writes their [`Summaries`] there and prints its path.
+fn compare(baseline: &Path, after: &Path, summary: Option<&Path>) -> anyhow::Result<()> {
     let read = |path: &Path| -> anyhow::Result<serde_json::Value> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -1069,6 +1259,21 @@ fn compare(baseline: &Path, after: &Path) -> anyhow::Result<()> {
             show(a)
         );
     }
+    if let Some(path) = summary {
+        let of = |figures: &serde_json::Value, which: &str| -> anyhow::Result<Summary> {
+            serde_json::from_value(figures["summary"].clone())
+                .with_context(|| format!("the {which} figures have no summary"))
+        };
+        let baseline = if base.is_null() {
+            None
+        } else {
+            Some(of(&base, "baseline")?)
+        };
+        let summaries = Summaries::new(baseline, of(&new, "after")?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&summaries)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("summary: {}", path.display());
+    }
     Ok(())
 }
 
@@ -1097,7 +1302,7 @@ fn check() -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
-    let usage = "usage: bench_operator check | run TREE OPERATOR AGENTS OUT.json | compare BASELINE.json|- AFTER.json";
+    let usage = "usage: bench_operator check | run TREE OPERATOR AGENTS OUT.json | compare BASELINE.json|- AFTER.json [SUMMARY.json]";
     match args.first().and_then(|a| a.to_str()) {
         Some("check") if args.len() == 1 => check(),
         Some("run") if args.len() == 5 => {
@@ -1108,7 +1313,9 @@ fn main() -> anyhow::Result<()> {
             unsafe { std::env::set_var("REGISTRY_LOG_ACCESSLOG_DISABLED", "false") };
             tokio::runtime::Runtime::new()?.block_on(run(&args[1], &args[2], &args[3], &args[4]))
         }
-        Some("compare") if args.len() == 3 => compare(&args[1], &args[2]),
+        Some("compare") if (3..=4).contains(&args.len()) => {
+            compare(&args[1], &args[2], args.get(3).map(PathBuf::as_path))
+        }
         _ => anyhow::bail!("{usage}"),
     }
 }

@@ -44,7 +44,8 @@ const VARIANTS: &[Variant] = &[
         ],
     },
     // Images pinned by digest from a private registry, a distribution with
-    // its kubelet elsewhere, GPU nodes only, no device plugin.
+    // its kubelet elsewhere, GPU nodes only, no device plugin, a node-local
+    // mirror for the cache registry.
     Variant {
         name: "private_registry_custom_paths",
         args: &[
@@ -69,6 +70,8 @@ const VARIANTS: &[Variant] = &[
             "agent.nodeSelector.gkm\\.io/gpu\\.present=true",
             "--set-json",
             r#"agent.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"}]"#,
+            "--set-json",
+            r#"registry.mirrors={"registry.example.com:5000":"[host.\"http://127.0.0.1:30020\"]\n  capabilities = [\"pull\"]\n"}"#,
         ],
     },
 ];
@@ -149,6 +152,10 @@ fn wrong_values_fail_before_anything_is_installed() -> anyhow::Result<()> {
         (&["--set", "kubeletDir=var/lib/kubelet"], "kubeletDir"),
         (&["--set", "operator.image.digest=latest"], "digest"),
         (&["--set", "webhook.port=0"], "webhook"),
+        (
+            &["--set", "registry.configPath=etc/containerd"],
+            "configPath",
+        ),
     ];
     for (args, key) in cases {
         let out = template(args)?;

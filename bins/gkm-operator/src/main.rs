@@ -24,6 +24,7 @@ use gkm_k8s_runtime::metrics::{Sampled, register_build_info};
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::EndpointServer;
 use gkm_oci::RegistryOptions;
+use gkm_oci::mirrors::HostsConfig;
 use prometheus_client::registry::Registry;
 
 /// How long the controllers get to finish after SIGTERM.
@@ -64,6 +65,13 @@ struct Cli {
     /// Speak plain HTTP to registries (local test registries only).
     #[arg(long, env = "GKM_INSECURE_REGISTRY")]
     insecure_registry: bool,
+    /// Registry mirrors for PVC fill Jobs: a directory of containerd-style
+    /// host files (<dir>/<registry>/hosts.toml); the file of a Job's image
+    /// registry is handed to the Job. A missing directory means no
+    /// mirrors. The operator itself resolves tags and verifies signatures
+    /// at the registry an image names.
+    #[arg(long, env = "GKM_REGISTRY_CONFIG_DIR", default_value = gkm_oci::mirrors::DEFAULT_CONFIG_DIR)]
+    registry_config_dir: PathBuf,
     /// The administrator's signature policy (YAML or JSON, the shape of a
     /// cache's `spec.signature`): for caches that set none, and the signers
     /// of every cache whose own signers do not count
@@ -173,6 +181,10 @@ enum Command {
         /// Speak plain HTTP to the registry.
         #[arg(long)]
         insecure_registry: bool,
+        /// The registry's host file (hosts.toml text): mirrors to read
+        /// through, every byte checked against the image's digests.
+        #[arg(long, env = gkm_k8s_operator::pvc::FILL_HOSTS_ENV, hide_env_values = true)]
+        registry_hosts: Option<String>,
     },
 }
 
@@ -231,12 +243,18 @@ fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
     }))
 }
 
-async fn fill(image: &str, into: &Path, insecure: bool) -> anyhow::Result<()> {
+async fn fill(
+    image: &str,
+    into: &Path,
+    insecure: bool,
+    hosts: Option<&String>,
+) -> anyhow::Result<()> {
     let reference: gkm_oci::ImageRef = image
         .parse()
         .with_context(|| format!("--image {image:?}"))?;
     let registry = RegistryOptions {
         insecure,
+        hosts: hosts.map_or(HostsConfig::None, |text| HostsConfig::Text(text.clone())),
         ..RegistryOptions::default()
     };
     let stats = gkm_k8s_operator::pvc::fill(&reference, into, &registry)
@@ -292,9 +310,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         image,
         into,
         insecure_registry,
+        registry_hosts,
     }) = &cli.command
     {
-        return fill(image, into, *insecure_registry).await;
+        return fill(image, into, *insecure_registry, registry_hosts.as_ref()).await;
+    }
+    let registry_hosts = HostsConfig::Dir(cli.registry_config_dir.clone());
+    for problem in registry_hosts.problems() {
+        tracing::warn!(%problem, "--registry-config-dir: fill Jobs read this registry without mirrors");
     }
     let webhook = webhook_options(&cli)?;
     if cli.webhook_cert_validity < Duration::from_secs(86_400) {
@@ -350,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             insecure_registry: cli.insecure_registry,
             volume_dir: cli.pvc_volume_dir,
             claim_size: cli.pvc_size,
+            registry_hosts,
         },
     };
     config

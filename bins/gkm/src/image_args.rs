@@ -9,6 +9,7 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gkm_oci::mirrors::HostsConfig;
 use gkm_oci::{Credentials, ImageRef, RegistryOptions};
 
 /// The exit codes, for `--help`.
@@ -35,6 +36,11 @@ pub struct RegistryArgs {
     /// Read the registry password from standard input.
     #[arg(long, requires = "username")]
     pub password_stdin: bool,
+    /// Read through registry mirrors: a directory of containerd-style
+    /// host files (DIR/REGISTRY/hosts.toml, such as /etc/containerd/certs.d).
+    /// Content read from a mirror is checked against its digest.
+    #[arg(long, value_name = "DIR")]
+    pub registry_config_dir: Option<std::path::PathBuf>,
 }
 
 impl RegistryArgs {
@@ -54,9 +60,14 @@ impl RegistryArgs {
             }
             None => Credentials::DockerConfig,
         };
+        let hosts = self
+            .registry_config_dir
+            .clone()
+            .map_or(HostsConfig::None, HostsConfig::Dir);
         Ok(RegistryOptions {
             insecure: self.insecure,
             credentials,
+            hosts,
         })
     }
 }

@@ -18,6 +18,9 @@ pub enum Error {
     /// Deletion waits for nodes still using or reporting the cache.
     #[error("waiting for nodes: {0}")]
     WaitingForNodes(String),
+    /// A watch the reconcile reads from has not listed yet.
+    #[error("not watched yet: {0}")]
+    NotWatched(String),
     /// A finalizer operation failed.
     #[error("finalizer: {0}")]
     Finalizer(String),

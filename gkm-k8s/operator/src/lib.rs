@@ -197,6 +197,9 @@ pub struct Context {
     /// The cluster's Nodes, their names and uids only: whether a node that
     /// reports still exists, without a request per report.
     pub nodes: reflector::Store<PartialObjectMeta<Node>>,
+    /// What PVC delivery reads, watched: gkm's Jobs, claims and volumes,
+    /// the namespaces, and the pods using claims.
+    pub pvc_watches: Arc<pvc::Watches>,
 }
 
 /// Runs both controllers until the process is asked to stop; refuses a
@@ -213,6 +216,7 @@ pub async fn run(
         instance: Some(config.instance.clone()),
     };
     let nodes = watch_nodes(&client).await;
+    let pvc_watches = pvc::Watches::start(&client).await;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -222,6 +226,7 @@ pub async fn run(
         resolutions: resolutions::Resolutions::default(),
         pending_writes: pending_writes::PendingWrites::default(),
         nodes,
+        pvc_watches,
     });
     futures::join!(
         controller::<GKMCache>(ctx.clone()),
@@ -297,8 +302,13 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     // one watch of the reports feeds the index and names the caches whose
     // entries changed. `watches` would need a second watch of every report,
     // and would trigger every cache a report mentions on each of its writes.
-    let controller = Controller::new(caches, watcher::Config::default())
+    let controller = Controller::new(caches, watcher::Config::default());
+    // Changes to what PVC delivery reads (its Jobs, claims, volumes, the
+    // pods using them, namespaces) trigger the caches they concern.
+    let pvc_changed = ctx.pvc_watches.triggers(controller.store());
+    let controller = controller
         .reconcile_on(changed)
+        .reconcile_on(pvc_changed)
         .shutdown_on_signal();
     let cached = controller.store();
     ctx.metrics.count_caches(move || {

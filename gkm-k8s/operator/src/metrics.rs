@@ -44,7 +44,7 @@ pub fn controller_label(scope: Scope) -> &'static str {
 /// `registry`, `invalid_spec`, `waiting`, `panicked` or `other`.
 pub fn error_kind(error: &Error) -> &'static str {
     match error {
-        Error::Kube(_) | Error::Finalizer(_) => "kube",
+        Error::Kube(_) | Error::Finalizer(_) | Error::NotWatched(_) => "kube",
         Error::Oci(_) => "registry",
         Error::InvalidSpec(_) => "invalid_spec",
         Error::WaitingForNodes(_) => "waiting",

@@ -150,6 +150,7 @@ async fn observe<K: CacheObject>(
         let outcome = reconcile_claims(
             cache,
             &ctx.client,
+            &ctx.pvc_watches,
             &ctx.config.pvc,
             Some(&digest),
             verification.is_deliverable(),
@@ -270,7 +271,7 @@ async fn cleanup<K: CacheObject>(
     );
     let status = deleting(&old, cache.meta().generation, counts, entries.len());
     write_status(cache, ctx, &old, status).await?;
-    if !remove_claims(&key, &ctx.client, &ctx.config.pvc).await? {
+    if !remove_claims(&key, &ctx.client, &ctx.pvc_watches, &ctx.config.pvc).await? {
         return Err(Error::WaitingForNodes(format!(
             "{key}: its Jobs, claims and volumes are being removed"
         )));

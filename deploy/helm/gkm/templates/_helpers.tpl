@@ -58,3 +58,35 @@ affinity:
 {{- define "gkm.signatureChecksum" -}}
 {{- toJson .Values.signature | sha256sum }}
 {{- end }}
+
+{{/*
+The registry host files (registry.mirrors or registry.configPath) as a
+volume named registry-hosts, laid out as <registry>/hosts.toml; empty when
+neither is set. `hostPath` allows the node directory (the agent only).
+*/}}
+{{- define "gkm.registryHostsVolume" -}}
+{{- $registry := .root.Values.registry -}}
+{{- if and $registry.mirrors $registry.configPath -}}
+{{- fail "registry.mirrors and registry.configPath: set one of them" -}}
+{{- end -}}
+{{- if $registry.mirrors }}
+- name: registry-hosts
+  configMap:
+    name: gkm-registry-hosts
+    items:
+      {{- range $host, $_ := $registry.mirrors }}
+      - key: {{ include "gkm.registryHostsKey" $host }}
+        path: {{ $host }}/hosts.toml
+      {{- end }}
+{{- else if and $registry.configPath .hostPath }}
+- name: registry-hosts
+  hostPath:
+    path: {{ $registry.configPath }}
+    type: Directory
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap key of a registry's hosts.toml (keys cannot hold ':'). */}}
+{{- define "gkm.registryHostsKey" -}}
+{{ regexReplaceAll "[^-._a-zA-Z0-9]" . "_" }}.toml
+{{- end }}

@@ -2,20 +2,26 @@
 //! removes what the cache owns and the plan no longer names, reads the fill
 //! Jobs and the pods using the claims back into status, and on deletion
 //! waits for those pods before removing Jobs, claims and volumes.
+//!
+//! What it reads comes from the watches ([`Watches`]) and from the answers
+//! to its own writes, never from a list: a reconcile costs its writes only.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
+use super::facts::{ClaimFacts, ClaimUser};
+use super::index::ObjectId;
 use super::objects::{self, PvcOptions};
 use super::plan::{Plan, PlanInput, PvcMode, plan};
-use super::status::{FAILED_AFTER, Fill, NamespaceFacts, claims_status};
+use super::status::{Fill, NamespaceFacts, claims_status};
+use super::watch::{Owned, Watches};
 use crate::error::{Error, Result};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
 use gkm_k8s_api::crd::{CacheState, PvcOwner, PvcStatus};
@@ -44,11 +50,21 @@ pub struct ClaimsOutcome {
     pub pods_outdated: i32,
 }
 
+/// What this reconcile's own writes answered: each applied claim's
+/// annotations and each applied Job's fill, by (namespace, name). Fresher
+/// than the watches, which show a write a moment later.
+#[derive(Debug, Default)]
+struct Applied {
+    claims: BTreeMap<(String, String), ClaimFacts>,
+    fills: BTreeMap<(String, String), Fill>,
+}
+
 /// Applies what `cache` should have in PVC mode (nothing in CSI mode: what
 /// it owned is removed), and reports what is there.
 pub async fn reconcile_claims<K: CacheObject>(
     cache: &K,
     client: &Client,
+    watches: &Watches,
     options: &PvcOptions,
     digest: Option<&str>,
     deliverable: bool,
@@ -56,14 +72,7 @@ pub async fn reconcile_claims<K: CacheObject>(
 ) -> Result<ClaimsOutcome> {
     let key = cache.key();
     let spec = cache.cache_spec();
-    let namespaces: BTreeSet<String> = Api::<Namespace>::all(client.clone())
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none())
-        .filter_map(|n| n.metadata.name)
-        .collect();
+    let namespaces = watches.namespaces();
     let wanted = plan(&PlanInput {
         key: &key,
         spec,
@@ -78,6 +87,7 @@ pub async fn reconcile_claims<K: CacheObject>(
         None => None,
     };
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut applied = Applied::default();
     for claim in &wanted.claims {
         if let Some(body) = objects::volume(&key, spec, claim, options) {
             prepare_volume_dir(options, claim.volume.as_deref().unwrap_or_default());
@@ -90,21 +100,34 @@ pub async fn reconcile_claims<K: CacheObject>(
                 .await?;
         }
         let body = objects::claim(&key, spec, claim, options);
-        Api::<PersistentVolumeClaim>::namespaced(client.clone(), &claim.namespace)
+        let written = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &claim.namespace)
             .patch(&claim.name, &params, &Patch::Apply(&body))
             .await?;
+        let id = (claim.namespace.clone(), claim.name.clone());
+        applied.claims.insert(id.clone(), ClaimFacts::of(&written));
         if let (Some(d), Some(image)) = (digest, image.as_deref())
             && let Some(body) = objects::job(&key, spec, claim, d, image, options)
             && let Some(name) = &claim.job
         {
-            Api::<Job>::namespaced(client.clone(), &claim.namespace)
+            let job = Api::<Job>::namespaced(client.clone(), &claim.namespace)
                 .patch(name, &params, &Patch::Apply(&body))
                 .await?;
+            applied.fills.insert(id, Fill::of(job.status.as_ref()));
         }
     }
-    prune(&key, client, &wanted).await?;
+    prune(&key, client, watches, &wanted).await?;
     let previous = cache.cache_status().and_then(|s| s.pvc_status.as_ref());
-    observe(&key, spec, client, &wanted, digest, previous).await
+    observe(
+        &key,
+        spec,
+        client,
+        watches,
+        &wanted,
+        &mut applied,
+        digest,
+        previous,
+    )
+    .await
 }
 
 /// `REPO@DIGEST` for the cache's image.
@@ -118,52 +141,70 @@ fn pinned(image: &str, digest: &str) -> Result<String> {
     Ok(reference.with_digest(&digest).to_string())
 }
 
-/// Removes the Jobs, claims and volumes `key` owns that `wanted` does not name.
-async fn prune(key: &CacheKey, client: &Client, wanted: &Plan) -> Result<()> {
-    let claims: BTreeSet<(String, String)> = wanted
+/// Removes the Jobs, claims and volumes `key` owns that `wanted` does not
+/// name. What the watches do not show yet is removed by the reconcile its
+/// arrival triggers.
+async fn prune(key: &CacheKey, client: &Client, watches: &Watches, wanted: &Plan) -> Result<()> {
+    let claims: BTreeSet<ObjectId> = wanted
         .claims
         .iter()
-        .map(|c| (c.namespace.clone(), c.name.clone()))
+        .map(|c| (Some(c.namespace.clone()), c.name.clone()))
         .collect();
-    let jobs: BTreeSet<(String, String)> = wanted
+    let jobs: BTreeSet<ObjectId> = wanted
         .claims
         .iter()
-        .filter_map(|c| Some((c.namespace.clone(), c.job.clone()?)))
+        .filter_map(|c| Some((Some(c.namespace.clone()), c.job.clone()?)))
         .collect();
-    let volumes: BTreeSet<String> = wanted
+    let volumes: BTreeSet<ObjectId> = wanted
         .claims
         .iter()
-        .filter_map(|c| c.volume.clone())
+        .filter_map(|c| Some((None, c.volume.clone()?)))
         .collect();
-    let owned = Owned::list(key, client).await?;
+    let owned = watches.owned(key);
     // A Job of another digest goes at once: two fills never write one claim.
-    for job in &owned.jobs {
-        let id = (job.namespace().unwrap_or_default(), job.name_any());
-        if !jobs.contains(&id) {
-            delete_job(client, &id.0, &id.1).await?;
+    for (namespace, name) in &owned.jobs {
+        if !jobs.contains(&(namespace.clone(), name.clone())) {
+            delete_job(client, namespace.as_deref().unwrap_or_default(), name).await?;
         }
     }
-    for claim in &owned.claims {
-        let id = (claim.namespace().unwrap_or_default(), claim.name_any());
-        if !claims.contains(&id) {
-            info!(cache = %key, claim = %format!("{}/{}", id.0, id.1), "removing a claim the cache no longer asks for");
+    for (namespace, name) in &owned.claims {
+        if !claims.contains(&(namespace.clone(), name.clone())) {
+            let namespace = namespace.as_deref().unwrap_or_default();
+            info!(cache = %key, claim = %format!("{namespace}/{name}"), "removing a claim the cache no longer asks for");
             delete(
-                &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &id.0),
-                &id.1,
+                &Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace),
+                name,
             )
             .await?;
         }
     }
-    for volume in &owned.volumes {
-        if !volumes.contains(&volume.name_any()) && claim_gone(client, volume).await? {
-            delete(
-                &Api::<PersistentVolume>::all(client.clone()),
-                &volume.name_any(),
-            )
-            .await?;
+    for (_, name) in &owned.volumes {
+        if !volumes.contains(&(None, name.clone())) {
+            delete_volume_once_unclaimed(client, name, None).await?;
         }
     }
     Ok(())
+}
+
+/// Deletes the gkm-made volume `name` once its claim is gone (asked of the
+/// apiserver: a volume is removed rarely, and never while claimed), with
+/// its directory when `options` lets the operator see it.
+async fn delete_volume_once_unclaimed(
+    client: &Client,
+    name: &str,
+    options: Option<&PvcOptions>,
+) -> Result<()> {
+    let api = Api::<PersistentVolume>::all(client.clone());
+    let Some(volume) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    if !claim_gone(client, &volume).await? {
+        return Ok(());
+    }
+    if let Some(options) = options {
+        remove_volume_dir(options, name);
+    }
+    delete(&api, name).await
 }
 
 /// Whether a gkm-made volume's claim is gone (its volume may go then).
@@ -204,129 +245,88 @@ where
     }
 }
 
-/// Everything a cache owns, found by its labels.
-struct Owned {
-    jobs: Vec<Job>,
-    claims: Vec<PersistentVolumeClaim>,
-    volumes: Vec<PersistentVolume>,
-}
-
-impl Owned {
-    async fn list(key: &CacheKey, client: &Client) -> Result<Owned> {
-        let selector = ListParams::default().labels(&objects::owner_selector(key));
-        Ok(Owned {
-            jobs: Api::<Job>::all(client.clone()).list(&selector).await?.items,
-            claims: Api::<PersistentVolumeClaim>::all(client.clone())
-                .list(&selector)
-                .await?
-                .items,
-            volumes: Api::<PersistentVolume>::all(client.clone())
-                .list(&selector)
-                .await?
-                .items,
-        })
+/// Everything a cache owns, listed by its labels: asked of the apiserver
+/// only when the watches show nothing left of a deleted cache, since
+/// letting it go on a view a moment old would leave behind what nobody
+/// removes then.
+async fn list_owned(key: &CacheKey, client: &Client) -> Result<Owned> {
+    let selector = ListParams::default().labels(&objects::owner_selector(key));
+    fn ids<K: kube::Resource + Clone>(
+        found: kube::core::ObjectList<kube::core::PartialObjectMeta<K>>,
+    ) -> Vec<ObjectId> {
+        found.items.iter().map(super::index::id_of).collect()
     }
-
-    fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.claims.is_empty() && self.volumes.is_empty()
-    }
+    Ok(Owned {
+        jobs: ids(Api::<Job>::all(client.clone())
+            .list_metadata(&selector)
+            .await?),
+        claims: ids(Api::<PersistentVolumeClaim>::all(client.clone())
+            .list_metadata(&selector)
+            .await?),
+        volumes: ids(Api::<PersistentVolume>::all(client.clone())
+            .list_metadata(&selector)
+            .await?),
+    })
 }
 
-/// The workload pods in `namespace` whose volumes name one of `claims`
-/// (not finished, not gkm's fill Jobs).
-async fn pods_using(
-    client: &Client,
-    namespace: &str,
-    claims: &BTreeSet<String>,
-) -> Result<Vec<Pod>> {
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?;
-    Ok(pods
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .is_some_and(|vs| {
-                    vs.iter().any(|v| {
-                        v.persistent_volume_claim
-                            .as_ref()
-                            .is_some_and(|c| claims.contains(&c.claim_name))
-                    })
-                })
-        })
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
-        // gkm's own fill Jobs are no workload.
-        .filter(|p| {
-            p.labels().get(objects::MANAGED_BY.0).map(String::as_str) != Some(objects::MANAGED_BY.1)
-        })
-        .collect())
-}
-
-/// Reads the Jobs back, records on each claim the digest it holds once its
-/// Job completed, reads the pods using the claims, and makes the status of
-/// what it read ([`claims_status`]).
+/// Reads the fills back, records on each claim the digest it holds once
+/// its Job completed, reads the pods using the claims, and makes the status
+/// of what it read ([`claims_status`]).
+#[allow(clippy::too_many_arguments)]
 async fn observe(
     key: &CacheKey,
     spec: &gkm_k8s_api::crd::CacheSpec,
     client: &Client,
+    watches: &Watches,
     wanted: &Plan,
+    applied: &mut Applied,
     digest: Option<&str>,
     previous: Option<&BTreeMap<String, PvcStatus>>,
 ) -> Result<ClaimsOutcome> {
     let Some(mode) = PvcMode::of(spec) else {
         return Ok(ClaimsOutcome::default());
     };
-    let mut facts = read_fills(client, wanted).await?;
+    let mut facts = read_fills(wanted, applied);
     if let Some(digest) = digest {
         for (namespace, seen) in &facts {
             for (claim, fill) in &seen.fills {
                 if *fill == Fill::Done {
-                    record_fill(client, namespace, claim, digest).await?;
+                    record_fill(client, applied, namespace, claim, digest).await?;
                 }
             }
         }
     }
     // After the fills are recorded, so a refill shows in the pods at once.
-    read_pods(client, key, wanted, &mut facts).await?;
+    read_pods(watches, key, wanted, applied, &mut facts).await?;
     Ok(claims_status(key, mode, wanted, digest, previous, &facts))
 }
 
-/// Where each planned claim's fill Job stands, by namespace.
-async fn read_fills(client: &Client, wanted: &Plan) -> Result<BTreeMap<String, NamespaceFacts>> {
+/// Where each planned claim's fill Job stands, by namespace, as applying
+/// it answered.
+fn read_fills(wanted: &Plan, applied: &Applied) -> BTreeMap<String, NamespaceFacts> {
     let mut facts: BTreeMap<String, NamespaceFacts> = BTreeMap::new();
     for claim in &wanted.claims {
         let seen = facts.entry(claim.namespace.clone()).or_default();
-        let Some(job_name) = &claim.job else { continue };
-        let job = Api::<Job>::namespaced(client.clone(), &claim.namespace)
-            .get_opt(job_name)
-            .await?;
-        let js = job.as_ref().and_then(|j| j.status.as_ref());
-        let fill = if js.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
-            Fill::Done
-        } else if js.and_then(|s| s.failed).unwrap_or(0) > FAILED_AFTER {
-            Fill::Failed
-        } else {
-            Fill::Pending
-        };
+        if claim.job.is_none() {
+            continue;
+        }
+        let fill = applied
+            .fills
+            .get(&(claim.namespace.clone(), claim.name.clone()))
+            .copied()
+            .unwrap_or(Fill::Pending);
         seen.fills.insert(claim.name.clone(), fill);
     }
-    Ok(facts)
+    facts
 }
 
 /// Counts, per namespace, the pods using its claims (or a claim named after
 /// the cache), as running or as started before a refill.
 async fn read_pods(
-    client: &Client,
+    watches: &Watches,
     key: &CacheKey,
     wanted: &Plan,
+    applied: &Applied,
     facts: &mut BTreeMap<String, NamespaceFacts>,
 ) -> Result<()> {
     for (namespace, seen) in facts.iter_mut() {
@@ -337,8 +337,8 @@ async fn read_pods(
             .map(|c| c.name.clone())
             .chain(std::iter::once(key.name().to_string()))
             .collect();
-        for pod in pods_using(client, namespace, &names).await? {
-            if refilled_since(client, namespace, &pod).await? {
+        for (_, user) in watches.pods_using(namespace, &names).await? {
+            if refilled_since(watches, applied, namespace, &user) {
                 seen.pods_outdated += 1;
             } else {
                 seen.pods_running += 1;
@@ -350,70 +350,76 @@ async fn read_pods(
 
 /// Marks `claim` as holding `digest`; on a refill (it held another digest)
 /// records when, so that pods started before count as outdated.
-async fn record_fill(client: &Client, namespace: &str, claim: &str, digest: &str) -> Result<()> {
-    let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
-    let Some(current) = api.get_opt(claim).await? else {
+async fn record_fill(
+    client: &Client,
+    applied: &mut Applied,
+    namespace: &str,
+    claim: &str,
+    digest: &str,
+) -> Result<()> {
+    let id = (namespace.to_string(), claim.to_string());
+    let Some(held) = applied.claims.get(&id) else {
         return Ok(());
     };
-    let annotations = current.annotations();
-    let held = annotations.get(FILLED_ANNOTATION);
-    if held.map(String::as_str) == Some(digest) {
+    if held.filled.as_deref() == Some(digest) {
         return Ok(());
     }
     let mut patch = json!({"metadata": {"annotations": {FILLED_ANNOTATION: digest}}});
-    if held.is_some() {
+    if held.filled.is_some() {
         patch["metadata"]["annotations"][REFILLED_AT_ANNOTATION] =
             json!(Timestamp::now().to_string());
     }
-    api.patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+    let written = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
+    applied.claims.insert(id, ClaimFacts::of(&written));
     Ok(())
 }
 
-/// Whether a claim `pod` uses was refilled after the pod started.
-async fn refilled_since(client: &Client, namespace: &str, pod: &Pod) -> Result<bool> {
-    let Some(started) = pod.metadata.creation_timestamp.as_ref() else {
-        return Ok(false);
+/// Whether a claim `user` uses was refilled after the pod started.
+fn refilled_since(watches: &Watches, applied: &Applied, namespace: &str, user: &ClaimUser) -> bool {
+    let Some(started) = user.created else {
+        return false;
     };
-    let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
-    for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        let Some(source) = &volume.persistent_volume_claim else {
-            continue;
-        };
-        let Some(claim) = api.get_opt(&source.claim_name).await? else {
-            continue;
-        };
-        let refilled = claim
-            .annotations()
-            .get(REFILLED_AT_ANNOTATION)
-            .and_then(|t| t.parse::<Timestamp>().ok());
-        if refilled.is_some_and(|t| t > started.0) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    user.claims.iter().any(|claim| {
+        let held = applied
+            .claims
+            .get(&(namespace.to_string(), claim.clone()))
+            .cloned()
+            .or_else(|| watches.claim(namespace, claim));
+        held.and_then(|c| c.refilled_at)
+            .is_some_and(|refilled| refilled > started)
+    })
 }
 
 /// On deletion: while pods use the cache's claims, nothing is removed
 /// (`Err(WaitingForPods)`); then its Jobs, claims and volumes are deleted
 /// (and gkm-made volume directories removed where the operator sees them),
 /// and `Ok(true)` once none is left.
-pub async fn remove_claims(key: &CacheKey, client: &Client, options: &PvcOptions) -> Result<bool> {
-    let owned = Owned::list(key, client).await?;
+pub async fn remove_claims(
+    key: &CacheKey,
+    client: &Client,
+    watches: &Watches,
+    options: &PvcOptions,
+) -> Result<bool> {
+    let mut owned = watches.owned(key);
     if owned.is_empty() {
-        return Ok(true);
+        owned = list_owned(key, client).await?;
+        if owned.is_empty() {
+            return Ok(true);
+        }
     }
     let mut by_namespace: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for claim in &owned.claims {
+    for (namespace, name) in &owned.claims {
         by_namespace
-            .entry(claim.namespace().unwrap_or_default())
+            .entry(namespace.clone().unwrap_or_default())
             .or_default()
-            .insert(claim.name_any());
+            .insert(name.clone());
     }
     let mut users = Vec::new();
     for (namespace, claims) in &by_namespace {
-        for pod in pods_using(client, namespace, claims).await? {
-            users.push(format!("{namespace}/{}", pod.name_any()));
+        for (pod, _) in watches.pods_using(namespace, claims).await? {
+            users.push(format!("{namespace}/{pod}"));
         }
     }
     if !users.is_empty() {
@@ -422,33 +428,21 @@ pub async fn remove_claims(key: &CacheKey, client: &Client, options: &PvcOptions
             users.join(", ")
         )));
     }
-    for job in &owned.jobs {
-        delete_job(
-            client,
-            &job.namespace().unwrap_or_default(),
-            &job.name_any(),
-        )
-        .await?;
+    for (namespace, name) in &owned.jobs {
+        delete_job(client, namespace.as_deref().unwrap_or_default(), name).await?;
     }
-    for claim in &owned.claims {
+    for (namespace, name) in &owned.claims {
         delete(
             &Api::<PersistentVolumeClaim>::namespaced(
                 client.clone(),
-                &claim.namespace().unwrap_or_default(),
+                namespace.as_deref().unwrap_or_default(),
             ),
-            &claim.name_any(),
+            name,
         )
         .await?;
     }
-    for volume in &owned.volumes {
-        if claim_gone(client, volume).await? {
-            remove_volume_dir(options, &volume.name_any());
-            delete(
-                &Api::<PersistentVolume>::all(client.clone()),
-                &volume.name_any(),
-            )
-            .await?;
-        }
+    for (_, name) in &owned.volumes {
+        delete_volume_once_unclaimed(client, name, Some(options)).await?;
     }
     Ok(false)
 }

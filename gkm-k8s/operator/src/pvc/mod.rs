@@ -5,22 +5,28 @@
 //! - `plan`: which claims, volumes and Jobs should exist (pure).
 //! - `objects`: their server-side apply bodies (pure).
 //! - `apply`: the glue that applies, prunes, observes and removes them.
+//! - `watch`: the glue that watches what `apply` reads, and triggers the
+//!   caches its changes concern; `index` and `facts` keep what it reads.
 //! - `fill`: what a fill Job's container runs.
 //! - `layout`: how a claim holds its trees so a refill switches atomically.
 //! - `mutation`: what the `gkm.io/pvc-mutation` pod webhook answers (pure).
 
 mod apply;
+mod facts;
 mod fill;
+mod index;
 pub mod layout;
 pub mod mutation;
 pub mod objects;
 pub mod plan;
 mod status;
+mod watch;
 
 pub use apply::{
     ClaimsOutcome, FIELD_MANAGER, FILLED_ANNOTATION, REFILLED_AT_ANNOTATION, reconcile_claims,
     remove_claims,
 };
 pub use fill::fill;
-pub use objects::PvcOptions;
+pub use objects::{FILL_HOSTS_ENV, PvcOptions};
 pub use plan::{PvcMode, names};
+pub use watch::Watches;

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use gkm_oci::ImageRef;
+use gkm_oci::mirrors::{HostsConfig, parse_hosts};
 use serde_json::{Value, json};
 
 use super::plan::{ClaimPlan, PvcMode};
@@ -46,7 +48,15 @@ pub struct PvcOptions {
     pub volume_dir: Option<PathBuf>,
     /// The size claims request (and gkm-made volumes offer).
     pub claim_size: String,
+    /// The registry mirrors fill Jobs read through: the host file of each
+    /// Job's image registry goes into the Job ([`FILL_HOSTS_ENV`]), once
+    /// checked, so tenants' namespaces need no ConfigMap or host path.
+    pub registry_hosts: HostsConfig,
 }
+
+/// The environment variable carrying the registry host file (hosts.toml)
+/// of a fill Job's image registry (`gkm-operator fill --registry-hosts`).
+pub const FILL_HOSTS_ENV: &str = "GKM_REGISTRY_HOSTS";
 
 impl Default for PvcOptions {
     fn default() -> Self {
@@ -57,6 +67,7 @@ impl Default for PvcOptions {
             insecure_registry: false,
             volume_dir: None,
             claim_size: "1Gi".into(),
+            registry_hosts: HostsConfig::None,
         }
     }
 }
@@ -89,6 +100,30 @@ pub fn owner_selector(key: &CacheKey) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The label selector of everything gkm makes for PVC delivery, whichever
+/// cache it belongs to: what the operator's watches of Jobs, claims and
+/// volumes ask for.
+pub fn managed_selector() -> String {
+    format!(
+        "{}={},{CACHE_LABEL},{KIND_LABEL}",
+        MANAGED_BY.0, MANAGED_BY.1
+    )
+}
+
+/// The cache an object made for it belongs to, read back from its
+/// [`owner_labels`]; `None` when they do not name one.
+pub fn owner_of(labels: &BTreeMap<String, String>) -> Option<CacheKey> {
+    if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
+        return None;
+    }
+    let name = labels.get(CACHE_LABEL)?;
+    match labels.get(KIND_LABEL).map(String::as_str)? {
+        "GKMCache" => Some(CacheKey::namespaced(labels.get(NAMESPACE_LABEL)?, name)),
+        "ClusterGKMCache" => Some(CacheKey::cluster(name)),
+        _ => None,
+    }
 }
 
 fn labels_for(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, String> {
@@ -212,6 +247,9 @@ pub fn job(
     if options.job_host_network {
         pod_spec["hostNetwork"] = json!(true);
     }
+    if let Some(hosts) = fill_hosts(image, &options.registry_hosts) {
+        pod_spec["containers"][0]["env"] = json!([{"name": FILL_HOSTS_ENV, "value": hosts}]);
+    }
     apply_template(&mut pod_spec, &template, plan.node.as_deref());
     let mut job_annotations = BTreeMap::new();
     job_annotations.insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
@@ -227,6 +265,32 @@ pub fn job(
             },
         },
     }))
+}
+
+/// The host file a fill of `image` reads its registry through, when there
+/// is one and it is valid: a file gkm cannot use is logged and the fill
+/// reads from the registry itself, and only a checked file (which holds no
+/// credentials: gkm refuses `header`) reaches the Job in a tenant's
+/// namespace.
+fn fill_hosts(image: &str, hosts: &HostsConfig) -> Option<String> {
+    let Ok(ImageRef::Registry(reference)) = image.parse::<ImageRef>() else {
+        return None;
+    };
+    let registry = reference.registry();
+    match hosts.file_for(registry) {
+        Ok(None) => None,
+        Ok(Some((path, text))) => match parse_hosts(&text, registry, registry, false) {
+            Ok(_) => Some(text),
+            Err(reason) => {
+                tracing::warn!(%path, %reason, "fill Jobs ignore a registry host file gkm cannot use");
+                None
+            }
+        },
+        Err(error) => {
+            tracing::warn!(%error, "fill Jobs cannot read the registry host files");
+            None
+        }
+    }
 }
 
 /// Copies the template's scheduling fields onto `pod_spec`; a ReadWriteOnce
@@ -338,6 +402,57 @@ mod tests {
             "--image=r.example/c@sha256:00"
         );
         let _: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job).expect("a Job");
+    }
+
+    #[test]
+    fn fill_jobs_carry_their_registrys_checked_host_file() {
+        let mirrored = "[host.\"http://127.0.0.1:30020\"]\n  capabilities = [\"pull\"]\n";
+        let spec = spec(vec![AccessMode::ReadOnlyMany], None);
+        let with = |hosts: &str| PvcOptions {
+            registry_hosts: HostsConfig::Text(hosts.into()),
+            ..PvcOptions::default()
+        };
+        let digest = format!("sha256:{}", "0".repeat(64));
+        let image = format!("r.example/c@{digest}");
+        let fill = |options: &PvcOptions| {
+            job(&key(), &spec, &claim_plan(None), &digest, &image, options).expect("a job")
+        };
+        let job = fill(&with(mirrored));
+        let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];
+        assert_eq!(env[0]["name"], FILL_HOSTS_ENV);
+        assert_eq!(env[0]["value"], mirrored);
+        // A file gkm refuses (here: one carrying headers) never reaches the Job.
+        let job = fill(&with(
+            "[host.\"https://m\".header]\nauthorization = \"Basic x\"\n",
+        ));
+        assert!(
+            job["spec"]["template"]["spec"]["containers"][0]
+                .get("env")
+                .is_none()
+        );
+        let job = fill(&PvcOptions::default());
+        assert!(
+            job["spec"]["template"]["spec"]["containers"][0]
+                .get("env")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_owner_is_read_back_from_the_labels() {
+        for key in [key(), CacheKey::cluster("shared")] {
+            let mut labels = owner_labels(&key);
+            assert_eq!(owner_of(&labels), Some(key.clone()));
+            labels.insert(NODE_LABEL.into(), "n1".into());
+            assert_eq!(owner_of(&labels), Some(key.clone()), "a node claim's");
+            labels.remove(MANAGED_BY.0);
+            assert_eq!(owner_of(&labels), None, "not made by gkm");
+        }
+        let mut labels = owner_labels(&key());
+        labels.remove(NAMESPACE_LABEL);
+        assert_eq!(owner_of(&labels), None, "a GKMCache names its namespace");
+        labels.insert(KIND_LABEL.into(), "Other".into());
+        assert_eq!(owner_of(&labels), None);
     }
 
     #[test]

@@ -91,6 +91,22 @@ pub struct Plan {
     pub withheld: Option<String>,
 }
 
+/// The namespaces a cache's claims go to, sorted and once each: a
+/// `GKMCache`'s own, a `ClusterGKMCache`'s `workloadNamespaces`.
+pub fn served_namespaces(key: &CacheKey, spec: &CacheSpec) -> Vec<String> {
+    match key.scope() {
+        Scope::Namespaced => key.namespace().map(str::to_string).into_iter().collect(),
+        Scope::Cluster => spec
+            .workload_namespaces
+            .iter()
+            .flatten()
+            .map(|n| n.0.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+    }
+}
+
 /// The plan for a PVC-mode cache; an empty plan for a CSI-mode one.
 ///
 /// Claims exist for every existing namespace (and, in ReadWriteOnce, every
@@ -102,24 +118,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let Some(mode) = PvcMode::of(input.spec) else {
         return Plan::default();
     };
-    let namespaces: Vec<String> = match input.key.scope() {
-        Scope::Namespaced => input
-            .key
-            .namespace()
-            .map(str::to_string)
-            .into_iter()
-            .collect(),
-        Scope::Cluster => input
-            .spec
-            .workload_namespaces
-            .iter()
-            .flatten()
-            .map(|n| n.0.clone())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect(),
-    };
-    let (present, missing): (Vec<String>, Vec<String>) = namespaces
+    let (present, missing): (Vec<String>, Vec<String>) = served_namespaces(input.key, input.spec)
         .into_iter()
         .partition(|n| input.existing_namespaces.contains(n));
     let withheld = match (input.digest, input.deliverable) {

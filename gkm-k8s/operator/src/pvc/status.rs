@@ -22,6 +22,19 @@ pub enum Fill {
     Pending,
 }
 
+impl Fill {
+    /// Where a fill Job with `status` stands (no status: pending).
+    pub fn of(status: Option<&k8s_openapi::api::batch::v1::JobStatus>) -> Fill {
+        if status.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
+            Fill::Done
+        } else if status.and_then(|s| s.failed).unwrap_or(0) > FAILED_AFTER {
+            Fill::Failed
+        } else {
+            Fill::Pending
+        }
+    }
+}
+
 /// What one namespace's claims show.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamespaceFacts {
@@ -148,6 +161,20 @@ mod tests {
     use super::*;
 
     const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+    #[test]
+    fn a_jobs_fill_is_done_failed_past_its_retries_or_pending() {
+        use k8s_openapi::api::batch::v1::JobStatus;
+        let status = |succeeded, failed| JobStatus {
+            succeeded: Some(succeeded),
+            failed: Some(failed),
+            ..JobStatus::default()
+        };
+        assert_eq!(Fill::of(None), Fill::Pending);
+        assert_eq!(Fill::of(Some(&status(0, FAILED_AFTER))), Fill::Pending);
+        assert_eq!(Fill::of(Some(&status(0, FAILED_AFTER + 1))), Fill::Failed);
+        assert_eq!(Fill::of(Some(&status(1, FAILED_AFTER + 1))), Fill::Done);
+    }
 
     fn claim(namespace: &str, name: &str) -> ClaimPlan {
         ClaimPlan {

@@ -1,13 +1,23 @@
-//! Manifest reads from a registry that stop at [`MAX_DOCUMENT_SIZE`] bytes.
+//! Reads from one registry host (the registry itself, or a mirror): capped
+//! manifest GETs and streamed blob GETs, at the URLs [`Host`] builds.
 //!
 //! oci-client reads a manifest response whole before it returns it, so a
 //! registry (or anything answering in its name) that sends an endless body
-//! would make gkm allocate without bound before any size check could run.
-//! Here oci-client still does the credential exchange, so every registry it
-//! can talk to works the same, and the GET itself is made with the same
-//! timeouts, read chunk by chunk, and abandoned as soon as the body outgrows
-//! the cap (or declares a larger `Content-Length`).
+//! would make gkm allocate without bound before any size check could run;
+//! and it builds every URL itself, with no room for a mirror's path or the
+//! `ns` parameter mirrors use. Here oci-client still does the credential
+//! exchange, so every registry it can talk to works the same, and the GETs
+//! themselves are made with the same timeouts, a manifest read chunk by
+//! chunk and abandoned as soon as the body outgrows the cap (or declares a
+//! larger `Content-Length`).
 
+use std::io;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
@@ -15,7 +25,9 @@ use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::labels::MANIFEST_TYPES;
-use crate::repo::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT, read_at_most};
+use crate::mirrors::{Host, Role};
+use crate::repo::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT, read_at_most, registry_error};
+use gkm_core::digest::Digest;
 
 /// How much of an error response's body is kept for the error message.
 const ERROR_BODY_LIMIT: usize = 4 << 10;
@@ -36,56 +48,85 @@ pub(crate) struct FetchedManifest {
     pub claimed_digest: Option<String>,
 }
 
-/// Capped manifest GETs for one registry repository.
-pub(crate) struct ManifestGetter {
+/// Reads of one repository from one host.
+pub(crate) struct HostReader {
+    /// Where, and what it may be asked for.
+    pub host: Host,
+    /// What errors name: the image, and the mirror it was asked of.
+    pub label: String,
     http: reqwest::Client,
-    scheme: &'static str,
-    /// The credential of the last exchange, reused until the registry
-    /// answers 401; `None` until the first exchange.
+    /// Does the credential exchange.
+    client: Arc<oci_client::Client>,
+    /// The image as this host's credential exchange sees it.
+    reference: Reference,
+    auth: RegistryAuth,
+    /// The credential of the last exchange, reused until the host answers
+    /// 401; `None` until the first exchange.
     credential: Mutex<Option<Credential>>,
 }
 
-impl ManifestGetter {
-    /// A getter speaking plain HTTP when `insecure`, HTTPS otherwise.
-    pub(crate) fn new(insecure: bool) -> Result<ManifestGetter> {
+/// An oci-client client for `host`'s credential exchange (and, for the
+/// registry itself, writes).
+pub(crate) fn oci_client_for(host: &Host) -> oci_client::Client {
+    oci_client::Client::new(ClientConfig {
+        protocol: if host.plain_http {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
+        accept_invalid_certificates: host.skip_verify,
+        connect_timeout: Some(host.dial_timeout.unwrap_or(CONNECT_TIMEOUT)),
+        read_timeout: Some(READ_TIMEOUT),
+        ..Default::default()
+    })
+}
+
+impl HostReader {
+    /// A reader of `image`'s repository from `host`, exchanging `auth`
+    /// through `client` when the host asks for credentials.
+    pub(crate) fn new(
+        host: Host,
+        image: &Reference,
+        client: Arc<oci_client::Client>,
+        auth: RegistryAuth,
+    ) -> Result<HostReader> {
         let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(host.dial_timeout.unwrap_or(CONNECT_TIMEOUT))
             .read_timeout(READ_TIMEOUT)
+            .danger_accept_invalid_certs(host.skip_verify)
             .build()
             .map_err(|e| Error::Task(format!("cannot set up the registry client: {e}")))?;
-        Ok(ManifestGetter {
+        let whole = image.whole();
+        let (reference, label) = match host.role {
+            Role::Server if host.authority == image.resolve_registry() => (image.clone(), whole),
+            _ => (
+                Reference::with_tag(
+                    host.authority.clone(),
+                    image.repository().to_string(),
+                    "latest".into(),
+                ),
+                format!("{whole} from {host}"),
+            ),
+        };
+        Ok(HostReader {
+            host,
+            label,
             http,
-            scheme: if insecure { "http" } else { "https" },
+            client,
+            reference,
+            auth,
             credential: Mutex::new(None),
         })
     }
 
-    /// GET the manifest `reference` names (its digest if it has one, else its
-    /// tag), with the credentials `client` obtains for `auth`. Registry errors
-    /// go through `registry_err`; a body over [`MAX_DOCUMENT_SIZE`] is an
-    /// error of its own, raised before more than the cap is held in memory.
-    pub(crate) async fn get(
-        &self,
-        client: &oci_client::Client,
-        reference: &Reference,
-        auth: &RegistryAuth,
-        registry_err: impl Fn(OciDistributionError) -> Error,
-    ) -> Result<FetchedManifest> {
-        let url = manifest_url(self.scheme, reference);
-        let mut response = self
-            .send(&url, self.credential(client, reference, auth, false).await)
-            .await;
-        if matches!(&response, Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED) {
-            // A cached token may have expired: exchange again, once.
-            response = self
-                .send(&url, self.credential(client, reference, auth, true).await)
-                .await;
-        }
-        let response = response.map_err(&registry_err)?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(registry_err(status_error(status, &url, response).await));
-        }
+    /// GET the manifest `selector` (a tag or a digest) names. A body over
+    /// [`MAX_DOCUMENT_SIZE`] is an error of its own, raised before more
+    /// than the cap is held in memory.
+    pub(crate) async fn manifest(&self, selector: &str) -> Result<FetchedManifest> {
+        let url = self
+            .host
+            .manifest_url(self.reference.repository(), selector);
+        let response = self.get(&url, true, "manifest").await?;
         let claimed_digest = response
             .headers()
             .get("Docker-Content-Digest")
@@ -93,22 +134,59 @@ impl ManifestGetter {
             .map(str::to_string);
         let bytes = read_capped(response)
             .await
-            .map_err(|e| e.into_error(&registry_err))?;
+            .map_err(|e| e.into_error(|e| registry_error(&self.label, e)))?;
         Ok(FetchedManifest {
             bytes,
             claimed_digest,
         })
     }
 
+    /// GET the blob `digest` as a stream of chunks; the caller checks the
+    /// digest.
+    pub(crate) async fn blob(
+        &self,
+        digest: &Digest,
+    ) -> Result<BoxStream<'static, io::Result<Bytes>>> {
+        let url = self.host.blob_url(self.reference.repository(), digest);
+        let response = self.get(&url, false, &format!("blob {digest}")).await?;
+        Ok(response.bytes_stream().map_err(io::Error::other).boxed())
+    }
+
+    /// A successful answer to a GET of `url`, with the credentials the
+    /// host asks for; `what` names the content in a not-found error.
+    async fn get(&self, url: &str, manifest: bool, what: &str) -> Result<reqwest::Response> {
+        let mut response = self.send(url, manifest, self.credential(false).await).await;
+        if matches!(&response, Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED) {
+            // A cached token may have expired: exchange again, once.
+            response = self.send(url, manifest, self.credential(true).await).await;
+        }
+        let response = response.map_err(|e| registry_error(&self.label, e))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(Error::NotFound {
+                what: what.to_string(),
+                location: self.label.clone(),
+            });
+        }
+        if !status.is_success() {
+            return Err(registry_error(
+                &self.label,
+                status_error(status, url, response).await,
+            ));
+        }
+        Ok(response)
+    }
+
     async fn send(
         &self,
         url: &str,
+        manifest: bool,
         credential: std::result::Result<Credential, OciDistributionError>,
     ) -> std::result::Result<reqwest::Response, OciDistributionError> {
-        let request = self
-            .http
-            .get(url)
-            .header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "));
+        let mut request = self.http.get(url);
+        if manifest {
+            request = request.header(reqwest::header::ACCEPT, MANIFEST_TYPES.join(", "));
+        }
         let request = match credential? {
             Credential::None => request,
             Credential::Bearer(token) => request.bearer_auth(token),
@@ -122,11 +200,9 @@ impl ManifestGetter {
     /// (which handles the registry's challenge).
     async fn credential(
         &self,
-        client: &oci_client::Client,
-        reference: &Reference,
-        auth: &RegistryAuth,
         refresh: bool,
     ) -> std::result::Result<Credential, OciDistributionError> {
+        let auth = &self.auth;
         let mut cached = self.credential.lock().await;
         if let (false, Some(credential)) = (refresh, cached.as_ref()) {
             return Ok(credential.clone());
@@ -139,8 +215,9 @@ impl ManifestGetter {
             *cached = Some(Credential::None);
             return Ok(Credential::None);
         }
-        let token = client
-            .auth(reference, auth, RegistryOperation::Pull)
+        let token = self
+            .client
+            .auth(&self.reference, auth, RegistryOperation::Pull)
             .await?;
         let credential = match (token, auth) {
             (Some(token), _) => Credential::Bearer(token),
@@ -155,19 +232,6 @@ impl ManifestGetter {
     }
 }
 
-/// `<scheme>://<registry>/v2/<repository>/manifests/<digest or tag>`.
-fn manifest_url(scheme: &str, reference: &Reference) -> String {
-    format!(
-        "{scheme}://{registry}/v2/{repository}/manifests/{selector}",
-        registry = reference.resolve_registry(),
-        repository = reference.repository(),
-        selector = reference
-            .digest()
-            .or_else(|| reference.tag())
-            .unwrap_or("latest"),
-    )
-}
-
 /// The error for a non-success answer, with the start of its body.
 async fn status_error(
     status: reqwest::StatusCode,
@@ -175,9 +239,6 @@ async fn status_error(
     response: reqwest::Response,
 ) -> OciDistributionError {
     match status {
-        reqwest::StatusCode::NOT_FOUND => OciDistributionError::ImageManifestNotFoundError(
-            format!("{url} answered 404 Not Found"),
-        ),
         reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => {
             OciDistributionError::UnauthorizedError {
                 url: url.to_string(),
@@ -230,37 +291,4 @@ async fn read_capped(response: reqwest::Response) -> std::result::Result<Vec<u8>
         ));
     }
     Ok(body)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn manifest_urls_use_digest_before_tag() {
-        let tagged: Reference = "registry.example:5000/team/cache:v1".parse().unwrap();
-        assert_eq!(
-            manifest_url("https", &tagged),
-            "https://registry.example:5000/v2/team/cache/manifests/v1"
-        );
-        let pinned: Reference = format!("registry.example/team/cache:v1@sha256:{}", "a".repeat(64))
-            .parse()
-            .unwrap();
-        assert_eq!(
-            manifest_url("http", &pinned),
-            format!(
-                "http://registry.example/v2/team/cache/manifests/sha256:{}",
-                "a".repeat(64)
-            )
-        );
-    }
-
-    #[test]
-    fn docker_hub_names_resolve_to_its_registry_host() {
-        let hub: Reference = "ubuntu".parse().unwrap();
-        assert_eq!(
-            manifest_url("https", &hub),
-            "https://index.docker.io/v2/library/ubuntu/manifests/latest"
-        );
-    }
 }
