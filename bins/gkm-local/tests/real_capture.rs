@@ -6,21 +6,21 @@
 //! `gkm_oci::capture` (what the capture Job runs), becomes an image in the
 //! real registry that verifies with the capture's key; a tree holding a
 //! symbolic link to /etc is refused and nothing is pushed; released, the
-//! trees leave nothing on the node. Then the capture Job the operator's
-//! decisions make, run by the real kubelet with gkm's own image: it pushes
-//! a signed image and its termination message completes the capture; a
-//! capture naming a Secret its namespace lacks fails.
+//! trees leave nothing on the node. Then the operator's capture controller,
+//! in process, drives captures on its own: a workload ends, the controller
+//! runs the capture Job (gkm's own image, on the real kubelet) and the
+//! capture completes with a digest that verifies, its `GKMCache` pointed at
+//! it; a link to /etc, a missing Secret and an unreachable registry (retried
+//! once) end Failed with their reason and nothing pushed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gkm_core::policy::Policy;
-use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCacheCapture};
-use gkm_k8s_operator::capture::decide::{
-    Action, JobState, Observed, Outcome, Retry, Workload, WorkloadState, decide,
-    job_name as job_name_for,
-};
-use gkm_k8s_operator::capture::job::{CapturedPod, JobOptions, job as capture_job};
+use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCache, GKMCacheCapture};
+use gkm_k8s_operator::capture::controller::{CaptureControllerOptions, run as capture_controller};
+use gkm_k8s_operator::capture::decide::Retry;
+use gkm_k8s_operator::capture::job::JobOptions;
 use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::capture::{CaptureOptions, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
@@ -29,7 +29,7 @@ use gkm_testenv::{BUSYBOX_IMAGE, mounts_under, pod_events, pod_log, wait_for_pod
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::CustomResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -263,101 +263,24 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     Ok(())
 }
 
-/// The capture Job of `capture` for the workload `uid`, as the operator
-/// makes it, created in the cluster.
-async fn start_job(
-    client: &kube::Client,
-    capture: &GKMCacheCapture,
-    name: &str,
-    uid: &str,
-) -> anyhow::Result<()> {
-    let options = JobOptions {
-        image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
-        image_pull_policy: "Never".into(),
-        // The registry listens on the host's loopback.
-        host_network: true,
-    };
-    let pod = CapturedPod {
-        uid,
-        node: NODE,
-        tolerations: json!([]),
-    };
-    let job: Job = serde_json::from_value(
-        capture_job(capture, name, &pod, &options)
-            .ok_or_else(|| anyhow::anyhow!("no Job for {capture:?}"))?,
-    )?;
-    Api::<Job>::namespaced(client.clone(), "team-a")
-        .create(&PostParams::default(), &job)
-        .await?;
-    Ok(())
-}
-
-/// What the cluster shows of the capture Job `name`: its outcome once its
-/// pod ended, or that it cannot start (the glue's reading of a pod whose
-/// volume names a missing Secret).
-async fn job_state(client: &kube::Client, name: &str) -> anyhow::Result<Option<JobState>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("job-name={name}")))
-        .await?;
-    let Some(pod) = listed.items.first() else {
-        return Ok(None);
-    };
-    let terminated = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref());
-    if let Some(t) = terminated {
-        return Ok(Some(JobState::Finished(
-            t.message.as_deref().and_then(Outcome::parse),
-        )));
-    }
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let events = pod_events(client, "team-a", &pod_name).await?;
-    Ok(events
-        .iter()
-        .find(|e| e.starts_with("FailedMount") && e.contains("not found"))
-        .map(|e| JobState::Blocked {
-            reason: "SecretNotFound".into(),
-            message: e.clone(),
-        })
-        .or(Some(JobState::Running)))
-}
-
-/// Waits until the Job `name` finishes or is blocked.
-async fn settled(client: &kube::Client, name: &str) -> anyhow::Result<JobState> {
+/// Waits until the capture `name` is over (Complete or Failed).
+async fn over(captures: &Api<GKMCacheCapture>, name: &str) -> anyhow::Result<CaptureStatus> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        match job_state(client, name).await? {
-            Some(JobState::Running) | None => {}
-            Some(state) => return Ok(state),
+        let status = captures.get(name).await?.status.unwrap_or_default();
+        if status.phase.is_final() {
+            return Ok(status);
         }
-        if Instant::now() > deadline {
-            let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
-            let listed = pods
-                .list(&ListParams::default().labels(&format!("job-name={name}")))
-                .await?;
-            let mut seen = Vec::new();
-            for pod in listed.items {
-                let pod_name = pod.metadata.name.clone().unwrap_or_default();
-                seen.push(format!(
-                    "{pod_name}: {:?}\n{:?}",
-                    pod.status,
-                    pod_events(client, "team-a", &pod_name).await?
-                ));
-            }
-            anyhow::bail!("the capture Job {name} never ended: {seen:#?}");
-        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the capture {name} is not over: {status:?}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -> anyhow::Result<()>
-{
+async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> anyhow::Result<()> {
     let tmp = gkm_testenv::temp_dir()?;
     let mut stack =
         Stack::start_with_controllers(tmp.path(), Vec::new(), &["job-controller"]).await?;
@@ -388,7 +311,10 @@ async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -
     );
     let store = stack.store_dir(NODE);
     let _cleanup = LeaveNoTrees(store.join("captures"));
-    stack.plane.install_crds(&[GKMCacheCapture::crd()]).await?;
+    stack
+        .plane
+        .install_crds(&[GKMCacheCapture::crd(), GKMCache::crd()])
+        .await?;
     stack.plane.ensure_namespace("team-a").await?;
     let client = stack.plane.client().await?;
 
@@ -402,106 +328,136 @@ async fn a_capture_job_on_the_real_node_pushes_a_signed_image_and_reports_it() -
     Api::<Secret>::namespaced(client.clone(), "team-a")
         .create(&PostParams::default(), &secret)
         .await?;
+
+    // The operator's capture controller, in process.
+    let options = CaptureControllerOptions {
+        job: JobOptions {
+            image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
+            image_pull_policy: "Never".into(),
+            // The registry listens on the host's loopback.
+            host_network: true,
+        },
+        retry: Retry {
+            max_attempts: 2,
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(1),
+        },
+        poll: Duration::from_millis(500),
+    };
+    let controller = tokio::spawn(capture_controller(client.clone(), options));
+
     let captures: Api<GKMCacheCapture> = Api::namespaced(client.clone(), "team-a");
-    let target = format!("{}/team-a/warm:v1", stack.registry.addr());
-    let make = |name: &str, secret: &str| {
+    let registry_addr = stack.registry.addr().to_string();
+    let make = |name: &str, registry: &str, secret: &str| {
         serde_json::from_value::<GKMCacheCapture>(json!({
             "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
             "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"targetImage": target, "signing": {"secretName": secret},
-                     "insecureRegistry": true, "maxBytes": "8MiB"},
+            "spec": {"targetImage": format!("{registry}/team-a/{name}:v1"),
+                     "signing": {"secretName": secret},
+                     "insecureRegistry": true, "maxBytes": "8MiB", "cacheName": name},
         }))
     };
-    let capture = captures
-        .create(&PostParams::default(), &make("warm", "signing")?)
-        .await?;
-
-    // The workload ends; the decision is to capture it with a Job.
+    // A closed port: the registry cannot be reached.
+    let unreachable = "127.0.0.1:9";
+    for (name, registry, secret) in [
+        ("warm", registry_addr.as_str(), "signing"),
+        ("evil", registry_addr.as_str(), "signing"),
+        ("nokey", registry_addr.as_str(), "missing"),
+        ("down", unreachable, "signing"),
+    ] {
+        captures
+            .create(&PostParams::default(), &make(name, registry, secret)?)
+            .await?;
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
-    let (uid, _) = run(&pods, &workload("team-a", "warm", "warm", "")?).await?;
-    let observed = Observed {
-        workloads: vec![Workload {
-            name: "warm".into(),
-            uid: uid.clone(),
-            node: Some(NODE.into()),
-            state: WorkloadState::Succeeded,
-        }],
-        ..Observed::default()
-    };
-    let retry = Retry::default();
-    let started = decide("warm", &CaptureStatus::default(), &observed, &retry);
-    assert_eq!(started.status.phase, CapturePhase::Capturing);
-    let Action::CreateJob(job_name) = &started.action else {
-        panic!("expected a Job: {started:?}");
-    };
-    start_job(&client, &capture, job_name, &uid).await?;
+    for (name, extra) in [
+        ("warm", ""),
+        ("evil", "ln -s /etc /capture/etc &&"),
+        ("nokey", ""),
+        ("down", ""),
+    ] {
+        run(&pods, &workload("team-a", name, name, extra)?).await?;
+    }
 
-    // The Job's outcome completes the capture with a digest that verifies.
-    let finished = settled(&client, job_name).await?;
-    let done = decide(
-        "warm",
-        &started.status,
-        &Observed {
-            job: Some(finished.clone()),
-            ..Observed::default()
-        },
-        &retry,
-    );
-    assert_eq!(done.status.phase, CapturePhase::Complete, "{finished:?}");
-    assert!(done.release_tree);
-    let digest: gkm_oci::Digest = done
-        .status
+    // The workload ended: captured on its own, the digest verifies, the tag
+    // names it, and the named GKMCache points at it.
+    let warm = over(&captures, "warm").await?;
+    assert_eq!(warm.phase, CapturePhase::Complete, "{warm:?}");
+    let digest: gkm_oci::Digest = warm
         .digest
         .clone()
         .ok_or_else(|| anyhow::anyhow!("no digest"))?
         .parse()?;
-    let pinned: ImageRef = done.status.image.clone().unwrap_or_default().parse()?;
+    let pinned: ImageRef = warm.image.clone().unwrap_or_default().parse()?;
     let registry = RegistryOptions {
         insecure: true,
         ..RegistryOptions::default()
     };
     let public = gkm_core::policy::PublicKey::from_pem(&key.public_pem)?;
     gkm_oci::verify::verify(&pinned, &registry, &digest, &Policy::keys(vec![public])?).await?;
-    let tagged = gkm_oci::Repo::open(&target.parse()?, &registry)?
+    let target: ImageRef = format!("{registry_addr}/team-a/warm:v1").parse()?;
+    let tagged = gkm_oci::Repo::open(&target, &registry)?
         .fetch_manifest()
         .await?;
     assert_eq!(tagged.digest, digest, "the tag names the captured digest");
-
-    // A capture naming a Secret its namespace does not have cannot start:
-    // Failed, the Job deleted, nothing pushed.
-    let other = captures
-        .create(&PostParams::default(), &make("nokey", "missing")?)
+    let cache = Api::<GKMCache>::namespaced(client.clone(), "team-a")
+        .get("warm")
         .await?;
-    let (other_uid, _) = run(&pods, &workload("team-a", "warm-2", "nokey", "")?).await?;
-    let name = job_name_for("nokey", 1);
-    start_job(&client, &other, &name, &other_uid).await?;
-    let blocked = settled(&client, &name).await?;
-    let status = CaptureStatus {
-        phase: CapturePhase::Capturing,
-        job: Some(name.clone()),
-        attempts: 1,
-        ..CaptureStatus::default()
-    };
-    let failed = decide(
-        "nokey",
-        &status,
-        &Observed {
-            job: Some(blocked),
-            ..Observed::default()
-        },
-        &retry,
-    );
-    assert_eq!(failed.status.phase, CapturePhase::Failed);
-    assert_eq!(failed.status.reason.as_deref(), Some("SecretNotFound"));
-    assert_eq!(failed.action, Action::DeleteJob(name));
+    assert_eq!(Some(cache.spec.cache.image), warm.image);
 
-    // Both captures are over: their trees go, and nothing is left.
+    // A link to /etc: Failed with the Job's reason, nothing pushed.
+    let evil = over(&captures, "evil").await?;
+    assert_eq!(evil.phase, CapturePhase::Failed, "{evil:?}");
+    assert_eq!(evil.reason.as_deref(), Some("UnsafeTree"), "{evil:?}");
+    assert!(
+        evil.message.as_deref().unwrap_or_default().contains("/etc"),
+        "{evil:?}"
+    );
+    assert!(
+        !stack
+            .registry
+            .root()
+            .join("docker/registry/v2/repositories/team-a/evil")
+            .exists(),
+        "nothing pushed for the refused tree"
+    );
+
+    // A Secret the namespace lacks: Failed, the blocked Job deleted.
+    let nokey = over(&captures, "nokey").await?;
+    assert_eq!(nokey.phase, CapturePhase::Failed, "{nokey:?}");
+    assert_eq!(nokey.reason.as_deref(), Some("SecretNotFound"), "{nokey:?}");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "team-a");
+    let job = nokey.job.clone().unwrap_or_default();
+    let deadline = Instant::now() + TIMEOUT;
+    while jobs.get_opt(&job).await?.is_some() {
+        anyhow::ensure!(Instant::now() < deadline, "the blocked Job {job} stays");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // An unreachable registry: retried, then Failed.
+    let down = over(&captures, "down").await?;
+    assert_eq!(down.phase, CapturePhase::Failed, "{down:?}");
+    assert_eq!(down.reason.as_deref(), Some("RegistryError"), "{down:?}");
+    assert_eq!(down.attempts, 2, "{down:?}");
+
+    // Every capture is over, so its tree may go. Nothing on the node
+    // releases trees yet: the test does what the node will, for the
+    // captures the controller ended, and nothing is left.
     let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
         node_name: NODE.into(),
         store_root: store.clone(),
     })?;
-    driver.node.release_capture("team-a", "warm", &uid)?;
-    driver.node.release_capture("team-a", "nokey", &other_uid)?;
-    assert!(mounts_under(&store.join("captures")).is_empty());
+    for name in ["warm", "evil", "nokey", "down"] {
+        assert!(over(&captures, name).await?.phase.is_final());
+        let uid = pods.get(name).await?.metadata.uid.unwrap_or_default();
+        driver.node.release_capture("team-a", name, &uid)?;
+    }
+    let captured = store.join("captures");
+    assert!(
+        mounts_under(&captured).is_empty(),
+        "{:?}",
+        mounts_under(&captured)
+    );
+    controller.abort();
     Ok(())
 }
