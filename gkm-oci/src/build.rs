@@ -65,6 +65,29 @@ pub fn build_into_layout(
     compression: Compression,
 ) -> Result<Built> {
     let cache = gkm_core::cache::scan(cache_dir)?;
+    build_scanned_into_layout(
+        cache_dir,
+        cache,
+        layout,
+        tag,
+        title,
+        compression,
+        &BTreeMap::new(),
+    )
+}
+
+/// [`build_into_layout`] of a cache already scanned into `cache`, with
+/// `extra_labels` added to the config labels and manifest annotations (the
+/// cache's own labels win a clash). Blocking: call from a blocking thread.
+pub fn build_scanned_into_layout(
+    cache_dir: &Path,
+    cache: CacheManifest,
+    layout: &Layout,
+    tag: Option<&str>,
+    title: &str,
+    compression: Compression,
+    extra_labels: &BTreeMap<String, String>,
+) -> Result<Built> {
     let tmp = layout.temp_path();
     let layer = match write_layer(cache_dir, &cache, compression, &tmp) {
         Ok(layer) => layer,
@@ -75,7 +98,8 @@ pub fn build_into_layout(
     };
     layout.commit_file(&tmp, &layer.digest)?;
 
-    let labels = cache_labels(title, &cache, layer.cache_size_bytes);
+    let mut labels = extra_labels.clone();
+    labels.extend(cache_labels(title, &cache, layer.cache_size_bytes));
     let hash_labels: HashMap<String, String> = labels.clone().into_iter().collect();
     let config = ImageConfigurationBuilder::default()
         .architecture(Arch::Amd64)

@@ -290,7 +290,7 @@ fn display_path(bytes: &[u8]) -> String {
 }
 
 /// Normalise an archive path into components, enforcing the path rules.
-fn components<'a>(
+pub(crate) fn components<'a>(
     raw: &'a str,
     shown: &str,
     policy: &ExtractPolicy,
@@ -458,13 +458,7 @@ fn extract_entry<R: Read>(
 ) -> Result<()> {
     let policy = st.policy;
     st.stats.entries += 1;
-    if st.stats.entries > policy.max_entries {
-        return reject(
-            shown,
-            Rule::TooManyEntries,
-            format!("more than {} entries", policy.max_entries),
-        );
-    }
+    check_entry_count(st.stats.entries, policy, shown)?;
     let kind = entry.header().entry_type();
     if kind == tar::EntryType::XGlobalHeader {
         return Ok(());
@@ -528,13 +522,43 @@ fn extract_entry<R: Read>(
 }
 
 /// Refuses `shown`, which broke `rule`.
-fn reject<T>(shown: &str, rule: Rule, detail: impl Into<String>) -> Result<T> {
+pub(crate) fn reject<T>(shown: &str, rule: Rule, detail: impl Into<String>) -> Result<T> {
     Err(Error::Rejected(Rejection::new(shown, rule, detail)))
+}
+
+/// Refuses the `count`th entry when the policy allows fewer.
+pub(crate) fn check_entry_count(count: u64, policy: &ExtractPolicy, shown: &str) -> Result<()> {
+    if count > policy.max_entries {
+        return reject(
+            shown,
+            Rule::TooManyEntries,
+            format!("more than {} entries", policy.max_entries),
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a file of `size` bytes that would take the files' sum, `so_far`
+/// before it, over the policy's total.
+pub(crate) fn check_total(
+    so_far: u64,
+    size: u64,
+    policy: &ExtractPolicy,
+    shown: &str,
+) -> Result<()> {
+    if so_far.saturating_add(size) > policy.max_total_size {
+        return reject(
+            shown,
+            Rule::TotalTooLarge,
+            format!("files add up to more than {} bytes", policy.max_total_size),
+        );
+    }
+    Ok(())
 }
 
 /// Refuses every entry kind but directories and files (and links, when the
 /// policy allows them).
-fn check_kind(kind: tar::EntryType, policy: &ExtractPolicy, shown: &str) -> Result<()> {
+pub(crate) fn check_kind(kind: tar::EntryType, policy: &ExtractPolicy, shown: &str) -> Result<()> {
     match kind {
         tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous => Ok(()),
         tar::EntryType::Link | tar::EntryType::Symlink if policy.allow_in_tree_links => Ok(()),
@@ -555,7 +579,7 @@ fn check_kind(kind: tar::EntryType, policy: &ExtractPolicy, shown: &str) -> Resu
 }
 
 /// Refuses an entry larger than the policy's single-entry limit.
-fn check_entry_size(size: u64, policy: &ExtractPolicy, shown: &str) -> Result<()> {
+pub(crate) fn check_entry_size(size: u64, policy: &ExtractPolicy, shown: &str) -> Result<()> {
     if size > policy.max_entry_size {
         return reject(
             shown,
@@ -641,13 +665,7 @@ fn write_file<R: Read>(
     let shown = at.shown;
     let size = entry.size();
     check_entry_size(size, policy, shown)?;
-    if st.stats.bytes + size > policy.max_total_size {
-        return reject(
-            shown,
-            Rule::TotalTooLarge,
-            format!("files add up to more than {} bytes", policy.max_total_size),
-        );
-    }
+    check_total(st.stats.bytes, size, policy, shown)?;
     let parent = at.parent();
     if st.last_parent.as_ref() != Some(&parent) {
         make_dirs(&at, &parent, &mut st.disk)?;

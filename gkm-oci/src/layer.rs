@@ -4,7 +4,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gkm_core::cache::{CacheKind, CacheManifest};
@@ -138,7 +138,7 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 /// root, where `cache_dir` sits below that root
 /// (`io.vllm.cache/torch_compile_cache`), so the layer always holds a vLLM
 /// cache root, as MCV's images do.
-fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<String> {
+pub(crate) fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<String> {
     let layout = KindLayout::of(manifest.kind());
     let offset = match manifest.kind() {
         CacheKind::Vllm => gkm_core::cache::vllm_offset_from_root(cache_dir)?,
@@ -194,7 +194,12 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
             TreeKind::Dir => append_dir(&mut b, name)?,
             TreeKind::File { size, exec } => {
                 let path = cache_dir.join(&entry.rel);
-                let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+                // Not through a link that replaced the file since listing.
+                let file = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, e))?;
                 let reader = Exact {
                     inner: file.take(size),
                     path: path.clone(),

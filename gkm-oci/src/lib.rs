@@ -17,12 +17,15 @@
 //!   hardened [`ExtractPolicy`], within a byte budget and a free-space
 //!   reserve ([`disk`]).
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
+//! - [`capture::capture`]: a warmed cache directory, checked against the
+//!   extraction rules ([`tree_check`]), built, pushed, signed and verified.
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
 //!   as property tests.
 #![deny(missing_docs)]
 
 pub mod auth;
 pub mod build;
+pub mod capture;
 pub mod copy;
 pub mod disk;
 pub mod error;
@@ -43,6 +46,7 @@ pub mod repo;
 pub mod sign;
 pub mod store;
 mod tar_guard;
+pub mod tree_check;
 pub mod unpack;
 pub mod verify;
 

@@ -6,7 +6,7 @@ use std::process::Command;
 use gkm_testenv::{Component, find_binary};
 
 /// The password of the keys generated here (they are throwaway keys).
-const PASSWORD: &str = "gkm-local";
+pub const PASSWORD: &str = "gkm-local";
 
 /// A cosign key pair on disk.
 #[derive(Debug, Clone)]

@@ -9,11 +9,23 @@ use crate::image_args::{RegistryArgs, finish, parse_ref};
 use crate::output;
 use crate::progress::{Bar, hook};
 
-/// Layer compression.
+/// Layer compression: gzip (read by MCV and GKM's extractor) or zstd
+/// (smaller; read by gkm). The variants carry no doc comments, which would
+/// turn `--help` into its long form.
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum CompressionArg {
+#[allow(missing_docs)]
+pub enum CompressionArg {
     Zstd,
     Gzip,
+}
+
+impl From<CompressionArg> for Compression {
+    fn from(arg: CompressionArg) -> Compression {
+        match arg {
+            CompressionArg::Zstd => Compression::Zstd,
+            CompressionArg::Gzip => Compression::Gzip,
+        }
+    }
 }
 
 /// Arguments of `gkm build`.
@@ -43,10 +55,7 @@ pub struct Args {
 /// Runs `gkm build`; prints the image digest.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = BuildOptions {
-        compression: match args.compression {
-            CompressionArg::Zstd => Compression::Zstd,
-            CompressionArg::Gzip => Compression::Gzip,
-        },
+        compression: args.compression.into(),
         title: args.title,
     };
     let bar = Bar::start("build", args.json);

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod build;
+mod capture;
 mod check;
 mod crds;
 mod extract;
@@ -38,6 +39,9 @@ enum Command {
     Build(build::Args),
     /// Push an image from an OCI layout to a registry.
     Push(push::Args),
+    /// Turn a warmed cache directory into a signed, verified image: check,
+    /// build, push by digest, sign, verify, then tag.
+    Capture(capture::Args),
     /// Pull an image into an OCI layout.
     Pull(pull::Args),
     /// Show an image's targets, entries, size, layers, digest and labels.
@@ -69,6 +73,7 @@ impl Command {
         match self {
             Command::Build(a) => Some(&a.registry),
             Command::Push(a) => Some(&a.registry),
+            Command::Capture(a) => Some(&a.registry),
             Command::Pull(a) => Some(&a.registry),
             Command::Inspect(a) => Some(&a.registry),
             Command::Check(a) => Some(&a.registry),
@@ -88,6 +93,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Build(args) => build::run(args).await,
         Command::Push(args) => push::run(args).await,
+        Command::Capture(args) => capture::run(args).await,
         Command::Pull(args) => pull::run(args).await,
         Command::Inspect(args) => inspect::run(args).await,
         Command::Check(args) => check::run(args).await,

@@ -21,13 +21,9 @@ pub enum FormatArg {
     V3,
 }
 
-/// Arguments of `gkm sign`.
+/// The signing key flags (`gkm sign`, `gkm capture`).
 #[derive(clap::Args)]
-pub struct Args {
-    /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`; a tag
-    /// is resolved to its digest, which is what gets signed.
-    #[arg(value_parser = parse_ref)]
-    image: ImageRef,
+pub struct KeyArgs {
     /// The private key: cosign's encrypted key (`cosign generate-key-pair`)
     /// or an unencrypted PKCS#8 PEM (ECDSA P-256/P-384, Ed25519, RSA).
     #[arg(long)]
@@ -40,6 +36,37 @@ pub struct Args {
         default_value = ""
     )]
     password: String,
+}
+
+impl KeyArgs {
+    /// Reads and decrypts the key.
+    pub fn load(&self) -> anyhow::Result<SigningKey> {
+        let pem = std::fs::read_to_string(&self.key)
+            .with_context(|| format!("reading {}", self.key.display()))?;
+        SigningKey::from_pem(&pem, self.password.as_bytes())
+            .with_context(|| format!("reading the private key {}", self.key.display()))
+    }
+}
+
+impl FormatArg {
+    /// The library's format.
+    pub fn format(self) -> SignFormat {
+        match self {
+            FormatArg::V2 => SignFormat::CosignV2,
+            FormatArg::V3 => SignFormat::Bundle,
+        }
+    }
+}
+
+/// Arguments of `gkm sign`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The image: `REGISTRY/REPO[:TAG|@DIGEST]` or `oci:PATH[:TAG]`; a tag
+    /// is resolved to its digest, which is what gets signed.
+    #[arg(value_parser = parse_ref)]
+    image: ImageRef,
+    #[command(flatten)]
+    key: KeyArgs,
     /// The signature format.
     #[arg(long, value_enum, default_value_t)]
     format: FormatArg,
@@ -52,10 +79,7 @@ pub struct Args {
 
 /// Runs `gkm sign`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let pem = std::fs::read_to_string(&args.key)
-        .with_context(|| format!("reading {}", args.key.display()))?;
-    let key = SigningKey::from_pem(&pem, args.password.as_bytes())
-        .with_context(|| format!("reading the private key {}", args.key.display()))?;
+    let key = args.key.load()?;
     let options = args.registry.options()?;
     let bar = Bar::start("sign", args.json);
     if let Some(bar) = &bar {
@@ -65,9 +89,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(m) => m.digest,
         Err(e) => return finish(e),
     };
-    let (format, format_name) = match args.format {
-        FormatArg::V2 => (SignFormat::CosignV2, "v2"),
-        FormatArg::V3 => (SignFormat::Bundle, "v3"),
+    let format = args.format.format();
+    let format_name = match args.format {
+        FormatArg::V2 => "v2",
+        FormatArg::V3 => "v3",
     };
     if let Some(bar) = &bar {
         bar.spin(&format!("signing {digest}"));

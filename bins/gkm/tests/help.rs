@@ -3,9 +3,10 @@
 
 use std::process::{Command, Output};
 
-const COMMANDS: [&str; 11] = [
+const COMMANDS: [&str; 12] = [
     "build",
     "push",
+    "capture",
     "pull",
     "inspect",
     "check",

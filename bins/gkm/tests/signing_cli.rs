@@ -3,49 +3,12 @@
 //! refused with exit code 4, and `--json` says what was proven.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use gkm_testenv::{Component, Registry, find_binary};
+use gkm_testenv::{Component, Registry};
 
 mod support;
 
-const PASSWORD: &str = "gkm-cli-test";
-
-fn run(program: &Path, args: &[&str], dir: &Path) -> Output {
-    Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .env("COSIGN_PASSWORD", PASSWORD)
-        .env("COSIGN_YES", "true")
-        .env("HOME", dir)
-        .env("DOCKER_CONFIG", dir.join("docker"))
-        .output()
-        .expect("run")
-}
-
-fn gkm(args: &[&str], dir: &Path) -> Output {
-    run(Path::new(env!("CARGO_BIN_EXE_gkm")), args, dir)
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn key_pair(dir: &Path) -> std::path::PathBuf {
-    std::fs::create_dir_all(dir).expect("key dir");
-    let cosign = find_binary(Component::CosignV2).unwrap_or_else(|e| panic!("{e:#}"));
-    let out = run(&cosign, &["generate-key-pair"], dir);
-    assert!(
-        out.status.success(),
-        "cosign generate-key-pair: {}",
-        text(&out)
-    );
-    dir.to_path_buf()
-}
+use support::{gkm_in as gkm, key_pair, text};
 
 fn fixture() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -87,21 +50,8 @@ fn signed_by_gkm_verified_by_gkm_and_cosign_refused_for_a_stranger() {
         "gkm sign --format v2: {}",
         text(&signed)
     );
-    let cosign = find_binary(Component::CosignV2).unwrap_or_else(|e| panic!("{e:#}"));
     let pinned = format!("{}/cli/signed@{digest}", registry.addr());
-    let out = run(
-        &cosign,
-        &[
-            "verify",
-            "--key",
-            &public,
-            "--insecure-ignore-tlog=true",
-            "--allow-insecure-registry",
-            "--allow-http-registry",
-            &pinned,
-        ],
-        dir,
-    );
+    let out = support::cosign_verify(Component::CosignV2, &public, &pinned, dir);
     assert!(
         out.status.success(),
         "cosign verify of gkm's signature: {}",

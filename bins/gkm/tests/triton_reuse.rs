@@ -5,13 +5,17 @@
 //! extracted tree (`hack/triton-fleet.py check`): it compiles nothing. The
 //! same check compiles every kernel against an empty tree, and against the
 //! delivered tree at another path: Triton's group files record the absolute
-//! path a kernel was compiled at, so a cache is reused only there.
+//! path a kernel was compiled at, so a cache is reused only there. A cache
+//! Triton warms is captured with `gkm capture` and reused from the captured
+//! image.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+mod support;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -188,4 +192,72 @@ fn real_triton_compiles_everything_against_an_empty_cache() {
         assert_eq!(report["compiled"], kernels, "{target}: {report}");
         assert_eq!(report["reused"], 0, "{target}: {report}");
     }
+}
+
+#[test]
+fn a_cache_real_triton_warmed_is_captured_and_reused_from_the_captured_image() {
+    let registry = gkm_testenv::Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let target = "cuda/75/32";
+    // The workload: real Triton compiles the fleet's kernels into an empty
+    // cache directory.
+    let warm = w.join("warm");
+    std::fs::create_dir(&warm).expect("mkdir");
+    let warmed = triton_check(target, &warm);
+    let kernels = warmed["kernels"].as_array().expect("kernels").len();
+    assert!(kernels > 0, "{warmed}");
+    assert_eq!(warmed["compiled"], kernels, "{warmed}");
+
+    // Captured: checked, built, pushed, signed, verified, tagged.
+    let keys = support::key_pair(&w.join("keys"));
+    let image = format!("{}/capture/warmed:v1", registry.addr());
+    let key = keys.join("cosign.key").display().to_string();
+    let warm_arg = warm.display().to_string();
+    let out = support::gkm_in(
+        &[
+            "capture",
+            &warm_arg,
+            "-t",
+            &image,
+            "--key",
+            &key,
+            "--insecure",
+            "--json",
+        ],
+        w,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out));
+    let captured: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        captured["targets"],
+        serde_json::json!([target]),
+        "{captured}"
+    );
+
+    // The workload's tree is gone; the captured image, extracted where it
+    // was compiled, is reused whole.
+    std::fs::remove_dir_all(&warm).expect("remove the warmed tree");
+    let public = keys.join("cosign.pub").display().to_string();
+    let verified = support::gkm_in(&["verify", &image, "--key", &public, "--insecure"], w);
+    assert_eq!(
+        verified.status.code(),
+        Some(0),
+        "{}",
+        support::text(&verified)
+    );
+    let extracted = support::gkm_in(&["extract", &image, "-o", &warm_arg, "--insecure"], w);
+    assert_eq!(
+        extracted.status.code(),
+        Some(0),
+        "{}",
+        support::text(&extracted)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&extracted.stdout).trim(),
+        captured["digest"].as_str().expect("digest")
+    );
+    let reused = triton_check(target, &warm);
+    assert_eq!(reused["compiled"], 0, "Triton compiled:\n{reused:#}");
+    assert_eq!(reused["reused"], kernels, "{reused}");
 }

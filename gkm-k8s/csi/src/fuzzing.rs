@@ -30,6 +30,9 @@ const CONTEXT_KEYS: &[&str] = &[
     CTX_POD_NAMESPACE,
     CTX_POD_NAME,
     CTX_POD_UID,
+    gkm_k8s_node::volume::ATTR_CAPTURE,
+    gkm_k8s_node::volume::ATTR_CAPTURED_POD,
+    gkm_k8s_node::volume::ATTR_CAPTURE_MAX_BYTES,
 ];
 
 /// Build a `NodePublishVolumeRequest` from structured input (volume id,
@@ -76,6 +79,20 @@ pub fn csi_publish(data: &[u8]) {
         volume_context,
         ..Default::default()
     };
+    if let Ok(parsed) = crate::capture::parse_capture(&req) {
+        let root = std::path::Path::new("/store");
+        let tree = parsed.tree(root);
+        assert!(
+            tree.starts_with(root.join(crate::capture::CAPTURES_DIR))
+                && tree.components().count() == 6
+                && !tree
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir)),
+            "a capture tree outside the store: {}",
+            tree.display()
+        );
+        assert!(parsed.max_bytes <= crate::capture::CAPTURE_MAX_BYTES);
+    }
     if let Ok(parsed) = crate::volume::parse_publish(&req) {
         assert!(
             parsed.target_path.is_absolute(),

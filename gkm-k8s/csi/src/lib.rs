@@ -14,6 +14,11 @@
 //!         # or: csi.gkm.io/ClusterGKMCache: vector-add
 //! ```
 //!
+//! A pod may instead mount a capture volume (`csi.gkm.io/GKMCacheCapture:
+//! <capture>`): a writable, bounded tree of its own that outlives it, which
+//! the capture's Job in the same namespace then mounts read-only
+//! ([`capture`]).
+//!
 //! The volume is an inline ephemeral volume: the `CSIDriver` object declares
 //! `volumeLifecycleModes: [Ephemeral]`, `podInfoOnMount: true` (so the kubelet
 //! passes `csi.storage.k8s.io/ephemeral` and the pod's namespace, name and
@@ -70,6 +75,7 @@
 #![deny(missing_docs)]
 
 mod access;
+pub mod capture;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod identity;

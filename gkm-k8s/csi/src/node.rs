@@ -11,6 +11,7 @@ use gkm_core::store_layout::StoreLayout;
 use jiff::Timestamp;
 use tonic::{Request, Response, Status};
 
+use crate::capture::{self, CaptureRequest, TreeOf, is_capture, parse_capture};
 use crate::mount::{CacheTree, bind_read_only, mount_at, same_directory, unmount_all};
 use crate::proto::node_server::Node;
 use crate::proto::{
@@ -188,6 +189,69 @@ impl NodeService {
         Ok(())
     }
 
+    /// Publish a capture volume (see [`crate::capture`]): the workload's own
+    /// bounded tree, writable, or a workload's tree read-only for its
+    /// capture Job (`NOT_FOUND` when there is none on this node).
+    pub fn publish_capture(&self, req: &CaptureRequest) -> Result<(), Status> {
+        let inner = &*self.inner;
+        let _guard = inner
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tree = req.tree(inner.store.root());
+        let target = &req.volume.target_path;
+        let own = matches!(req.tree_of, TreeOf::Own { .. });
+        if own {
+            capture::make_tree(&tree, req.max_bytes).map_err(|e| {
+                Status::internal(format!("making the capture tree {}: {e}", tree.display()))
+            })?;
+        } else if mount_at(&tree).map_err(internal)?.is_none() {
+            return Err(Status::not_found(format!(
+                "no captured tree of pod {} for GKMCacheCapture {}/{} on node {}",
+                tree.file_name().unwrap_or_default().to_string_lossy(),
+                req.volume.pod.namespace,
+                req.capture,
+                inner.node_name
+            )));
+        }
+        if mount_at(target).map_err(internal)?.is_some()
+            && same_directory(target, &tree).map_err(internal)?
+        {
+            return Ok(());
+        }
+        let created = create_target(target).map_err(internal)?;
+        let mounted = if own {
+            capture::bind_writable(&tree, target)
+        } else {
+            bind_read_only(&tree, target)
+        };
+        if let Err(e) = mounted {
+            if created {
+                let _ = fs::remove_dir(target);
+            }
+            return Err(Status::internal(format!(
+                "bind-mounting {} onto {}: {e}",
+                tree.display(),
+                target.display()
+            )));
+        }
+        tracing::info!(volume = %req.volume.volume_id, capture = %req.capture, tree = %tree.display(), own, "published a capture volume");
+        Ok(())
+    }
+
+    /// Unmounts and removes the captured tree of pod `uid` for `namespace`'s
+    /// `capture` (its capture is over).
+    pub fn release_capture(&self, namespace: &str, capture: &str, uid: &str) -> Result<(), Status> {
+        let tree = capture::released_tree(self.inner.store.root(), namespace, capture, uid)?;
+        let _guard = self
+            .inner
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        capture::remove_tree(&tree)
+            .map_err(|e| Status::internal(format!("removing {}: {e}", tree.display())))
+    }
+
     /// The blocking part of `NodeUnpublishVolume`: unmount `target`, remove
     /// it, forget the record. Succeeds when there is nothing to undo.
     pub fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
@@ -250,6 +314,12 @@ impl Node for NodeService {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        if is_capture(request.get_ref()) {
+            let req = parse_capture(request.get_ref())?;
+            let svc = self.clone();
+            blocking(move || svc.publish_capture(&req)).await?;
+            return Ok(Response::new(NodePublishVolumeResponse {}));
+        }
         let req = parse_publish(request.get_ref()).inspect_err(|status| {
             tracing::warn!(volume = %request.get_ref().volume_id, error = %status.message(), "publish refused");
         })?;

@@ -49,35 +49,22 @@ pub fn absolute_path(value: &str, field: &str) -> Result<PathBuf, Status> {
     Ok(path)
 }
 
-/// Check `req` and read its volume context.
-///
-/// ```
-/// use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
-/// use gkm_k8s_csi::volume::parse_publish;
-///
-/// let req = NodePublishVolumeRequest {
-///     volume_id: "csi-1".into(),
-///     target_path: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/kernels/mount".into(),
-///     volume_capability: Some(VolumeCapability {
-///         access_type: Some(volume_capability::AccessType::Mount(Default::default())),
-///         access_mode: None,
-///     }),
-///     volume_context: [
-///         ("csi.storage.k8s.io/ephemeral", "true"),
-///         ("csi.storage.k8s.io/pod.namespace", "ml"),
-///         ("csi.storage.k8s.io/pod.name", "infer-0"),
-///         ("csi.gkm.io/GKMCache", "vector-add"),
-///     ]
-///     .into_iter()
-///     .map(|(k, v)| (k.to_string(), v.to_string()))
-///     .collect(),
-///     ..Default::default()
-/// };
-/// let parsed = parse_publish(&req).unwrap();
-/// assert_eq!(parsed.cache.namespace(), Some("ml")); // the pod's namespace
-/// assert_eq!(parsed.cache.name(), "vector-add");
-/// ```
-pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Status> {
+/// What every publish request carries: the volume, its target, and the
+/// pod the kubelet vouches for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodVolume {
+    /// The kubelet's volume id.
+    pub volume_id: String,
+    /// Where to mount.
+    pub target_path: PathBuf,
+    /// The pod asking.
+    pub pod: PodRef,
+}
+
+/// Checks the parts of `req` every volume of this driver needs: a volume
+/// id, an absolute target, filesystem access, an inline ephemeral volume
+/// and the pod's identity.
+pub fn parse_pod_volume(req: &NodePublishVolumeRequest) -> Result<PodVolume, Status> {
     let volume_id = required(&req.volume_id, "volume_id")?.to_string();
     let target_path = absolute_path(&req.target_path, "target_path")?;
     let capability = req
@@ -113,6 +100,49 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
         name: pod_name.to_string(),
         uid: get(ctx, CTX_POD_UID).map(str::to_string),
     };
+    Ok(PodVolume {
+        volume_id,
+        target_path,
+        pod,
+    })
+}
+
+/// Check `req` and read its volume context.
+///
+/// ```
+/// use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
+/// use gkm_k8s_csi::volume::parse_publish;
+///
+/// let req = NodePublishVolumeRequest {
+///     volume_id: "csi-1".into(),
+///     target_path: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/kernels/mount".into(),
+///     volume_capability: Some(VolumeCapability {
+///         access_type: Some(volume_capability::AccessType::Mount(Default::default())),
+///         access_mode: None,
+///     }),
+///     volume_context: [
+///         ("csi.storage.k8s.io/ephemeral", "true"),
+///         ("csi.storage.k8s.io/pod.namespace", "ml"),
+///         ("csi.storage.k8s.io/pod.name", "infer-0"),
+///         ("csi.gkm.io/GKMCache", "vector-add"),
+///     ]
+///     .into_iter()
+///     .map(|(k, v)| (k.to_string(), v.to_string()))
+///     .collect(),
+///     ..Default::default()
+/// };
+/// let parsed = parse_publish(&req).unwrap();
+/// assert_eq!(parsed.cache.namespace(), Some("ml")); // the pod's namespace
+/// assert_eq!(parsed.cache.name(), "vector-add");
+/// ```
+pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Status> {
+    let PodVolume {
+        volume_id,
+        target_path,
+        pod,
+    } = parse_pod_volume(req)?;
+    let pod_namespace = pod.namespace.as_str();
+    let ctx = &req.volume_context;
     let cache = match (get(ctx, ATTR_CACHE), get(ctx, ATTR_CLUSTER_CACHE)) {
         (Some(_), Some(_)) => {
             return Err(Status::invalid_argument(format!(

@@ -10,6 +10,17 @@ pub const ATTR_CACHE: &str = "csi.gkm.io/GKMCache";
 pub const ATTR_NAMESPACE: &str = "csi.gkm.io/namespace";
 /// The volume attribute naming a `ClusterGKMCache`.
 pub const ATTR_CLUSTER_CACHE: &str = "csi.gkm.io/ClusterGKMCache";
+/// The volume attribute naming a `GKMCacheCapture` of the pod's namespace:
+/// a writable, pod-private capture volume (a workload), or, with
+/// [`ATTR_CAPTURED_POD`], that pod's captured tree read-only (the capture
+/// Job).
+pub const ATTR_CAPTURE: &str = "csi.gkm.io/GKMCacheCapture";
+/// The volume attribute naming, by uid, the workload pod whose captured
+/// tree a capture Job mounts.
+pub const ATTR_CAPTURED_POD: &str = "csi.gkm.io/capturedPodUID";
+/// The volume attribute lowering the bound of a workload's capture volume
+/// (bytes; the driver's own bound is the most it may be).
+pub const ATTR_CAPTURE_MAX_BYTES: &str = "csi.gkm.io/captureMaxBytes";
 /// The kubelet's marker of an inline ephemeral volume (`"true"`).
 pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 /// The pod's namespace, as the kubelet passes it.

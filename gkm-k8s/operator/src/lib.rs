@@ -29,6 +29,7 @@
 //! assert_eq!(counts.pod_running_cnt, 2);
 //! ```
 
+pub mod capture;
 mod error;
 mod metrics;
 mod pending_writes;

@@ -2,7 +2,59 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gkm_testenv::{Component, find_binary};
+
+/// The password of the cosign keys the signing tests make.
+pub const PASSWORD: &str = "gkm-cli-test";
+
+/// Runs `program` in `dir` as a user with cosign keys would: `COSIGN_PASSWORD`
+/// set, `HOME` and `DOCKER_CONFIG` inside `dir` (no credentials of the
+/// machine running the tests).
+pub fn run(program: &Path, args: &[&str], dir: &Path) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .env("COSIGN_YES", "true")
+        .env("HOME", dir)
+        .env("DOCKER_CONFIG", dir.join("docker"))
+        .output()
+        .expect("run")
+}
+
+/// Runs the `gkm` under test with [`run`].
+pub fn gkm_in(args: &[&str], dir: &Path) -> Output {
+    run(Path::new(env!("CARGO_BIN_EXE_gkm")), args, dir)
+}
+
+/// Standard output then standard error, for messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `dir`, holding a cosign key pair (`cosign.key`, `cosign.pub`, password
+/// [`PASSWORD`]) made by the real cosign, unless it already does.
+pub fn key_pair(dir: &Path) -> PathBuf {
+    if dir.join("cosign.key").exists() {
+        return dir.to_path_buf();
+    }
+    std::fs::create_dir_all(dir).expect("key dir");
+    let cosign = find_binary(Component::CosignV2).unwrap_or_else(|e| panic!("{e:#}"));
+    let out = run(&cosign, &["generate-key-pair"], dir);
+    assert!(
+        out.status.success(),
+        "cosign generate-key-pair: {}",
+        text(&out)
+    );
+    dir.to_path_buf()
+}
 
 /// Replace the hex of `sha256:<hex>` digests and `sha256/<hex>` store paths
 /// with `<digest>`, and `dir` with `[TMP]`.
@@ -32,4 +84,23 @@ pub fn json_snapshot(stdout: &str, dir: &Path, registry: &str) -> String {
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"));
     let text = serde_json::to_string_pretty(&doc).expect("print JSON");
     redact(&text, dir).replace(registry, "[REGISTRY]")
+}
+
+/// Runs the real cosign (`component`: v2 or v3) to verify `image` (pinned
+/// to a digest) in a plain-HTTP registry with the public key `public`.
+pub fn cosign_verify(component: Component, public: &str, image: &str, dir: &Path) -> Output {
+    let cosign = find_binary(component).unwrap_or_else(|e| panic!("{e:#}"));
+    run(
+        &cosign,
+        &[
+            "verify",
+            "--key",
+            public,
+            "--insecure-ignore-tlog=true",
+            "--allow-insecure-registry",
+            "--allow-http-registry",
+            image,
+        ],
+        dir,
+    )
 }

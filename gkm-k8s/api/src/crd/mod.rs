@@ -20,6 +20,7 @@
 
 pub mod bounds;
 mod cache;
+mod capture;
 mod common;
 mod node;
 mod quota;
@@ -32,6 +33,11 @@ use kube::CustomResourceExt;
 pub use cache::{
     AccessMode, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheSpec, GKMCache,
     GKMCacheSpec, NamespaceName, VerificationStatus,
+};
+pub use capture::{
+    BYTE_SIZE, CaptureFramework, CapturePhase, CaptureSignatureFormat, CaptureSigning,
+    CaptureStatus, DEFAULT_CAPTURE_MAX_BYTES, DEFAULT_CAPTURE_MAX_FILES, GKMCacheCapture,
+    GKMCacheCaptureSpec,
 };
 pub use common::{
     CacheCounts, CacheState, PodData, PodTemplate, PodTemplateSpec, PvcOwner, PvcStatus,

@@ -193,7 +193,7 @@ pub mod names {
 
     /// `prefix-suffix`, with `prefix` cut and a hash of the whole added when
     /// it would pass 63 characters.
-    fn joined(prefix: &str, suffix: &str) -> String {
+    pub fn joined(prefix: &str, suffix: &str) -> String {
         let whole = format!("{prefix}-{suffix}");
         if whole.len() <= MAX {
             return whole;

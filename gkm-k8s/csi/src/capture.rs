@@ -1,0 +1,337 @@
+//! Capture volumes: the writable, pod-private directory a workload compiles
+//! its kernel cache into (`csi.gkm.io/GKMCacheCapture: <capture>`), and
+//! that tree read-only for the capture Job
+//! (`csi.gkm.io/capturedPodUID: <workload pod uid>` as well).
+//!
+//! Each workload pod gets its own tree,
+//! `<store>/captures/<namespace>/<capture>/<pod uid>`, a `tmpfs` the kernel
+//! bounds to [`CAPTURE_MAX_BYTES`] (or the less the volume's
+//! `csi.gkm.io/captureMaxBytes` asks for) and [`CAPTURE_MAX_INODES`]
+//! (`nosuid`, `nodev`; its pages count against the workload's memory), so a workload cannot fill the node's disk whatever it writes,
+//! and what it wrote is kept when it ends (only the bind mount into the pod
+//! goes with it). The namespace in that path is always the pod's own, as
+//! the kubelet vouches for it: a pod can read back only a tree of its own
+//! namespace, so a Job of another namespace finds nothing. A read-only
+//! request is only ever given the tree read-only, and only one that
+//! exists: a capture Job never makes an empty tree.
+//!
+//! [`NodeService::release_capture`](crate::NodeService::release_capture)
+//! unmounts and removes a tree once its capture is over.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use rustix::mount::MountFlags;
+use tonic::Status;
+
+use crate::proto::NodePublishVolumeRequest;
+use crate::volume::{PodVolume, parse_pod_volume};
+use gkm_k8s_node::names::is_dns1123_subdomain;
+use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD};
+
+/// The most a workload's capture tree may hold, in bytes.
+pub const CAPTURE_MAX_BYTES: u64 = 10 << 30;
+/// The most files and directories a workload's capture tree may hold.
+pub const CAPTURE_MAX_INODES: u64 = 1_000_000;
+/// The directory of the store's root holding capture trees.
+pub const CAPTURES_DIR: &str = "captures";
+
+/// A checked capture volume request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureRequest {
+    /// The volume, its target and the pod.
+    pub volume: PodVolume,
+    /// The `GKMCacheCapture`, in the pod's namespace.
+    pub capture: String,
+    /// Whose tree: the pod's own (a workload), or the named pod's, read-only
+    /// (a capture Job).
+    pub tree_of: TreeOf,
+    /// The bound of a workload's tree, in bytes: [`CAPTURE_MAX_BYTES`], or
+    /// less when the volume asks for less.
+    pub max_bytes: u64,
+}
+
+/// Whose tree a capture volume shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeOf {
+    /// The requesting workload pod's own, writable.
+    Own {
+        /// The pod's uid.
+        uid: String,
+    },
+    /// A workload pod's tree, read-only, for the capture Job.
+    Captured {
+        /// The workload pod's uid.
+        uid: String,
+    },
+}
+
+/// Whether `req` asks for a capture volume.
+pub fn is_capture(req: &NodePublishVolumeRequest) -> bool {
+    req.volume_context.contains_key(ATTR_CAPTURE)
+}
+
+/// A pod uid: what the kubelet passes, or what a Job names (letters,
+/// digits, `-`; at most 64).
+fn check_uid(uid: &str, what: &str) -> Result<(), Status> {
+    if uid.is_empty()
+        || uid.len() > 64
+        || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err(Status::invalid_argument(format!(
+            "{what} {uid:?} is not a pod uid"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a capture volume request.
+pub fn parse_capture(req: &NodePublishVolumeRequest) -> Result<CaptureRequest, Status> {
+    let volume = parse_pod_volume(req)?;
+    let ctx = &req.volume_context;
+    let capture = ctx.get(ATTR_CAPTURE).cloned().unwrap_or_default();
+    if !is_dns1123_subdomain(&capture) {
+        return Err(Status::invalid_argument(format!(
+            "{ATTR_CAPTURE} {capture:?} is not the name of a GKMCacheCapture"
+        )));
+    }
+    let tree_of = match ctx.get(ATTR_CAPTURED_POD) {
+        Some(uid) => {
+            check_uid(uid, ATTR_CAPTURED_POD)?;
+            if !req.readonly {
+                return Err(Status::invalid_argument(format!(
+                    "a captured tree ({ATTR_CAPTURED_POD}) is mounted read-only only: set readOnly: true"
+                )));
+            }
+            TreeOf::Captured { uid: uid.clone() }
+        }
+        None => {
+            let uid = volume.pod.uid.clone().ok_or_else(|| {
+                Status::invalid_argument(
+                    "a capture volume needs the pod's uid (podInfoOnMount: true)",
+                )
+            })?;
+            check_uid(&uid, "the pod uid")?;
+            if req.readonly {
+                return Err(Status::invalid_argument(
+                    "a workload's capture volume is writable: the workload compiles into it (drop readOnly)",
+                ));
+            }
+            TreeOf::Own { uid }
+        }
+    };
+    let max_bytes = match ctx.get(ATTR_CAPTURE_MAX_BYTES) {
+        None => CAPTURE_MAX_BYTES,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{ATTR_CAPTURE_MAX_BYTES} {text:?} is not a number of bytes"
+                ))
+            })?
+            .min(CAPTURE_MAX_BYTES),
+    };
+    Ok(CaptureRequest {
+        volume,
+        capture,
+        tree_of,
+        max_bytes,
+    })
+}
+
+/// Where the capture trees of `namespace`'s `capture` are, below the store
+/// root `root`; each pod's is named by its uid.
+pub fn capture_dir(root: &Path, namespace: &str, capture: &str) -> PathBuf {
+    root.join(CAPTURES_DIR).join(namespace).join(capture)
+}
+
+impl CaptureRequest {
+    /// The tree this request shows, below the store root `root`.
+    pub fn tree(&self, root: &Path) -> PathBuf {
+        let uid = match &self.tree_of {
+            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
+        };
+        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(uid)
+    }
+}
+
+/// The tree of pod `uid` for `namespace`'s `capture` below the store root
+/// `root`, the three checked to be names (so the path stays below it).
+pub fn released_tree(
+    root: &Path,
+    namespace: &str,
+    capture: &str,
+    uid: &str,
+) -> Result<PathBuf, Status> {
+    if !gkm_k8s_node::names::is_dns1123_label(namespace) || !is_dns1123_subdomain(capture) {
+        return Err(Status::invalid_argument(format!(
+            "{namespace}/{capture} does not name a GKMCacheCapture"
+        )));
+    }
+    check_uid(uid, "the pod uid")?;
+    Ok(capture_dir(root, namespace, capture).join(uid))
+}
+
+/// Makes the tree at `tree`, bounded to `max_bytes`, unless it is mounted
+/// already.
+pub fn make_tree(tree: &Path, max_bytes: u64) -> io::Result<()> {
+    if crate::mount::mount_at(tree)?.is_some() {
+        return Ok(());
+    }
+    fs::create_dir_all(tree)?;
+    let options = format!("size={max_bytes},nr_inodes={CAPTURE_MAX_INODES},mode=0777");
+    let options = std::ffi::CString::new(options).map_err(io::Error::other)?;
+    rustix::mount::mount(
+        "gkm-capture",
+        tree,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        options.as_c_str(),
+    )?;
+    // Whatever user the workload runs as compiles into it.
+    fs::set_permissions(tree, fs::Permissions::from_mode(0o777))?;
+    Ok(())
+}
+
+/// Bind-mounts `tree` onto `target`, writable (`nosuid`, `nodev`).
+pub fn bind_writable(tree: &Path, target: &Path) -> io::Result<()> {
+    rustix::mount::mount_bind(tree, target)?;
+    let flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+    if let Err(e) = rustix::mount::mount_remount(target, flags, c"") {
+        let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::empty());
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Unmounts and removes `tree` (nothing to do when it is gone).
+pub fn remove_tree(tree: &Path) -> io::Result<()> {
+    crate::mount::unmount_all(tree)?;
+    match fs::remove_dir_all(tree) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::VolumeCapability;
+    use crate::proto::volume_capability::{AccessType, MountVolume};
+    use gkm_k8s_node::volume::{CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID};
+    use tonic::Code;
+
+    fn request(extra: &[(&str, &str)], readonly: bool) -> NodePublishVolumeRequest {
+        let mut ctx: Vec<(&str, &str)> = vec![
+            (CTX_EPHEMERAL, "true"),
+            (CTX_POD_NAMESPACE, "team"),
+            (CTX_POD_NAME, "warm-0"),
+            (CTX_POD_UID, "6f1c-22"),
+        ];
+        ctx.extend_from_slice(extra);
+        NodePublishVolumeRequest {
+            volume_id: "csi-1".into(),
+            target_path: "/pods/p/mount".into(),
+            readonly,
+            volume_capability: Some(VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: None,
+            }),
+            volume_context: ctx
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn refused(req: &NodePublishVolumeRequest) -> String {
+        let status = parse_capture(req).expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        status.message().to_string()
+    }
+
+    #[test]
+    fn only_names_are_released() {
+        let root = Path::new("/store");
+        assert_eq!(
+            released_tree(root, "team", "warm", "6f1c-22").expect("names"),
+            Path::new("/store/captures/team/warm/6f1c-22")
+        );
+        for (ns, capture, uid) in [
+            ("..", "warm", "u"),
+            ("team", "../x", "u"),
+            ("team", "warm", ".."),
+        ] {
+            assert!(
+                released_tree(root, ns, capture, uid).is_err(),
+                "{ns}/{capture}/{uid}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_workload_gets_its_own_tree_in_its_own_namespace() {
+        let req = parse_capture(&request(&[(ATTR_CAPTURE, "warm")], false)).expect("parsed");
+        assert_eq!(
+            req.tree(Path::new("/store")),
+            Path::new("/store/captures/team/warm/6f1c-22")
+        );
+        assert_eq!(req.max_bytes, CAPTURE_MAX_BYTES);
+        assert!(refused(&request(&[(ATTR_CAPTURE, "warm")], true)).contains("writable"));
+        let lower = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1048576")];
+        assert_eq!(
+            parse_capture(&request(&lower, false))
+                .expect("parsed")
+                .max_bytes,
+            1 << 20
+        );
+        let higher = [
+            (ATTR_CAPTURE, "warm"),
+            (ATTR_CAPTURE_MAX_BYTES, "99999999999999"),
+        ];
+        assert_eq!(
+            parse_capture(&request(&higher, false))
+                .expect("parsed")
+                .max_bytes,
+            CAPTURE_MAX_BYTES
+        );
+        let bad = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1GiB")];
+        assert!(refused(&request(&bad, false)).contains("not a number of bytes"));
+    }
+
+    #[test]
+    fn a_capture_job_reads_a_named_pods_tree_of_its_own_namespace_read_only() {
+        let job = request(
+            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
+            true,
+        );
+        let req = parse_capture(&job).expect("parsed");
+        assert_eq!(
+            req.tree_of,
+            TreeOf::Captured {
+                uid: "6f1c-22".into()
+            }
+        );
+        assert_eq!(
+            req.tree(Path::new("/store")),
+            Path::new("/store/captures/team/warm/6f1c-22")
+        );
+        let writable = request(
+            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
+            false,
+        );
+        assert!(refused(&writable).contains("read-only"));
+        for bad in ["../../etc", "a/b", ""] {
+            let escape = request(&[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, bad)], true);
+            assert!(refused(&escape).contains("not a pod uid"), "{bad}");
+        }
+        for bad in ["../x", "Warm", ""] {
+            assert!(refused(&request(&[(ATTR_CAPTURE, bad)], false)).contains("GKMCacheCapture"));
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Thin glue: the capture controller carries out [`decide`]'s decisions.
+//!
+//! It watches `GKMCacheCapture`s, the ended pods (a field selector on
+//! their phase: running pods are never watched) whose `csi.gkm.io` volumes
+//! name a capture, and the capture Jobs it made (by [`CAPTURE_LABEL`]).
+//! While a capture Job runs, it reads the Job's pod and its events every
+//! [`CaptureControllerOptions::poll`] (a pod blocked on a missing Secret
+//! changes nothing the watches see). It writes a capture's status only
+//! when it changed, stamping `lastTransition` when the phase, the Job or
+//! the attempt changed, and points the `GKMCache` a complete capture names
+//! at the pushed digest.
+//!
+//! The node's captured tree is not removed here: the operator has no
+//! access to nodes; `release_tree` says when it may go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
+use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
+use super::observe::{captures_named, is_transition, job_state, workload};
+use crate::error::{Error, Result};
+use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
+
+/// The field manager of the capture controller's writes.
+pub const FIELD_MANAGER: &str = "gkm-capture";
+/// Pods that ended: the only workload pods a capture acts on.
+const ENDED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+
+/// How the capture controller runs.
+#[derive(Debug, Clone)]
+pub struct CaptureControllerOptions {
+    /// How capture Jobs are made.
+    pub job: JobOptions,
+    /// How registry failures are retried.
+    pub retry: Retry,
+    /// How often a running capture Job's pod is looked at.
+    pub poll: Duration,
+}
+
+struct Context {
+    client: Client,
+    options: CaptureControllerOptions,
+    ended_pods: Store<Pod>,
+}
+
+/// Runs the capture controller until the process is asked to stop.
+pub async fn run(client: Client, options: CaptureControllerOptions) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let (ended_pods, writer) = reflector::store();
+    let workloads_changed = reflector::reflector(
+        writer,
+        watcher(pods, watcher::Config::default().fields(ENDED_PODS)).default_backoff(),
+    )
+    .touched_objects()
+    .filter_map(|pod| async move {
+        match pod {
+            Ok(pod) => Some(pod),
+            Err(e) => {
+                warn!(error = %e, "watching ended pods for captures");
+                None
+            }
+        }
+    })
+    .flat_map(|pod| {
+        let namespace = pod.namespace().unwrap_or_default();
+        futures::stream::iter(
+            captures_named(&pod)
+                .into_iter()
+                .map(move |name| ObjectRef::<GKMCacheCapture>::new(&name).within(&namespace)),
+        )
+    });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        options,
+        ended_pods,
+    });
+    Controller::new(
+        Api::<GKMCacheCapture>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<Job>::all(client),
+        watcher::Config::default().labels(CAPTURE_LABEL),
+    )
+    .reconcile_on(workloads_changed)
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, ctx)
+    .for_each(|outcome| {
+        if let Err(e) = outcome {
+            warn!(error = %e, "capture reconcile");
+        }
+        futures::future::ready(())
+    })
+    .await;
+}
+
+fn error_policy(_: Arc<GKMCacheCapture>, _: &Error, _: Arc<Context>) -> Requeue {
+    Requeue::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(capture: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Requeue> {
+    let namespace = capture
+        .namespace()
+        .ok_or_else(|| Error::InvalidSpec("a GKMCacheCapture without a namespace".into()))?;
+    let name = capture.name_any();
+    let status = capture.status.clone().unwrap_or_default();
+    let observed = observe(&ctx, &namespace, &name, &status).await?;
+    let decision = decide(&name, &status, &observed, &ctx.options.retry);
+    carry_out(&ctx, &capture, &namespace, &decision).await?;
+    if let Some(image) = &decision.point_cache_at {
+        point_cache(&ctx.client, &capture, &namespace, image).await?;
+    }
+    write_status(
+        &ctx.client,
+        &namespace,
+        &name,
+        &status,
+        decision.status.clone(),
+    )
+    .await?;
+    Ok(match decision.action {
+        Action::RequeueAfter(wait) => Requeue::requeue(wait),
+        _ if decision.status.job.is_some() && !decision.status.phase.is_final() => {
+            Requeue::requeue(ctx.options.poll)
+        }
+        _ => Requeue::await_change(),
+    })
+}
+
+/// What the cluster shows of the capture `name`.
+async fn observe(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &CaptureStatus,
+) -> Result<Observed> {
+    let workloads = ctx
+        .ended_pods
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(namespace))
+        .filter(|p| captures_named(p).iter().any(|c| c == name))
+        .filter_map(|p| workload(p))
+        .collect();
+    let job = match (&status.job, status.phase.is_final()) {
+        (Some(job), false) => job_observed(&ctx.client, namespace, job).await?,
+        _ => None,
+    };
+    let since_transition = status
+        .last_transition
+        .as_ref()
+        .and_then(|t| {
+            let elapsed = jiff::Timestamp::now().duration_since(t.0);
+            Duration::try_from(elapsed).ok()
+        })
+        .unwrap_or(Duration::ZERO);
+    Ok(Observed {
+        workloads,
+        job,
+        since_transition,
+    })
+}
+
+/// The capture Job `name`'s state, or `None` when it does not exist.
+async fn job_observed(client: &Client, namespace: &str, name: &str) -> Result<Option<JobState>> {
+    let Some(job) = Api::<Job>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await?;
+    let Some(pod) = listed.items.first() else {
+        let failed = job
+            .status
+            .and_then(|s| s.failed)
+            .is_some_and(|failed| failed > 0);
+        return Ok(Some(if failed {
+            JobState::Finished(None)
+        } else {
+            JobState::Running
+        }));
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let fields = format!(
+        "involvedObject.kind=Pod,involvedObject.name={}",
+        pod.name_any()
+    );
+    let events: Vec<(String, String)> = events
+        .list(&ListParams::default().fields(&fields))
+        .await?
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect();
+    Ok(Some(job_state(pod, &events)))
+}
+
+/// Creates or deletes the capture Job the decision names.
+async fn carry_out(
+    ctx: &Context,
+    capture: &GKMCacheCapture,
+    namespace: &str,
+    decision: &Decision,
+) -> Result<()> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    match &decision.action {
+        Action::CreateJob(name) => {
+            let pod_name = decision.status.pod.as_deref().unwrap_or_default();
+            let pod = ctx
+                .ended_pods
+                .get(&ObjectRef::new(pod_name).within(namespace))
+                .ok_or_else(|| {
+                    Error::NotWatched(format!("the workload pod {namespace}/{pod_name}"))
+                })?;
+            let tolerations = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.tolerations.clone())
+                .unwrap_or_default();
+            let captured = CapturedPod {
+                uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+                node: decision.status.node.as_deref().unwrap_or_default(),
+                tolerations: serde_json::to_value(tolerations)?,
+            };
+            let made = job(capture, name, &captured, &ctx.options.job).ok_or_else(|| {
+                Error::InvalidSpec(format!(
+                    "GKMCacheCapture {namespace}/{}: maxBytes does not parse",
+                    capture.name_any()
+                ))
+            })?;
+            let made: Job = serde_json::from_value(made)?;
+            match jobs.create(&PostParams::default(), &made).await {
+                Ok(_) => info!(%namespace, job = %name, "capture Job created"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::DeleteJob(name) => {
+            let params = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            };
+            match jobs.delete(name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::None | Action::RequeueAfter(_) => {}
+    }
+    Ok(())
+}
+
+/// Points the `GKMCache` the capture names (creating it when missing) at
+/// the captured image, pinned to its digest.
+async fn point_cache(
+    client: &Client,
+    capture: &GKMCacheCapture,
+    namespace: &str,
+    image: &str,
+) -> Result<()> {
+    let Some(cache) = &capture.spec.cache_name else {
+        return Ok(());
+    };
+    let caches: Api<gkm_k8s_api::crd::GKMCache> = Api::namespaced(client.clone(), namespace);
+    let applied = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": cache, "namespace": namespace},
+        "spec": {"image": image},
+    });
+    caches
+        .patch(
+            cache,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(applied),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Writes `next` when it differs from `old`.
+async fn write_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    old: &CaptureStatus,
+    mut next: CaptureStatus,
+) -> Result<()> {
+    if is_transition(old, &next) {
+        next.last_transition = Some(Time(jiff::Timestamp::now()));
+    }
+    if &next == old {
+        return Ok(());
+    }
+    let captures: Api<GKMCacheCapture> = Api::namespaced(client.clone(), namespace);
+    // Server-side apply of the whole status: fields the decision cleared
+    // (the Job of a failed attempt) go too.
+    let applied = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": next,
+    });
+    captures
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(applied),
+        )
+        .await?;
+    info!(%namespace, capture = %name, phase = ?next.phase, reason = ?next.reason, "capture status");
+    Ok(())
+}

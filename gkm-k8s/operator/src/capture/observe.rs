@@ -1,0 +1,160 @@
+//! Reading the cluster into [`decide`](super::decide)'s terms, pure: which
+//! captures a pod's volumes name, a workload pod's state, what a capture
+//! Job's pod shows, and when a status changed enough to stamp its
+//! transition time.
+
+use gkm_k8s_api::crd::CaptureStatus;
+use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::decide::{JobState, Outcome, Workload, WorkloadState};
+
+/// The captures a pod's own capture volumes name (`csi.gkm.io` volumes
+/// with [`ATTR_CAPTURE`] and no [`ATTR_CAPTURED_POD`]: a workload, not a
+/// capture Job reading a tree back).
+pub fn captures_named(pod: &Pod) -> Vec<String> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let mut names: Vec<String> = volumes
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.csi.as_ref())
+        .filter(|csi| csi.driver == DRIVER_NAME)
+        .filter_map(|csi| csi.volume_attributes.as_ref())
+        .filter(|attrs| !attrs.contains_key(ATTR_CAPTURED_POD))
+        .filter_map(|attrs| attrs.get(ATTR_CAPTURE).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A workload pod as [`decide`](super::decide::decide) sees it; `None`
+/// without a name or uid.
+pub fn workload(pod: &Pod) -> Option<Workload> {
+    let state = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Succeeded") => WorkloadState::Succeeded,
+        Some("Failed") => WorkloadState::Failed,
+        _ => WorkloadState::Running,
+    };
+    Some(Workload {
+        name: pod.metadata.name.clone()?,
+        uid: pod.metadata.uid.clone()?,
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        state,
+    })
+}
+
+/// What the capture Job's pod shows: its outcome once its container ended
+/// (the termination message), blocked when an event says a volume it needs
+/// cannot exist (a Secret, a key in it, or the captured tree missing),
+/// else running. `events` are `(reason, message)` of the pod's events.
+pub fn job_state(pod: &Pod, events: &[(String, String)]) -> JobState {
+    let terminated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    if let Some(t) = terminated {
+        return JobState::Finished(t.message.as_deref().and_then(Outcome::parse));
+    }
+    events
+        .iter()
+        .filter(|(reason, _)| reason == "FailedMount")
+        .find_map(|(_, message)| {
+            let reason = if message.contains("no captured tree") {
+                "TreeNotFound"
+            } else if message.contains("couldn't find key") {
+                "SecretKeyNotFound"
+            } else if message.contains("secret \"") && message.contains("not found") {
+                "SecretNotFound"
+            } else {
+                return None;
+            };
+            Some(JobState::Blocked {
+                reason: reason.into(),
+                message: message.clone(),
+            })
+        })
+        .unwrap_or(JobState::Running)
+}
+
+/// Whether going from `old` to `new` is a transition (its time is
+/// stamped): the phase, the Job or the attempt changed. A retry's backoff
+/// counts from the transition that dropped the failed Job.
+pub fn is_transition(old: &CaptureStatus, new: &CaptureStatus) -> bool {
+    old.phase != new.phase || old.job != new.job || old.attempts != new.attempts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gkm_k8s_api::crd::CapturePhase;
+    use serde_json::json;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("a pod")
+    }
+
+    #[test]
+    fn a_workload_names_its_captures_and_a_capture_job_names_none() {
+        let workload = pod(json!({
+            "metadata": {"name": "w", "uid": "u1"},
+            "spec": {"nodeName": "n", "containers": [], "volumes": [
+                {"name": "a", "csi": {"driver": "csi.gkm.io",
+                    "volumeAttributes": {ATTR_CAPTURE: "warm"}}},
+                {"name": "b", "csi": {"driver": "other.io",
+                    "volumeAttributes": {ATTR_CAPTURE: "elsewhere"}}},
+                {"name": "c", "emptyDir": {}}]},
+            "status": {"phase": "Succeeded"},
+        }));
+        assert_eq!(captures_named(&workload), vec!["warm".to_string()]);
+        let w = super::workload(&workload).expect("a workload");
+        assert_eq!(w.state, WorkloadState::Succeeded);
+        assert_eq!(w.node.as_deref(), Some("n"));
+        let reader = pod(json!({
+            "metadata": {"name": "j"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "tree", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                    "volumeAttributes": {ATTR_CAPTURE: "warm", ATTR_CAPTURED_POD: "u1"}}}]},
+        }));
+        assert!(captures_named(&reader).is_empty());
+    }
+
+    #[test]
+    fn a_job_pod_reads_as_its_outcome_or_what_blocks_it() {
+        let ended = pod(json!({
+            "metadata": {"name": "j"},
+            "status": {"containerStatuses": [{"name": "capture", "image": "i", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0,
+                    "message": "{\"captured\":true,\"digest\":\"sha256:ab\"}"}}}]},
+        }));
+        let JobState::Finished(Some(outcome)) = job_state(&ended, &[]) else {
+            panic!("finished");
+        };
+        assert_eq!(outcome.digest.as_deref(), Some("sha256:ab"));
+        let waiting = pod(json!({"metadata": {"name": "j"}}));
+        assert_eq!(job_state(&waiting, &[]), JobState::Running);
+        let event = |m: &str| vec![("FailedMount".to_string(), m.to_string())];
+        let missing =
+            event(r#"MountVolume.SetUp failed for volume "signing" : secret "missing" not found"#);
+        assert!(matches!(
+            job_state(&waiting, &missing),
+            JobState::Blocked { reason, .. } if reason == "SecretNotFound"
+        ));
+        let passing = event("MountVolume.SetUp failed: timed out waiting for the condition");
+        assert_eq!(job_state(&waiting, &passing), JobState::Running);
+    }
+
+    #[test]
+    fn a_new_job_or_phase_is_a_transition_a_message_is_not() {
+        let old = CaptureStatus::default();
+        let mut new = old.clone();
+        new.message = Some("m".into());
+        assert!(!is_transition(&old, &new));
+        new.phase = CapturePhase::Capturing;
+        assert!(is_transition(&old, &new));
+    }
+}

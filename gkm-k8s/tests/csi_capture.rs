@@ -1,0 +1,167 @@
+//! Capture volumes of `csi.gkm.io` over the driver's socket, with real
+//! mounts (run as root): a workload compiles into its own bounded,
+//! writable tree, which outlives it; its capture Job, in the same
+//! namespace, reads it read-only and finds the real Triton cache intact;
+//! a pod of another namespace finds nothing; releasing the capture leaves
+//! nothing on the node.
+
+mod csi_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use csi_support::{clients, start_driver};
+use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
+use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
+use gkm_k8s_kubelet::proto::csi::{
+    NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
+};
+use gkm_k8s_node::volume::{
+    ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD, CTX_EPHEMERAL, CTX_POD_NAME,
+    CTX_POD_NAMESPACE, CTX_POD_UID,
+};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// A publish request of pod `namespace/name` (`uid`) for the capture volume
+/// `attributes`, at `target`.
+fn publish(
+    target: &Path,
+    (namespace, name, uid): (&str, &str, &str),
+    attributes: &[(&str, &str)],
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    let mut ctx: Vec<(&str, &str)> = vec![
+        (CTX_EPHEMERAL, "true"),
+        (CTX_POD_NAMESPACE, namespace),
+        (CTX_POD_NAME, name),
+        (CTX_POD_UID, uid),
+    ];
+    ctx.extend_from_slice(attributes);
+    NodePublishVolumeRequest {
+        volume_id: format!("csi-{uid}"),
+        target_path: target.display().to_string(),
+        readonly,
+        volume_capability: Some(VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: None,
+        }),
+        volume_context: ctx
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn unpublish(node: &mut NodeClient<Channel>, target: &Path, uid: &str) {
+    node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: format!("csi-{uid}"),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .expect("unpublish");
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/triton/cuda-75-32")
+}
+
+#[tokio::test]
+async fn a_workloads_capture_tree_outlives_it_and_only_its_namespaces_job_reads_it() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let store = work.path().join("store");
+    let socket = work.path().join("csi.sock");
+    let _driver = start_driver(&socket, "node-a", &store).await;
+    let (mut node, _) = clients(&socket).await;
+    let workload = ("team", "warm-0", "uid-warm-0");
+    let tree = store.join("captures/team/warm/uid-warm-0");
+
+    // The workload compiles into its volume: the real Triton cache, copied
+    // in as Triton would have written it; the bound holds.
+    let target = work.path().join("pods/warm-0/mount");
+    let attributes = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1048576")];
+    node.node_publish_volume(publish(&target, workload, &attributes, false))
+        .await
+        .expect("the workload's volume");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(format!("{}/.", fixture().display()))
+        .arg(&target)
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let too_big = std::fs::write(target.join("padding"), vec![0u8; 2 << 20]).expect_err("bounded");
+    assert_eq!(too_big.kind(), std::io::ErrorKind::StorageFull, "{too_big}");
+    std::fs::remove_file(target.join("padding")).expect("remove the padding");
+    unpublish(&mut node, &target, workload.2).await;
+    assert!(!target.exists(), "the workload's target is removed");
+    assert!(
+        mount_at(&tree).expect("mountinfo").is_some(),
+        "the tree outlives the pod"
+    );
+
+    // The capture Job of the same namespace reads it, read-only, whole.
+    let job = ("team", "capture-warm-1", "uid-job");
+    let job_target = work.path().join("pods/job/mount");
+    let read = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "uid-warm-0")];
+    let writable = node
+        .node_publish_volume(publish(&job_target, job, &read, false))
+        .await
+        .expect_err("a captured tree is read-only");
+    assert_eq!(writable.code(), Code::InvalidArgument, "{writable:?}");
+    node.node_publish_volume(publish(&job_target, job, &read, true))
+        .await
+        .expect("the Job's volume");
+    let stats = gkm_oci::tree_check::check_tree(&job_target, &gkm_oci::ExtractPolicy::default())
+        .expect("the tree passes the capture's rules");
+    let scanned = gkm_core::cache::scan(&job_target).expect("a Triton cache");
+    assert_eq!(scanned.summary().to_string(), "cuda/75/32");
+    assert_eq!(
+        stats.bytes,
+        gkm_oci::tree_check::check_tree(&fixture(), &gkm_oci::ExtractPolicy::default())
+            .expect("fixture")
+            .bytes
+    );
+    let write = std::fs::write(job_target.join("x"), b"x").expect_err("read-only");
+    assert_eq!(
+        write.kind(),
+        std::io::ErrorKind::ReadOnlyFilesystem,
+        "{write}"
+    );
+
+    // A pod of another namespace naming the same capture and pod finds
+    // nothing: trees are looked up in the pod's own namespace.
+    let stranger = work.path().join("pods/stranger/mount");
+    let refused = node
+        .node_publish_volume(publish(
+            &stranger,
+            ("other", "thief", "uid-thief"),
+            &read,
+            true,
+        ))
+        .await
+        .expect_err("another namespace");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(!stranger.exists(), "nothing made for a refused pod");
+    unpublish(&mut node, &job_target, job.2).await;
+
+    // Released once the capture is over: nothing left on the node.
+    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
+        node_name: "node-a".into(),
+        store_root: store.clone(),
+    })
+    .expect("driver");
+    driver
+        .node
+        .release_capture("team", "warm", "uid-warm-0")
+        .expect("released");
+    assert!(mount_at(&tree).expect("mountinfo").is_none());
+    assert!(!tree.exists());
+    let gone = node
+        .node_publish_volume(publish(&job_target, job, &read, true))
+        .await
+        .expect_err("released");
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+}
