@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::metrics::RegistryOperation;
+use super::release::{release_of, remove_release, write_release};
 use super::report_index::ReportIndex;
 use super::rollup::NodeEntries;
 use super::rollup::rollup;
@@ -98,8 +99,40 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
         interval_note,
         resolution,
     });
-    write_status(cache, ctx, &old, status).await?;
+    write_status(cache, ctx, &old, status.clone()).await?;
+    // What the nodes act on, once the status says it.
+    let variants = variants_of(spec, &status, ctx).await;
+    let release = release_of(spec, &status, variants, false);
+    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
+        ctx.metrics.release_written();
+    }
     Ok(Action::requeue(interval))
+}
+
+/// The variants of the digest `status` resolved, when its verdict lets it
+/// be delivered (nodes read nothing of an image they may not deliver).
+async fn variants_of(
+    spec: &gkm_k8s_api::crd::CacheSpec,
+    status: &CacheStatus,
+    ctx: &Context,
+) -> Option<std::result::Result<Vec<gkm_k8s_api::crd::ImageVariant>, String>> {
+    let digest = status.resolved()?;
+    if !status
+        .verification
+        .as_ref()
+        .is_some_and(|v| v.admits(digest.as_str()))
+    {
+        return None;
+    }
+    let read = |ok, took| {
+        ctx.metrics
+            .registry_request(RegistryOperation::Variants, ok, took)
+    };
+    Some(
+        ctx.variants
+            .of(&spec.image, &digest, &ctx.config.registry, read)
+            .await,
+    )
 }
 
 /// What is known about `digest`, the image `cache` resolved to: its verdict
@@ -270,6 +303,11 @@ async fn cleanup<K: CacheObject>(
     );
     let status = deleting(&old, cache.meta().generation, counts, entries.len());
     write_status(cache, ctx, &old, status).await?;
+    // The nodes drop what they held for it, keeping what pods still use.
+    let release = release_of(cache.cache_spec(), &old, None, true);
+    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
+        ctx.metrics.release_written();
+    }
     if !remove_claims(&key, &ctx.client, &ctx.config.pvc).await? {
         return Err(Error::WaitingForNodes(format!(
             "{key}: its Jobs, claims and volumes are being removed"
@@ -282,6 +320,7 @@ async fn cleanup<K: CacheObject>(
             counts.pod_deleting_cnt
         )));
     }
+    remove_release(cache, &ctx.client, &ctx.releases).await?;
     info!(cache = %key, "no node uses or reports the cache; releasing it");
     ctx.pending_writes
         .forget(cache.uid().as_deref().unwrap_or_default());
