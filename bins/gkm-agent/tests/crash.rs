@@ -23,6 +23,8 @@ use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+mod support;
+
 fn registry_options() -> RegistryOptions {
     RegistryOptions {
         insecure: true,
@@ -140,9 +142,16 @@ impl Setup {
         )
     }
 
-    /// A cache of `image` whose status says what the operator would: the
-    /// digest, verified and deliverable.
-    async fn cache(&self, name: &str, image: &str, digest: &Digest) -> anyhow::Result<()> {
+    /// A cache of `image` whose release says what the operator would: the
+    /// digest, deliverable, with the variants of the image in `layout` (the
+    /// same image, wherever it is pushed).
+    async fn cache(
+        &self,
+        name: &str,
+        image: &str,
+        layout: &ImageRef,
+        digest: &Digest,
+    ) -> anyhow::Result<()> {
         let api: Api<GKMCache> = Api::namespaced(self.client.clone(), &self.namespace);
         let object: GKMCache = serde_json::from_value(json!({
             "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
@@ -151,13 +160,16 @@ impl Setup {
         }))?;
         let apply = PatchParams::apply("gkm-test").force();
         api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        let status = json!({"status": {
-            "resolvedDigest": digest.to_string(),
-            "verification": {"verified": true, "deliverable": true, "digest": digest.to_string()},
-        }});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-        Ok(())
+        let variants = support::variants_of(layout, digest, &registry_options()).await?;
+        support::publish_release(
+            &self.client,
+            &self.namespace,
+            name,
+            image,
+            digest.as_str(),
+            Ok(variants),
+        )
+        .await
     }
 
     /// This node's report entry for `cache` and `digest`: state and message.
@@ -242,9 +254,9 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let registry = Registry::shared()?;
     let tree = cache_tree(setup.dir.path(), 0)?;
     let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
-    // The image is not in the registry yet: reading it fails.
+    // The image is not in the registry yet: pulling it fails.
     let remote = format!("{}/agent/blip:v1", registry.addr());
-    setup.cache("blip", &remote, &digest).await?;
+    setup.cache("blip", &remote, &layout, &digest).await?;
     let port = gkm_testenv::free_port()?;
     let mut agent = Process::spawn(
         "agent-blip",
@@ -270,7 +282,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     until_extracted(&setup, &mut agent, "blip", &digest).await?;
     let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
     assert!(delivery.is_some_and(|d| d.is_deliverable()));
-    // What an operator sees on /metrics: the failed read, the extractions,
+    // What an operator sees on /metrics: the failed pull, the extractions,
     // what the store holds (other tests' caches too: the cluster is shared,
     // so the figures are compared with the store directory itself); in a
     // shape Prometheus's own linter accepts.
@@ -317,7 +329,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let value = |name: &str| -> f64 {
         value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
     };
-    assert!(value("gkm_agent_summary_reads_total{outcome=\"failed\"}") >= 1.0);
+    assert!(value("gkm_agent_extractions_total{outcome=\"failed\"}") >= 1.0);
     let images = value("gkm_agent_store_images");
     assert!(images >= 1.0, "the blip cache is in the store");
     assert_eq!(
@@ -325,7 +337,10 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
         images
     );
     // Failed extractions are timed too.
-    assert!(value("gkm_agent_extraction_duration_seconds_count") >= images);
+    assert!(
+        value("gkm_agent_extraction_duration_seconds_count")
+            >= images + value("gkm_agent_extractions_total{outcome=\"failed\"}")
+    );
     assert!(value("gkm_agent_sync_passes_total{outcome=\"succeeded\"}") >= 1.0);
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
@@ -433,7 +448,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
         .collect();
     want.push(PathBuf::from("io.triton.manifest/manifest.json"));
     want.sort();
-    setup.cache("crash", &remote, &digest).await?;
+    setup.cache("crash", &remote, &layout, &digest).await?;
     let key = setup.key("crash");
     let store = setup.store();
 

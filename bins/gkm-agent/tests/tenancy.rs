@@ -2,9 +2,9 @@
 //! real kube-apiserver and a real registry: a tenant whose namespace is
 //! stuck terminating (a finalizer of its own on a cache) does not stop the
 //! agent from reporting other namespaces or collecting garbage, and a
-//! tenant's registry that trickles its answers does not stall the other
-//! namespaces' caches (a small TCP server in this file plays that hostile
-//! registry; the healthy caches come from a real `docker-registry`), and a
+//! tenant's registry that trickles its layer does not hold the other
+//! namespaces' extractions (a small TCP server in this file plays that
+//! hostile registry; the healthy caches come from a real `docker-registry`), and a
 //! tenant whose caches exceed its namespace's byte cap does not take the
 //! node's store from the others, whose caches stop at the store's cap.
 
@@ -23,6 +23,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+mod support;
 
 /// A digest no cache or pod references.
 const UNREFERENCED: &str = "5555555555555555555555555555555555555555555555555555555555555555";
@@ -82,8 +84,9 @@ impl Node {
         )
     }
 
-    /// A cache of `image` in `namespace` whose status says what the operator
-    /// would: `digest`, verified (deliverable) or not.
+    /// A cache of `image` in `namespace` whose release says what the
+    /// operator would: `digest`, verified (deliverable, with the image's
+    /// variants read from its registry) or not.
     async fn cache(
         &self,
         namespace: &str,
@@ -100,14 +103,13 @@ impl Node {
         }))?;
         let apply = PatchParams::apply("gkm-test").force();
         api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        let status = json!({"status": {
-            "resolvedDigest": digest,
-            "verification": {"verified": verified, "deliverable": verified, "digest": digest,
-                             "message": if verified { "signed" } else { "no signature" }},
-        }});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-        Ok(())
+        let verdict = if verified {
+            let reference: ImageRef = image.parse()?;
+            Ok(support::variants_of(&reference, &digest.parse()?, &registry_options()).await?)
+        } else {
+            Err("no signature")
+        };
+        support::publish_release(&self.client, namespace, name, image, digest, verdict).await
     }
 
     /// This node's report entry in `namespace` for `cache` at `digest`: its
@@ -189,7 +191,7 @@ async fn a_namespace_stuck_terminating_does_not_stop_other_namespaces_or_garbage
     // The tenant keeps a finalizer of its own on a cache, then deletes its
     // namespace: the cache stays, deleting, and the namespace stays
     // terminating, where nothing new may be created (this node's report).
-    node.cache(stuck, "held", "registry.invalid/held:v1", &digest, true)
+    node.cache(stuck, "held", "registry.invalid/held:v1", &digest, false)
         .await?;
     let caches: Api<GKMCache> = Api::namespaced(node.client.clone(), stuck);
     caches
@@ -321,20 +323,6 @@ impl TricklingRegistry {
         })
     }
 
-    /// One whose config blob trickles: the image's summary is never read.
-    async fn trickling_config() -> anyhow::Result<TricklingRegistry> {
-        let config_digest = Digest::of(&[b'{'; 4096]);
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": config_digest.to_string(), "size": 4096},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                        "digest": Digest::of(b"layer").to_string(), "size": 5}],
-        });
-        Self::start(manifest.to_string().into_bytes(), HashMap::new()).await
-    }
-
     /// Requests for blobs it trickled so far.
     fn trickled(&self) -> usize {
         self.trickled.load(Ordering::SeqCst)
@@ -404,98 +392,6 @@ async fn serve_trickling(
             socket.write_all(body).await?;
         }
     }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_trickling_registry_does_not_stall_other_namespaces_caches() -> anyhow::Result<()> {
-    let node = Node::new("tenancy-trickle-node").await?;
-    let (hostile, healthy) = ("tenant-trickling-registry", "tenant-beside-trickling");
-    node.plane.ensure_namespace(hostile).await?;
-    node.plane.ensure_namespace(healthy).await?;
-    let trickling = TricklingRegistry::trickling_config().await?;
-    let registry = Registry::shared()?;
-    let remote = format!("{}/tenancy/beside:v1", registry.addr());
-    let good = push_fixture(node.dir.path(), &remote).await?;
-
-    // The hostile tenant's cache first: the agent starts reading it.
-    let slow_image = format!("{}/hostile/cache:v1", trickling.addr);
-    node.cache(
-        hostile,
-        "slow",
-        &slow_image,
-        trickling.digest.as_str(),
-        true,
-    )
-    .await?;
-    let port = gkm_testenv::free_port()?;
-    let mut agent = node.agent(port, &["--read-deadline=5s"])?;
-    until(
-        &mut agent,
-        "the hostile registry's blob requested",
-        Duration::from_secs(60),
-        || async { Ok(trickling.trickled() >= 1) },
-    )
-    .await?;
-
-    // Another tenant's cache, in a real registry: extracted while the
-    // hostile registry still trickles.
-    node.cache(healthy, "beside", &remote, good.as_str(), true)
-        .await?;
-    until(
-        &mut agent,
-        "the other namespace's cache extracted",
-        Duration::from_secs(90),
-        || async {
-            Ok(node
-                .state(healthy, "beside", good.as_str())
-                .await?
-                .as_deref()
-                == Some("Extracted"))
-        },
-    )
-    .await?;
-    // The hostile cache's read was cut at its deadline, and its node
-    // report says so.
-    let api: Api<GKMCacheNode> = Api::namespaced(node.client.clone(), hostile);
-    let message = || async {
-        anyhow::Ok(
-            api.get_opt(&node.name)
-                .await?
-                .and_then(|r| {
-                    r.status?
-                        .caches?
-                        .get("slow")?
-                        .get(trickling.digest.as_str())?
-                        .message
-                        .clone()
-                })
-                .unwrap_or_default(),
-        )
-    };
-    until(
-        &mut agent,
-        "the hostile read reported past its deadline",
-        Duration::from_secs(60),
-        || async { Ok(message().await?.contains("within 5s")) },
-    )
-    .await?;
-    // Passes go on, and the agent says it is healthy.
-    let before = passes_succeeded(port).await;
-    until(
-        &mut agent,
-        "passes going on",
-        Duration::from_secs(30),
-        || async { Ok(passes_succeeded(port).await > before) },
-    )
-    .await?;
-    assert_eq!(
-        gkm_testenv::http_get(port, "/healthz")
-            .await
-            .map(|(s, _)| s),
-        Some(200)
-    );
-    agent.terminate(Duration::from_secs(15))?;
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
