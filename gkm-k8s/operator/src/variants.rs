@@ -4,11 +4,12 @@
 //! to decide whether a cache fits its GPUs.
 //!
 //! A digest's content never changes, so a read that succeeded is kept while
-//! caches use it. A failure is kept for [`RETRY_AFTER`], so that the
-//! reconciles node reports trigger do not each ask a failing registry again.
+//! caches use it, and caches of the same image reconciled together wait for
+//! one read. A failure is kept for [`RETRY_AFTER`], so that the reconciles
+//! node reports trigger do not each ask a failing registry again.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gkm_oci::{Digest, Image, ImageRef, RegistryOptions, Repo};
@@ -34,9 +35,19 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Variants {
     entries: Mutex<HashMap<String, Entry>>,
+    /// One read at a time per key: the others wait for its outcome.
+    reading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Variants {
+    /// The gate reads of `key` pass one at a time; gates no read holds are
+    /// dropped.
+    fn gate(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        reading.retain(|_, gate| Arc::strong_count(gate) > 1);
+        reading.entry(key.to_string()).or_default().clone()
+    }
+
     /// What is known of `key` at `now`: the variants, or a failure younger
     /// than [`RETRY_AFTER`]; `None` when the registry must be asked.
     fn known(&self, key: &str, now: Instant) -> Option<Result<Vec<ImageVariant>, String>> {
@@ -80,6 +91,11 @@ impl Variants {
             .map_err(|e| format!("spec.image {image:?}: {e}"))?;
         let pinned = reference.with_digest(digest);
         let key = pinned.to_string();
+        if let Some(known) = self.known(&key, Instant::now()) {
+            return known;
+        }
+        let gate = self.gate(&key);
+        let _one_at_a_time = gate.lock().await;
         let now = Instant::now();
         if let Some(known) = self.known(&key, now) {
             return known;
