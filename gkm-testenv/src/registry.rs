@@ -69,6 +69,14 @@ impl Registry {
         Self::start_with(&root, Some(tempdir), &auth)
     }
 
+    /// Starts a registry of its own that logs every request it serves, for
+    /// [`Registry::requests`].
+    pub fn start_logging_requests() -> anyhow::Result<Registry> {
+        let tempdir = crate::temp_dir()?;
+        let root = tempdir.path().to_path_buf();
+        Self::start_logged(&root, Some(tempdir), "", true)
+    }
+
     fn start_in(root: &Path, tempdir: Option<tempfile::TempDir>) -> anyhow::Result<Registry> {
         Self::start_with(root, tempdir, "")
     }
@@ -79,6 +87,17 @@ impl Registry {
         tempdir: Option<tempfile::TempDir>,
         extra: &str,
     ) -> anyhow::Result<Registry> {
+        Self::start_logged(root, tempdir, extra, false)
+    }
+
+    /// Starts the registry with `extra` appended to its configuration, its
+    /// access log on when `log_requests`.
+    fn start_logged(
+        root: &Path,
+        tempdir: Option<tempfile::TempDir>,
+        extra: &str,
+        log_requests: bool,
+    ) -> anyhow::Result<Registry> {
         let binary = find_binary(Component::Registry)?;
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
@@ -86,9 +105,10 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  \
+                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: {}\nstorage:\n  \
                  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: \
                  {addr}\n{extra}",
+                !log_requests,
                 root.join("data").display()
             ),
         )?;
@@ -131,6 +151,24 @@ impl Registry {
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
+
+    /// The requests it served so far, in order, as `METHOD PATH` (`GET
+    /// /v2/repo/manifests/sha256:…`): from its access log, so only a
+    /// registry started by [`Registry::start_logging_requests`] has any.
+    pub fn requests(&self) -> anyhow::Result<Vec<String>> {
+        let log = std::fs::read_to_string(self.root.join("registry.log"))?;
+        Ok(log.lines().filter_map(request_of).collect())
+    }
+}
+
+/// The request of an access log line (`… "GET /v2/… HTTP/1.1" 200 …`), as
+/// `METHOD PATH`; `None` for other lines.
+fn request_of(line: &str) -> Option<String> {
+    let request = line.split('"').nth(1)?;
+    let mut parts = request.split(' ');
+    let (method, path) = (parts.next()?, parts.next()?);
+    let method_ok = matches!(method, "GET" | "HEAD" | "PUT" | "POST" | "PATCH" | "DELETE");
+    (method_ok && path.starts_with("/v2/")).then(|| format!("{method} {path}"))
 }
 
 /// Whether `GET /v2/` answers 200 or 401 (a bare HTTP/1.0 request, no client needed).

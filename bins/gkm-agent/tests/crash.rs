@@ -18,19 +18,14 @@ use std::time::{Duration, Instant};
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_k8s_node::delivery::DeliveryIndex;
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
+use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, Repo, build};
 use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 mod support;
 
-fn registry_options() -> RegistryOptions {
-    RegistryOptions {
-        insecure: true,
-        ..RegistryOptions::default()
-    }
-}
+use support::registry_options;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -10,14 +10,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
-use gkm_testenv::{ControlPlane, Process, Registry, samples};
+use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, Repo, build};
+use gkm_testenv::{Registry, samples};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -26,140 +25,10 @@ use tokio::net::TcpListener;
 
 mod support;
 
+use support::{Node, push_fixture, registry_options, until};
+
 /// A digest no cache or pod references.
 const UNREFERENCED: &str = "5555555555555555555555555555555555555555555555555555555555555555";
-
-/// A test's node, store and GPUs.
-struct Node {
-    plane: &'static ControlPlane,
-    client: kube::Client,
-    dir: tempfile::TempDir,
-    name: String,
-}
-
-impl Node {
-    async fn new(name: &str) -> anyhow::Result<Node> {
-        let plane = ControlPlane::shared().await?;
-        plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
-        plane.ensure_node(name).await?;
-        let dir = gkm_testenv::temp_dir()?;
-        std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
-        Ok(Node {
-            plane,
-            client: plane.client().await?,
-            dir,
-            name: name.into(),
-        })
-    }
-
-    fn store(&self) -> PathBuf {
-        self.dir.path().join("store")
-    }
-
-    /// The agent for this node, serving `/metrics` on `port`, with `extra`
-    /// flags.
-    fn agent(&self, port: u16, extra: &[&str]) -> anyhow::Result<Process> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
-        cmd.arg(format!(
-            "--kubeconfig={}",
-            self.plane.kubeconfig().display()
-        ))
-        .arg(format!("--node-name={}", self.name))
-        .arg(format!("--store={}", self.store().display()))
-        .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
-        .arg(format!(
-            "--simulate={}",
-            self.dir.path().join("gpus.yaml").display()
-        ))
-        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
-        .arg("--insecure-registry")
-        .arg("--resync=1s")
-        .arg("--start-jitter=0s")
-        .args(extra)
-        .env("GKM_LOG", "info");
-        Process::spawn(
-            &format!("agent-{}", self.name),
-            cmd,
-            &self.dir.path().join(format!("agent-{}.log", self.name)),
-        )
-    }
-
-    /// A cache of `image` in `namespace` whose release says what the
-    /// operator would: `digest`, verified (deliverable, with the image's
-    /// variants read from its registry) or not.
-    async fn cache(
-        &self,
-        namespace: &str,
-        name: &str,
-        image: &str,
-        digest: &str,
-        verified: bool,
-    ) -> anyhow::Result<()> {
-        let api: Api<GKMCache> = Api::namespaced(self.client.clone(), namespace);
-        let object: GKMCache = serde_json::from_value(json!({
-            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"image": image},
-        }))?;
-        let apply = PatchParams::apply("gkm-test").force();
-        api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        let verdict = if verified {
-            let reference: ImageRef = image.parse()?;
-            Ok(support::variants_of(&reference, &digest.parse()?, &registry_options()).await?)
-        } else {
-            Err("no signature")
-        };
-        support::publish_release(&self.client, namespace, name, image, digest, verdict).await
-    }
-
-    /// This node's report entry in `namespace` for `cache` at `digest`: its
-    /// state.
-    async fn state(
-        &self,
-        namespace: &str,
-        cache: &str,
-        digest: &str,
-    ) -> anyhow::Result<Option<String>> {
-        let api: Api<GKMCacheNode> = Api::namespaced(self.client.clone(), namespace);
-        let Some(report) = api.get_opt(&self.name).await? else {
-            return Ok(None);
-        };
-        Ok(report
-            .status
-            .and_then(|s| s.caches)
-            .and_then(|c| c.get(cache).cloned())
-            .and_then(|e| e.get(digest).cloned())
-            .and_then(|e| e.state)
-            .map(|s| format!("{s:?}")))
-    }
-}
-
-/// Polls `probe` every 200 ms until it holds, failing after `limit` or when
-/// `agent` exits.
-async fn until<F, Fut>(
-    agent: &mut Process,
-    what: &str,
-    limit: Duration,
-    mut probe: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let began = Instant::now();
-    loop {
-        agent.check_running()?;
-        if probe().await? {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            began.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            agent.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// The agent's passes that succeeded so far, from its metrics.
 async fn passes_succeeded(port: u16) -> f64 {
@@ -255,33 +124,6 @@ async fn a_namespace_stuck_terminating_does_not_stop_other_namespaces_or_garbage
     assert_eq!(phase, "Terminating");
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
-}
-
-fn registry_options() -> RegistryOptions {
-    RegistryOptions {
-        insecure: true,
-        ..RegistryOptions::default()
-    }
-}
-
-/// Builds the sm75 fixture cache and pushes it to `remote`; returns its
-/// digest.
-async fn push_fixture(dir: &Path, remote: &str) -> anyhow::Result<Digest> {
-    let tree = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
-    let layout: ImageRef = format!("oci:{}:v1", dir.join("layout").display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(&tree, &layout, &options, &registry_options()).await?;
-    gkm_oci::copy_image(
-        &Repo::open(&layout, &registry_options())?,
-        &Repo::create(&remote.parse()?, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(built.digest)
 }
 
 /// A hostile registry: it answers the registry API at once for its
@@ -402,7 +244,8 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     node.plane.ensure_namespace(healthy).await?;
     let registry = Registry::shared()?;
     let remote = format!("{}/tenancy/layer:v1", registry.addr());
-    let good = push_fixture(node.dir.path(), &remote).await?;
+    let layout = node.dir.path().join("layout");
+    let (_, good) = push_fixture("triton-vector-add-cuda-sm75", &layout, &remote).await?;
     // The hostile registry serves the very same image (its manifest and
     // config, so the same digest) but trickles its layer.
     let blobs = node.dir.path().join("layout/blobs/sha256");
