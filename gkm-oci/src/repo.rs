@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 use oci_spec::image::{Descriptor, MediaType};
@@ -286,13 +287,26 @@ impl Repo {
                 auth,
                 ..
             } => {
-                client
-                    .store_auth_if_needed(reference.resolve_registry(), auth)
-                    .await;
-                let sized = client
-                    .pull_blob_stream(reference, digest.as_str())
-                    .await
-                    .map_err(|e| self.registry_err(e))?;
+                // An anonymous read first goes without an exchange (which
+                // would cost a `/v2/` request of its own), as manifests are
+                // read: a registry that wants a token answers 401, and the
+                // exchange follows then.
+                let anonymous = matches!(auth, RegistryAuth::Anonymous);
+                if !anonymous {
+                    client
+                        .store_auth_if_needed(reference.resolve_registry(), auth)
+                        .await;
+                }
+                let sized = match client.pull_blob_stream(reference, digest.as_str()).await {
+                    Err(OciDistributionError::UnauthorizedError { .. }) if anonymous => {
+                        client
+                            .store_auth_if_needed(reference.resolve_registry(), auth)
+                            .await;
+                        client.pull_blob_stream(reference, digest.as_str()).await
+                    }
+                    pulled => pulled,
+                }
+                .map_err(|e| self.registry_err(e))?;
                 Ok(BlobSource::Stream(sized.stream))
             }
         }

@@ -18,19 +18,14 @@ use std::time::{Duration, Instant};
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_k8s_node::delivery::DeliveryIndex;
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, Repo, build};
+use gkm_oci::{Digest, ImageRef};
 use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 mod support;
 
-use support::registry_options;
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
-}
+use support::{build_layout, fixture, push, registry_options, until};
 
 /// A copy of the sm75 fixture with `extra` more 1 KiB files, so extracting
 /// it takes a while.
@@ -38,7 +33,7 @@ fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
     let root = dir.join("cache");
     let copy = Command::new("cp")
         .arg("-r")
-        .arg(fixture())
+        .arg(fixture("triton-vector-add-cuda-sm75"))
         .arg(&root)
         .status()?;
     anyhow::ensure!(copy.success(), "copying the fixture");
@@ -48,28 +43,6 @@ fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
         std::fs::write(launcher.join(format!("extra-{i:05}.so")), body)?;
     }
     Ok(root)
-}
-
-/// Builds `tree` into a layout and returns it with the image digest.
-async fn build_layout(tree: &Path, dir: &Path) -> anyhow::Result<(ImageRef, Digest)> {
-    let layout: ImageRef = format!("oci:{}:v1", dir.join("layout").display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(tree, &layout, &options, &registry_options()).await?;
-    Ok((layout, built.digest))
-}
-
-async fn push(layout: &ImageRef, remote: &str) -> anyhow::Result<()> {
-    let remote: ImageRef = remote.parse()?;
-    gkm_oci::copy_image(
-        &Repo::open(layout, &registry_options())?,
-        &Repo::create(&remote, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(())
 }
 
 struct Setup {
@@ -195,33 +168,6 @@ impl Setup {
     }
 }
 
-/// Polls `probe` every 100 ms until it holds, failing after `limit` or when
-/// `agent` exits.
-async fn until<F, Fut>(
-    agent: &mut Process,
-    what: &str,
-    limit: Duration,
-    mut probe: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let began = Instant::now();
-    loop {
-        agent.check_running()?;
-        if probe().await? {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            began.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits until this node reports `cache` extracted at `digest`.
 async fn until_extracted(
     setup: &Setup,
@@ -248,7 +194,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let setup = Setup::new("blip-node", "agent-blip").await?;
     let registry = Registry::shared()?;
     let tree = cache_tree(setup.dir.path(), 0)?;
-    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
+    let (layout, digest) = build_layout(&tree, &setup.dir.path().join("layout")).await?;
     // The image is not in the registry yet: pulling it fails.
     let remote = format!("{}/agent/blip:v1", registry.addr());
     setup.cache("blip", &remote, &layout, &digest).await?;
@@ -434,7 +380,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
     let setup = Setup::new("crash-node", "agent-crash").await?;
     let registry = Registry::shared()?;
     let tree = cache_tree(setup.dir.path(), 20_000)?;
-    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
+    let (layout, digest) = build_layout(&tree, &setup.dir.path().join("layout")).await?;
     let remote = format!("{}/agent/crash:v1", registry.addr());
     push(&layout, &remote).await?;
     let mut want: Vec<PathBuf> = files(&tree)

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, Repo, build};
+use gkm_oci::Digest;
 use gkm_testenv::{Registry, samples};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 
 mod support;
 
-use support::{Node, push_fixture, registry_options, until};
+use support::{Node, build_layout, fixture, push, push_fixture, until};
 
 /// A digest no cache or pod references.
 const UNREFERENCED: &str = "5555555555555555555555555555555555555555555555555555555555555555";
@@ -301,25 +301,12 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
 /// own (filled with `fill`, so each image is a digest of its own) and
 /// pushes it to `remote`; returns its digest.
 async fn push_padded(dir: &Path, remote: &str, padding: usize, fill: u8) -> anyhow::Result<Digest> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
     let tree = dir.join(format!("tree-{fill}"));
-    copy_tree(&fixture, &tree)?;
+    copy_tree(&fixture("triton-vector-add-cuda-sm75"), &tree)?;
     std::fs::write(tree.join("padding.bin"), vec![fill; padding])?;
-    let layout: ImageRef =
-        format!("oci:{}:v1", dir.join(format!("layout-{fill}")).display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(&tree, &layout, &options, &registry_options()).await?;
-    gkm_oci::copy_image(
-        &Repo::open(&layout, &registry_options())?,
-        &Repo::create(&remote.parse()?, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(built.digest)
+    let (layout, digest) = build_layout(&tree, &dir.join(format!("layout-{fill}"))).await?;
+    push(&layout, remote).await?;
+    Ok(digest)
 }
 
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {

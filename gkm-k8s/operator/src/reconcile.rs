@@ -102,11 +102,18 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
     write_status(cache, ctx, &old, status.clone()).await?;
     // What the nodes act on, once the status says it.
     let variants = variants_of(spec, &status, ctx).await;
+    let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
     if write_release(cache, &ctx.client, &ctx.releases, release).await? {
         ctx.metrics.release_written();
     }
-    Ok(Action::requeue(interval))
+    // Targets that could not be read are asked for again soon, not only at
+    // the next resolution.
+    Ok(Action::requeue(if unread {
+        interval.min(crate::variants::RETRY_AFTER)
+    } else {
+        interval
+    }))
 }
 
 /// The variants of the digest `status` resolved, when its verdict lets it

@@ -235,28 +235,45 @@ pub fn registry_options() -> RegistryOptions {
     }
 }
 
-/// Builds the fixture cache `fixture` (a directory of
-/// `shared/fixtures/caches`) into an OCI layout at `layout` and pushes it to
-/// `remote`; returns the layout's reference and the digest.
-pub async fn push_fixture(
-    fixture: &str,
-    layout: &Path,
-    remote: &str,
-) -> anyhow::Result<(ImageRef, Digest)> {
-    let tree = Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The fixture cache `name`, a directory of `shared/fixtures/caches`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures/caches")
-        .join(fixture);
+        .join(name)
+}
+
+/// Builds `tree` (uncompressed) into an OCI layout at `layout`; returns the
+/// layout's reference and the image digest.
+pub async fn build_layout(tree: &Path, layout: &Path) -> anyhow::Result<(ImageRef, Digest)> {
     let layout: ImageRef = format!("oci:{}:v1", layout.display()).parse()?;
     let options = BuildOptions {
         compression: Compression::None,
         ..BuildOptions::default()
     };
-    let built = build(&tree, &layout, &options, &registry_options()).await?;
+    let built = build(tree, &layout, &options, &registry_options()).await?;
+    Ok((layout, built.digest))
+}
+
+/// Copies the image in `layout` to `remote`.
+pub async fn push(layout: &ImageRef, remote: &str) -> anyhow::Result<()> {
+    let remote: ImageRef = remote.parse()?;
     gkm_oci::copy_image(
-        &Repo::open(&layout, &registry_options())?,
-        &Repo::create(&remote.parse()?, &registry_options())?,
+        &Repo::open(layout, &registry_options())?,
+        &Repo::create(&remote, &registry_options())?,
         None,
     )
     .await?;
-    Ok((layout, built.digest))
+    Ok(())
+}
+
+/// Builds the fixture cache `name` into an OCI layout at `layout` and
+/// pushes it to `remote`; returns the layout's reference and the digest.
+pub async fn push_fixture(
+    name: &str,
+    layout: &Path,
+    remote: &str,
+) -> anyhow::Result<(ImageRef, Digest)> {
+    let (layout, digest) = build_layout(&fixture(name), layout).await?;
+    push(&layout, remote).await?;
+    Ok((layout, digest))
 }
