@@ -146,11 +146,18 @@ impl Image {
     /// manifest itself is not read, so a nested index is found only when
     /// the image is fetched.
     pub async fn resolve(repo: &Repo) -> Result<Digest> {
+        Ok(Image::resolve_manifest(repo).await?.0)
+    }
+
+    /// What [`Image::resolve`] gives, with the manifest it read when the
+    /// reference names an image manifest (not an index) that parses: its
+    /// annotations may carry the cache labels, with no further request.
+    pub async fn resolve_manifest(repo: &Repo) -> Result<(Digest, Option<Manifest>)> {
         let raw = repo.fetch_manifest().await?;
         if is_index(&raw.media_type) {
-            select_from_index(&raw.bytes)
+            Ok((select_from_index(&raw.bytes)?, None))
         } else {
-            Ok(raw.digest)
+            Ok((raw.digest.clone(), Manifest::parse(&raw.bytes).ok()))
         }
     }
 

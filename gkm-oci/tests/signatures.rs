@@ -1541,3 +1541,48 @@ async fn keyless_certificates_need_an_sct_when_the_root_names_ct_logs() {
     let forged = rejection(outcomes.next().expect("outcome")).to_string();
     assert!(forged.contains("signature does not verify"), "{forged}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cosign_v2_signature_that_proves_the_policy_costs_two_requests() {
+    // A registry of its own, logging each request.
+    let registry = gkm_testenv::Registry::start_logging_requests().expect("start docker-registry");
+    let image: ImageRef = format!("{}/signatures/counted:v1", registry.addr())
+        .parse()
+        .expect("ref");
+    let built = build(
+        &common::fixtures().join(CUDA),
+        &image,
+        &BuildOptions::default(),
+        &options(),
+    )
+    .await
+    .expect("build and push the image");
+    let (key, _) = SigningKey::generate_p256().expect("key");
+    sign(
+        &image,
+        &options(),
+        &built.digest,
+        &key,
+        SignFormat::CosignV2,
+    )
+    .await
+    .expect("sign");
+    let policy = Policy::keys(vec![key.public_key().clone()]).expect("policy");
+    let before = registry.requests().expect("requests").len();
+    verify(&image, &options(), &built.digest, &policy)
+        .await
+        .expect("verified");
+    let tag = format!("sha256-{}.sig", built.digest.hex());
+    let requests = registry.requests().expect("requests").split_off(before);
+    // Its tag and its payload: no `/v2/` ping, and the bundles are not
+    // looked for once a signature proved the policy.
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(
+        requests[0],
+        format!("GET /v2/signatures/counted/manifests/{tag}")
+    );
+    assert!(
+        requests[1].starts_with("GET /v2/signatures/counted/blobs/sha256:"),
+        "{requests:?}"
+    );
+}

@@ -396,12 +396,15 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
         .parse()
         .map_err(|e| format!("spec.image {image:?}: {e}"))?;
     let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
-    let resolved = Image::resolve(&repo).await;
+    let resolved = Image::resolve_manifest(&repo).await;
     ctx.metrics
         .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
-    let digest = resolved
-        .map_err(|e| format!("resolving {image}: {e}"))?
-        .to_string();
+    let (digest, manifest) = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
+    if let Some(manifest) = &manifest {
+        // The image's targets, from the manifest just read.
+        ctx.variants.seed(image, &digest, manifest);
+    }
+    let digest = digest.to_string();
     ctx.resolutions
         .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
     Ok(digest)

@@ -3,7 +3,9 @@
 //! ([`gkm_k8s_api::crd::CacheRelease`]), so that no node reads the registry
 //! to decide whether a cache fits its GPUs.
 //!
-//! A digest's content never changes, so a read that succeeded is kept while
+//! The manifest read to resolve a tag seeds them (gkm's images carry the
+//! cache labels in its annotations), so most images need no read of their
+//! own. A digest's content never changes, so a read that succeeded is kept while
 //! caches use it, and caches of the same image reconciled together wait for
 //! one read. A failure is kept for [`RETRY_AFTER`], so that the reconciles
 //! node reports trigger do not each ask a failing registry again.
@@ -12,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gkm_oci::{Digest, Image, ImageRef, RegistryOptions, Repo};
+use gkm_oci::{CacheLabels, Digest, Image, ImageRef, Manifest, RegistryOptions, Repo};
 
 use gkm_k8s_api::crd::ImageVariant;
 
@@ -105,8 +107,7 @@ impl Variants {
             let image = Image::fetch_annotated(&repo)
                 .await
                 .map_err(|e| e.to_string())?;
-            let summary = image.cache().map_err(|e| e.to_string())?.summary;
-            Ok(vec![ImageVariant::new(&image.digest, &summary)])
+            variants(&image.digest, image.cache())
         }
         .await
         .map_err(|e: String| format!("reading the targets of {pinned}: {e}"));
@@ -114,6 +115,28 @@ impl Variants {
         self.record(&key, outcome.clone(), now);
         outcome
     }
+
+    /// Keeps the variants of `digest` of `image` when `manifest` (read to
+    /// resolve its tag) carries the cache labels: no read is needed then.
+    pub fn seed(&self, image: &str, digest: &Digest, manifest: &Manifest) {
+        let Ok(reference) = image.parse::<ImageRef>() else {
+            return;
+        };
+        if let Ok(found) = variants(digest, CacheLabels::read(&manifest.annotations)) {
+            let key = reference.with_digest(digest).to_string();
+            self.record(&key, Ok(found), Instant::now());
+        }
+    }
+}
+
+/// The variants of the image manifest `digest` with these cache labels: one,
+/// with the summary's targets.
+fn variants(
+    digest: &Digest,
+    labels: gkm_oci::Result<CacheLabels>,
+) -> Result<Vec<ImageVariant>, String> {
+    let summary = labels.map_err(|e| e.to_string())?.summary;
+    Ok(vec![ImageVariant::new(digest, &summary)])
 }
 
 #[cfg(test)]
