@@ -287,25 +287,10 @@ impl Repo {
                 auth,
                 ..
             } => {
-                // An anonymous read first goes without an exchange (which
-                // would cost a `/v2/` request of its own), as manifests are
-                // read: a registry that wants a token answers 401, and the
-                // exchange follows then.
-                let anonymous = matches!(auth, RegistryAuth::Anonymous);
-                if !anonymous {
-                    client
-                        .store_auth_if_needed(reference.resolve_registry(), auth)
-                        .await;
-                }
-                let sized = match client.pull_blob_stream(reference, digest.as_str()).await {
-                    Err(OciDistributionError::UnauthorizedError { .. }) if anonymous => {
-                        client
-                            .store_auth_if_needed(reference.resolve_registry(), auth)
-                            .await;
-                        client.pull_blob_stream(reference, digest.as_str()).await
-                    }
-                    pulled => pulled,
-                }
+                let sized = anonymous_first(client, reference.resolve_registry(), auth, || {
+                    client.pull_blob_stream(reference, digest.as_str())
+                })
+                .await
                 .map_err(|e| self.registry_err(e))?;
                 Ok(BlobSource::Stream(sized.stream))
             }
@@ -498,4 +483,31 @@ fn file_stream(file: tokio::fs::File) -> BoxStream<'static, io::Result<Bytes>> {
         }
     })
     .boxed()
+}
+
+/// Runs the read `op` with `client`: an anonymous one first without an
+/// exchange (which would cost a `/v2/` request of its own), as manifests are
+/// read; a registry that wants a token answers 401, and `op` runs again
+/// after the exchange. Other credentials are exchanged first.
+pub(crate) async fn anonymous_first<T, F, Fut>(
+    client: &oci_client::Client,
+    registry: &str,
+    auth: &RegistryAuth,
+    op: F,
+) -> std::result::Result<T, OciDistributionError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, OciDistributionError>>,
+{
+    let anonymous = matches!(auth, RegistryAuth::Anonymous);
+    if !anonymous {
+        client.store_auth_if_needed(registry, auth).await;
+    }
+    match op().await {
+        Err(OciDistributionError::UnauthorizedError { .. }) if anonymous => {
+            client.store_auth_if_needed(registry, auth).await;
+            op().await
+        }
+        done => done,
+    }
 }
