@@ -749,6 +749,7 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
 
     let table: &[(&str, &str, &str, bool)] = &[
         (viewer, "get", "gkmcaches", true),
+        (viewer, "watch", "gkmcachereleases", true),
         (viewer, "watch", "gkmcachenodes", true),
         (viewer, "get", "gkmgpuquotas/status", true),
         (viewer, "create", "gkmcaches", false),
@@ -760,6 +761,10 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
         (editor, "get", "gkmcachenodes", true),
         (editor, "patch", "gkmcaches/status", false),
         (editor, "update", "gkmcaches/status", false),
+        (editor, "get", "gkmcachereleases", true),
+        (editor, "create", "gkmcachereleases", false),
+        (editor, "patch", "gkmcachereleases", false),
+        (editor, "delete", "gkmcachereleases", false),
         (editor, "create", "gkmcachenodes", false),
         (editor, "patch", "gkmcachenodes", false),
         (editor, "patch", "gkmcachenodes/status", false),

@@ -5,6 +5,10 @@
 //!   a field the operator stops setting (`pvcStatus` after leaving PVC mode)
 //!   is removed, and a steady cache is not written again;
 //! - a refused image is announced once, not at every requeue;
+//! - what the agents act on goes to each cache's release, written when it
+//!   changes: a node's report that changes only the counts reaches no
+//!   watcher of the releases, and the image's targets are read once per
+//!   digest;
 //! - the operator's metrics pass Prometheus's parser and promlint, with the
 //!   reconciles per controller and the registry requests counted.
 
@@ -13,8 +17,11 @@ mod operator_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use gkm_k8s_api::cache_object::Scope;
-use gkm_k8s_api::crd::{CacheState, GKMCache, GKMCacheNode, PvcOwner, PvcStatus};
+use gkm_k8s_api::crd::{
+    CacheState, GKMCache, GKMCacheNode, GKMCacheRelease, ImageTarget, PvcOwner, PvcStatus,
+};
 use gkm_k8s_operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier, TenantSigners,
 };
@@ -24,7 +31,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
 use serde_json::json;
 
@@ -385,6 +392,86 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     );
     assert!(types.contains(&"Ready"), "the operator's went: {types:?}");
 
+    // What the agents watch: each cache's release, owned by the cache. The
+    // steady cache's holds the digest, deliverable, and the image's one
+    // variant with the sm75 target; the refused cache's says why, with no
+    // variant.
+    let releases: Api<GKMCacheRelease> = Api::namespaced(client.clone(), ns);
+    let release = until("the steady cache's release", || async {
+        Ok(releases.get_opt("steady").await?)
+    })
+    .await?;
+    let published = &release.spec.release;
+    assert_eq!(published.digest.as_deref(), Some(digest.as_str()));
+    assert!(published.deliverable && published.refusal.is_none());
+    let variants = published.variants.clone().unwrap_or_default();
+    assert_eq!(variants.len(), 1, "{published:?}");
+    assert_eq!(variants[0].digest, digest);
+    assert_eq!(
+        variants[0].targets,
+        [ImageTarget {
+            backend: "cuda".into(),
+            arch: "75".into(),
+            warp_size: 32,
+            ..variants[0].targets[0].clone()
+        }]
+    );
+    let owner = release
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(owner.len(), 1);
+    assert_eq!(
+        (owner[0].kind.as_str(), Some(owner[0].uid.clone())),
+        ("GKMCache", steady.metadata.uid.clone())
+    );
+    let refused = releases.get("refused").await?.spec.release;
+    assert!(!refused.deliverable && refused.variants.is_none());
+    assert!(
+        refused
+            .refusal
+            .as_deref()
+            .is_some_and(|r| !r.is_empty() && !r.contains("not verified yet")),
+        "{refused:?}"
+    );
+    let value_now = |name: &str, labels: &[(&str, &str)]| -> anyhow::Result<f64> {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("gkm");
+        registry.register_collector(Box::new(OperatorCollector(metrics.clone())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        Ok(gkm_testenv::samples(&text)?
+            .iter()
+            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+            .map(|s| s.value)
+            .sum())
+    };
+    // gkm's images carry their targets in the manifest's annotations too:
+    // the manifest read to resolve the tag gave them, with no read of
+    // their own.
+    assert_eq!(
+        value_now(
+            "gkm_operator_registry_requests_total",
+            &[("operation", "variants")]
+        )?,
+        0.0
+    );
+    // From here on, a watch of the namespace's three releases, as an
+    // agent's.
+    let listed = until("the three caches' releases", || async {
+        let listed = releases.list(&ListParams::default()).await?;
+        Ok((listed.items.len() == 3).then_some(listed))
+    })
+    .await?;
+    let mut watched = releases
+        .watch(
+            &WatchParams::default(),
+            listed.metadata.resource_version.as_deref().unwrap_or("0"),
+        )
+        .await?
+        .boxed();
+    let (release_writes, status_writes) = (metrics.release_writes(), metrics.status_writes());
+
     // A node's report counts while its Node exists (the operator's watch
     // of Nodes says so); once the Node is gone, the operator removes the
     // report and stops counting it.
@@ -423,6 +510,31 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     })
     .await?;
     until("the gone node no longer counted", counted(0)).await?;
+
+    // The counts changed twice (status written), the releases not at all:
+    // the watch of the releases saw no event.
+    assert!(metrics.status_writes() >= status_writes + 2);
+    assert_eq!(metrics.release_writes(), release_writes);
+    let seen = tokio::time::timeout(Duration::from_secs(3), watched.try_next()).await;
+    match seen {
+        Err(_) => {}
+        Ok(Ok(Some(WatchEvent::Bookmark(_)))) | Ok(Ok(None)) => {}
+        Ok(other) => anyhow::bail!("a count-only change reached the releases' watch: {other:?}"),
+    }
+
+    // Deleting the cache: its release says so (the same watch sees it at
+    // once), then goes with it.
+    caches.delete("steady", &DeleteParams::default()).await?;
+    let event = tokio::time::timeout(Duration::from_secs(30), watched.try_next()).await??;
+    match event {
+        Some(WatchEvent::Modified(r)) if r.spec.release.deleting => {}
+        Some(WatchEvent::Deleted(_)) => {}
+        other => anyhow::bail!("expected the release marked deleting, got {other:?}"),
+    }
+    until("the deleted cache's release removed", || async {
+        Ok(releases.get_opt("steady").await?.is_none().then_some(()))
+    })
+    .await?;
 
     assert!(!operator.is_finished(), "the operator stopped");
     operator.abort();

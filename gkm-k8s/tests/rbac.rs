@@ -430,6 +430,7 @@ const OPERATOR_RULES: &[&str] = &[
     "gkm.io gkmcaches,clustergkmcaches get,list,watch,patch,update",
     "gkm.io gkmcaches/status,clustergkmcaches/status get,patch,update",
     "gkm.io gkmcaches/finalizers,clustergkmcaches/finalizers update",
+    "gkm.io gkmcachereleases,clustergkmcachereleases get,create,patch,delete",
     "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,delete",
     "core nodes get,list,watch",
     "events.k8s.io events create,patch",
@@ -453,7 +454,7 @@ const OPERATOR_LEASE_RULES: &[&str] = &[
     "core secrets get,update gkm-operator-webhook-ca",
 ];
 const AGENT_RULES: &[&str] = &[
-    "gkm.io gkmcaches,clustergkmcaches get,list,watch",
+    "gkm.io gkmcachereleases,clustergkmcachereleases get,list,watch",
     "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,create,patch,update,delete",
     "gkm.io gkmcachenodes/status,clustergkmcachenodes/status get,patch,update",
     "core nodes get,list,watch,patch",
@@ -463,10 +464,13 @@ const AGENT_RULES: &[&str] = &[
 
 /// Waits until the RBAC authorizer's cache has the shipped bindings.
 async fn until_bound(admin: &kube::Client) -> anyhow::Result<()> {
-    let probe = access("list gkm.io/gkmcaches - -");
+    let (operator, agent) = (
+        access("list gkm.io/gkmcaches - -"),
+        access("list gkm.io/gkmcachereleases - -"),
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !(allowed(admin, "gkm-operator", &probe).await?
-        && allowed(admin, "gkm-agent", &probe).await?)
+    while !(allowed(admin, "gkm-operator", &operator).await?
+        && allowed(admin, "gkm-agent", &agent).await?)
     {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -534,6 +538,17 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
             "update gkm.io/gkmcaches/finalizers rbac-team cache",
             true,
         ),
+        (
+            "gkm-operator",
+            "patch gkm.io/gkmcachereleases rbac-team cache",
+            true,
+        ),
+        (
+            "gkm-operator",
+            "delete gkm.io/clustergkmcachereleases - cache",
+            true,
+        ),
+        ("gkm-operator", "watch gkm.io/gkmcachereleases - -", false),
         ("gkm-operator", "watch gkm.io/gkmcachenodes - -", true),
         ("gkm-operator", "list gkm.io/clustergkmcachenodes - -", true),
         (
@@ -649,9 +664,22 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
             "impersonate serviceaccounts gkm-system gkm-agent",
             false,
         ),
-        // The agent.
-        ("gkm-agent", "watch gkm.io/gkmcaches - -", true),
-        ("gkm-agent", "list gkm.io/clustergkmcaches - -", true),
+        // The agent: the releases, read only, and never the caches, whose
+        // status changes with every node's report.
+        ("gkm-agent", "watch gkm.io/gkmcachereleases - -", true),
+        ("gkm-agent", "list gkm.io/clustergkmcachereleases - -", true),
+        (
+            "gkm-agent",
+            "patch gkm.io/gkmcachereleases rbac-team cache",
+            false,
+        ),
+        (
+            "gkm-agent",
+            "create gkm.io/clustergkmcachereleases - -",
+            false,
+        ),
+        ("gkm-agent", "watch gkm.io/gkmcaches - -", false),
+        ("gkm-agent", "list gkm.io/clustergkmcaches - -", false),
         ("gkm-agent", "create gkm.io/gkmcachenodes rbac-team -", true),
         (
             "gkm-agent",
@@ -895,7 +923,7 @@ async fn requests_made_as_each_service_account() -> anyhow::Result<()> {
         Some("false")
     );
     let as_agent: Api<GKMCache> = Api::namespaced(agent.clone(), TEAM);
-    as_agent.get("cache").await?;
+    assert!(forbidden(as_agent.get("cache").await));
     assert!(forbidden(
         as_agent
             .patch_status("cache", &PatchParams::default(), &Patch::Merge(&status))

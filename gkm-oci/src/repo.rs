@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 use oci_spec::image::{Descriptor, MediaType};
@@ -647,4 +648,31 @@ fn file_stream(file: tokio::fs::File) -> BoxStream<'static, io::Result<Bytes>> {
         }
     })
     .boxed()
+}
+
+/// Runs the read `op` with `client`: an anonymous one first without an
+/// exchange (which would cost a `/v2/` request of its own), as manifests are
+/// read; a registry that wants a token answers 401, and `op` runs again
+/// after the exchange. Other credentials are exchanged first.
+pub(crate) async fn anonymous_first<T, F, Fut>(
+    client: &oci_client::Client,
+    registry: &str,
+    auth: &RegistryAuth,
+    op: F,
+) -> std::result::Result<T, OciDistributionError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, OciDistributionError>>,
+{
+    let anonymous = matches!(auth, RegistryAuth::Anonymous);
+    if !anonymous {
+        client.store_auth_if_needed(registry, auth).await;
+    }
+    match op().await {
+        Err(OciDistributionError::UnauthorizedError { .. }) if anonymous => {
+            client.store_auth_if_needed(registry, auth).await;
+            op().await
+        }
+        done => done,
+    }
 }

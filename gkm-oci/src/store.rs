@@ -180,7 +180,9 @@ impl Store {
     }
 
     /// Make sure the image `repo` names is stored. A reference pinned by a
-    /// stored digest does no network work; a tag costs one manifest fetch.
+    /// stored digest does no network work; otherwise the manifest and the
+    /// layer are read, and the config only when the manifest's annotations
+    /// lack the cache labels ([`Image::fetch_annotated`]).
     pub async fn ensure(
         &self,
         repo: &Repo,
@@ -196,7 +198,7 @@ impl Store {
                 extracted: None,
             });
         }
-        let image = Image::fetch(repo).await?;
+        let image = Image::fetch_annotated(repo).await?;
         self.ensure_image(repo, &image, policy, progress).await
     }
 

@@ -34,20 +34,9 @@ fn registry() -> &'static gkm_testenv::Registry {
         .expect("start docker-registry (apt-get install -y docker-registry)")
 }
 
-/// Build fixture `fixture` into `repo:tag` of the shared registry.
+/// Build fixture `fixture` into `repo:v1` of the shared registry.
 async fn push_image(repo: &str, fixture: &str) -> (ImageRef, Digest) {
-    let image: ImageRef = format!("{}/signatures/{repo}:v1", registry().addr())
-        .parse()
-        .expect("ref");
-    let built = build(
-        &common::fixtures().join(fixture),
-        &image,
-        &BuildOptions::default(),
-        &options(),
-    )
-    .await
-    .expect("build and push the image");
-    (image, built.digest)
+    push_image_to(registry(), repo, fixture).await
 }
 
 const CUDA: &str = "triton-vector-add-cuda-sm75";
@@ -1540,4 +1529,68 @@ async fn keyless_certificates_need_an_sct_when_the_root_names_ct_logs() {
     assert!(other.contains("unknown log"), "{other}");
     let forged = rejection(outcomes.next().expect("outcome")).to_string();
     assert!(forged.contains("signature does not verify"), "{forged}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signatures_are_found_without_a_ping_and_a_proven_one_ends_the_search() {
+    // A registry of its own, logging each request.
+    let registry = &gkm_testenv::Registry::start_logging_requests().expect("start docker-registry");
+    let (key, public) = generated_key();
+    let policy = Policy::keys(vec![public]).expect("policy");
+
+    // cosign v2: its tag and its payload, nothing else (the bundles are not
+    // looked for once a signature proved the policy).
+    let (image, digest) = push_image_to(registry, "counted", CUDA).await;
+    sign(&image, &options(), &digest, &key, SignFormat::CosignV2)
+        .await
+        .expect("sign");
+    let before = registry.requests().expect("requests").len();
+    verify(&image, &options(), &digest, &policy)
+        .await
+        .expect("verified");
+    let requests = registry.requests().expect("requests").split_off(before);
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let tag = format!("sha256-{}.sig", digest.hex());
+    assert_eq!(
+        requests[0],
+        format!("GET /v2/signatures/counted/manifests/{tag}")
+    );
+    assert!(
+        requests[1].starts_with("GET /v2/signatures/counted/blobs/sha256:"),
+        "{requests:?}"
+    );
+
+    // A bundle, on a registry without the referrers API: looked for at the
+    // cosign v2 tag, the referrers API and its tag fallback, then read;
+    // never a `/v2/` ping.
+    let (bundled, digest) = push_image_to(registry, "bundled", ROCM).await;
+    sign(&bundled, &options(), &digest, &key, SignFormat::Bundle)
+        .await
+        .expect("sign");
+    let before = registry.requests().expect("requests").len();
+    verify(&bundled, &options(), &digest, &policy)
+        .await
+        .expect("verified");
+    let requests = registry.requests().expect("requests").split_off(before);
+    assert!(!requests.iter().any(|r| r == "GET /v2/"), "{requests:?}");
+}
+
+/// Build fixture `fixture` into `repo:v1` of `registry`.
+async fn push_image_to(
+    registry: &gkm_testenv::Registry,
+    repo: &str,
+    fixture: &str,
+) -> (ImageRef, Digest) {
+    let image: ImageRef = format!("{}/signatures/{repo}:v1", registry.addr())
+        .parse()
+        .expect("ref");
+    let built = build(
+        &common::fixtures().join(fixture),
+        &image,
+        &BuildOptions::default(),
+        &options(),
+    )
+    .await
+    .expect("build and push the image");
+    (image, built.digest)
 }

@@ -75,7 +75,7 @@ impl Registry {
 
     /// Starts a registry of its own that logs every request it answers
     /// (its access log), for tests that check which registry was asked
-    /// for what ([`Registry::gets_since`]).
+    /// for what ([`Registry::gets_since`], [`Registry::requests`]).
     pub fn start_logging_requests() -> anyhow::Result<Registry> {
         let tempdir = crate::temp_dir()?;
         let root = tempdir.path().to_path_buf();
@@ -184,6 +184,24 @@ impl Registry {
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
+
+    /// The requests it served so far, in order, as `METHOD PATH` (`GET
+    /// /v2/repo/manifests/sha256:…`): from its access log, so only a
+    /// registry started by [`Registry::start_logging_requests`] has any.
+    pub fn requests(&self) -> anyhow::Result<Vec<String>> {
+        let log = std::fs::read_to_string(self.root.join("registry.log"))?;
+        Ok(log.lines().filter_map(request_of).collect())
+    }
+}
+
+/// The request of an access log line (`… "GET /v2/… HTTP/1.1" 200 …`), as
+/// `METHOD PATH`; `None` for other lines.
+fn request_of(line: &str) -> Option<String> {
+    let request = line.split('"').nth(1)?;
+    let mut parts = request.split(' ');
+    let (method, path) = (parts.next()?, parts.next()?);
+    let method_ok = matches!(method, "GET" | "HEAD" | "PUT" | "POST" | "PATCH" | "DELETE");
+    (method_ok && path.starts_with("/v2/")).then(|| format!("{method} {path}"))
 }
 
 /// Whether `GET /v2/` answers 200 or 401 (a bare HTTP/1.0 request, no client needed).

@@ -12,7 +12,7 @@ use clap::Parser;
 use gkm_bin_support::shutdown::until_signal;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
 use gkm_k8s_agent::{AgentConfig, GpuMetrics, Liveness, TelemetryConfig};
-use gkm_k8s_api::served::ready_when_caches_listable;
+use gkm_k8s_api::served::ready_when_releases_listable;
 use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes, text};
 use gkm_k8s_runtime::metrics::register_build_info;
 use gkm_k8s_runtime::readiness::Readiness;
@@ -71,10 +71,6 @@ struct Cli {
     /// write at once (e.g. 10s; 0s for none).
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
     start_jitter: Duration,
-    /// How long reading an image's manifest and config may take in all,
-    /// however slowly the registry answers (e.g. 60s).
-    #[arg(long, default_value = "60s", value_parser = gkm_bin_support::duration)]
-    read_deadline: Duration,
     /// How long pulling and extracting one image may take in all (e.g. 30m).
     #[arg(long, default_value = "30m", value_parser = gkm_bin_support::duration)]
     extract_deadline: Duration,
@@ -143,9 +139,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.resync.is_zero() {
         bail!("--resync must be longer than 0s");
     }
-    if cli.read_deadline.is_zero() {
-        bail!("--read-deadline must be longer than 0s");
-    }
     if cli.extract_deadline.is_zero() {
         bail!("--extract-deadline must be longer than 0s");
     }
@@ -184,7 +177,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     config.resync = cli.resync;
     config.start_jitter = cli.start_jitter;
-    config.read_deadline = cli.read_deadline;
     config.extract_deadline = cli.extract_deadline;
     config.liveness = Liveness::new(stall_after);
     config.gc_grace = cli.gc_grace;
@@ -212,7 +204,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let server = EndpointServer::start_endpoints(cli.metrics_addr, endpoints, None)
         .await
         .with_context(|| format!("listening on --metrics-addr {}", cli.metrics_addr))?;
-    ready_when_caches_listable(&client, &readiness);
+    ready_when_releases_listable(&client, &readiness);
 
     let result = match until_signal(
         gkm_k8s_agent::run(client, config, gkm_bin_support::shutdown::shutdown_signal()),

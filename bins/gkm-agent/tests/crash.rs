@@ -18,22 +18,14 @@ use std::time::{Duration, Instant};
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_k8s_node::delivery::DeliveryIndex;
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
+use gkm_oci::{Digest, ImageRef};
 use gkm_testenv::{ControlPlane, Process, Registry};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-fn registry_options() -> RegistryOptions {
-    RegistryOptions {
-        insecure: true,
-        ..RegistryOptions::default()
-    }
-}
+mod support;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
-}
+use support::{build_layout, fixture, push, registry_options, until};
 
 /// A copy of the sm75 fixture with `extra` more 1 KiB files, so extracting
 /// it takes a while.
@@ -41,7 +33,7 @@ fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
     let root = dir.join("cache");
     let copy = Command::new("cp")
         .arg("-r")
-        .arg(fixture())
+        .arg(fixture("triton-vector-add-cuda-sm75"))
         .arg(&root)
         .status()?;
     anyhow::ensure!(copy.success(), "copying the fixture");
@@ -51,28 +43,6 @@ fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
         std::fs::write(launcher.join(format!("extra-{i:05}.so")), body)?;
     }
     Ok(root)
-}
-
-/// Builds `tree` into a layout and returns it with the image digest.
-async fn build_layout(tree: &Path, dir: &Path) -> anyhow::Result<(ImageRef, Digest)> {
-    let layout: ImageRef = format!("oci:{}:v1", dir.join("layout").display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(tree, &layout, &options, &registry_options()).await?;
-    Ok((layout, built.digest))
-}
-
-async fn push(layout: &ImageRef, remote: &str) -> anyhow::Result<()> {
-    let remote: ImageRef = remote.parse()?;
-    gkm_oci::copy_image(
-        &Repo::open(layout, &registry_options())?,
-        &Repo::create(&remote, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(())
 }
 
 struct Setup {
@@ -140,9 +110,16 @@ impl Setup {
         )
     }
 
-    /// A cache of `image` whose status says what the operator would: the
-    /// digest, verified and deliverable.
-    async fn cache(&self, name: &str, image: &str, digest: &Digest) -> anyhow::Result<()> {
+    /// A cache of `image` whose release says what the operator would: the
+    /// digest, deliverable, with the variants of the image in `layout` (the
+    /// same image, wherever it is pushed).
+    async fn cache(
+        &self,
+        name: &str,
+        image: &str,
+        layout: &ImageRef,
+        digest: &Digest,
+    ) -> anyhow::Result<()> {
         let api: Api<GKMCache> = Api::namespaced(self.client.clone(), &self.namespace);
         let object: GKMCache = serde_json::from_value(json!({
             "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
@@ -151,13 +128,16 @@ impl Setup {
         }))?;
         let apply = PatchParams::apply("gkm-test").force();
         api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        let status = json!({"status": {
-            "resolvedDigest": digest.to_string(),
-            "verification": {"verified": true, "deliverable": true, "digest": digest.to_string()},
-        }});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-        Ok(())
+        let variants = support::variants_of(layout, digest, &registry_options()).await?;
+        support::publish_release(
+            &self.client,
+            &self.namespace,
+            name,
+            image,
+            digest.as_str(),
+            Ok(variants),
+        )
+        .await
     }
 
     /// This node's report entry for `cache` and `digest`: state and message.
@@ -188,33 +168,6 @@ impl Setup {
     }
 }
 
-/// Polls `probe` every 100 ms until it holds, failing after `limit` or when
-/// `agent` exits.
-async fn until<F, Fut>(
-    agent: &mut Process,
-    what: &str,
-    limit: Duration,
-    mut probe: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let began = Instant::now();
-    loop {
-        agent.check_running()?;
-        if probe().await? {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            began.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits until this node reports `cache` extracted at `digest`.
 async fn until_extracted(
     setup: &Setup,
@@ -241,10 +194,10 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let setup = Setup::new("blip-node", "agent-blip").await?;
     let registry = Registry::shared()?;
     let tree = cache_tree(setup.dir.path(), 0)?;
-    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
-    // The image is not in the registry yet: reading it fails.
+    let (layout, digest) = build_layout(&tree, &setup.dir.path().join("layout")).await?;
+    // The image is not in the registry yet: pulling it fails.
     let remote = format!("{}/agent/blip:v1", registry.addr());
-    setup.cache("blip", &remote, &digest).await?;
+    setup.cache("blip", &remote, &layout, &digest).await?;
     let port = gkm_testenv::free_port()?;
     let mut agent = Process::spawn(
         "agent-blip",
@@ -270,7 +223,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     until_extracted(&setup, &mut agent, "blip", &digest).await?;
     let delivery = DeliveryIndex::new(&setup.store()).get(&setup.key("blip"))?;
     assert!(delivery.is_some_and(|d| d.is_deliverable()));
-    // What an operator sees on /metrics: the failed read, the extractions,
+    // What an operator sees on /metrics: the failed pull, the extractions,
     // what the store holds (other tests' caches too: the cluster is shared,
     // so the figures are compared with the store directory itself); in a
     // shape Prometheus's own linter accepts.
@@ -317,7 +270,7 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
     let value = |name: &str| -> f64 {
         value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
     };
-    assert!(value("gkm_agent_summary_reads_total{outcome=\"failed\"}") >= 1.0);
+    assert!(value("gkm_agent_extractions_total{outcome=\"failed\"}") >= 1.0);
     let images = value("gkm_agent_store_images");
     assert!(images >= 1.0, "the blip cache is in the store");
     assert_eq!(
@@ -325,7 +278,10 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
         images
     );
     // Failed extractions are timed too.
-    assert!(value("gkm_agent_extraction_duration_seconds_count") >= images);
+    assert!(
+        value("gkm_agent_extraction_duration_seconds_count")
+            >= images + value("gkm_agent_extractions_total{outcome=\"failed\"}")
+    );
     assert!(value("gkm_agent_sync_passes_total{outcome=\"succeeded\"}") >= 1.0);
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
@@ -424,7 +380,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
     let setup = Setup::new("crash-node", "agent-crash").await?;
     let registry = Registry::shared()?;
     let tree = cache_tree(setup.dir.path(), 20_000)?;
-    let (layout, digest) = build_layout(&tree, setup.dir.path()).await?;
+    let (layout, digest) = build_layout(&tree, &setup.dir.path().join("layout")).await?;
     let remote = format!("{}/agent/crash:v1", registry.addr());
     push(&layout, &remote).await?;
     let mut want: Vec<PathBuf> = files(&tree)
@@ -433,7 +389,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
         .collect();
     want.push(PathBuf::from("io.triton.manifest/manifest.json"));
     want.sort();
-    setup.cache("crash", &remote, &digest).await?;
+    setup.cache("crash", &remote, &layout, &digest).await?;
     let key = setup.key("crash");
     let store = setup.store();
 

@@ -16,6 +16,8 @@ use gkm_testenv::{ControlPlane, Process, http_get};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+mod support;
+
 /// Sends SIGSTOP to a process, and SIGCONT when dropped (or on `resume`).
 struct Frozen(u32);
 
@@ -65,14 +67,15 @@ async fn health_fails_when_passes_stop_and_recovers_when_they_resume() -> anyhow
     caches
         .patch("c", &PatchParams::apply("gkm-test"), &Patch::Apply(&cache))
         .await?;
-    caches
-        .patch_status(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"resolvedDigest": digest,
-                "verification": {"verified": false, "digest": digest}}})),
-        )
-        .await?;
+    support::publish_release(
+        &client,
+        namespace,
+        "c",
+        "registry.invalid/c:v1",
+        &digest,
+        Err("no signature"),
+    )
+    .await?;
 
     let port = gkm_testenv::free_port()?;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));

@@ -183,9 +183,9 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
         err.contains("--stall-after") && err.contains("--resync"),
         "{err}"
     );
-    let (ok, err) = run(&["--node-name=n1", "--read-deadline=0s"])?;
+    let (ok, err) = run(&["--node-name=n1", "--extract-deadline=0s"])?;
     assert!(!ok);
-    assert!(err.contains("--read-deadline"), "{err}");
+    assert!(err.contains("--extract-deadline"), "{err}");
     let (ok, err) = run(&["--node-name=n1", "--resync=9999999999999999h"])?;
     assert!(!ok);
     assert!(

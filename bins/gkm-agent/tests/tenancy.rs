@@ -2,162 +2,33 @@
 //! real kube-apiserver and a real registry: a tenant whose namespace is
 //! stuck terminating (a finalizer of its own on a cache) does not stop the
 //! agent from reporting other namespaces or collecting garbage, and a
-//! tenant's registry that trickles its answers does not stall the other
-//! namespaces' caches (a small TCP server in this file plays that hostile
-//! registry; the healthy caches come from a real `docker-registry`), and a
+//! tenant's registry that trickles its layer does not hold the other
+//! namespaces' extractions (a small TCP server in this file plays that
+//! hostile registry; the healthy caches come from a real `docker-registry`), and a
 //! tenant whose caches exceed its namespace's byte cap does not take the
 //! node's store from the others, whose caches stop at the store's cap.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
-use gkm_oci::{BuildOptions, Compression, Digest, ImageRef, RegistryOptions, Repo, build};
-use gkm_testenv::{ControlPlane, Process, Registry, samples};
+use gkm_oci::Digest;
+use gkm_testenv::{Registry, samples};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+mod support;
+
+use support::{Node, build_layout, fixture, push, push_fixture, until};
+
 /// A digest no cache or pod references.
 const UNREFERENCED: &str = "5555555555555555555555555555555555555555555555555555555555555555";
-
-/// A test's node, store and GPUs.
-struct Node {
-    plane: &'static ControlPlane,
-    client: kube::Client,
-    dir: tempfile::TempDir,
-    name: String,
-}
-
-impl Node {
-    async fn new(name: &str) -> anyhow::Result<Node> {
-        let plane = ControlPlane::shared().await?;
-        plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
-        plane.ensure_node(name).await?;
-        let dir = gkm_testenv::temp_dir()?;
-        std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
-        Ok(Node {
-            plane,
-            client: plane.client().await?,
-            dir,
-            name: name.into(),
-        })
-    }
-
-    fn store(&self) -> PathBuf {
-        self.dir.path().join("store")
-    }
-
-    /// The agent for this node, serving `/metrics` on `port`, with `extra`
-    /// flags.
-    fn agent(&self, port: u16, extra: &[&str]) -> anyhow::Result<Process> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
-        cmd.arg(format!(
-            "--kubeconfig={}",
-            self.plane.kubeconfig().display()
-        ))
-        .arg(format!("--node-name={}", self.name))
-        .arg(format!("--store={}", self.store().display()))
-        .arg(gkm_testenv::AGENT_KEEP_FREE_ARG)
-        .arg(format!(
-            "--simulate={}",
-            self.dir.path().join("gpus.yaml").display()
-        ))
-        .arg(format!("--metrics-addr=127.0.0.1:{port}"))
-        .arg("--insecure-registry")
-        .arg("--resync=1s")
-        .arg("--start-jitter=0s")
-        .args(extra)
-        .env("GKM_LOG", "info");
-        Process::spawn(
-            &format!("agent-{}", self.name),
-            cmd,
-            &self.dir.path().join(format!("agent-{}.log", self.name)),
-        )
-    }
-
-    /// A cache of `image` in `namespace` whose status says what the operator
-    /// would: `digest`, verified (deliverable) or not.
-    async fn cache(
-        &self,
-        namespace: &str,
-        name: &str,
-        image: &str,
-        digest: &str,
-        verified: bool,
-    ) -> anyhow::Result<()> {
-        let api: Api<GKMCache> = Api::namespaced(self.client.clone(), namespace);
-        let object: GKMCache = serde_json::from_value(json!({
-            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"image": image},
-        }))?;
-        let apply = PatchParams::apply("gkm-test").force();
-        api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        let status = json!({"status": {
-            "resolvedDigest": digest,
-            "verification": {"verified": verified, "deliverable": verified, "digest": digest,
-                             "message": if verified { "signed" } else { "no signature" }},
-        }});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-        Ok(())
-    }
-
-    /// This node's report entry in `namespace` for `cache` at `digest`: its
-    /// state.
-    async fn state(
-        &self,
-        namespace: &str,
-        cache: &str,
-        digest: &str,
-    ) -> anyhow::Result<Option<String>> {
-        let api: Api<GKMCacheNode> = Api::namespaced(self.client.clone(), namespace);
-        let Some(report) = api.get_opt(&self.name).await? else {
-            return Ok(None);
-        };
-        Ok(report
-            .status
-            .and_then(|s| s.caches)
-            .and_then(|c| c.get(cache).cloned())
-            .and_then(|e| e.get(digest).cloned())
-            .and_then(|e| e.state)
-            .map(|s| format!("{s:?}")))
-    }
-}
-
-/// Polls `probe` every 200 ms until it holds, failing after `limit` or when
-/// `agent` exits.
-async fn until<F, Fut>(
-    agent: &mut Process,
-    what: &str,
-    limit: Duration,
-    mut probe: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let began = Instant::now();
-    loop {
-        agent.check_running()?;
-        if probe().await? {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            began.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            agent.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// The agent's passes that succeeded so far, from its metrics.
 async fn passes_succeeded(port: u16) -> f64 {
@@ -189,7 +60,7 @@ async fn a_namespace_stuck_terminating_does_not_stop_other_namespaces_or_garbage
     // The tenant keeps a finalizer of its own on a cache, then deletes its
     // namespace: the cache stays, deleting, and the namespace stays
     // terminating, where nothing new may be created (this node's report).
-    node.cache(stuck, "held", "registry.invalid/held:v1", &digest, true)
+    node.cache(stuck, "held", "registry.invalid/held:v1", &digest, false)
         .await?;
     let caches: Api<GKMCache> = Api::namespaced(node.client.clone(), stuck);
     caches
@@ -255,33 +126,6 @@ async fn a_namespace_stuck_terminating_does_not_stop_other_namespaces_or_garbage
     Ok(())
 }
 
-fn registry_options() -> RegistryOptions {
-    RegistryOptions {
-        insecure: true,
-        ..RegistryOptions::default()
-    }
-}
-
-/// Builds the sm75 fixture cache and pushes it to `remote`; returns its
-/// digest.
-async fn push_fixture(dir: &Path, remote: &str) -> anyhow::Result<Digest> {
-    let tree = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
-    let layout: ImageRef = format!("oci:{}:v1", dir.join("layout").display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(&tree, &layout, &options, &registry_options()).await?;
-    gkm_oci::copy_image(
-        &Repo::open(&layout, &registry_options())?,
-        &Repo::create(&remote.parse()?, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(built.digest)
-}
-
 /// A hostile registry: it answers the registry API at once for its
 /// manifest and the blobs it holds whole, and sends any other blob one byte
 /// every 200 ms, each byte well within any per-read timeout. Not a
@@ -319,20 +163,6 @@ impl TricklingRegistry {
             digest,
             trickled,
         })
-    }
-
-    /// One whose config blob trickles: the image's summary is never read.
-    async fn trickling_config() -> anyhow::Result<TricklingRegistry> {
-        let config_digest = Digest::of(&[b'{'; 4096]);
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": config_digest.to_string(), "size": 4096},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                        "digest": Digest::of(b"layer").to_string(), "size": 5}],
-        });
-        Self::start(manifest.to_string().into_bytes(), HashMap::new()).await
     }
 
     /// Requests for blobs it trickled so far.
@@ -407,98 +237,6 @@ async fn serve_trickling(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_trickling_registry_does_not_stall_other_namespaces_caches() -> anyhow::Result<()> {
-    let node = Node::new("tenancy-trickle-node").await?;
-    let (hostile, healthy) = ("tenant-trickling-registry", "tenant-beside-trickling");
-    node.plane.ensure_namespace(hostile).await?;
-    node.plane.ensure_namespace(healthy).await?;
-    let trickling = TricklingRegistry::trickling_config().await?;
-    let registry = Registry::shared()?;
-    let remote = format!("{}/tenancy/beside:v1", registry.addr());
-    let good = push_fixture(node.dir.path(), &remote).await?;
-
-    // The hostile tenant's cache first: the agent starts reading it.
-    let slow_image = format!("{}/hostile/cache:v1", trickling.addr);
-    node.cache(
-        hostile,
-        "slow",
-        &slow_image,
-        trickling.digest.as_str(),
-        true,
-    )
-    .await?;
-    let port = gkm_testenv::free_port()?;
-    let mut agent = node.agent(port, &["--read-deadline=5s"])?;
-    until(
-        &mut agent,
-        "the hostile registry's blob requested",
-        Duration::from_secs(60),
-        || async { Ok(trickling.trickled() >= 1) },
-    )
-    .await?;
-
-    // Another tenant's cache, in a real registry: extracted while the
-    // hostile registry still trickles.
-    node.cache(healthy, "beside", &remote, good.as_str(), true)
-        .await?;
-    until(
-        &mut agent,
-        "the other namespace's cache extracted",
-        Duration::from_secs(90),
-        || async {
-            Ok(node
-                .state(healthy, "beside", good.as_str())
-                .await?
-                .as_deref()
-                == Some("Extracted"))
-        },
-    )
-    .await?;
-    // The hostile cache's read was cut at its deadline, and its node
-    // report says so.
-    let api: Api<GKMCacheNode> = Api::namespaced(node.client.clone(), hostile);
-    let message = || async {
-        anyhow::Ok(
-            api.get_opt(&node.name)
-                .await?
-                .and_then(|r| {
-                    r.status?
-                        .caches?
-                        .get("slow")?
-                        .get(trickling.digest.as_str())?
-                        .message
-                        .clone()
-                })
-                .unwrap_or_default(),
-        )
-    };
-    until(
-        &mut agent,
-        "the hostile read reported past its deadline",
-        Duration::from_secs(60),
-        || async { Ok(message().await?.contains("within 5s")) },
-    )
-    .await?;
-    // Passes go on, and the agent says it is healthy.
-    let before = passes_succeeded(port).await;
-    until(
-        &mut agent,
-        "passes going on",
-        Duration::from_secs(30),
-        || async { Ok(passes_succeeded(port).await > before) },
-    )
-    .await?;
-    assert_eq!(
-        gkm_testenv::http_get(port, "/healthz")
-            .await
-            .map(|(s, _)| s),
-        Some(200)
-    );
-    agent.terminate(Duration::from_secs(15))?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyhow::Result<()> {
     let node = Node::new("tenancy-trickle-layer-node").await?;
     let (hostile, healthy) = ("tenant-trickling-layer", "tenant-beside-trickling-layer");
@@ -506,7 +244,8 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     node.plane.ensure_namespace(healthy).await?;
     let registry = Registry::shared()?;
     let remote = format!("{}/tenancy/layer:v1", registry.addr());
-    let good = push_fixture(node.dir.path(), &remote).await?;
+    let layout = node.dir.path().join("layout");
+    let (_, good) = push_fixture("triton-vector-add-cuda-sm75", &layout, &remote).await?;
     // The hostile registry serves the very same image (its manifest and
     // config, so the same digest) but trickles its layer.
     let blobs = node.dir.path().join("layout/blobs/sha256");
@@ -562,25 +301,12 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
 /// own (filled with `fill`, so each image is a digest of its own) and
 /// pushes it to `remote`; returns its digest.
 async fn push_padded(dir: &Path, remote: &str, padding: usize, fill: u8) -> anyhow::Result<Digest> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
     let tree = dir.join(format!("tree-{fill}"));
-    copy_tree(&fixture, &tree)?;
+    copy_tree(&fixture("triton-vector-add-cuda-sm75"), &tree)?;
     std::fs::write(tree.join("padding.bin"), vec![fill; padding])?;
-    let layout: ImageRef =
-        format!("oci:{}:v1", dir.join(format!("layout-{fill}")).display()).parse()?;
-    let options = BuildOptions {
-        compression: Compression::None,
-        ..BuildOptions::default()
-    };
-    let built = build(&tree, &layout, &options, &registry_options()).await?;
-    gkm_oci::copy_image(
-        &Repo::open(&layout, &registry_options())?,
-        &Repo::create(&remote.parse()?, &registry_options())?,
-        None,
-    )
-    .await?;
-    Ok(built.digest)
+    let (layout, digest) = build_layout(&tree, &dir.join(format!("layout-{fill}"))).await?;
+    push(&layout, remote).await?;
+    Ok(digest)
 }
 
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use gkm_oci::{ExtractPolicy, Image, Repo, Store};
+use gkm_oci::{ExtractPolicy, Repo, Store};
 use tokio::sync::Notify;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
@@ -183,17 +183,10 @@ impl Extractions {
         self.failures.failed(&(scope.clone(), digest.clone()), why);
     }
 
-    /// Pulls and extracts `digest` from `repo` for a cache of `scope` in a
-    /// task of its own, unless one is already under way; `known` is the
-    /// image the summary came from, so its manifest and config are not read
-    /// again.
-    pub(crate) fn start(
-        &mut self,
-        scope: &Scope,
-        repo: Repo,
-        digest: Digest,
-        known: Option<Arc<Image>>,
-    ) {
+    /// Pulls and extracts `digest` from `repo` (its manifest and layer) for
+    /// a cache of `scope` in a task of its own, unless one is already under
+    /// way.
+    pub(crate) fn start(&mut self, scope: &Scope, repo: Repo, digest: Digest) {
         let key = (scope.clone(), digest);
         if self.running.contains_key(&key) {
             return;
@@ -219,11 +212,10 @@ impl Extractions {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                let stored = match &known {
-                    Some(image) => store.ensure_image(&repo, image, &policy, None).await,
-                    None => store.ensure(&repo, &policy, None).await,
-                }
-                .map_err(|e| over_budget(&e, &held.grant))?;
+                let stored = store
+                    .ensure(&repo, &policy, None)
+                    .await
+                    .map_err(|e| over_budget(&e, &held.grant))?;
                 // What extraction wrote it counted; a digest another
                 // extraction stored first is measured on disk.
                 let (size, usage) = match stored.extracted {

@@ -5,14 +5,16 @@
 //! either kind in step on this node, level-triggered: on any change to a
 //! cache (and every `resync`) it
 //!
-//! 1. reads the image summary of the digest the operator resolved (in a
-//!    task of its own, under a total deadline, in slots shared fairly
-//!    between namespaces: a pass never waits for a registry),
-//! 2. checks it against the node's GPUs ([`gkm_core::compat`]),
+//! 1. reads each cache's release, where the operator publishes the digest
+//!    it resolved, its verdict and the image's variants with their GPU
+//!    targets (read once by the operator, not by every node),
+//! 2. checks those targets against the node's GPUs ([`gkm_core::compat`]),
+//!    without a registry request,
 //! 3. pulls and extracts compatible, verified caches into the content-addressed
-//!    store ([`gkm_oci::Store`]), never an unverified or incompatible one
-//!    (off the pass too, each under a total deadline, one per namespace at
-//!    a time),
+//!    store ([`gkm_oci::Store`]: the manifest and the layer), never an
+//!    unverified or incompatible one (off the pass, each under a total
+//!    deadline, one per namespace at a time: a pass never waits for a
+//!    registry),
 //! 4. publishes its decision in the delivery index the CSI driver reads
 //!    ([`gkm_k8s_node::delivery`]),
 //! 5. reports in the node's `GKMCacheNode` (one per namespace) and
@@ -50,13 +52,11 @@ mod liveness;
 mod metrics;
 mod pacing;
 mod plan;
-mod reads;
 mod reports;
 mod retry;
 mod slots;
 mod sync;
 pub mod telemetry;
-mod view;
 mod wakes;
 
 use std::path::PathBuf;
@@ -75,8 +75,8 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use gkm_k8s_api::cache_object::CacheObject;
-use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
+use gkm_k8s_api::cache_object::ReleaseObject;
+use gkm_k8s_api::crd::{ClusterGKMCacheRelease, GKMCacheRelease};
 
 pub use crate::error::{Error, Result};
 
@@ -87,7 +87,6 @@ pub use pacing::start_delay;
 pub use plan::{CacheInput, NodeView, plan_cache};
 pub use reports::ReportFailure;
 pub use telemetry::{GpuMetrics, TelemetryConfig};
-pub use view::CacheView;
 
 /// The default cap on what one namespace's caches may hold in a node's
 /// store: 64 GiB.
@@ -118,9 +117,6 @@ pub struct AgentConfig {
     /// others; a digest several namespaces use counts for each. Default
     /// [`DEFAULT_NAMESPACE_MAX_BYTES`]; `None` for no cap.
     pub namespace_max_bytes: Option<u64>,
-    /// How long reading an image's manifest and config may take in all,
-    /// however the registry paces its answers.
-    pub read_deadline: Duration,
     /// How long pulling and extracting one image may take in all.
     pub extract_deadline: Duration,
     /// How long an unreferenced digest stays in the store.
@@ -157,7 +153,6 @@ impl AgentConfig {
             },
             store_max_bytes: None,
             namespace_max_bytes: Some(DEFAULT_NAMESPACE_MAX_BYTES),
-            read_deadline: Duration::from_secs(60),
             extract_deadline: Duration::from_secs(30 * 60),
             gc_grace: Duration::from_secs(600),
             resync: Duration::from_secs(30),
@@ -211,8 +206,8 @@ pub async fn run(
     }
 
     let changed = Arc::new(Notify::new());
-    let namespaced = watch_caches::<GKMCache>(&client, &changed);
-    let cluster = watch_caches::<ClusterGKMCache>(&client, &changed);
+    let namespaced = watch_releases::<GKMCacheRelease>(&client, &changed);
+    let cluster = watch_releases::<ClusterGKMCacheRelease>(&client, &changed);
     // Its own Node's metadata only, as the kubelet watches its Node: no
     // read per pass, and a relabelling wakes the agent at once.
     let node = watch(
@@ -282,11 +277,11 @@ pub async fn run(
     }
 }
 
-/// Every cache of kind `K`, in a store; a change to what the agent reads of
-/// one wakes it.
-fn watch_caches<K: CacheObject>(client: &Client, changed: &Arc<Notify>) -> Store<K> {
-    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default());
-    watch(events, changed, wakes::cache_view)
+/// Every release of kind `R` (one per cache), in a store; a change to what
+/// one holds wakes the agent.
+fn watch_releases<R: ReleaseObject>(client: &Client, changed: &Arc<Notify>) -> Store<R> {
+    let events = watcher(Api::<R>::all(client.clone()), watcher::Config::default());
+    watch(events, changed, wakes::release_view)
 }
 
 /// Keeps a store of what `events` shows, waking the agent (`changed`) when

@@ -53,7 +53,6 @@ fn pass_histogram() -> Histogram {
 pub struct AgentMetrics {
     extractions: Family<Outcome, Counter>,
     extraction_seconds: Histogram,
-    summary_reads: Family<Outcome, Counter>,
     passes: Family<Outcome, Counter>,
     pass_seconds: Histogram,
     store_bytes: Gauge<i64, AtomicI64>,
@@ -65,7 +64,6 @@ impl Default for AgentMetrics {
         AgentMetrics {
             extractions: Family::default(),
             extraction_seconds: extraction_histogram(),
-            summary_reads: Family::default(),
             passes: Family::default(),
             pass_seconds: pass_histogram(),
             store_bytes: Gauge::default(),
@@ -78,7 +76,6 @@ impl AgentMetrics {
     /// Adds every metric to `registry` (names below assume its `gkm` prefix):
     /// `gkm_agent_extractions_total{outcome}`,
     /// `gkm_agent_extraction_duration_seconds`,
-    /// `gkm_agent_summary_reads_total{outcome}`,
     /// `gkm_agent_sync_passes_total{outcome}`,
     /// `gkm_agent_sync_duration_seconds`, `gkm_agent_store_bytes` and
     /// `gkm_agent_store_images`.
@@ -94,11 +91,6 @@ impl AgentMetrics {
             "Time to pull and extract one image, successful or not",
             Unit::Seconds,
             self.extraction_seconds.clone(),
-        );
-        agent.register(
-            "summary_reads",
-            "Reads of an image's cache summary from its registry, by outcome",
-            self.summary_reads.clone(),
         );
         agent.register(
             "sync_passes",
@@ -128,11 +120,6 @@ impl AgentMetrics {
     pub(super) fn extraction(&self, ok: bool, took: Duration) {
         self.extractions.get_or_create(&outcome(ok)).inc();
         self.extraction_seconds.observe(took.as_secs_f64());
-    }
-
-    /// One summary read ended.
-    pub(super) fn summary_read(&self, ok: bool) {
-        self.summary_reads.get_or_create(&outcome(ok)).inc();
     }
 
     /// One pass ended after `took`.
@@ -165,7 +152,6 @@ mod tests {
         let metrics = AgentMetrics::default();
         metrics.extraction(true, Duration::from_millis(1500));
         metrics.extraction(false, Duration::from_millis(200));
-        metrics.summary_read(false);
         metrics.pass(true, Duration::from_millis(3));
         metrics.store(2, 4096);
         let out = text(&metrics);
@@ -173,7 +159,6 @@ mod tests {
             "gkm_agent_extractions_total{outcome=\"succeeded\"} 1",
             "gkm_agent_extractions_total{outcome=\"failed\"} 1",
             "gkm_agent_extraction_duration_seconds_count 2",
-            "gkm_agent_summary_reads_total{outcome=\"failed\"} 1",
             "gkm_agent_sync_passes_total{outcome=\"succeeded\"} 1",
             "gkm_agent_sync_duration_seconds_count 1",
             "gkm_agent_store_bytes 4096",

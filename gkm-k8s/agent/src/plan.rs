@@ -4,16 +4,13 @@
 use std::collections::BTreeMap;
 
 use gkm_core::Gpu;
-use gkm_core::cache::Summary;
 use gkm_core::compat::{CheckOptions, Report, check_summary};
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
-use gkm_k8s_api::crd::{CacheState, IncompatibleGpu, NodeCacheStatus, PodData};
+use gkm_k8s_api::crd::{CacheRelease, CacheState, IncompatibleGpu, NodeCacheStatus, PodData};
 use gkm_k8s_node::delivery::{Delivery, Verdict, incompatibility_reason};
 use gkm_k8s_node::mount_records::PodRef;
-
-use crate::view::CacheView;
 
 /// This node, as planning sees it.
 pub struct NodeView<'a> {
@@ -27,10 +24,9 @@ pub struct NodeView<'a> {
 
 /// One cache, with what the agent knows of its image on this node.
 pub struct CacheInput<'a> {
-    /// What the agent reads of the cache itself.
-    pub view: CacheView<'a>,
-    /// The resolved digest's summary, or why it could not be read.
-    pub summary: Option<Result<&'a Summary, &'a str>>,
+    /// What the agent reads of the cache: its release, where the operator
+    /// publishes the digest, its verdict and the image's variants.
+    pub release: &'a CacheRelease,
     /// Whether the resolved digest is in the store, or why extracting failed.
     pub stored: Result<bool, &'a str>,
     /// Bytes of the stored tree, when known.
@@ -46,8 +42,8 @@ pub enum DeliveryChange {
     Publish(Delivery),
     /// Remove the entry: nothing may be mounted any more.
     Remove,
-    /// Leave the entry as it is: the image's summary is being read (off
-    /// the pass), and the decision waits for it, as it did before.
+    /// Leave the entry as it is: the operator has not published the
+    /// image's variants yet, and the decision waits for them.
     Unchanged,
 }
 
@@ -58,8 +54,6 @@ pub struct Plan {
     pub entries: BTreeMap<String, NodeCacheStatus>,
     /// The delivery index change.
     pub delivery: DeliveryChange,
-    /// A digest whose summary must be read before planning further.
-    pub needs_summary: Option<Digest>,
     /// A digest to pull and extract.
     pub extract: Option<Digest>,
 }
@@ -89,8 +83,9 @@ impl Plan {
     }
 }
 
-/// Plans one cache on this node. Call again after reading the summary or
-/// extracting, with the new facts.
+/// Plans one cache on this node. Call again after extracting, with the new
+/// facts. Whether the image fits the node's GPUs is decided from the
+/// targets the operator published, without reading the registry.
 ///
 /// A published decision carries the cache's `workloadNamespaces`, so the
 /// CSI driver mounts a `ClusterGKMCache` only into pods of those namespaces.
@@ -98,8 +93,7 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut plan = plan_delivery(cache, node);
     if let DeliveryChange::Publish(delivery) = &mut plan.delivery {
         delivery.workload_namespaces = cache
-            .view
-            .spec
+            .release
             .workload_namespaces
             .as_ref()
             .map(|namespaces| namespaces.iter().map(|n| n.0.clone()).collect());
@@ -111,18 +105,18 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut plan = Plan {
         entries: BTreeMap::new(),
         delivery: DeliveryChange::Remove,
-        needs_summary: None,
         extract: None,
     };
-    let resolved: Option<Digest> = cache.view.resolved_digest();
+    let release = cache.release;
+    let resolved: Option<Digest> = release.resolved();
 
     // Pods keep their digests' entries, whatever else happens: outdated when
     // the digest is no longer the resolved one, deleting when the cache goes.
     for (digest, pods) in cache.pods {
-        if pods.is_empty() || Some(digest) == resolved.as_ref() && !cache.view.deleting {
+        if pods.is_empty() || Some(digest) == resolved.as_ref() && !release.deleting {
             continue;
         }
-        let state = if cache.view.deleting {
+        let state = if release.deleting {
             CacheState::Deleting
         } else {
             CacheState::Outdated
@@ -136,10 +130,10 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             },
         );
     }
-    if cache.view.deleting {
+    if release.deleting {
         return plan;
     }
-    if let Some(selector) = &cache.view.spec.node_selector {
+    if let Some(selector) = &release.node_selector {
         let matches = Selector::try_from(selector.clone()).map(|s| s.matches(node.labels));
         if !matches.unwrap_or(false) {
             return plan;
@@ -151,31 +145,35 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     let mut entry = NodeCacheStatus::default();
     // The operator's recorded verdict decides, never the spec: the spec's
     // mode is only what the cache asked for, not what the floor allows.
-    let verification = cache.view.verification();
-    if !verification.is_some_and(|v| v.admits(digest.as_str())) {
-        // The operator's note, when it is about this digest.
-        let why = verification
-            .filter(|v| v.digest.as_deref() == Some(digest.as_str()))
-            .and_then(|v| v.message.clone())
-            .unwrap_or_else(|| "not verified yet".to_string());
+    if !release.deliverable {
+        let why = release.refusal.as_deref().unwrap_or("not verified yet");
         let reason = format!("signature of {digest} not verified: {why}");
         return plan.refused(digest, entry, Verdict::NotVerified, reason.clone(), reason);
     }
-    let summary = match cache.summary {
-        None => {
-            plan.needs_summary = Some(digest.clone());
+    let summary = match (release.variant(&digest), &release.variants_error) {
+        (Some(variant), _) => match variant.summary() {
+            Ok(summary) => summary,
+            Err(e) => {
+                let reason = format!("a target the operator published for {digest}: {e}");
+                return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
+            }
+        },
+        (None, Some(why)) => {
+            let reason = format!("reading image {digest}: {why}");
+            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
+        }
+        (None, None) if release.variants.is_none() => {
             plan.delivery = DeliveryChange::Unchanged;
             entry.state = Some(CacheState::Pending);
             plan.entries.insert(digest.to_string(), entry);
             return plan;
         }
-        Some(Err(why)) => {
-            let reason = format!("reading image {digest}: {why}");
+        (None, None) => {
+            let reason = format!("the operator published no variant of {digest}");
             return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
         }
-        Some(Ok(summary)) => summary,
     };
-    let report = check_summary(summary, node.gpus, node.check);
+    let report = check_summary(&summary, node.gpus, node.check);
     record_compatibility(&mut entry, &report);
     if !report.compatible {
         let reason = incompatibility_reason(&report);
@@ -239,11 +237,13 @@ fn pod_data(pods: &[PodRef], digest: &Digest) -> Vec<PodData> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gkm_core::cache::Summary;
     use gkm_core::{Arch, Backend, Vendor};
-    use gkm_k8s_api::crd::{CacheSpec, CacheStatus, SignaturePolicy, VerificationStatus};
+    use gkm_k8s_api::crd::ImageVariant;
 
     const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const OLD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const SM75: &str = r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#;
 
     fn t4() -> Gpu {
         Gpu {
@@ -257,42 +257,27 @@ mod tests {
         }
     }
 
-    fn summary(label: &str) -> Summary {
-        Summary::from_label(label).unwrap()
+    fn variants(label: &str) -> Option<Vec<ImageVariant>> {
+        let digest: Digest = DIGEST.parse().unwrap();
+        Some(vec![ImageVariant::new(
+            &digest,
+            &Summary::from_label(label).unwrap(),
+        )])
     }
 
-    fn status(verified: bool) -> CacheStatus {
-        CacheStatus {
-            resolved_digest: Some(DIGEST.into()),
-            verification: Some(VerificationStatus {
-                verified,
-                digest: Some(DIGEST.into()),
-                message: Some(
-                    if verified {
-                        "signed by key"
-                    } else {
-                        "no signature"
-                    }
-                    .into(),
-                ),
-                ..VerificationStatus::default()
-            }),
-            ..CacheStatus::default()
-        }
-    }
-
-    fn spec() -> CacheSpec {
-        CacheSpec {
-            signature: Some(SignaturePolicy::default()),
-            ..CacheSpec::default()
+    /// What the operator publishes for a deliverable sm75 image.
+    fn release() -> CacheRelease {
+        CacheRelease {
+            image: "r/c:v1".into(),
+            digest: Some(DIGEST.into()),
+            deliverable: true,
+            variants: variants(SM75),
+            ..CacheRelease::default()
         }
     }
 
     struct Case {
-        spec: CacheSpec,
-        status: CacheStatus,
-        deleting: bool,
-        summary: Option<Result<Summary, String>>,
+        release: CacheRelease,
         stored: Result<bool, String>,
         pods: BTreeMap<Digest, Vec<PodRef>>,
         gpus: Vec<Gpu>,
@@ -301,12 +286,7 @@ mod tests {
     impl Case {
         fn new() -> Case {
             Case {
-                spec: spec(),
-                status: status(true),
-                deleting: false,
-                summary: Some(Ok(summary(
-                    r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
-                ))),
+                release: release(),
                 stored: Ok(true),
                 pods: BTreeMap::new(),
                 gpus: vec![t4()],
@@ -322,11 +302,7 @@ mod tests {
                 check: &check,
             };
             let input = CacheInput {
-                view: CacheView::new(&self.spec, Some(&self.status), self.deleting),
-                summary: self
-                    .summary
-                    .as_ref()
-                    .map(|s| s.as_ref().map_err(String::as_str)),
+                release: &self.release,
                 stored: self.stored.as_ref().map(|b| *b).map_err(String::as_str),
                 size: Some(42),
                 pods: &self.pods,
@@ -343,6 +319,10 @@ mod tests {
         }
     }
 
+    fn message(plan: &Plan) -> String {
+        plan.entries[DIGEST].message.clone().unwrap_or_default()
+    }
+
     #[test]
     fn a_verified_compatible_stored_cache_is_deliverable() {
         let plan = Case::new().plan();
@@ -357,15 +337,15 @@ mod tests {
     #[test]
     fn an_unverified_cache_is_never_extracted() {
         let mut case = Case::new();
-        case.status = status(false);
+        case.release.deliverable = false;
+        case.release.refusal = Some("no signature".into());
         case.stored = Ok(false);
         let plan = case.plan();
         assert_eq!(plan.extract, None);
-        assert_eq!(plan.needs_summary, None, "not even the image is read");
         assert!(
             matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
         );
-        let message = plan.entries[DIGEST].message.clone().unwrap_or_default();
+        let message = message(&plan);
         assert!(
             message.contains("not verified") && message.contains("no signature"),
             "{message}"
@@ -373,43 +353,21 @@ mod tests {
     }
 
     #[test]
-    fn the_operators_verdict_decides_not_the_spec() {
-        // The operator recorded an unverified image as deliverable (Audit
-        // allowed by its floor): delivered.
+    fn the_operators_verdict_decides_not_the_variants() {
+        // Variants published, but the verdict refuses: not delivered.
         let mut case = Case::new();
-        case.status = status(false);
-        if let Some(v) = case.status.verification.as_mut() {
-            v.deliverable = Some(true);
-        }
-        assert!(matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
-
-        // The spec asks for Audit (or Off), but the operator's floor
-        // enforces: not delivered.
-        let mut case = Case::new();
-        case.status = status(false);
-        if let Some(v) = case.status.verification.as_mut() {
-            v.deliverable = Some(false);
-        }
-        for mode in [
-            gkm_k8s_api::crd::SignatureMode::Audit,
-            gkm_k8s_api::crd::SignatureMode::Off,
-        ] {
-            case.spec.signature = Some(SignaturePolicy {
-                mode,
-                ..SignaturePolicy::default()
-            });
-            assert!(
-                matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
-            );
-        }
+        case.release.deliverable = false;
+        assert!(
+            matches!(&case.plan().delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotVerified)
+        );
+        assert!(message(&case.plan()).contains("not verified yet"));
     }
 
     #[test]
     fn an_incompatible_cache_is_refused_with_the_reason_and_not_extracted() {
         let mut case = Case::new();
-        case.summary = Some(Ok(summary(
-            r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#,
-        )));
+        case.release.variants =
+            variants(r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64}]}"#);
         case.stored = Ok(false);
         let plan = case.plan();
         assert_eq!(plan.extract, None);
@@ -433,29 +391,20 @@ mod tests {
         case.gpus.clear();
         let plan = case.plan();
         assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Incompatible));
-        assert!(
-            plan.entries[DIGEST]
-                .message
-                .as_deref()
-                .unwrap_or("")
-                .contains("no GPUs")
-        );
+        assert!(message(&plan).contains("no GPUs"));
     }
 
     #[test]
-    fn the_summary_is_read_then_the_image_extracted() {
+    fn the_published_targets_decide_then_the_image_is_extracted() {
         let mut case = Case::new();
-        case.summary = None;
+        // Deliverable, but the operator has not published the variants yet.
+        case.release.variants = None;
         case.stored = Ok(false);
         let plan = case.plan();
-        assert_eq!(
-            plan.needs_summary.as_ref().map(Digest::as_str),
-            Some(DIGEST)
-        );
+        assert_eq!(plan.extract, None);
         assert_eq!(plan.delivery, DeliveryChange::Unchanged);
-        case.summary = Some(Ok(summary(
-            r#"{"targets":[{"backend":"cuda","arch":75,"warp_size":32}]}"#,
-        )));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Pending));
+        case.release.variants = variants(SM75);
         let plan = case.plan();
         assert_eq!(plan.extract.as_ref().map(Digest::as_str), Some(DIGEST));
         assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Downloading));
@@ -465,13 +414,35 @@ mod tests {
         case.stored = Err("layer digest mismatch".into());
         let plan = case.plan();
         assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
-        assert!(
-            plan.entries[DIGEST]
-                .message
-                .as_deref()
-                .unwrap_or("")
-                .contains("layer digest mismatch")
-        );
+        assert!(message(&plan).contains("layer digest mismatch"));
+    }
+
+    #[test]
+    fn variants_the_operator_could_not_read_or_publish_are_errors() {
+        let mut case = Case::new();
+        case.release.variants = None;
+        case.release.variants_error = Some("manifest unknown".into());
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert!(message(&plan).contains("manifest unknown"));
+        assert_eq!(plan.extract, None);
+
+        // Variants, none of them the resolved digest's.
+        case.release.variants_error = None;
+        case.release.variants = Some(vec![ImageVariant {
+            digest: OLD.into(),
+            targets: Vec::new(),
+        }]);
+        assert!(message(&case.plan()).contains("no variant"));
+
+        // A target this agent cannot read.
+        case.release.variants = variants(SM75);
+        if let Some(v) = case.release.variants.as_mut() {
+            v[0].targets[0].backend = "quantum".into();
+        }
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Error));
+        assert!(message(&plan).contains("quantum"), "{}", message(&plan));
     }
 
     #[test]
@@ -488,7 +459,7 @@ mod tests {
     #[test]
     fn a_deleted_cache_keeps_only_entries_with_pods_and_stops_delivery() {
         let mut case = Case::new();
-        case.deleting = true;
+        case.release.deleting = true;
         assert!(case.plan().entries.is_empty());
         assert_eq!(case.plan().delivery, DeliveryChange::Remove);
         case.pods
@@ -501,11 +472,23 @@ mod tests {
     #[test]
     fn a_node_selector_that_does_not_match_leaves_no_entry() {
         let mut case = Case::new();
-        case.spec.node_selector = Some(
+        case.release.node_selector = Some(
             serde_json::from_value(serde_json::json!({"matchLabels": {"gpu": "h100"}})).unwrap(),
         );
         let plan = case.plan();
         assert!(plan.entries.is_empty());
         assert_eq!(plan.delivery, DeliveryChange::Remove);
+    }
+
+    #[test]
+    fn a_cluster_cache_delivers_to_its_workload_namespaces_only() {
+        let mut case = Case::new();
+        case.release.workload_namespaces =
+            Some(vec![gkm_k8s_api::crd::NamespaceName("team-a".into())]);
+        let plan = case.plan();
+        assert!(matches!(
+            &plan.delivery,
+            DeliveryChange::Publish(d) if d.workload_namespaces == Some(vec!["team-a".to_string()])
+        ));
     }
 }

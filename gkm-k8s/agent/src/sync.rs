@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gkm_core::Gpu;
-use gkm_core::cache::Summary;
 use gkm_core::compat::CheckOptions;
 use gkm_gpu::Inventory;
-use gkm_oci::{Digest, Image, ImageRef, Repo, Store};
+use gkm_oci::{Digest, ImageRef, Repo, Store};
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store as Reflected};
@@ -20,25 +19,18 @@ use super::AgentConfig;
 use super::extractions::{Extractions, tree_size};
 use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
-use super::reads::SummaryReads;
 use super::reports::{NodeReports, gpu_statuses};
 use super::slots::Scope;
-use super::view::CacheView;
 use crate::error::{Error, Result, blocking};
-use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
-use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, NodeCacheStatus};
+use gkm_k8s_api::cache_object::{CacheKey, ReleaseObject};
+use gkm_k8s_api::crd::{CacheRelease, ClusterGKMCacheRelease, GKMCacheRelease, NodeCacheStatus};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecords, PodRef};
 
 /// What the agent knows of one image digest. A digest's content never
-/// changes, so each fact is read once: the manifest and config read for the
-/// summary are the ones extraction uses.
+/// changes, so each fact is measured once.
 #[derive(Default)]
 struct DigestFacts {
-    /// The image's manifest and config.
-    image: Option<Arc<Image>>,
-    /// Its cache summary, from the image's labels.
-    summary: Option<Summary>,
     /// Bytes of its files in the store, once extracted or measured.
     size: Option<i64>,
     /// Bytes it takes in the store counted as the byte caps count them
@@ -46,12 +38,13 @@ struct DigestFacts {
     usage: Option<u64>,
 }
 
-/// What the agent watches: both cache kinds and its own Node.
+/// What the agent watches: the releases of both cache kinds and its own
+/// Node.
 pub(super) struct Watched {
-    /// Every `GKMCache`.
-    pub(super) namespaced: Reflected<GKMCache>,
-    /// Every `ClusterGKMCache`.
-    pub(super) cluster: Reflected<ClusterGKMCache>,
+    /// Every `GKMCacheRelease`.
+    pub(super) namespaced: Reflected<GKMCacheRelease>,
+    /// Every `ClusterGKMCacheRelease`.
+    pub(super) cluster: Reflected<ClusterGKMCacheRelease>,
     /// This node's Node, its metadata only.
     pub(super) node: Reflected<PartialObjectMeta<Node>>,
 }
@@ -75,9 +68,6 @@ pub(super) struct Agent {
     reports: NodeReports,
     /// What is known of each image digest this node deals with.
     facts: HashMap<Digest, DigestFacts>,
-    /// Summary reads, off the pass; those that failed are tried again with
-    /// backoff.
-    reads: SummaryReads,
     /// Pulls and extractions, off the agent's loop.
     extractions: Extractions,
     /// Since when each stored digest has been unreferenced.
@@ -104,9 +94,8 @@ impl Agent {
             },
             config.extract_deadline,
             config.metrics.clone(),
-            changed.clone(),
+            changed,
         );
-        let reads = SummaryReads::new(config.read_deadline, config.metrics.clone(), changed);
         Ok(Agent {
             files: NodeFiles {
                 index: DeliveryIndex::new(store.root()),
@@ -120,7 +109,6 @@ impl Agent {
             gpus,
             watched,
             facts: HashMap::new(),
-            reads,
             extractions,
             unreferenced: Unreferenced::default(),
             labelled: None,
@@ -129,21 +117,13 @@ impl Agent {
 
     /// When a failed step is due to be tried again.
     pub(super) fn next_retry(&self) -> Option<Instant> {
-        match (self.reads.next_due(), self.extractions.next_due()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.extractions.next_due()
     }
 
     /// Brings every cache on this node in step and reports.
     pub(super) async fn sync_once(&mut self) -> Result<()> {
         for (digest, size) in self.extractions.harvest() {
             self.facts.entry(digest).or_default().size = Some(size);
-        }
-        for (digest, read) in self.reads.harvest() {
-            let facts = self.facts.entry(digest).or_default();
-            facts.image = Some(Arc::new(read.image));
-            facts.summary = Some(read.summary);
         }
         let node_labels = self.label_node().await?;
         let records = self.files.mounts.clone();
@@ -193,7 +173,7 @@ impl Agent {
             .collect();
         for cache in &caches {
             let key = cache.key();
-            if let Some(digest) = cache.view().resolved_digest()
+            if let Some(digest) = cache.release().resolved()
                 && stored.contains(&digest)
             {
                 uses.entry(key.namespace().map(str::to_string))
@@ -240,7 +220,7 @@ impl Agent {
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
             .iter()
-            .filter_map(|c| c.view().resolved_digest())
+            .filter_map(|c| c.release().resolved())
             .collect();
         self.facts.retain(|digest, _| {
             resolved.contains(digest)
@@ -298,8 +278,8 @@ impl Agent {
     }
 
     /// Plans one cache and acts on the plan: publishes the delivery
-    /// decision and starts (off the pass) what the plan needs, a summary
-    /// read or an extraction. Never waits for a registry.
+    /// decision and starts (off the pass) the extraction the plan needs.
+    /// Never waits for a registry.
     async fn plan_and_act(
         &mut self,
         cache: &dyn Cache,
@@ -309,17 +289,10 @@ impl Agent {
         in_store: &HashSet<Digest>,
     ) -> Result<BTreeMap<String, NodeCacheStatus>> {
         let check = CheckOptions::default();
-        let view = cache.view();
+        let release = cache.release();
         let scope: Scope = key.namespace().map(str::to_string);
-        let resolved: Option<Digest> = view.resolved_digest();
-        let summary_failed = resolved
-            .as_ref()
-            .and_then(|d| self.reads.waiting(&scope, d));
+        let resolved: Option<Digest> = release.resolved();
         let known = resolved.as_ref().and_then(|d| self.facts.get(d));
-        let summary = match known.and_then(|f| f.summary.as_ref()) {
-            Some(s) => Some(Ok(s)),
-            None => summary_failed.as_deref().map(Err),
-        };
         let extract_failed = resolved
             .as_ref()
             .and_then(|d| self.extractions.waiting(&scope, d));
@@ -329,8 +302,7 @@ impl Agent {
             None => Ok(false),
         };
         let input = CacheInput {
-            view,
-            summary,
+            release,
             stored,
             size: known.and_then(|f| f.size),
             pods,
@@ -348,27 +320,11 @@ impl Agent {
             DeliveryChange::Unchanged => Ok(()),
         })
         .await?;
-        if let Some(digest) = plan.needs_summary {
-            // Off the pass: the pass that follows its end plans again.
-            self.start_read(&scope, view.image(), &digest);
-        }
         if let Some(digest) = plan.extract {
             // Off the pass: the next pass plans again with the outcome.
-            self.start_extraction(&scope, view.image(), digest);
+            self.start_extraction(&scope, &release.image, digest);
         }
         Ok(plan.entries)
-    }
-
-    /// Reads the manifest and config of `digest` of `image` for a cache of
-    /// `scope` (unless already under way: [`SummaryReads::start`]).
-    fn start_read(&mut self, scope: &Scope, image: &str, digest: &Digest) {
-        if self.reads.is_running(scope, digest) {
-            return;
-        }
-        match self.repo(image, digest) {
-            Ok(repo) => self.reads.start(scope, repo, digest),
-            Err(e) => self.reads.failed(scope, digest, e.to_string()),
-        }
     }
 
     fn size_of(&self, digest: &Digest) -> Option<i64> {
@@ -379,11 +335,7 @@ impl Agent {
     /// (unless already under way: [`Extractions::start`]).
     fn start_extraction(&mut self, scope: &Scope, image: &str, digest: Digest) {
         match self.repo(image, &digest) {
-            Ok(repo) => {
-                // The manifest and config the summary came from: not read again.
-                let known = self.facts.get(&digest).and_then(|f| f.image.clone());
-                self.extractions.start(scope, repo, digest, known);
-            }
+            Ok(repo) => self.extractions.start(scope, repo, digest),
             Err(e) => self.extractions.failed(scope, &digest, e.to_string()),
         }
     }
@@ -466,17 +418,17 @@ impl Agent {
     }
 }
 
-/// Both cache kinds, behind one type.
+/// The releases of both cache kinds, behind one type.
 trait Cache: Send + Sync {
     fn key(&self) -> CacheKey;
-    fn view(&self) -> CacheView<'_>;
+    fn release(&self) -> &CacheRelease;
 }
 
-impl<K: CacheObject> Cache for std::sync::Arc<K> {
+impl<R: ReleaseObject> Cache for Arc<R> {
     fn key(&self) -> CacheKey {
-        CacheObject::key(self.as_ref())
+        ReleaseObject::key(self.as_ref())
     }
-    fn view(&self) -> CacheView<'_> {
-        CacheView::of(self.as_ref())
+    fn release(&self) -> &CacheRelease {
+        ReleaseObject::release(self.as_ref())
     }
 }

@@ -1,10 +1,10 @@
 //! Which watched changes wake the agent.
 //!
-//! The agent acts on a cache's spec, its resolved digest, the operator's
-//! verdict and whether it is being deleted. The operator also rewrites each
-//! cache's counts and conditions as nodes report, so waking every agent on
-//! every status write would make each node's report wake all the others:
-//! passes would grow with nodes × reports. Of its Node, the agent reads the
+//! The agent acts on each cache's release (what the operator publishes for
+//! the nodes: the digest, its verdict, the image's variants, whether the
+//! cache is being deleted), which the operator writes only when that
+//! changes, never for the counts nodes' reports change; a change to its
+//! metadata alone (managed fields) wakes nothing. Of its Node, the agent reads the
 //! labels (a cache's `nodeSelector`) and the uid (its reports' owner); the
 //! kubelet's status updates change neither. Only a change to what the agent
 //! reads wakes it.
@@ -18,9 +18,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
-use crate::view::CacheView;
-
-use gkm_k8s_api::cache_object::CacheObject;
+use gkm_k8s_api::cache_object::ReleaseObject;
 
 /// The last seen fingerprint of each watched object's agent-relevant
 /// fields, by uid.
@@ -55,9 +53,9 @@ impl Seen {
     }
 }
 
-/// What the agent reads of a cache ([`CacheView`]), to fingerprint.
-pub(super) fn cache_view<K: CacheObject>(cache: &K) -> Value {
-    serde_json::to_value(CacheView::of(cache)).unwrap_or(Value::Null)
+/// What the agent reads of a cache's release, to fingerprint.
+pub(super) fn release_view<R: ReleaseObject>(release: &R) -> Value {
+    serde_json::to_value(release.release()).unwrap_or(Value::Null)
 }
 
 /// What the agent reads of its Node (the uid is [`Seen`]'s key): the labels.
@@ -74,47 +72,39 @@ fn fingerprint(view: &Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_k8s_api::crd::{CacheSpec, CacheStatus, GKMCache, GKMCacheSpec, VerificationStatus};
+    use gkm_k8s_api::crd::{CacheRelease, GKMCacheRelease};
     use kube::core::PartialObjectMetaExt;
 
-    fn cache(resolved: &str, nodes: i32) -> GKMCache {
-        let mut cache = GKMCache::new(
+    fn release(digest: &str, version: &str) -> GKMCacheRelease {
+        let mut release = <GKMCacheRelease as ReleaseObject>::new(
             "c",
-            GKMCacheSpec {
-                cache: CacheSpec {
-                    image: "r/c:v1".into(),
-                    ..CacheSpec::default()
-                },
+            CacheRelease {
+                image: "r/c:v1".into(),
+                digest: Some(digest.into()),
+                deliverable: true,
+                ..CacheRelease::default()
             },
         );
-        cache.metadata.uid = Some("u".into());
-        let mut status = CacheStatus {
-            resolved_digest: Some(resolved.into()),
-            verification: Some(VerificationStatus::default()),
-            ..CacheStatus::default()
-        };
-        status.counts.node_cnt = nodes;
-        cache.status = Some(status);
-        cache
+        release.metadata.uid = Some("u".into());
+        release.metadata.resource_version = Some(version.into());
+        release
     }
 
     #[test]
-    fn counts_do_not_wake_the_agent_but_a_new_digest_does() {
+    fn a_new_digest_wakes_the_agent_but_metadata_alone_does_not() {
         let mut seen = Seen::default();
-        assert!(seen.wakes(&Event::Apply(cache("sha256:a", 1)), cache_view));
-        // The operator counted another node: nothing for the agent.
-        assert!(!seen.wakes(&Event::Apply(cache("sha256:a", 2)), cache_view));
+        assert!(seen.wakes(&Event::Apply(release("sha256:a", "1")), release_view));
+        // Written again with the same content (a new resourceVersion).
+        assert!(!seen.wakes(&Event::Apply(release("sha256:a", "2")), release_view));
         // The tag moved.
-        assert!(seen.wakes(&Event::Apply(cache("sha256:b", 2)), cache_view));
+        assert!(seen.wakes(&Event::Apply(release("sha256:b", "3")), release_view));
         // Deleting the cache.
-        let mut deleting = cache("sha256:b", 2);
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
-        );
-        assert!(seen.wakes(&Event::Apply(deleting.clone()), cache_view));
-        assert!(seen.wakes(&Event::Delete(deleting), cache_view));
+        let mut deleting = release("sha256:b", "4");
+        deleting.spec.release.deleting = true;
+        assert!(seen.wakes(&Event::Apply(deleting.clone()), release_view));
+        assert!(seen.wakes(&Event::Delete(deleting), release_view));
         // After a relist, the agent looks again.
-        assert!(seen.wakes(&Event::<GKMCache>::InitDone, cache_view));
+        assert!(seen.wakes(&Event::<GKMCacheRelease>::InitDone, release_view));
     }
 
     fn node(uid: &str, labels: &[(&str, &str)], version: &str) -> PartialObjectMeta<Node> {

@@ -10,8 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crd::{
-    CacheNodeStatus, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheNode, GKMCache,
-    GKMCacheNode,
+    CacheNodeStatus, CacheRelease, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheNode,
+    ClusterGKMCacheRelease, ClusterGKMCacheReleaseSpec, GKMCache, GKMCacheNode, GKMCacheRelease,
+    GKMCacheReleaseSpec,
 };
 
 /// A cache resource of either kind.
@@ -27,6 +28,8 @@ pub trait CacheObject:
 {
     /// The node report kind that carries this kind's per-node state.
     type NodeReport: NodeReport;
+    /// The release kind that carries what the nodes act on for it.
+    type Release: ReleaseObject;
     /// Namespaced or cluster.
     const SCOPE: Scope;
     /// The spec.
@@ -68,8 +71,40 @@ pub trait NodeReport:
     fn api(client: Client, namespace: Option<&str>) -> Api<Self>;
 }
 
+/// A release of either kind (`GKMCacheRelease`, `ClusterGKMCacheRelease`):
+/// what the nodes act on for the cache of the same name and scope.
+pub trait ReleaseObject:
+    Resource<DynamicType = ()>
+    + Clone
+    + fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// Namespaced or cluster, as its cache.
+    const SCOPE: Scope;
+    /// A release named `name` holding `release` (metadata otherwise empty).
+    fn new(name: &str, release: CacheRelease) -> Self;
+    /// What it holds.
+    fn release(&self) -> &CacheRelease;
+    /// The API for this kind, in `namespace` when it is namespaced.
+    fn api(client: Client, namespace: Option<&str>) -> Api<Self>;
+
+    /// The key of its cache.
+    fn key(&self) -> CacheKey {
+        let name = self.meta().name.clone().unwrap_or_default();
+        match (Self::SCOPE, &self.meta().namespace) {
+            (Scope::Namespaced, Some(namespace)) => CacheKey::namespaced(namespace, name),
+            _ => CacheKey::cluster(name),
+        }
+    }
+}
+
 impl CacheObject for GKMCache {
     type NodeReport = GKMCacheNode;
+    type Release = GKMCacheRelease;
     const SCOPE: Scope = Scope::Namespaced;
     fn cache_spec(&self) -> &CacheSpec {
         &self.spec.cache
@@ -87,6 +122,7 @@ impl CacheObject for GKMCache {
 
 impl CacheObject for ClusterGKMCache {
     type NodeReport = ClusterGKMCacheNode;
+    type Release = ClusterGKMCacheRelease;
     const SCOPE: Scope = Scope::Cluster;
     fn cache_spec(&self) -> &CacheSpec {
         &self.spec.cache
@@ -114,6 +150,35 @@ impl NodeReport for GKMCacheNode {
 impl NodeReport for ClusterGKMCacheNode {
     fn report(&self) -> Option<&CacheNodeStatus> {
         self.status.as_ref()
+    }
+    fn api(client: Client, _namespace: Option<&str>) -> Api<Self> {
+        Api::all(client)
+    }
+}
+
+impl ReleaseObject for GKMCacheRelease {
+    const SCOPE: Scope = Scope::Namespaced;
+    fn new(name: &str, release: CacheRelease) -> Self {
+        GKMCacheRelease::new(name, GKMCacheReleaseSpec { release })
+    }
+    fn release(&self) -> &CacheRelease {
+        &self.spec.release
+    }
+    fn api(client: Client, namespace: Option<&str>) -> Api<Self> {
+        match namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        }
+    }
+}
+
+impl ReleaseObject for ClusterGKMCacheRelease {
+    const SCOPE: Scope = Scope::Cluster;
+    fn new(name: &str, release: CacheRelease) -> Self {
+        ClusterGKMCacheRelease::new(name, ClusterGKMCacheReleaseSpec { release })
+    }
+    fn release(&self) -> &CacheRelease {
+        &self.spec.release
     }
     fn api(client: Client, _namespace: Option<&str>) -> Api<Self> {
         Api::all(client)

@@ -2,7 +2,8 @@
 //! every component reads of them.
 //!
 //! - [`crd`]: `GKMCache`, `ClusterGKMCache`, their node reports
-//!   `GKMCacheNode` and `ClusterGKMCacheNode`, and `GKMGPUQuota`, with the
+//!   `GKMCacheNode` and `ClusterGKMCacheNode`, their releases
+//!   `GKMCacheRelease` and `ClusterGKMCacheRelease`, and `GKMGPUQuota`, with the
 //!   CRD manifests ([`crd::crds_yaml`]).
 //! - [`cache_object`]: what both cache kinds share, so one generic
 //!   controller serves both, and their key ([`CacheKey`]).
@@ -31,4 +32,4 @@ pub mod gpu_request;
 pub mod quota;
 pub mod served;
 
-pub use cache_object::{CacheKey, CacheObject, NodeReport, Scope};
+pub use cache_object::{CacheKey, CacheObject, NodeReport, ReleaseObject, Scope};

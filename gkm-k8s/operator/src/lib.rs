@@ -35,6 +35,7 @@ mod metrics;
 mod pending_writes;
 pub mod pvc;
 mod reconcile;
+mod release;
 mod report_index;
 mod resolutions;
 pub mod rollup;
@@ -42,6 +43,7 @@ mod status;
 mod status_owners;
 pub mod tag_follow;
 pub mod tenant_signers;
+mod variants;
 mod verdict;
 mod verifier;
 pub mod webhook;
@@ -194,6 +196,10 @@ pub struct Context {
     pub resolutions: resolutions::Resolutions,
     /// Status writes the controllers' caches do not show yet.
     pub pending_writes: pending_writes::PendingWrites,
+    /// The images' variants, read once per digest.
+    pub variants: variants::Variants,
+    /// The releases written last, per cache.
+    pub releases: release::Releases,
     /// The cluster's Nodes, their names and uids only: whether a node that
     /// reports still exists, without a request per report.
     pub nodes: reflector::Store<PartialObjectMeta<Node>>,
@@ -225,6 +231,8 @@ pub async fn run(
         metrics,
         resolutions: resolutions::Resolutions::default(),
         pending_writes: pending_writes::PendingWrites::default(),
+        variants: variants::Variants::default(),
+        releases: release::Releases::default(),
         nodes,
         pvc_watches,
     });

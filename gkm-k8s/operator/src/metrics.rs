@@ -9,8 +9,11 @@
 //!   counted at scrape time from the controllers' caches;
 //! - `gkm_operator_registry_requests_total{operation,outcome}` and
 //!   `gkm_operator_registry_request_duration_seconds{operation,outcome}`:
-//!   tag resolutions (`resolve`) and signature checks (`verify`);
-//! - `gkm_operator_status_writes_total`: status writes made.
+//!   tag resolutions (`resolve`), signature checks (`verify`) and reads of
+//!   an image's variants (`variants`);
+//! - `gkm_operator_status_writes_total`: status writes made;
+//! - `gkm_operator_release_writes_total`: release writes made (what the
+//!   agents watch).
 //!
 //! `controller` is `gkmcache` or `clustergkmcache`; every label takes values
 //! from a small fixed set.
@@ -60,6 +63,8 @@ pub enum RegistryOperation {
     Resolve,
     /// Reading an image's signatures to verify them.
     Verify,
+    /// Reading an image's manifest for the targets its variants fit.
+    Variants,
 }
 
 impl RegistryOperation {
@@ -67,6 +72,7 @@ impl RegistryOperation {
         match self {
             RegistryOperation::Resolve => "resolve",
             RegistryOperation::Verify => "verify",
+            RegistryOperation::Variants => "variants",
         }
     }
 }
@@ -106,6 +112,7 @@ pub struct Metrics {
     registry_requests: Family<RegistryLabels, Counter>,
     registry_duration: Histograms<RegistryLabels>,
     status_writes: Counter,
+    release_writes: Counter,
     cache_states: Mutex<Vec<StateSource>>,
 }
 
@@ -118,6 +125,7 @@ impl Default for Metrics {
             registry_requests: Family::default(),
             registry_duration: Family::new_with_constructor(seconds_histogram),
             status_writes: Counter::default(),
+            release_writes: Counter::default(),
             cache_states: Mutex::new(Vec::new()),
         };
         // Both controllers' series exist from the start, at zero.
@@ -173,6 +181,16 @@ impl Metrics {
     /// Records one status write.
     pub fn status_written(&self) {
         self.status_writes.inc();
+    }
+
+    /// Records one release write.
+    pub fn release_written(&self) {
+        self.release_writes.inc();
+    }
+
+    /// Release writes made so far.
+    pub fn release_writes(&self) -> u64 {
+        self.release_writes.get()
     }
 
     /// Status writes made so far.
@@ -304,8 +322,15 @@ impl Collector for OperatorCollector {
         )?;
         encode(
             e,
+            "operator_release_writes",
+            "Release writes made (what the agents watch)",
+            None,
+            &m.release_writes,
+        )?;
+        encode(
+            e,
             "operator_registry_requests",
-            "Registry requests: tag resolutions and signature checks",
+            "Registry requests: tag resolutions, signature checks and variant reads",
             None,
             &m.registry_requests,
         )?;
@@ -357,6 +382,7 @@ mod tests {
         metrics.registry_request(RegistryOperation::Resolve, true, Duration::from_millis(3));
         metrics.registry_request(RegistryOperation::Verify, false, Duration::from_secs(1));
         metrics.status_written();
+        metrics.release_written();
         metrics.count_caches(|| vec![Some(CacheState::Running), None, Some(CacheState::Running)]);
         let text = scrape(&metrics);
         for line in [
@@ -368,6 +394,7 @@ mod tests {
             "gkm_operator_registry_requests_total{operation=\"verify\",outcome=\"error\"} 1",
             "gkm_operator_registry_request_duration_seconds_count{operation=\"verify\",outcome=\"error\"} 1",
             "gkm_operator_status_writes_total 1",
+            "gkm_operator_release_writes_total 1",
             "gkm_operator_caches{state=\"Running\"} 2",
             "gkm_operator_caches{state=\"Pending\"} 1",
             "gkm_operator_caches{state=\"Error\"} 0",

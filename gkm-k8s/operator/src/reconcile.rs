@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::metrics::RegistryOperation;
+use super::release::{release_of, remove_release, write_release};
 use super::report_index::ReportIndex;
 use super::rollup::NodeEntries;
 use super::rollup::rollup;
@@ -98,8 +99,47 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
         interval_note,
         resolution,
     });
-    write_status(cache, ctx, &old, status).await?;
-    Ok(Action::requeue(interval))
+    write_status(cache, ctx, &old, status.clone()).await?;
+    // What the nodes act on, once the status says it.
+    let variants = variants_of(spec, &status, ctx).await;
+    let unread = matches!(variants, Some(Err(_)));
+    let release = release_of(spec, &status, variants, false);
+    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
+        ctx.metrics.release_written();
+    }
+    // Targets that could not be read are asked for again soon, not only at
+    // the next resolution.
+    Ok(Action::requeue(if unread {
+        interval.min(crate::variants::RETRY_AFTER)
+    } else {
+        interval
+    }))
+}
+
+/// The variants of the digest `status` resolved, when its verdict lets it
+/// be delivered (nodes read nothing of an image they may not deliver).
+async fn variants_of(
+    spec: &gkm_k8s_api::crd::CacheSpec,
+    status: &CacheStatus,
+    ctx: &Context,
+) -> Option<std::result::Result<Vec<gkm_k8s_api::crd::ImageVariant>, String>> {
+    let digest = status.resolved()?;
+    if !status
+        .verification
+        .as_ref()
+        .is_some_and(|v| v.admits(digest.as_str()))
+    {
+        return None;
+    }
+    let read = |ok, took| {
+        ctx.metrics
+            .registry_request(RegistryOperation::Variants, ok, took)
+    };
+    Some(
+        ctx.variants
+            .of(&spec.image, &digest, &ctx.config.registry, read)
+            .await,
+    )
 }
 
 /// What is known about `digest`, the image `cache` resolved to: its verdict
@@ -271,6 +311,11 @@ async fn cleanup<K: CacheObject>(
     );
     let status = deleting(&old, cache.meta().generation, counts, entries.len());
     write_status(cache, ctx, &old, status).await?;
+    // The nodes drop what they held for it, keeping what pods still use.
+    let release = release_of(cache.cache_spec(), &old, None, true);
+    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
+        ctx.metrics.release_written();
+    }
     if !remove_claims(&key, &ctx.client, &ctx.pvc_watches, &ctx.config.pvc).await? {
         return Err(Error::WaitingForNodes(format!(
             "{key}: its Jobs, claims and volumes are being removed"
@@ -283,6 +328,7 @@ async fn cleanup<K: CacheObject>(
             counts.pod_deleting_cnt
         )));
     }
+    remove_release(cache, &ctx.client, &ctx.releases).await?;
     info!(cache = %key, "no node uses or reports the cache; releasing it");
     ctx.pending_writes
         .forget(cache.uid().as_deref().unwrap_or_default());
@@ -351,12 +397,15 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
         .parse()
         .map_err(|e| format!("spec.image {image:?}: {e}"))?;
     let repo = Repo::open(&reference, &ctx.config.registry).map_err(|e| format!("{image}: {e}"))?;
-    let resolved = Image::resolve(&repo).await;
+    let resolved = Image::resolve_manifest(&repo).await;
     ctx.metrics
         .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
-    let digest = resolved
-        .map_err(|e| format!("resolving {image}: {e}"))?
-        .to_string();
+    let (digest, manifest) = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
+    if let Some(manifest) = &manifest {
+        // The image's targets, from the manifest just read.
+        ctx.variants.seed(image, &digest, manifest);
+    }
+    let digest = digest.to_string();
     ctx.resolutions
         .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
     Ok(digest)

@@ -106,18 +106,16 @@ pub(crate) async fn referrers(
         ..Default::default()
     });
     let auth = options.credentials.resolve(reference.resolve_registry())?;
-    client
-        .store_auth_if_needed(reference.resolve_registry(), &auth)
-        .await;
     let subject = oci_client::Reference::with_digest(
         reference.registry().to_string(),
         reference.repository().to_string(),
         digest.to_string(),
     );
-    let index = client
-        .pull_referrers(&subject, None)
-        .await
-        .map_err(|e| Error::registry(image, e))?;
+    let index = crate::repo::anonymous_first(&client, reference.resolve_registry(), &auth, || {
+        client.pull_referrers(&subject, None)
+    })
+    .await
+    .map_err(|e| Error::registry(image, e))?;
     if index.manifests.is_empty() {
         // oci-client answers an empty index when the tag schema's index is
         // missing or unreadable; read it ourselves to tell those apart.

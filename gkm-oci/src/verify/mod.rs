@@ -103,28 +103,35 @@ pub async fn verify(
     digest: &Digest,
     policy: &Policy,
 ) -> Result<Verified, VerifyError> {
-    let mut candidates = Vec::new();
-    let mut rejections = Vec::new();
+    let now = now();
+    // cosign v2's signatures first: one that proves the policy ends the
+    // search before the bundles are looked up (the referrers API and its
+    // tag fallback, two requests or more). The refusals keep their order:
+    // what could not be read, then what did not prove the policy.
+    let mut unread = Vec::new();
+    let mut refused = Vec::new();
     for found in cosign_v2::find(image, options, digest).await? {
-        match found {
-            Ok(c) => candidates.push(c),
-            Err(r) => rejections.push(r),
+        match found.map(|c| check(&c, digest, policy, now)) {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(r)) => refused.push(r),
+            Err(r) => unread.push(r),
         }
     }
+    let mut bundles = Vec::new();
     for found in bundle::find(image, options, digest).await? {
         match found {
-            Ok(c) => candidates.push(c),
-            Err(r) => rejections.push(r),
+            Ok(c) => bundles.push(c),
+            Err(r) => unread.push(r),
         }
     }
-    let now = now();
-    for candidate in &candidates {
+    for candidate in &bundles {
         match check(candidate, digest, policy, now) {
             Ok(v) => return Ok(v),
-            Err(r) => rejections.push(r),
+            Err(r) => refused.push(r),
         }
     }
-    Err(VerifyError::Rejected(Rejection::combine(rejections)))
+    unread.extend(refused);
+    Err(VerifyError::Rejected(Rejection::combine(unread)))
 }
 
 fn now() -> i64 {

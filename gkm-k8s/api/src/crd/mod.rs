@@ -4,6 +4,8 @@
 //!   GKM's field names so GKM's YAML applies unchanged.
 //! - [`GKMCacheNode`] and [`ClusterGKMCacheNode`]: one per node, written by
 //!   that node's agent.
+//! - [`GKMCacheRelease`] and [`ClusterGKMCacheRelease`]: one per cache,
+//!   written by the operator: what the nodes act on.
 //! - [`GKMGPUQuota`]: the GPUs of each model a namespace may hold, enforced
 //!   by the scheduler extender.
 //!
@@ -24,6 +26,7 @@ mod capture;
 mod common;
 mod node;
 mod quota;
+mod release;
 mod signature;
 pub mod validation;
 
@@ -51,6 +54,10 @@ pub use node::{
     GpuStatus, IncompatibleGpu, NodeCacheStatus,
 };
 pub use quota::{GKMGPUQuota, GKMGPUQuotaSpec, GpuModelLimit, GpuModelUse, GpuQuotaStatus};
+pub use release::{
+    CacheRelease, ClusterGKMCacheRelease, ClusterGKMCacheReleaseSpec, GKMCacheRelease,
+    GKMCacheReleaseSpec, ImageTarget, ImageVariant,
+};
 pub use signature::{
     ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy,
     Signer, UnknownSignatureMode,
@@ -63,6 +70,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ClusterGKMCache::crd(),
         node::spec_optional(GKMCacheNode::crd()),
         node::spec_optional(ClusterGKMCacheNode::crd()),
+        GKMCacheRelease::crd(),
+        ClusterGKMCacheRelease::crd(),
         GKMGPUQuota::crd(),
     ]
 }
