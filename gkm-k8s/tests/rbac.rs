@@ -439,7 +439,7 @@ const OPERATOR_RULES: &[&str] = &[
     "batch jobs list,watch,create,patch,delete",
     "core namespaces,pods list,watch",
     "admissionregistration.k8s.io mutatingwebhookconfigurations create",
-    "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation",
+    "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation,gkm-image-volume",
     "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
     "gkm.io gkmgpuquotas list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",

@@ -30,6 +30,7 @@
 //! ```
 
 mod error;
+pub mod image_volume;
 mod metrics;
 mod pending_writes;
 pub mod pvc;
