@@ -408,18 +408,16 @@ async fn rules(
     Ok(out)
 }
 
-/// Expands `group resources verbs [name]` lines (comma-separated lists).
+/// Expands `group resources verbs [names]` lines (comma-separated lists).
 fn expect(lines: &[&str]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in lines {
         let parts: Vec<&str> = line.split_whitespace().collect();
         for resource in parts[1].split(',') {
             for verb in parts[2].split(',') {
-                out.insert(format!(
-                    "{} {resource} {verb} {}",
-                    parts[0],
-                    parts.get(3).unwrap_or(&"*")
-                ));
+                for name in parts.get(3).unwrap_or(&"*").split(',') {
+                    out.insert(format!("{} {resource} {verb} {name}", parts[0]));
+                }
             }
         }
     }

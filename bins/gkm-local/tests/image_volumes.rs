@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_local::{SimulatedNode, Stack, cosign, fixture, push_cache};
@@ -30,29 +30,6 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const NODE: &str = "real-sm75";
 const KWOK_NODE: &str = "kwok-h100";
 const NS: &str = "team-a";
-
-/// Polls `check` until it returns `Some`, or fails with `what` and the
-/// operator's last log lines.
-async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "{what}: not after {TIMEOUT:?}; operator log:\n{}\n{NODE}'s agent log:\n{}",
-                stack.log_tail("operator", None, 30),
-                stack.log_tail("agent", Some(NODE), 30)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 /// A busybox pod (not pinned to a node) mounting the image volume that
 /// names cache `cache` at `/cache` (the image's `io.triton.cache` directory,
@@ -186,29 +163,30 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
     apply_cache(&caches, "vector-add", &image).await?;
     apply_cache(&caches, "unsigned", &unsigned).await?;
     let reports: Api<GKMCacheNode> = Api::namespaced(client.clone(), NS);
-    let reported = eventually(&stack, "the T4 node reports the digest on it", || {
-        let reports = reports.clone();
-        let digest = digest.clone();
-        async move {
-            let on_node = reports
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .any(|r| {
-                    r.status
-                        .as_ref()
-                        .and_then(|s| s.caches.as_ref())
-                        .and_then(|c| c.get("vector-add"))
-                        .and_then(|d| d.get(&digest))
-                        .and_then(|e| e.state)
-                        .is_some_and(|s| s.is_on_node())
-                        && r.status.as_ref().map(|s| s.node_name.as_str()) == Some(NODE)
-                });
-            Ok(on_node.then_some(()))
-        }
-    })
-    .await;
+    let reported = stack
+        .eventually("the T4 node reports the digest on it", TIMEOUT, || {
+            let reports = reports.clone();
+            let digest = digest.clone();
+            async move {
+                let on_node = reports
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .any(|r| {
+                        r.status
+                            .as_ref()
+                            .and_then(|s| s.caches.as_ref())
+                            .and_then(|c| c.get("vector-add"))
+                            .and_then(|d| d.get(&digest))
+                            .and_then(|e| e.state)
+                            .is_some_and(|s| s.is_on_node())
+                            && r.status.as_ref().map(|s| s.node_name.as_str()) == Some(NODE)
+                    });
+                Ok(on_node.then_some(()))
+            }
+        })
+        .await;
     if let Err(e) = reported {
         let cache = caches.get("vector-add").await?;
         let all = reports.list(&ListParams::default()).await?;
@@ -218,17 +196,18 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
             all.items.iter().map(|r| &r.status).collect::<Vec<_>>()
         );
     }
-    eventually(&stack, "the unsigned cache has its verdict", || {
-        let caches = caches.clone();
-        async move {
-            let cache = caches.get("unsigned").await?;
-            let status = cache.status.unwrap_or_default();
-            Ok((status.resolved_digest.is_some()
-                && status.verification.as_ref().is_some_and(|v| !v.verified))
-            .then_some(()))
-        }
-    })
-    .await?;
+    stack
+        .eventually("the unsigned cache has its verdict", TIMEOUT, || {
+            let caches = caches.clone();
+            async move {
+                let cache = caches.get("unsigned").await?;
+                let status = cache.status.unwrap_or_default();
+                Ok((status.resolved_digest.is_some()
+                    && status.verification.as_ref().is_some_and(|v| !v.verified))
+                .then_some(()))
+            }
+        })
+        .await?;
 
     // The verified cache: pinned, kept to the T4 node, mounted read-only.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -273,14 +252,15 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
         running.spec.and_then(|s| s.node_name).as_deref(),
         Some(NODE)
     );
-    let log = eventually(&stack, "the reader copies the cache", || {
-        let pods = pods.clone();
-        async move {
-            let log = pod_log(&pods, "reader", "triton").await?;
-            Ok(log.contains("DONE").then_some(log))
-        }
-    })
-    .await?;
+    let log = stack
+        .eventually("the reader copies the cache", TIMEOUT, || {
+            let pods = pods.clone();
+            async move {
+                let log = pod_log(&pods, "reader", "triton").await?;
+                Ok(log.contains("DONE").then_some(log))
+            }
+        })
+        .await?;
     assert!(log.contains("COPIED"), "{log}");
     assert!(log.contains("READ-ONLY"), "{log}");
     let copied = tree(&out)?;

@@ -10,17 +10,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use base64::Engine as _;
 use http::Method;
 use hyper::body::Bytes;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{info, warn};
 
-use super::config::Endpoint;
-use super::review::{answer_review, response};
+use super::config::{Endpoint, client_config};
+use super::review::{answer_review, log_answer, pod_review, response};
 use crate::image_volume::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use crate::pvc::mutation::Answer;
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
@@ -46,20 +43,7 @@ pub fn match_condition() -> String {
 /// The server-side apply body of the configuration; `ca_bundle` is the PEM
 /// the apiserver trusts for the webhook (none when cert-manager injects it).
 pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
-    let mut client = match endpoint {
-        Endpoint::Url(url) => {
-            json!({"url": format!("{}{IMAGE_VOLUME_PATH}", url.trim_end_matches('/'))})
-        }
-        Endpoint::Service {
-            namespace,
-            name,
-            port,
-        } => json!({"service": {"namespace": namespace, "name": name, "port": port,
-                                "path": IMAGE_VOLUME_PATH}}),
-    };
-    if let Some(pem) = ca_bundle {
-        client["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
-    }
+    let client = client_config(endpoint, IMAGE_VOLUME_PATH, ca_bundle);
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -166,16 +150,7 @@ impl ImageVolumeRoutes {
 
     /// The AdmissionReview answering `body`.
     pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
-        let review: Value =
-            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
-        let request = &review["request"];
-        let pod: Pod = serde_json::from_value(request["object"].clone())
-            .map_err(|e| format!("request.object is not a Pod: {e}"))?;
-        let namespace = request["namespace"]
-            .as_str()
-            .map(String::from)
-            .or_else(|| pod.namespace())
-            .unwrap_or_default();
+        let (review, pod, namespace) = pod_review(body)?;
         let mut caches = BTreeMap::new();
         let mut failed = None;
         for (_, name) in requests(&pod) {
@@ -198,21 +173,12 @@ impl ImageVolumeRoutes {
             Some(why) => Answer::Refuse(why),
             None => admit(&pod, &namespace, &caches),
         };
-        let name = pod
-            .metadata
-            .name
-            .clone()
-            .or(pod.metadata.generate_name.clone())
-            .unwrap_or_default();
-        match &answer {
-            Answer::Untouched => {}
-            Answer::Patch(patch) => {
-                info!(pod = %format!("{namespace}/{name}"), %patch, "pinned a pod's cache image volumes")
-            }
-            Answer::Refuse(why) => {
-                warn!(pod = %format!("{namespace}/{name}"), %why, "refused a pod's cache image volume")
-            }
-        }
+        log_answer(
+            &namespace,
+            &pod,
+            &answer,
+            "pinned a pod's cache image volumes",
+        );
         Ok(response(&review, &answer))
     }
 }
