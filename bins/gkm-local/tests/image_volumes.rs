@@ -8,8 +8,9 @@
 //! `hosts.toml` trusting it, as an administrator writes one), and the
 //! container reads the cache tree read-only: copied out through a hostPath,
 //! it is the fixture's tree byte for byte. A cache whose image is not signed
-//! by the policy's signer, and a cache that does not exist, are refused at
-//! admission with the reason.
+//! by the policy's signer, a `ClusterGKMCache` whose `workloadNamespaces`
+//! leave the pod's namespace out, and a cache that does not exist are
+//! refused at admission with the reason.
 //!
 //! Beside the real node (an NVIDIA T4, which the sm75 fixture fits) a kwok
 //! node with an H100 (which it does not) is a candidate the scheduler
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
+use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, GKMCacheNode};
 use gkm_local::{SimulatedNode, Stack, cosign, fixture, push_cache};
 use gkm_testenv::{Scheduler, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
@@ -277,6 +278,25 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
     assert!(
         message.contains("image volume \"kernels\" names gkm cache unsigned")
             && message.contains("is not verified"),
+        "{message}"
+    );
+    // A ClusterGKMCache serves only its workloadNamespaces, as through CSI.
+    Api::<ClusterGKMCache>::all(client.clone())
+        .patch(
+            "shared",
+            &PatchParams::apply("image-volumes").force(),
+            &Patch::Apply(&json!({
+                "apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
+                "metadata": {"name": "shared"},
+                "spec": {"image": image, "workloadNamespaces": ["team-b"]},
+            })),
+        )
+        .await?;
+    let message = refusal(&pods, &image_volume_pod("elsewhere", "shared", &out)?).await?;
+    assert!(
+        message.contains(
+            "ClusterGKMCache shared's workloadNamespaces (team-b) do not include namespace team-a"
+        ),
         "{message}"
     );
     let message = refusal(&pods, &image_volume_pod("missing", "nope", &out)?).await?;
