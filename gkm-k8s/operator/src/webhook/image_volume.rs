@@ -225,6 +225,18 @@ mod tests {
     }
 
     #[test]
+    fn the_chart_sends_the_same_pods() {
+        let chart = include_str!("../../../../deploy/helm/gkm/templates/manifests/operator.yaml");
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words(chart).contains(&words(&match_condition())),
+            "the chart's gkm-image-volume matchConditions differ from {}",
+            match_condition()
+        );
+        assert!(chart.contains(IMAGE_VOLUME_PATH) && chart.contains(IMAGE_VOLUME_WEBHOOK_NAME));
+    }
+
+    #[test]
     fn fit_is_read_from_the_reports_of_the_digest() {
         let report = |node: &str, digest: &str, state: &str, gpus: Value| -> GKMCacheNode {
             serde_json::from_value(json!({
