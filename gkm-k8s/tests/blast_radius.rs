@@ -608,7 +608,7 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
             }],
         })
     };
-    for name in ["gkm-pvc-mutation", "evil"] {
+    for name in ["gkm-pvc-mutation", "gkm-image-volume", "evil"] {
         let path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
         match as_operator(&admin, path, &hook(name)).await? {
             Err(status) if status.code == 403 => {}

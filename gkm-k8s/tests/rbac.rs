@@ -408,18 +408,16 @@ async fn rules(
     Ok(out)
 }
 
-/// Expands `group resources verbs [name]` lines (comma-separated lists).
+/// Expands `group resources verbs [names]` lines (comma-separated lists).
 fn expect(lines: &[&str]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in lines {
         let parts: Vec<&str> = line.split_whitespace().collect();
         for resource in parts[1].split(',') {
             for verb in parts[2].split(',') {
-                out.insert(format!(
-                    "{} {resource} {verb} {}",
-                    parts[0],
-                    parts.get(3).unwrap_or(&"*")
-                ));
+                for name in parts.get(3).unwrap_or(&"*").split(',') {
+                    out.insert(format!("{} {resource} {verb} {name}", parts[0]));
+                }
             }
         }
     }
@@ -440,7 +438,7 @@ const OPERATOR_RULES: &[&str] = &[
     "batch jobs list,watch,create,patch,delete",
     "core namespaces,pods list,watch",
     "admissionregistration.k8s.io mutatingwebhookconfigurations create",
-    "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation",
+    "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation,gkm-image-volume",
     "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
     "gkm.io gkmgpuquotas list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",

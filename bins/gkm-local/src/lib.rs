@@ -561,6 +561,33 @@ impl Stack {
         Ok((key, image, digest))
     }
 
+    /// Polls `check` every half second until it returns `Some`, or fails
+    /// after `timeout` with `what` and the operator's last log lines.
+    pub async fn eventually<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: std::time::Duration,
+        mut check: F,
+    ) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(v) = check().await? {
+                return Ok(v);
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "{what}: not after {timeout:?}; operator log:\n{}",
+                    self.log_tail("operator", None, 30)
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).
     pub fn log_tail(&self, which: &str, node: Option<&str>, lines: usize) -> String {
         let path = match node {

@@ -31,6 +31,7 @@
 
 pub mod capture;
 mod error;
+pub mod image_volume;
 mod metrics;
 mod pending_writes;
 pub mod pvc;

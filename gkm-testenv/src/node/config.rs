@@ -29,6 +29,12 @@ impl NodePaths {
     pub fn containerd_config(&self) -> PathBuf {
         self.dir.join("containerd/config.toml")
     }
+    /// containerd's registry host directory (the CRI image service's
+    /// `registry.config_path`): `<host>/hosts.toml` per registry, read at
+    /// each pull.
+    pub fn containerd_registry_hosts(&self) -> PathBuf {
+        self.dir.join("containerd/certs.d")
+    }
     /// runc's state root (`runc --root`), so teardown finds every container.
     pub fn runc_root(&self) -> PathBuf {
         self.dir.join("runc")
@@ -125,6 +131,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = {pause}
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = {hosts}
 
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
@@ -139,6 +147,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         cni_conf = q(paths.cni_conf_dir()),
         cdi = q(paths.cdi_spec_dir()),
         pause = toml_string(pause_image),
+        hosts = q(paths.containerd_registry_hosts()),
+    )
+}
+
+/// containerd's `hosts.toml` for a registry served over plain HTTP at
+/// `addr` (`host:port`): pulls and resolves go to `http://addr`.
+pub fn plain_http_hosts_toml(addr: &str) -> String {
+    let server = toml_string(&format!("http://{addr}"));
+    format!(
+        "server = {server}\n\n[host.{server}]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
     )
 }
 
@@ -240,6 +258,12 @@ mod tests {
             );
         }
         assert!(toml.contains("restrict_oom_score_adj = true"));
+        assert!(toml.contains("config_path = \"/tmp/gkm-test-x/node-a/containerd/certs.d\""));
+        assert_eq!(
+            plain_http_hosts_toml("127.0.0.1:5000"),
+            "server = \"http://127.0.0.1:5000\"\n\n[host.\"http://127.0.0.1:5000\"]\n  \
+             capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
+        );
         let kubelet = kubelet_config(&paths, Path::new("/ca.crt"), "10.128.0.17", 10250);
         assert_eq!(
             kubelet["containerRuntimeEndpoint"],

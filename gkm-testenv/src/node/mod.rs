@@ -318,6 +318,18 @@ impl RealNode {
         Ok(())
     }
 
+    /// Lets the node's containerd pull from the plain-HTTP registry at
+    /// `addr` (`host:port`, the test ground's loopback registry), as an
+    /// administrator's `hosts.toml` does; containerd reads it at the next
+    /// pull, no restart.
+    pub fn trust_plain_http_registry(&self, addr: &str) -> anyhow::Result<()> {
+        let dir = self.paths.containerd_registry_hosts().join(addr);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let file = dir.join("hosts.toml");
+        std::fs::write(&file, config::plain_http_hosts_toml(addr))
+            .with_context(|| format!("writing {}", file.display()))
+    }
+
     /// Stops the kubelet (SIGTERM) and starts it again with the same
     /// configuration, waiting until it serves again: its device-plugin
     /// socket is new and the Node is Ready. Pods and their mounts stay.

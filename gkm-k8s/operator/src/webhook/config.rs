@@ -36,21 +36,28 @@ pub enum Endpoint {
     },
 }
 
-/// The server-side apply body of the configuration; `ca_bundle` is the PEM
-/// the apiserver trusts for the webhook (none when cert-manager injects it).
-pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
+/// A webhook's `clientConfig`: `endpoint` at `path`, trusting `ca_bundle`
+/// (PEM; none when cert-manager injects it).
+pub fn client_config(endpoint: &Endpoint, path: &str, ca_bundle: Option<&str>) -> Value {
     let mut client = match endpoint {
-        Endpoint::Url(url) => json!({"url": format!("{}{MUTATE_PATH}", url.trim_end_matches('/'))}),
+        Endpoint::Url(url) => json!({"url": format!("{}{path}", url.trim_end_matches('/'))}),
         Endpoint::Service {
             namespace,
             name,
             port,
         } => json!({"service": {"namespace": namespace, "name": name, "port": port,
-                                "path": MUTATE_PATH}}),
+                                "path": path}}),
     };
     if let Some(pem) = ca_bundle {
         client["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
     }
+    client
+}
+
+/// The server-side apply body of the configuration; `ca_bundle` is the PEM
+/// the apiserver trusts for the webhook (none when cert-manager injects it).
+pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
+    let client = client_config(endpoint, MUTATE_PATH, ca_bundle);
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",

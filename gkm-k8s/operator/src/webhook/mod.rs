@@ -16,6 +16,9 @@
 //! `caBundle` into it, never creating it; at a URL ([`Endpoint::Url`], an
 //! operator outside a chart) the operator creates it when it is missing.
 //!
+//! The same server answers the `image-volume.gkm.io` pod webhook
+//! ([`image_volume`]), whose configuration is owned the same way.
+//!
 //! The same server answers the GPU-quota webhook ([`quota`]) at its own
 //! path, with the same certificate: its ValidatingWebhookConfiguration is
 //! always someone else's (the chart's, or an administrator's at a URL), and
@@ -23,6 +26,7 @@
 
 pub mod certs;
 pub mod config;
+pub mod image_volume;
 pub mod quota;
 pub mod review;
 pub mod shared_ca;
@@ -99,6 +103,12 @@ pub enum WebhookError {
     /// The `MutatingWebhookConfiguration` could not be written.
     #[error("writing the caBundle of MutatingWebhookConfiguration {CONFIGURATION_NAME}: {0}")]
     Configuration(#[source] kube::Error),
+    /// The image-volume webhook's `MutatingWebhookConfiguration` could not be written.
+    #[error(
+        "writing the caBundle of MutatingWebhookConfiguration {name}: {0}",
+        name = image_volume::IMAGE_VOLUME_CONFIGURATION_NAME
+    )]
+    ImageVolumeConfiguration(#[source] kube::Error),
     /// The quota webhook's `ValidatingWebhookConfiguration` could not be written.
     #[error(
         "writing the caBundle of ValidatingWebhookConfiguration {name}: {0}",
@@ -168,7 +178,7 @@ impl Webhook {
                     addr: options.listen,
                     source,
                 })?;
-        info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation and GPU-quota webhooks");
+        info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation, image-volume and GPU-quota webhooks");
         let rotation = shared.map(|(store, shared)| {
             tokio::spawn(keep_current(client, options.clone(), store, cert, shared))
         });
@@ -344,7 +354,12 @@ async fn publish_bundle(
     options: &WebhookOptions,
     bundle: &str,
 ) -> Result<(), WebhookError> {
-    publish_mutation_bundle(client, options, bundle).await?;
+    publish_mutation_bundle(client, options, bundle, &PVC_MUTATION)
+        .await
+        .map_err(WebhookError::Configuration)?;
+    publish_mutation_bundle(client, options, bundle, &IMAGE_VOLUME)
+        .await
+        .map_err(WebhookError::ImageVolumeConfiguration)?;
     publish_quota_bundle(client, bundle).await
 }
 
@@ -383,7 +398,29 @@ async fn publish_quota_bundle(client: &Client, bundle: &str) -> Result<(), Webho
     }
 }
 
-/// Writes `bundle` into the configuration's `caBundle`. Behind a Service
+/// A MutatingWebhookConfiguration of the operator's: its name, its
+/// webhook's name and its whole body.
+struct Mutating {
+    name: &'static str,
+    webhook: &'static str,
+    body: fn(&Endpoint, Option<&str>) -> serde_json::Value,
+}
+
+/// The `gkm.io/pvc-mutation` webhook's configuration.
+const PVC_MUTATION: Mutating = Mutating {
+    name: CONFIGURATION_NAME,
+    webhook: config::WEBHOOK_NAME,
+    body: configuration,
+};
+
+/// The `image-volume.gkm.io` webhook's configuration.
+const IMAGE_VOLUME: Mutating = Mutating {
+    name: image_volume::IMAGE_VOLUME_CONFIGURATION_NAME,
+    webhook: image_volume::IMAGE_VOLUME_WEBHOOK_NAME,
+    body: image_volume::configuration,
+};
+
+/// Writes `bundle` into the `caBundle` of `which`. Behind a Service
 /// the configuration is the chart's: only `caBundle` is patched, and a
 /// missing configuration (the webhook disabled, gkm being uninstalled) is
 /// left missing. At a URL the operator applies the whole configuration.
@@ -391,43 +428,43 @@ async fn publish_mutation_bundle(
     client: &Client,
     options: &WebhookOptions,
     bundle: &str,
-) -> Result<(), WebhookError> {
+    which: &Mutating,
+) -> Result<(), kube::Error> {
     let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
     let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
     // Strategic merge: the webhook is matched by name, so nothing but its
     // caBundle changes (and a configuration without it is refused, not
     // given a webhook of ours).
     let patch = serde_json::json!({"webhooks": [
-        {"name": config::WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
+        {"name": which.webhook, "clientConfig": {"caBundle": encoded}},
     ]});
     let params = PatchParams {
         field_manager: Some(crate::pvc::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     match api
-        .patch(CONFIGURATION_NAME, &params, &Patch::Strategic(&patch))
+        .patch(which.name, &params, &Patch::Strategic(&patch))
         .await
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => match &options.endpoint {
             Endpoint::Url(_) => api
                 .patch(
-                    CONFIGURATION_NAME,
+                    which.name,
                     &PatchParams::apply(crate::pvc::FIELD_MANAGER).force(),
-                    &Patch::Apply(&configuration(&options.endpoint, Some(bundle))),
+                    &Patch::Apply(&(which.body)(&options.endpoint, Some(bundle))),
                 )
                 .await
-                .map(|_| ())
-                .map_err(WebhookError::Configuration),
+                .map(|_| ()),
             Endpoint::Service { .. } => {
                 warn!(
-                    configuration = CONFIGURATION_NAME,
+                    configuration = which.name,
                     "no webhook configuration (the chart installs it with the webhook enabled); nothing to write the CA into"
                 );
                 Ok(())
             }
         },
-        Err(e) => Err(WebhookError::Configuration(e)),
+        Err(e) => Err(e),
     }
 }
 

@@ -310,13 +310,15 @@ pub const MATCH_CONDITIONS: &[(&str, &str)] = &[
 pub struct AdmissionRoutes {
     mutation: MutationRoutes,
     quota: QuotaRoutes,
+    image_volume: super::image_volume::ImageVolumeRoutes,
 }
 
 impl AdmissionRoutes {
-    /// Both webhooks, reading with `client`.
+    /// The operator's webhooks, reading with `client`.
     pub fn new(client: Client, options: QuotaOptions) -> AdmissionRoutes {
         AdmissionRoutes {
             mutation: MutationRoutes::new(client.clone()),
+            image_volume: super::image_volume::ImageVolumeRoutes::new(client.clone()),
             quota: QuotaRoutes::new(client, options),
         }
     }
@@ -324,12 +326,15 @@ impl AdmissionRoutes {
 
 impl Routes for AdmissionRoutes {
     fn serves(&self, path: &str) -> bool {
-        path == MUTATE_PATH || path == QUOTA_PATH
+        path == MUTATE_PATH || path == QUOTA_PATH || self.image_volume.serves(path)
     }
 
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
         if path == MUTATE_PATH {
             return self.mutation.respond(method, path, body);
+        }
+        if self.image_volume.serves(path) {
+            return self.image_volume.respond(method, path, body);
         }
         answer_review(method, async move { self.quota.review(&body).await })
     }

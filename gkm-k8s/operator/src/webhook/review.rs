@@ -36,6 +36,42 @@ pub fn response(review: &Value, answer: &Answer) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
 
+/// The AdmissionReview in `body` about a pod: the review, the pod and the
+/// pod's namespace; or what is wrong with the request.
+pub(super) fn pod_review(body: &[u8]) -> Result<(Value, Pod, String), String> {
+    let review: Value =
+        serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+    let request = &review["request"];
+    let pod: Pod = serde_json::from_value(request["object"].clone())
+        .map_err(|e| format!("request.object is not a Pod: {e}"))?;
+    let namespace = request["namespace"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| pod.namespace())
+        .unwrap_or_default();
+    Ok((review, pod, namespace))
+}
+
+/// Logs a pod webhook's `answer` for `pod` in `namespace`; `patched` says
+/// what a patch did.
+pub(super) fn log_answer(namespace: &str, pod: &Pod, answer: &Answer, patched: &str) {
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .or(pod.metadata.generate_name.clone())
+        .unwrap_or_default();
+    match answer {
+        Answer::Untouched => {}
+        Answer::Patch(patch) => {
+            info!(pod = %format!("{namespace}/{name}"), %patch, "{patched}")
+        }
+        Answer::Refuse(why) => {
+            warn!(pod = %format!("{namespace}/{name}"), %why, "refused a pod")
+        }
+    }
+}
+
 /// The ReadWriteOnce claims gkm made in `namespace`: cache → node → claim.
 /// A `GKMCache`'s claims win over a `ClusterGKMCache`'s of the same name.
 pub async fn node_claims(client: &Client, namespace: &str) -> crate::Result<NodeClaims> {
@@ -78,37 +114,19 @@ impl MutationRoutes {
     }
 
     async fn review(&self, body: &[u8]) -> Result<Value, String> {
-        let review: Value =
-            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
-        let request = &review["request"];
-        let pod: Pod = serde_json::from_value(request["object"].clone())
-            .map_err(|e| format!("request.object is not a Pod: {e}"))?;
-        let namespace = request["namespace"]
-            .as_str()
-            .map(String::from)
-            .or_else(|| pod.namespace())
-            .unwrap_or_default();
+        let (review, pod, namespace) = pod_review(body)?;
         let answer = match node_claims(&self.client, &namespace).await {
             Ok(claims) => mutate(&pod, &claims),
             Err(e) => Answer::Refuse(format!(
                 "gkm could not read the cache claims of {namespace}: {e}"
             )),
         };
-        let name = pod
-            .metadata
-            .name
-            .clone()
-            .or(pod.metadata.generate_name.clone())
-            .unwrap_or_default();
-        match &answer {
-            Answer::Untouched => {}
-            Answer::Patch(patch) => {
-                info!(pod = %format!("{namespace}/{name}"), %patch, "pointed a pod at its node's claim")
-            }
-            Answer::Refuse(why) => {
-                warn!(pod = %format!("{namespace}/{name}"), %why, "refused a pod")
-            }
-        }
+        log_answer(
+            &namespace,
+            &pod,
+            &answer,
+            "pointed a pod at its node's claim",
+        );
         Ok(response(&review, &answer))
     }
 }
