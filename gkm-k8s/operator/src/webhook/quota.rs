@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::config::{Endpoint, MUTATE_PATH};
+use super::config::{Endpoint, MUTATE_PATH, client_config};
 use super::review::{MutationRoutes, answer_review, response};
 use crate::pvc::mutation::Answer;
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
@@ -250,19 +250,7 @@ impl QuotaRoutes {
 ///   (`namespaceSelector`), so the operator and the control plane can
 ///   always be scheduled, the webhook's own pods included.
 pub fn quota_configuration(endpoint: &Endpoint, namespace: &str, ca_bundle: Option<&str>) -> Value {
-    let mut client = match endpoint {
-        Endpoint::Url(url) => json!({"url": format!("{}{QUOTA_PATH}", url.trim_end_matches('/'))}),
-        Endpoint::Service {
-            namespace,
-            name,
-            port,
-        } => json!({"service": {"namespace": namespace, "name": name, "port": port,
-                                "path": QUOTA_PATH}}),
-    };
-    if let Some(pem) = ca_bundle {
-        use base64::Engine as _;
-        client["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
-    }
+    let client = client_config(endpoint, QUOTA_PATH, ca_bundle);
     let excluded: BTreeSet<&str> = ["kube-system", namespace].into_iter().collect();
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
