@@ -111,11 +111,21 @@ fn error_policy(_: Arc<GKMCacheCapture>, _: &Error, _: Arc<Context>) -> Requeue 
     Requeue::requeue(Duration::from_secs(5))
 }
 
-async fn reconcile(capture: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Requeue> {
-    let namespace = capture
+async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Requeue> {
+    let namespace = cached
         .namespace()
         .ok_or_else(|| Error::InvalidSpec("a GKMCacheCapture without a namespace".into()))?;
-    let name = capture.name_any();
+    let name = cached.name_any();
+    // Decide on the capture as the API server has it now, not as the watch
+    // cache last saw it: a Job's deletion can wake this reconcile before
+    // the status written with that deletion arrives, and a stale status
+    // would recreate the Job it just deleted.
+    let Some(capture) = Api::<GKMCacheCapture>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&name)
+        .await?
+    else {
+        return Ok(Requeue::await_change());
+    };
     let status = capture.status.clone().unwrap_or_default();
     let observed = observe(&ctx, &namespace, &name, &status).await?;
     let decision = decide(&name, &status, &observed, &ctx.options.retry);
