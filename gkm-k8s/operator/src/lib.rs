@@ -30,6 +30,7 @@
 //! ```
 
 pub mod capture;
+pub mod device_class;
 mod error;
 pub mod image_volume;
 mod metrics;
@@ -97,6 +98,10 @@ pub struct OperatorConfig {
     pub instance: String,
     /// How PVC-mode caches get their claims, volumes and fill Jobs.
     pub pvc: crate::pvc::PvcOptions,
+    /// Whether each cache gets a DeviceClass selecting the gpu.gkm.io
+    /// devices it fits ([`device_class`]); needs DRA and the rights on
+    /// DeviceClasses the chart grants with it.
+    pub device_classes: bool,
 }
 
 /// An [`OperatorConfig`] the operator cannot run with, naming the setting.
@@ -177,6 +182,7 @@ impl Default for OperatorConfig {
             reverify_interval: Duration::from_secs(3600),
             instance: "gkm-operator".into(),
             pvc: crate::pvc::PvcOptions::default(),
+            device_classes: false,
         }
     }
 }
@@ -201,6 +207,8 @@ pub struct Context {
     pub variants: variants::Variants,
     /// The releases written last, per cache.
     pub releases: release::Releases,
+    /// The caches' DeviceClasses written last.
+    pub device_classes: device_class::DeviceClasses,
     /// The cluster's Nodes, their names and uids only: whether a node that
     /// reports still exists, without a request per report.
     pub nodes: reflector::Store<PartialObjectMeta<Node>>,
@@ -234,6 +242,7 @@ pub async fn run(
         pending_writes: pending_writes::PendingWrites::default(),
         variants: variants::Variants::default(),
         releases: release::Releases::default(),
+        device_classes: device_class::DeviceClasses::default(),
         nodes,
         pvc_watches,
     });

@@ -104,6 +104,11 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
     let variants = variants_of(spec, &status, ctx).await;
     let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
+    if ctx.config.device_classes {
+        ctx.device_classes
+            .write(&ctx.client, &key, &release)
+            .await?;
+    }
     if write_release(cache, &ctx.client, &ctx.releases, release).await? {
         ctx.metrics.release_written();
     }
@@ -302,6 +307,11 @@ async fn cleanup<K: CacheObject>(
     reports: &ReportIndex,
 ) -> Result<Action> {
     let key = cache.key();
+    // New claims stop landing through the cache's class at once; claims
+    // allocated already keep their devices.
+    if ctx.config.device_classes {
+        ctx.device_classes.remove(&ctx.client, &key).await?;
+    }
     let old = cache.cache_status().cloned().unwrap_or_default();
     let entries = live_reports_for(cache, ctx, reports).await?;
     let (counts, _) = rollup(
