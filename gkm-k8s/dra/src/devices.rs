@@ -207,8 +207,15 @@ fn describe(
     }
 }
 
-/// A container GPU's own attributes: who made it, what it is, which
-/// compiler targets it and which driver runs it.
+/// A container GPU's own attributes, as its device publishes them: who
+/// made it, what it is, which compiler targets it and which driver runs it.
+pub fn gpu_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+    let mut attrs = Attributes::default();
+    describe_gpu(gpu, &mut attrs);
+    attrs.0
+}
+
+/// [`gpu_attributes`], into `attrs`.
 fn describe_gpu(gpu: &Gpu, attrs: &mut Attributes) {
     attrs.string("vendor", gpu.vendor.as_str());
     attrs.string("productName", &gpu.product);

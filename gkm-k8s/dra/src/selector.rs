@@ -19,6 +19,11 @@ use crate::devices::{ARCHITECTURE, BACKEND, COMPUTE_CAPABILITY, TOOLKIT_VERSION,
 /// The expression of a selector that no device meets.
 pub const NOTHING: &str = "false";
 
+/// The expression of a selector that this driver's devices meet, and no
+/// other: a class that lists it first selects only this driver's devices
+/// whatever its other selectors say (a class's selectors must all hold).
+pub const THIS_DRIVER: &str = "device.driver == 'gpu.gkm.io'";
+
 /// A CEL expression that is true for exactly the devices of this driver
 /// that meet at least one of `requirements` ([`NOTHING`] when there are
 /// none).
@@ -44,11 +49,7 @@ pub fn fits(requirements: &[Requirement]) -> String {
         return NOTHING.to_string();
     }
     let alternatives: Vec<String> = alternatives.into_iter().map(|a| format!("({a})")).collect();
-    format!(
-        "device.driver == {} && ({})",
-        quote(DRIVER),
-        alternatives.join(" || ")
-    )
+    format!("{THIS_DRIVER} && ({})", alternatives.join(" || "))
 }
 
 /// `device.attributes['gpu.gkm.io'].<key>`.
@@ -161,6 +162,11 @@ mod tests {
                  && {a}.toolkitVersion.compareTo(semver('12.0.0')) < 0)))))"
             )
         );
+    }
+
+    #[test]
+    fn this_driver_is_the_driver() {
+        assert_eq!(THIS_DRIVER, format!("device.driver == {}", quote(DRIVER)));
     }
 
     #[test]

@@ -137,9 +137,16 @@ pub fn device_class(cache: &CacheKey, release: &CacheRelease) -> DeviceClass {
             ..ObjectMeta::default()
         },
         spec: DeviceClassSpec {
-            selectors: Some(vec![DeviceSelector {
-                cel: Some(CELDeviceSelector { expression }),
-            }]),
+            // The driver alone first: the `gkm-operator-scope` policy checks
+            // that every class the operator writes has it, so no class of
+            // its selects another driver's devices.
+            selectors: Some(
+                [gkm_k8s_dra::selector::THIS_DRIVER.to_string(), expression]
+                    .map(|expression| DeviceSelector {
+                        cel: Some(CELDeviceSelector { expression }),
+                    })
+                    .to_vec(),
+            ),
             ..DeviceClassSpec::default()
         },
     }
@@ -224,11 +231,13 @@ mod tests {
     }
 
     fn expression(class: &DeviceClass) -> &str {
-        &class.spec.selectors.as_ref().unwrap()[0]
-            .cel
-            .as_ref()
-            .unwrap()
-            .expression
+        let selectors = class.spec.selectors.as_ref().unwrap();
+        assert_eq!(selectors.len(), 2);
+        assert_eq!(
+            selectors[0].cel.as_ref().unwrap().expression,
+            "device.driver == 'gpu.gkm.io'"
+        );
+        &selectors[1].cel.as_ref().unwrap().expression
     }
 
     #[test]
