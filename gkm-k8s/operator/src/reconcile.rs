@@ -104,13 +104,16 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
     let variants = variants_of(spec, &status, ctx).await;
     let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
-    if ctx.config.device_classes {
+    let for_class = ctx.config.device_classes.then(|| release.clone());
+    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
+        ctx.metrics.release_written();
+    }
+    // After the release: a class that cannot be written (no DRA API, no
+    // rights) fails the reconcile, never the nodes' delivery.
+    if let Some(release) = for_class {
         ctx.device_classes
             .write(&ctx.client, &key, &release)
             .await?;
-    }
-    if write_release(cache, &ctx.client, &ctx.releases, release).await? {
-        ctx.metrics.release_written();
     }
     // Targets that could not be read are asked for again soon, not only at
     // the next resolution.
