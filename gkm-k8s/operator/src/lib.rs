@@ -7,7 +7,9 @@
 //! operator's [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
 //! writes status once per real change. A cache with `storageClassName` also
-//! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
+//! gets GKM's claims and fill Jobs ([`crate::pvc`]); with DRA, every cache
+//! gets a DeviceClass selecting the GPUs it fits ([`device_class`]).
+//! Deleting a cache waits
 //! until no pod uses its claims and no node uses or reports it, removes what
 //! it made, then releases the finalizer.
 //!
