@@ -39,7 +39,7 @@
 
 mod driver;
 mod ptx;
-pub mod requirement;
+mod requirement;
 mod target_json;
 
 use std::fmt;

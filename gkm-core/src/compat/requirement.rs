@@ -13,7 +13,12 @@ use super::{CUDA_WARP_SIZE, CheckOptions, CudaArchRule};
 use crate::cache::Target;
 use crate::gpu::{Backend, Gpu};
 
-/// What a GPU must be for one target to fit it.
+/// What a GPU must be for one target to fit it: [`check_target`]'s rule
+/// as the properties a GPU publishes, so that another evaluator (a DRA
+/// device selector in CEL) applies the same rule without a copy of it.
+/// [`Requirement::admits`] gives [`check_target`]'s answer.
+///
+/// [`check_target`]: super::check_target
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requirement {
     /// The GPU's backend.
