@@ -208,7 +208,7 @@ mod tests {
     }
 
     /// The GPUs of the table: every kind of property a check looks at.
-    pub(crate) fn table_gpus() -> Vec<Gpu> {
+    fn table_gpus() -> Vec<Gpu> {
         let mut gpus = Vec::new();
         for backend in [None, Some("cuda"), Some("hip")] {
             for arch in [
@@ -243,7 +243,7 @@ mod tests {
     }
 
     /// The targets of the table.
-    pub(crate) fn table_targets() -> Vec<Target> {
+    fn table_targets() -> Vec<Target> {
         [
             "cuda/75/32",
             "cuda/75/32/84",
