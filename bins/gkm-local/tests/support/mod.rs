@@ -12,7 +12,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
-use gkm_local::{Stack, cosign::CosignKey};
+use gkm_local::Stack;
+use gkm_local::cosign::{self, CosignKey};
 use gkm_testenv::triton::{FLEET_PROFILES, FleetTarget, TritonReport, check_delivered};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -38,20 +39,38 @@ pub struct Pushed {
 }
 
 /// Builds every fleet target's fixture into `gkm/fleet:<target>` and signs
-/// it with `key`.
+/// it with `key`, the images side by side (cosign is a process per image).
 pub async fn push_signed_fleet(stack: &Stack, key: &CosignKey) -> anyhow::Result<Vec<Pushed>> {
-    let mut out = Vec::new();
-    for target in gkm_testenv::triton::fleet()? {
+    let fleet = gkm_testenv::triton::fleet()?;
+    let pushed = futures::future::try_join_all(fleet.into_iter().map(|target| async move {
         let (image, digest) = stack
-            .push_signed_cache(&target.fixture, "gkm/fleet", &target.name, key)
+            .push_cache(&target.fixture, "gkm/fleet", &target.name)
             .await?;
-        out.push(Pushed {
+        anyhow::Ok(Pushed {
             target,
             image,
             digest,
-        });
-    }
-    Ok(out)
+        })
+    }))
+    .await?;
+    std::thread::scope(|scope| {
+        let signing: Vec<_> = pushed
+            .iter()
+            .map(|p| {
+                let repository = p
+                    .image
+                    .rsplit_once(':')
+                    .map_or(p.image.as_str(), |(r, _)| r);
+                let pinned = format!("{repository}@{}", p.digest);
+                scope.spawn(move || cosign::sign(key, &pinned))
+            })
+            .collect();
+        signing.into_iter().try_for_each(|s| {
+            s.join()
+                .map_err(|_| anyhow::anyhow!("signing a fleet image panicked"))?
+        })
+    })?;
+    Ok(pushed)
 }
 
 /// The name of the cache object delivering `target` (`fleet-cuda-90-32`).
