@@ -7,8 +7,8 @@ time without a GPU, and a check of whether Triton reuses a cache tree.
 
 `compile` fills DIR (a TRITON_CACHE_DIR) with the kernels below compiled for
 one target. `check` runs the same compiles against each --target/--cache pair
-in one process and prints a JSON list, a report per pair: what Triton had to
-compile (it wraps the backends' last stage, CUDABackend.make_cubin and
+in one process and prints a JSON report per pair, a line each: what Triton
+had to compile (it wraps the backends' last stage, CUDABackend.make_cubin and
 HIPBackend.make_hsaco, which Triton runs only on a miss; a tree reused whole
 has "compiled": 0) and the directory it read each kernel from. Run it with
 hack/components.sh's Triton ($GKM_TOOLS_DIR/bin/triton-python). Keep the
@@ -192,7 +192,7 @@ def main():
     sub.add_parser("targets", help="list the fleet's targets, one a line")
     for name, text in (
         ("compile", "compile the kernels for TARGET into the cache DIR"),
-        ("check", "compile against each cache DIR and report, as a JSON list, what was compiled"),
+        ("check", "compile against each cache DIR and report, a JSON line each, what was compiled"),
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--target", required=True, action="append", help="BACKEND/ARCH/WARP_SIZE, e.g. cuda/90/32")
@@ -211,7 +211,8 @@ def main():
     stage = FinalStage()
     reports = [run(stage, target, cache) for target, cache in zip(args.target, caches)]
     if args.command == "check":
-        print(json.dumps(reports, indent=2))
+        for report in reports:
+            print(json.dumps(report))
     elif reports[0]["reused"]:
         sys.exit(f"{caches[0]} already held {reports[0]['reused']} of the kernels: compile into an empty directory")
 

@@ -213,7 +213,10 @@ pub fn triton_check(pairs: &[(&str, &Path)]) -> anyhow::Result<Vec<TritonReport>
         "hack/triton-fleet.py check {pairs:?} failed:\n{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let reports: Vec<TritonReport> = serde_json::from_str(&stdout)
+    let reports = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<TritonReport>, _>>()
         .with_context(|| format!("hack/triton-fleet.py check printed:\n{stdout}"))?;
     anyhow::ensure!(
         reports.len() == pairs.len(),
