@@ -49,6 +49,7 @@ pub mod metadata;
 mod plugin;
 pub mod prepare;
 pub mod publish;
+pub mod rescan;
 pub mod service;
 pub mod slices;
 pub mod version;
