@@ -17,11 +17,9 @@ set -euo pipefail
 NODES=${NODES:-1000}
 PODS=${PODS:-2000}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+# shellcheck source=hack/lib/cargo.sh
+. "$ROOT/hack/lib/cargo.sh"
 
-if [[ -z ${EXTENDER:-} ]]; then
-  (cd "$ROOT" && cargo build --release -q -p gkm-scheduler-extender --bin gkm-scheduler-extender)
-  EXTENDER=$TARGET/release/gkm-scheduler-extender
-fi
+extender_binary
 cd "$ROOT"
 exec cargo run -q -p gkm-scheduler-extender --example bench -- "$EXTENDER" "$NODES" "$PODS"

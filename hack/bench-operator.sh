@@ -88,9 +88,10 @@ case $REVISIONS in
 esac
 PROFILE=${PROFILE:-debug}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-# The target directory cargo itself uses (it may be set by configuration).
-export CARGO_TARGET_DIR=$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+# shellcheck source=hack/lib/cargo.sh
+. "$ROOT/hack/lib/cargo.sh"
+CARGO_TARGET_DIR=$(cargo_target_dir)
+export CARGO_TARGET_DIR
 OUT=${OUT:-$(mktemp -d /tmp/gkm-bench-operator.XXXXXX)}
 
 case $PROFILE in

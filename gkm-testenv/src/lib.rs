@@ -10,6 +10,7 @@
 //! - [`Scheduler`]: kube-scheduler with a configuration of the test's choosing.
 //! - [`triton`]: real Triton checking that a delivered cache tree is reused,
 //!   for every target of the fleet in `fixtures/triton`.
+//! - [`cpu_seconds`], [`memory_mib`]: what a process has used, for benchmarks.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -35,6 +36,7 @@ mod registry;
 mod scheduler;
 mod service_account;
 pub mod triton;
+mod usage;
 
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
@@ -50,6 +52,7 @@ pub use process::Process;
 pub use registry::Registry;
 pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
+pub use usage::{cpu_seconds, memory_mib};
 
 /// A fresh temporary directory, removed on drop.
 pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_gpu::PciIdsSource;
+use gkm_bin_support::node_args::NodeDeviceArgs;
+use gkm_k8s_device_plugin::PluginConfig;
 use gkm_k8s_device_plugin::assignments::{AssignmentSource, PodAssignments};
 use gkm_k8s_device_plugin::node_gpus::{NodeAnnotation, NodeGpusSink};
-use gkm_k8s_device_plugin::{NodePaths, PluginConfig};
 
 /// gkm device plugin: offers VFIO-bound GPUs (one resource per model), mdev
 /// vGPUs (one resource per type), nvidia.com/gpu and amd.com/gpu to the
@@ -24,26 +24,9 @@ struct Cli {
     /// sockets).
     #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
     device_plugins_dir: PathBuf,
-    /// The sysfs root to read devices from.
-    #[arg(long, default_value = "/sys")]
-    sysfs_root: PathBuf,
-    /// The /dev root: device nodes are looked up here and handed to
-    /// containers under this path, so it must be the host's /dev at the
-    /// same path.
-    #[arg(long, default_value = "/dev")]
-    dev_root: PathBuf,
-    /// The procfs root (NVIDIA GPU UUIDs and minors without NVML).
-    #[arg(long, default_value = "/proc")]
-    proc_root: PathBuf,
-    /// A pci.ids file naming passthrough models (default: the system's).
-    #[arg(long)]
-    pci_ids: Option<PathBuf>,
     /// How often to look at the node again (30s, 500ms…).
     #[arg(long, default_value = "2s", value_parser = gkm_bin_support::duration)]
     poll: Duration,
-    /// Do not use NVML (no XID health checks, no UUIDs from NVML).
-    #[arg(long)]
-    no_nvml: bool,
     /// Also hand nvidia.com/gpu devices over as CDI devices
     /// (nvidia.com/gpu=<UUID>), for runtimes with NVIDIA's CDI specs.
     #[arg(long)]
@@ -67,12 +50,9 @@ struct Cli {
     /// devices from those still waiting.
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pod_resources_socket: PathBuf,
-    /// A kubeconfig (default: in-cluster or $KUBECONFIG).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
+    /// Where the node's devices are read from, NVML, the apiserver, logging.
+    #[command(flatten)]
+    node: NodeDeviceArgs,
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -81,7 +61,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let node = match cli.node_name {
         Some(node) if !node.is_empty() => Some((
-            gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?,
+            gkm_k8s_runtime::client::connect(cli.node.kubeconfig.as_deref()).await?,
             node,
         )),
         _ => None,
@@ -96,15 +76,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let node_gpus = node
         .map(|(client, node)| Arc::new(NodeAnnotation::new(client, node)) as Arc<dyn NodeGpusSink>);
     let config = PluginConfig {
-        paths: NodePaths {
-            sysfs_root: cli.sysfs_root,
-            dev_root: cli.dev_root,
-            proc_root: cli.proc_root,
-        },
+        paths: cli.node.paths(),
         device_plugins_dir: cli.device_plugins_dir,
-        pci_ids: cli.pci_ids.map_or(PciIdsSource::System, PciIdsSource::File),
+        pci_ids: cli.node.pci_ids(),
         poll: cli.poll,
-        nvml: !cli.no_nvml,
+        nvml: cli.node.nvml(),
         nvidia_cdi: cli.nvidia_cdi,
         gpu_shares: cli.gpu_shares,
         status_file: cli.status_file,
@@ -122,13 +98,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    gkm_bin_support::init_logging(cli.node.log_json, "info");
     gkm_bin_support::exit_code("gkm-device-plugin", run(cli).await)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` as users read it: the flags, their defaults and help text.
+    #[test]
+    fn help() {
+        use clap::CommandFactory;
+        let help = Cli::command().term_width(100).render_long_help();
+        insta::assert_snapshot!(help.to_string());
+    }
 
     /// The DaemonSet in deploy/ passes flags this binary takes.
     #[test]
@@ -148,8 +132,8 @@ mod tests {
         assert!(args.len() >= 5, "{args:?}");
         let cli = Cli::try_parse_from(std::iter::once("gkm-device-plugin".to_string()).chain(args))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(cli.sysfs_root, PathBuf::from("/host/sys"));
-        assert_eq!(cli.dev_root, PathBuf::from("/dev"));
+        assert_eq!(cli.node.sysfs_root, PathBuf::from("/host/sys"));
+        assert_eq!(cli.node.dev_root, PathBuf::from("/dev"));
         assert_eq!(
             cli.device_plugins_dir,
             PathBuf::from("/var/lib/kubelet/device-plugins")

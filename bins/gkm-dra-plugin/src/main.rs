@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_gpu::PciIdsSource;
-use gkm_k8s_devices::NodePaths;
+use gkm_bin_support::node_args::NodeDeviceArgs;
 use gkm_k8s_dra::DraConfig;
 
 /// gkm DRA plugin: publishes the node's GPUs, VFIO-bound GPUs and vGPUs as
@@ -30,32 +29,12 @@ struct Cli {
     /// outlives the plugin's pod).
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.gkm.io")]
     state_dir: PathBuf,
-    /// The sysfs root to read devices from.
-    #[arg(long, default_value = "/sys")]
-    sysfs_root: PathBuf,
-    /// The /dev root: device nodes are looked up here and handed to
-    /// containers under this path, so it must be the host's /dev at the
-    /// same path.
-    #[arg(long, default_value = "/dev")]
-    dev_root: PathBuf,
-    /// The procfs root (NVIDIA GPU UUIDs and minors).
-    #[arg(long, default_value = "/proc")]
-    proc_root: PathBuf,
-    /// A pci.ids file naming devices (default: the system's).
-    #[arg(long)]
-    pci_ids: Option<PathBuf>,
     /// How often to look at the node again (30s, 500ms…).
     #[arg(long, default_value = "5s", value_parser = gkm_bin_support::duration)]
     poll: Duration,
-    /// Do not use NVML (no driver versions, memory or UUIDs from it).
-    #[arg(long)]
-    no_nvml: bool,
-    /// A kubeconfig (default: in-cluster or $KUBECONFIG).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
+    /// Where the node's devices are read from, NVML, the apiserver, logging.
+    #[command(flatten)]
+    node: NodeDeviceArgs,
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -65,19 +44,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) must name this node");
     }
-    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(cli.node.kubeconfig.as_deref()).await?;
     let config = DraConfig {
-        paths: NodePaths {
-            sysfs_root: cli.sysfs_root,
-            dev_root: cli.dev_root,
-            proc_root: cli.proc_root,
-        },
+        paths: cli.node.paths(),
         kubelet_dir: cli.kubelet_dir,
         cdi_dir: cli.cdi_dir,
         state_dir: cli.state_dir,
-        pci_ids: cli.pci_ids.map_or(PciIdsSource::System, PciIdsSource::File),
+        pci_ids: cli.node.pci_ids(),
         poll: cli.poll,
-        nvml: !cli.no_nvml,
+        nvml: cli.node.nvml(),
         node_name: cli.node_name,
     };
     gkm_k8s_dra::run(config, client, gkm_bin_support::shutdown::shutdown_signal())
@@ -88,13 +63,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    gkm_bin_support::init_logging(cli.node.log_json, "info");
     gkm_bin_support::exit_code("gkm-dra-plugin", run(cli).await)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` as users read it: the flags, their defaults and help text.
+    #[test]
+    fn help() {
+        use clap::CommandFactory;
+        let help = Cli::command().term_width(100).render_long_help();
+        insta::assert_snapshot!(help.to_string());
+    }
 
     /// The chart's DaemonSet (as rendered in the chart's snapshot with
     /// `dra.enabled` and a custom kubelet directory) passes flags this
@@ -133,6 +116,6 @@ mod tests {
             PathBuf::from("/var/lib/k0s/kubelet/plugins/gpu.gkm.io")
         );
         assert_eq!(cli.cdi_dir, PathBuf::from("/var/run/cdi"));
-        assert_eq!(cli.sysfs_root, PathBuf::from("/host/sys"));
+        assert_eq!(cli.node.sysfs_root, PathBuf::from("/host/sys"));
     }
 }

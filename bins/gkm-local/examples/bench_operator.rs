@@ -717,43 +717,6 @@ fn stores_root() -> PathBuf {
     }
 }
 
-/// The CPU time `pid` used so far (user and system), in seconds.
-fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name: state is the first, utime the 12th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| -> anyhow::Result<f64> {
-        let field = fields
-            .get(i)
-            .with_context(|| format!("/proc/{pid}/stat: too short"))?;
-        Ok(field.parse::<f64>()?)
-    };
-    // Linux counts in USER_HZ, 100 per second.
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
-}
-
-/// VmRSS and VmHWM of `pid`, in MiB.
-fn memory_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<f64> {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
-        let kib: f64 = line
-            .trim_start_matches(name)
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
-        Ok(kib / 1024.0)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// The images the benchmark pushed: name → digest of the first set and of
 /// the changed ones, and the digests of their layers.
 struct Pushed {
@@ -1143,10 +1106,10 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
 
     // Phase 4: nothing changes.
     gkm.idle(&mut meter, &mut m.idle, scale.idle).await?;
-    (m.operator_rss_mib, m.operator_peak_rss_mib) = memory_mib(gkm.operator.pid())?;
-    (m.agents_rss_mib, _) = memory_mib(gkm.agents.pid())?;
-    m.operator_cpu_secs = cpu_secs(gkm.operator.pid())?;
-    m.agents_cpu_secs = cpu_secs(gkm.agents.pid())?;
+    (m.operator_rss_mib, m.operator_peak_rss_mib) = gkm_testenv::memory_mib(gkm.operator.pid())?;
+    (m.agents_rss_mib, _) = gkm_testenv::memory_mib(gkm.agents.pid())?;
+    m.operator_cpu_secs = gkm_testenv::cpu_seconds(gkm.operator.pid())?;
+    m.agents_cpu_secs = gkm_testenv::cpu_seconds(gkm.agents.pid())?;
     eprintln!(
         "== idle {:?} done; whole run {:.0?}",
         scale.idle,

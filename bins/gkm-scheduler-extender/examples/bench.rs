@@ -11,107 +11,14 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+mod common;
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use common::Scheduled;
 use serde_json::json;
 use support::{Cluster, PLAIN_SCHEDULER, asking};
-
-const MODEL: &str = "NVIDIA-A100-SXM4-80GB";
-
-async fn create_nodes(cluster: &Cluster, count: usize) -> anyhow::Result<()> {
-    let nodes: Api<Node> = Api::all(cluster.client.clone());
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let nodes = nodes.clone();
-            async move {
-                let resources =
-                    json!({"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"});
-                let node: Node = serde_json::from_value(json!({
-                    "metadata": {
-                        "name": format!("gpu-{i:04}"),
-                        "labels": {"gkm.io/gpu.product": MODEL, "type": "kwok",
-                                   "kubernetes.io/hostname": format!("gpu-{i:04}")},
-                        "annotations": {gkm_testenv::KWOK_NODE_ANNOTATION: "fake"},
-                    },
-                    "status": {"capacity": resources, "allocatable": resources},
-                }))?;
-                nodes.create(&PostParams::default(), &node).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-async fn create_pods(cluster: &Cluster, ns: &str, count: usize) -> anyhow::Result<()> {
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});
-            async move {
-                cluster
-                    .pod(ns, &format!("pod-{i:04}"), spec)
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-/// Starts the scheduler with `config` and returns how long it took from the
-/// first pod bound to the last, as the pod watch saw them.
-async fn schedule(
-    cluster: &mut Cluster,
-    ns: &str,
-    count: usize,
-    config: &str,
-) -> anyhow::Result<Duration> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let stream = watcher(pods, watcher::Config::default()).applied_objects();
-    futures::pin_mut!(stream);
-    cluster.start_scheduler(config)?;
-    let mut bound: HashMap<String, Instant> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while bound.len() < count {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {} of {count} pods bound",
-            bound.len()
-        );
-        let next = tokio::time::timeout(Duration::from_secs(60), stream.try_next()).await;
-        let Ok(Ok(Some(pod))) = next else {
-            anyhow::bail!(
-                "the pod watch stalled at {} of {count} bound:\n{}",
-                bound.len(),
-                cluster.logs()
-            );
-        };
-        if pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .is_some()
-        {
-            bound
-                .entry(pod.metadata.name.unwrap_or_default())
-                .or_insert_with(Instant::now);
-        }
-    }
-    cluster.scheduler = None;
-    let first = bound.values().min().copied().unwrap_or_else(Instant::now);
-    let last = bound.values().max().copied().unwrap_or(first);
-    Ok(last - first)
-}
 
 /// The extender's exact answer times per verb (`GET /scheduler/latency`):
 /// verb → (calls, p50, p99, max), in seconds.
@@ -129,15 +36,10 @@ fn ms(seconds: Option<f64>) -> String {
 }
 
 fn rss(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .map(|l| l.trim_start_matches(name).trim().to_string())
-            .unwrap_or_else(|| "?".into())
-    };
-    format!("{} (peak {})", field("VmRSS:"), field("VmHWM:"))
+    gkm_testenv::memory_mib(pid).map_or_else(
+        |e| format!("? ({e:#})"),
+        |(rss, peak)| format!("{rss:.1} MiB (peak {peak:.1} MiB)"),
+    )
 }
 
 #[tokio::main]
@@ -152,43 +54,27 @@ async fn main() -> anyhow::Result<()> {
 
     let began = Instant::now();
     let mut cluster = Cluster::start().await?;
-    create_nodes(&cluster, nodes).await?;
+    common::create_nodes(&cluster, nodes).await?;
     for ns in ["bench-plain", "bench-gkm"] {
         cluster.namespace(ns).await?;
     }
-    let quota: gkm_k8s_api::crd::GKMGPUQuota = serde_json::from_value(json!({
-        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMGPUQuota",
-        "metadata": {"name": "a100", "namespace": "bench-gkm"},
-        "spec": {"limits": [{"model": MODEL, "gpus": 100000}]},
-    }))?;
-    Api::<gkm_k8s_api::crd::GKMGPUQuota>::namespaced(cluster.client.clone(), "bench-gkm")
-        .create(&PostParams::default(), &quota)
-        .await?;
+    common::allow_gpus(&cluster, "bench-gkm").await?;
     eprintln!("== {nodes} kwok nodes up in {:.0?}", began.elapsed());
 
-    create_pods(&cluster, "bench-plain", count).await?;
-    let plain = schedule(&mut cluster, "bench-plain", count, PLAIN_SCHEDULER).await?;
-    eprintln!("== without the extender: {count} pods in {plain:.2?}");
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "bench-plain");
-    pods.delete_collection(
-        &DeleteParams::default().grace_period(0),
-        &ListParams::default(),
-    )
-    .await?;
-    while !pods
-        .list(&ListParams::default().limit(1))
-        .await?
-        .items
-        .is_empty()
-    {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let spec = json!({"containers": asking(json!({"nvidia.com/gpu": "1"}))});
+    common::create_pods(&cluster, "bench-plain", count, &spec).await?;
+    let plain = common::schedule(&mut cluster, "bench-plain", count, PLAIN_SCHEDULER).await?;
+    eprintln!(
+        "== without the extender: {count} pods in {:.2?}",
+        plain.elapsed
+    );
+    common::delete_pods(&cluster, "bench-plain").await?;
 
     cluster.start_extender_from(&extender).await?;
-    create_pods(&cluster, "bench-gkm", count).await?;
+    common::create_pods(&cluster, "bench-gkm", count, &spec).await?;
     let config = support::scheduler_config(&cluster.extender_addr)?;
-    let with = schedule(&mut cluster, "bench-gkm", count, &config).await?;
-    eprintln!("== with the extender: {count} pods in {with:.2?}");
+    let with = common::schedule(&mut cluster, "bench-gkm", count, &config).await?;
+    eprintln!("== with the extender: {count} pods in {:.2?}", with.elapsed);
 
     let latency = latencies(&cluster.extender_addr).await?;
     let pid = cluster
@@ -196,20 +82,20 @@ async fn main() -> anyhow::Result<()> {
         .as_ref()
         .map(|p| p.pid())
         .unwrap_or_default();
-    let per_second =
-        |d: Duration| count.saturating_sub(1) as f64 / d.as_secs_f64().max(f64::EPSILON);
+    let line = |s: &Scheduled| {
+        format!(
+            "{:8.1} pods/s ({:.2?}; kube-scheduler CPU {:.2} s)",
+            s.per_second(),
+            s.elapsed,
+            s.cpu_seconds
+        )
+    };
     println!("nodes {nodes}, GPU pods {count}");
-    println!(
-        "without extender: {:8.1} pods/s ({plain:.2?})",
-        per_second(plain)
-    );
-    println!(
-        "with extender:    {:8.1} pods/s ({with:.2?})",
-        per_second(with)
-    );
+    println!("without extender: {}", line(&plain));
+    println!("with extender:    {}", line(&with));
     println!(
         "time ratio (with / without): {:.2}x (target <= 1.30x)",
-        with.as_secs_f64() / plain.as_secs_f64().max(f64::EPSILON)
+        with.elapsed.as_secs_f64() / plain.elapsed.as_secs_f64().max(f64::EPSILON)
     );
     println!("extender answer times (exact, measured in the extender):");
     for verb in ["filter", "prioritize", "bind"] {

@@ -1,5 +1,7 @@
 //! What gkm's binaries share, so each `main.rs` stays flag parsing and wiring.
 
+#[cfg(feature = "node-args")]
+pub mod node_args;
 pub mod shutdown;
 
 use std::process::ExitCode;

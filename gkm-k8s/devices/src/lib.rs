@@ -7,9 +7,11 @@
 //! The device plugin (`gkm-k8s-device-plugin`) and the DRA plugin
 //! (`gkm-k8s-dra`) both read the node through this crate, so a device is
 //! the same device whichever path offers it. With the `testing` feature,
-//! [`node_tree`] builds a simulated node's trees for tests.
+//! [`node_tree`] builds a simulated node's trees for tests. [`fingerprint`]
+//! tells cheaply whether the node may have changed since it was last read.
 #![deny(missing_docs)]
 
+pub mod fingerprint;
 pub mod naming;
 #[cfg(feature = "testing")]
 pub mod node_tree;

@@ -53,6 +53,7 @@ mod plugin;
 pub mod prepare;
 pub mod publish;
 pub mod selector;
+pub mod rescan;
 pub mod service;
 pub mod slices;
 pub mod version;

@@ -1,5 +1,6 @@
-//! Running the plugin: looking at the node every poll interval, serving the
-//! DRA socket and the registration socket, and keeping the node's
+//! Running the plugin: looking at the node every poll interval (reading its
+//! devices again only when [`crate::rescan`] says so), serving the DRA
+//! socket and the registration socket, and keeping the node's
 //! ResourceSlices published until shutdown, when they are deleted.
 
 use std::collections::BTreeMap;
@@ -7,11 +8,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_gpu::{DiscoveryOptions, PciIdsSource};
 use gkm_k8s_devices::NodePaths;
+use gkm_k8s_devices::fingerprint::fingerprint;
 use gkm_k8s_devices::resources::{Access, ScanInputs, from_inventory};
 use gkm_k8s_kubelet::authority::AuthorityFix;
 use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
@@ -29,6 +31,7 @@ use crate::proto::health::dra_resource_health_server::DraResourceHealthServer;
 use crate::proto::v1::dra_plugin_server::DraPluginServer;
 use crate::proto::v1beta1::dra_plugin_server::DraPluginServer as DraPluginServerV1beta1;
 use crate::publish::{Publisher, watch_slices};
+use crate::rescan::LastLook;
 use crate::service::{ApiClaims, DraService};
 use crate::{DRIVER, PLUGIN};
 
@@ -165,7 +168,10 @@ pub async fn run(
     let ids = PciIds::open(&config.pci_ids)?;
     let store = ClaimStore::open(&config.state_dir, &config.cdi_dir)?;
     let inputs = Arc::new(Mutex::new(ScanInputs::default()));
+    // Taken before the look, so a change while looking moves the next one.
+    let first_node = fingerprint(&config.paths);
     let first = look(&config, &ids)?;
+    let mut last_look = LastLook::new(first_node, ScanInputs::default(), Instant::now());
     log_excluded(&NodeDevices::default(), &first);
     let (devices_tx, devices_rx) = watch::channel(first);
     let xids_stop = Arc::new(AtomicBool::new(false));
@@ -227,30 +233,37 @@ pub async fn run(
 
     let mut shutdown = std::pin::pin!(shutdown);
     let mut poll = tokio::time::interval(config.poll);
+    // The apiserver is asked only when the devices changed, the slices
+    // changed (the watch) or the last write failed.
+    let mut publish = true;
     loop {
-        let devices = devices_rx.borrow().clone();
-        let publish_failed = match publisher.publish(&devices.devices).await {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "publishing the node's ResourceSlices; trying again");
-                true
-            }
-        };
+        if publish {
+            let devices = devices_rx.borrow().clone();
+            publish = match publisher.publish(&devices.devices).await {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "publishing the node's ResourceSlices; trying again");
+                    true
+                }
+            };
+        }
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = slices_changed.notified() => {}
+            _ = slices_changed.notified() => publish = true,
             _ = poll.tick() => {
-                let now = {
-                    let inputs = inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    look_with(&config, &ids, &inputs)
-                };
-                match now {
-                    Ok(now) => {
-                        if now != *devices_rx.borrow() {
-                            log_excluded(&devices_rx.borrow(), &now);
-                            devices_tx.send_replace(now);
-                        } else if !publish_failed {
-                            continue;
+                let inputs = inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let node = fingerprint(&config.paths);
+                let now = Instant::now();
+                if !last_look.stale(node, &inputs, now) {
+                    continue;
+                }
+                match look_with(&config, &ids, &inputs) {
+                    Ok(found) => {
+                        last_look = LastLook::new(node, inputs, now);
+                        if found != *devices_rx.borrow() {
+                            log_excluded(&devices_rx.borrow(), &found);
+                            devices_tx.send_replace(found);
+                            publish = true;
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "looking at the node's devices"),

@@ -169,8 +169,15 @@ impl Cluster {
     /// Starts the control plane, kwok, the CRDs and the extender's RBAC;
     /// nothing schedules yet.
     pub async fn start() -> anyhow::Result<Cluster> {
+        Cluster::start_with_controllers(&[]).await
+    }
+
+    /// [`Cluster::start`], with these kube-controller-manager controllers
+    /// besides the default ones (`resourceclaim-controller`…).
+    pub async fn start_with_controllers(extra: &[&str]) -> anyhow::Result<Cluster> {
         let plane = ControlPlane::start_with(ControlPlaneOptions {
             controller_manager: true,
+            extra_controllers: extra.iter().map(|c| c.to_string()).collect(),
             ..Default::default()
         })
         .await?;
