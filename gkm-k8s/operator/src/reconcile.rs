@@ -400,12 +400,10 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
     let resolved = Image::resolve_manifest(&repo).await;
     ctx.metrics
         .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
-    let (digest, manifest) = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
-    if let Some(manifest) = &manifest {
-        // The image's targets, from the manifest just read.
-        ctx.variants.seed(image, &digest, manifest);
-    }
-    let digest = digest.to_string();
+    let resolution = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
+    // The image's targets, from the manifest (or index) just read.
+    ctx.variants.seed(image, &resolution);
+    let digest = resolution.digest().to_string();
     ctx.resolutions
         .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
     Ok(digest)
