@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gkm_k8s_api::crd::{CacheState, GKMCache, GKMCacheNode};
+use gkm_k8s_api::crd::{CacheState, CacheStatus, GKMCache, GKMCacheNode};
 use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::{BuildOptions, Digest, RegistryOptions, Store};
 use gkm_testenv::{pod_log, wait_for_pod};
@@ -200,17 +200,23 @@ async fn one_tag_for_a_mixed_fleet_each_node_holds_its_variant() -> anyhow::Resu
         .collect();
     assert_eq!(listed, kernel_dirs(&triton("cuda-75-32"))?, "{log}");
 
-    // The counts: four nodes hold the image, one of them with a pod.
-    let counted = stack
+    // The counts: four nodes hold the image, one of them with a pod, and
+    // one node holds each variant.
+    let status = stack
         .eventually("the cache's counts", TIMEOUT, || async {
             let cache = Api::<GKMCache>::namespaced(client.clone(), NS)
                 .get(CACHE)
                 .await?;
-            let counts = cache.status.map(|s| s.counts).unwrap_or_default();
-            Ok((counts.node_in_use_cnt == 1 && counts.node_not_in_use_cnt == 3).then_some(counts))
+            let status = cache.status.unwrap_or_default();
+            let counts = status.counts;
+            Ok((counts.node_in_use_cnt == 1 && counts.node_not_in_use_cnt == 3).then_some(status))
         })
         .await?;
-    assert_eq!((counted.node_cnt, counted.pod_running_cnt), (4, 1));
+    assert_eq!(
+        (status.counts.node_cnt, status.counts.pod_running_cnt),
+        (4, 1)
+    );
+    assert_eq!(held_per_variant(&status), per_variant(&variants));
 
     // Move the sm90 variant: the same tag, a new sm90 cache (one kernel
     // fewer), the other variants as they were; signed again.
@@ -260,15 +266,44 @@ async fn one_tag_for_a_mixed_fleet_each_node_holds_its_variant() -> anyhow::Resu
             "{node}"
         );
     }
-    // The reader's variant did not move: it is not outdated.
-    let counts = Api::<GKMCache>::namespaced(client.clone(), NS)
-        .get(CACHE)
-        .await?
-        .status
-        .map(|s| s.counts)
-        .unwrap_or_default();
-    assert_eq!(counts.pod_outdated_cnt, 0, "{counts:?}");
+    // The reader's variant did not move: it is not outdated; each node
+    // holds one variant of the moved index.
+    let status = stack
+        .eventually("the counts of the moved index", TIMEOUT, || async {
+            let status = Api::<GKMCache>::namespaced(client.clone(), NS)
+                .get(CACHE)
+                .await?
+                .status
+                .unwrap_or_default();
+            Ok((held_per_variant(&status) == per_variant(&moved_variants)).then_some(status))
+        })
+        .await?;
+    assert_eq!(status.counts.pod_outdated_cnt, 0, "{:?}", status.counts);
+    assert_eq!(
+        status.resolved_digest.as_deref(),
+        Some(moved_index.as_str())
+    );
     Ok(())
+}
+
+/// The status's variants: digest, targets and nodes holding it.
+fn held_per_variant(status: &CacheStatus) -> Vec<(String, String, i32)> {
+    status
+        .variants
+        .iter()
+        .flatten()
+        .map(|v| (v.digest.clone(), v.targets.join(","), v.nodes))
+        .collect()
+}
+
+/// `variants` (in [`FLEET`]'s order), each held by one node.
+fn per_variant(variants: &[String]) -> Vec<(String, String, i32)> {
+    let targets = ["cuda/75/32", "cuda/80/32", "cuda/90/32", "hip/gfx942/64"];
+    variants
+        .iter()
+        .zip(targets)
+        .map(|(digest, target)| (digest.clone(), target.to_string(), 1))
+        .collect()
 }
 
 /// Copies the tree `from` to `to`.

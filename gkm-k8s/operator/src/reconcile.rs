@@ -23,7 +23,7 @@ use super::metrics::RegistryOperation;
 use super::release::{release_of, remove_release, write_release};
 use super::report_index::ReportIndex;
 use super::rollup::NodeEntries;
-use super::rollup::rollup;
+use super::rollup::{rollup, variant_nodes, variant_status};
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
@@ -93,15 +93,21 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
         Ok(digest) => Ok(observe(cache, ctx, &old, reports, digest).await?),
     };
     // Decide, then write once.
-    let status = desired(&Observed {
+    let observed = Observed {
         generation: cache.meta().generation,
         old: &old,
         interval_note,
         resolution,
-    });
+    };
+    let mut status = desired(&observed);
+    // The image's variants (read once per digest, usually with the
+    // resolution itself), and of a multi-target image the nodes holding each.
+    let variants = variants_of(spec, &status, ctx).await;
+    if let (Ok(resolved), Some(Ok(published))) = (&observed.resolution, &variants) {
+        status.variants = variant_status(&resolved.digest, published, &resolved.variant_nodes);
+    }
     write_status(cache, ctx, &old, status.clone()).await?;
     // What the nodes act on, once the status says it.
-    let variants = variants_of(spec, &status, ctx).await;
     let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
     if write_release(cache, &ctx.client, &ctx.releases, release).await? {
@@ -185,6 +191,7 @@ async fn observe<K: CacheObject>(
     }
     let entries = live_reports_for(cache, ctx, reports).await?;
     let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
+    let variant_nodes = variant_nodes(&digest, entries.iter().map(|(_, e)| e));
     let pvc_mode = PvcMode::of(spec).is_some();
     let claims = if pvc_mode || old.pvc_status.is_some() {
         let outcome = reconcile_claims(
@@ -205,6 +212,7 @@ async fn observe<K: CacheObject>(
         digest,
         verification,
         nodes,
+        variant_nodes,
         claims,
         hold,
     })
