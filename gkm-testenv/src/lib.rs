@@ -32,6 +32,7 @@ mod process;
 mod registry;
 mod scheduler;
 mod service_account;
+mod trees;
 
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
@@ -47,6 +48,7 @@ pub use process::Process;
 pub use registry::Registry;
 pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
+pub use trees::{copy_tree, tree_files};
 
 /// A fresh temporary directory, removed on drop.
 pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use gkm_k8s_api::crd::{CacheState, CacheStatus, GKMCache, GKMCacheNode};
 use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::{BuildOptions, Digest, RegistryOptions, Store};
-use gkm_testenv::{pod_log, wait_for_pod};
+use gkm_testenv::{copy_tree, pod_log, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -304,19 +304,4 @@ fn per_variant(variants: &[String]) -> Vec<(String, String, i32)> {
         .zip(targets)
         .map(|(digest, target)| (digest.clone(), target.to_string(), 1))
         .collect()
-}
-
-/// Copies the tree `from` to `to`.
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
 }

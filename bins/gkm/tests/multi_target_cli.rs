@@ -37,21 +37,7 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 
 /// Every file below `root`, relative, with its bytes.
 fn files(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path.strip_prefix(root).expect("below root").to_path_buf();
-                out.push((rel, std::fs::read(&path).expect("read")));
-            }
-        }
-    }
-    out.sort();
-    out
+    gkm_testenv::tree_files(root).unwrap_or_else(|e| panic!("{}: {e}", root.display()))
 }
 
 #[test]
