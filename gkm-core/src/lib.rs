@@ -8,6 +8,7 @@
 //! - [`gpu`]: the vendor-neutral GPU model every discovery backend produces.
 //! - [`cache`]: cache kinds, scanning a cache directory into a
 //!   [`cache::CacheManifest`] and its [`cache::Summary`].
+//! - [`variant`]: which variant of a multi-target image a node's GPUs get.
 //! - [`compat`]: matching a manifest or summary against GPUs, with a reason for
 //!   every mismatch.
 //! - [`digest`]: the `sha256:<hex>` digests that name images, blobs and store
@@ -40,6 +41,7 @@ pub mod gpu;
 pub mod image_layout;
 pub mod policy;
 pub mod store_layout;
+pub mod variant;
 
 pub use cache_key::{CacheKey, Scope};
 pub use digest::Digest;

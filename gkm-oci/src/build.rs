@@ -255,3 +255,61 @@ async fn build_via(
     copy_image(&src, &dst, progress).await?;
     Ok(built)
 }
+
+/// Builds one image per cache directory of `cache_dirs` and assembles them
+/// into one multi-target image at `dest` ([`crate::multi::assemble`]), the
+/// variants in the order given. Nothing is written to `dest` when a
+/// directory cannot be built or the variants cannot be one image (two of
+/// them sharing a target, say).
+pub async fn build_multi(
+    cache_dirs: &[PathBuf],
+    dest: &ImageRef,
+    options: &BuildOptions,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<crate::multi::MultiTarget> {
+    let tmp = std::env::temp_dir().join(tmp_name("gkm-build-multi-"));
+    let result = build_multi_via(&tmp, cache_dirs, dest, options, registry, progress).await;
+    let _ = tokio::fs::remove_dir_all(&tmp).await;
+    result
+}
+
+async fn build_multi_via(
+    tmp: &Path,
+    cache_dirs: &[PathBuf],
+    dest: &ImageRef,
+    options: &BuildOptions,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<crate::multi::MultiTarget> {
+    let title = options
+        .title
+        .clone()
+        .unwrap_or_else(|| dest.default_title());
+    let mut sources = Vec::new();
+    for (n, dir) in cache_dirs.iter().enumerate() {
+        step(
+            progress.as_ref(),
+            &format!("scanning and compressing {}", dir.display()),
+            None,
+        );
+        let (path, dir, title, compression) = (
+            tmp.to_path_buf(),
+            dir.clone(),
+            title.clone(),
+            options.compression,
+        );
+        let tag = format!("variant-{n}");
+        let built_tag = tag.clone();
+        tokio::task::spawn_blocking(move || {
+            let layout = Layout::create(&path)?;
+            build_into_layout(&dir, &layout, Some(&built_tag), &title, compression)
+        })
+        .await??;
+        sources.push(ImageRef::Layout {
+            path: tmp.to_path_buf(),
+            selector: Selector::Tag(tag),
+        });
+    }
+    crate::multi::assemble(&sources, dest, Some(&title), registry, progress).await
+}

@@ -4,8 +4,9 @@ use futures::StreamExt;
 
 use crate::error::Result;
 use crate::image::{Manifest, is_index, select_from_index};
+use crate::multi::MultiTarget;
 use crate::progress::{Progress, step};
-use crate::repo::{BlobSource, Repo};
+use crate::repo::{BlobSource, RawManifest, Repo};
 use gkm_core::digest::Digest;
 
 /// Copy the image `src` selects to `dst`, blobs first, then the manifest
@@ -14,13 +15,43 @@ use gkm_core::digest::Digest;
 ///
 /// `progress`, when given, gets one step for the blobs to send, with their
 /// total size, and the bytes sent so far.
+///
+/// A multi-target image is copied whole: every variant (its blobs, then its
+/// manifest by digest), then the index.
 pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> Result<Digest> {
     let mut raw = src.fetch_manifest().await?;
+    if let Some(multi) = MultiTarget::parse(&raw)? {
+        for variant in &multi.variants {
+            let manifest = src.fetch_manifest_digest(&variant.digest).await?;
+            if is_index(&manifest.media_type) {
+                return Err(crate::Error::Format {
+                    what: format!("variant {} of {}", variant.digest, src.image()),
+                    reason: "nested indexes are not supported".into(),
+                });
+            }
+            copy_blobs(src, dst, &manifest, progress.clone()).await?;
+            dst.put_manifest_by_digest(&manifest).await?;
+        }
+        dst.put_manifest(&raw).await?;
+        return Ok(raw.digest);
+    }
     if is_index(&raw.media_type) {
         raw = src
             .fetch_manifest_digest(&select_from_index(&raw.bytes)?)
             .await?;
     }
+    copy_blobs(src, dst, &raw, progress).await?;
+    dst.put_manifest(&raw).await?;
+    Ok(raw.digest)
+}
+
+/// Copies the blobs of the image manifest `raw` that `dst` lacks.
+async fn copy_blobs(
+    src: &Repo,
+    dst: &Repo,
+    raw: &RawManifest,
+    progress: Option<Progress>,
+) -> Result<()> {
     let manifest = Manifest::parse(&raw.bytes)?;
     let mut missing = Vec::new();
     for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
@@ -71,6 +102,5 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
         }
         sent += blob.size;
     }
-    dst.put_manifest(&raw).await?;
-    Ok(raw.digest)
+    Ok(())
 }

@@ -89,6 +89,17 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The reference names a multi-target image where one variant must be
+    /// read: the caller chooses it ([`crate::multi`]).
+    #[error(
+        "{location} is a multi-target image of {variants} variant(s): read one by its digest, or choose one for GPUs"
+    )]
+    MultiTarget {
+        /// The image.
+        location: String,
+        /// How many variants it lists.
+        variants: usize,
+    },
     /// A background task panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(String),

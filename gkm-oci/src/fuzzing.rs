@@ -159,9 +159,10 @@ pub fn tar_extract_bytes(data: &[u8]) {
     }
 }
 
-/// Parse arbitrary bytes as an image manifest, an image index and an image
-/// config, as a registry or layout hands them over, and read the cache
-/// labels from the config labels and the manifest annotations.
+/// Parse arbitrary bytes as an image manifest, an image index (a platform
+/// index and a multi-target image's) and an image config, as a registry or
+/// layout hands them over, and read the cache labels from the config labels,
+/// the manifest annotations and the index descriptors' annotations.
 pub fn oci_json(data: &[u8]) {
     if let Ok(m) = crate::image::Manifest::parse(data) {
         for layer in &m.layers {
@@ -170,6 +171,15 @@ pub fn oci_json(data: &[u8]) {
         let _ = crate::labels::CacheLabels::read(&m.annotations);
     }
     let _ = crate::image::select_from_index(data);
+    // The same bytes as a multi-target image's index.
+    let raw = crate::repo::RawManifest {
+        digest: gkm_core::digest::Digest::of(data),
+        media_type: crate::labels::OCI_INDEX.to_string(),
+        bytes: data.to_vec(),
+    };
+    if let Ok(Some(multi)) = crate::multi::MultiTarget::parse(&raw) {
+        let _ = multi.choose(&[], &Default::default());
+    }
     if let Ok(labels) = crate::image::config_labels(data) {
         let _ = crate::labels::CacheLabels::read(&labels);
     }

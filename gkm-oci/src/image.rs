@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::labels::{CacheLabels, Compression, DOCKER_MANIFEST_LIST, OCI_INDEX};
+use crate::multi::MultiTarget;
 use crate::reference::ImageRef;
 use crate::repo::{RawManifest, Repo};
 use gkm_core::digest::Digest;
@@ -132,6 +133,31 @@ pub struct Image {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What resolving a reference read ([`Image::resolve_manifest`]).
+#[derive(Debug, Clone)]
+pub enum Resolution {
+    /// An image: its digest, and its manifest when the reference named it
+    /// directly (not through a platform index) and it parses.
+    Image {
+        /// The image (manifest) digest.
+        digest: Digest,
+        /// The manifest, when read.
+        manifest: Option<Manifest>,
+    },
+    /// A multi-target image.
+    MultiTarget(MultiTarget),
+}
+
+impl Resolution {
+    /// The digest resolved: the image's, or the multi-target index's.
+    pub fn digest(&self) -> &Digest {
+        match self {
+            Resolution::Image { digest, .. } => digest,
+            Resolution::MultiTarget(multi) => multi.digest(),
+        }
+    }
+}
+
 /// Whether reading an image reads its config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ConfigRead {
@@ -140,24 +166,32 @@ enum ConfigRead {
 }
 
 impl Image {
-    /// The digest [`Image::fetch`] gives (of the manifest an index selects,
-    /// when the reference names an index), read with one manifest request:
-    /// what re-resolving a tag needs, without the config. The selected
+    /// The digest the reference names, read with one manifest request:
+    /// what re-resolving a tag needs, without the config. For a platform
+    /// index, the digest of the manifest [`Image::fetch`] reads (that
     /// manifest itself is not read, so a nested index is found only when
-    /// the image is fetched.
+    /// the image is fetched); for a multi-target image, the index's digest.
     pub async fn resolve(repo: &Repo) -> Result<Digest> {
-        Ok(Image::resolve_manifest(repo).await?.0)
+        Ok(Image::resolve_manifest(repo).await?.digest().clone())
     }
 
-    /// What [`Image::resolve`] gives, with the manifest it read when the
-    /// reference names an image manifest (not an index) that parses: its
-    /// annotations may carry the cache labels, with no further request.
-    pub async fn resolve_manifest(repo: &Repo) -> Result<(Digest, Option<Manifest>)> {
+    /// What [`Image::resolve`] gives, with what the one request read: the
+    /// manifest of an image (its annotations may carry the cache labels),
+    /// or the variants of a multi-target image.
+    pub async fn resolve_manifest(repo: &Repo) -> Result<Resolution> {
         let raw = repo.fetch_manifest().await?;
-        if is_index(&raw.media_type) {
-            Ok((select_from_index(&raw.bytes)?, None))
+        if let Some(multi) = MultiTarget::parse(&raw)? {
+            Ok(Resolution::MultiTarget(multi))
+        } else if is_index(&raw.media_type) {
+            Ok(Resolution::Image {
+                digest: select_from_index(&raw.bytes)?,
+                manifest: None,
+            })
         } else {
-            Ok((raw.digest.clone(), Manifest::parse(&raw.bytes).ok()))
+            Ok(Resolution::Image {
+                digest: raw.digest.clone(),
+                manifest: Manifest::parse(&raw.bytes).ok(),
+            })
         }
     }
 
@@ -179,6 +213,12 @@ impl Image {
         let mut raw = repo.fetch_manifest().await?;
         let mut index_digest = None;
         if is_index(&raw.media_type) {
+            if let Some(multi) = MultiTarget::parse(&raw)? {
+                return Err(Error::MultiTarget {
+                    location: repo.image().to_string(),
+                    variants: multi.variants.len(),
+                });
+            }
             let chosen = select_from_index(&raw.bytes)?;
             index_digest = Some(raw.digest.clone());
             raw = repo.fetch_manifest_digest(&chosen).await?;

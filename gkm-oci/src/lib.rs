@@ -17,6 +17,8 @@
 //!   hardened [`ExtractPolicy`], within a byte budget and a free-space
 //!   reserve ([`disk`]).
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
+//! - [`multi`]: multi-target images, an index of single-target variants
+//!   annotated with their targets ([`assemble`], [`MultiTarget`]).
 //! - [`capture::capture`]: a warmed cache directory, checked against the
 //!   extraction rules ([`tree_check`]), built, pushed, signed and verified.
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
@@ -39,6 +41,7 @@ pub mod labels;
 pub mod layer;
 pub mod layout;
 pub mod mirrors;
+pub mod multi;
 pub mod pipeline;
 pub mod progress;
 pub mod reference;
@@ -57,9 +60,10 @@ pub use disk::{FreeSpaceReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_us
 pub use error::{Error, Result};
 pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use gkm_core::digest::{Digest, InvalidDigest};
-pub use image::{Image, Layer, Manifest};
+pub use image::{Image, Layer, Manifest, Resolution};
 pub use labels::{CacheLabels, Compression};
 pub use layout::Layout;
+pub use multi::{MultiTarget, Variant, assemble};
 pub use progress::{Progress, Report};
 pub use reference::{ImageRef, Selector};
 pub use repo::{RegistryOptions, Repo};

@@ -459,6 +459,17 @@ impl Repo {
     /// Store a manifest and point the reference's tag at it (a layout
     /// reference by digest records no tag).
     pub async fn put_manifest(&self, manifest: &RawManifest) -> Result<()> {
+        self.put_manifest_as(manifest, false).await
+    }
+
+    /// Store a manifest under its digest only, leaving the reference's tag
+    /// where it is: a variant of a multi-target image, stored before the
+    /// index that lists it.
+    pub async fn put_manifest_by_digest(&self, manifest: &RawManifest) -> Result<()> {
+        self.put_manifest_as(manifest, true).await
+    }
+
+    async fn put_manifest_as(&self, manifest: &RawManifest, by_digest: bool) -> Result<()> {
         match &self.backend {
             Backend::Layout { layout, selector } => {
                 let layout = layout.clone();
@@ -466,7 +477,7 @@ impl Repo {
                 let selector = selector.clone();
                 tokio::task::spawn_blocking(move || -> Result<()> {
                     let digest = layout.write_blob(&manifest.bytes)?;
-                    if let Selector::Tag(tag) = selector {
+                    if let (Selector::Tag(tag), false) = (selector, by_digest) {
                         let d: oci_spec::image::Digest = digest
                             .as_str()
                             .parse()
@@ -494,8 +505,19 @@ impl Repo {
                     .map_err(|e| self.registry_err(e))?;
                 let content_type = http::HeaderValue::from_str(&manifest.media_type)
                     .unwrap_or(http::HeaderValue::from_static(OCI_MANIFEST));
+                let pinned;
+                let target = if by_digest {
+                    pinned = Reference::with_digest(
+                        reference.registry().to_string(),
+                        reference.repository().to_string(),
+                        manifest.digest.to_string(),
+                    );
+                    &pinned
+                } else {
+                    reference
+                };
                 client
-                    .push_manifest_raw(reference, manifest.bytes.clone(), content_type)
+                    .push_manifest_raw(target, manifest.bytes.clone(), content_type)
                     .await
                     .map_err(|e| self.registry_err(e))?;
                 Ok(())

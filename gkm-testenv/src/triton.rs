@@ -303,25 +303,7 @@ pub fn check_delivered(delivered: &[(&FleetTarget, PathBuf)]) -> anyhow::Result<
     Ok(reports)
 }
 
-/// Copies the directory tree `from` to `to` (created): directories, files,
-/// and symbolic links as links to the same target (a claim gkm fills serves
-/// its tree through relative links, which read the same in the copy).
-pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        let kind = entry.file_type()?;
-        if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
-        } else if kind.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
-}
+pub use crate::trees::copy_tree;
 
 #[cfg(test)]
 mod tests {

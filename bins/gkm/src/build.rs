@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use gkm_oci::build::build_multi;
 use gkm_oci::{BuildOptions, Compression, ImageRef, build_with_progress};
 
 use crate::image_args::{RegistryArgs, finish, parse_ref};
@@ -32,8 +33,10 @@ impl From<CompressionArg> for Compression {
 #[derive(clap::Args)]
 #[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
-    /// The cache directory (a Triton cache or a vLLM torch_compile_cache).
-    dir: PathBuf,
+    /// The cache directory (a Triton cache or a vLLM torch_compile_cache);
+    /// several make a multi-target image, one variant each, in this order.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
     /// Where to write the image: `REGISTRY/REPO[:TAG]` or `oci:PATH[:TAG]`.
     #[arg(short = 't', long = "tag", value_name = "REF", value_parser = parse_ref)]
     tag: ImageRef,
@@ -59,8 +62,26 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         title: args.title,
     };
     let bar = Bar::start("build", args.json);
+    if let [_, _, ..] = args.dirs.as_slice() {
+        let result = build_multi(
+            &args.dirs,
+            &args.tag,
+            &options,
+            &args.registry.options()?,
+            hook(&bar),
+        )
+        .await;
+        drop(bar);
+        return match result {
+            Ok(multi) => {
+                output::Indexed::new(&args.tag, &multi).print(args.json)?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => finish(e),
+        };
+    }
     let result = build_with_progress(
-        &args.dir,
+        &args.dirs[0],
         &args.tag,
         &options,
         &args.registry.options()?,

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use gkm_core::cache::Summary;
 use gkm_core::compat::{CheckOptions, check_summary};
+use gkm_core::variant::VariantChoice;
 use gkm_gpu::DiscoveryOptions;
 use gkm_oci::{Image, ImageRef, Repo};
 
-use crate::image_args::{EXIT_INCOMPATIBLE, RegistryArgs, finish};
+use crate::image_args::{EXIT_INCOMPATIBLE, RegistryArgs, finish, multi_target};
 
 /// Arguments of `gkm check`.
 #[derive(clap::Args)]
@@ -31,19 +32,32 @@ pub struct Args {
     pub(crate) registry: RegistryArgs,
 }
 
-/// Runs `gkm check`: exit 0 when at least one GPU fits, 3 when none does.
+/// What `gkm check` checks: the targets of a cache, or the variants of a
+/// multi-target image.
+enum Checked {
+    Targets(Summary),
+    Variants(gkm_oci::MultiTarget),
+}
+
+/// Runs `gkm check`: exit 0 when at least one GPU fits (a multi-target
+/// image: when the node gets a variant), 3 when none does.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let summary = if !args.target.starts_with(gkm_oci::reference::LAYOUT_PREFIX)
+    let checked = if !args.target.starts_with(gkm_oci::reference::LAYOUT_PREFIX)
         && std::path::Path::new(&args.target).is_dir()
     {
         let dir = PathBuf::from(&args.target);
         let manifest = tokio::task::spawn_blocking(move || gkm_core::cache::scan(&dir)).await??;
-        manifest.summary()
+        Checked::Targets(manifest.summary())
     } else {
         let image: ImageRef = args.target.parse()?;
-        let repo = Repo::open(&image, &args.registry.options()?)?;
+        let registry = args.registry.options()?;
+        let repo = Repo::open(&image, &registry)?;
         match Image::fetch(&repo).await {
-            Ok(image) => image.cache()?.summary,
+            Ok(image) => Checked::Targets(image.cache()?.summary),
+            Err(gkm_oci::Error::MultiTarget { .. }) => match multi_target(&repo, &registry).await {
+                Ok(multi) => Checked::Variants(multi),
+                Err(e) => return finish(e),
+            },
             Err(e) => return finish(e),
         }
     };
@@ -54,30 +68,101 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&opts))
         .await
         .context("GPU discovery stopped")??;
-    let report = check_summary(
-        &Summary::new(summary.targets),
-        &inventory.gpus,
-        &CheckOptions {
-            triton_version: args.triton_version,
-            ..Default::default()
-        },
-    );
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{report}");
-        println!(
-            "{}",
-            if report.compatible {
-                "compatible"
+    let options = CheckOptions {
+        triton_version: args.triton_version,
+        ..Default::default()
+    };
+    let compatible = match checked {
+        Checked::Targets(summary) => {
+            let report = check_summary(&Summary::new(summary.targets), &inventory.gpus, &options);
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                "incompatible"
+                print!("{report}");
+                println!(
+                    "{}",
+                    if report.compatible {
+                        "compatible"
+                    } else {
+                        "incompatible"
+                    }
+                );
             }
-        );
-    }
-    Ok(if report.compatible {
+            report.compatible
+        }
+        Checked::Variants(multi) => {
+            let choice = multi.choose(&inventory.gpus, &options);
+            print_choice(&multi, &inventory.gpus, &choice, args.json)?;
+            choice.chosen.is_some()
+        }
+    };
+    Ok(if compatible {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_INCOMPATIBLE)
     })
+}
+
+/// Prints which variant each GPU gets and why, then the node's choice.
+fn print_choice(
+    multi: &gkm_oci::MultiTarget,
+    gpus: &[gkm_core::Gpu],
+    choice: &VariantChoice,
+    json: bool,
+) -> anyhow::Result<()> {
+    let digest = |v: Option<usize>| v.map(|v| multi.variants[v].digest.to_string());
+    if json {
+        let doc = serde_json::json!({
+            "index": multi.digest(),
+            "chosen": choice.chosen,
+            "chosenDigest": digest(choice.chosen),
+            "reason": choice.to_string(),
+            "gpus": (0..gpus.len()).map(|g| serde_json::json!({
+                "index": gpus[g].index,
+                "variant": choice.gpu_variant(g),
+                "variantDigest": digest(choice.gpu_variant(g)),
+            })).collect::<Vec<_>>(),
+            "variants": multi.variants.iter().zip(&choice.reports).map(|(v, report)| serde_json::json!({
+                "digest": v.digest,
+                "targets": v.summary().targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "report": report,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let Some(first) = choice.reports.first() else {
+        println!("incompatible: {choice}");
+        return Ok(());
+    };
+    for (g, gpu) in first.gpus.iter().enumerate() {
+        match choice.gpu_variant(g) {
+            Some(v) => {
+                let matching = &choice.reports[v].gpus[g].matching_targets;
+                let targets: Vec<String> = matching.iter().map(ToString::to_string).collect();
+                println!(
+                    "GPU {}: variant {v} {} (matches {})",
+                    gpu.description,
+                    multi.variants[v].digest,
+                    targets.join(", ")
+                );
+            }
+            None => {
+                println!("GPU {}: no variant", gpu.description);
+                for (v, report) in choice.reports.iter().enumerate() {
+                    for reason in report.gpus[g].all_reasons() {
+                        println!("  variant {v} ({}): {reason}", multi.variants[v].summary());
+                    }
+                }
+            }
+        }
+    }
+    match choice.chosen {
+        Some(v) => println!(
+            "node gets variant {v} {}: {choice}",
+            multi.variants[v].digest
+        ),
+        None => println!("incompatible: {choice}"),
+    }
+    Ok(())
 }

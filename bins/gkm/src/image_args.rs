@@ -88,3 +88,18 @@ pub fn finish(err: gkm_oci::Error) -> anyhow::Result<ExitCode> {
         other => Err(other.into()),
     }
 }
+
+/// The multi-target image `repo` names (after [`gkm_oci::Image::fetch`]
+/// said it is one), its variants' targets complete.
+pub async fn multi_target(
+    repo: &gkm_oci::Repo,
+    registry: &RegistryOptions,
+) -> Result<gkm_oci::MultiTarget, gkm_oci::Error> {
+    let raw = repo.fetch_manifest().await?;
+    let mut multi = gkm_oci::MultiTarget::parse(&raw)?.ok_or_else(|| gkm_oci::Error::Format {
+        what: repo.image().to_string(),
+        reason: "no longer a multi-target image (its tag moved)".into(),
+    })?;
+    multi.complete(repo.image(), registry).await?;
+    Ok(multi)
+}

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use gkm_oci::{Image, ImageRef, Repo};
 
-use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::image_args::{RegistryArgs, finish, multi_target, parse_ref};
 
 /// Arguments of `gkm inspect`.
 #[derive(clap::Args)]
@@ -22,9 +22,16 @@ pub struct Args {
 
 /// Runs `gkm inspect`.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let repo = Repo::open(&args.image, &args.registry.options()?)?;
+    let options = args.registry.options()?;
+    let repo = Repo::open(&args.image, &options)?;
     let image = match Image::fetch(&repo).await {
         Ok(i) => i,
+        Err(gkm_oci::Error::MultiTarget { .. }) => {
+            return match multi_target(&repo, &options).await {
+                Ok(multi) => print_variants(&args, &multi),
+                Err(e) => finish(e),
+            };
+        }
         Err(e) => return finish(e),
     };
     let cache = image.cache()?;
@@ -91,6 +98,55 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             .labels
             .iter()
             .map(|(k, v)| vec![k.clone(), v.clone()])
+            .collect::<Vec<_>>(),
+    );
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a multi-target image: its index and one row per variant.
+fn print_variants(args: &Args, multi: &gkm_oci::MultiTarget) -> anyhow::Result<ExitCode> {
+    if args.json {
+        let doc = serde_json::json!({
+            "reference": args.image.to_string(),
+            "digest": multi.digest(),
+            "mediaType": multi.raw.media_type,
+            "variants": multi.variants.iter().map(|v| serde_json::json!({
+                "digest": v.digest,
+                "mediaType": v.media_type,
+                "kind": v.cache.as_ref().map(|c| c.kind),
+                "entryCount": v.cache.as_ref().and_then(|c| c.entry_count),
+                "cacheSizeBytes": v.cache.as_ref().and_then(|c| c.cache_size_bytes),
+                "targets": v.summary().targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "summary": v.summary(),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+    println!("Reference:   {}", args.image);
+    println!("Index:       {}", multi.digest());
+    println!("Media type:  {}", multi.raw.media_type);
+    println!("Variants:    {}", multi.variants.len());
+    let mut text = String::from("\n");
+    gkm_gpu::report::table(
+        &mut text,
+        &["#", "VARIANT", "TARGETS", "ENTRIES", "CACHE SIZE"],
+        &multi
+            .variants
+            .iter()
+            .enumerate()
+            .map(|(n, v)| {
+                let cache = v.cache.as_ref();
+                vec![
+                    n.to_string(),
+                    v.digest.to_string(),
+                    v.summary().to_string(),
+                    opt(cache.and_then(|c| c.entry_count)),
+                    opt(cache.and_then(|c| c.cache_size_bytes)),
+                ]
+            })
             .collect::<Vec<_>>(),
     );
     print!("{text}");

@@ -14,6 +14,7 @@ mod extract;
 mod gpus;
 mod hints;
 mod image_args;
+mod index;
 mod inspect;
 mod output;
 mod progress;
@@ -35,8 +36,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Scan a cache directory and build an OCI image of it.
+    /// Scan a cache directory and build an OCI image of it (several
+    /// directories: a multi-target image).
     Build(build::Args),
+    /// Assemble single-target cache images into one multi-target image (an
+    /// OCI index annotated with each variant's targets).
+    Index(index::Args),
     /// Push an image from an OCI layout to a registry.
     Push(push::Args),
     /// Turn a warmed cache directory into a signed, verified image: check,
@@ -72,6 +77,7 @@ impl Command {
     fn registry(&self) -> Option<&image_args::RegistryArgs> {
         match self {
             Command::Build(a) => Some(&a.registry),
+            Command::Index(a) => Some(&a.registry),
             Command::Push(a) => Some(&a.registry),
             Command::Capture(a) => Some(&a.registry),
             Command::Pull(a) => Some(&a.registry),
@@ -92,6 +98,7 @@ async fn main() -> ExitCode {
     let with_username = cli.command.registry().is_some_and(|r| r.username.is_some());
     let result = match cli.command {
         Command::Build(args) => build::run(args).await,
+        Command::Index(args) => index::run(args).await,
         Command::Push(args) => push::run(args).await,
         Command::Capture(args) => capture::run(args).await,
         Command::Pull(args) => pull::run(args).await,

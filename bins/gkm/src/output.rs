@@ -102,3 +102,70 @@ pub struct Signed {
     /// Where the signature was written.
     pub signature: String,
 }
+
+/// `gkm build DIR... --json` (several directories) and `gkm index --json`:
+/// a multi-target image.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Indexed {
+    /// Where the index was written.
+    pub reference: String,
+    /// The index digest (what is signed).
+    pub digest: String,
+    /// The variants, in the index's order.
+    pub variants: Vec<IndexedVariant>,
+}
+
+/// One variant of [`Indexed`].
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IndexedVariant {
+    /// The variant's manifest digest.
+    pub digest: String,
+    /// Its targets, as `gkm inspect` names them.
+    pub targets: Vec<String>,
+    /// Its number of kernels, when labelled.
+    pub entry_count: Option<u64>,
+}
+
+impl Indexed {
+    /// The document for `multi`, written to `reference`.
+    pub fn new(reference: &gkm_oci::ImageRef, multi: &gkm_oci::MultiTarget) -> Indexed {
+        Indexed {
+            reference: reference.to_string(),
+            digest: multi.digest().to_string(),
+            variants: multi
+                .variants
+                .iter()
+                .map(|v| IndexedVariant {
+                    digest: v.digest.to_string(),
+                    targets: v
+                        .summary()
+                        .targets
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                    entry_count: v.cache.as_ref().and_then(|c| c.entry_count),
+                })
+                .collect(),
+        }
+    }
+
+    /// Prints it: the whole document with `json`, else one line per variant
+    /// on standard error and the index digest on standard output.
+    pub fn print(&self, json: bool) -> anyhow::Result<()> {
+        if json {
+            return print(self);
+        }
+        eprintln!(
+            "wrote {} with {} variant(s):",
+            self.reference,
+            self.variants.len()
+        );
+        for v in &self.variants {
+            eprintln!("  {} {}", v.digest, v.targets.join(", "));
+        }
+        println!("{}", self.digest);
+        Ok(())
+    }
+}

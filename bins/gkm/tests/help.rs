@@ -3,8 +3,9 @@
 
 use std::process::{Command, Output};
 
-const COMMANDS: [&str; 12] = [
+const COMMANDS: [&str; 13] = [
     "build",
+    "index",
     "push",
     "capture",
     "pull",

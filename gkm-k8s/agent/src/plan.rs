@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 
 use gkm_core::Gpu;
-use gkm_core::compat::{CheckOptions, Report, check_summary};
+use gkm_core::compat::{CheckOptions, Report};
+use gkm_core::variant::choose_variant;
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
 
-use gkm_k8s_api::crd::{CacheRelease, CacheState, IncompatibleGpu, NodeCacheStatus, PodData};
+use gkm_k8s_api::crd::{
+    CacheRelease, CacheState, ImageVariant, IncompatibleGpu, NodeCacheStatus, PodData,
+};
 use gkm_k8s_node::delivery::{Delivery, Verdict, incompatibility_reason};
 use gkm_k8s_node::mount_records::PodRef;
 
@@ -27,7 +30,8 @@ pub struct CacheInput<'a> {
     /// What the agent reads of the cache: its release, where the operator
     /// publishes the digest, its verdict and the image's variants.
     pub release: &'a CacheRelease,
-    /// Whether the resolved digest is in the store, or why extracting failed.
+    /// Whether the digest this node holds ([`held_digest`]) is in the
+    /// store, or why extracting it failed.
     pub stored: Result<bool, &'a str>,
     /// Bytes of the stored tree, when known.
     pub size: Option<i64>,
@@ -113,7 +117,8 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     // Pods keep their digests' entries, whatever else happens: outdated when
     // the digest is no longer the resolved one, deleting when the cache goes.
     for (digest, pods) in cache.pods {
-        if pods.is_empty() || Some(digest) == resolved.as_ref() && !release.deleting {
+        let current = Some(digest) == resolved.as_ref() || release.variant(digest).is_some();
+        if pods.is_empty() || current && !release.deleting {
             continue;
         }
         let state = if release.deleting {
@@ -150,76 +155,162 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         let reason = format!("signature of {digest} not verified: {why}");
         return plan.refused(digest, entry, Verdict::NotVerified, reason.clone(), reason);
     }
-    let summary = match (release.variant(&digest), &release.variants_error) {
-        (Some(variant), _) => match variant.summary() {
-            Ok(summary) => summary,
-            Err(e) => {
-                let reason = format!("a target the operator published for {digest}: {e}");
-                return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
-            }
-        },
-        (None, Some(why)) => {
-            let reason = format!("reading image {digest}: {why}");
-            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
-        }
-        (None, None) if release.variants.is_none() => {
+    let held = match pick_variant(release, &digest, node) {
+        Pick::Pending => {
             plan.delivery = DeliveryChange::Unchanged;
             entry.state = Some(CacheState::Pending);
             plan.entries.insert(digest.to_string(), entry);
             return plan;
         }
-        (None, None) => {
-            let reason = format!("the operator published no variant of {digest}");
+        Pick::Unreadable(reason) => {
             return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
         }
+        Pick::Incompatible(reports, reason) => {
+            record_compatibility(&mut entry, &reports);
+            let message = format!("not compatible with any GPU of this node: {reason}");
+            return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
+        }
+        Pick::Held(held, report) => {
+            record_compatibility(&mut entry, &[report]);
+            if held != digest {
+                entry.variant = Some(held.to_string());
+            }
+            held
+        }
     };
-    let report = check_summary(&summary, node.gpus, node.check);
-    record_compatibility(&mut entry, &report);
-    if !report.compatible {
-        let reason = incompatibility_reason(&report);
-        let message = format!("not compatible with any GPU of this node: {reason}");
-        return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
-    }
     match cache.stored {
         Err(why) => {
-            let reason = format!("extracting {digest}: {why}");
+            let reason = format!("extracting {held}: {why}");
             return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
         }
         Ok(false) => {
             entry.state = Some(CacheState::Downloading);
-            plan.extract = Some(digest.clone());
+            plan.extract = Some(held.clone());
             plan.delivery = DeliveryChange::Publish(Delivery::refused(
-                digest.clone(),
+                held.clone(),
                 Verdict::NotExtracted,
-                format!("{digest} is being pulled and extracted"),
+                format!("{held} is being pulled and extracted"),
             ));
         }
         Ok(true) => {
-            let pods = cache.pods.get(&digest).filter(|p| !p.is_empty());
+            let pods = cache.pods.get(&held).filter(|p| !p.is_empty());
             entry.state = Some(if pods.is_some() {
                 CacheState::Running
             } else {
                 CacheState::Extracted
             });
-            entry.pods = pods.map(|p| pod_data(p, &digest));
+            entry.pods = pods.map(|p| pod_data(p, &held));
             entry.volume_size = cache.size;
-            plan.delivery = DeliveryChange::Publish(Delivery::deliverable(digest.clone()));
+            plan.delivery = DeliveryChange::Publish(Delivery::deliverable(held.clone()));
         }
     }
     plan.entries.insert(digest.to_string(), entry);
     plan
 }
 
-fn record_compatibility(entry: &mut NodeCacheStatus, report: &Report) {
-    entry.compatible_gpus = Some(report.compatible_gpus().map(|g| g.index as i32).collect());
-    entry.incompatible_gpus = Some(report.incompatible_gpus().map(|g| g.index as i32).collect());
-    let reasons: Vec<IncompatibleGpu> = report
-        .incompatible_gpus()
-        .map(|g| IncompatibleGpu {
-            id: g.index as i32,
-            reasons: g.all_reasons().map(ToString::to_string).collect(),
-        })
-        .collect();
+/// What the node makes of the image's variants.
+enum Pick {
+    /// The operator has not published them yet.
+    Pending,
+    /// They cannot be used: why.
+    Unreadable(String),
+    /// None fits the node's GPUs: each variant's report, and why.
+    Incompatible(Vec<Report>, String),
+    /// The node holds this variant (the resolved digest itself for a
+    /// single-target image), which fits as the report says.
+    Held(Digest, Report),
+}
+
+/// Which variant of the resolved `digest` this node holds, decided from the
+/// variants the operator published ([`gkm_core::variant::choose_variant`]
+/// for a multi-target image, whose variants are not `digest` itself).
+fn pick_variant(release: &CacheRelease, digest: &Digest, node: &NodeView<'_>) -> Pick {
+    let variants = match (&release.variants, &release.variants_error) {
+        (_, Some(why)) if release.variant(digest).is_none() => {
+            return Pick::Unreadable(format!("reading image {digest}: {why}"));
+        }
+        (None, _) => return Pick::Pending,
+        (Some(variants), _) => variants,
+    };
+    // A single-target image is its own one variant.
+    let candidates: Vec<&ImageVariant> = match release.variant(digest) {
+        Some(own) => vec![own],
+        None => variants.iter().collect(),
+    };
+    if candidates.is_empty() {
+        return Pick::Unreadable(format!("the operator published no variant of {digest}"));
+    }
+    let mut summaries = Vec::new();
+    for variant in &candidates {
+        match variant.summary() {
+            Ok(summary) => summaries.push(summary),
+            Err(e) => {
+                return Pick::Unreadable(format!(
+                    "a target the operator published for {}: {e}",
+                    variant.digest
+                ));
+            }
+        }
+    }
+    let mut choice = choose_variant(&summaries, node.gpus, node.check);
+    let Some(chosen) = choice.chosen else {
+        let reason = match choice.reports.as_slice() {
+            [only] => incompatibility_reason(only),
+            _ => choice.to_string(),
+        };
+        return Pick::Incompatible(choice.reports, reason);
+    };
+    match candidates[chosen].digest.parse::<Digest>() {
+        Ok(held) => Pick::Held(held, choice.reports.swap_remove(chosen)),
+        Err(e) => Pick::Unreadable(format!(
+            "a variant digest the operator published for {digest}: {e}"
+        )),
+    }
+}
+
+/// The digest this node holds for `release`: the variant its GPUs get of a
+/// multi-target image, the resolved digest of a single-target one; `None`
+/// while nothing is to be held (unresolved, not deliverable, variants
+/// unknown or none fitting).
+pub fn held_digest(release: &CacheRelease, node: &NodeView<'_>) -> Option<Digest> {
+    let digest = release.resolved()?;
+    if !release.deliverable || release.deleting {
+        return None;
+    }
+    match pick_variant(release, &digest, node) {
+        Pick::Held(held, _) => Some(held),
+        _ => None,
+    }
+}
+
+/// Records which GPUs fit and why the others do not: a GPU fits when one
+/// of `reports` (one per variant considered) says so, and one that does
+/// not lists every variant's reasons.
+fn record_compatibility(entry: &mut NodeCacheStatus, reports: &[Report]) {
+    let Some(first) = reports.first() else {
+        return;
+    };
+    let mut compatible = Vec::new();
+    let mut incompatible = Vec::new();
+    let mut reasons = Vec::new();
+    for (g, gpu) in first.gpus.iter().enumerate() {
+        let of = |r: &'_ Report| r.gpus.get(g).cloned();
+        let per_gpu: Vec<_> = reports.iter().filter_map(of).collect();
+        if per_gpu.iter().any(|r| r.compatible) {
+            compatible.push(gpu.index as i32);
+            continue;
+        }
+        incompatible.push(gpu.index as i32);
+        reasons.push(IncompatibleGpu {
+            id: gpu.index as i32,
+            reasons: per_gpu
+                .iter()
+                .flat_map(|r| r.all_reasons().map(ToString::to_string).collect::<Vec<_>>())
+                .collect(),
+        });
+    }
+    entry.compatible_gpus = Some(compatible);
+    entry.incompatible_gpus = Some(incompatible);
     entry.incompatible_reasons = (!reasons.is_empty()).then_some(reasons);
 }
 
@@ -427,12 +518,9 @@ mod tests {
         assert!(message(&plan).contains("manifest unknown"));
         assert_eq!(plan.extract, None);
 
-        // Variants, none of them the resolved digest's.
+        // An empty list of variants.
         case.release.variants_error = None;
-        case.release.variants = Some(vec![ImageVariant {
-            digest: OLD.into(),
-            targets: Vec::new(),
-        }]);
+        case.release.variants = Some(Vec::new());
         assert!(message(&case.plan()).contains("no variant"));
 
         // A target this agent cannot read.
@@ -490,5 +578,53 @@ mod tests {
             &plan.delivery,
             DeliveryChange::Publish(d) if d.workload_namespaces == Some(vec!["team-a".to_string()])
         ));
+    }
+
+    #[test]
+    fn a_node_holds_the_variant_of_a_multi_target_image_its_gpus_get() {
+        // The resolved digest is the index; its variants are sm80 and sm75.
+        let v80 = "sha256:8080808080808080808080808080808080808080808080808080808080808080";
+        let v75 = "sha256:7575757575757575757575757575757575757575757575757575757575757575";
+        let variant = |digest: &str, arch: &str| {
+            let label =
+                format!(r#"{{"targets":[{{"backend":"cuda","arch":"{arch}","warp_size":32}}]}}"#);
+            ImageVariant::new(
+                &digest.parse().unwrap(),
+                &Summary::from_label(&label).unwrap(),
+            )
+        };
+        let mut case = Case::new();
+        case.release.variants = Some(vec![variant(v80, "80"), variant(v75, "75")]);
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.extract.as_ref().map(Digest::as_str), Some(v75));
+        let entry = &plan.entries[DIGEST];
+        assert_eq!(entry.variant.as_deref(), Some(v75));
+        assert_eq!(entry.state, Some(CacheState::Downloading));
+
+        // Stored, with a pod on it: running, and delivered from the variant.
+        case.stored = Ok(true);
+        case.pods.insert(v75.parse().unwrap(), vec![pod("reader")]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Running));
+        assert!(
+            !plan.entries.contains_key(v75),
+            "a current variant is not outdated"
+        );
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.is_deliverable() && d.digest.as_str() == v75)
+        );
+
+        // A GPU no variant fits: incompatible, saying why for each variant.
+        case.gpus[0].arch = Some("gfx90a".parse().unwrap());
+        case.gpus[0].backend = Some(Backend::Hip);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Incompatible));
+        let message = message(&plan);
+        assert!(
+            message.contains("no variant fits any GPU") && message.contains("variant 1"),
+            "{message}"
+        );
+        assert_eq!(plan.extract, None);
     }
 }

@@ -18,7 +18,7 @@ use tracing::info;
 use super::AgentConfig;
 use super::extractions::{Extractions, tree_size};
 use super::gc::Unreferenced;
-use super::plan::{CacheInput, DeliveryChange, NodeView, plan_cache};
+use super::plan::{CacheInput, DeliveryChange, NodeView, held_digest, plan_cache};
 use super::reports::{NodeReports, gpu_statuses};
 use super::slots::Scope;
 use crate::error::{Error, Result, blocking};
@@ -171,9 +171,11 @@ impl Agent {
                     .map(|c| Box::new(c) as Box<dyn Cache>),
             )
             .collect();
+        let check = CheckOptions::default();
         for cache in &caches {
             let key = cache.key();
-            if let Some(digest) = cache.release().resolved()
+            let held = self.held(cache.release(), &node_labels, &check);
+            if let Some(digest) = held.clone()
                 && stored.contains(&digest)
             {
                 uses.entry(key.namespace().map(str::to_string))
@@ -184,7 +186,8 @@ impl Agent {
             let entries = self
                 .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
                 .await?;
-            for digest in entries.keys().filter_map(|d| d.parse::<Digest>().ok()) {
+            let listed = entries.keys().filter_map(|d| d.parse::<Digest>().ok());
+            for digest in listed.chain(held) {
                 if stored.contains(&digest) {
                     referenced.insert(digest);
                 }
@@ -220,7 +223,12 @@ impl Agent {
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
             .iter()
-            .filter_map(|c| c.release().resolved())
+            .flat_map(|c| {
+                let release = c.release();
+                let variants = release.variants.iter().flatten();
+                let variants = variants.filter_map(|v| v.digest.parse::<Digest>().ok());
+                release.resolved().into_iter().chain(variants)
+            })
             .collect();
         self.facts.retain(|digest, _| {
             resolved.contains(digest)
@@ -291,12 +299,16 @@ impl Agent {
         let check = CheckOptions::default();
         let release = cache.release();
         let scope: Scope = key.namespace().map(str::to_string);
-        let resolved: Option<Digest> = release.resolved();
-        let known = resolved.as_ref().and_then(|d| self.facts.get(d));
-        let extract_failed = resolved
+        // The digest this node holds: the variant its GPUs get of a
+        // multi-target image.
+        let held: Option<Digest> = self
+            .held(release, node_labels, &check)
+            .or_else(|| release.resolved());
+        let known = held.as_ref().and_then(|d| self.facts.get(d));
+        let extract_failed = held
             .as_ref()
             .and_then(|d| self.extractions.waiting(&scope, d));
-        let stored = match &resolved {
+        let stored = match &held {
             Some(d) if in_store.contains(d) => Ok(true),
             Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
             None => Ok(false),
@@ -325,6 +337,21 @@ impl Agent {
             self.start_extraction(&scope, &release.image, digest);
         }
         Ok(plan.entries)
+    }
+
+    /// The digest this node holds for `release` ([`held_digest`]).
+    fn held(
+        &self,
+        release: &CacheRelease,
+        labels: &BTreeMap<String, String>,
+        check: &CheckOptions,
+    ) -> Option<Digest> {
+        let node = NodeView {
+            labels,
+            gpus: &self.gpus,
+            check,
+        };
+        held_digest(release, &node)
     }
 
     fn size_of(&self, digest: &Digest) -> Option<i64> {

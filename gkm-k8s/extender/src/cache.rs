@@ -132,6 +132,21 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_target_image_is_ready_where_the_nodes_variant_is_extracted() {
+        // The agent reports a multi-target image under the index digest
+        // (the one the cache resolves to), with the variant it holds and
+        // the GPUs that variant fits.
+        let held = NodeCacheStatus {
+            variant: Some("sha256:variant".into()),
+            ..entry(CacheState::Extracted, &[0], &[])
+        };
+        let s = summarize(&report(&[("sha256:index", held)]));
+        let c = &s["vector-add"];
+        assert_eq!(c.fits, Some(true));
+        assert_eq!(c.extracted, vec!["sha256:index".to_string()]);
+    }
+
+    #[test]
     fn no_fitting_gpu_carries_the_reasons() {
         let s = summarize(&report(&[(
             "sha256:a",

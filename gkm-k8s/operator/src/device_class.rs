@@ -82,7 +82,7 @@ fn check_options() -> CheckOptions {
 
 /// What a GPU must be for some variant of `release` to fit it, or why no
 /// GPU is selected.
-pub fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>, String> {
+fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>, String> {
     let digest = release.digest.as_deref().unwrap_or_default();
     if release.deleting {
         return Err("the cache is being deleted".to_string());

@@ -15,7 +15,8 @@
 //!
 //! The answer is a refusal naming the volume and the cache when the cache
 //! is missing, not the namespace's to use, not resolved, not verified (the
-//! operator's verdict on the resolved digest), or fits no node. Otherwise
+//! operator's verdict on the resolved digest), a multi-target image (the
+//! runtime would pick its variant by platform, not by GPU), or fits no node. Otherwise
 //! the reference becomes `<repository>@<digest>` (a pod never mounts a tag)
 //! and every required node-affinity term gains `metadata.name In <the nodes
 //! whose agents report the digest fitting their GPUs>` (a term is added when
@@ -100,6 +101,14 @@ fn verified_digest(facts: &CacheFacts) -> Result<String, String> {
             .unwrap_or_else(|| "no verdict yet".to_string());
         return Err(format!(
             "its digest {digest} is not verified ({why}); only a digest the operator verified is mounted"
+        ));
+    }
+    if status.is_some_and(|s| s.variants.is_some()) {
+        // The runtime picks an index's manifest by platform, and every
+        // variant is linux/amd64: it would not take the node's variant.
+        return Err(format!(
+            "its digest {digest} is a multi-target image, whose variant a container runtime \
+             cannot pick by GPU; mount it with a csi.gkm.io volume, which serves each node its variant"
         ));
     }
     Ok(digest)
@@ -352,6 +361,18 @@ mod tests {
                     ..facts(true, &["n1"])
                 }),
                 "is not verified",
+            ),
+            (
+                "multi-target",
+                pod(None, None),
+                Some(CacheFacts {
+                    status: Some(CacheStatus {
+                        variants: Some(Vec::new()),
+                        ..facts(true, &[]).status.unwrap_or_default()
+                    }),
+                    ..facts(true, &["n1"])
+                }),
+                "is a multi-target image",
             ),
             (
                 "no fit",

@@ -19,8 +19,8 @@
 //! ```
 //! use gkm_k8s_api::crd::CacheState;
 //! use gkm_k8s_operator::rollup::{Entry, rollup};
-//! let extracted = Entry { state: Some(CacheState::Extracted), pods: 0 };
-//! let mounted = Entry { state: Some(CacheState::Running), pods: 2 };
+//! let extracted = Entry { state: Some(CacheState::Extracted), pods: 0, variant: None };
+//! let mounted = Entry { state: Some(CacheState::Running), pods: 2, variant: None };
 //! let nodes = [
 //!     vec![("sha256:aa".to_string(), extracted)],
 //!     vec![("sha256:aa".to_string(), mounted)],

@@ -23,7 +23,7 @@ use super::metrics::RegistryOperation;
 use super::release::{release_of, remove_release, write_release};
 use super::report_index::ReportIndex;
 use super::rollup::NodeEntries;
-use super::rollup::rollup;
+use super::rollup::{rollup, variant_nodes, variant_status};
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
@@ -93,15 +93,21 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
         Ok(digest) => Ok(observe(cache, ctx, &old, reports, digest).await?),
     };
     // Decide, then write once.
-    let status = desired(&Observed {
+    let observed = Observed {
         generation: cache.meta().generation,
         old: &old,
         interval_note,
         resolution,
-    });
+    };
+    let mut status = desired(&observed);
+    // The image's variants (read once per digest, usually with the
+    // resolution itself), and of a multi-target image the nodes holding each.
+    let variants = variants_of(spec, &status, ctx).await;
+    if let (Ok(resolved), Some(Ok(published))) = (&observed.resolution, &variants) {
+        status.variants = variant_status(&resolved.digest, published, &resolved.variant_nodes);
+    }
     write_status(cache, ctx, &old, status.clone()).await?;
     // What the nodes act on, once the status says it.
-    let variants = variants_of(spec, &status, ctx).await;
     let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
     let for_class = ctx.config.device_classes.then(|| release.clone());
@@ -193,6 +199,7 @@ async fn observe<K: CacheObject>(
     }
     let entries = live_reports_for(cache, ctx, reports).await?;
     let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
+    let variant_nodes = variant_nodes(&digest, entries.iter().map(|(_, e)| e));
     let pvc_mode = PvcMode::of(spec).is_some();
     let claims = if pvc_mode || old.pvc_status.is_some() {
         let outcome = reconcile_claims(
@@ -213,6 +220,7 @@ async fn observe<K: CacheObject>(
         digest,
         verification,
         nodes,
+        variant_nodes,
         claims,
         hold,
     })
@@ -413,12 +421,10 @@ async fn resolve(image: &str, interval: Duration, ctx: &Context) -> Result<Strin
     let resolved = Image::resolve_manifest(&repo).await;
     ctx.metrics
         .registry_request(RegistryOperation::Resolve, resolved.is_ok(), now.elapsed());
-    let (digest, manifest) = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
-    if let Some(manifest) = &manifest {
-        // The image's targets, from the manifest just read.
-        ctx.variants.seed(image, &digest, manifest);
-    }
-    let digest = digest.to_string();
+    let resolution = resolved.map_err(|e| format!("resolving {image}: {e}"))?;
+    // The image's targets, from the manifest (or index) just read.
+    ctx.variants.seed(image, &resolution);
+    let digest = resolution.digest().to_string();
     ctx.resolutions
         .record(image, &digest, now, MAX_RESOLVE_INTERVAL);
     Ok(digest)

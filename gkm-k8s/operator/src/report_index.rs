@@ -295,6 +295,7 @@ mod tests {
         let expected = Entry {
             state: Some(CacheState::Running),
             pods: 1,
+            variant: None,
         };
         assert_eq!(
             kept,

@@ -1,17 +1,23 @@
 //! Rolling node reports up into a cache's counts and state. Pure: tests feed
 //! it reports, the reconcile feeds it the watched node reports.
 
-use gkm_k8s_api::crd::{CacheCounts, CacheState, NodeCacheStatus};
+use std::collections::BTreeMap;
 
-/// What the rollup reads of a node's entry for one digest: its state and
-/// how many pods use it. Eight bytes, where the entry itself is hundreds:
-/// the operator keeps one per cache, node and digest.
+use gkm_k8s_api::crd::{CacheCounts, CacheState, ImageVariant, NodeCacheStatus, VariantNodes};
+
+/// What the rollup reads of a node's entry for one digest: its state, how
+/// many pods use it and, of a multi-target image, which variant the node
+/// holds. 24 bytes, where the entry itself is hundreds: the operator keeps
+/// one per cache, node and digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Entry {
     /// Where the digest stands on the node.
     pub state: Option<CacheState>,
     /// The pods using it there.
     pub pods: u32,
+    /// The variant held ([`variant_key`] of its digest), of a multi-target
+    /// image.
+    pub variant: Option<u64>,
 }
 
 impl From<&NodeCacheStatus> for Entry {
@@ -22,8 +28,37 @@ impl From<&NodeCacheStatus> for Entry {
                 .pods
                 .as_ref()
                 .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
+            variant: entry.variant.as_deref().and_then(variant_key),
         }
     }
+}
+
+/// A variant digest as the rollup keeps it: the first 64 bits of its hash,
+/// enough to tell apart the variants of one index; `None` for what is not
+/// a `sha256:` digest.
+pub fn variant_key(digest: &str) -> Option<u64> {
+    let hex = digest.strip_prefix("sha256:")?;
+    u64::from_str_radix(hex.get(..16)?, 16).ok()
+}
+
+/// Per variant ([`variant_key`]), how many nodes hold it extracted (in use
+/// or not) for `resolved`, the multi-target image's index digest.
+pub fn variant_nodes<'a>(
+    resolved: &str,
+    nodes: impl IntoIterator<Item = &'a NodeEntries>,
+) -> BTreeMap<u64, i32> {
+    let mut held = BTreeMap::new();
+    for entries in nodes {
+        for (digest, entry) in entries {
+            if digest == resolved
+                && entry.state.is_some_and(CacheState::is_on_node)
+                && let Some(variant) = entry.variant
+            {
+                *held.entry(variant).or_default() += 1;
+            }
+        }
+    }
+    held
 }
 
 /// One node's entries for one cache, by image digest.
@@ -106,6 +141,35 @@ pub fn rollup<'a>(
     (counts, state)
 }
 
+/// The status's `variants` of a multi-target image resolved to `resolved`
+/// with these `variants` (as published in its release) and `held` nodes per
+/// variant ([`variant_nodes`]); `None` for a single-target image (its one
+/// variant is `resolved` itself).
+pub fn variant_status(
+    resolved: &str,
+    variants: &[ImageVariant],
+    held: &BTreeMap<u64, i32>,
+) -> Option<Vec<VariantNodes>> {
+    if variants.is_empty() || variants.iter().any(|v| v.digest == resolved) {
+        return None;
+    }
+    Some(
+        variants
+            .iter()
+            .map(|v| VariantNodes {
+                digest: v.digest.clone(),
+                targets: v
+                    .summary()
+                    .map(|s| s.targets.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default(),
+                nodes: variant_key(&v.digest)
+                    .and_then(|k| held.get(&k).copied())
+                    .unwrap_or(0),
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +179,7 @@ mod tests {
         Entry {
             state: Some(state),
             pods,
+            variant: None,
         }
     }
 
@@ -196,5 +261,41 @@ mod tests {
             rollup(Some("sha256:a"), false, [&n, &d]).1,
             CacheState::Downloading
         );
+    }
+
+    #[test]
+    fn each_variant_counts_the_nodes_holding_it_for_the_resolved_index() {
+        let v75 = "sha256:7575757575757575757575757575757575757575757575757575757575757575";
+        let v90 = "sha256:9090909090909090909090909090909090909090909090909090909090909090";
+        let holding = |state, variant: &str| Entry {
+            variant: variant_key(variant),
+            ..entry(state, 0)
+        };
+        let nodes = [
+            node(&[("sha256:index", holding(CacheState::Running, v75))]),
+            node(&[("sha256:index", holding(CacheState::Extracted, v90))]),
+            node(&[("sha256:index", holding(CacheState::Extracted, v90))]),
+            // Still pulling, or on an older index: not counted.
+            node(&[("sha256:index", holding(CacheState::Downloading, v90))]),
+            node(&[("sha256:old", holding(CacheState::Extracted, v75))]),
+        ];
+        let held = variant_nodes("sha256:index", &nodes);
+        assert_eq!(
+            held,
+            BTreeMap::from([
+                (variant_key(v75).unwrap(), 1),
+                (variant_key(v90).unwrap(), 2)
+            ])
+        );
+        assert_eq!(variant_key("not-a-digest"), None);
+
+        let published = [v75, v90].map(|digest| ImageVariant {
+            digest: digest.into(),
+            targets: Vec::new(),
+        });
+        let status = variant_status("sha256:index", &published, &held).unwrap();
+        assert_eq!(status.iter().map(|v| v.nodes).collect::<Vec<_>>(), [1, 2]);
+        // A single-target image is its own variant: no per-variant counts.
+        assert_eq!(variant_status(v75, &published[..1], &held), None);
     }
 }

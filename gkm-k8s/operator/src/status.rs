@@ -29,6 +29,9 @@ pub(super) struct Resolved {
     pub verification: VerificationStatus,
     /// The node reports rolled up for it ([`super::rollup::rollup`]).
     pub nodes: (CacheCounts, CacheState),
+    /// Of a multi-target image, the nodes holding each variant
+    /// ([`super::rollup::variant_nodes`]).
+    pub variant_nodes: std::collections::BTreeMap<u64, i32>,
     /// The claims, when the cache is (or was) in PVC mode.
     pub claims: Option<Claims>,
     /// When the tag's digest is not followed ([`crate::tag_follow`]): the
@@ -238,6 +241,7 @@ mod tests {
             digest: DIGEST.into(),
             verification,
             nodes,
+            variant_nodes: Default::default(),
             claims: None,
             hold: None,
         }

@@ -4,8 +4,10 @@
 //! to decide whether a cache fits its GPUs.
 //!
 //! The manifest read to resolve a tag seeds them (gkm's images carry the
-//! cache labels in its annotations), so most images need no read of their
-//! own. A digest's content never changes, so a read that succeeded is kept while
+//! cache labels in its annotations; a multi-target image's index carries
+//! each variant's targets in its descriptors), so most images need no read
+//! of their own. A multi-target image has one variant per index entry, in
+//! the index's order (the order a tie between variants is broken in). A digest's content never changes, so a read that succeeded is kept while
 //! caches use it, and caches of the same image reconciled together wait for
 //! one read. A failure is kept for [`RETRY_AFTER`], so that the reconciles
 //! node reports trigger do not each ask a failing registry again.
@@ -14,7 +16,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gkm_oci::{CacheLabels, Digest, Image, ImageRef, Manifest, RegistryOptions, Repo};
+use gkm_oci::{
+    CacheLabels, Digest, Image, ImageRef, MultiTarget, RegistryOptions, Repo, Resolution,
+};
 
 use gkm_k8s_api::crd::ImageVariant;
 
@@ -104,10 +108,24 @@ impl Variants {
         }
         let outcome = async {
             let repo = Repo::open(&pinned, registry).map_err(|e| e.to_string())?;
-            let image = Image::fetch_annotated(&repo)
-                .await
-                .map_err(|e| e.to_string())?;
-            variants(&image.digest, image.cache())
+            match Image::fetch_annotated(&repo).await {
+                Ok(image) => variants(&image.digest, image.cache()),
+                Err(gkm_oci::Error::MultiTarget { .. }) => {
+                    let raw = repo.fetch_manifest().await.map_err(|e| e.to_string())?;
+                    let Some(mut multi) = MultiTarget::parse(&raw).map_err(|e| e.to_string())?
+                    else {
+                        return Err(format!("{pinned} is not a multi-target image"));
+                    };
+                    // Descriptors without the targets: read from their
+                    // variants' manifests.
+                    multi
+                        .complete(&pinned, registry)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(index_variants(&multi))
+                }
+                Err(e) => Err(e.to_string()),
+            }
         }
         .await
         .map_err(|e: String| format!("reading the targets of {pinned}: {e}"));
@@ -116,17 +134,41 @@ impl Variants {
         outcome
     }
 
-    /// Keeps the variants of `digest` of `image` when `manifest` (read to
-    /// resolve its tag) carries the cache labels: no read is needed then.
-    pub fn seed(&self, image: &str, digest: &Digest, manifest: &Manifest) {
+    /// Keeps the variants of the digest `image` resolved to when what the
+    /// resolution read says them: a manifest carrying the cache labels, or
+    /// a multi-target index whose descriptors all carry them (the index
+    /// alone, one request). No read is needed then.
+    pub fn seed(&self, image: &str, resolution: &Resolution) {
         let Ok(reference) = image.parse::<ImageRef>() else {
             return;
         };
-        if let Ok(found) = variants(digest, CacheLabels::read(&manifest.annotations)) {
-            let key = reference.with_digest(digest).to_string();
+        let found = match resolution {
+            Resolution::Image {
+                digest,
+                manifest: Some(manifest),
+            } => variants(digest, CacheLabels::read(&manifest.annotations)).ok(),
+            Resolution::Image { manifest: None, .. } => None,
+            Resolution::MultiTarget(multi) => multi
+                .variants
+                .iter()
+                .all(|v| v.cache.is_some())
+                .then(|| index_variants(multi)),
+        };
+        if let Some(found) = found {
+            let key = reference.with_digest(resolution.digest()).to_string();
             self.record(&key, Ok(found), Instant::now());
         }
     }
+}
+
+/// The variants of a multi-target image, in its order, each with its
+/// targets.
+fn index_variants(multi: &MultiTarget) -> Vec<ImageVariant> {
+    multi
+        .variants
+        .iter()
+        .map(|v| ImageVariant::new(&v.digest, &v.summary()))
+        .collect()
 }
 
 /// The variants of the image manifest `digest` with these cache labels: one,

@@ -169,12 +169,28 @@ pub struct CacheStatus {
     /// Node and pod counts across the cluster.
     #[serde(default)]
     pub counts: CacheCounts,
+    /// Of a multi-target image: each variant, in the index's order, with
+    /// how many nodes hold it (extracted there, in use or not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variants: Option<Vec<VariantNodes>>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// When this status last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_updated: Option<Time>,
+}
+
+/// One variant of a multi-target image and the nodes holding it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VariantNodes {
+    /// The variant's manifest digest.
+    pub digest: String,
+    /// Its targets (`cuda/90/32`).
+    pub targets: Vec<String>,
+    /// How many nodes hold it, extracted (in use or not).
+    pub nodes: i32,
 }
 
 impl CacheStatus {

@@ -35,7 +35,7 @@ use kube::CustomResourceExt;
 
 pub use cache::{
     AccessMode, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheSpec, GKMCache,
-    GKMCacheSpec, NamespaceName, VerificationStatus,
+    GKMCacheSpec, NamespaceName, VariantNodes, VerificationStatus,
 };
 pub use capture::{
     BYTE_SIZE, CaptureFramework, CapturePhase, CaptureSignatureFormat, CaptureSigning,

@@ -200,6 +200,11 @@ pub struct NodeCacheStatus {
     /// A human-readable account of the state (errors, refusals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The variant of a multi-target image this node holds: its manifest
+    /// digest, the one its GPUs get (absent for a single-target image,
+    /// which is its own variant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// Extracted size in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_size: Option<i64>,

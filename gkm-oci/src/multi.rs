@@ -1,0 +1,375 @@
+//! Multi-target images: one cache for a mixed GPU fleet.
+//!
+//! A multi-target image is an OCI image index whose manifest descriptors
+//! each name a **single-target cache image** (the variant, which MCV and
+//! GKM read as before) and carry that image's cache labels
+//! (`cache.triton.image/summary`, `entry-count`, `cache-size-bytes`,
+//! `org.opencontainers.image.title`; `cache.vllm.image/*` for vLLM) as
+//! descriptor annotations. A reader picks the variant for its GPUs from the
+//! index alone ([`gkm_core::variant::choose_variant`]) and then fetches only
+//! that variant, by its digest.
+//!
+//! An index none of whose descriptors carries these annotations is a
+//! platform index (`docker buildx`), read as before: its linux/amd64
+//! manifest. A descriptor without them in an index where others have them
+//! is read from its manifest ([`MultiTarget::complete`]).
+//!
+//! Signing and verification cover the whole: the signature is made over
+//! the index digest, the index names each variant by digest, and variants
+//! are only ever fetched by those digests (the bytes checked against them),
+//! so moving one variant (re-pushing a variant's own tag, or an index with
+//! another variant under the same tag) gives either content that is never
+//! read or an index digest nobody signed.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gkm_core::cache::Summary;
+use gkm_core::compat::CheckOptions;
+use gkm_core::gpu::Gpu;
+use gkm_core::variant::{VariantChoice, choose_variant};
+use oci_spec::image::{
+    Arch, Descriptor, ImageIndex, ImageIndexBuilder, MediaType, Os, PlatformBuilder,
+};
+use serde::Serialize;
+
+use crate::copy::copy_image;
+use crate::error::{Error, Result};
+use crate::image::{Image, is_index};
+use crate::json;
+use crate::labels::{CacheLabels, OCI_INDEX, TITLE};
+use crate::progress::Progress;
+use crate::reference::ImageRef;
+use crate::repo::{RawManifest, RegistryOptions, Repo};
+use gkm_core::digest::Digest;
+use gkm_core::image_layout::KindLayout;
+
+/// One variant of a multi-target image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Variant {
+    /// Its manifest digest: what it is fetched by.
+    pub digest: Digest,
+    /// Its manifest media type.
+    pub media_type: String,
+    /// Its manifest size in bytes.
+    pub size: u64,
+    /// Its cache labels, from the descriptor's annotations (or, after
+    /// [`MultiTarget::complete`], from its manifest); `None` when the
+    /// descriptor carries none.
+    pub cache: Option<CacheLabels>,
+}
+
+impl Variant {
+    /// Its targets; empty when unknown.
+    pub fn summary(&self) -> Summary {
+        self.cache
+            .as_ref()
+            .map(|c| c.summary.clone())
+            .unwrap_or_else(|| Summary::new(Vec::new()))
+    }
+}
+
+/// A multi-target image: the index as stored and its variants, in its
+/// order.
+#[derive(Debug, Clone)]
+pub struct MultiTarget {
+    /// The index as stored (its digest is what is signed).
+    pub raw: RawManifest,
+    /// The variants, in the index's order.
+    pub variants: Vec<Variant>,
+}
+
+impl MultiTarget {
+    /// Reads `raw` as a multi-target image: `Ok(None)` when it is not an
+    /// index, or an index none of whose descriptors carries cache labels
+    /// (a platform index). Never panics.
+    pub fn parse(raw: &RawManifest) -> Result<Option<MultiTarget>> {
+        if !is_index(&raw.media_type) {
+            return Ok(None);
+        }
+        let index: ImageIndex =
+            serde_json::from_slice(&raw.bytes).map_err(|e| Error::format("image index", e))?;
+        let mut variants = Vec::new();
+        for d in index.manifests() {
+            let annotations: BTreeMap<String, String> = d
+                .annotations()
+                .as_ref()
+                .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default();
+            let cache = match KindLayout::from_labels(&annotations) {
+                Some(_) => Some(CacheLabels::read(&annotations).map_err(|e| {
+                    Error::format(format!("index {} descriptor {}", raw.digest, d.digest()), e)
+                })?),
+                None => None,
+            };
+            variants.push(Variant {
+                digest: d.digest().to_string().parse()?,
+                media_type: d.media_type().to_string(),
+                size: d.size(),
+                cache,
+            });
+        }
+        if variants.iter().all(|v| v.cache.is_none()) {
+            return Ok(None);
+        }
+        Ok(Some(MultiTarget {
+            raw: raw.clone(),
+            variants,
+        }))
+    }
+
+    /// The index digest.
+    pub fn digest(&self) -> &Digest {
+        &self.raw.digest
+    }
+
+    /// Reads, from `image`'s repository, the cache labels of the variants whose
+    /// descriptors carry none (one manifest request each, and its config
+    /// when its manifest lacks them too).
+    pub async fn complete(&mut self, image: &ImageRef, registry: &RegistryOptions) -> Result<()> {
+        for variant in self.variants.iter_mut().filter(|v| v.cache.is_none()) {
+            let pinned = Repo::open(&image.with_digest(&variant.digest), registry)?;
+            let read = Image::fetch_annotated(&pinned).await?;
+            if read.index_digest.is_some() {
+                return Err(Error::format(
+                    format!("variant {} of {image}", variant.digest),
+                    "nested indexes are not supported",
+                ));
+            }
+            variant.cache = Some(read.cache()?);
+        }
+        Ok(())
+    }
+
+    /// Which variant `gpus` get, and why.
+    pub fn choose(&self, gpus: &[Gpu], options: &CheckOptions) -> VariantChoice {
+        let summaries: Vec<Summary> = self.variants.iter().map(Variant::summary).collect();
+        choose_variant(&summaries, gpus, options)
+    }
+}
+
+/// The annotations a variant's descriptor carries: its cache labels and
+/// title, from its manifest annotations or, failing those, its config
+/// labels.
+fn descriptor_annotations(image: &Image) -> BTreeMap<String, String> {
+    let source = if CacheLabels::read(&image.manifest.annotations).is_ok() {
+        &image.manifest.annotations
+    } else {
+        &image.labels
+    };
+    let prefixes: Vec<String> = KindLayout::from_labels(source)
+        .map(|l| format!("{}/", l.label_prefix))
+        .into_iter()
+        .collect();
+    source
+        .iter()
+        .filter(|(k, _)| k.as_str() == TITLE || prefixes.iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Assembles the single-target cache images `sources` into one multi-target
+/// image at `dest`: each variant's blobs and manifest are copied into
+/// `dest`'s repository (by digest, byte for byte, so each keeps its digest),
+/// then the index, annotated with each variant's cache labels, is written
+/// under `dest`'s tag. `title` goes into the index's annotations.
+///
+/// Refused, before anything is written: no source, a source that is an
+/// index or not a cache image, sources of different cache kinds, the same
+/// image twice, or two variants sharing a target (a GPU would have no one
+/// variant to get).
+pub async fn assemble(
+    sources: &[ImageRef],
+    dest: &ImageRef,
+    title: Option<&str>,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<MultiTarget> {
+    if sources.is_empty() {
+        return Err(Error::format(
+            "multi-target image",
+            "no variants: name at least one image",
+        ));
+    }
+    let mut read = Vec::new();
+    for source in sources {
+        let repo = Repo::open(source, registry)?;
+        let image = Image::fetch(&repo).await?;
+        if image.index_digest.is_some() {
+            return Err(Error::format(
+                format!("variant {source}"),
+                "is an index: name single-target cache images",
+            ));
+        }
+        let cache = image
+            .cache()
+            .map_err(|e| Error::format(format!("variant {source}"), e))?;
+        read.push((source, image, cache));
+    }
+    check_variants(
+        &read
+            .iter()
+            .map(|(s, i, c)| (*s, &i.digest, c))
+            .collect::<Vec<_>>(),
+    )?;
+
+    let mut descriptors = Vec::new();
+    for (source, image, _) in &read {
+        let src = Repo::open(&source.with_digest(&image.digest), registry)?;
+        let dst = Repo::create(&dest.with_digest(&image.digest), registry)?;
+        copy_image(&src, &dst, progress.clone()).await?;
+        let annotations: HashMap<String, String> =
+            descriptor_annotations(image).into_iter().collect();
+        let mut d = Descriptor::new(
+            MediaType::from(image.raw.media_type.as_str()),
+            image.raw.bytes.len() as u64,
+            oci_digest(&image.digest)?,
+        );
+        d.set_annotations(Some(annotations));
+        d.set_platform(Some(
+            PlatformBuilder::default()
+                .architecture(Arch::Amd64)
+                .os(Os::Linux)
+                .build()
+                .map_err(|e| Error::format("index platform", e))?,
+        ));
+        descriptors.push(d);
+    }
+    let mut builder = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(descriptors);
+    if let Some(title) = title {
+        builder = builder.annotations(HashMap::from([(TITLE.to_string(), title.to_string())]));
+    }
+    let index = builder
+        .build()
+        .map_err(|e| Error::format("image index", e))?;
+    let bytes = json::canonical(&index)?;
+    let raw = RawManifest {
+        digest: Digest::of(&bytes),
+        media_type: OCI_INDEX.to_string(),
+        bytes,
+    };
+    Repo::create(dest, registry)?.put_manifest(&raw).await?;
+    MultiTarget::parse(&raw)?.ok_or_else(|| {
+        Error::format(
+            "multi-target image",
+            "the index written carries no cache labels",
+        )
+    })
+}
+
+/// Refuses variants that cannot make one multi-target image: different
+/// cache kinds, the same image twice, a target in two variants.
+fn check_variants(variants: &[(&ImageRef, &Digest, &CacheLabels)]) -> Result<()> {
+    if variants.windows(2).any(|w| w[0].2.kind != w[1].2.kind) {
+        return Err(Error::format(
+            "multi-target image",
+            "the variants are caches of different kinds (Triton and vLLM): one image holds one kind",
+        ));
+    }
+    let mut digests: BTreeMap<&Digest, &ImageRef> = BTreeMap::new();
+    let mut targets: BTreeMap<String, &ImageRef> = BTreeMap::new();
+    for (source, digest, cache) in variants {
+        if let Some(first) = digests.insert(digest, source) {
+            return Err(Error::format(
+                "multi-target image",
+                format!("{source} is the same image as {first} ({digest})"),
+            ));
+        }
+        for target in &cache.summary.targets {
+            if let Some(first) = targets.insert(target.to_string(), source) {
+                return Err(Error::format(
+                    "multi-target image",
+                    format!(
+                        "target {target} is in both {first} and {source}: a GPU of that target \
+                         would have no one variant to get"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn oci_digest(d: &Digest) -> Result<oci_spec::image::Digest> {
+    d.as_str().parse().map_err(|e| Error::format("digest", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: serde_json::Value) -> RawManifest {
+        let bytes = serde_json::to_vec(&json).unwrap();
+        RawManifest {
+            digest: Digest::of(&bytes),
+            media_type: OCI_INDEX.into(),
+            bytes,
+        }
+    }
+
+    const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+
+    fn descriptor(digest: &str, annotations: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": 100, "annotations": annotations,
+        })
+    }
+
+    #[test]
+    fn an_annotated_index_lists_its_variants_and_a_platform_index_is_none() {
+        let sm75 = serde_json::json!({"cache.triton.image/summary":
+            r#"{"targets":[{"backend":"cuda","arch":"75","warp_size":32}]}"#});
+        let index = raw(serde_json::json!({"schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": [descriptor(D1, sm75), descriptor(D2, serde_json::json!({}))]}));
+        let multi = MultiTarget::parse(&index).unwrap().unwrap();
+        assert_eq!(multi.variants.len(), 2);
+        assert_eq!(multi.variants[0].digest.as_str(), D1);
+        assert_eq!(multi.variants[0].summary().to_string(), "cuda/75/32");
+        assert_eq!(multi.variants[1].cache, None);
+
+        let platform = raw(
+            serde_json::json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
+            "manifests": [descriptor(D1, serde_json::json!({}))]}),
+        );
+        assert!(MultiTarget::parse(&platform).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_malformed_summary_annotation_is_an_error_naming_the_descriptor() {
+        let bad = serde_json::json!({"cache.triton.image/summary": "not json"});
+        let index = raw(
+            serde_json::json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
+            "manifests": [descriptor(D1, bad)]}),
+        );
+        let err = MultiTarget::parse(&index).unwrap_err().to_string();
+        assert!(err.contains(D1) && err.contains("summary"), "{err}");
+    }
+
+    #[test]
+    fn variants_sharing_a_target_or_kind_conflicts_are_refused() {
+        let labels = |summary: &str| {
+            CacheLabels::read(&BTreeMap::from([(
+                "cache.triton.image/summary".to_string(),
+                summary.to_string(),
+            )]))
+            .unwrap()
+        };
+        let sm75 = labels(r#"{"targets":[{"backend":"cuda","arch":"75","warp_size":32}]}"#);
+        let both = labels(
+            r#"{"targets":[{"backend":"cuda","arch":"75","warp_size":32},{"backend":"cuda","arch":"80","warp_size":32}]}"#,
+        );
+        let a: ImageRef = "r.local/c:a".parse().unwrap();
+        let b: ImageRef = "r.local/c:b".parse().unwrap();
+        let (d1, d2): (Digest, Digest) = (D1.parse().unwrap(), D2.parse().unwrap());
+        let err = check_variants(&[(&a, &d1, &sm75), (&b, &d2, &both)]).unwrap_err();
+        assert!(err.to_string().contains("target cuda/75/32"), "{err}");
+        let err = check_variants(&[(&a, &d1, &sm75), (&b, &d1, &sm75)]).unwrap_err();
+        assert!(err.to_string().contains("same image"), "{err}");
+    }
+}
