@@ -723,7 +723,11 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
             json!({"name": "tree", "hostPath": {"path": "/"}});
         match as_operator(&admin, &jobs_path, &host).await? {
             Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {
-                assert!(status.message.contains("capture Jobs"), "{}", status.message);
+                assert!(
+                    status.message.contains("capture Jobs"),
+                    "{}",
+                    status.message
+                );
                 break;
             }
             other => {
@@ -762,7 +766,9 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
         ),
         (
             "a capture Job of another image",
-            changed("capture-image", &|p| p["containers"][0]["image"] = json!("busybox"))?,
+            changed("capture-image", &|p| {
+                p["containers"][0]["image"] = json!("busybox")
+            })?,
         ),
         (
             "a capture Job writing the captured tree",
@@ -772,9 +778,13 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
         ),
         (
             "a capture Job mounting a claim",
-            changed("capture-claim", &|p| {
-                p["volumes"][2] = json!({"name": "work", "persistentVolumeClaim": {"claimName": "data"}})
-            })?,
+            changed(
+                "capture-claim",
+                &|p| {
+                    p["volumes"][2] =
+                        json!({"name": "work", "persistentVolumeClaim": {"claimName": "data"}})
+                },
+            )?,
         ),
         (
             "a capture Job with a ServiceAccount token",
@@ -798,7 +808,8 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
         (
             "a capture Job adding a capability",
             changed("capture-capability", &|p| {
-                p["containers"][0]["securityContext"]["capabilities"] = json!({"add": ["SYS_ADMIN"]})
+                p["containers"][0]["securityContext"]["capabilities"] =
+                    json!({"add": ["SYS_ADMIN"]})
             })?,
         ),
         ("a capture Job owned by nothing", {

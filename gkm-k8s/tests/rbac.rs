@@ -759,13 +759,21 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-csi", "create events.k8s.io/events rbac-team -", false),
         ("gkm-csi", "create events rbac-team -", false),
         ("gkm-csi", "watch gkm.io/gkmcachecaptures - -", true),
-        ("gkm-csi", "get gkm.io/gkmcachecaptures rbac-team warm", true),
+        (
+            "gkm-csi",
+            "get gkm.io/gkmcachecaptures rbac-team warm",
+            true,
+        ),
         (
             "gkm-csi",
             "patch gkm.io/gkmcachecaptures/status rbac-team warm",
             false,
         ),
-        ("gkm-csi", "delete gkm.io/gkmcachecaptures rbac-team warm", false),
+        (
+            "gkm-csi",
+            "delete gkm.io/gkmcachecaptures rbac-team warm",
+            false,
+        ),
     ];
     let mut wrong = Vec::new();
     for (account, spec, expected) in table {

@@ -142,7 +142,6 @@ async fn run(pods: &Api<Pod>, pod: &Pod) -> anyhow::Result<(String, String)> {
     Ok((done.metadata.uid.clone().unwrap_or_default(), log))
 }
 
-
 /// A capture of `ns` pushing `name` to `registry`, signed with the Secret
 /// `secret`, at most `max_bytes`.
 fn capture_object(
@@ -379,7 +378,10 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     set_status(&captures, "warm", node.clone()).await?;
     set_status(&captures, "evil", node).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(tree.is_dir() && evil_tree.is_dir(), "open captures' trees stay");
+    assert!(
+        tree.is_dir() && evil_tree.is_dir(),
+        "open captures' trees stay"
+    );
     set_status(&captures, "warm", json!({"phase": "Complete"})).await?;
     released(&tree).await?;
     assert!(evil_tree.is_dir(), "an open capture's tree stays");
@@ -612,7 +614,10 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
     let killed = over(&captures, "killed").await?;
     assert_eq!(killed.phase, CapturePhase::Failed, "{killed:?}");
     assert_eq!(killed.reason.as_deref(), Some("NoOutcome"), "{killed:?}");
-    assert!(!pushed(&stack, "team-a/killed"), "nothing pushed for killed");
+    assert!(
+        !pushed(&stack, "team-a/killed"),
+        "nothing pushed for killed"
+    );
 
     // The workload ended: captured on its own, the digest verifies, the tag
     // names it, and the named GKMCache points at it.
@@ -706,13 +711,8 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
     let entries = gkm_core::cache::scan(&repo_root().join("fixtures/triton/cuda-75-32"))?
         .entries()
         .len();
-    let report: Value = serde_json::from_str(
-        log.lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'))
-            .unwrap_or_default(),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
+    let report: Value = serde_json::from_str(&log[log.find('{').unwrap_or(0)..])
+        .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
     assert_eq!(report["triton"], "3.6.0", "{report}");
     assert_eq!(report["target"], "cuda/75/32", "{report}");
     assert_eq!(report["compiled"], 0, "Triton compiled:\n{report:#}");
@@ -737,9 +737,7 @@ fn triton_reuse_pod(ns: &str, name: &str, cache: &str) -> anyhow::Result<Pod> {
             )
         })?;
     let hack = repo_root().join("hack").canonicalize()?;
-    let host = |name: &str, path: &str, kind: &str| {
-        json!({"name": name, "hostPath": {"path": path, "type": kind}})
-    };
+    let host = |name: &str, path: &str, kind: &str| json!({"name": name, "hostPath": {"path": path, "type": kind}});
     let venv = venv.display().to_string();
     let hack = hack.display().to_string();
     Ok(serde_json::from_value(json!({

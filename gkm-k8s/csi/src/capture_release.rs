@@ -78,13 +78,13 @@ pub fn releasable<'a>(
 ) -> Vec<&'a CapturedTree> {
     trees
         .iter()
-        .filter(|tree| {
-            match seen.get(&(tree.namespace.clone(), tree.capture.clone())) {
+        .filter(
+            |tree| match seen.get(&(tree.namespace.clone(), tree.capture.clone())) {
                 Some(CaptureSeen::Over) => true,
                 Some(CaptureSeen::Gone) => tree.age >= grace,
                 Some(CaptureSeen::Open) | None => false,
-            }
-        })
+            },
+        )
         .collect()
 }
 
@@ -296,7 +296,12 @@ mod tests {
     fn the_trees_on_disk_are_read_by_name_only() {
         let root = tempfile::tempdir().expect("tempdir");
         let captures = root.path().join(CAPTURES_DIR);
-        for dir in ["team/warm/6f1c-22", "team/warm/7a", "Bad/warm/u", "team/x/.."] {
+        for dir in [
+            "team/warm/6f1c-22",
+            "team/warm/7a",
+            "Bad/warm/u",
+            "team/x/..",
+        ] {
             fs::create_dir_all(captures.join(dir)).expect("dir");
         }
         fs::write(captures.join("team/warm/file"), b"").expect("file");
