@@ -45,6 +45,18 @@ const BOUND: &str = "8388608";
 /// A pod on the real node running `script` with `volumes` mounted as
 /// `mounts`, once (`restartPolicy: Never`).
 fn pod(ns: &str, name: &str, script: &str, mounts: Value, volumes: Value) -> anyhow::Result<Pod> {
+    pod_running(ns, name, json!(["/bin/sh", "-c", script]), mounts, volumes)
+}
+
+/// A pod on the real node running `command` with `volumes` mounted as
+/// `mounts`, once, with `HOME=/tmp`.
+fn pod_running(
+    ns: &str,
+    name: &str,
+    command: Value,
+    mounts: Value,
+    volumes: Value,
+) -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns},
         "spec": {
@@ -56,7 +68,8 @@ fn pod(ns: &str, name: &str, script: &str, mounts: Value, volumes: Value) -> any
                 "name": "main",
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
+                "command": command,
+                "env": [{"name": "HOME", "value": "/tmp"}],
                 "volumeMounts": mounts,
             }],
             "volumes": volumes,
@@ -740,42 +753,38 @@ fn triton_reuse_pod(ns: &str, name: &str, cache: &str) -> anyhow::Result<Pod> {
     let host = |name: &str, path: &str, kind: &str| json!({"name": name, "hostPath": {"path": path, "type": kind}});
     let venv = venv.display().to_string();
     let hack = hack.display().to_string();
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "nodeName": NODE,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/tmp/gkm-triton-3.6.0/bin/python", format!("{hack}/triton-fleet.py"),
-                            "check", "--target", "cuda/75/32", "--cache", FIXTURE_COMPILED_AT],
-                "env": [{"name": "HOME", "value": "/tmp"}],
-                "volumeMounts": [
-                    {"name": "usr", "mountPath": "/usr", "readOnly": true},
-                    {"name": "lib", "mountPath": "/lib", "readOnly": true},
-                    {"name": "lib64", "mountPath": "/lib64", "readOnly": true},
-                    {"name": "ld-cache", "mountPath": "/etc/ld.so.cache", "readOnly": true},
-                    {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
-                    {"name": "hack", "mountPath": hack, "readOnly": true},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                    {"name": "kernels", "mountPath": FIXTURE_COMPILED_AT, "readOnly": true},
-                ],
-            }],
-            "volumes": [
-                host("usr", "/usr", "Directory"),
-                host("lib", "/usr/lib", "Directory"),
-                host("lib64", "/usr/lib64", "Directory"),
-                host("ld-cache", "/etc/ld.so.cache", "File"),
-                host("venv", &venv, "Directory"),
-                host("hack", &hack, "Directory"),
-                {"name": "tmp", "emptyDir": {}},
-                {"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
-                    "volumeAttributes": {"csi.gkm.io/GKMCache": cache}}},
-            ],
-        }
-    }))?)
+    pod_running(
+        ns,
+        name,
+        json!([
+            "/tmp/gkm-triton-3.6.0/bin/python",
+            format!("{hack}/triton-fleet.py"),
+            "check",
+            "--target",
+            "cuda/75/32",
+            "--cache",
+            FIXTURE_COMPILED_AT
+        ]),
+        json!([
+            {"name": "usr", "mountPath": "/usr", "readOnly": true},
+            {"name": "lib", "mountPath": "/lib", "readOnly": true},
+            {"name": "lib64", "mountPath": "/lib64", "readOnly": true},
+            {"name": "ld-cache", "mountPath": "/etc/ld.so.cache", "readOnly": true},
+            {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
+            {"name": "hack", "mountPath": hack, "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "kernels", "mountPath": FIXTURE_COMPILED_AT, "readOnly": true},
+        ]),
+        json!([
+            host("usr", "/usr", "Directory"),
+            host("lib", "/usr/lib", "Directory"),
+            host("lib64", "/usr/lib64", "Directory"),
+            host("ld-cache", "/etc/ld.so.cache", "File"),
+            host("venv", &venv, "Directory"),
+            host("hack", &hack, "Directory"),
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                "volumeAttributes": {"csi.gkm.io/GKMCache": cache}}},
+        ]),
+    )
 }
