@@ -150,7 +150,9 @@ pub enum CapturePhase {
     Pending,
     /// The workload ended; its tree is being checked and packed.
     Capturing,
-    /// The image is being pushed, signed and verified.
+    /// The image is being pushed, signed and verified. Not written yet:
+    /// the capture Job has no API token and reports only its outcome, so
+    /// `Capturing` lasts until the capture is over.
     Pushing,
     /// The image is in the registry, signed and verified; `digest` names it.
     Complete,
