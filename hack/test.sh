@@ -15,11 +15,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-# The integration test targets, as `-p PACKAGE --test NAME`, whose sources
-# (the file and the `mod` files it includes) start no real component: they
-# never name gkm-testenv or gkm-local, the crates that start them.
-fast_test_targets() {
-  local file dir pkg name mods m
+# Every integration test target, as `PACKAGE NAME REAL` (REAL is 1 when its
+# sources, the file and the `mod` files it includes, name gkm-testenv or
+# gkm-local, the crates that start real components).
+test_targets() {
+  local file dir pkg name mods m real
   for file in gkm-*/tests/*.rs gkm-k8s/*/tests/*.rs bins/*/tests/*.rs; do
     dir=$(dirname "$file")
     mods=("$file")
@@ -27,11 +27,56 @@ fast_test_targets() {
       [[ -e $dir/$m/mod.rs ]] && mods+=("$dir/$m/mod.rs")
       [[ -e $dir/$m.rs ]] && mods+=("$dir/$m.rs")
     done
-    grep -qE 'gkm_testenv|gkm_local' "${mods[@]}" && continue
+    real=0
+    grep -qE 'gkm_testenv|gkm_local' "${mods[@]}" && real=1
     pkg=$(sed -n 's/^name = "\(.*\)"/\1/p' "$(dirname "$dir")/Cargo.toml" | head -1)
     name=$(basename "$file" .rs)
-    printf -- '-p %s --test %s\n' "$pkg" "$name"
+    printf '%s %s %s\n' "$pkg" "$name" "$real"
   done
+}
+
+# The integration test targets that start no real component, as
+# `-p PACKAGE --test NAME`.
+fast_test_targets() {
+  test_targets | awk '$3 == 0 { printf "-p %s --test %s\n", $1, $2 }'
+}
+
+# Runs every test, unit, integration and doc, as separate `cargo test` jobs,
+# GKM_TEST_JOBS (default: the CPU count, at least 2) at a time. Most of the
+# suite's time is spent waiting on real components (an apiserver starting, a
+# kubelet pulling and mounting), so jobs overlap well even on two cores; the
+# tests were built beforehand, so the jobs only run them. Each job's output
+# is printed whole when it ends; every job runs, and the failed ones are named
+# at the end. The targets that start real components go first: they are the
+# longest.
+run_tests_in_parallel() {
+  local jobs logs list failed
+  jobs=${GKM_TEST_JOBS:-$(nproc)}
+  (( jobs < 2 )) && jobs=2
+  logs=$(mktemp -d)
+  list=$logs/jobs
+  {
+    test_targets | awk '$3 == 1 { printf "-p %s --test %s\n", $1, $2 }'
+    echo "--workspace --lib --bins --examples"
+    echo "--workspace --doc"
+    test_targets | awk '$3 == 0 { printf "-p %s --test %s\n", $1, $2 }'
+  } > "$list"
+  echo "$(wc -l < "$list") cargo test jobs, $jobs at a time"
+  # shellcheck disable=SC2016 # expanded by the job's shell
+  xargs -P "$jobs" -L 1 -a "$list" bash -c '
+    log=$0/$(printf "%s" "$*" | tr -c "a-zA-Z0-9_-" _).log
+    if cargo test --locked "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
+    { printf "\n==> cargo test %s: %s\n" "$*" "$status"; cat "$log"; } | flock "$0/out" cat
+  ' "$logs"
+  failed=0
+  if [[ -s $logs/failed ]]; then
+    echo
+    echo "failed: cargo test --locked ..." >&2
+    sed 's/^/  /' "$logs/failed" >&2
+    failed=1
+  fi
+  rm -rf "$logs"
+  return "$failed"
 }
 
 if [[ ${1:-} == --fast ]]; then
@@ -60,10 +105,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo build --bins (the end-to-end tests run the binaries)"
 cargo build --workspace --bins --locked
 
-step "cargo test"
-cargo test --workspace --all-targets --locked
-step "cargo test --doc"
-cargo test --workspace --doc --locked
+step "cargo test --no-run (every test target, built once)"
+cargo test --workspace --all-targets --locked --no-run
+
+step "cargo test, in parallel jobs"
+run_tests_in_parallel
 
 step "no process outlived the tests"
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}

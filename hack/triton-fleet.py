@@ -3,16 +3,16 @@ time without a GPU, and a check of whether Triton reuses a cache tree.
 
     triton-python hack/triton-fleet.py targets
     triton-python hack/triton-fleet.py compile --target cuda/90/32 --cache DIR
-    triton-python hack/triton-fleet.py check --target cuda/90/32 --cache DIR
+    triton-python hack/triton-fleet.py check --target cuda/90/32 --cache DIR ...
 
 `compile` fills DIR (a TRITON_CACHE_DIR) with the kernels below compiled for
-one target. `check` runs the very same compiles against DIR and prints, as
-JSON, which of them Triton had to compile: it wraps the backend's last stage
-(CUDABackend.make_cubin, HIPBackend.make_hsaco), which Triton runs only when
-the cache does not hold the kernel. A tree that Triton reuses entirely has
-"compiled": 0. Run it with the Triton that hack/components.sh installs
-($GKM_TOOLS_DIR/bin/triton-python); hack/triton-fixtures.sh writes the
-fixtures with it.
+one target. `check` runs the same compiles against each --target/--cache pair
+in one process and prints a JSON report per pair, a line each: what Triton
+had to compile (it wraps the backends' last stage, CUDABackend.make_cubin and
+HIPBackend.make_hsaco, which Triton runs only on a miss; a tree reused whole
+has "compiled": 0) and the directory it read each kernel from. Run it with
+hack/components.sh's Triton ($GKM_TOOLS_DIR/bin/triton-python). Keep the
+kernels' lines where they are: their cache keys include them (see below).
 
 The kernels: Triton's vector-add tutorial kernel, and a kernel with an
 autotuning space whose every configuration is compiled as Triton's
@@ -81,6 +81,19 @@ def scaled_add_kernel(x_ptr, y_ptr, output_ptr, alpha, n_elements, BLOCK_SIZE: t
     tl.store(output_ptr + offsets, alpha * x + y, mask=mask)
 
 
+# What Triton 3.6 keys a kernel by (triton.runtime.cache.get_cache_key): the
+# bytes of Triton's own sources and libtriton; the kernel function's source
+# text and its starting line number in this file (and those of the functions
+# it calls); its signature and constexprs; the target and the backend's tool
+# versions (ptxas); the compile options; cache-relevant environment variables.
+# Not the path of this file: a copy of it anywhere finds the same entries. So
+# moving the kernels above by a line changes every key, and the fixtures must
+# be written again (hack/triton-fixtures.sh). Each entry's group file
+# (__grp__<kernel>.json) records the absolute path of every file of the kernel
+# under the TRITON_CACHE_DIR it was compiled into, and a path that does not
+# exist is a miss: a cache is reused only at the directory it was compiled in.
+
+
 def compiles():
     """Every compile: (label, ASTSource, options), in a fixed order."""
     pointers = {"x_ptr": "*fp32", "y_ptr": "*fp32", "output_ptr": "*fp32"}
@@ -140,10 +153,19 @@ class FinalStage:
             setattr(cls, name, staticmethod(wrapped) if is_static else wrapped)
 
 
-def run(spec):
-    """Compile everything for one target; report what Triton compiled."""
+def cache_dirs(kernel):
+    """The TRITON_CACHE_DIRs holding the files Triton loaded `kernel` from:
+    every file is <cache>/<key>/<name>."""
+    return sorted({os.path.dirname(os.path.dirname(p)) for p in kernel.metadata_group.values()})
+
+
+def run(stage, spec, cache):
+    """Compile everything for one target against the cache directory
+    `cache`; report what Triton compiled and where it found the rest."""
     target = gpu_target(spec)
-    stage = FinalStage()
+    # Triton reads TRITON_CACHE_DIR at every compile, as a workload run
+    # with that setting would.
+    os.environ["TRITON_CACHE_DIR"] = cache
     kernels = []
     for label, source, options in compiles():
         before = stage.calls
@@ -152,11 +174,12 @@ def run(spec):
             "kernel": label,
             "hash": kernel.hash,
             "compiled": stage.calls > before,
+            "read_from": cache_dirs(kernel),
         })
     return {
         "target": spec,
         "triton": triton.__version__,
-        "cache": os.environ["TRITON_CACHE_DIR"],
+        "cache": cache,
         "kernels": kernels,
         "compiled": sum(k["compiled"] for k in kernels),
         "reused": sum(not k["compiled"] for k in kernels),
@@ -169,23 +192,29 @@ def main():
     sub.add_parser("targets", help="list the fleet's targets, one a line")
     for name, text in (
         ("compile", "compile the kernels for TARGET into the cache DIR"),
-        ("check", "compile against the cache DIR and report, as JSON, what was compiled"),
+        ("check", "compile against each cache DIR and report, a JSON line each, what was compiled"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--target", required=True, help="BACKEND/ARCH/WARP_SIZE, e.g. cuda/90/32")
-        p.add_argument("--cache", required=True, help="the TRITON_CACHE_DIR tree")
+        p.add_argument("--target", required=True, action="append", help="BACKEND/ARCH/WARP_SIZE, e.g. cuda/90/32")
+        p.add_argument("--cache", required=True, action="append", help="the TRITON_CACHE_DIR tree of the target before it")
     args = parser.parse_args()
     if args.command == "targets":
         for spec, gpus in TARGETS.items():
             print(f"{spec}\t{gpus}")
         return
-    if not os.path.isdir(args.cache):
-        sys.exit(f"no cache directory {args.cache}")
-    report = run(args.target)
+    if len(args.target) != len(args.cache) or (args.command == "compile" and len(args.target) != 1):
+        sys.exit(f"{args.command}: give one --cache per --target ({'one pair' if args.command == 'compile' else 'in pairs'})")
+    caches = [os.path.abspath(c) for c in args.cache]
+    for cache in caches:
+        if not os.path.isdir(cache):
+            sys.exit(f"no cache directory {cache}")
+    stage = FinalStage()
+    reports = [run(stage, target, cache) for target, cache in zip(args.target, caches)]
     if args.command == "check":
-        print(json.dumps(report, indent=2))
-    elif report["reused"]:
-        sys.exit(f"{args.cache} already held {report['reused']} of the kernels: compile into an empty directory")
+        for report in reports:
+            print(json.dumps(report))
+    elif reports[0]["reused"]:
+        sys.exit(f"{caches[0]} already held {reports[0]['reused']} of the kernels: compile into an empty directory")
 
 
 if __name__ == "__main__":

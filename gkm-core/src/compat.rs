@@ -39,6 +39,7 @@
 
 mod driver;
 mod ptx;
+mod requirement;
 mod target_json;
 
 use std::fmt;
@@ -50,6 +51,7 @@ use crate::gpu::{Arch, Backend, Gpu};
 
 pub use ptx::max_ptx_version;
 use ptx::ptx_display;
+pub use requirement::{ArchRequirement, Requirement, VersionRange, requirement};
 
 /// NVIDIA's warp size, the same on every architecture.
 const CUDA_WARP_SIZE: u32 = 32;

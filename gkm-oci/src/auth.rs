@@ -76,7 +76,7 @@ fn host_matches(key: &str, registry: &str) -> bool {
 }
 
 impl Credentials {
-    /// The credentials to send to `registry` (a host[:port]).
+    /// The credentials to send to `registry` (a `host[:port]`).
     pub fn resolve(&self, registry: &str) -> Result<oci_client::secrets::RegistryAuth> {
         use oci_client::secrets::RegistryAuth;
         match self {

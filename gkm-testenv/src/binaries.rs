@@ -39,6 +39,9 @@ pub enum Component {
     /// Helm 3, built from `helm.sh/helm/v3`: lints, renders and installs
     /// the chart in `deploy/helm/gkm`.
     Helm,
+    /// Real Triton (the pinned PyPI wheels in a virtualenv), run by its
+    /// `triton-python`: compiles kernels for any GPU target without a GPU.
+    Triton,
 }
 
 impl Component {
@@ -60,6 +63,7 @@ impl Component {
             Component::Containerd => "containerd",
             Component::Runc => "runc",
             Component::Helm => "helm",
+            Component::Triton => "triton-python",
         }
     }
 
@@ -80,6 +84,7 @@ impl Component {
             Component::CsiSanity => "hack/components.sh csi-sanity",
             Component::Promlint => "hack/components.sh promlint",
             Component::Helm => "hack/components.sh helm",
+            Component::Triton => "hack/components.sh triton",
         }
     }
 

@@ -8,6 +8,8 @@
 //! - [`RealNode`]: a real node (kubelet, containerd, runc, CNI) registered
 //!   with a control plane, running pods in real containers.
 //! - [`Scheduler`]: kube-scheduler with a configuration of the test's choosing.
+//! - [`triton`]: real Triton checking that a delivered cache tree is reused,
+//!   for every target of the fleet in `fixtures/triton`.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
@@ -32,6 +34,7 @@ mod process;
 mod registry;
 mod scheduler;
 mod service_account;
+pub mod triton;
 
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};

@@ -15,11 +15,15 @@
 //! they were, a second claim after them that gets the A100, unpreparing,
 //! VM-shaped pods claiming a passthrough GPU and a vGPU that read their
 //! device metadata files (the PCI address, the mdev UUID) as KubeVirt's
-//! virt-launcher does, and the slices going when the plugin stops.
+//! virt-launcher does, claims through a cache's DeviceClass (made by the
+//! operator from a real Triton image in a real registry) landing on the
+//! GPUs the cache fits and following its tag, and the slices going when
+//! the plugin stops.
 
 mod support;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
@@ -622,6 +626,7 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
 
     quota_of_two_h100s_per_namespace(plane, &client).await?;
     nvidia_gpu_pods_are_served_through_dra(&client).await?;
+    claims_through_a_caches_class_land_on_the_gpus_it_fits(plane, &client).await?;
 
     // The plugin stops for good: its slices go with it.
     plugin.stop(Duration::from_secs(10));
@@ -842,4 +847,175 @@ fn allocated_health(pod: &Pod, resource_id: &str) -> Option<String> {
         .flat_map(|s| s.resources.iter().flatten())
         .find(|r| r.resource_id == resource_id)
         .and_then(|r| r.health.clone())
+}
+
+/// The operator (in this process, with `--dra-device-classes`) gives a
+/// GKMCache of a real Triton image for sm_90 a DeviceClass: claims through
+/// it get the node's two H100s, not its A100 (sm_80). The cache's tag moves
+/// to the same kernels built for sm_80: the class follows, and the next
+/// claim gets the A100. Deleting the cache deletes its class.
+async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
+    plane: &ControlPlane,
+    client: &kube::Client,
+) -> anyhow::Result<()> {
+    use gkm_k8s_api::crd::GKMCache;
+    use gkm_k8s_operator::device_class::{DIGEST_ANNOTATION, class_name};
+    use gkm_oci::sign::{SignFormat, SigningKey, sign};
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+
+    let registry = gkm_testenv::Registry::shared()?;
+    let options = gkm_oci::RegistryOptions {
+        insecure: true,
+        ..gkm_oci::RegistryOptions::default()
+    };
+    let (key, _) = SigningKey::generate_p256()?;
+    let image = format!("{}/dra-cache/vector-add:v1", registry.addr());
+    // Builds the fixture compiled for `target` as the image's tag, signed.
+    let publish = |target: &'static str| {
+        let (image, options, key) = (image.clone(), options.clone(), &key);
+        async move {
+            let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fixtures/triton")
+                .join(target);
+            let reference: gkm_oci::ImageRef = image.parse()?;
+            let built = gkm_oci::build(
+                &fixture,
+                &reference,
+                &gkm_oci::BuildOptions::default(),
+                &options,
+            )
+            .await?;
+            sign(&reference, &options, &built.digest, key, SignFormat::Bundle).await?;
+            anyhow::Ok(built.digest.to_string())
+        }
+    };
+    let sm90 = publish("cuda-90-32").await?;
+
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
+    plane.ensure_namespace("gkm-system").await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "signer", "namespace": NS},
+        "stringData": {"cosign.pub": key.public_key().to_pem()},
+    }))?;
+    let apply = kube::api::PatchParams::apply("gkm-test").force();
+    Api::<Secret>::namespaced(client.clone(), NS)
+        .patch("signer", &apply, &kube::api::Patch::Apply(&secret))
+        .await?;
+    let operator = tokio::spawn(gkm_k8s_operator::run(
+        client.clone(),
+        gkm_k8s_operator::OperatorConfig {
+            registry: options.clone(),
+            resolve_interval: Duration::from_secs(1),
+            tenant_signers: gkm_k8s_operator::TenantSigners::in_namespaces([NS]),
+            device_classes: true,
+            ..gkm_k8s_operator::OperatorConfig::default()
+        },
+        std::sync::Arc::new(gkm_k8s_operator::RegistryVerifier::new(
+            client.clone(),
+            options.clone(),
+            "gkm-system",
+        )),
+        std::sync::Arc::new(gkm_k8s_operator::Metrics::default()),
+    ));
+    let caches: Api<GKMCache> = Api::namespaced(client.clone(), NS);
+    let cache: GKMCache = serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+        "metadata": {"name": "vector-add", "namespace": NS},
+        "spec": {"image": image, "signature": {"signers": [
+            {"key": {"secretRef": {"name": "signer", "key": "cosign.pub"}}},
+        ]}},
+    }))?;
+    caches
+        .patch("vector-add", &apply, &kube::api::Patch::Apply(&cache))
+        .await?;
+    let class = class_name(&gkm_core::CacheKey::named(Some(NS), "vector-add"));
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let began = Instant::now();
+    let selects = |digest: String| {
+        let (classes, class) = (classes.clone(), class.clone());
+        async move {
+            until(
+                &format!("the class {class} does not select {digest}'s GPUs"),
+                || async {
+                    Ok(classes.get_opt(&class).await?.is_some_and(|c| {
+                        c.metadata
+                            .annotations
+                            .unwrap_or_default()
+                            .get(DIGEST_ANNOTATION)
+                            == Some(&digest)
+                            && c.spec.selectors.is_some_and(|s| {
+                                s.iter().all(|s| {
+                                    s.cel.as_ref().is_some_and(|c| c.expression != "false")
+                                })
+                            })
+                    }))
+                },
+            )
+            .await
+        }
+    };
+    selects(sm90.clone()).await?;
+    eprintln!(
+        "the cache's class selected its GPUs {:?} after the cache was applied",
+        began.elapsed()
+    );
+
+    // Two claims through the class: the two H100s, never the A100.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mut got = BTreeMap::new();
+    for name in ["fit-1", "fit-2"] {
+        claims
+            .create(&PostParams::default(), &gpu_claim(name, &class)?)
+            .await?;
+        pods.create(&PostParams::default(), &claim_pod(name, name)?)
+            .await?;
+        let log = running_pod_log(&pods, name, "main", "DONE", TIMEOUT).await?;
+        got.insert(visible_devices(&log)?, allocated(&claims, name).await?);
+    }
+    let pool = |device: &str| (DRIVER.to_string(), NODE.to_string(), device.to_string());
+    assert_eq!(
+        got,
+        BTreeMap::from([
+            (H100_UUID.to_string(), vec![pool("gpu-0000-6e-00-0")]),
+            (H100_B_UUID.to_string(), vec![pool("gpu-0000-9b-00-0")]),
+        ])
+    );
+
+    // The tag moves to the kernels for sm_80: the class follows, and the
+    // next claim gets the A100.
+    let sm80 = publish("cuda-80-32").await?;
+    let began = Instant::now();
+    selects(sm80).await?;
+    eprintln!(
+        "the class followed the moved tag {:?} after the push",
+        began.elapsed()
+    );
+    claims
+        .create(&PostParams::default(), &gpu_claim("fit-3", &class)?)
+        .await?;
+    pods.create(&PostParams::default(), &claim_pod("fit-3", "fit-3")?)
+        .await?;
+    let log = running_pod_log(&pods, "fit-3", "main", "DONE", TIMEOUT).await?;
+    assert_eq!(visible_devices(&log)?, A100_UUID);
+    assert_eq!(
+        allocated(&claims, "fit-3").await?,
+        [pool("gpu-0000-7f-00-0")]
+    );
+
+    // The cache goes: its class with it (no agent reports it here).
+    for name in ["fit-1", "fit-2", "fit-3"] {
+        pods.delete(name, &DeleteParams::default()).await?;
+        claims.delete(name, &DeleteParams::default()).await?;
+    }
+    caches
+        .delete("vector-add", &DeleteParams::default())
+        .await?;
+    until("the cache's class is not deleted with it", || async {
+        Ok(classes.get_opt(&class).await?.is_none())
+    })
+    .await?;
+    operator.abort();
+    Ok(())
 }

@@ -12,9 +12,15 @@
 //! leave the pod's namespace out, and a cache that does not exist are
 //! refused at admission with the reason.
 //!
-//! Beside the real node (an NVIDIA T4, which the sm75 fixture fits) a kwok
-//! node with an H100 (which it does not) is a candidate the scheduler
-//! would otherwise be free to pick.
+//! Every target of the Triton fleet goes the same way: one pod with an
+//! image volume per target's real Triton cache, each mounted where its
+//! kernels were compiled, copied out, and reused by real Triton with nothing
+//! compiled.
+//!
+//! Beside the real node (an NVIDIA T4, which the sm75 fixture fits, then one
+//! GPU of every other fleet target) a kwok node with an H100 (which the sm75
+//! fixture does not fit) is a candidate the scheduler would otherwise be
+//! free to pick.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,9 +29,11 @@ use std::time::Duration;
 use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache, GKMCacheNode};
 use gkm_local::{SimulatedNode, Stack, cosign, fixture, push_cache};
 use gkm_testenv::{Scheduler, pod_log, wait_for_pod};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+
+mod support;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const NODE: &str = "real-sm75";
@@ -84,6 +92,24 @@ fn tree(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, Vec<u8>>> {
     Ok(out)
 }
 
+/// The node constraints the webhook gave the pod: each required
+/// node-affinity field selector's key and values.
+fn required_nodes(spec: &PodSpec) -> Vec<(String, Vec<String>)> {
+    spec.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .map(|f| (f.key.clone(), f.values.clone().unwrap_or_default()))
+        .collect()
+}
+
 /// Applies a `GKMCache` `name` of `image` (verified by the operator's
 /// default policy).
 async fn apply_cache(caches: &Api<GKMCache>, name: &str, image: &str) -> anyhow::Result<()> {
@@ -122,7 +148,7 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
     )
     .await?;
     stack
-        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
+        .add_real_node(SimulatedNode::new(NODE, &support::fleet_inventory()))
         .await?;
     stack
         .real_node(NODE)
@@ -229,20 +255,9 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
         .and_then(|i| i.reference.clone());
     let repository = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
     assert_eq!(reference, Some(format!("{repository}@{digest}")));
-    let terms = spec
-        .affinity
-        .and_then(|a| a.node_affinity)
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
-        .map(|r| r.node_selector_terms)
-        .unwrap_or_default();
-    let fields: Vec<_> = terms
-        .iter()
-        .flat_map(|t| t.match_fields.iter().flatten())
-        .collect();
-    assert_eq!(fields.len(), 1, "{terms:?}");
     assert_eq!(
-        (fields[0].key.as_str(), fields[0].values.clone()),
-        ("metadata.name", Some(vec![NODE.to_string()])),
+        required_nodes(&spec),
+        [("metadata.name".to_string(), vec![NODE.to_string()])],
         "only the node whose GPUs fit"
     );
     let running = wait_for_pod(&pods, "reader", TIMEOUT, |p| {
@@ -272,6 +287,61 @@ async fn image_volumes_mount_the_verified_digest_on_fitting_nodes() -> anyhow::R
         "the mounted tree holds the cache's files"
     );
     assert!(copied == want, "every file's bytes are the cache's");
+
+    // Every fleet target: the pod's image volumes pinned to their verified
+    // digests, kept to the node whose GPUs fit them all (the kwok H100 fits
+    // only one), each cache reused whole by real Triton.
+    let fleet_began = std::time::Instant::now();
+    let fleet = support::push_signed_fleet(&stack, &key).await?;
+    support::apply_fleet_caches(&client, NS, &fleet, &json!({"resolveInterval": "10s"})).await?;
+    support::wait_on_node(&stack, &client, NS, NODE, &fleet, TIMEOUT).await?;
+    let volumes: Vec<_> = fleet
+        .iter()
+        .map(|p| {
+            let reference = format!("gkm.invalid/cache/{}", support::cache_name(&p.target));
+            (
+                &p.target,
+                json!({"image": {"reference": reference, "pullPolicy": "IfNotPresent"}}),
+            )
+        })
+        .collect();
+    let fleet_out = tmp.path().join("fleet-copied");
+    let fleet_pod = support::fleet_reader(
+        NS,
+        "fleet",
+        None,
+        &fleet_out,
+        &volumes,
+        Some("io.triton.cache"),
+    )?;
+    let targets: Vec<_> = fleet.iter().map(|p| &p.target).collect();
+    let reports =
+        support::triton_reuses_what_the_pod_read(&pods, &fleet_pod, &fleet_out, &targets, TIMEOUT)
+            .await?;
+    assert_eq!(reports.len(), 11, "{reports:#?}");
+    eprintln!(
+        "the fleet through image volumes: {:.1}s",
+        fleet_began.elapsed().as_secs_f64()
+    );
+    let placed = pods.get("fleet").await?.spec.unwrap_or_default();
+    assert_eq!(
+        required_nodes(&placed),
+        [("metadata.name".to_string(), vec![NODE.to_string()])],
+        "only the node whose GPUs fit every volume's cache"
+    );
+    assert_eq!(placed.node_name.as_deref(), Some(NODE));
+    for (volume, pushed) in placed.volumes.iter().flatten().skip(1).zip(&fleet) {
+        let repository = pushed
+            .image
+            .rsplit_once(':')
+            .map_or(pushed.image.as_str(), |(r, _)| r);
+        assert_eq!(
+            volume.image.as_ref().and_then(|i| i.reference.clone()),
+            Some(format!("{repository}@{}", pushed.digest)),
+            "{}",
+            volume.name
+        );
+    }
 
     // Refusals, with the reason.
     let message = refusal(&pods, &image_volume_pod("unverified", "unsigned", &out)?).await?;

@@ -16,6 +16,11 @@
 //! - A moved tag refills the claims; pods started before count as outdated.
 //! - Deleting a cache while a pod uses its claim waits for the pod, survives
 //!   an operator restart, then leaves no Job, claim, volume or directory.
+//! - Every target of the Triton fleet through a ReadOnlyMany claim: one pod
+//!   mounts each target's claim where its kernels were compiled, copies it
+//!   out (with the claim's `.gkm/current` links, which Triton's recorded
+//!   paths resolve through), and real Triton reuses every copy with nothing
+//!   compiled.
 //!
 //! The cluster has no provisioner: the operator makes the volumes
 //! (`--pvc-volume-dir`, hostPath; this test ground's nodes share one
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use gkm_k8s_api::crd::{CacheState, ClusterGKMCache, GKMCache};
 use gkm_local::{SimulatedNode, Stack, fixture};
+use gkm_testenv::triton::copy_tree;
 use gkm_testenv::{Scheduler, TestImage, pod_log, wait_for_pod, workspace_binary};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -32,6 +38,8 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
+
+mod support;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 const NODE: &str = "real-sm75";
@@ -119,21 +127,6 @@ async fn job_succeeded(client: &Client, ns: &str) -> anyhow::Result<Option<Job>>
         .items
         .into_iter()
         .find(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0))
-}
-
-/// Copies the directory tree `from` to `to`.
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
 }
 
 fn kernel_sha() -> anyhow::Result<String> {
@@ -326,9 +319,14 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         "/etc/ssl/certs/ca-certificates.crt",
         std::path::Path::new("/etc/ssl/certs/ca-certificates.crt"),
     )?;
-    for node in [NODE, NODE2] {
+    // NODE has a GPU of every fleet target too, so that each fleet cache
+    // fits a node and its claim is filled.
+    for (node, inventory) in [
+        (NODE, support::fleet_inventory()),
+        (NODE2, "gpus:\n- profile: T4\n".to_string()),
+    ] {
         stack
-            .add_real_node(SimulatedNode::new(node, "gpus:\n- profile: T4\n"))
+            .add_real_node(SimulatedNode::new(node, &inventory))
             .await?;
         stack
             .real_node(node)
@@ -724,6 +722,51 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         dirs.len(),
         7,
         "only the volume directories of the other caches remain (three namespaces, 2 × two nodes)"
+    );
+
+    // --- Every fleet target through a ReadOnlyMany claim: real Triton
+    // reuses what a container read from each claim, compiling nothing.
+    let fleet_began = std::time::Instant::now();
+    let fleet = support::push_signed_fleet(&stack, &key).await?;
+    support::apply_fleet_caches(
+        &client,
+        "team-c",
+        &fleet,
+        &json!({"storageClassName": CLASS, "accessModes": ["ReadOnlyMany"]}),
+    )
+    .await?;
+    let fleet_caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-c");
+    for pushed in &fleet {
+        let name = support::cache_name(&pushed.target);
+        eventually(&stack, &format!("team-c/{name} filled"), || {
+            let (caches, name) = (fleet_caches.clone(), name.clone());
+            async move {
+                let c = caches.get(&name).await?;
+                Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
+            }
+        })
+        .await?;
+    }
+    let volumes: Vec<_> = fleet
+        .iter()
+        .map(|p| {
+            let claim = support::cache_name(&p.target);
+            (
+                &p.target,
+                json!({"persistentVolumeClaim": {"claimName": claim, "readOnly": true}}),
+            )
+        })
+        .collect();
+    let out = tmp.path().join("fleet-copied");
+    let pod = support::fleet_reader("team-c", "fleet", Some(NODE), &out, &volumes, None)?;
+    let targets: Vec<_> = fleet.iter().map(|p| &p.target).collect();
+    let pods_c: Api<Pod> = Api::namespaced(client.clone(), "team-c");
+    let reports =
+        support::triton_reuses_what_the_pod_read(&pods_c, &pod, &out, &targets, TIMEOUT).await?;
+    assert_eq!(reports.len(), 11, "{reports:#?}");
+    eprintln!(
+        "the fleet through ReadOnlyMany claims: {:.1}s",
+        fleet_began.elapsed().as_secs_f64()
     );
     stack.check_running()?;
     Ok(())

@@ -720,29 +720,39 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         )
         .await?;
     stack.start_agent(NODE)?;
-    let (_, log) = run(&pods, &triton_reuse_pod("team-a", "reuse", "warm")?).await?;
-    let entries = gkm_core::cache::scan(&repo_root().join("fixtures/triton/cuda-75-32"))?
-        .entries()
-        .len();
-    let report: Value = serde_json::from_str(&log[log.find('{').unwrap_or(0)..])
-        .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
-    assert_eq!(report["triton"], "3.6.0", "{report}");
-    assert_eq!(report["target"], "cuda/75/32", "{report}");
-    assert_eq!(report["compiled"], 0, "Triton compiled:\n{report:#}");
-    assert_eq!(report["reused"], entries, "{report}");
+    let fixture = gkm_testenv::triton::fleet()?
+        .into_iter()
+        .find(|t| t.name == "cuda-75-32")
+        .ok_or_else(|| anyhow::anyhow!("no cuda-75-32 fixture"))?;
+    let (_, log) = run(
+        &pods,
+        &triton_reuse_pod("team-a", "reuse", "warm", &fixture)?,
+    )
+    .await?;
+    let report: gkm_testenv::triton::TritonReport =
+        serde_json::from_str(log.trim()).map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
+    assert_eq!(report.triton, "3.6.0", "{report:#?}");
+    assert_eq!(report.target, fixture.target, "{report:#?}");
+    assert!(
+        report.reused_whole() && report.kernels.len() == fixture.kernels,
+        "real Triton did not reuse the delivered capture whole: {report:#?}"
+    );
     Ok(())
 }
 
-/// Where hack/triton-fixtures.sh compiled the fixture `cuda-75-32`: Triton
-/// reuses its kernels only from this path.
-const FIXTURE_COMPILED_AT: &str = "/tmp/gkm-triton-fixtures/cuda-75-32";
-
 /// A pod running real Triton 3.6 (`hack/components.sh triton`: the host's
 /// Python and the Triton virtualenv, mounted read-only) over the cache
-/// `cache` delivered through the CSI volume at the path its kernels were
-/// compiled at: `hack/triton-fleet.py check` compiles the fixture's
-/// kernels again and says which Triton had to compile.
-fn triton_reuse_pod(ns: &str, name: &str, cache: &str) -> anyhow::Result<Pod> {
+/// `cache` delivered through the CSI volume at the path `fixture`'s kernels
+/// were compiled at (inside the pod only: nothing is placed on the host):
+/// `hack/triton-fleet.py check` compiles the fixture's kernels again and
+/// says which Triton had to compile and where it read each.
+fn triton_reuse_pod(
+    ns: &str,
+    name: &str,
+    cache: &str,
+    fixture: &gkm_testenv::triton::FleetTarget,
+) -> anyhow::Result<Pod> {
+    let compiled_at = fixture.compiled_at.display().to_string();
     let venv = std::fs::canonicalize(gkm_testenv::tools_bin_dir().join("../triton-3.6.0"))
         .map_err(|e| {
             anyhow::anyhow!(
@@ -761,9 +771,9 @@ fn triton_reuse_pod(ns: &str, name: &str, cache: &str) -> anyhow::Result<Pod> {
             format!("{hack}/triton-fleet.py"),
             "check",
             "--target",
-            "cuda/75/32",
+            &fixture.target,
             "--cache",
-            FIXTURE_COMPILED_AT
+            &compiled_at
         ]),
         json!([
             {"name": "usr", "mountPath": "/usr", "readOnly": true},
@@ -773,7 +783,7 @@ fn triton_reuse_pod(ns: &str, name: &str, cache: &str) -> anyhow::Result<Pod> {
             {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
             {"name": "hack", "mountPath": hack, "readOnly": true},
             {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "kernels", "mountPath": FIXTURE_COMPILED_AT, "readOnly": true},
+            {"name": "kernels", "mountPath": compiled_at, "readOnly": true},
         ]),
         json!([
             host("usr", "/usr", "Directory"),

@@ -2,12 +2,15 @@
 //! driver for pods' `csi.gkm.io` volumes, and real containers read the cache.
 //!
 //! Two real nodes whose agents read simulated inventories: `real-sm75` (an
-//! NVIDIA T4, which the Triton CUDA fixture fits) and `real-gfx90a` (an AMD
-//! MI210, which it does not), and a kwok node beside them. One test walks the story in order: a pod reads
-//! the cache at its volume root, a pod on the wrong GPU never mounts, the
-//! namespace rules refuse other namespaces, the kubelet and the driver
-//! restart under a running pod, and deleting the pod unmounts and lets a
-//! deleted cache go.
+//! NVIDIA T4, which the Triton CUDA fixture fits, then one GPU of every
+//! other target of the Triton fleet) and `real-gfx90a` (an AMD MI210, which
+//! the fixture does not fit), and a kwok node beside them. One test walks
+//! the story in order: a pod reads the cache at its volume root, a pod on
+//! the wrong GPU never mounts, the namespace rules refuse other namespaces,
+//! every fleet target's real Triton cache mounted into a container is reused
+//! by real Triton with nothing compiled, the kubelet and the driver restart
+//! under a running pod, and deleting the pod unmounts and lets a deleted
+//! cache go.
 
 use std::path::Path;
 use std::time::Duration;
@@ -20,6 +23,8 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
+
+mod support;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const SM75: &str = "real-sm75";
@@ -130,7 +135,7 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     )
     .await?;
     stack
-        .add_real_node(SimulatedNode::new(SM75, "gpus:\n- profile: T4\n"))
+        .add_real_node(SimulatedNode::new(SM75, &support::fleet_inventory()))
         .await?;
     stack
         .add_real_node(SimulatedNode::new(GFX90A, "gpus:\n- profile: MI210\n"))
@@ -316,6 +321,43 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     ] {
         delete_pod_and_wait(pods, name).await?;
     }
+
+    // --- Every fleet target through CSI: a container mounts each real
+    // Triton cache where its kernels were compiled, copies it out, and real
+    // Triton reuses every copy whole, compiling nothing.
+    let fleet_began = std::time::Instant::now();
+    let fleet = support::push_signed_fleet(&stack, &key).await?;
+    support::apply_fleet_caches(
+        &client,
+        "team-a",
+        &fleet,
+        &json!({"signature": signature, "resolveInterval": "10s"}),
+    )
+    .await?;
+    support::wait_on_node(&stack, &client, "team-a", SM75, &fleet, TIMEOUT).await?;
+    let volumes: Vec<_> = fleet
+        .iter()
+        .map(|p| {
+            let attributes = json!({"csi.gkm.io/GKMCache": support::cache_name(&p.target)});
+            (
+                &p.target,
+                json!({"csi": {"driver": "csi.gkm.io", "readOnly": true,
+                                      "volumeAttributes": attributes}}),
+            )
+        })
+        .collect();
+    let out = tmp.path().join("fleet-copied");
+    let reader_pod = support::fleet_reader("team-a", "fleet", Some(SM75), &out, &volumes, None)?;
+    let targets: Vec<_> = fleet.iter().map(|p| &p.target).collect();
+    let reports =
+        support::triton_reuses_what_the_pod_read(&pods_a, &reader_pod, &out, &targets, TIMEOUT)
+            .await?;
+    assert_eq!(reports.len(), 11, "{reports:#?}");
+    eprintln!(
+        "the fleet through CSI: {:.1}s",
+        fleet_began.elapsed().as_secs_f64()
+    );
+    delete_pod_and_wait(&pods_a, "fleet").await?;
 
     // --- Restarting the kubelet: the driver registers again, the running pod
     // keeps its mount, and a new pod mounts.

@@ -179,6 +179,12 @@ struct Cli {
     /// quotas count by; the scheduler extender's.
     #[arg(long, default_value = "gkm.io/gpu.product")]
     model_label: String,
+    /// Give each cache a DeviceClass (`gkm-cache.<namespace>.<name>`,
+    /// `gkm-clustercache.<name>`) selecting the gpu.gkm.io DRA devices its
+    /// kernels fit. Needs DRA and the chart's rights on DeviceClasses (set
+    /// by the chart with dra.enabled).
+    #[arg(long)]
+    dra_device_classes: bool,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -398,6 +404,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         reverify_interval: cli.reverify_interval,
         instance: identity.clone(),
+        device_classes: cli.dra_device_classes,
         pvc: PvcOptions {
             job_image: cli.job_image,
             job_image_pull_policy: cli.job_image_pull_policy,

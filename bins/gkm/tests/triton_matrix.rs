@@ -9,22 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gkm_gpu::simulate::PROFILES;
-
-/// The fleet: which profiles run each fixture's target. Profiles not named
-/// here (V100, MI100, Gaudi2) run none of them.
-const FLEET: [(&str, &[&str]); 11] = [
-    ("cuda-75-32", &["T4"]),
-    ("cuda-80-32", &["A100", "A100-40GB"]),
-    ("cuda-86-32", &["A10"]),
-    ("cuda-89-32", &["L4", "L40S"]),
-    ("cuda-90-32", &["H100", "H200"]),
-    ("cuda-100-32", &["B200", "GB200"]),
-    ("cuda-103-32", &["B300"]),
-    ("cuda-120-32", &["RTX-PRO-6000"]),
-    ("hip-gfx90a-64", &["MI210", "MI250X"]),
-    ("hip-gfx942-64", &["MI300X", "MI325X"]),
-    ("hip-gfx950-64", &["MI355X"]),
-];
+// The fleet: which profiles run each fixture's target. Profiles not named
+// there (V100, MI100, Gaudi2) run none of them.
+use gkm_testenv::triton::FLEET_PROFILES as FLEET;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/triton")

@@ -48,7 +48,7 @@ use crate::cache::Target;
 
 /// The oldest PTX ISA the table knows (6.0, CUDA 9.0): older ISAs come from
 /// toolkits older than any driver checked here.
-const OLDEST_KNOWN_PTX: u32 = 60;
+pub(super) const OLDEST_KNOWN_PTX: u32 = 60;
 
 /// Every reason a driver supporting CUDA `driver` (`"12.4"`) cannot load a
 /// CUDA target's kernels; empty when it can, or when `driver` does not parse.

@@ -69,6 +69,15 @@ pub fn max_ptx_version(cuda_version: &str) -> Option<u32> {
         .map(|(_, ptx)| *ptx)
 }
 
+/// The drivers' CUDA versions [`max_ptx_version`] knows, as the first one
+/// and the first one past them: ((9, 0), (13, 2)) for a table from CUDA 9.0
+/// to 13.1. The PTX rule checks only these.
+pub(crate) fn checked_drivers() -> ((u32, u32), (u32, u32)) {
+    let first = FIRST_CUDA_OF_PTX[0].0;
+    let (major, minor) = FIRST_CUDA_OF_PTX[FIRST_CUDA_OF_PTX.len() - 1].0;
+    (first, (major, minor + 1))
+}
+
 /// The CUDA major version whose toolkits emit PTX ISA `ptx` (84 for 8.4):
 /// the major of the release that introduced it, or, for an ISA newer than
 /// the table that keeps the newest known ISA major (9.2 after 9.1), that
@@ -123,6 +132,14 @@ mod tests {
         assert_eq!(max_ptx_version("13.2"), None);
         assert_eq!(max_ptx_version("twelve"), None);
         assert_eq!(max_ptx_version(""), None);
+    }
+
+    #[test]
+    fn checked_drivers_are_those_with_a_known_ptx_isa() {
+        let (first, past) = checked_drivers();
+        assert_eq!((first, past), ((9, 0), (13, 2)));
+        assert!(max_ptx_version("9.0").is_some() && max_ptx_version("8.9").is_none());
+        assert!(max_ptx_version("13.1").is_some() && max_ptx_version("13.2").is_none());
     }
 
     #[test]

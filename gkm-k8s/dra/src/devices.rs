@@ -21,6 +21,17 @@ pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 /// (`pci0000:00`), for aligning devices of several drivers.
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
+/// A GPU's compiler backend (`cuda`, `hip`), as Triton names it.
+pub const BACKEND: &str = "backend";
+/// A GPU's architecture: `sm_90` for CUDA, the gfx target (`gfx90a`) for AMD.
+pub const ARCHITECTURE: &str = "architecture";
+/// A CUDA GPU's compute capability, a version (`9.0.0`).
+pub const COMPUTE_CAPABILITY: &str = "computeCapability";
+/// A GPU's warp size, an int (left out when not known).
+pub const WARP_SIZE: &str = "warpSize";
+/// The CUDA (or ROCm) version a GPU's driver supports, a version (`12.4.0`).
+pub const TOOLKIT_VERSION: &str = "toolkitVersion";
+
 /// What kind of device a published device is (attribute `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -196,31 +207,38 @@ fn describe(
     }
 }
 
-/// A container GPU's own attributes: who made it, what it is, which
-/// compiler targets it and which driver runs it.
+/// A container GPU's own attributes, as its device publishes them: who
+/// made it, what it is, which compiler targets it and which driver runs it.
+pub fn gpu_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+    let mut attrs = Attributes::default();
+    describe_gpu(gpu, &mut attrs);
+    attrs.0
+}
+
+/// [`gpu_attributes`], into `attrs`.
 fn describe_gpu(gpu: &Gpu, attrs: &mut Attributes) {
     attrs.string("vendor", gpu.vendor.as_str());
     attrs.string("productName", &gpu.product);
     if let Some(backend) = gpu.backend {
-        attrs.string("backend", backend.as_str());
+        attrs.string(BACKEND, backend.as_str());
     }
     if let Some(arch) = &gpu.arch {
         attrs.string(
-            "architecture",
+            ARCHITECTURE,
             &arch.sm_name().unwrap_or_else(|| arch.to_string()),
         );
         if let Some((major, minor)) = arch.compute_capability() {
-            attrs.version("computeCapability", &format!("{major}.{minor}"));
+            attrs.version(COMPUTE_CAPABILITY, &format!("{major}.{minor}"));
         }
     }
     if let Some(warp) = gpu.warp_size {
-        attrs.int("warpSize", i64::from(warp));
+        attrs.int(WARP_SIZE, i64::from(warp));
     }
     if let Some(driver) = &gpu.driver_version {
         attrs.version("driverVersion", driver);
     }
     if let Some(toolkit) = &gpu.toolkit_version {
-        attrs.version("toolkitVersion", toolkit);
+        attrs.version(TOOLKIT_VERSION, toolkit);
     }
     if let Some(uuid) = &gpu.uuid {
         attrs.string("uuid", uuid);

@@ -24,6 +24,9 @@
 //! - **Reports health** to the kubelet ([`health`]): a published device
 //!   that goes or fails is reported unhealthy, so pods using it show it in
 //!   their status, as it leaves the slice.
+//! - **Selects** for others: [`selector`] turns what a cache's targets
+//!   require of a GPU into CEL over these attributes, for the operator's
+//!   per-cache DeviceClasses.
 //! - **Remembers** prepared claims in a checkpoint ([`checkpoint`]), so a
 //!   claim prepared before a kubelet or plugin restart is answered with the
 //!   same devices, and its CDI spec is there for the runtime.
@@ -49,6 +52,7 @@ pub mod metadata;
 mod plugin;
 pub mod prepare;
 pub mod publish;
+pub mod selector;
 pub mod service;
 pub mod slices;
 pub mod version;

@@ -7,7 +7,9 @@
 //! operator's [`PolicyFloor`] allows, records the verdict the agents act on, rolls the node
 //! agents' reports up into counts, conditions and the Status column, and
 //! writes status once per real change. A cache with `storageClassName` also
-//! gets GKM's claims and fill Jobs ([`crate::pvc`]). Deleting a cache waits
+//! gets GKM's claims and fill Jobs ([`crate::pvc`]); with DRA, every cache
+//! gets a DeviceClass selecting the GPUs it fits ([`device_class`]).
+//! Deleting a cache waits
 //! until no pod uses its claims and no node uses or reports it, removes what
 //! it made, then releases the finalizer.
 //!
@@ -30,6 +32,7 @@
 //! ```
 
 pub mod capture;
+pub mod device_class;
 mod error;
 pub mod image_volume;
 mod metrics;
@@ -97,6 +100,10 @@ pub struct OperatorConfig {
     pub instance: String,
     /// How PVC-mode caches get their claims, volumes and fill Jobs.
     pub pvc: crate::pvc::PvcOptions,
+    /// Whether each cache gets a DeviceClass selecting the gpu.gkm.io
+    /// devices it fits ([`device_class`]); needs DRA and the rights on
+    /// DeviceClasses the chart grants with it.
+    pub device_classes: bool,
     /// The capture controller's options; `None` runs no capture controller
     /// (the `GKMCacheCapture` CRD need not be installed).
     pub capture: Option<capture::controller::CaptureControllerOptions>,
@@ -180,6 +187,7 @@ impl Default for OperatorConfig {
             reverify_interval: Duration::from_secs(3600),
             instance: "gkm-operator".into(),
             pvc: crate::pvc::PvcOptions::default(),
+            device_classes: false,
             capture: None,
         }
     }
@@ -205,6 +213,8 @@ pub struct Context {
     pub variants: variants::Variants,
     /// The releases written last, per cache.
     pub releases: release::Releases,
+    /// The caches' DeviceClasses written last.
+    pub device_classes: device_class::DeviceClasses,
     /// The cluster's Nodes, their names and uids only: whether a node that
     /// reports still exists, without a request per report.
     pub nodes: reflector::Store<PartialObjectMeta<Node>>,
@@ -248,6 +258,7 @@ pub async fn run(
         pending_writes: pending_writes::PendingWrites::default(),
         variants: variants::Variants::default(),
         releases: release::Releases::default(),
+        device_classes: device_class::DeviceClasses::default(),
         nodes,
         pvc_watches,
     });

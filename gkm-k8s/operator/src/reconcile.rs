@@ -104,8 +104,16 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
     let variants = variants_of(spec, &status, ctx).await;
     let unread = matches!(variants, Some(Err(_)));
     let release = release_of(spec, &status, variants, false);
+    let for_class = ctx.config.device_classes.then(|| release.clone());
     if write_release(cache, &ctx.client, &ctx.releases, release).await? {
         ctx.metrics.release_written();
+    }
+    // After the release: a class that cannot be written (no DRA API, no
+    // rights) fails the reconcile, never the nodes' delivery.
+    if let Some(release) = for_class {
+        ctx.device_classes
+            .write(&ctx.client, &key, &release)
+            .await?;
     }
     // Targets that could not be read are asked for again soon, not only at
     // the next resolution.
@@ -302,6 +310,11 @@ async fn cleanup<K: CacheObject>(
     reports: &ReportIndex,
 ) -> Result<Action> {
     let key = cache.key();
+    // New claims stop landing through the cache's class at once; claims
+    // allocated already keep their devices.
+    if ctx.config.device_classes {
+        ctx.device_classes.remove(&ctx.client, &key).await?;
+    }
     let old = cache.cache_status().cloned().unwrap_or_default();
     let entries = live_reports_for(cache, ctx, reports).await?;
     let (counts, _) = rollup(

@@ -180,7 +180,8 @@ pub mod names {
 
     const MAX: usize = 63;
 
-    fn short_hash(text: &str) -> String {
+    /// The first 10 hex digits of `text`'s SHA-256.
+    pub(crate) fn short_hash(text: &str) -> String {
         let digest = gkm_oci::Digest::of(text.as_bytes()).to_string();
         digest
             .rsplit(':')
