@@ -676,6 +676,156 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
     Ok(())
 }
 
+#[tokio::test]
+async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow::Result<()> {
+    use gkm_k8s_api::crd::{CaptureSigning, GKMCacheCapture, GKMCacheCaptureSpec};
+    use gkm_k8s_operator::capture::job::{CapturedPod, JobOptions, job};
+    use kube::CustomResourceExt;
+
+    let (plane, admin) = install(&["rbac/operator.yaml", "policies/operator-scope.yaml"]).await?;
+    plane.install_crds(&[GKMCacheCapture::crd()]).await?;
+    let jobs_path = format!("/apis/batch/v1/namespaces/{TEAM}/jobs");
+    let mut capture = GKMCacheCapture::new(
+        "warm",
+        GKMCacheCaptureSpec {
+            target_image: "registry.example.com/team/llama:h100".into(),
+            signing: CaptureSigning {
+                secret_name: "signing".into(),
+                ..CaptureSigning::default()
+            },
+            registry_credentials_secret: Some("push".into()),
+            ..GKMCacheCaptureSpec::default()
+        },
+    );
+    capture.metadata.namespace = Some(TEAM.into());
+    capture.metadata.uid = Some("0f8e2a2c-8d5b-4c1e-9d7e-3a1b2c3d4e5f".into());
+    // The image the chart renders deploy/ with.
+    let options = JobOptions {
+        image: format!("ghcr.io/gkm-rs/gkm:v{}", env!("CARGO_PKG_VERSION")),
+        image_pull_policy: "IfNotPresent".into(),
+        host_network: false,
+    };
+    let pod = CapturedPod {
+        uid: "6f1c2a7e-1111-2222-3333-444455556666",
+        node: "node-1",
+        tolerations: json!([]),
+    };
+    let made = |name: &str| {
+        job(&capture, name, &pod, &options).ok_or_else(|| anyhow::anyhow!("no capture Job"))
+    };
+
+    // A capture Job with a hostPath volume: refused, once the policy is
+    // loaded.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let mut host = made(&format!("capture-host-{n}"))?;
+        host["spec"]["template"]["spec"]["volumes"][0] =
+            json!({"name": "tree", "hostPath": {"path": "/"}});
+        match as_operator(&admin, &jobs_path, &host).await? {
+            Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {
+                assert!(
+                    status.message.contains("capture Jobs"),
+                    "{}",
+                    status.message
+                );
+                break;
+            }
+            other => {
+                if other.is_ok() {
+                    let background = kube::api::DeleteParams::background();
+                    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
+                        .delete(&format!("capture-host-{n}"), &background)
+                        .await?;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "the operator's identity created a capture Job mounting the host: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // What the operator makes: allowed.
+    as_operator(&admin, &jobs_path, &made("capture-warm-1")?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("the operator's capture Job was refused: {}", s.message))?;
+
+    // Anything else of that shape: refused.
+    let changed = |name: &str, change: &dyn Fn(&mut Value)| -> anyhow::Result<Value> {
+        let mut job = made(name)?;
+        change(&mut job["spec"]["template"]["spec"]);
+        Ok(job)
+    };
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            "a capture Job running a shell",
+            changed("capture-shell", &|p| {
+                p["containers"][0]["command"] = json!(["/bin/sh", "-c", "cat /signing/key"])
+            })?,
+        ),
+        (
+            "a capture Job of another image",
+            changed("capture-image", &|p| {
+                p["containers"][0]["image"] = json!("busybox")
+            })?,
+        ),
+        (
+            "a capture Job writing the captured tree",
+            changed("capture-writable", &|p| {
+                p["volumes"][0]["csi"]["readOnly"] = json!(false)
+            })?,
+        ),
+        (
+            "a capture Job mounting a claim",
+            changed(
+                "capture-claim",
+                &|p| {
+                    p["volumes"][2] =
+                        json!({"name": "work", "persistentVolumeClaim": {"claimName": "data"}})
+                },
+            )?,
+        ),
+        (
+            "a capture Job with a ServiceAccount token",
+            changed("capture-token", &|p| {
+                p["automountServiceAccountToken"] = json!(true)
+            })?,
+        ),
+        (
+            "a capture Job reading another Secret into its environment",
+            changed("capture-env", &|p| {
+                p["containers"][0]["env"] = json!([{"name": "TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": "signing", "key": "cosign.key"}}}])
+            })?,
+        ),
+        (
+            "a capture Job running as root",
+            changed("capture-root", &|p| {
+                p["securityContext"]["runAsNonRoot"] = json!(false)
+            })?,
+        ),
+        (
+            "a capture Job adding a capability",
+            changed("capture-capability", &|p| {
+                p["containers"][0]["securityContext"]["capabilities"] =
+                    json!({"add": ["SYS_ADMIN"]})
+            })?,
+        ),
+        ("a capture Job owned by nothing", {
+            let mut job = made("capture-unowned")?;
+            job["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("ownerReferences"));
+            job
+        }),
+    ];
+    for (what, body) in cases {
+        refused_naming_operator(what, as_operator(&admin, &jobs_path, &body).await?);
+    }
+    Ok(())
+}
+
 /// Whether `user` may `verb` `resource` (`resource[/subresource]` of
 /// `gkm.io`) in the tenant's namespace, by a SubjectAccessReview.
 async fn may(admin: &kube::Client, user: &str, verb: &str, resource: &str) -> anyhow::Result<bool> {
@@ -773,6 +923,11 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
         (editor, "patch", "gkmgpuquotas", false),
         (editor, "patch", "gkmgpuquotas/status", false),
         (editor, "delete", "gkmgpuquotas", false),
+        (viewer, "watch", "gkmcachecaptures", true),
+        (viewer, "create", "gkmcachecaptures", false),
+        (editor, "create", "gkmcachecaptures", true),
+        (editor, "delete", "gkmcachecaptures", true),
+        (editor, "patch", "gkmcachecaptures/status", false),
     ];
     let mut wrong = Vec::new();
     for (user, verb, resource, expected) in table {

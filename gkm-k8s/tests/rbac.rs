@@ -243,8 +243,8 @@ fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
     );
     let csi_pod = &workloads[2]["spec"]["template"]["spec"];
     assert_eq!(
-        csi_pod["automountServiceAccountToken"], false,
-        "the CSI driver needs no API token"
+        csi_pod["automountServiceAccountToken"], true,
+        "the CSI driver watches its node's captures"
     );
     let containers: Vec<&str> = csi_pod["containers"]
         .as_array()
@@ -442,7 +442,16 @@ const OPERATOR_RULES: &[&str] = &[
     "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
     "gkm.io gkmgpuquotas list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",
+    // On-cluster capture.
+    "gkm.io gkmcachecaptures get,list,watch",
+    "gkm.io gkmcachecaptures/status get,patch",
+    "gkm.io gkmcachecaptures/finalizers update",
+    "gkm.io gkmcaches create",
+    "batch jobs get",
+    "core events list",
 ];
+/// The CSI driver's: this node's captures, read-only.
+const CSI_RULES: &[&str] = &["gkm.io gkmcachecaptures get,list,watch"];
 /// The operator's rules in the release namespace only: its Lease and the
 /// webhook CA Secret its replicas share.
 const OPERATOR_LEASE_RULES: &[&str] = &[
@@ -502,8 +511,8 @@ async fn each_component_has_exactly_the_rules_it_needs() -> anyhow::Result<()> {
         rules(plane, "gkm-agent", SYSTEM).await?,
         expect(AGENT_RULES)
     );
-    assert_eq!(rules(plane, "gkm-csi", TEAM).await?, BTreeSet::new());
-    assert_eq!(rules(plane, "gkm-csi", SYSTEM).await?, BTreeSet::new());
+    assert_eq!(rules(plane, "gkm-csi", TEAM).await?, expect(CSI_RULES));
+    assert_eq!(rules(plane, "gkm-csi", SYSTEM).await?, expect(CSI_RULES));
     Ok(())
 }
 
@@ -578,7 +587,15 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-operator", "list secrets rbac-team -", false),
         ("gkm-operator", "watch secrets - -", false),
         ("gkm-operator", "update secrets rbac-team cosign-pub", false),
-        ("gkm-operator", "create gkm.io/gkmcaches rbac-team -", false),
+        // A complete capture creates the GKMCache it names.
+        ("gkm-operator", "create gkm.io/gkmcaches rbac-team -", true),
+        ("gkm-operator", "list secrets - -", false),
+        ("gkm-operator", "create pods rbac-team -", false),
+        (
+            "gkm-operator",
+            "update gkm.io/gkmcachecaptures rbac-team warm",
+            false,
+        ),
         (
             "gkm-operator",
             "delete gkm.io/gkmcaches rbac-team cache",
@@ -741,6 +758,22 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-csi", "list pods - -", false),
         ("gkm-csi", "create events.k8s.io/events rbac-team -", false),
         ("gkm-csi", "create events rbac-team -", false),
+        ("gkm-csi", "watch gkm.io/gkmcachecaptures - -", true),
+        (
+            "gkm-csi",
+            "get gkm.io/gkmcachecaptures rbac-team warm",
+            true,
+        ),
+        (
+            "gkm-csi",
+            "patch gkm.io/gkmcachecaptures/status rbac-team warm",
+            false,
+        ),
+        (
+            "gkm-csi",
+            "delete gkm.io/gkmcachecaptures rbac-team warm",
+            false,
+        ),
     ];
     let mut wrong = Vec::new();
     for (account, spec, expected) in table {

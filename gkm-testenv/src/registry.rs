@@ -112,6 +112,14 @@ impl Registry {
             .collect())
     }
 
+    /// The registry's own record of repository `repo` (`team/name`): absent
+    /// when nothing was ever pushed to it (not even an upload begun).
+    pub fn repository_dir(&self, repo: &str) -> PathBuf {
+        self.root
+            .join("data/docker/registry/v2/repositories")
+            .join(repo)
+    }
+
     /// Where the registry keeps the bytes of blob `digest`
     /// (`sha256:<hex>`), for tests that make it serve other bytes.
     pub fn blob_data_path(&self, digest: &str) -> PathBuf {

@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
 use gkm_k8s_csi::{
     Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
 };
@@ -33,6 +35,21 @@ struct Cli {
     /// The kubelet's plugin registry directory as mounted in this container.
     #[arg(long, default_value = "/registration")]
     plugin_registration_dir: PathBuf,
+    /// Remove each captured tree (a GKMCacheCapture's volume) from this node
+    /// once its capture is over, or once its capture no longer exists and
+    /// the tree is older than --capture-orphan-grace. Watches this node's
+    /// captures, with --kubeconfig or the in-cluster ServiceAccount; without
+    /// a cluster to reach, trees are kept (a warning says so).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    release_captures: bool,
+    /// How old a captured tree whose GKMCacheCapture does not exist must be
+    /// before it goes (a workload may start before its capture is made).
+    #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
+    capture_orphan_grace: Duration,
+    /// A kubeconfig file, for --release-captures; without it, $KUBECONFIG,
+    /// ~/.kube/config or the in-cluster ServiceAccount.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -40,7 +57,9 @@ struct Cli {
 
 /// How often mount records are checked against the kernel's mount table
 /// (and how old a record must be to be forgotten).
-const MOUNT_RECORD_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+const MOUNT_RECORD_CHECK: Duration = Duration::from_secs(60);
+/// How often captured trees are looked at besides the watch's events.
+const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(30);
 
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
@@ -93,6 +112,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         MOUNT_RECORD_CHECK,
         stopped(stop_rx.clone()),
     ));
+    if cli.release_captures {
+        match gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await {
+            Ok(client) => {
+                let options = ReleaseOptions {
+                    node: config.node_name.clone(),
+                    interval: CAPTURE_RELEASE_CHECK,
+                    grace: cli.capture_orphan_grace,
+                };
+                tokio::spawn(release_captures(
+                    client,
+                    driver.node.clone(),
+                    options,
+                    stopped(stop_rx.clone()),
+                ));
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "captured trees stay on this node until it can reach the cluster (--release-captures)"
+            ),
+        }
+    }
     serve_csi(&socket, driver, stopped(stop_rx))
         .await
         .context("serving CSI")?;

@@ -45,7 +45,7 @@ const VARIANTS: &[Variant] = &[
     },
     // Images pinned by digest from a private registry, a distribution with
     // its kubelet elsewhere, GPU nodes only, no device plugin, a node-local
-    // mirror for the cache registry.
+    // mirror for the cache registry, no on-cluster capture.
     Variant {
         name: "private_registry_custom_paths",
         args: &[
@@ -63,6 +63,9 @@ const VARIANTS: &[Variant] = &[
             "storeDir=/data/gkm",
             "--set",
             "devicePlugin.enabled=false",
+            // No on-cluster capture: the CSI driver has no token.
+            "--set",
+            "capture.enabled=false",
             // GPUs through DRA instead of the device plugin.
             "--set",
             "dra.enabled=true",

@@ -5,22 +5,28 @@
 //! of another namespace cannot mount it; the tree, captured with
 //! `gkm_oci::capture` (what the capture Job runs), becomes an image in the
 //! real registry that verifies with the capture's key; a tree holding a
-//! symbolic link to /etc is refused and nothing is pushed; released, the
-//! trees leave nothing on the node. Then the operator's capture controller,
-//! in process, drives captures on its own: a workload ends, the controller
-//! runs the capture Job (gkm's own image, on the real kubelet) and the
-//! capture completes with a digest that verifies, its `GKMCache` pointed at
-//! it; a link to /etc, a missing Secret and an unreachable registry (retried
-//! once) end Failed with their reason and nothing pushed.
+//! symbolic link to /etc is refused and nothing is pushed; the tag is
+//! written last, after the manifest by digest is pushed, signed and
+//! verified. The node's CSI driver removes each tree once its capture is
+//! over, or deleted, and nothing is left on the node. Then the operator
+//! (the gkm-operator binary, with the RBAC deploy/ ships) drives captures
+//! on its own: a workload ends, the operator runs the capture Job (gkm's own
+//! image, on the real kubelet) and the capture completes with a digest that
+//! verifies, its `GKMCache` pointed at it; a link to /etc, a tree over the
+//! size limit, a tree that is not a cache, a Secret of another namespace
+//! and an unreachable registry (retried once) end Failed with their reason
+//! and nothing pushed; an operator restarted while a capture Job runs
+//! carries on with that Job, and a capture Job whose pod is killed fails
+//! the capture with nothing tagged. The node releases every tree.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
 use gkm_core::policy::Policy;
 use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCache, GKMCacheCapture};
-use gkm_k8s_operator::capture::controller::{CaptureControllerOptions, run as capture_controller};
-use gkm_k8s_operator::capture::decide::Retry;
-use gkm_k8s_operator::capture::job::JobOptions;
 use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::capture::{CaptureOptions, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
@@ -28,8 +34,7 @@ use gkm_oci::{ImageRef, RegistryOptions};
 use gkm_testenv::{BUSYBOX_IMAGE, mounts_under, pod_events, pod_log, wait_for_pod};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::CustomResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -40,6 +45,18 @@ const BOUND: &str = "8388608";
 /// A pod on the real node running `script` with `volumes` mounted as
 /// `mounts`, once (`restartPolicy: Never`).
 fn pod(ns: &str, name: &str, script: &str, mounts: Value, volumes: Value) -> anyhow::Result<Pod> {
+    pod_running(ns, name, json!(["/bin/sh", "-c", script]), mounts, volumes)
+}
+
+/// A pod on the real node running `command` with `volumes` mounted as
+/// `mounts`, once, with `HOME=/tmp`.
+fn pod_running(
+    ns: &str,
+    name: &str,
+    command: Value,
+    mounts: Value,
+    volumes: Value,
+) -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns},
         "spec": {
@@ -51,7 +68,8 @@ fn pod(ns: &str, name: &str, script: &str, mounts: Value, volumes: Value) -> any
                 "name": "main",
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
+                "command": command,
+                "env": [{"name": "HOME", "value": "/tmp"}],
                 "volumeMounts": mounts,
             }],
             "volumes": volumes,
@@ -62,13 +80,24 @@ fn pod(ns: &str, name: &str, script: &str, mounts: Value, volumes: Value) -> any
 /// A workload writing into its capture volume of the capture `capture`:
 /// the real Triton fixture (from a read-only hostPath), then `extra`.
 fn workload(ns: &str, name: &str, capture: &str, extra: &str) -> anyhow::Result<Pod> {
+    writer(
+        ns,
+        name,
+        capture,
+        &format!("cp -r /fixture/. /capture/ && {extra} echo WROTE"),
+    )
+}
+
+/// A workload running `script` with its capture volume of the capture
+/// `capture` at /capture (and the real Triton fixture at /fixture).
+fn writer(ns: &str, name: &str, capture: &str, script: &str) -> anyhow::Result<Pod> {
     let fixture = repo_root()
         .join("fixtures/triton/cuda-75-32")
         .canonicalize()?;
     pod(
         ns,
         name,
-        &format!("cp -r /fixture/. /capture/ && {extra} echo WROTE"),
+        script,
         json!([{"name": "capture", "mountPath": "/capture"},
                {"name": "fixture", "mountPath": "/fixture", "readOnly": true}]),
         json!([{"name": "capture", "csi": {"driver": "csi.gkm.io", "volumeAttributes": {
@@ -126,6 +155,83 @@ async fn run(pods: &Api<Pod>, pod: &Pod) -> anyhow::Result<(String, String)> {
     Ok((done.metadata.uid.clone().unwrap_or_default(), log))
 }
 
+/// A capture of `ns` pushing `name` to `registry`, signed with the Secret
+/// `secret`, at most `max_bytes`.
+fn capture_object(
+    ns: &str,
+    name: &str,
+    registry: &str,
+    secret: &str,
+    max_bytes: &str,
+) -> anyhow::Result<GKMCacheCapture> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"targetImage": format!("{registry}/{ns}/{name}:v1"),
+                 "signing": {"secretName": secret},
+                 "insecureRegistry": true, "maxBytes": max_bytes, "cacheName": name},
+    }))?)
+}
+
+/// Writes a capture's status as the operator would.
+async fn set_status(
+    captures: &Api<GKMCacheCapture>,
+    name: &str,
+    status: Value,
+) -> anyhow::Result<()> {
+    captures
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the node's CSI driver removed `tree`, and its mount.
+async fn released(tree: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + TIMEOUT;
+    while tree.exists() || !mounts_under(tree).is_empty() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the node kept the captured tree {}",
+            tree.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Whether the registry holds the repository `repo` at all.
+fn pushed(stack: &Stack, repo: &str) -> bool {
+    stack.registry.repository_dir(repo).exists()
+}
+
+/// Records, at each step of a capture, whether the target's tag and its
+/// manifest by digest were in the registry then.
+struct TagWatch {
+    repository: std::path::PathBuf,
+    tag: String,
+    seen: Mutex<Vec<(String, bool, usize)>>,
+}
+
+impl gkm_oci::Report for TagWatch {
+    fn step(&self, name: &str, _total: Option<u64>) {
+        let tagged = self
+            .repository
+            .join("_manifests/tags")
+            .join(&self.tag)
+            .exists();
+        let manifests = std::fs::read_dir(self.repository.join("_manifests/revisions/sha256"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push((name.to_string(), tagged, manifests));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> anyhow::Result<()> {
     let tmp = gkm_testenv::temp_dir()?;
@@ -143,6 +249,12 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     let pods_b: Api<Pod> = Api::namespaced(client.clone(), "team-b");
     let store = stack.store_dir(NODE);
     let _cleanup = LeaveNoTrees(store.join("captures"));
+    // The captures exist, not started: the node keeps their trees.
+    let captures: Api<GKMCacheCapture> = Api::namespaced(client.clone(), "team-a");
+    for name in ["warm", "evil"] {
+        let made = capture_object("team-a", name, stack.registry.addr(), "signing", "8MiB")?;
+        captures.create(&PostParams::default(), &made).await?;
+    }
 
     // The workload writes the real cache, and cannot write past the bound.
     let overflow = "if dd if=/dev/zero of=/capture/pad bs=1048576 count=16 2>/dev/null; \
@@ -186,7 +298,8 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     assert!(refused.starts_with("FailedMount"), "{refused}");
     assert_eq!(phase(&pods_b.get("thief").await?), Some("Pending"));
 
-    // Captured (as the capture Job would): signed, verified, tagged.
+    // Captured (as the capture Job would): signed, verified, tagged; the
+    // tag written last, once the manifest is in the registry by digest.
     let key = cosign::generate_key_pair(&tmp.path().join("keys"))?;
     let signing = SigningKey::from_pem(
         &std::fs::read_to_string(&key.private_key)?,
@@ -197,16 +310,42 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
         ..RegistryOptions::default()
     };
     let target: ImageRef = format!("{}/team-a/warm:v1", stack.registry.addr()).parse()?;
+    let watch = Arc::new(TagWatch {
+        repository: stack.registry.repository_dir("team-a/warm"),
+        tag: "v1".into(),
+        seen: Mutex::new(Vec::new()),
+    });
     let captured = capture(
         &tree,
         &target,
         &signing,
         &CaptureOptions::default(),
         &registry,
-        None,
+        Some(watch.clone()),
     )
     .await?;
     assert_eq!(captured.cache.summary().to_string(), "cuda/75/32");
+    let steps = watch
+        .seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    let at = |prefix: &str| {
+        steps
+            .iter()
+            .find(|(name, _, _)| name.starts_with(prefix))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no step {prefix}: {steps:?}"))
+    };
+    for step in ["signing", "verifying", "tagging"] {
+        let (_, tagged, manifests) = at(step)?;
+        assert!(!tagged, "tagged before {step} finished: {steps:?}");
+        assert!(manifests > 0, "no manifest by digest at {step}: {steps:?}");
+    }
+    assert!(
+        steps.iter().all(|(_, tagged, _)| !tagged),
+        "the tag came before the last step: {steps:?}"
+    );
     let public = gkm_core::policy::PublicKey::from_pem(&key.public_pem)?;
     let verified = gkm_oci::verify::verify(
         &captured.pinned,
@@ -216,6 +355,10 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     )
     .await?;
     assert_eq!(verified.digest, captured.digest.to_string());
+    let tagged = gkm_oci::Repo::open(&target, &registry)?
+        .fetch_manifest()
+        .await?;
+    assert_eq!(tagged.digest, captured.digest);
 
     // A workload that leaves a link to /etc: refused, nothing pushed.
     let (evil_uid, _) = run(
@@ -238,28 +381,35 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     assert_eq!(err.reason(), FailureReason::UnsafeTree, "{err}");
     assert!(err.to_string().contains("symbolic link to /etc"), "{err}");
     assert!(
-        !stack
-            .registry
-            .root()
-            .join("docker/registry/v2/repositories/team-a/evil")
-            .exists(),
+        !pushed(&stack, "team-a/evil"),
         "nothing pushed for the refused tree"
     );
 
-    // Released: nothing left on the node.
-    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
-        node_name: NODE.into(),
-        store_root: store.clone(),
-    })?;
-    driver.node.release_capture("team-a", "warm", &uid)?;
-    driver.node.release_capture("team-a", "evil", &evil_uid)?;
-    let captures = store.join("captures");
+    // The node keeps both trees while their captures are open, removes the
+    // one whose capture is over, and the one whose capture was deleted.
+    let node = json!({"phase": "Capturing", "node": NODE});
+    set_status(&captures, "warm", node.clone()).await?;
+    set_status(&captures, "evil", node).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
-        mounts_under(&captures).is_empty(),
-        "{:?}",
-        mounts_under(&captures)
+        tree.is_dir() && evil_tree.is_dir(),
+        "open captures' trees stay"
     );
-    assert!(!tree.exists() && !evil_tree.exists());
+    set_status(&captures, "warm", json!({"phase": "Complete"})).await?;
+    released(&tree).await?;
+    assert!(evil_tree.is_dir(), "an open capture's tree stays");
+    captures.delete("evil", &DeleteParams::default()).await?;
+    released(&evil_tree).await?;
+    let captured_dir = store.join("captures");
+    assert!(
+        mounts_under(&captured_dir).is_empty(),
+        "{:?}",
+        mounts_under(&captured_dir)
+    );
+    assert!(
+        !captured_dir.join("team-a/warm").exists() && !captured_dir.join("team-a/evil").exists(),
+        "empty capture directories go too"
+    );
     Ok(())
 }
 
@@ -279,8 +429,75 @@ async fn over(captures: &Api<GKMCacheCapture>, name: &str) -> anyhow::Result<Cap
     }
 }
 
+/// A TCP proxy to `upstream` that holds every connection until its gate
+/// opens (a registry that does not answer yet).
+struct GatedRegistry {
+    addr: String,
+    gate: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatedRegistry {
+    async fn start(upstream: &str) -> anyhow::Result<GatedRegistry> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let (gate, opened) = tokio::sync::watch::channel(false);
+        let upstream = upstream.to_string();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut opened = opened.clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if opened.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Ok(GatedRegistry { addr, gate, task })
+    }
+
+    fn open(&self) {
+        let _ = self.gate.send(true);
+    }
+}
+
+impl Drop for GatedRegistry {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Waits until the capture `name`'s Job has a running pod; its name.
+async fn job_pod_running(
+    captures: &Api<GKMCacheCapture>,
+    pods: &Api<Pod>,
+    name: &str,
+) -> anyhow::Result<(String, String)> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let status = captures.get(name).await?.status.unwrap_or_default();
+        if let Some(job) = &status.job {
+            let listed = pods
+                .list(&ListParams::default().labels(&format!("job-name={job}")))
+                .await?;
+            if let Some(pod) = listed.items.iter().find(|p| phase(p) == Some("Running")) {
+                return Ok((job.clone(), pod.metadata.name.clone().unwrap_or_default()));
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the capture {name} has no running Job pod: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> anyhow::Result<()> {
+async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Result<()> {
     let tmp = gkm_testenv::temp_dir()?;
     let mut stack =
         Stack::start_with_controllers(tmp.path(), Vec::new(), &["job-controller"]).await?;
@@ -311,73 +528,109 @@ async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> a
     );
     let store = stack.store_dir(NODE);
     let _cleanup = LeaveNoTrees(store.join("captures"));
-    stack
-        .plane
-        .install_crds(&[GKMCacheCapture::crd(), GKMCache::crd()])
-        .await?;
-    stack.plane.ensure_namespace("team-a").await?;
+    for ns in ["team-a", "team-b"] {
+        stack.plane.ensure_namespace(ns).await?;
+    }
     let client = stack.plane.client().await?;
 
-    // The tenant's signing Secret, in its namespace.
+    // The tenant's signing Secret, in its namespace; another tenant's, in
+    // theirs.
     let key = cosign::generate_key_pair(&tmp.path().join("keys"))?;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "signing", "namespace": "team-a"},
-        "stringData": {"cosign.key": std::fs::read_to_string(&key.private_key)?,
-                       "cosign.password": cosign::PASSWORD},
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), "team-a")
-        .create(&PostParams::default(), &secret)
-        .await?;
+    for (ns, name) in [("team-a", "signing"), ("team-b", "team-b-signing")] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "stringData": {"cosign.key": std::fs::read_to_string(&key.private_key)?,
+                           "cosign.password": cosign::PASSWORD},
+        }))?;
+        Api::<Secret>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &secret)
+            .await?;
+    }
 
-    // The operator's capture controller, in process.
-    let options = CaptureControllerOptions {
-        job: JobOptions {
-            image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
-            image_pull_policy: "Never".into(),
-            // The registry listens on the host's loopback.
-            host_network: true,
-        },
-        retry: Retry {
-            max_attempts: 2,
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(1),
-        },
-        poll: Duration::from_millis(500),
-    };
-    let controller = tokio::spawn(capture_controller(client.clone(), options));
+    // The operator, as its ServiceAccount: capture Jobs in the node's
+    // network (the registry listens on the host's loopback), from the
+    // imported image; a registry failure retried once.
+    let capture_args = [
+        "--job-host-network",
+        "--job-image-pull-policy=Never",
+        "--capture-attempts=2",
+    ];
+    let operator_args: Vec<String> = [
+        "--resolve-interval=2s",
+        "--tenant-signer-namespaces=team-a,team-b,team-c",
+    ]
+    .into_iter()
+    .chain(capture_args)
+    .map(String::from)
+    .collect();
+    let agent_args = vec!["--resync=2s".to_string(), "--gc-grace=0s".to_string()];
+    stack.set_args(operator_args, agent_args);
+    stack.start_operator()?;
 
     let captures: Api<GKMCacheCapture> = Api::namespaced(client.clone(), "team-a");
     let registry_addr = stack.registry.addr().to_string();
-    let make = |name: &str, registry: &str, secret: &str| {
-        serde_json::from_value::<GKMCacheCapture>(json!({
-            "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"targetImage": format!("{registry}/team-a/{name}:v1"),
-                     "signing": {"secretName": secret},
-                     "insecureRegistry": true, "maxBytes": "8MiB", "cacheName": name},
-        }))
-    };
     // A closed port: the registry cannot be reached.
     let unreachable = "127.0.0.1:9";
-    for (name, registry, secret) in [
-        ("warm", registry_addr.as_str(), "signing"),
-        ("evil", registry_addr.as_str(), "signing"),
-        ("nokey", registry_addr.as_str(), "missing"),
-        ("down", unreachable, "signing"),
-    ] {
+    // Registries that answer only once told to.
+    let held = GatedRegistry::start(&registry_addr).await?;
+    let stuck = GatedRegistry::start(&registry_addr).await?;
+    let cases = [
+        ("warm", registry_addr.as_str(), "signing", "8MiB"),
+        ("evil", registry_addr.as_str(), "signing", "8MiB"),
+        ("big", registry_addr.as_str(), "signing", "64KiB"),
+        ("notes", registry_addr.as_str(), "signing", "8MiB"),
+        ("foreign", registry_addr.as_str(), "team-b-signing", "8MiB"),
+        ("down", unreachable, "signing", "8MiB"),
+        ("held", held.addr.as_str(), "signing", "8MiB"),
+        ("killed", stuck.addr.as_str(), "signing", "8MiB"),
+    ];
+    for (name, registry, secret, max_bytes) in cases {
         captures
-            .create(&PostParams::default(), &make(name, registry, secret)?)
+            .create(
+                &PostParams::default(),
+                &capture_object("team-a", name, registry, secret, max_bytes)?,
+            )
             .await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
-    for (name, extra) in [
-        ("warm", ""),
-        ("evil", "ln -s /etc /capture/etc &&"),
-        ("nokey", ""),
-        ("down", ""),
-    ] {
-        run(&pods, &workload("team-a", name, name, extra)?).await?;
+    let mut uids = BTreeMap::new();
+    for (name, _, _, _) in cases {
+        let made = match name {
+            "evil" => workload("team-a", name, name, "ln -s /etc /capture/etc &&")?,
+            "notes" => writer(
+                "team-a",
+                name,
+                name,
+                "mkdir /capture/notes && echo hello > /capture/notes/readme.txt",
+            )?,
+            _ => workload("team-a", name, name, "")?,
+        };
+        let (uid, _) = run(&pods, &made).await?;
+        uids.insert(name, uid);
     }
+
+    // The operator restarts while the capture Job of "held" waits on its
+    // registry: the new one carries on with the same Job.
+    let (held_job, _) = job_pod_running(&captures, &pods, "held").await?;
+    stack.start_operator()?;
+    held.open();
+    let resumed = over(&captures, "held").await?;
+    assert_eq!(resumed.phase, CapturePhase::Complete, "{resumed:?}");
+    assert_eq!(resumed.attempts, 1, "{resumed:?}");
+    assert_eq!(resumed.job.as_deref(), Some(held_job.as_str()));
+
+    // The capture Job of "killed" loses its pod mid-way: the capture fails,
+    // nothing is tagged.
+    let (_, killed_pod) = job_pod_running(&captures, &pods, "killed").await?;
+    pods.delete(&killed_pod, &DeleteParams::default().grace_period(0))
+        .await?;
+    let killed = over(&captures, "killed").await?;
+    assert_eq!(killed.phase, CapturePhase::Failed, "{killed:?}");
+    assert_eq!(killed.reason.as_deref(), Some("NoOutcome"), "{killed:?}");
+    assert!(
+        !pushed(&stack, "team-a/killed"),
+        "nothing pushed for killed"
+    );
 
     // The workload ended: captured on its own, the digest verifies, the tag
     // names it, and the named GKMCache points at it.
@@ -405,29 +658,29 @@ async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> a
         .await?;
     assert_eq!(Some(cache.spec.cache.image), warm.image);
 
-    // A link to /etc: Failed with the Job's reason, nothing pushed.
-    let evil = over(&captures, "evil").await?;
-    assert_eq!(evil.phase, CapturePhase::Failed, "{evil:?}");
-    assert_eq!(evil.reason.as_deref(), Some("UnsafeTree"), "{evil:?}");
-    assert!(
-        evil.message.as_deref().unwrap_or_default().contains("/etc"),
-        "{evil:?}"
-    );
-    assert!(
-        !stack
-            .registry
-            .root()
-            .join("docker/registry/v2/repositories/team-a/evil")
-            .exists(),
-        "nothing pushed for the refused tree"
-    );
-
-    // A Secret the namespace lacks: Failed, the blocked Job deleted.
-    let nokey = over(&captures, "nokey").await?;
-    assert_eq!(nokey.phase, CapturePhase::Failed, "{nokey:?}");
-    assert_eq!(nokey.reason.as_deref(), Some("SecretNotFound"), "{nokey:?}");
+    // Refused trees and Secrets: Failed with their reason, nothing pushed.
+    for (name, reason, says) in [
+        ("evil", "UnsafeTree", "/etc"),
+        ("big", "UnsafeTree", "total-too-large"),
+        ("notes", "NotACache", "cache"),
+        ("foreign", "SecretNotFound", "team-b-signing"),
+    ] {
+        let status = over(&captures, name).await?;
+        assert_eq!(status.phase, CapturePhase::Failed, "{name}: {status:?}");
+        assert_eq!(status.reason.as_deref(), Some(reason), "{name}: {status:?}");
+        assert!(
+            status.message.as_deref().unwrap_or_default().contains(says),
+            "{name}: {status:?}"
+        );
+        assert!(
+            !pushed(&stack, &format!("team-a/{name}")),
+            "nothing pushed for {name}"
+        );
+    }
+    // The blocked Job is deleted.
+    let foreign = over(&captures, "foreign").await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "team-a");
-    let job = nokey.job.clone().unwrap_or_default();
+    let job = foreign.job.clone().unwrap_or_default();
     let deadline = Instant::now() + TIMEOUT;
     while jobs.get_opt(&job).await?.is_some() {
         anyhow::ensure!(Instant::now() < deadline, "the blocked Job {job} stays");
@@ -440,17 +693,9 @@ async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> a
     assert_eq!(down.reason.as_deref(), Some("RegistryError"), "{down:?}");
     assert_eq!(down.attempts, 2, "{down:?}");
 
-    // Every capture is over, so its tree may go. Nothing on the node
-    // releases trees yet: the test does what the node will, for the
-    // captures the controller ended, and nothing is left.
-    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
-        node_name: NODE.into(),
-        store_root: store.clone(),
-    })?;
-    for name in ["warm", "evil", "nokey", "down"] {
-        assert!(over(&captures, name).await?.phase.is_final());
-        let uid = pods.get(name).await?.metadata.uid.unwrap_or_default();
-        driver.node.release_capture("team-a", name, &uid)?;
+    // Every capture is over: the node removed every tree on its own.
+    for (name, uid) in &uids {
+        released(&store.join("captures/team-a").join(name).join(uid)).await?;
     }
     let captured = store.join("captures");
     assert!(
@@ -458,6 +703,98 @@ async fn the_capture_controller_captures_ended_workloads_on_the_real_node() -> a
         "{:?}",
         mounts_under(&captured)
     );
-    controller.abort();
+
+    // The GKMCache the capture made, once its signer is named, is delivered
+    // to another pod through the CSI volume, and real Triton reuses the
+    // captured tree there: it compiles nothing.
+    let signature = json!({"signers": [{"key": {"publicKey": key.public_pem}}]});
+    Api::<GKMCache>::namespaced(client.clone(), "team-a")
+        .patch(
+            "warm",
+            &PatchParams::apply("real-capture").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
+                "metadata": {"name": "warm", "namespace": "team-a"},
+                "spec": {"signature": signature},
+            })),
+        )
+        .await?;
+    stack.start_agent(NODE)?;
+    let fixture = gkm_testenv::triton::fleet()?
+        .into_iter()
+        .find(|t| t.name == "cuda-75-32")
+        .ok_or_else(|| anyhow::anyhow!("no cuda-75-32 fixture"))?;
+    let (_, log) = run(
+        &pods,
+        &triton_reuse_pod("team-a", "reuse", "warm", &fixture)?,
+    )
+    .await?;
+    let report: gkm_testenv::triton::TritonReport =
+        serde_json::from_str(log.trim()).map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
+    assert_eq!(report.triton, "3.6.0", "{report:#?}");
+    assert_eq!(report.target, fixture.target, "{report:#?}");
+    assert!(
+        report.reused_whole() && report.kernels.len() == fixture.kernels,
+        "real Triton did not reuse the delivered capture whole: {report:#?}"
+    );
     Ok(())
+}
+
+/// A pod running real Triton 3.6 (`hack/components.sh triton`: the host's
+/// Python and the Triton virtualenv, mounted read-only) over the cache
+/// `cache` delivered through the CSI volume at the path `fixture`'s kernels
+/// were compiled at (inside the pod only: nothing is placed on the host):
+/// `hack/triton-fleet.py check` compiles the fixture's kernels again and
+/// says which Triton had to compile and where it read each.
+fn triton_reuse_pod(
+    ns: &str,
+    name: &str,
+    cache: &str,
+    fixture: &gkm_testenv::triton::FleetTarget,
+) -> anyhow::Result<Pod> {
+    let compiled_at = fixture.compiled_at.display().to_string();
+    let venv = std::fs::canonicalize(gkm_testenv::tools_bin_dir().join("../triton-3.6.0"))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "Triton is not installed ({e}); install it with `hack/components.sh triton`"
+            )
+        })?;
+    let hack = repo_root().join("hack").canonicalize()?;
+    let host = |name: &str, path: &str, kind: &str| json!({"name": name, "hostPath": {"path": path, "type": kind}});
+    let venv = venv.display().to_string();
+    let hack = hack.display().to_string();
+    pod_running(
+        ns,
+        name,
+        json!([
+            "/tmp/gkm-triton-3.6.0/bin/python",
+            format!("{hack}/triton-fleet.py"),
+            "check",
+            "--target",
+            &fixture.target,
+            "--cache",
+            &compiled_at
+        ]),
+        json!([
+            {"name": "usr", "mountPath": "/usr", "readOnly": true},
+            {"name": "lib", "mountPath": "/lib", "readOnly": true},
+            {"name": "lib64", "mountPath": "/lib64", "readOnly": true},
+            {"name": "ld-cache", "mountPath": "/etc/ld.so.cache", "readOnly": true},
+            {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
+            {"name": "hack", "mountPath": hack, "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "kernels", "mountPath": compiled_at, "readOnly": true},
+        ]),
+        json!([
+            host("usr", "/usr", "Directory"),
+            host("lib", "/usr/lib", "Directory"),
+            host("lib64", "/usr/lib64", "Directory"),
+            host("ld-cache", "/etc/ld.so.cache", "File"),
+            host("venv", &venv, "Directory"),
+            host("hack", &hack, "Directory"),
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                "volumeAttributes": {"csi.gkm.io/GKMCache": cache}}},
+        ]),
+    )
 }

@@ -12,6 +12,9 @@ use clap::Parser;
 use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
 use gkm_k8s_api::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s_api::served::ready_when_caches_listable;
+use gkm_k8s_operator::capture::controller::CaptureControllerOptions;
+use gkm_k8s_operator::capture::decide::Retry;
+use gkm_k8s_operator::capture::job::JobOptions;
 use gkm_k8s_operator::pvc::PvcOptions;
 use gkm_k8s_operator::webhook::quota::QuotaOptions;
 use gkm_k8s_operator::webhook::{Endpoint, Webhook, WebhookOptions};
@@ -27,6 +30,8 @@ use gkm_oci::RegistryOptions;
 use gkm_oci::mirrors::HostsConfig;
 use prometheus_client::registry::Registry;
 
+/// How often a running capture Job's pod is looked at.
+const CAPTURE_POLL: Duration = Duration::from_secs(5);
 /// How long the controllers get to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -109,6 +114,21 @@ struct Cli {
     /// the nodes themselves reach (a node-local mirror).
     #[arg(long)]
     job_host_network: bool,
+    /// Run the capture controller: a GKMCacheCapture's workload that ended
+    /// gets a capture Job (--capture-job-image running `gkm capture`) in
+    /// its namespace, on its node. `false` when the GKMCacheCapture CRD is
+    /// not installed.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    capture: bool,
+    /// The image of capture Jobs: one whose entrypoint is the `gkm`
+    /// command line (they run `gkm capture`). They use
+    /// --job-image-pull-policy and --job-host-network as fill Jobs do.
+    #[arg(long, default_value = "ghcr.io/gkm-rs/gkm:v0.1.0")]
+    capture_job_image: String,
+    /// Capture Jobs run at most per capture when the registry fails (with
+    /// exponential backoff from 10s up to 5m); other failures are final.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=100))]
+    capture_attempts: i32,
     /// Make the PersistentVolumes of PVC-mode caches (hostPath, under this
     /// directory on the nodes) instead of leaving them to a provisioner, for
     /// clusters without one for the cache's StorageClass. ReadWriteOnce
@@ -353,6 +373,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .as_deref()
         .map(|p| read_policy("required-signers", p))
         .transpose()?;
+    let capture = cli.capture.then(|| CaptureControllerOptions {
+        job: JobOptions {
+            image: cli.capture_job_image.clone(),
+            image_pull_policy: cli.job_image_pull_policy.clone(),
+            host_network: cli.job_host_network,
+        },
+        retry: Retry {
+            max_attempts: cli.capture_attempts,
+            ..Retry::default()
+        },
+        poll: CAPTURE_POLL,
+    });
     let config = OperatorConfig {
         registry: RegistryOptions {
             insecure: cli.insecure_registry,
@@ -382,6 +414,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             claim_size: cli.pvc_size,
             registry_hosts,
         },
+        capture,
     };
     config
         .validate()

@@ -50,15 +50,6 @@ fn triton_cache(dest: &Path) -> PathBuf {
     dest.to_path_buf()
 }
 
-/// The registry's own record of a repository: absent when nothing was ever
-/// pushed to it (not even an upload begun).
-fn repository_dir(registry: &Registry, repo: &str) -> PathBuf {
-    registry
-        .root()
-        .join("docker/registry/v2/repositories")
-        .join(repo)
-}
-
 /// Output with the temporary directory, the registry address and digests
 /// (the key's fingerprint among them) redacted.
 fn redacted(s: &str, dir: &Path, registry: &str) -> String {
@@ -158,7 +149,7 @@ fn refused(
     let out = capture(cache, &target, &args, dir);
     assert_eq!(out.status.code(), Some(code), "{}", text(&out));
     assert!(
-        !repository_dir(registry, repo).exists(),
+        !registry.repository_dir(repo).exists(),
         "nothing may be pushed to {repo}"
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

@@ -16,7 +16,8 @@
 //! exists: a capture Job never makes an empty tree.
 //!
 //! [`NodeService::release_capture`](crate::NodeService::release_capture)
-//! unmounts and removes a tree once its capture is over.
+//! unmounts and removes a tree; [`crate::capture_release`] calls it once
+//! the tree's capture is over or gone.
 
 use std::fs;
 use std::io;

@@ -76,6 +76,7 @@
 
 mod access;
 pub mod capture;
+pub mod capture_release;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod identity;

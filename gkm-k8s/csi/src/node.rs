@@ -239,8 +239,15 @@ impl NodeService {
         Ok(())
     }
 
+    /// The store root (holding the node store, its records and the
+    /// captured trees).
+    pub fn store_root(&self) -> &std::path::Path {
+        self.inner.store.root()
+    }
+
     /// Unmounts and removes the captured tree of pod `uid` for `namespace`'s
-    /// `capture` (its capture is over).
+    /// `capture` (its capture is over), and its capture's directory when
+    /// that was its last tree.
     pub fn release_capture(&self, namespace: &str, capture: &str, uid: &str) -> Result<(), Status> {
         let tree = capture::released_tree(self.inner.store.root(), namespace, capture, uid)?;
         let _guard = self
@@ -249,7 +256,18 @@ impl NodeService {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         capture::remove_tree(&tree)
-            .map_err(|e| Status::internal(format!("removing {}: {e}", tree.display())))
+            .map_err(|e| Status::internal(format!("removing {}: {e}", tree.display())))?;
+        // Empty parents go too (a non-empty one stays: another pod's tree).
+        let capture_dir = tree.parent();
+        for dir in [capture_dir, capture_dir.and_then(Path::parent)]
+            .into_iter()
+            .flatten()
+        {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The blocking part of `NodeUnpublishVolume`: unmount `target`, remove

@@ -104,6 +104,9 @@ pub struct OperatorConfig {
     /// devices it fits ([`device_class`]); needs DRA and the rights on
     /// DeviceClasses the chart grants with it.
     pub device_classes: bool,
+    /// The capture controller's options; `None` runs no capture controller
+    /// (the `GKMCacheCapture` CRD need not be installed).
+    pub capture: Option<capture::controller::CaptureControllerOptions>,
 }
 
 /// An [`OperatorConfig`] the operator cannot run with, naming the setting.
@@ -185,6 +188,7 @@ impl Default for OperatorConfig {
             instance: "gkm-operator".into(),
             pvc: crate::pvc::PvcOptions::default(),
             device_classes: false,
+            capture: None,
         }
     }
 }
@@ -219,7 +223,8 @@ pub struct Context {
     pub pvc_watches: Arc<pvc::Watches>,
 }
 
-/// Runs both controllers until the process is asked to stop; refuses a
+/// Runs the cache controllers (and the capture controller, when
+/// `config.capture` says so) until the process is asked to stop; refuses a
 /// `config` that does not [validate](OperatorConfig::validate).
 pub async fn run(
     client: Client,
@@ -231,6 +236,15 @@ pub async fn run(
     let reporter = Reporter {
         controller: "gkm-operator".into(),
         instance: Some(config.instance.clone()),
+    };
+    let captures = config
+        .capture
+        .clone()
+        .map(|options| capture::controller::run(client.clone(), options));
+    let captures = async move {
+        if let Some(captures) = captures {
+            captures.await;
+        }
     };
     let nodes = watch_nodes(&client).await;
     let pvc_watches = pvc::Watches::start(&client).await;
@@ -250,7 +264,8 @@ pub async fn run(
     });
     futures::join!(
         controller::<GKMCache>(ctx.clone()),
-        controller::<ClusterGKMCache>(ctx)
+        controller::<ClusterGKMCache>(ctx),
+        captures
     );
     Ok(())
 }

@@ -43,6 +43,9 @@ pub const BYTE_SIZE: &str = r"^[0-9]+ ?(KiB|MiB|GiB|TiB)?$";
     status = "CaptureStatus",
     shortname = "gkmcap",
     category = "gkm",
+    // The CSI node plugin watches only the captures of its own node
+    // (`--field-selector status.node=<node>`).
+    selectable = ".status.node",
     doc = "Captures the kernel cache a workload compiled into its csi.gkm.io capture volume into a signed cache image.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
@@ -147,7 +150,9 @@ pub enum CapturePhase {
     Pending,
     /// The workload ended; its tree is being checked and packed.
     Capturing,
-    /// The image is being pushed, signed and verified.
+    /// The image is being pushed, signed and verified. Not written yet:
+    /// the capture Job has no API token and reports only its outcome, so
+    /// `Capturing` lasts until the capture is over.
     Pushing,
     /// The image is in the registry, signed and verified; `digest` names it.
     Complete,

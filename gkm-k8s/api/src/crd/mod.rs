@@ -6,6 +6,8 @@
 //!   that node's agent.
 //! - [`GKMCacheRelease`] and [`ClusterGKMCacheRelease`]: one per cache,
 //!   written by the operator: what the nodes act on.
+//! - [`GKMCacheCapture`]: a workload's warmed cache, captured from its
+//!   capture volume into a signed image.
 //! - [`GKMGPUQuota`]: the GPUs of each model a namespace may hold, enforced
 //!   by the scheduler extender.
 //!
@@ -73,6 +75,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         GKMCacheRelease::crd(),
         ClusterGKMCacheRelease::crd(),
         GKMGPUQuota::crd(),
+        GKMCacheCapture::crd(),
     ]
 }
 

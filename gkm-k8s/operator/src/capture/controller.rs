@@ -10,8 +10,9 @@
 //! the attempt changed, and points the `GKMCache` a complete capture names
 //! at the pushed digest.
 //!
-//! The node's captured tree is not removed here: the operator has no
-//! access to nodes; `release_tree` says when it may go.
+//! The node's captured tree is not removed here (the operator has no
+//! access to nodes): the node's CSI driver removes it once the capture is
+//! over (`gkm_k8s_csi::capture_release`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,11 +3,11 @@
 //! that runs `gkm capture` for it ([`job`]), and the controller carrying
 //! the decisions out ([`controller`], thin glue).
 //!
-//! The operator does not start the controller yet (the `GKMCacheCapture`
-//! CRD, its RBAC and the admission policy for capture Jobs are not
-//! installed), and nothing on the node calls the CSI driver's
-//! `release_capture` when a capture is over. Until then, capture
-//! off-cluster with `gkm capture`.
+//! The operator runs the controller when `OperatorConfig::capture` is set
+//! (`gkm-operator --capture`, on by default); the chart installs the CRD,
+//! its RBAC and the admission policy admitting only the capture Jobs
+//! [`job`] makes. The node's captured tree is removed by the CSI driver
+//! (`gkm_k8s_csi::capture_release`) once the capture is over.
 
 pub mod controller;
 pub mod decide;
