@@ -35,9 +35,9 @@ mod process;
 mod registry;
 mod scheduler;
 mod service_account;
+mod trees;
 pub mod triton;
 mod usage;
-mod trees;
 
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
@@ -53,8 +53,8 @@ pub use process::Process;
 pub use registry::Registry;
 pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
-pub use usage::{cpu_seconds, memory_mib};
 pub use trees::{copy_tree, tree_files};
+pub use usage::{cpu_seconds, memory_mib};
 
 /// A fresh temporary directory, removed on drop.
 pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {
