@@ -48,6 +48,7 @@ pub mod tenant_signers;
 mod variants;
 mod verdict;
 mod verifier;
+mod watched_index;
 pub mod webhook;
 
 use std::sync::Arc;
