@@ -18,8 +18,10 @@
 //! ```
 //!
 //! `run` reads NODES (1000), CACHES (50), CHANGED (5, at most CACHES), T4_PER_TEN (8: of
-//! every ten nodes, how many have the GPU the caches fit), IDLE_SECS (600)
-//! and CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
+//! every ten nodes, how many have the GPU the caches fit; 0: none, so
+//! nothing is extracted), SIGNATURES (v3: cosign v3's sigstore bundles; v2:
+//! cosign v2's `.sig` tags), IDLE_SECS (600) and CONVERGE_TIMEOUT_SECS
+//! (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
 //! converge; CHANGED of them get a new image and converge again; then
 //! nothing changes for IDLE_SECS. API requests are read from the
