@@ -7,9 +7,12 @@
 # access log on: first on the BASELINE revision, then on the checked-out
 # tree ("after"). NODES kwok nodes get simulated GPUs (T4_PER_TEN, default
 # 8, in 10 an NVIDIA T4, sm75, which the CUDA fixture cache fits; the others
-# alternately an AMD MI210 and none). CACHES distinct images of the fixture (one title each, so one digest
-# each) are pushed and signed with cosign (a throwaway key, the caches'
-# policy names it: Enforce, the operator's default). Then:
+# alternately an AMD MI210 and none; 0: no node fits, nothing is extracted
+# and every node finds every cache incompatible). CACHES distinct images of
+# the fixture (one title each, so one digest each) are pushed and signed
+# with cosign (a throwaway key, the caches' policy names it: Enforce, the
+# operator's default): SIGNATURES=v3 (default) attaches a sigstore bundle as
+# an OCI referrer (cosign v3), SIGNATURES=v2 a `.sig` tag (cosign v2). Then:
 #
 #   start     the operator and the agents start (Node labels)
 #   converge  CACHES GKMCaches are created; timed until every cache reports
@@ -45,8 +48,14 @@
 # for every gkm.io resource but the agents' own reports, i.e. what agents
 # watch; the operator's and the harness's one watch each count too; the list
 # is agent_watched() in the harness), registry_requests_converge and _idle,
-# extractions (registry GETs of a cache image's layer), operator_rss_mib and
-# agents_cpu_seconds.
+# each also by kind (_by_kind: method, what was asked for -- tag, cosign v2
+# tag, referrers API, tag-schema index, image or other manifest, layer or
+# other blob -- and response code), registry_requests_per_cache_converge
+# (all but an extraction's: resolving the tag, finding and reading the
+# signature) and _per_extraction_converge (an image's manifest and layer;
+# null when nothing was extracted), extractions (registry GETs of a cache
+# image's layer), operator_rss_mib and agents_cpu_seconds; "scale" says
+# what ran.
 #
 # "Writes per stored change" divides the audited writes by the changes the
 # apiserver stored (new resourceVersions, counted by watches): above 1, some
@@ -66,6 +75,7 @@
 #   hack/bench-operator.sh                            # 1000 nodes, 50 caches, 600 s idle
 #   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench-operator.sh
 #   T4_PER_TEN=1 PROFILE=release hack/bench-operator.sh   # 100 of 1000 nodes fit the caches
+#   T4_PER_TEN=0 SIGNATURES=v2 PROFILE=release hack/bench-operator.sh  # none does; cosign v2
 #   BASELINE=766230b PROFILE=release hack/bench-operator.sh
 #
 # Needs the real components (hack/components.sh: etcd, kubernetes, kwok,

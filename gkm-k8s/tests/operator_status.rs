@@ -8,7 +8,7 @@
 //! - what the agents act on goes to each cache's release, written when it
 //!   changes: a node's report that changes only the counts reaches no
 //!   watcher of the releases, and the image's targets are read once per
-//!   digest;
+//!   digest; a release deleted or changed by another hand is written again;
 //! - the operator's metrics pass Prometheus's parser and promlint, with the
 //!   reconciles per controller and the registry requests counted.
 
@@ -535,6 +535,28 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         Ok(releases.get_opt("steady").await?.is_none().then_some(()))
     })
     .await?;
+
+    // A release changed or deleted by another hand is written again at
+    // once, though its cache did not change: the refused cache's release,
+    // made to say its image may be delivered, then deleted.
+    let written = releases.get("refused").await?;
+    let forged = json!({"spec": {"release": {"deliverable": true, "refusal": null}}});
+    releases
+        .patch("refused", &PatchParams::default(), &Patch::Merge(&forged))
+        .await?;
+    until("the changed release restored", || async {
+        let now = releases.get("refused").await?;
+        Ok((now.spec.release == written.spec.release).then_some(()))
+    })
+    .await?;
+    releases.delete("refused", &DeleteParams::default()).await?;
+    let restored = until("the deleted release restored", || async {
+        let now = releases.get_opt("refused").await?;
+        Ok(now.filter(|r| r.uid() != written.uid()))
+    })
+    .await?;
+    assert_eq!(restored.spec.release, written.spec.release);
+    assert_eq!(restored.owner_references(), written.owner_references());
 
     assert!(!operator.is_finished(), "the operator stopped");
     operator.abort();

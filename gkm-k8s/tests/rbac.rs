@@ -428,7 +428,7 @@ const OPERATOR_RULES: &[&str] = &[
     "gkm.io gkmcaches,clustergkmcaches get,list,watch,patch,update",
     "gkm.io gkmcaches/status,clustergkmcaches/status get,patch,update",
     "gkm.io gkmcaches/finalizers,clustergkmcaches/finalizers update",
-    "gkm.io gkmcachereleases,clustergkmcachereleases get,create,patch,delete",
+    "gkm.io gkmcachereleases,clustergkmcachereleases get,list,watch,create,patch,delete",
     "gkm.io gkmcachenodes,clustergkmcachenodes get,list,watch,delete",
     "core nodes get,list,watch",
     "events.k8s.io events create,patch",
@@ -555,7 +555,7 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
             "delete gkm.io/clustergkmcachereleases - cache",
             true,
         ),
-        ("gkm-operator", "watch gkm.io/gkmcachereleases - -", false),
+        ("gkm-operator", "watch gkm.io/gkmcachereleases - -", true),
         ("gkm-operator", "watch gkm.io/gkmcachenodes - -", true),
         ("gkm-operator", "list gkm.io/clustergkmcachenodes - -", true),
         (

@@ -16,7 +16,7 @@ use gkm_core::policy::{
 };
 use gkm_oci::repo::RawManifest;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_oci::verify::{VerifyError, verify};
+use gkm_oci::verify::{SignatureHints, VerifyError, verify, verify_with_hints};
 use gkm_oci::{BuildOptions, Digest, ImageRef, RegistryOptions, Repo, build};
 use gkm_testenv::Component;
 
@@ -1561,18 +1561,77 @@ async fn signatures_are_found_without_a_ping_and_a_proven_one_ends_the_search() 
     );
 
     // A bundle, on a registry without the referrers API: looked for at the
-    // cosign v2 tag, the referrers API and its tag fallback, then read;
-    // never a `/v2/` ping.
-    let (bundled, digest) = push_image_to(registry, "bundled", ROCM).await;
-    sign(&bundled, &options(), &digest, &key, SignFormat::Bundle)
+    // cosign v2 tag, then at the tag-schema index (where such a registry
+    // keeps referrers: the referrers API is not asked), then read; never a
+    // `/v2/` ping.
+    let bundled = signed_image(registry, "bundled", &key, SignFormat::Bundle).await;
+    let requests = counted_verification(registry, &bundled, &policy, None).await;
+    let [sig, index, manifest, blob] = &requests[..] else {
+        panic!("{requests:?}");
+    };
+    assert!(sig.ends_with(".sig"), "{requests:?}");
+    assert!(
+        index.contains(&format!("/manifests/sha256-{}", bundled.1.hex())),
+        "{requests:?}"
+    );
+    assert!(manifest.contains("/manifests/sha256:") && blob.contains("/blobs/sha256:"));
+
+    // With hints shared between verifications, as the operator keeps
+    // them: once a bundle proved a policy on this registry, the next image
+    // is not looked for at the v2 tag; its bundle costs the index, its
+    // manifest and the bundle itself.
+    let hints = SignatureHints::default();
+    counted_verification(registry, &bundled, &policy, Some(&hints)).await;
+    let next = signed_image(registry, "bundled-next", &key, SignFormat::Bundle).await;
+    let requests = counted_verification(registry, &next, &policy, Some(&hints)).await;
+    assert_eq!(requests.len(), 3, "{requests:?}");
+    assert!(
+        !requests.iter().any(|r| r.ends_with(".sig")),
+        "{requests:?}"
+    );
+    // An image signed by cosign v2 there is still found (after the
+    // referrers, which hold nothing), and then the v2 tag is looked up
+    // first again: its tag and its payload.
+    let legacy = signed_image(registry, "legacy", &key, SignFormat::CosignV2).await;
+    let requests = counted_verification(registry, &legacy, &policy, Some(&hints)).await;
+    assert!(requests.len() > 2, "{requests:?}");
+    let legacy_next = signed_image(registry, "legacy-next", &key, SignFormat::CosignV2).await;
+    let requests = counted_verification(registry, &legacy_next, &policy, Some(&hints)).await;
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(requests[0].ends_with(".sig"), "{requests:?}");
+}
+
+/// The image `repo` of `registry`, signed with `key` in `format`.
+async fn signed_image(
+    registry: &gkm_testenv::Registry,
+    repo: &str,
+    key: &SigningKey,
+    format: SignFormat,
+) -> (ImageRef, Digest) {
+    let (image, digest) = push_image_to(registry, repo, ROCM).await;
+    sign(&image, &options(), &digest, key, format)
         .await
         .expect("sign");
+    (image, digest)
+}
+
+/// The registry requests of verifying `image` (which must verify), with
+/// `hints` or without.
+async fn counted_verification(
+    registry: &gkm_testenv::Registry,
+    (image, digest): &(ImageRef, Digest),
+    policy: &Policy,
+    hints: Option<&SignatureHints>,
+) -> Vec<String> {
     let before = registry.requests().expect("requests").len();
-    verify(&bundled, &options(), &digest, &policy)
-        .await
-        .expect("verified");
+    match hints {
+        Some(hints) => verify_with_hints(image, &options(), digest, policy, hints).await,
+        None => verify(image, &options(), digest, policy).await,
+    }
+    .expect("verified");
     let requests = registry.requests().expect("requests").split_off(before);
     assert!(!requests.iter().any(|r| r == "GET /v2/"), "{requests:?}");
+    requests
 }
 
 /// Build fixture `fixture` into `repo:v1` of `registry`.

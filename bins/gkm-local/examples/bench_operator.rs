@@ -18,8 +18,10 @@
 //! ```
 //!
 //! `run` reads NODES (1000), CACHES (50), CHANGED (5, at most CACHES), T4_PER_TEN (8: of
-//! every ten nodes, how many have the GPU the caches fit), IDLE_SECS (600)
-//! and CONVERGE_TIMEOUT_SECS (1800) from the environment. Phases, each counted
+//! every ten nodes, how many have the GPU the caches fit; 0: none, so
+//! nothing is extracted), SIGNATURES (v3: cosign v3's sigstore bundles; v2:
+//! cosign v2's `.sig` tags), IDLE_SECS (600) and CONVERGE_TIMEOUT_SECS
+//! (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
 //! converge; CHANGED of them get a new image and converge again; then
 //! nothing changes for IDLE_SECS. API requests are read from the
@@ -105,8 +107,12 @@ struct Scale {
     nodes: usize,
     caches: usize,
     changed: usize,
-    /// Of every ten nodes, how many have a GPU the caches fit.
+    /// Of every ten nodes, how many have a GPU the caches fit (0: none,
+    /// so nothing is extracted and every node finds every cache
+    /// incompatible).
     t4_per_ten: usize,
+    /// How the images are signed.
+    signatures: Signatures,
     idle: Duration,
     converge_timeout: Duration,
 }
@@ -128,21 +134,33 @@ impl Scale {
             // 5 of the caches, or all of them when there are fewer.
             changed: var("CHANGED", caches.min(5) as u64)? as usize,
             t4_per_ten: var("T4_PER_TEN", 8)? as usize,
+            signatures: match std::env::var("SIGNATURES").as_deref() {
+                Err(_) | Ok("v3") => Signatures::V3,
+                Ok("v2") => Signatures::V2,
+                Ok(other) => anyhow::bail!("SIGNATURES must be v3 or v2, not {other:?}"),
+            },
             idle: Duration::from_secs(var("IDLE_SECS", 600)?),
             converge_timeout: Duration::from_secs(var("CONVERGE_TIMEOUT_SECS", 1800)?),
         };
         anyhow::ensure!(scale.nodes >= 10, "NODES must be at least 10");
         anyhow::ensure!(scale.caches >= 1, "CACHES must be at least 1");
-        anyhow::ensure!(
-            (1..=10).contains(&scale.t4_per_ten),
-            "T4_PER_TEN must be from 1 to 10"
-        );
+        anyhow::ensure!(scale.t4_per_ten <= 10, "T4_PER_TEN must be from 0 to 10");
         anyhow::ensure!(
             scale.changed <= scale.caches,
             "CHANGED must be at most CACHES"
         );
         Ok(scale)
     }
+}
+
+/// How the benchmark's images are signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Signatures {
+    /// cosign v3: a sigstore bundle attached as an OCI referrer.
+    V3,
+    /// cosign v2: a simple-signing payload at the `sha256-<hex>.sig` tag.
+    V2,
 }
 
 /// A node's simulated GPUs: `t4_per_ten` in ten an NVIDIA T4 (sm75), which
@@ -177,6 +195,9 @@ struct Counts {
     registry_other: u64,
     /// Registry GETs of a cache image's layer: one per extraction.
     layer_gets: u64,
+    /// Registry requests by kind ([`registry_kind`]: method, what was
+    /// asked for, response code).
+    registry_kinds: BTreeMap<String, u64>,
     /// Changes the apiserver stored (new resourceVersions, as watched):
     /// of the caches and of the agents' reports.
     cache_changes: u64,
@@ -184,6 +205,16 @@ struct Counts {
 }
 
 impl Counts {
+    /// Registry requests of extractions: a cache image's manifest by digest
+    /// and its layer.
+    fn extraction_requests(&self) -> u64 {
+        self.registry_kinds
+            .iter()
+            .filter(|(kind, _)| kind.contains(IMAGE_MANIFEST) || kind.as_str() == LAYER_GET)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     fn writes(&self, writer: &str, resource: Option<&str>) -> u64 {
         self.api
             .iter()
@@ -229,6 +260,9 @@ impl Counts {
             self.cache_changes,
             self.report_changes
         );
+        for (kind, n) in &self.registry_kinds {
+            eprintln!("   {phase}: registry {kind:<40} {n}");
+        }
         for ((writer, verb, resource), n) in &self.api {
             eprintln!("   {phase}: {writer:<8} {verb:<8} {resource:<28} {n}");
         }
@@ -328,8 +362,8 @@ fn gkm_resource(kind: &str, plural: &str) -> ApiResource {
 struct Meter {
     audit: LogMark,
     registry: LogMark,
-    /// The layer digests of the cache images.
-    layers: BTreeSet<String>,
+    /// The cache images, to tell their requests apart.
+    images: CacheImages,
     cache_changes: Arc<AtomicU64>,
     report_changes: Arc<AtomicU64>,
     watches: Vec<tokio::task::AbortHandle>,
@@ -348,7 +382,7 @@ impl Meter {
         client: &kube::Client,
         audit: &Path,
         registry: &Path,
-        layers: BTreeSet<String>,
+        images: CacheImages,
     ) -> anyhow::Result<Meter> {
         let cache_changes = Arc::new(AtomicU64::new(0));
         let report_changes = Arc::new(AtomicU64::new(0));
@@ -363,7 +397,7 @@ impl Meter {
         Ok(Meter {
             audit: LogMark::at_end(audit)?,
             registry: LogMark::at_end(registry)?,
-            layers,
+            images,
             cache_changes,
             report_changes,
             watches,
@@ -406,20 +440,19 @@ impl Meter {
                 .or_default() += 1;
         }
         for line in self.registry.new_lines()? {
-            let Some((method, path)) = registry_request(&line) else {
+            let Some(request) = registry_request(&line) else {
                 continue;
             };
-            if is_tag_resolution(path) {
+            if is_tag_resolution(request.path) {
                 counts.registry_tags += 1;
             } else {
                 counts.registry_other += 1;
             }
-            let layer = path
-                .rsplit_once("/blobs/")
-                .is_some_and(|(_, digest)| self.layers.contains(digest));
-            if method == "GET" && layer {
+            let kind = registry_kind(&request, &self.images);
+            if kind == LAYER_GET {
                 counts.layer_gets += 1;
             }
+            *counts.registry_kinds.entry(kind).or_default() += 1;
         }
         counts.cache_changes += self.cache_changes.swap(0, Ordering::Relaxed);
         counts.report_changes += self.report_changes.swap(0, Ordering::Relaxed);
@@ -427,16 +460,74 @@ impl Meter {
     }
 }
 
-/// The method and path of an access log line's request (`"GET /v2/...
-/// HTTP/1.1"`).
-fn registry_request(line: &str) -> Option<(&str, &str)> {
-    let request = line.split('"').nth(1)?;
+/// One request of the registry's access log.
+struct RegistryRequest<'a> {
+    method: &'a str,
+    path: &'a str,
+    /// The response code (0 where the line has none).
+    code: u16,
+}
+
+/// The request of an access log line (`… "GET /v2/... HTTP/1.1" 200 …`).
+fn registry_request(line: &str) -> Option<RegistryRequest<'_>> {
+    let mut quoted = line.split('"');
+    let request = quoted.nth(1)?;
+    let code = quoted
+        .next()
+        .and_then(|after| after.split_whitespace().next())
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
     let mut parts = request.split(' ');
     let method = parts.next()?;
     let path = parts.next()?;
     (matches!(method, "GET" | "HEAD" | "PUT" | "POST" | "PATCH" | "DELETE")
         && path.starts_with("/v2/"))
-    .then_some((method, path))
+    .then_some(RegistryRequest { method, path, code })
+}
+
+/// The kind of a cache image's layer GET (one per extraction).
+const LAYER_GET: &str = "GET layer blob 200";
+/// What a request for a cache image's manifest by digest is.
+const IMAGE_MANIFEST: &str = "image manifest by digest";
+
+/// The digests of the cache images the benchmark pushed.
+#[derive(Default)]
+struct CacheImages {
+    /// Their manifests.
+    manifests: BTreeSet<String>,
+    /// Their layers.
+    layers: BTreeSet<String>,
+}
+
+/// What a registry request asked for, without the repository or digest
+/// (`GET manifest by tag 200`, `HEAD cosign v2 .sig tag 404`, …): the
+/// figure that says which requests each cache and each extraction cost.
+/// A cache image's manifest and layer are told apart from the signatures'
+/// and other blobs.
+fn registry_kind(request: &RegistryRequest, images: &CacheImages) -> String {
+    let path = request.path;
+    let what = if path == "/v2/" {
+        "API version check"
+    } else if let Some((_, reference)) = path.rsplit_once("/manifests/") {
+        match reference.strip_prefix("sha256-") {
+            Some(rest) if rest.ends_with(".sig") => "cosign v2 .sig tag",
+            Some(_) => "referrers tag-schema index",
+            None if images.manifests.contains(reference) => IMAGE_MANIFEST,
+            None if reference.starts_with("sha256:") => "other manifest by digest",
+            None => "manifest by tag",
+        }
+    } else if let Some((_, digest)) = path.rsplit_once("/blobs/") {
+        if images.layers.contains(digest) {
+            "layer blob"
+        } else {
+            "other blob"
+        }
+    } else if path.contains("/referrers/") {
+        "referrers API"
+    } else {
+        "other"
+    };
+    format!("{} {what} {}", request.method, request.code)
 }
 
 /// The watch events the apiserver has sent so far for the resources
@@ -558,14 +649,15 @@ impl Bench {
     }
 
     /// Builds the CUDA fixture into `repository:tag` with its own title (so
-    /// its own digest), signs it with `key` and returns the digest and its
-    /// layer's digest.
+    /// its own digest), signs it with `key` as `signatures` says and
+    /// returns the digest and its layer's digest.
     async fn push(
         &self,
         repository: &str,
         tag: &str,
         title: &str,
         key: &cosign::CosignKey,
+        signatures: Signatures,
     ) -> anyhow::Result<(String, String)> {
         let reference = format!("{}/{repository}:{tag}", self.registry_addr);
         let dest: ImageRef = reference.parse()?;
@@ -584,7 +676,11 @@ impl Bench {
         let digest = built.digest.to_string();
         let key = key.clone();
         let signed = format!("{}/{repository}@{digest}", self.registry_addr);
-        tokio::task::spawn_blocking(move || cosign::sign(&key, &signed)).await??;
+        tokio::task::spawn_blocking(move || match signatures {
+            Signatures::V3 => cosign::sign(&key, &signed),
+            Signatures::V2 => cosign::sign_v2(&key, &signed),
+        })
+        .await??;
         Ok((digest, built.layer.digest.to_string()))
     }
 
@@ -718,11 +814,11 @@ fn stores_root() -> PathBuf {
 }
 
 /// The images the benchmark pushed: name → digest of the first set and of
-/// the changed ones, and the digests of their layers.
+/// the changed ones, and the digests of all.
 struct Pushed {
     first: BTreeMap<String, String>,
     second: BTreeMap<String, String>,
-    layers: BTreeSet<String>,
+    images: CacheImages,
 }
 
 /// Builds CACHES images (`bench/cache-NN:v1`) and, for the first CHANGED,
@@ -735,20 +831,30 @@ async fn push_images(
     let mut pushed = Pushed {
         first: BTreeMap::new(),
         second: BTreeMap::new(),
-        layers: BTreeSet::new(),
+        images: CacheImages::default(),
     };
     for i in 0..scale.caches {
         let name = format!("cache-{i:02}");
         let repository = format!("bench/{name}");
-        let (digest, layer) = bench.push(&repository, "v1", &name, key).await?;
+        let (digest, layer) = bench
+            .push(&repository, "v1", &name, key, scale.signatures)
+            .await?;
+        pushed.images.manifests.insert(digest.clone());
+        pushed.images.layers.insert(layer);
         pushed.first.insert(name.clone(), digest);
-        pushed.layers.insert(layer);
         if i < scale.changed {
             let (digest, layer) = bench
-                .push(&repository, "v2", &format!("{name}-v2"), key)
+                .push(
+                    &repository,
+                    "v2",
+                    &format!("{name}-v2"),
+                    key,
+                    scale.signatures,
+                )
                 .await?;
+            pushed.images.manifests.insert(digest.clone());
+            pushed.images.layers.insert(layer);
             pushed.second.insert(name, digest);
-            pushed.layers.insert(layer);
         }
     }
     Ok(pushed)
@@ -950,7 +1056,18 @@ impl Measured {
         // The harness's own cache changes (creations, spec changes) are not
         // the operator's.
         let harness_changes = (scale.caches + scale.changed) as u64;
+        let converge = &self.converge;
+        let extraction_requests = converge.extraction_requests();
+        let converge_requests = converge.registry_tags + converge.registry_other;
         Summary {
+            scale: ScaleSummary {
+                nodes: scale.nodes,
+                caches: scale.caches,
+                changed: scale.changed,
+                t4_per_ten: scale.t4_per_ten,
+                signatures: scale.signatures,
+                idle_secs: scale.idle.as_secs(),
+            },
             converge_seconds: self.converge_secs,
             change_seconds: self.change_secs,
             operator_writes_per_stored_change: ratio(
@@ -962,8 +1079,14 @@ impl Measured {
                 sum(&|c| c.report_changes),
             ),
             agent_watch_events_converge: self.agent_watch_events_converge,
-            registry_requests_converge: self.converge.registry_tags + self.converge.registry_other,
+            registry_requests_converge: converge_requests,
+            registry_requests_per_cache_converge: (converge_requests - extraction_requests) as f64
+                / scale.caches.max(1) as f64,
+            registry_requests_per_extraction_converge: (converge.layer_gets > 0)
+                .then(|| extraction_requests as f64 / converge.layer_gets as f64),
+            registry_requests_converge_by_kind: converge.registry_kinds.clone(),
             registry_requests_idle: self.idle.registry_tags + self.idle.registry_other,
+            registry_requests_idle_by_kind: self.idle.registry_kinds.clone(),
             extractions: self.extractions(),
             operator_rss_mib: self.operator_rss_mib,
             agents_cpu_seconds: self.agents_cpu_secs,
@@ -971,9 +1094,26 @@ impl Measured {
     }
 }
 
+/// The size of a run, as its summary states it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ScaleSummary {
+    nodes: usize,
+    caches: usize,
+    changed: usize,
+    /// Of every ten nodes, how many have the GPU the caches fit (0: no
+    /// node does, nothing is extracted).
+    t4_per_ten: usize,
+    /// How the images were signed (`v3`: sigstore bundles as referrers;
+    /// `v2`: cosign's `.sig` tag).
+    signatures: Signatures,
+    idle_secs: u64,
+}
+
 /// What scales, per revision: the figures `summary.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Summary {
+    /// What ran.
+    scale: ScaleSummary,
     /// Time for the caches to converge on every node.
     converge_seconds: f64,
     /// Time for the changed caches to converge again.
@@ -989,7 +1129,19 @@ struct Summary {
     agent_watch_events_converge: f64,
     /// Registry requests while converging, and while idle.
     registry_requests_converge: u64,
+    /// Of those, the ones that are not an extraction's (an image's manifest
+    /// by digest and its layer), per cache: resolving the tag and finding
+    /// and reading its signatures.
+    registry_requests_per_cache_converge: f64,
+    /// An extraction's requests (image manifest by digest, layer) per
+    /// extraction while converging; `null` when nothing was extracted.
+    registry_requests_per_extraction_converge: Option<f64>,
+    /// The requests while converging by kind: method, what was asked for
+    /// (tag, signature tag, referrers, manifest, blob…), response code.
+    registry_requests_converge_by_kind: BTreeMap<String, u64>,
     registry_requests_idle: u64,
+    /// The requests while idle by kind, likewise.
+    registry_requests_idle_by_kind: BTreeMap<String, u64>,
     /// GETs of a cache image's layer after the start: one per extraction.
     extractions: u64,
     /// The operator's RSS at the end.
@@ -1014,7 +1166,13 @@ impl Summaries {
             Some(base) => {
                 let (base, new) = (serde_json::to_value(base)?, serde_json::to_value(&after)?);
                 let mut ratios = BTreeMap::new();
-                for (key, b) in base.as_object().into_iter().flatten() {
+                // Numbers only: the scale and the requests by kind are not.
+                let numbers = base
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, b)| b.is_number());
+                for (key, b) in numbers {
                     let ratio = match (b.as_f64(), new[key].as_f64()) {
                         (Some(b), Some(a)) if b != 0.0 => Some(a / b),
                         _ => None,
@@ -1057,7 +1215,7 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     let Pushed {
         first,
         second,
-        layers,
+        images,
     } = push_images(&bench, &scale, &key).await?;
     eprintln!(
         "== {} signed images pushed in {:.0?}",
@@ -1066,7 +1224,7 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     );
 
     let mut meter =
-        Meter::start(&bench.client, &bench.audit_log, &bench.registry_log, layers).await?;
+        Meter::start(&bench.client, &bench.audit_log, &bench.registry_log, images).await?;
     let mut m = Measured::default();
     // Phase 1: the agents and the operator start; no cache yet.
     let mut gkm = Gkm::start(&bench, dir, stores.path(), operator, agents, &key)?;
@@ -1250,6 +1408,7 @@ fn check() -> anyhow::Result<()> {
         Component::KubeControllerManager,
         Component::Kwok,
         Component::Registry,
+        Component::CosignV2,
         Component::CosignV3,
     ] {
         gkm_testenv::find_binary(component)?;

@@ -1,4 +1,5 @@
-//! Signing images with the real cosign (v3, built by `hack/components.sh cosign`).
+//! Signing images with the real cosign (v3, and v2 for its legacy `.sig`
+//! signatures; built by `hack/components.sh cosign`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +19,11 @@ pub struct CosignKey {
 }
 
 fn cosign(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(find_binary(Component::CosignV3)?)
+    cosign_of(Component::CosignV3, dir, args)
+}
+
+fn cosign_of(version: Component, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(find_binary(version)?)
         .args(args)
         .current_dir(dir)
         .env("COSIGN_PASSWORD", PASSWORD)
@@ -51,20 +56,37 @@ pub fn generate_key_pair(dir: &Path) -> anyhow::Result<CosignKey> {
 /// bundle attached as an OCI referrer, offline (no transparency log), to a
 /// plain-HTTP registry.
 pub fn sign(key: &CosignKey, image: &str) -> anyhow::Result<()> {
+    sign_with(
+        Component::CosignV3,
+        key,
+        image,
+        &["--use-signing-config=false"],
+    )
+}
+
+/// `cosign sign` of `image` (a digest reference) with `key` by cosign v2:
+/// a simple-signing payload at the `sha256-<hex>.sig` tag, offline, to a
+/// plain-HTTP registry.
+pub fn sign_v2(key: &CosignKey, image: &str) -> anyhow::Result<()> {
+    sign_with(Component::CosignV2, key, image, &[])
+}
+
+fn sign_with(
+    version: Component,
+    key: &CosignKey,
+    image: &str,
+    extra: &[&str],
+) -> anyhow::Result<()> {
     let dir = key.private_key.parent().unwrap_or(Path::new("."));
     let key_path = key.private_key.display().to_string();
-    cosign(
-        dir,
-        &[
-            "sign",
-            "--key",
-            &key_path,
-            "--use-signing-config=false",
-            "--tlog-upload=false",
-            "--allow-http-registry",
-            "--allow-insecure-registry",
-            image,
-        ],
-    )?;
+    let mut args = vec!["sign", "--key", &key_path];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--tlog-upload=false",
+        "--allow-http-registry",
+        "--allow-insecure-registry",
+        image,
+    ]);
+    cosign_of(version, dir, &args)?;
     Ok(())
 }

@@ -40,6 +40,7 @@ mod pending_writes;
 pub mod pvc;
 mod reconcile;
 mod release;
+mod release_watch;
 mod report_index;
 mod resolutions;
 pub mod rollup;
@@ -50,6 +51,7 @@ pub mod tenant_signers;
 mod variants;
 mod verdict;
 mod verifier;
+mod watched_index;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -341,9 +343,12 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     // Changes to what PVC delivery reads (its Jobs, claims, volumes, the
     // pods using them, namespaces) trigger the caches they concern.
     let pvc_changed = ctx.pvc_watches.triggers(controller.store());
+    // A release deleted or changed by another hand is written again.
+    let restored = release_watch::watch_releases::<K>(ctx.clone());
     let controller = controller
         .reconcile_on(changed)
         .reconcile_on(pvc_changed)
+        .reconcile_on(restored)
         .shutdown_on_signal();
     let cached = controller.store();
     ctx.metrics.count_caches(move || {

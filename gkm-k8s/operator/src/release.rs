@@ -62,19 +62,29 @@ pub struct Releases {
 }
 
 impl Releases {
-    fn written(&self, uid: &str) -> Option<CacheRelease> {
+    /// What was written last as the release of the cache of `uid`.
+    pub(super) fn written(&self, uid: &str) -> Option<CacheRelease> {
         let by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
         by_uid.get(uid).cloned()
     }
 
-    fn record(&self, uid: &str, release: &CacheRelease) {
+    /// `release` was written (or found) as the cache of `uid`'s.
+    pub(super) fn record(&self, uid: &str, release: &CacheRelease) {
         let mut by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
         by_uid.insert(uid.to_string(), release.clone());
     }
 
-    fn forget(&self, uid: &str) {
+    /// What was written for the cache of `uid` no longer holds: its next
+    /// reconcile reads and writes its release again.
+    pub(super) fn forget(&self, uid: &str) {
         let mut by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
         by_uid.remove(uid);
+    }
+
+    /// Forgets every cache's release but those of the uids in `kept`.
+    pub(super) fn forget_all_but(&self, kept: &std::collections::HashSet<String>) {
+        let mut by_uid = self.by_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        by_uid.retain(|uid, _| kept.contains(uid));
     }
 }
 

@@ -1,197 +1,167 @@
 //! What the node reports say about each cache, kept up to date as the
 //! node report watch passes: a reconcile reads only its own cache's
-//! entries, and a report's change triggers only the caches whose entries it
-//! changed.
+//! entries, a report's change triggers only the caches whose entries it
+//! changed, and the image-volume webhook reads which nodes a digest fits
+//! without listing the reports.
 //!
 //! Only what the operator reads of an entry (its state and pod count,
-//! [`Entry`]) is kept, per cache and node; the reports themselves are not.
-//! At a thousand nodes reporting fifty caches, the full reports (messages,
-//! GPU reasons, managed fields, a map per cache) took most of the
-//! operator's memory.
+//! [`Entry`], and whether the node's GPUs fit it, [`NodeFacts`]) is kept,
+//! per cache and node; the reports themselves are not. At a thousand nodes
+//! reporting fifty caches, the full reports (messages, GPU reasons, managed
+//! fields, a map per cache) took most of the operator's memory.
 //!
-//! A relist (the watch restarted) is buffered like a reflector's store does
-//! it: the index answers from what it had until the list is complete, then
-//! swaps, so reports deleted while the watch was down drop out.
+//! The index is a [`crate::watched_index`]: a report is found under each
+//! cache it mentions, with what it says about that cache, and a relist is
+//! buffered there.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use kube::ResourceExt;
 use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
 
 use super::rollup::{Entry, NodeEntries};
+use super::watched_index::{self, Indexed};
 use gkm_k8s_api::cache_object::{CacheKey, NodeReport};
+use gkm_k8s_api::crd::{CacheState, NodeCacheStatus};
 
 /// A cache as node reports name it: its namespace (`None` for a cluster
 /// cache) and name.
 pub type CacheRef = (Option<String>, String);
-/// A node report: its namespace (`None` for a cluster report) and name
-/// (the node's).
-type ReportRef = (Option<String>, String);
 
-/// Cache → node → its entries, and report → the caches it mentions.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct Index {
-    by_cache: HashMap<CacheRef, BTreeMap<String, NodeEntries>>,
-    by_report: HashMap<ReportRef, Vec<String>>,
+/// What the index keeps of one node's report on one cache.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeFacts {
+    /// Its entries as the rollup reads them, by digest.
+    pub entries: NodeEntries,
+    /// The digests not on the node whose entry lists GPUs of the node that
+    /// fit them (on the node, the agent extracted only what fits).
+    listed_fitting: Vec<String>,
+    /// The node's name, where the report names another than its own.
+    node_name: Option<String>,
 }
 
-impl Index {
-    /// Takes in a report's entries per cache; returns the caches whose
-    /// entries it changed (gained, lost or changed this node).
-    fn apply(&mut self, report: ReportRef, caches: BTreeMap<String, NodeEntries>) -> Vec<CacheRef> {
-        let (namespace, node) = &report;
-        let mut changed = Vec::new();
-        for cache in self.by_report.remove(&report).unwrap_or_default() {
-            if !caches.contains_key(&cache) {
-                let key = (namespace.clone(), cache);
-                self.forget(&key, node);
-                changed.push(key);
+impl NodeFacts {
+    /// What is kept of a report's `entries` (by digest) on one cache, from
+    /// the report named `report` of node `node_name`.
+    fn of<'a>(
+        entries: impl IntoIterator<Item = (&'a String, &'a NodeCacheStatus)>,
+        report: &str,
+        node_name: &str,
+    ) -> NodeFacts {
+        let mut facts = NodeFacts {
+            node_name: (!node_name.is_empty() && node_name != report)
+                .then(|| node_name.to_string()),
+            ..NodeFacts::default()
+        };
+        for (digest, entry) in entries {
+            let kept = Entry::from(entry);
+            let gpus_fit = entry
+                .compatible_gpus
+                .as_ref()
+                .is_some_and(|g| !g.is_empty());
+            if gpus_fit && !kept.state.is_some_and(CacheState::is_on_node) {
+                facts.listed_fitting.push(digest.clone());
             }
+            facts.entries.push((digest.clone(), kept));
         }
-        let mentioned: Vec<String> = caches.keys().cloned().collect();
-        for (cache, entries) in caches {
-            let key = (namespace.clone(), cache);
-            let nodes = self.by_cache.entry(key.clone()).or_default();
-            if nodes.get(node) != Some(&entries) {
-                nodes.insert(node.clone(), entries);
-                changed.push(key);
-            }
-        }
-        if !mentioned.is_empty() {
-            self.by_report.insert(report, mentioned);
-        }
-        changed
+        facts
     }
 
-    /// Forgets a report; returns the caches it mentioned.
-    fn delete(&mut self, report: &ReportRef) -> Vec<CacheRef> {
-        let (namespace, node) = report;
-        let caches = self.by_report.remove(report).unwrap_or_default();
-        caches
-            .into_iter()
-            .map(|cache| {
-                let key = (namespace.clone(), cache);
-                self.forget(&key, node);
-                key
-            })
-            .collect()
+    /// Whether the node's GPUs fit `digest`, as its agent reports: compatible
+    /// GPUs listed, or the digest on the node; never when it says
+    /// Incompatible.
+    fn fits(&self, digest: &str) -> bool {
+        let Some((_, entry)) = self.entries.iter().find(|(d, _)| d == digest) else {
+            return false;
+        };
+        entry.state != Some(CacheState::Incompatible)
+            && (entry.state.is_some_and(CacheState::is_on_node)
+                || self.listed_fitting.iter().any(|d| d == digest))
     }
-
-    fn forget(&mut self, cache: &CacheRef, node: &str) {
-        if let Some(nodes) = self.by_cache.get_mut(cache) {
-            nodes.remove(node);
-            if nodes.is_empty() {
-                self.by_cache.remove(cache);
-            }
-        }
-    }
-
-    /// The caches whose entries differ between `self` and `other`.
-    fn differences(&self, other: &Index) -> Vec<CacheRef> {
-        let caches: BTreeSet<&CacheRef> =
-            self.by_cache.keys().chain(other.by_cache.keys()).collect();
-        caches
-            .into_iter()
-            .filter(|c| self.by_cache.get(*c) != other.by_cache.get(*c))
-            .cloned()
-            .collect()
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    current: Index,
-    /// The relist in progress, if any.
-    relisting: Option<Index>,
 }
 
 /// What the node reports of one kind say about each cache.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ReportIndex {
-    state: Mutex<State>,
-    /// Whether a first list has been taken in.
-    listed: tokio::sync::watch::Sender<bool>,
+    reports: Arc<Indexed<CacheRef, NodeFacts>>,
+    /// The watch that keeps it, when it has one of its own ([`Self::watched`]).
+    watch: Option<tokio::task::AbortHandle>,
 }
 
-impl Default for ReportIndex {
-    fn default() -> Self {
-        ReportIndex {
-            state: Mutex::default(),
-            listed: tokio::sync::watch::Sender::new(false),
+impl Drop for ReportIndex {
+    fn drop(&mut self) {
+        if let Some(watch) = &self.watch {
+            watch.abort();
         }
     }
+}
+
+/// A report found under each cache it mentions, with what it says there.
+fn view<R: NodeReport>(report: &R) -> Option<watched_index::Entry<CacheRef, NodeFacts>> {
+    let status = report.report()?;
+    let (namespace, name) = (report.namespace(), report.name_any());
+    let under = status
+        .caches
+        .iter()
+        .flatten()
+        .map(|(cache, entries)| {
+            let facts = NodeFacts::of(entries, &name, &status.node_name);
+            ((namespace.clone(), cache.clone()), facts)
+        })
+        .collect();
+    Some(watched_index::Entry { under })
 }
 
 impl ReportIndex {
     /// Takes in one event of the node report watch; returns the caches
     /// whose entries it changed.
     pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) -> Vec<CacheRef> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match event {
-            watcher::Event::Apply(report) => state
-                .current
-                .apply(report_ref(report), kept_entries(report)),
-            watcher::Event::Delete(report) => state.current.delete(&report_ref(report)),
-            watcher::Event::Init => {
-                state.relisting = Some(Index::default());
-                Vec::new()
-            }
-            watcher::Event::InitApply(report) => {
-                state
-                    .relisting
-                    .get_or_insert_with(Index::default)
-                    .apply(report_ref(report), kept_entries(report));
-                Vec::new()
-            }
-            watcher::Event::InitDone => {
-                let listed = state.relisting.take().unwrap_or_default();
-                let changed = state.current.differences(&listed);
-                state.current = listed;
-                self.listed.send_replace(true);
-                changed
-            }
-        }
+        self.reports.observe(event, view).into_iter().collect()
     }
 
     /// Returns once a first list of the reports has been taken in.
     pub async fn wait_until_listed(&self) {
-        let mut listed = self.listed.subscribe();
-        // The sender lives in `self`: waiting cannot fail.
-        let _ = listed.wait_for(|done| *done).await;
+        self.reports.wait_until_listed().await
     }
 
     /// The entries (per digest) of each node that reports the cache `key`,
     /// with the node's name.
     pub fn for_cache(&self, key: &CacheKey) -> Vec<(String, NodeEntries)> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state
-            .current
-            .by_cache
-            .get(&(key.namespace().map(str::to_string), key.name().to_string()))
-            .map(|nodes| nodes.iter().map(|(n, e)| (n.clone(), e.clone())).collect())
-            .unwrap_or_default()
+        self.reports
+            .under(&cache_ref(key))
+            .into_iter()
+            .map(|((_, node), facts)| (node, facts.entries))
+            .collect()
+    }
+
+    /// The nodes whose agents report `digest` of the cache `key` fitting
+    /// their GPUs (see [`NodeFacts::fits`]).
+    pub fn fitting_nodes(&self, key: &CacheKey, digest: &str) -> BTreeSet<String> {
+        self.reports
+            .under(&cache_ref(key))
+            .into_iter()
+            .filter(|(_, facts)| facts.fits(digest))
+            .map(|((_, report), facts)| facts.node_name.unwrap_or(report))
+            .collect()
+    }
+
+    /// An index of the reports of `R`'s kind, kept by a watch of its own
+    /// for as long as the index lives.
+    pub fn watched<R: NodeReport>(client: &kube::Client) -> ReportIndex {
+        let reports = Arc::new(Indexed::default());
+        let api: Api<R> = Api::all(client.clone());
+        let config = watcher::Config::default();
+        let watch = watched_index::keep(api, config, reports.clone(), view, |_| {});
+        ReportIndex {
+            reports,
+            watch: Some(watch),
+        }
     }
 }
 
-fn report_ref<R: NodeReport>(report: &R) -> ReportRef {
-    (report.namespace(), report.name_any())
-}
-
-/// A report's entries per cache, each as the operator reads it.
-fn kept_entries<R: NodeReport>(report: &R) -> BTreeMap<String, NodeEntries> {
-    let caches = report.report().and_then(|s| s.caches.as_ref());
-    caches
-        .into_iter()
-        .flatten()
-        .map(|(cache, entries)| {
-            let kept = entries
-                .iter()
-                .map(|(digest, entry)| (digest.clone(), Entry::from(entry)))
-                .collect();
-            (cache.clone(), kept)
-        })
-        .collect()
+fn cache_ref(key: &CacheKey) -> CacheRef {
+    (key.namespace().map(str::to_string), key.name().to_string())
 }
 
 #[cfg(test)]
@@ -313,8 +283,8 @@ mod tests {
         let gone = index.observe(&Event::Delete(report("a", "n1", &["c2"])));
         assert_eq!(gone, [cache("a", "c2")]);
         assert!(nodes_of(&index, Some("a"), "c2").is_empty());
-        let state = index.state.lock().unwrap();
-        assert_eq!(state.current, Index::default(), "nothing left behind");
+        let report = (Some("a".to_string()), "n1".to_string());
+        assert_eq!(index.reports.get(&report), None, "nothing left behind");
     }
 
     #[test]
@@ -352,6 +322,65 @@ mod tests {
             .expect("listed")
             .expect("the waiting task");
         assert_eq!(nodes_of(&index, Some("a"), "c1"), ["n1"]);
+    }
+
+    #[test]
+    fn a_node_fits_a_digest_its_agent_extracted_or_lists_gpus_for() {
+        let report = |node: &str, digest: &str, state: &str, gpus: serde_json::Value| {
+            let report: GKMCacheNode = serde_json::from_value(serde_json::json!({
+                "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
+                "metadata": {"name": node, "namespace": "ns"},
+                "status": {"nodeName": node, "caches": {"c": {digest: {
+                    "state": state, "compatibleGPUs": gpus}}}},
+            }))
+            .expect("report");
+            report
+        };
+        let index = ReportIndex::default();
+        for r in [
+            report(
+                "extracted",
+                "sha256:a",
+                "Extracted",
+                serde_json::json!(null),
+            ),
+            report(
+                "downloading",
+                "sha256:a",
+                "Downloading",
+                serde_json::json!([0]),
+            ),
+            report(
+                "incompatible",
+                "sha256:a",
+                "Incompatible",
+                serde_json::json!([0]),
+            ),
+            report(
+                "old-digest",
+                "sha256:b",
+                "Extracted",
+                serde_json::json!([0]),
+            ),
+            report("pending", "sha256:a", "Pending", serde_json::json!(null)),
+        ] {
+            index.observe(&Event::Apply(r));
+        }
+        let key = CacheKey::named(Some("ns"), "c");
+        assert_eq!(
+            index.fitting_nodes(&key, "sha256:a"),
+            BTreeSet::from(["downloading".to_string(), "extracted".to_string()])
+        );
+        assert!(index.fitting_nodes(&key, "sha256:c").is_empty());
+        let other = CacheKey::named(Some("ns"), "other");
+        assert!(index.fitting_nodes(&other, "sha256:a").is_empty());
+        // A report naming another node than its own is that node's.
+        let mut renamed = report("report-1", "sha256:a", "Extracted", serde_json::json!(null));
+        if let Some(status) = renamed.status.as_mut() {
+            status.node_name = "node-1".into();
+        }
+        index.observe(&Event::Apply(renamed));
+        assert!(index.fitting_nodes(&key, "sha256:a").contains("node-1"));
     }
 
     #[test]

@@ -36,6 +36,11 @@ pub struct RegistryVerifier {
     operator_namespace: String,
     /// Where its registry requests are counted.
     metrics: Option<Arc<Metrics>>,
+    /// Where each registry's signatures were found before: each
+    /// verification looks there first, saving the lookups that find
+    /// nothing (cosign v2's `.sig` tag where images carry bundles, the
+    /// referrers API where the registry has none).
+    hints: gkm_oci::verify::SignatureHints,
 }
 
 impl RegistryVerifier {
@@ -50,6 +55,7 @@ impl RegistryVerifier {
             registry,
             operator_namespace: operator_namespace.into(),
             metrics: None,
+            hints: gkm_oci::verify::SignatureHints::default(),
         }
     }
 
@@ -216,8 +222,14 @@ impl ImageVerifier for RegistryVerifier {
             (_, Err(e)) => return refused(format!("{digest}: {e}")),
         };
         let began = std::time::Instant::now();
-        let outcome =
-            gkm_oci::verify::verify(&reference, &self.registry, &parsed_digest, policy).await;
+        let outcome = gkm_oci::verify::verify_with_hints(
+            &reference,
+            &self.registry,
+            &parsed_digest,
+            policy,
+            &self.hints,
+        )
+        .await;
         if let Some(metrics) = &self.metrics {
             // A rejected signature is an answer; only a failed read is an error.
             let read = !matches!(outcome, Err(VerifyError::Image(_)));

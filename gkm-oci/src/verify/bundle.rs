@@ -7,6 +7,7 @@ use oci_spec::image::ImageManifest;
 use serde::{Deserialize, Serialize};
 
 use super::Candidate;
+use super::hints::SignatureHints;
 use super::location::referrers;
 use crate::error::Result;
 use crate::reference::ImageRef;
@@ -125,13 +126,14 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 }
 
 /// The bundles referring to `digest`, each as a candidate signature or the
-/// reason it cannot be one.
+/// reason it cannot be one; the referrers are looked up as `hints` say.
 pub(crate) async fn find(
     image: &ImageRef,
     options: &RegistryOptions,
     digest: &Digest,
+    hints: &SignatureHints,
 ) -> Result<Vec<std::result::Result<Candidate, Rejection>>> {
-    let index = referrers(image, options, digest).await?;
+    let index = referrers(image, options, digest, hints).await?;
     let repo = Repo::open(image, options)?;
     let mut out = Vec::new();
     for desc in index.manifests() {

@@ -4,6 +4,7 @@
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_spec::image::ImageIndex;
 
+use super::hints::{ReferrersAt, SignatureHints};
 use crate::error::{Error, Result};
 use crate::reference::{ImageRef, Selector};
 use crate::repo::{RegistryOptions, Repo};
@@ -86,17 +87,54 @@ fn is_not_found(e: &Error) -> bool {
     }
 }
 
-/// The referrers of `digest`: the registry's referrers API, falling back to
-/// the tag schema when the registry has none (a layout only has the tag).
+/// The referrers of `digest`: from the registry's referrers API, or the
+/// tag-schema index that clients write where there is none (a layout only
+/// has the tag). The place `hints` names for the registry is read first,
+/// the tag schema when they name none; the other only when the first holds
+/// nothing. Where they were found is remembered in `hints`.
 pub(crate) async fn referrers(
     image: &ImageRef,
     options: &RegistryOptions,
     digest: &Digest,
+    hints: &SignatureHints,
 ) -> Result<ImageIndex> {
     let reference = match image {
         ImageRef::Registry(r) => r,
         ImageRef::Layout { .. } => return tag_schema_index(image, options, digest).await,
     };
+    if hints.referrers(image) == Some(ReferrersAt::Api) {
+        let index = referrers_api(image, reference, options, digest).await?;
+        if !index.manifests().is_empty() {
+            return Ok(index);
+        }
+        return tag_schema_index(image, options, digest).await;
+    }
+    // The tag schema first: a registry without the referrers API answers
+    // in one request, and one with it costs a 404 once, as the hint then
+    // names the API.
+    let tagged = tag_schema_index(image, options, digest).await?;
+    if !tagged.manifests().is_empty() {
+        hints.found_referrers(image, ReferrersAt::TagSchema);
+        return Ok(tagged);
+    }
+    let index = referrers_api(image, reference, options, digest).await?;
+    if !index.manifests().is_empty() {
+        // Not the tag schema's (just found empty): the API's.
+        hints.found_referrers(image, ReferrersAt::Api);
+    }
+    Ok(index)
+}
+
+/// The referrers API's index of `digest`. oci-client falls back to the tag
+/// schema itself where the API answers 404, and answers an empty index when
+/// that is missing or unreadable: the callers read the tag schema
+/// themselves to tell those apart.
+async fn referrers_api(
+    image: &ImageRef,
+    reference: &oci_client::Reference,
+    options: &RegistryOptions,
+    digest: &Digest,
+) -> Result<ImageIndex> {
     let client = oci_client::Client::new(ClientConfig {
         protocol: if options.insecure {
             ClientProtocol::Http
@@ -116,11 +154,6 @@ pub(crate) async fn referrers(
     })
     .await
     .map_err(|e| Error::registry(image, e))?;
-    if index.manifests.is_empty() {
-        // oci-client answers an empty index when the tag schema's index is
-        // missing or unreadable; read it ourselves to tell those apart.
-        return tag_schema_index(image, options, digest).await;
-    }
     let json = serde_json::to_vec(&index).map_err(|e| Error::format("referrers index", e))?;
     serde_json::from_slice(&json).map_err(|e| Error::format("referrers index", e))
 }

@@ -13,6 +13,10 @@
 //!   must be the image digest, or a message signature over the manifest.
 //!
 //! Only the registry is contacted; the trust material comes from the policy.
+//! [`verify_with_hints`] looks first where earlier verifications on the same
+//! registry found signatures ([`SignatureHints`]), saving the requests that
+//! would find nothing.
+//!
 //! The outcome is a [`Verified`] saying what was proven, or a [`Rejection`]
 //! saying why not ([`VerifyError::Rejected`]); a registry that cannot be read
 //! is a [`VerifyError::Image`] instead, so callers can retry it.
@@ -38,6 +42,7 @@ pub(crate) mod bundle;
 pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
+mod hints;
 pub mod location;
 pub(crate) mod sct;
 mod tlog;
@@ -58,6 +63,7 @@ pub use cosign_v2::{
     CERTIFICATE_ANNOTATION, CHAIN_ANNOTATION, REKOR_BUNDLE_ANNOTATION, SIGNATURE_ANNOTATION,
     SIMPLE_SIGNING_MEDIA_TYPE,
 };
+pub use hints::SignatureHints;
 pub use location::{referrers_tag, signature_tag};
 pub use sct::OID_SCT_LIST;
 
@@ -103,31 +109,55 @@ pub async fn verify(
     digest: &Digest,
     policy: &Policy,
 ) -> Result<Verified, VerifyError> {
+    verify_with_hints(image, options, digest, policy, &SignatureHints::default()).await
+}
+
+/// Where [`verify_with_hints`] looks for signatures.
+#[derive(Debug, Clone, Copy)]
+enum Lookup {
+    /// cosign v2's `.sig` tag.
+    CosignV2,
+    /// Sigstore bundles among the referrers.
+    Bundles,
+}
+
+/// [`verify`], looking first where `hints` say signatures were found on
+/// the image's registry before, and remembering there where this one was:
+/// the format that proved the policy last is looked up first (cosign v2's
+/// without a hint), and the referrers where they were found last. The
+/// outcome is [`verify`]'s; only the requests differ.
+pub async fn verify_with_hints(
+    image: &ImageRef,
+    options: &RegistryOptions,
+    digest: &Digest,
+    policy: &Policy,
+    hints: &SignatureHints,
+) -> Result<Verified, VerifyError> {
     let now = now();
-    // cosign v2's signatures first: one that proves the policy ends the
-    // search before the bundles are looked up (the referrers API and its
-    // tag fallback, two requests or more). The refusals keep their order:
+    // One format's signatures first: one that proves the policy ends the
+    // search before the other's are looked up (cosign v2's tag, or the
+    // referrers and the bundles they name). The refusals keep their order:
     // what could not be read, then what did not prove the policy.
+    let order = match hints.format(image) {
+        Some(Format::SigstoreBundle) => [Lookup::Bundles, Lookup::CosignV2],
+        _ => [Lookup::CosignV2, Lookup::Bundles],
+    };
     let mut unread = Vec::new();
     let mut refused = Vec::new();
-    for found in cosign_v2::find(image, options, digest).await? {
-        match found.map(|c| check(&c, digest, policy, now)) {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(r)) => refused.push(r),
-            Err(r) => unread.push(r),
-        }
-    }
-    let mut bundles = Vec::new();
-    for found in bundle::find(image, options, digest).await? {
-        match found {
-            Ok(c) => bundles.push(c),
-            Err(r) => unread.push(r),
-        }
-    }
-    for candidate in &bundles {
-        match check(candidate, digest, policy, now) {
-            Ok(v) => return Ok(v),
-            Err(r) => refused.push(r),
+    for lookup in order {
+        let found = match lookup {
+            Lookup::CosignV2 => cosign_v2::find(image, options, digest).await?,
+            Lookup::Bundles => bundle::find(image, options, digest, hints).await?,
+        };
+        for found in found {
+            match found.map(|c| check(&c, digest, policy, now)) {
+                Ok(Ok(v)) => {
+                    hints.proved(image, v.format);
+                    return Ok(v);
+                }
+                Ok(Err(r)) => refused.push(r),
+                Err(r) => unread.push(r),
+            }
         }
     }
     unread.extend(refused);

@@ -17,12 +17,12 @@ use serde_json::json;
 use tracing::info;
 
 use super::facts::{ClaimFacts, ClaimUser};
-use super::index::ObjectId;
 use super::objects::{self, PvcOptions};
 use super::plan::{Plan, PlanInput, PvcMode, plan};
 use super::status::{Fill, NamespaceFacts, claims_status};
 use super::watch::{Owned, Watches};
 use crate::error::{Error, Result};
+use crate::watched_index::ObjectId;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
 use gkm_k8s_api::crd::{CacheState, PvcOwner, PvcStatus};
 
@@ -254,7 +254,11 @@ async fn list_owned(key: &CacheKey, client: &Client) -> Result<Owned> {
     fn ids<K: kube::Resource + Clone>(
         found: kube::core::ObjectList<kube::core::PartialObjectMeta<K>>,
     ) -> Vec<ObjectId> {
-        found.items.iter().map(super::index::id_of).collect()
+        found
+            .items
+            .iter()
+            .map(crate::watched_index::id_of)
+            .collect()
     }
     Ok(Owned {
         jobs: ids(Api::<Job>::all(client.clone())

@@ -1,5 +1,5 @@
 //! What PVC delivery reads of the objects it watches, and the keys it finds
-//! them by ([`super::index`]): gkm's Jobs, claims and volumes by the cache
+//! them by ([`crate::watched_index`]): gkm's Jobs, claims and volumes by the cache
 //! that owns them, pods by the claims they use. Pure: tests feed it objects.
 
 use jiff::Timestamp;
@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::apply::{FILLED_ANNOTATION, REFILLED_AT_ANNOTATION};
-use super::index::Entry;
 use super::objects::{MANAGED_BY, owner_of};
 use super::status::Fill;
+use crate::watched_index::Entry;
 use gkm_k8s_api::cache_object::CacheKey;
 
 /// A claim in a namespace: (namespace, claim name).
@@ -51,26 +51,20 @@ pub struct ClaimUser {
 
 /// A fill Job, found by its cache: where its fill stands.
 pub fn job(job: &Job) -> Option<Entry<CacheKey, Fill>> {
-    Some(Entry {
-        keys: vec![owner_of(job.labels())?],
-        facts: Fill::of(job.status.as_ref()),
-    })
+    Some(Entry::one(
+        owner_of(job.labels())?,
+        Fill::of(job.status.as_ref()),
+    ))
 }
 
 /// A gkm-made claim, found by its cache.
 pub fn claim(claim: &PersistentVolumeClaim) -> Option<Entry<CacheKey, ClaimFacts>> {
-    Some(Entry {
-        keys: vec![owner_of(claim.labels())?],
-        facts: ClaimFacts::of(claim),
-    })
+    Some(Entry::one(owner_of(claim.labels())?, ClaimFacts::of(claim)))
 }
 
 /// A gkm-made volume, found by its cache (only whether it exists is read).
 pub fn volume(volume: &PersistentVolume) -> Option<Entry<CacheKey, ()>> {
-    Some(Entry {
-        keys: vec![owner_of(volume.labels())?],
-        facts: (),
-    })
+    Some(Entry::one(owner_of(volume.labels())?, ()))
 }
 
 /// A pod, found by each claim it uses; `None` for a pod that uses none, has
@@ -94,16 +88,17 @@ pub fn pod(pod: &Pod) -> Option<Entry<ClaimRef, ClaimUser>> {
         return None;
     }
     let namespace = pod.namespace().unwrap_or_default();
-    Some(Entry {
-        keys: claims
-            .iter()
-            .map(|c| (namespace.clone(), c.clone()))
-            .collect(),
-        facts: ClaimUser {
+    let keys: Vec<ClaimRef> = claims
+        .iter()
+        .map(|c| (namespace.clone(), c.clone()))
+        .collect();
+    Some(Entry::each(
+        keys,
+        ClaimUser {
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
             claims,
         },
-    })
+    ))
 }
 
 #[cfg(test)]
@@ -130,15 +125,18 @@ mod tests {
     #[test]
     fn a_workload_pod_is_found_by_each_claim_it_uses() {
         let entry = pod(&pod_with(json!({}), "Running", &["a", "b"])).expect("kept");
+        let keys: Vec<&ClaimRef> = entry.under.keys().collect();
         assert_eq!(
-            entry.keys,
-            [("team".into(), "a".into()), ("team".into(), "b".into())]
+            keys,
+            [&("team".into(), "a".into()), &("team".into(), "b".into())]
         );
-        assert_eq!(entry.facts.claims, ["a", "b"]);
-        assert_eq!(
-            entry.facts.created,
-            Some("2026-01-01T00:00:00Z".parse().expect("a time"))
-        );
+        for user in entry.under.values() {
+            assert_eq!(user.claims, ["a", "b"]);
+            assert_eq!(
+                user.created,
+                Some("2026-01-01T00:00:00Z".parse().expect("a time"))
+            );
+        }
         assert!(pod(&pod_with(json!({}), "Pending", &["a"])).is_some());
     }
 
@@ -162,16 +160,20 @@ mod tests {
         }))
         .expect("a claim");
         let entry = claim(&claim_object).expect("gkm's");
-        assert_eq!(entry.keys, std::slice::from_ref(&key));
-        assert_eq!(entry.facts.filled.as_deref(), Some("sha256:aa"));
-        assert!(entry.facts.refilled_at.is_some());
+        assert_eq!(entry.under.len(), 1);
+        let facts = &entry.under[&key];
+        assert_eq!(facts.filled.as_deref(), Some("sha256:aa"));
+        assert!(facts.refilled_at.is_some());
         let job_object: Job = serde_json::from_value(json!({
             "metadata": {"name": "vector-add-0123", "namespace": "team",
                          "labels": owner_labels(&key)},
             "status": {"succeeded": 1},
         }))
         .expect("a Job");
-        assert_eq!(job(&job_object).map(|e| e.facts), Some(Fill::Done));
+        assert_eq!(
+            job(&job_object).map(|e| e.under),
+            Some([(key, Fill::Done)].into())
+        );
         let foreign: PersistentVolume =
             serde_json::from_value(json!({"metadata": {"name": "pv-1"}})).expect("a volume");
         assert_eq!(volume(&foreign), None);

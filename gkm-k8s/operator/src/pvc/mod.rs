@@ -6,7 +6,8 @@
 //! - `objects`: their server-side apply bodies (pure).
 //! - `apply`: the glue that applies, prunes, observes and removes them.
 //! - `watch`: the glue that watches what `apply` reads, and triggers the
-//!   caches its changes concern; `index` and `facts` keep what it reads.
+//!   caches its changes concern; `facts` says what it keeps of each object
+//!   in a [`crate::watched_index`].
 //! - `fill`: what a fill Job's container runs.
 //! - `layout`: how a claim holds its trees so a refill switches atomically.
 //! - `mutation`: what the `gkm.io/pvc-mutation` pod webhook answers (pure).
@@ -14,7 +15,6 @@
 mod apply;
 mod facts;
 mod fill;
-mod index;
 pub mod layout;
 pub mod mutation;
 pub mod objects;

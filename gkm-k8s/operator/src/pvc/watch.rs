@@ -27,11 +27,11 @@ use kube::{Api, Client, Resource};
 use tracing::warn;
 
 use super::facts::{self, ClaimFacts, ClaimRef, ClaimUser};
-use super::index::{Entry, Indexed, ObjectId};
 use super::objects;
 use super::plan::{PvcMode, served_namespaces};
 use super::status::Fill;
 use crate::error::{Error, Result};
+use crate::watched_index::{self, Entry, Indexed, ObjectId};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
 
 /// How long a reconcile waits for the pod watch's first list.
@@ -224,7 +224,9 @@ impl Watches {
     /// What the gkm-made claim `namespace/name` holds, if it is watched.
     pub(super) fn claim(&self, namespace: &str, name: &str) -> Option<ClaimFacts> {
         let id = (Some(namespace.to_string()), name.to_string());
-        self.claims.get(&id).map(|e| e.facts)
+        self.claims
+            .get(&id)
+            .and_then(|e| e.under.into_values().next())
     }
 
     /// The workload pods (not finished, not fill Jobs) using any of
@@ -271,7 +273,7 @@ impl Watches {
             self.senders.clone(),
             move |(namespace, claim)| {
                 let id = (Some(namespace.clone()), claim.clone());
-                claims.get(&id)?.keys.into_iter().next()
+                claims.get(&id)?.first_key().cloned()
             },
         )
     }
@@ -302,24 +304,14 @@ where
     T: Clone + PartialEq + Send + Sync + 'static,
 {
     let indexed = Arc::new(Indexed::default());
-    let kept = indexed.clone();
-    let kind = O::kind(&O::DynamicType::default()).to_string();
-    let watching = watcher(api, config)
-        .default_backoff()
-        .for_each(move |event| {
-            match event {
-                Ok(event) => {
-                    for key in kept.observe(&event, view) {
-                        if let Some(cache) = cache_of(&key) {
-                            senders.send(Changed::Cache(cache));
-                        }
-                    }
-                }
-                Err(e) => warn!(error = %e, "watching {kind}s for PVC delivery"),
+    // The watch lives as long as the process: PVC delivery reads it all along.
+    watched_index::keep(api, config, indexed.clone(), view, move |keys| {
+        for key in keys {
+            if let Some(cache) = cache_of(&key) {
+                senders.send(Changed::Cache(cache));
             }
-            futures::future::ready(())
-        });
-    tokio::spawn(watching);
+        }
+    });
     indexed
 }
 

@@ -1,6 +1,9 @@
 //! Serving the `image-volume.gkm.io` pod webhook: an AdmissionReview in,
 //! the [`crate::image_volume::admit`] answer out, with the caches the pod
-//! names and their node reports read from the apiserver for each pod.
+//! names read from the apiserver for each pod and the nodes each fits from
+//! a watched index of the node reports ([`ReportIndex`]), not a list of
+//! them per pod. The watch starts with the first pod, which waits for its
+//! first list.
 //!
 //! Only pods with an image volume naming a cache reach it: the
 //! configuration's `matchConditions` (CEL, evaluated by the apiserver) test
@@ -8,20 +11,21 @@
 //! failure policy is `Fail`: admitted unchanged, the placeholder could not
 //! be pulled anyway.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use http::Method;
 use hyper::body::Bytes;
-use kube::api::ListParams;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use serde_json::{Value, json};
 
 use super::config::{Endpoint, client_config};
 use super::review::{answer_review, log_answer, pod_review, response};
 use crate::image_volume::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use crate::pvc::mutation::Answer;
-use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
-use gkm_k8s_api::crd::{CacheState, ClusterGKMCache, GKMCache};
+use crate::report_index::ReportIndex;
+use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
+use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode};
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 
 /// The configuration's name.
@@ -65,38 +69,29 @@ pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
     })
 }
 
-/// The nodes whose report on cache `name` says `digest` fits their GPUs:
-/// compatible GPUs listed, or the digest on the node (the agent extracts
-/// only what fits).
-fn fit_nodes<R: NodeReport>(reports: &[R], name: &str, digest: Option<&str>) -> BTreeSet<String> {
-    let Some(digest) = digest else {
-        return BTreeSet::new();
-    };
-    reports
-        .iter()
-        .filter_map(|r| {
-            let report = r.report()?;
-            let entry = report.caches.as_ref()?.get(name)?.get(digest)?;
-            let fits = entry.state != Some(CacheState::Incompatible)
-                && (entry
-                    .compatible_gpus
-                    .as_ref()
-                    .is_some_and(|g| !g.is_empty())
-                    || entry.state.is_some_and(CacheState::is_on_node));
-            fits.then(|| {
-                if report.node_name.is_empty() {
-                    r.name_any()
-                } else {
-                    report.node_name.clone()
-                }
-            })
-        })
-        .collect()
+/// How long a pod waits for the first list of the node reports.
+const FIRST_LIST: Duration = Duration::from_secs(8);
+
+/// The node reports of both scopes, each kept by a watch.
+struct Reports {
+    namespaced: ReportIndex,
+    cluster: ReportIndex,
 }
 
-/// What the apiserver holds of cache `name` of kind `K`, seen from `namespace`.
+impl Reports {
+    fn of(&self, scope: Scope) -> &ReportIndex {
+        match scope {
+            Scope::Namespaced => &self.namespaced,
+            Scope::Cluster => &self.cluster,
+        }
+    }
+}
+
+/// What the apiserver holds of cache `name` of kind `K`, seen from
+/// `namespace`, with the nodes `reports` say its digest fits.
 async fn facts_of<K: CacheObject>(
     client: &Client,
+    reports: &Reports,
     namespace: Option<&str>,
     name: &str,
     kind: &'static str,
@@ -106,58 +101,104 @@ async fn facts_of<K: CacheObject>(
     };
     let status = cache.cache_status().cloned();
     let digest = status.as_ref().and_then(|s| s.resolved_digest.clone());
-    let reports = <K::NodeReport as NodeReport>::api(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let key = CacheKey::named(namespace, name);
+    let fit_nodes = digest
+        .map(|d| reports.of(K::SCOPE).fitting_nodes(&key, &d))
+        .unwrap_or_default();
     let spec = cache.cache_spec();
     Ok(Some(CacheFacts {
         kind,
         image: spec.image.clone(),
         workload_namespaces: match K::SCOPE {
-            gkm_k8s_api::cache_object::Scope::Cluster => spec
+            Scope::Cluster => spec
                 .workload_namespaces
                 .as_ref()
                 .map(|n| n.iter().map(|n| n.0.clone()).collect()),
-            gkm_k8s_api::cache_object::Scope::Namespaced => None,
+            Scope::Namespaced => None,
         },
         status,
-        fit_nodes: fit_nodes(&reports, name, digest.as_deref()),
+        fit_nodes,
     }))
 }
 
 /// The webhook's answers, with what it reads from the apiserver.
 pub struct ImageVolumeRoutes {
     client: Client,
+    /// The node reports, watched from the first pod on.
+    reports: tokio::sync::OnceCell<Reports>,
 }
 
 impl ImageVolumeRoutes {
     /// Answers with what `client` reads.
     pub fn new(client: Client) -> ImageVolumeRoutes {
-        ImageVolumeRoutes { client }
+        ImageVolumeRoutes {
+            client,
+            reports: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The node reports, once listed (the watch starts on the first call).
+    async fn reports(&self) -> Result<&Reports, String> {
+        let reports = self
+            .reports
+            .get_or_init(|| async {
+                Reports {
+                    namespaced: ReportIndex::watched::<GKMCacheNode>(&self.client),
+                    cluster: ReportIndex::watched::<ClusterGKMCacheNode>(&self.client),
+                }
+            })
+            .await;
+        let listed = async {
+            reports.namespaced.wait_until_listed().await;
+            reports.cluster.wait_until_listed().await;
+        };
+        tokio::time::timeout(FIRST_LIST, listed)
+            .await
+            .map_err(|_| {
+                format!("gkm has not read the node reports yet (no list in {FIRST_LIST:?})")
+            })?;
+        Ok(reports)
     }
 
     /// The cache `name` a pod of `namespace` names: the namespace's
     /// `GKMCache`, else the `ClusterGKMCache`.
-    async fn cache(&self, namespace: &str, name: &str) -> kube::Result<Option<CacheFacts>> {
+    async fn cache(
+        &self,
+        reports: &Reports,
+        namespace: &str,
+        name: &str,
+    ) -> kube::Result<Option<CacheFacts>> {
+        let client = &self.client;
         if let Some(facts) =
-            facts_of::<GKMCache>(&self.client, Some(namespace), name, "GKMCache").await?
+            facts_of::<GKMCache>(client, reports, Some(namespace), name, "GKMCache").await?
         {
             return Ok(Some(facts));
         }
-        facts_of::<ClusterGKMCache>(&self.client, None, name, "ClusterGKMCache").await
+        facts_of::<ClusterGKMCache>(client, reports, None, name, "ClusterGKMCache").await
     }
 
     /// The AdmissionReview answering `body`.
     pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
         let (review, pod, namespace) = pod_review(body)?;
+        let requested = requests(&pod);
+        if requested.is_empty() {
+            return Ok(response(&review, &Answer::Untouched));
+        }
+        let reports = match self.reports().await {
+            Ok(reports) => reports,
+            Err(why) => {
+                let answer = Answer::Refuse(why);
+                log_answer(&namespace, &pod, &answer, "");
+                return Ok(response(&review, &answer));
+            }
+        };
         let mut caches = BTreeMap::new();
         let mut failed = None;
-        for (_, name) in requests(&pod) {
+        for (_, name) in requested {
             if caches.contains_key(&name) {
                 continue;
             }
-            match self.cache(&namespace, &name).await {
+            match self.cache(reports, &namespace, &name).await {
                 Ok(facts) => {
                     caches.insert(name, facts);
                 }
@@ -201,7 +242,6 @@ impl Routes for ImageVolumeRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_k8s_api::crd::GKMCacheNode;
 
     #[test]
     fn only_pods_naming_a_cache_reach_the_webhook() {
@@ -234,31 +274,5 @@ mod tests {
             match_condition()
         );
         assert!(chart.contains(IMAGE_VOLUME_PATH) && chart.contains(IMAGE_VOLUME_WEBHOOK_NAME));
-    }
-
-    #[test]
-    fn fit_is_read_from_the_reports_of_the_digest() {
-        let report = |node: &str, digest: &str, state: &str, gpus: Value| -> GKMCacheNode {
-            serde_json::from_value(json!({
-                "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheNode",
-                "metadata": {"name": node, "namespace": "ns"},
-                "status": {"nodeName": node, "caches": {"c": {digest: {
-                    "state": state, "compatibleGPUs": gpus}}}},
-            }))
-            .expect("report")
-        };
-        let reports = vec![
-            report("extracted", "sha256:a", "Extracted", json!(null)),
-            report("downloading", "sha256:a", "Downloading", json!([0])),
-            report("incompatible", "sha256:a", "Incompatible", json!(null)),
-            report("old-digest", "sha256:b", "Extracted", json!([0])),
-            report("pending", "sha256:a", "Pending", json!(null)),
-        ];
-        assert_eq!(
-            fit_nodes(&reports, "c", Some("sha256:a")),
-            BTreeSet::from(["downloading".to_string(), "extracted".to_string()])
-        );
-        assert!(fit_nodes(&reports, "c", None).is_empty());
-        assert!(fit_nodes(&reports, "other", Some("sha256:a")).is_empty());
     }
 }

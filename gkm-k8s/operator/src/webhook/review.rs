@@ -1,13 +1,18 @@
 //! Serving the webhook: an AdmissionReview in, the [`mutate`] answer out,
-//! with the per-node claims read from the apiserver for each pod.
+//! with the per-node claims read from a watched index of gkm's node claims
+//! (started by the first pod, which waits for its first list), not a list
+//! of them per pod.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
 use http::{Method, StatusCode};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
@@ -15,6 +20,7 @@ use tracing::{info, warn};
 use super::config::MUTATE_PATH;
 use crate::pvc::mutation::{Answer, NodeClaims, mutate};
 use crate::pvc::objects::{CACHE_LABEL, KIND_LABEL, MANAGED_BY, NODE_LABEL};
+use crate::watched_index::{self, Entry, Indexed, ObjectId};
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
 
 /// The AdmissionReview response for the request `review` and `answer`.
@@ -72,50 +78,108 @@ pub(super) fn log_answer(namespace: &str, pod: &Pod, answer: &Answer, patched: &
     }
 }
 
-/// The ReadWriteOnce claims gkm made in `namespace`: cache → node → claim.
-/// A `GKMCache`'s claims win over a `ClusterGKMCache`'s of the same name.
-pub async fn node_claims(client: &Client, namespace: &str) -> crate::Result<NodeClaims> {
-    let selector = format!(
-        "{NODE_LABEL},{CACHE_LABEL},{}={}",
-        MANAGED_BY.0, MANAGED_BY.1
-    );
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await?;
+/// What is kept of one of gkm's ReadWriteOnce node claims, found by its
+/// namespace.
+#[derive(Debug, Clone, PartialEq)]
+struct NodeClaim {
+    /// The cache it holds.
+    cache: String,
+    /// The node it is for.
+    node: String,
+    /// Whether a `GKMCache` (not a `ClusterGKMCache`) made it.
+    namespaced: bool,
+}
+
+/// A node claim gkm made, found by its namespace; `None` for other claims.
+fn node_claim(claim: &PersistentVolumeClaim) -> Option<Entry<String, NodeClaim>> {
+    let labels = claim.labels();
+    if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
+        return None;
+    }
+    Some(Entry::one(
+        claim.namespace()?,
+        NodeClaim {
+            cache: labels.get(CACHE_LABEL)?.clone(),
+            node: labels.get(NODE_LABEL)?.clone(),
+            namespaced: labels.get(KIND_LABEL).map(String::as_str) == Some("GKMCache"),
+        },
+    ))
+}
+
+/// The claims of one namespace as the webhook reads them: cache → node →
+/// claim. A `GKMCache`'s claims win over a `ClusterGKMCache`'s of the same
+/// name.
+fn node_claims(claims: Vec<(ObjectId, NodeClaim)>) -> NodeClaims {
     let mut out: NodeClaims = BTreeMap::new();
     let mut namespaced: BTreeMap<(String, String), bool> = BTreeMap::new();
-    for claim in claims.items {
-        let labels = claim.labels();
-        let (Some(cache), Some(node)) = (labels.get(CACHE_LABEL), labels.get(NODE_LABEL)) else {
-            continue;
-        };
-        let own = labels.get(KIND_LABEL).map(String::as_str) == Some("GKMCache");
-        let id = (cache.clone(), node.clone());
-        if namespaced.get(&id) == Some(&true) && !own {
+    for ((_, name), claim) in claims {
+        let id = (claim.cache.clone(), claim.node.clone());
+        if namespaced.get(&id) == Some(&true) && !claim.namespaced {
             continue;
         }
-        namespaced.insert(id, own);
-        out.entry(cache.clone())
-            .or_default()
-            .insert(node.clone(), claim.name_any());
+        namespaced.insert(id, claim.namespaced);
+        out.entry(claim.cache).or_default().insert(claim.node, name);
     }
-    Ok(out)
+    out
+}
+
+/// How long a pod waits for the first list of the claims.
+const FIRST_LIST: Duration = Duration::from_secs(8);
+
+/// gkm's node claims, by namespace, kept by a watch of their own.
+struct WatchedClaims {
+    claims: Arc<Indexed<String, NodeClaim>>,
+    watch: tokio::task::AbortHandle,
+}
+
+impl Drop for WatchedClaims {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
 }
 
 /// The webhook's HTTP routes.
 pub struct MutationRoutes {
     client: Client,
+    /// gkm's node claims, watched from the first pod on.
+    claims: tokio::sync::OnceCell<WatchedClaims>,
 }
 
 impl MutationRoutes {
     /// Answers with the claims `client` reads.
     pub fn new(client: Client) -> MutationRoutes {
-        MutationRoutes { client }
+        MutationRoutes {
+            client,
+            claims: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The ReadWriteOnce claims gkm made in `namespace`: cache → node →
+    /// claim; the watch starts on the first call.
+    async fn node_claims(&self, namespace: &str) -> Result<NodeClaims, String> {
+        let watched = self
+            .claims
+            .get_or_init(|| async {
+                let selector = format!(
+                    "{NODE_LABEL},{CACHE_LABEL},{}={}",
+                    MANAGED_BY.0, MANAGED_BY.1
+                );
+                let api = Api::<PersistentVolumeClaim>::all(self.client.clone());
+                let config = watcher::Config::default().labels(&selector);
+                let claims = Arc::new(Indexed::default());
+                let watch = watched_index::keep(api, config, claims.clone(), node_claim, |_| {});
+                WatchedClaims { claims, watch }
+            })
+            .await;
+        tokio::time::timeout(FIRST_LIST, watched.claims.wait_until_listed())
+            .await
+            .map_err(|_| format!("no list of the cache claims in {FIRST_LIST:?}"))?;
+        Ok(node_claims(watched.claims.under(&namespace.to_string())))
     }
 
     async fn review(&self, body: &[u8]) -> Result<Value, String> {
         let (review, pod, namespace) = pod_review(body)?;
-        let answer = match node_claims(&self.client, &namespace).await {
+        let answer = match self.node_claims(&namespace).await {
             Ok(claims) => mutate(&pod, &claims),
             Err(e) => Answer::Refuse(format!(
                 "gkm could not read the cache claims of {namespace}: {e}"
@@ -177,6 +241,49 @@ pub(super) fn answer_review<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim(name: &str, labels: Value) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team", "labels": labels},
+        }))
+        .expect("a claim")
+    }
+
+    #[test]
+    fn a_namespace_s_node_claims_come_from_gkm_s_claims_and_its_own_caches_win() {
+        let gkm = |cache: &str, node: &str, kind: &str| {
+            json!({CACHE_LABEL: cache, NODE_LABEL: node, KIND_LABEL: kind,
+                   MANAGED_BY.0: MANAGED_BY.1})
+        };
+        let index = Indexed::default();
+        for (name, labels) in [
+            ("own-n1", gkm("c", "n1", "GKMCache")),
+            ("cluster-n1", gkm("c", "n1", "ClusterGKMCache")),
+            ("cluster-n2", gkm("c", "n2", "ClusterGKMCache")),
+            ("other-n1", gkm("d", "n1", "ClusterGKMCache")),
+            ("foreign", json!({CACHE_LABEL: "c", NODE_LABEL: "n3"})),
+        ] {
+            index.observe(&watcher::Event::Apply(claim(name, labels)), node_claim);
+        }
+        let claims = node_claims(index.under(&"team".to_string()));
+        assert_eq!(
+            claims,
+            BTreeMap::from([
+                (
+                    "c".to_string(),
+                    BTreeMap::from([
+                        ("n1".to_string(), "own-n1".to_string()),
+                        ("n2".to_string(), "cluster-n2".to_string()),
+                    ])
+                ),
+                (
+                    "d".to_string(),
+                    BTreeMap::from([("n1".to_string(), "other-n1".to_string())])
+                ),
+            ])
+        );
+        assert!(node_claims(index.under(&"elsewhere".to_string())).is_empty());
+    }
 
     #[test]
     fn responses_carry_the_uid_the_patch_and_the_refusal() {

@@ -1,14 +1,17 @@
-//! Objects of one kind as a watch shows them, kept as the few facts a
-//! reconcile reads and indexed by what it looks them up by (the cache that
-//! owns them, the claim a pod uses), so a reconcile reads only what
-//! concerns its cache and a change names only the keys it touched.
+//! Objects of one kind as a watch shows them, kept as the few facts their
+//! readers need and indexed by what they look them up by (the cache a node
+//! report speaks of, the cache that owns a Job or claim, the claim a pod
+//! uses), so a reader reads only what concerns its key and a change names
+//! only the keys whose facts it changed.
 //!
-//! Pure apart from its lock: tests feed it watch events. A relist (the
-//! watch restarted) is buffered as a reflector's store does it: the index
-//! answers from what it had until the list is complete, then swaps, and
-//! the keys whose objects differ count as changed.
+//! The node reports ([`crate::report_index`]), PVC delivery's objects
+//! ([`crate::pvc`]) and the admission webhooks are served from it. Pure
+//! apart from its lock: tests feed it watch events. A relist (the watch
+//! restarted) is buffered as a reflector's store does it: the index answers
+//! from what it had until the list is complete, then swaps, and the keys
+//! whose facts differ count as changed.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
 
@@ -18,14 +21,36 @@ use kube::runtime::watcher;
 /// Where an object is: its namespace (`None` when cluster-scoped) and name.
 pub type ObjectId = (Option<String>, String);
 
-/// What the index keeps of one object: the keys it is found under and the
-/// facts read of it.
+/// What the index keeps of one object: the keys it is found under, each
+/// with what the object says about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry<K, T> {
-    /// The keys it is found under.
-    pub keys: Vec<K>,
-    /// What a reconcile reads of it.
-    pub facts: T,
+    /// The keys it is found under, with its facts under each.
+    pub under: BTreeMap<K, T>,
+}
+
+impl<K: Ord, T> Entry<K, T> {
+    /// An object found under `key` alone.
+    pub fn one(key: K, facts: T) -> Entry<K, T> {
+        Entry {
+            under: BTreeMap::from([(key, facts)]),
+        }
+    }
+
+    /// An object found under each of `keys`, with the same `facts`.
+    pub fn each(keys: impl IntoIterator<Item = K>, facts: T) -> Entry<K, T>
+    where
+        T: Clone,
+    {
+        Entry {
+            under: keys.into_iter().map(|k| (k, facts.clone())).collect(),
+        }
+    }
+
+    /// The first key it is found under.
+    pub fn first_key(&self) -> Option<&K> {
+        self.under.keys().next()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -45,32 +70,46 @@ impl<K, T> Default for Index<K, T> {
 
 impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Index<K, T> {
     /// Puts `entry` (`None`: nothing) in `id`'s place; returns the keys
-    /// whose objects changed.
+    /// whose facts changed (the object gained, lost or changed them).
     fn put(&mut self, id: ObjectId, entry: Option<Entry<K, T>>) -> BTreeSet<K> {
-        let mut changed = BTreeSet::new();
-        if self.objects.get(&id) == entry.as_ref() {
+        let empty = BTreeMap::new();
+        let old = self.objects.get(&id).map_or(&empty, |e| &e.under);
+        let new = entry.as_ref().map_or(&empty, |e| &e.under);
+        let changed: BTreeSet<K> = old
+            .keys()
+            .chain(new.keys())
+            .filter(|key| old.get(*key) != new.get(*key))
+            .cloned()
+            .collect();
+        if changed.is_empty() {
             return changed;
         }
-        if let Some(old) = self.objects.remove(&id) {
-            for key in old.keys {
-                if let Some(ids) = self.by_key.get_mut(&key) {
-                    ids.remove(&id);
-                    if ids.is_empty() {
-                        self.by_key.remove(&key);
-                    }
+        let gone: Vec<K> = old
+            .keys()
+            .filter(|key| !new.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(ids) = self.by_key.get_mut(&key) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.by_key.remove(&key);
                 }
-                changed.insert(key);
             }
         }
-        if let Some(new) = entry {
-            for key in &new.keys {
-                self.by_key
-                    .entry(key.clone())
-                    .or_default()
-                    .insert(id.clone());
-                changed.insert(key.clone());
+        match entry {
+            Some(new) if !new.under.is_empty() => {
+                for key in new.under.keys() {
+                    self.by_key
+                        .entry(key.clone())
+                        .or_default()
+                        .insert(id.clone());
+                }
+                self.objects.insert(id, new);
             }
-            self.objects.insert(id, new);
+            _ => {
+                self.objects.remove(&id);
+            }
         }
         changed
     }
@@ -80,7 +119,7 @@ impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Index<K, T> {
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|id| Some((id.clone(), self.objects.get(id)?.facts.clone())))
+            .filter_map(|id| Some((id.clone(), self.objects.get(id)?.under.get(key)?.clone())))
             .collect()
     }
 
@@ -102,7 +141,8 @@ struct State<K, T> {
     relisting: Option<Index<K, T>>,
 }
 
-/// The objects of one watch, indexed by `K`, each kept as its facts `T`.
+/// The objects of one watch, indexed by `K`, each kept as its facts `T`
+/// under each key.
 #[derive(Debug)]
 pub struct Indexed<K, T> {
     state: Mutex<State<K, T>>,
@@ -124,8 +164,8 @@ impl<K, T> Default for Indexed<K, T> {
 
 impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Indexed<K, T> {
     /// Takes in one event of the watch, keeping what `view` reads of each
-    /// object (`None`: the object is of no interest, and is forgotten);
-    /// returns the keys whose objects it changed.
+    /// object (`None`, or no key: the object is of no interest, and is
+    /// forgotten); returns the keys whose facts it changed.
     pub fn observe<O: Resource>(
         &self,
         event: &watcher::Event<O>,
@@ -169,11 +209,43 @@ impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Indexed<K, T> {
         state.current.objects.get(id).cloned()
     }
 
-    /// The objects found under `key`, with their facts.
+    /// The objects found under `key`, in the order of their ids, with their
+    /// facts under it.
     pub fn under(&self, key: &K) -> Vec<(ObjectId, T)> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.current.under(key)
     }
+}
+
+/// Watches `api` (the objects `config` selects) into `index`, keeping what
+/// `view` reads of each and handing the keys each event changed to
+/// `changed`; returns the task that watches, which retries for ever.
+pub fn keep<O, K, T>(
+    api: kube::Api<O>,
+    config: watcher::Config,
+    index: std::sync::Arc<Indexed<K, T>>,
+    view: fn(&O) -> Option<Entry<K, T>>,
+    changed: impl Fn(BTreeSet<K>) + Send + 'static,
+) -> tokio::task::AbortHandle
+where
+    O: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    O::DynamicType: Default,
+    K: Clone + Eq + Hash + Ord + Send + Sync + 'static,
+    T: Clone + PartialEq + Send + Sync + 'static,
+{
+    use futures::StreamExt as _;
+    use kube::runtime::WatchStreamExt as _;
+    let kind = O::kind(&O::DynamicType::default()).to_string();
+    let watching = watcher(api, config)
+        .default_backoff()
+        .for_each(move |event| {
+            match event {
+                Ok(event) => changed(index.observe(&event, view)),
+                Err(e) => tracing::warn!(error = %e, "watching {kind}s"),
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(watching).abort_handle()
 }
 
 /// Where `object` is.
@@ -202,10 +274,10 @@ mod tests {
 
     fn view(object: &ConfigMap) -> Option<Entry<String, String>> {
         let labels = object.metadata.labels.as_ref()?;
-        Some(Entry {
-            keys: vec![labels.get("key")?.clone()],
-            facts: labels.get("value")?.clone(),
-        })
+        Some(Entry::one(
+            labels.get("key")?.clone(),
+            labels.get("value")?.clone(),
+        ))
     }
 
     fn set(keys: &[&str]) -> BTreeSet<String> {
@@ -254,6 +326,52 @@ mod tests {
             set(&["cache-2"])
         );
         assert!(names(&index, "cache-2").is_empty());
+    }
+
+    /// A ConfigMap found under each key of its data, with the value there.
+    fn spread(name: &str, under: &[(&str, &str)]) -> ConfigMap {
+        let data: BTreeMap<String, String> = under
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"}, "data": data,
+        }))
+        .expect("a ConfigMap")
+    }
+
+    fn spread_view(object: &ConfigMap) -> Option<Entry<String, String>> {
+        Some(Entry {
+            under: object.data.clone()?,
+        })
+    }
+
+    #[test]
+    fn an_object_under_several_keys_names_only_those_whose_facts_changed() {
+        let index = Indexed::default();
+        let first = spread("n1", &[("c1", "downloading"), ("c2", "extracted")]);
+        assert_eq!(
+            index.observe(&Event::Apply(first), spread_view),
+            set(&["c1", "c2"])
+        );
+        let second = spread("n1", &[("c1", "extracted"), ("c2", "extracted")]);
+        assert_eq!(
+            index.observe(&Event::Apply(second), spread_view),
+            set(&["c1"])
+        );
+        // Dropping a key names it alone; the object stays under the other.
+        let third = spread("n1", &[("c2", "extracted")]);
+        assert_eq!(
+            index.observe(&Event::Apply(third.clone()), spread_view),
+            set(&["c1"])
+        );
+        assert!(names(&index, "c1").is_empty());
+        assert_eq!(names(&index, "c2"), [("n1".into(), "extracted".into())]);
+        assert_eq!(
+            index.observe(&Event::Delete(third), spread_view),
+            set(&["c2"])
+        );
+        assert_eq!(index.get(&(Some("ns".into()), "n1".into())), None);
     }
 
     #[tokio::test]
