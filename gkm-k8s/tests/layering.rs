@@ -20,8 +20,9 @@ const COMPONENTS: &[&str] = &[
 const FORBIDDEN: &[(&str, &[&str], &str)] = &[
     (
         "gkm-k8s-csi",
-        &["kube", "k8s-openapi", "oci-client", "nvml-wrapper", "rcgen"],
-        "the CSI driver never talks to the Kubernetes API or a registry",
+        &["oci-client", "nvml-wrapper", "rcgen"],
+        "the CSI driver never reads a registry or a GPU; of the Kubernetes API it only \
+         watches its node's captures",
     ),
     (
         "gkm-k8s-node",

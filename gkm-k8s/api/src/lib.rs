@@ -28,6 +28,7 @@
 pub mod cache_object;
 pub mod conditions;
 pub mod crd;
+pub mod dra;
 pub mod gpu_request;
 pub mod quota;
 pub mod served;

@@ -26,7 +26,9 @@
 //!
 //! # The contract with the node agent
 //!
-//! The driver never talks to the Kubernetes API. It reads the agent's
+//! Delivering a cache, the driver never talks to the Kubernetes API (it
+//! watches only its node's `GKMCacheCapture`s, to release captured trees:
+//! [`capture_release`]). It reads the agent's
 //! decisions from the node-local [delivery index](gkm_k8s_node::delivery) and writes
 //! [mount records](gkm_k8s_node::mount_records::MountRecords) the agent counts pods from:
 //!

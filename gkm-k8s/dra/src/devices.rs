@@ -15,22 +15,9 @@ use serde::Serialize;
 
 use crate::version::semver;
 
-/// Upstream's attribute for a device's PCI address (`0000:6e:00.0`).
-pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
-/// Upstream's attribute for the PCIe root complex a device hangs off
-/// (`pci0000:00`), for aligning devices of several drivers.
-pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
-
-/// A GPU's compiler backend (`cuda`, `hip`), as Triton names it.
-pub const BACKEND: &str = "backend";
-/// A GPU's architecture: `sm_90` for CUDA, the gfx target (`gfx90a`) for AMD.
-pub const ARCHITECTURE: &str = "architecture";
-/// A CUDA GPU's compute capability, a version (`9.0.0`).
-pub const COMPUTE_CAPABILITY: &str = "computeCapability";
-/// A GPU's warp size, an int (left out when not known).
-pub const WARP_SIZE: &str = "warpSize";
-/// The CUDA (or ROCm) version a GPU's driver supports, a version (`12.4.0`).
-pub const TOOLKIT_VERSION: &str = "toolkitVersion";
+pub use gkm_k8s_api::dra::{
+    ARCHITECTURE, BACKEND, COMPUTE_CAPABILITY, PCI_BUS_ID, PCIE_ROOT, TOOLKIT_VERSION, WARP_SIZE,
+};
 
 /// What kind of device a published device is (attribute `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -53,7 +53,7 @@ mod plugin;
 pub mod prepare;
 pub mod publish;
 pub mod rescan;
-pub mod selector;
+pub use gkm_k8s_api::dra::selector;
 pub mod service;
 pub mod slices;
 pub mod version;
@@ -66,9 +66,7 @@ pub use plugin::{DraConfig, look, look_with, run};
 
 use gkm_k8s_kubelet::registration::Plugin;
 
-/// The DRA driver's name: DeviceClasses select `device.driver ==
-/// "gpu.gkm.io"`, and unqualified attributes are in this domain.
-pub const DRIVER: &str = "gpu.gkm.io";
+pub use gkm_k8s_api::dra::DRIVER;
 
 /// What the plugin tells the kubelet when it registers: the kubelet picks
 /// the first of the services it also speaks.

@@ -5,7 +5,7 @@
 //! The class's selector is generated from the targets of the cache's
 //! release (every variant of the resolved digest) by the rule the nodes
 //! check with ([`gkm_core::compat::requirement`], rendered by
-//! [`gkm_k8s_dra::selector::fits`]); it follows the release when the tag
+//! [`gkm_k8s_api::dra::selector::fits`]); it follows the release when the tag
 //! moves. A cache whose digest may not be delivered (not verified, not
 //! resolved, targets unread) keeps its class with a selector that no device
 //! meets: claims wait rather than fail on a missing class, the class name
@@ -120,10 +120,10 @@ pub fn device_class(cache: &CacheKey, release: &CacheRelease) -> DeviceClass {
         annotations.insert(DIGEST_ANNOTATION.to_string(), digest.clone());
     }
     let expression = match requirements(release) {
-        Ok(found) => gkm_k8s_dra::selector::fits(&found),
+        Ok(found) => gkm_k8s_api::dra::selector::fits(&found),
         Err(why) => {
             annotations.insert(NOTHING_ANNOTATION.to_string(), why);
-            gkm_k8s_dra::selector::NOTHING.to_string()
+            gkm_k8s_api::dra::selector::NOTHING.to_string()
         }
     };
     DeviceClass {
@@ -141,11 +141,14 @@ pub fn device_class(cache: &CacheKey, release: &CacheRelease) -> DeviceClass {
             // that every class the operator writes has it, so no class of
             // its selects another driver's devices.
             selectors: Some(
-                [gkm_k8s_dra::selector::THIS_DRIVER.to_string(), expression]
-                    .map(|expression| DeviceSelector {
-                        cel: Some(CELDeviceSelector { expression }),
-                    })
-                    .to_vec(),
+                [
+                    gkm_k8s_api::dra::selector::THIS_DRIVER.to_string(),
+                    expression,
+                ]
+                .map(|expression| DeviceSelector {
+                    cel: Some(CELDeviceSelector { expression }),
+                })
+                .to_vec(),
             ),
             ..DeviceClassSpec::default()
         },

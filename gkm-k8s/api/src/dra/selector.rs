@@ -1,6 +1,6 @@
-//! CEL that selects the devices this driver publishes which meet what a
+//! CEL that selects the `gpu.gkm.io` devices which meet what a
 //! cache's targets require ([`gkm_core::compat::Requirement`]): the rule of
-//! `gkm_core::compat` read back from the attributes [`crate::devices`]
+//! `gkm_core::compat` read back from the attributes the driver (`gkm-k8s-dra`)
 //! writes, for a DeviceClass's selector.
 //!
 //! Each requirement becomes one conjunction over the device's `backend`,
@@ -13,8 +13,7 @@ use std::collections::BTreeSet;
 
 use gkm_core::compat::{ArchRequirement, Requirement, VersionRange};
 
-use crate::DRIVER;
-use crate::devices::{ARCHITECTURE, BACKEND, COMPUTE_CAPABILITY, TOOLKIT_VERSION, WARP_SIZE};
+use super::{ARCHITECTURE, BACKEND, COMPUTE_CAPABILITY, DRIVER, TOOLKIT_VERSION, WARP_SIZE};
 
 /// The expression of a selector that no device meets.
 pub const NOTHING: &str = "false";
@@ -33,7 +32,7 @@ pub const THIS_DRIVER: &str = "device.driver == 'gpu.gkm.io'";
 /// let target = gkm_core::cache::Summary::from_label(
 ///     r#"{"targets":[{"backend":"hip","arch":"gfx942","warp_size":64}]}"#,
 /// ).unwrap().targets.remove(0);
-/// let expression = gkm_k8s_dra::selector::fits(&[requirement(&target, &CheckOptions::default()).unwrap()]);
+/// let expression = gkm_k8s_api::dra::selector::fits(&[requirement(&target, &CheckOptions::default()).unwrap()]);
 /// assert_eq!(
 ///     expression,
 ///     "device.driver == 'gpu.gkm.io' && (\
