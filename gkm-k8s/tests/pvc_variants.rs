@@ -7,19 +7,18 @@
 
 mod operator_support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_k8s_operator::pvc::names;
-use gkm_k8s_operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier, TenantSigners};
+use gkm_k8s_operator::{OperatorConfig, TenantSigners};
 use gkm_oci::BuildOptions;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
 use operator_support::{
-    OPERATOR_NAMESPACE, cache, fixture, pem, put_secret, registry_options, until,
+    OPERATOR_NAMESPACE, cache, fixture, pem, put_secret, registry_options, spawn_operator, until,
 };
 use serde_json::json;
 
@@ -71,17 +70,7 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
         tenant_signers: TenantSigners::in_namespaces([NS]),
         ..OperatorConfig::default()
     };
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
-        client.clone(),
-        registry_options(),
-        OPERATOR_NAMESPACE,
-    ));
-    let operator = tokio::spawn(gkm_k8s_operator::run(
-        client.clone(),
-        config,
-        verifier,
-        Arc::new(Metrics::default()),
-    ));
+    let operator = spawn_operator(&client, config);
 
     let apply = PatchParams::apply("gkm-test").force();
     let caches: Api<GKMCache> = Api::namespaced(client.clone(), NS);
