@@ -524,6 +524,7 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
         node: Some("node-1".into()),
         volume: Some("gkm-0123456789".into()),
         job: Some("vector-add-fill-0123".into()),
+        fill_digest: None,
     };
     // With registry mirrors: the fill Job carries its registry's host file.
     let options = PvcOptions {

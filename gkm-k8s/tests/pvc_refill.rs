@@ -189,6 +189,7 @@ fn fill_job() -> anyhow::Result<serde_json::Value> {
         node: None,
         volume: None,
         job: Some("vector-add-fill".into()),
+        fill_digest: None,
     };
     let digest = format!("sha256:{}", "0".repeat(64));
     objects::job(

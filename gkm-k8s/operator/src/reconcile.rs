@@ -1,7 +1,7 @@
 //! The one reconcile for both cache kinds: resolve, verify, roll up, write
 //! status once per real change; on deletion, wait for the nodes, then let go.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
 use super::verdict::{verdict, verdict_event};
 use crate::error::{Error, Result};
-use crate::pvc::{FIELD_MANAGER, PvcMode, reconcile_claims, remove_claims};
+use crate::pvc::{FIELD_MANAGER, ImageVariants, PvcMode, reconcile_claims, remove_claims};
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
 use gkm_k8s_api::crd::{
     CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval,
@@ -145,15 +145,22 @@ async fn variants_of(
     {
         return None;
     }
+    Some(read_variants(spec, &digest, ctx).await)
+}
+
+/// The variants of `digest`, the image `spec` names (read once per digest).
+async fn read_variants(
+    spec: &gkm_k8s_api::crd::CacheSpec,
+    digest: &gkm_oci::Digest,
+    ctx: &Context,
+) -> std::result::Result<Vec<gkm_k8s_api::crd::ImageVariant>, String> {
     let read = |ok, took| {
         ctx.metrics
             .registry_request(RegistryOperation::Variants, ok, took)
     };
-    Some(
-        ctx.variants
-            .of(&spec.image, &digest, &ctx.config.registry, read)
-            .await,
-    )
+    ctx.variants
+        .of(&spec.image, digest, &ctx.config.registry, read)
+        .await
 }
 
 /// What is known about `digest`, the image `cache` resolved to: its verdict
@@ -202,6 +209,25 @@ async fn observe<K: CacheObject>(
     let variant_nodes = variant_nodes(&digest, entries.iter().map(|(_, e)| e));
     let pvc_mode = PvcMode::of(spec).is_some();
     let claims = if pvc_mode || old.pvc_status.is_some() {
+        // Of a multi-target image, each fill takes its nodes' variant: read
+        // the variants (kept per digest, so the release reuses this read).
+        let read = match digest.parse::<gkm_oci::Digest>() {
+            Ok(parsed) if pvc_mode && verification.is_deliverable() => {
+                Some(read_variants(spec, &parsed, ctx).await)
+            }
+            _ => None,
+        };
+        let variant_digests: Vec<String> = match &read {
+            Some(Ok(variants)) => variants.iter().map(|v| v.digest.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let variants = match &read {
+            Some(Err(why)) => ImageVariants::Unread(why),
+            Some(Ok(_)) if !variant_digests.contains(&digest) => {
+                ImageVariants::MultiTarget(&variant_digests)
+            }
+            _ => ImageVariants::Single,
+        };
         let outcome = reconcile_claims(
             cache,
             &ctx.client,
@@ -210,6 +236,7 @@ async fn observe<K: CacheObject>(
             Some(&digest),
             verification.is_deliverable(),
             &compatible_nodes(&entries, &digest),
+            variants,
         )
         .await?;
         Some(Claims { pvc_mode, outcome })
@@ -357,20 +384,24 @@ async fn cleanup<K: CacheObject>(
 }
 
 /// The nodes whose agents report `digest` extracted (so compatible with
-/// their GPUs): where ReadWriteOnce claims go.
-fn compatible_nodes(entries: &[(String, NodeEntries)], digest: &str) -> BTreeSet<String> {
+/// their GPUs), each with the variant it holds of a multi-target image:
+/// where ReadWriteOnce claims go.
+fn compatible_nodes(
+    entries: &[(String, NodeEntries)],
+    digest: &str,
+) -> BTreeMap<String, Option<u64>> {
     entries
         .iter()
-        .filter(|(_, entries)| {
-            entries.iter().any(|(d, e)| {
+        .filter_map(|(node, entries)| {
+            let (_, entry) = entries.iter().find(|(d, e)| {
                 d == digest
                     && matches!(
                         e.state,
                         Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
                     )
-            })
+            })?;
+            Some((node.clone(), entry.variant))
         })
-        .map(|(node, _)| node.clone())
         .collect()
 }
 

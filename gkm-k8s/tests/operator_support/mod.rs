@@ -91,3 +91,23 @@ pub fn cache(ns: &str, name: &str, spec: serde_json::Value) -> anyhow::Result<GK
         "spec": spec,
     }))?)
 }
+
+/// Runs the operator in-process with `config`, verifying through the
+/// registry as `client`; abort the handle to stop it.
+pub fn spawn_operator(
+    client: &kube::Client,
+    config: gkm_k8s_operator::OperatorConfig,
+) -> tokio::task::JoinHandle<Result<(), gkm_k8s_operator::InvalidConfig>> {
+    let verifier: std::sync::Arc<dyn gkm_k8s_operator::ImageVerifier> =
+        std::sync::Arc::new(gkm_k8s_operator::RegistryVerifier::new(
+            client.clone(),
+            registry_options(),
+            OPERATOR_NAMESPACE,
+        ));
+    tokio::spawn(gkm_k8s_operator::run(
+        client.clone(),
+        config,
+        verifier,
+        std::sync::Arc::new(gkm_k8s_operator::Metrics::default()),
+    ))
+}

@@ -18,7 +18,7 @@ use tracing::info;
 
 use super::facts::{ClaimFacts, ClaimUser};
 use super::objects::{self, PvcOptions};
-use super::plan::{Plan, PlanInput, PvcMode, plan};
+use super::plan::{ImageVariants, Plan, PlanInput, PvcMode, plan};
 use super::status::{Fill, NamespaceFacts, claims_status};
 use super::watch::{Owned, Watches};
 use crate::error::{Error, Result};
@@ -61,6 +61,7 @@ struct Applied {
 
 /// Applies what `cache` should have in PVC mode (nothing in CSI mode: what
 /// it owned is removed), and reports what is there.
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile_claims<K: CacheObject>(
     cache: &K,
     client: &Client,
@@ -68,7 +69,8 @@ pub async fn reconcile_claims<K: CacheObject>(
     options: &PvcOptions,
     digest: Option<&str>,
     deliverable: bool,
-    compatible_nodes: &BTreeSet<String>,
+    compatible_nodes: &BTreeMap<String, Option<u64>>,
+    variants: ImageVariants<'_>,
 ) -> Result<ClaimsOutcome> {
     let key = cache.key();
     let spec = cache.cache_spec();
@@ -80,12 +82,9 @@ pub async fn reconcile_claims<K: CacheObject>(
         deliverable,
         existing_namespaces: &namespaces,
         compatible_nodes,
+        variants,
         make_volumes: options.volume_dir.is_some(),
     });
-    let image = match digest {
-        Some(d) => Some(pinned(&spec.image, d)?),
-        None => None,
-    };
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut applied = Applied::default();
     for claim in &wanted.claims {
@@ -105,8 +104,11 @@ pub async fn reconcile_claims<K: CacheObject>(
             .await?;
         let id = (claim.namespace.clone(), claim.name.clone());
         applied.claims.insert(id.clone(), ClaimFacts::of(&written));
-        if let (Some(d), Some(image)) = (digest, image.as_deref())
-            && let Some(body) = objects::job(&key, spec, claim, d, image, options)
+        // Each Job is pinned to the digest it extracts: of a multi-target
+        // image, its claim's variant.
+        if let Some(d) = claim.fill_digest.as_deref()
+            && let Some(body) =
+                objects::job(&key, spec, claim, d, &pinned(&spec.image, d)?, options)
             && let Some(name) = &claim.job
         {
             let job = Api::<Job>::namespaced(client.clone(), &claim.namespace)

@@ -8,7 +8,8 @@ use std::fs;
 use std::path::Path;
 
 use gkm_oci::{
-    ExtractStats, Image, ImageRef, RegistryOptions, Repo, UnpackOptions, extract_to_dir,
+    ExtractStats, Image, ImageRef, MultiTarget, RegistryOptions, Repo, UnpackOptions,
+    extract_to_dir,
 };
 
 use super::layout::Layout;
@@ -37,7 +38,12 @@ pub async fn fill(
     let mut stats = ExtractStats::default();
     if !layout.tree(&pinned).is_dir() {
         let repo = Repo::open(image, registry)?;
-        let fetched = Image::fetch(&repo).await?;
+        let fetched = match Image::fetch(&repo).await {
+            Err(gkm_oci::Error::MultiTarget { .. }) => {
+                return Err(multi_target(image, &repo).await);
+            }
+            other => other?,
+        };
         if fetched.digest != pinned {
             return Err(Error::InvalidSpec(format!(
                 "{image}: the registry served {} instead",
@@ -49,6 +55,38 @@ pub async fn fill(
     }
     layout.switch(&pinned)?;
     Ok(stats)
+}
+
+/// Why a fill of `image`, a multi-target index, is refused: a claim holds
+/// one variant's tree, so a fill is pinned to a variant; the error names
+/// them.
+async fn multi_target(image: &ImageRef, repo: &Repo) -> Error {
+    let listed = match repo
+        .fetch_manifest()
+        .await
+        .map(|raw| MultiTarget::parse(&raw))
+    {
+        Ok(Ok(Some(multi))) => multi
+            .variants
+            .iter()
+            .map(|v| {
+                let targets: Vec<String> = v
+                    .summary()
+                    .targets
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                format!("{} ({})", v.digest, targets.join(" "))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        Ok(Ok(None)) => "none listed".to_string(),
+        Ok(Err(e)) | Err(e) => format!("unreadable: {e}"),
+    };
+    Error::InvalidSpec(format!(
+        "{image}: a multi-target image cannot be filled into a claim, which holds one tree; \
+         pin the fill to one of its variants: {listed}"
+    ))
 }
 
 /// `error`, saying why when the claim refuses writes: fills run as a

@@ -28,5 +28,5 @@ pub use apply::{
 };
 pub use fill::fill;
 pub use objects::{FILL_HOSTS_ENV, PvcOptions};
-pub use plan::{PvcMode, names};
+pub use plan::{ImageVariants, PvcMode, names};
 pub use watch::Watches;

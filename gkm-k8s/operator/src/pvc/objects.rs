@@ -359,6 +359,7 @@ mod tests {
             node: node.map(String::from),
             volume: Some("gkm-abc".into()),
             job: Some("vector-add-0123".into()),
+            fill_digest: None,
         }
     }
 

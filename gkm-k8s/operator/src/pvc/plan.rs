@@ -2,8 +2,9 @@
 //! tests feed it specs, verdicts, node reports and namespaces; the operator
 //! applies what it returns.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::rollup::variant_key;
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{AccessMode, CacheSpec};
 
@@ -58,11 +59,26 @@ pub struct PlanInput<'a> {
     /// The namespaces that exist (only the cache's own ones matter).
     pub existing_namespaces: &'a BTreeSet<String>,
     /// Nodes whose agents report the resolved digest compatible with their
-    /// GPUs: where ReadWriteOnce claims go; a ReadOnlyMany claim is filled
-    /// only when there is at least one.
-    pub compatible_nodes: &'a BTreeSet<String>,
+    /// GPUs, each with the variant it reports holding ([`variant_key`] of
+    /// its digest, of a multi-target image): where ReadWriteOnce claims go;
+    /// a ReadOnlyMany claim is filled only when there is at least one.
+    pub compatible_nodes: &'a BTreeMap<String, Option<u64>>,
+    /// What the resolved digest is: one image, or an index of variants.
+    pub variants: ImageVariants<'a>,
     /// Whether gkm makes the PersistentVolumes itself (no provisioner).
     pub make_volumes: bool,
+}
+
+/// What is known of the resolved digest's variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageVariants<'a> {
+    /// A single-target image: every fill extracts the resolved digest.
+    Single,
+    /// A multi-target image (an index): each fill extracts the variant of
+    /// the nodes it serves; these are the variants' digests.
+    MultiTarget(&'a [String]),
+    /// The variants could not be read (why): nothing is filled.
+    Unread(&'a str),
 }
 
 /// One claim to exist.
@@ -78,6 +94,9 @@ pub struct ClaimPlan {
     pub volume: Option<String>,
     /// The fill Job for the resolved digest, when it may be filled.
     pub job: Option<String>,
+    /// The digest that Job extracts: the resolved digest, or of a
+    /// multi-target image the variant of the node(s) the claim serves.
+    pub fill_digest: Option<String>,
 }
 
 /// Everything a cache should have.
@@ -121,41 +140,61 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let (present, missing): (Vec<String>, Vec<String>) = served_namespaces(input.key, input.spec)
         .into_iter()
         .partition(|n| input.existing_namespaces.contains(n));
-    let withheld = match (input.digest, input.deliverable) {
-        (None, _) => Some("the image is not resolved yet".to_string()),
-        (Some(_), false) => Some("the operator's verdict does not allow the digest".to_string()),
-        (Some(_), true) if input.compatible_nodes.is_empty() => {
+    let withheld = match (input.digest, input.deliverable, input.variants) {
+        (None, _, _) => Some("the image is not resolved yet".to_string()),
+        (Some(_), false, _) => Some("the operator's verdict does not allow the digest".to_string()),
+        (Some(_), true, _) if input.compatible_nodes.is_empty() => {
             Some("no node's agent reports the digest compatible with its GPUs".to_string())
         }
-        (Some(_), true) => None,
+        (Some(_), true, ImageVariants::Unread(why)) => {
+            Some(format!("the image's variants could not be read: {why}"))
+        }
+        (Some(digest), true, variants) => match mode {
+            PvcMode::ReadOnlyMany => shared_fill(digest, variants, input.compatible_nodes).err(),
+            PvcMode::ReadWriteOnce => None,
+        },
     };
-    let fill = |claim: &str| match (withheld.is_none(), input.digest) {
-        (true, Some(digest)) => Some(names::job(claim, digest, input.spec.pod_template.as_ref())),
-        _ => None,
+    // The digest a claim serving `nodes` is filled with, when it may be.
+    let fill_digest = |nodes: &BTreeMap<String, Option<u64>>| -> Option<String> {
+        if withheld.is_some() {
+            return None;
+        }
+        shared_fill(input.digest?, input.variants, nodes).ok()
+    };
+    let fill = |claim: &str, digest: Option<String>| {
+        let job = digest
+            .as_deref()
+            .map(|d| names::job(claim, d, input.spec.pod_template.as_ref()));
+        (job, digest)
     };
     let mut claims = Vec::new();
     for namespace in &present {
         match mode {
             PvcMode::ReadOnlyMany => {
                 let name = input.key.name().to_string();
+                let (job, fill_digest) = fill(&name, fill_digest(input.compatible_nodes));
                 claims.push(ClaimPlan {
                     volume: input
                         .make_volumes
                         .then(|| names::volume(input.key, namespace, None)),
-                    job: fill(&name),
+                    job,
+                    fill_digest,
                     namespace: namespace.clone(),
                     node: None,
                     name,
                 });
             }
             PvcMode::ReadWriteOnce => {
-                for node in input.compatible_nodes {
+                for (node, variant) in input.compatible_nodes {
                     let name = names::node_claim(input.key.name(), node);
+                    let one = BTreeMap::from([(node.clone(), *variant)]);
+                    let (job, fill_digest) = fill(&name, fill_digest(&one));
                     claims.push(ClaimPlan {
                         volume: input
                             .make_volumes
                             .then(|| names::volume(input.key, namespace, Some(node))),
-                        job: fill(&name),
+                        job,
+                        fill_digest,
                         namespace: namespace.clone(),
                         node: Some(node.clone()),
                         name,
@@ -169,6 +208,54 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         claims,
         missing_namespaces: missing,
         withheld,
+    }
+}
+
+/// The one digest a claim serving `nodes` (each with the variant its agent
+/// reports) is filled with: `digest` itself for a single-target image; of a
+/// multi-target image, the variant every node holds, or why there is none
+/// (a node has not reported its variant yet, or the nodes need different
+/// ones: a claim holds one tree).
+fn shared_fill(
+    digest: &str,
+    variants: ImageVariants<'_>,
+    nodes: &BTreeMap<String, Option<u64>>,
+) -> Result<String, String> {
+    let variants = match variants {
+        ImageVariants::Single => return Ok(digest.to_string()),
+        ImageVariants::Unread(why) => {
+            return Err(format!("the image's variants could not be read: {why}"));
+        }
+        ImageVariants::MultiTarget(variants) => variants,
+    };
+    let mut needed: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut unknown = Vec::new();
+    for (node, key) in nodes {
+        let variant = key.and_then(|k| variants.iter().find(|v| variant_key(v) == Some(k)));
+        match variant {
+            Some(variant) => needed.entry(variant).or_default().push(node),
+            None => unknown.push(node.as_str()),
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{digest} is a multi-target image, and the agents of nodes {} have not reported \
+             their variant yet",
+            unknown.join(", ")
+        ));
+    }
+    match needed.len() {
+        1 => Ok(needed.into_keys().next().unwrap_or_default().to_string()),
+        _ => Err(format!(
+            "a ReadOnlyMany claim serves one tree, but its nodes need different variants of \
+             the multi-target image {digest}: {}; use ReadWriteOnce (a claim per node) or the \
+             CSI driver",
+            needed
+                .iter()
+                .map(|(variant, nodes)| format!("{variant} for {}", nodes.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
     }
 }
 
@@ -390,7 +477,8 @@ mod tests {
         ];
         let namespaces = set(&["a", "b"]);
         for case in cases {
-            let nodes = set(case.nodes);
+            let nodes: BTreeMap<String, Option<u64>> =
+                case.nodes.iter().map(|n| (n.to_string(), None)).collect();
             let got = plan(&PlanInput {
                 key: &case.key,
                 spec: &case.spec,
@@ -398,6 +486,7 @@ mod tests {
                 deliverable: case.deliverable,
                 existing_namespaces: &namespaces,
                 compatible_nodes: &nodes,
+                variants: ImageVariants::Single,
                 make_volumes: true,
             });
             let mut claims: Vec<(&str, Option<&str>, bool)> = got
@@ -418,6 +507,145 @@ mod tests {
                 }
             }
         }
+    }
+
+    const INDEX: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const SM80: &str = "sha256:8080808080808080808080808080808080808080808080808080808080808080";
+    const SM90: &str = "sha256:9090909090909090909090909090909090909090909090909090909090909090";
+
+    #[test]
+    fn each_fill_takes_the_variant_of_the_nodes_its_claim_serves() {
+        struct Case {
+            what: &'static str,
+            modes: &'static [AccessMode],
+            digest: &'static str,
+            multi: bool,
+            /// Each node and the variant its agent reports.
+            nodes: &'static [(&'static str, Option<&'static str>)],
+            /// Per claim (node, in RWO): the digest it is filled with.
+            fills: &'static [(Option<&'static str>, Option<&'static str>)],
+            /// What the withheld reason says, when nothing is filled.
+            withheld: Option<&'static str>,
+        }
+        let rox = &[AccessMode::ReadOnlyMany];
+        let cases = [
+            Case {
+                what: "a single image: the resolved digest",
+                modes: rox,
+                digest: DIGEST,
+                multi: false,
+                nodes: &[("n1", None), ("n2", None)],
+                fills: &[(None, Some(DIGEST))],
+                withheld: None,
+            },
+            Case {
+                what: "rox, an index whose nodes all need one variant: that variant",
+                modes: rox,
+                digest: INDEX,
+                multi: true,
+                nodes: &[("n1", Some(SM80)), ("n2", Some(SM80))],
+                fills: &[(None, Some(SM80))],
+                withheld: None,
+            },
+            Case {
+                what: "rox, an index whose nodes need several variants: no fill, and why",
+                modes: rox,
+                digest: INDEX,
+                multi: true,
+                nodes: &[("n1", Some(SM80)), ("n2", Some(SM90))],
+                fills: &[(None, None)],
+                withheld: Some("nodes need different variants"),
+            },
+            Case {
+                what: "rox, an index with a node whose variant is not reported yet",
+                modes: rox,
+                digest: INDEX,
+                multi: true,
+                nodes: &[("n1", Some(SM80)), ("n2", None)],
+                fills: &[(None, None)],
+                withheld: Some("nodes n2 have not reported their variant"),
+            },
+            Case {
+                what: "rwo, an index: each node's claim gets its own variant",
+                modes: &[],
+                digest: INDEX,
+                multi: true,
+                nodes: &[("n1", Some(SM80)), ("n2", Some(SM90)), ("n3", None)],
+                fills: &[
+                    (Some("n1"), Some(SM80)),
+                    (Some("n2"), Some(SM90)),
+                    (Some("n3"), None),
+                ],
+                withheld: None,
+            },
+        ];
+        let key = CacheKey::named(Some("a"), "c");
+        let namespaces = set(&["a"]);
+        let variants = [SM80.to_string(), SM90.to_string()];
+        for case in cases {
+            let nodes: BTreeMap<String, Option<u64>> = case
+                .nodes
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.and_then(variant_key)))
+                .collect();
+            let spec = spec(Some("sc"), case.modes, &[]);
+            let got = plan(&PlanInput {
+                key: &key,
+                spec: &spec,
+                digest: Some(case.digest),
+                deliverable: true,
+                existing_namespaces: &namespaces,
+                compatible_nodes: &nodes,
+                variants: if case.multi {
+                    ImageVariants::MultiTarget(&variants)
+                } else {
+                    ImageVariants::Single
+                },
+                make_volumes: false,
+            });
+            let mut fills: Vec<(Option<&str>, Option<&str>)> = got
+                .claims
+                .iter()
+                .map(|c| (c.node.as_deref(), c.fill_digest.as_deref()))
+                .collect();
+            fills.sort();
+            assert_eq!(fills, case.fills, "{}", case.what);
+            for c in &got.claims {
+                assert_eq!(c.job.is_some(), c.fill_digest.is_some(), "{}", case.what);
+                if let (Some(job), Some(d)) = (&c.job, &c.fill_digest) {
+                    assert_eq!(*job, names::job(&c.name, d, None), "{}", case.what);
+                }
+            }
+            match case.withheld {
+                Some(why) => {
+                    let got = got.withheld.expect(case.what);
+                    assert!(got.contains(why), "{}: {got}", case.what);
+                }
+                None => assert_eq!(got.withheld, None, "{}", case.what),
+            }
+        }
+    }
+
+    #[test]
+    fn a_shared_claim_names_each_variant_and_its_nodes() {
+        let variants = [SM80.to_string(), SM90.to_string()];
+        let nodes = BTreeMap::from([
+            ("n1".to_string(), variant_key(SM80)),
+            ("n2".to_string(), variant_key(SM90)),
+            ("n3".to_string(), variant_key(SM80)),
+        ]);
+        let why = shared_fill(INDEX, ImageVariants::MultiTarget(&variants), &nodes)
+            .expect_err("different variants");
+        assert!(
+            why.contains(&format!("{SM80} for n1, n3; {SM90} for n2")),
+            "{why}"
+        );
+        assert!(why.contains("use ReadWriteOnce"), "{why}");
+        let unread = shared_fill(INDEX, ImageVariants::Unread("registry down"), &nodes);
+        assert_eq!(
+            unread,
+            Err("the image's variants could not be read: registry down".into())
+        );
     }
 
     #[test]

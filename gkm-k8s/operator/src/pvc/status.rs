@@ -183,6 +183,7 @@ mod tests {
             node: None,
             volume: None,
             job: Some(format!("{name}-fill")),
+            fill_digest: None,
         }
     }
 
