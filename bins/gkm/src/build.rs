@@ -72,13 +72,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         )
         .await;
         drop(bar);
-        return match result {
-            Ok(multi) => {
-                output::Indexed::new(&args.tag, &multi).print(args.json)?;
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => finish(e),
-        };
+        return crate::index::report(result, &args.tag, args.json);
     }
     let result = build_with_progress(
         &args.dirs[0],

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use gkm_oci::{ImageRef, assemble};
+use gkm_oci::{ImageRef, MultiTarget, assemble};
 
 use crate::image_args::{EXIT_CODES_HELP, RegistryArgs, finish, parse_ref};
 use crate::output;
@@ -44,9 +44,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     )
     .await;
     drop(bar);
+    report(result, &args.tag, args.json)
+}
+
+/// Prints the multi-target image written under `tag` (as text or JSON), or
+/// the error and its exit code: what `gkm index` and `gkm build` of several
+/// caches end with.
+pub(crate) fn report(
+    result: gkm_oci::Result<MultiTarget>,
+    tag: &ImageRef,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     match result {
         Ok(multi) => {
-            output::Indexed::new(&args.tag, &multi).print(args.json)?;
+            output::Indexed::new(tag, &multi).print(json)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => finish(e),
