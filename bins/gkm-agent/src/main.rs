@@ -66,6 +66,12 @@ struct Cli {
     /// How often every cache is checked even without a change (e.g. 30s).
     #[arg(long, default_value = "30s", value_parser = gkm_bin_support::duration)]
     resync: Duration,
+    /// How long the node's reports wait, after a change, for no further
+    /// change before they are written, so that caches changing together
+    /// make one write (at most ten windows after the first unwritten
+    /// change; e.g. 1s; 0s writes at once).
+    #[arg(long, default_value = "1s", value_parser = gkm_bin_support::duration)]
+    report_batch_window: Duration,
     /// The window the first pass is delayed within, by a point fixed by the
     /// node's name, so that agents started together do not all list and
     /// write at once (e.g. 10s; 0s for none).
@@ -176,6 +182,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         ..RegistryOptions::default()
     };
     config.resync = cli.resync;
+    config.report_batch_window = cli.report_batch_window;
     config.start_jitter = cli.start_jitter;
     config.extract_deadline = cli.extract_deadline;
     config.liveness = Liveness::new(stall_after);

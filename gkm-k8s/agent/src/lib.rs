@@ -20,7 +20,9 @@
 //! 5. reports in the node's `GKMCacheNode` (one per namespace) and
 //!    `ClusterGKMCacheNode`, named after the node: GPUs, and per cache and
 //!    digest the state, compatible and incompatible GPUs with reasons, size,
-//!    and the pods using it (from the CSI driver's mount records),
+//!    and the pods using it (from the CSI driver's mount records); a report
+//!    is written only when it changed, once changes pause for
+//!    [`AgentConfig::report_batch_window`],
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
 //!
@@ -42,6 +44,7 @@
 //! ```
 
 pub mod allocations;
+mod batching;
 mod budget;
 mod ended;
 mod error;
@@ -123,6 +126,11 @@ pub struct AgentConfig {
     pub gc_grace: Duration,
     /// How often everything is checked even without a change.
     pub resync: Duration,
+    /// How long reports that changed wait for no further change before
+    /// they are written, so that releases arriving together make one write
+    /// (at most ten windows after the first unwritten change, however long
+    /// changes keep coming); `Duration::ZERO` writes at once.
+    pub report_batch_window: Duration,
     /// The window the first pass is delayed within, by the node's name
     /// ([`start_delay`]), so that agents started together spread out.
     pub start_jitter: Duration,
@@ -156,6 +164,7 @@ impl AgentConfig {
             extract_deadline: Duration::from_secs(30 * 60),
             gc_grace: Duration::from_secs(600),
             resync: Duration::from_secs(30),
+            report_batch_window: Duration::from_secs(1),
             start_jitter: Duration::from_secs(10),
             label_node: true,
             label_options: LabelOptions::default(),
@@ -239,27 +248,29 @@ pub async fn run(
     let mut throttle = pacing::Throttle::default();
     loop {
         let retry = agent.next_retry();
-        let due = async move {
-            match retry {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = changed.notified() => {}
-            _ = tick.tick() => {}
-            _ = due => {}
+        let due = sleep_until(retry);
+        let reports_due = sleep_until(agent.reports_due());
+        let pass = tokio::select! {
+            _ = changed.notified() => true,
+            _ = tick.tick() => true,
+            _ = due => true,
+            _ = reports_due => false,
             _ = &mut shutdown => {
                 info!("stopping");
                 return Ok(());
             }
-        }
-        // Let a burst of events settle into one pass.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let started = std::time::Instant::now();
-        let outcome = gkm_k8s_runtime::tasks::contained(agent.sync_once()).await;
-        config.metrics.pass(outcome.is_ok(), started.elapsed());
-        config.liveness.pass_ended();
+        };
+        let outcome = if pass {
+            // Let a burst of events settle into one pass.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = std::time::Instant::now();
+            let outcome = gkm_k8s_runtime::tasks::contained(agent.sync_once()).await;
+            config.metrics.pass(outcome.is_ok(), started.elapsed());
+            config.liveness.pass_ended();
+            outcome
+        } else {
+            gkm_k8s_runtime::tasks::contained(agent.write_reports()).await
+        };
         if let Err(e) = &outcome {
             warn!(error = %e, "sync failed; retrying at the next change or resync");
         }
@@ -274,6 +285,14 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+/// Waits until `at`; for ever when `None`.
+async fn sleep_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

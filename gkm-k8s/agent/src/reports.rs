@@ -3,6 +3,7 @@
 //! they change.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use gkm_gpu::Inventory;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -40,6 +41,16 @@ pub(super) struct NodeReports {
     /// be created there, so no report is written until their caches are
     /// gone (a tenant's finalizer can keep them for ever).
     terminating: HashSet<String>,
+    /// What the last pass computed and [`NodeReports::write_staged`] writes.
+    staged: Option<Staged>,
+}
+
+/// A pass's reports, not written yet.
+struct Staged {
+    /// Entries per namespace (`None`: the cluster report).
+    entries: BTreeMap<Option<String>, CacheEntries>,
+    /// The namespaces with caches.
+    namespaces: HashSet<Option<String>>,
 }
 
 /// A report that could not be written: the other namespaces' were.
@@ -71,6 +82,7 @@ impl NodeReports {
             applied: HashSet::new(),
             node_uid: None,
             terminating: HashSet::new(),
+            staged: None,
         }
     }
 
@@ -86,13 +98,71 @@ impl NodeReports {
         }
     }
 
+    /// Keeps what a pass computed, `entries` of the caches of `namespaces`,
+    /// to write with [`NodeReports::write_staged`]; returns `None` when
+    /// writing them would change nothing, else a fingerprint of them.
+    pub(super) fn stage(
+        &mut self,
+        entries: BTreeMap<Option<String>, CacheEntries>,
+        namespaces: HashSet<Option<String>>,
+    ) -> Option<u64> {
+        let written = |scope: &Option<String>| {
+            scope
+                .as_ref()
+                .is_some_and(|ns| self.terminating.contains(ns))
+                || self.written.get(scope)
+                    == Some(&self.status(entries.get(scope).cloned().unwrap_or_default()))
+        };
+        let current = self.discovered
+            && written(&None)
+            && namespaces.iter().all(written)
+            && self
+                .written
+                .keys()
+                .all(|s| s.is_none() || namespaces.contains(s));
+        let print = (!current).then(|| {
+            let mut scopes: Vec<&Option<String>> = namespaces.iter().collect();
+            scopes.sort();
+            let mut hasher = DefaultHasher::new();
+            serde_json::to_string(&(&entries, scopes))
+                .unwrap_or_default()
+                .hash(&mut hasher);
+            hasher.finish()
+        });
+        self.staged = Some(Staged {
+            entries,
+            namespaces,
+        });
+        print
+    }
+
+    /// Writes what was last staged ([`NodeReports::stage`]), as
+    /// [`NodeReports::write`] does.
+    pub(super) async fn write_staged(&mut self) -> Vec<ReportFailure> {
+        match self.staged.take() {
+            Some(staged) => self.write(staged.entries, &staged.namespaces).await,
+            None => Vec::new(),
+        }
+    }
+
+    /// A report's status, of `caches`.
+    fn status(&self, caches: CacheEntries) -> CacheNodeStatus {
+        CacheNodeStatus {
+            node_name: self.node.clone(),
+            counts: node_counts(&caches),
+            gpus: Some(self.gpus.clone()),
+            caches: Some(caches),
+            conditions: None,
+        }
+    }
+
     /// Writes a report per namespace in `namespaces` (and the cluster
     /// report), removes this node's reports from namespaces that have no
     /// cache any more. Each namespace stands alone: one whose report cannot
     /// be written is returned among the failures (and tried again at the
     /// next pass) while the others are written; a namespace being
     /// terminated is skipped.
-    pub(super) async fn write(
+    async fn write(
         &mut self,
         mut entries: BTreeMap<Option<String>, CacheEntries>,
         namespaces: &HashSet<Option<String>>,
@@ -117,13 +187,7 @@ impl NodeReports {
                 continue;
             }
             let caches = entries.remove(scope).unwrap_or_default();
-            let status = CacheNodeStatus {
-                node_name: self.node.clone(),
-                counts: node_counts(&caches),
-                gpus: Some(self.gpus.clone()),
-                caches: Some(caches),
-                conditions: None,
-            };
+            let status = self.status(caches);
             if self.written.get(scope) == Some(&status) {
                 continue;
             }

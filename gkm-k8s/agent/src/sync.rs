@@ -16,10 +16,11 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::AgentConfig;
+use super::batching::WriteDebouncer;
 use super::extractions::{Extractions, tree_size};
 use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, held_digest, plan_cache};
-use super::reports::{NodeReports, gpu_statuses};
+use super::reports::{NodeReports, ReportFailure, gpu_statuses};
 use super::slots::Scope;
 use crate::error::{Error, Result, blocking};
 use gkm_k8s_api::cache_object::{CacheKey, ReleaseObject};
@@ -66,6 +67,8 @@ pub(super) struct Agent {
     watched: Watched,
     files: NodeFiles,
     reports: NodeReports,
+    /// When the reports that changed are written.
+    batching: WriteDebouncer,
     /// What is known of each image digest this node deals with.
     facts: HashMap<Digest, DigestFacts>,
     /// Pulls and extractions, off the agent's loop.
@@ -103,6 +106,7 @@ impl Agent {
                 store,
             },
             reports: NodeReports::new(client.clone(), &config.node_name, gpu_statuses(&inventory)),
+            batching: WriteDebouncer::new(config.report_batch_window),
             client,
             config,
             inventory,
@@ -118,6 +122,27 @@ impl Agent {
     /// When a failed step is due to be tried again.
     pub(super) fn next_retry(&self) -> Option<Instant> {
         self.extractions.next_due()
+    }
+
+    /// When the reports that changed are due to be written
+    /// ([`Agent::write_reports`]).
+    pub(super) fn reports_due(&self) -> Option<Instant> {
+        self.batching.due()
+    }
+
+    /// Writes the reports the last pass computed, when they changed.
+    pub(super) async fn write_reports(&mut self) -> Result<()> {
+        let failures = self.write_staged().await;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Reports(failures))
+        }
+    }
+
+    async fn write_staged(&mut self) -> Vec<ReportFailure> {
+        self.batching.attempted();
+        self.reports.write_staged().await
     }
 
     /// Brings every cache on this node in step and reports.
@@ -215,9 +240,16 @@ impl Agent {
             Ok(())
         })
         .await?;
-        // One namespace's report failing leaves the others and garbage
-        // collection to run; the pass reports the failures at its end.
-        let failures = self.reports.write(reports, &namespaces).await;
+        // Reports that changed are written once changes pause
+        // ([`WriteDebouncer`]); one namespace's report failing leaves the
+        // others and garbage collection to run; the pass reports the
+        // failures at its end.
+        let now = Instant::now();
+        let unwritten = self.reports.stage(reports, namespaces);
+        let failures = match self.batching.offer(now, unwritten) {
+            Some(due) if due <= now => self.write_staged().await,
+            _ => Vec::new(),
+        };
         let stored = self.collect_garbage(&referenced, &stored).await?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
