@@ -61,27 +61,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         compression: args.compression.into(),
         title: args.title,
     };
+    let registry = args.registry.options()?;
     let bar = Bar::start("build", args.json);
     if let [_, _, ..] = args.dirs.as_slice() {
-        let result = build_multi(
-            &args.dirs,
-            &args.tag,
-            &options,
-            &args.registry.options()?,
-            hook(&bar),
-        )
-        .await;
+        let result = build_multi(&args.dirs, &args.tag, &options, &registry, hook(&bar)).await;
         drop(bar);
         return crate::index::report(result, &args.tag, args.json);
     }
-    let result = build_with_progress(
-        &args.dirs[0],
-        &args.tag,
-        &options,
-        &args.registry.options()?,
-        hook(&bar),
-    )
-    .await;
+    let result =
+        build_with_progress(&args.dirs[0], &args.tag, &options, &registry, hook(&bar)).await;
     drop(bar);
     match result {
         Ok(built) if args.json => {
