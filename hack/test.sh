@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it began, in seconds since the script started.
+step() { printf '\n==> %s (at %ss)\n' "$*" "$SECONDS"; }
 
 # Every integration test target, as `PACKAGE NAME REAL` (REAL is 1 when its
 # sources, the file and the `mod` files it includes, name gkm-testenv or
@@ -66,7 +67,7 @@ run_tests_in_parallel() {
   xargs -P "$jobs" -L 1 -a "$list" bash -c '
     log=$0/$(printf "%s" "$*" | tr -c "a-zA-Z0-9_-" _).log
     if cargo test --locked "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
-    { printf "\n==> cargo test %s: %s\n" "$*" "$status"; cat "$log"; } | flock "$0/out" cat
+    { printf "\n==> cargo test %s: %s in %ss\n" "$*" "$status" "$SECONDS"; cat "$log"; } | flock "$0/out" cat
   ' "$logs"
   failed=0
   if [[ -s $logs/failed ]]; then
