@@ -43,7 +43,7 @@ fast_test_targets() {
 }
 
 # Runs every test, unit, integration and doc, as separate `cargo test` jobs,
-# GKM_TEST_JOBS (default: the CPU count, at least 2) at a time. Most of the
+# GKM_TEST_JOBS (default: the CPU count plus one, at least 3) at a time. Most of the
 # suite's time is spent waiting on real components (an apiserver starting, a
 # kubelet pulling and mounting), so jobs overlap well even on two cores; the
 # tests were built beforehand, so the jobs only run them. Each job's output
@@ -52,8 +52,8 @@ fast_test_targets() {
 # longest.
 run_tests_in_parallel() {
   local jobs logs list failed
-  jobs=${GKM_TEST_JOBS:-$(nproc)}
-  (( jobs < 2 )) && jobs=2
+  jobs=${GKM_TEST_JOBS:-$(( $(nproc) + 1 ))}
+  (( jobs < 3 )) && jobs=3
   logs=$(mktemp -d)
   list=$logs/jobs
   {
@@ -103,11 +103,23 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo build --bins (the end-to-end tests run the binaries)"
-cargo build --workspace --bins --locked
-
-step "cargo test --no-run (every test target, built once)"
+# This also builds the binary of every package that has integration tests
+# (target/debug/<bin>, which the end-to-end tests run), with the features the
+# tests build with; a `cargo build --bins` before it would build the
+# workspace once more only to have these overwrite its binaries. A package
+# with binaries but no integration test gets them built on their own.
+step "cargo test --no-run (every test target and binary, built once)"
 cargo test --workspace --all-targets --locked --no-run
+untested_bins=$(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
+import json, sys
+for package in json.load(sys.stdin)["packages"]:
+    kinds = {kind for target in package["targets"] for kind in target["kind"]}
+    if "bin" in kinds and "test" not in kinds:
+        print("-p", package["name"])')
+if [[ -n $untested_bins ]]; then
+  # shellcheck disable=SC2086 # one word per flag
+  cargo build --locked --bins $untested_bins
+fi
 
 step "cargo test, in parallel jobs"
 run_tests_in_parallel

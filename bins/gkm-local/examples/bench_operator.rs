@@ -36,7 +36,8 @@
 //! what scales ([`Summary`]); `compare … SUMMARY.json` writes the summaries
 //! of both revisions (and the ratios after / baseline when both ran) there.
 //! The watch events agents receive are read from the apiserver's
-//! `apiserver_watch_events_total` for the resources [`agent_watched`] names.
+//! `apiserver_watch_events_total` for the resources the revision's agents
+//! watch ([`agent_watched`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, Seek as _};
@@ -78,13 +79,49 @@ const AGENT_REPORTS: &[(&str, &str)] = &[
     ("ClusterGKMCacheNode", "clustergkmcachenodes"),
 ];
 
-/// Whether watch events of `group`/`resource` count as the agents': every
-/// gkm.io resource but the reports they write (the caches, or whatever
-/// gkm.io object the agents watch instead; the one place to change when
-/// they watch something else). The apiserver counts the events of every
-/// watcher, so the operator's watch and this harness's (one each) count too.
-fn agent_watched(group: &str, resource: &str) -> bool {
-    group == "gkm.io" && !AGENT_REPORTS.iter().any(|(_, plural)| *plural == resource)
+/// The gkm.io resources a revision's agents watch: those its agent
+/// ClusterRole (`deploy/rbac/agent.yaml`) may `watch`, but the reports they
+/// write. Read from each revision's own RBAC, so that the figure counts the
+/// caches for a revision whose agents watch the caches, and the releases for
+/// one whose agents watch those.
+fn agent_watched(tree: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let path = tree.join("deploy/rbac/agent.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut watched = BTreeSet::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let object = serde_yaml::Value::deserialize(document)
+            .with_context(|| format!("{}: not YAML", path.display()))?;
+        if object["kind"].as_str() != Some("ClusterRole") {
+            continue;
+        }
+        let strings = |value: &serde_yaml::Value| -> Vec<String> {
+            value
+                .as_sequence()
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|i| i.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for rule in object["rules"].as_sequence().into_iter().flatten() {
+            if strings(&rule["apiGroups"]).iter().any(|g| g == "gkm.io")
+                && strings(&rule["verbs"]).iter().any(|v| v == "watch")
+            {
+                watched.extend(strings(&rule["resources"]).into_iter().filter(|r| {
+                    !r.contains('/') && !AGENT_REPORTS.iter().any(|(_, plural)| plural == r)
+                }));
+            }
+        }
+    }
+    anyhow::ensure!(
+        !watched.is_empty(),
+        "{}: the agents' ClusterRole watches no gkm.io resource but their reports",
+        path.display()
+    );
+    Ok(watched)
 }
 
 /// No gkm write for this long after convergence ends a phase.
@@ -530,9 +567,14 @@ fn registry_kind(request: &RegistryRequest, images: &CacheImages) -> String {
     format!("{} {what} {}", request.method, request.code)
 }
 
-/// The watch events the apiserver has sent so far for the resources
-/// [`agent_watched`] names (`apiserver_watch_events_total`).
-async fn agent_watch_events(client: &kube::Client) -> anyhow::Result<f64> {
+/// The watch events the apiserver has sent so far for the `watched`
+/// gkm.io resources ([`agent_watched`]; `apiserver_watch_events_total`).
+/// The apiserver counts the events of every watcher, so the operator's
+/// watch of those resources and this harness's (one each at most) count too.
+async fn agent_watch_events(
+    client: &kube::Client,
+    watched: &BTreeSet<String>,
+) -> anyhow::Result<f64> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let text = client
         .request_text(request)
@@ -542,10 +584,8 @@ async fn agent_watch_events(client: &kube::Client) -> anyhow::Result<f64> {
         .iter()
         .filter(|s| s.name == "apiserver_watch_events_total")
         .filter(|s| {
-            agent_watched(
-                s.label("group").unwrap_or_default(),
-                s.label("resource").unwrap_or_default(),
-            )
+            s.label("group") == Some("gkm.io")
+                && watched.contains(s.label("resource").unwrap_or_default())
         })
         .map(|s| s.value)
         .sum())
@@ -1234,13 +1274,16 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     eprintln!("== agents and operator up in {:.0?}", began.elapsed());
 
     // Phase 2: the caches are created and converge.
-    let watch_events = agent_watch_events(&bench.client).await?;
+    let watched = agent_watched(tree)?;
+    eprintln!("   the agents watch {watched:?}");
+    let watch_events = agent_watch_events(&bench.client, &watched).await?;
     let created = Instant::now();
     bench.create_caches(&first).await?;
     bench.converge(&first, &scale, compatible, &mut gkm).await?;
     m.converge_secs = created.elapsed().as_secs_f64();
     let converge_quiet = settle(&mut meter, &mut m.converge).await?;
-    m.agent_watch_events_converge = agent_watch_events(&bench.client).await? - watch_events;
+    m.agent_watch_events_converge =
+        agent_watch_events(&bench.client, &watched).await? - watch_events;
     eprintln!(
         "== {} caches converged in {:.1}s (quiet after: {converge_quiet})",
         scale.caches, m.converge_secs
