@@ -34,6 +34,9 @@ rules:
 const TEAM: &str = "watched-team";
 /// A namespace the cluster cache serves before it exists.
 const LATER: &str = "watched-later";
+/// The cluster cache, named past the 63 characters a label value may hold:
+/// its claims are labelled with a cut name and still found as its own.
+const SHARED: &str = "shared-add-named-longer-than-the-63-characters-a-label-value-may-hold";
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -151,7 +154,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     plane
         .apply_object(
             &json!({"apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
-                    "metadata": {"name": "shared-add"}, "spec": cluster_spec}),
+                    "metadata": {"name": SHARED}, "spec": cluster_spec}),
             false,
         )
         .await?;
@@ -167,7 +170,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     // Its missing namespace gets no claim (nothing is verified here, so the
     // verdict decides the state; the claims show in pvcStatus).
     let served = || async {
-        let cache = clusters.get("shared-add").await?;
+        let cache = clusters.get(SHARED).await?;
         let namespaces: Vec<String> = cache
             .status
             .and_then(|s| s.pvc_status)
@@ -178,11 +181,22 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     until(
         "the cluster cache's claim where its namespace exists",
         || async {
-            let made = claims.get_opt("shared-add").await?.is_some();
+            let made = claims.get_opt(SHARED).await?.is_some();
             Ok((made && served().await? == [TEAM]).then_some(()))
         },
     )
     .await?;
+    let labels = claims
+        .get(SHARED)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("gkm.io/cache"),
+        Some(&gkm_k8s_operator::pvc::names::label_value(SHARED)),
+        "a long name is labelled cut"
+    );
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(admin.clone(), TEAM);
     until(
@@ -203,11 +217,9 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
             .map(drop))
     })
     .await?;
-    claims
-        .delete("shared-add", &DeleteParams::default())
-        .await?;
+    claims.delete(SHARED, &DeleteParams::default()).await?;
     until("a deleted claim is made again", || async {
-        let claim = claims.get_opt("shared-add").await?;
+        let claim = claims.get_opt(SHARED).await?;
         Ok(claim
             .filter(|c| c.metadata.deletion_timestamp.is_none())
             .map(drop))
@@ -216,7 +228,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     plane.ensure_namespace(LATER).await?;
     until("a namespace that appears gets its claim", || async {
         let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
-        let made = later.get_opt("shared-add").await?.is_some();
+        let made = later.get_opt(SHARED).await?.is_some();
         Ok((made && served().await? == [LATER, TEAM]).then_some(()))
     })
     .await?;
@@ -244,16 +256,14 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     );
 
     // Deleting a cache still removes what it made.
-    clusters
-        .delete("shared-add", &DeleteParams::default())
-        .await?;
+    clusters.delete(SHARED, &DeleteParams::default()).await?;
     until(
         "the deleted cluster cache and its claims are gone",
         || async {
             let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
-            let gone = clusters.get_opt("shared-add").await?.is_none()
-                && claims.get_opt("shared-add").await?.is_none()
-                && later.get_opt("shared-add").await?.is_none();
+            let gone = clusters.get_opt(SHARED).await?.is_none()
+                && claims.get_opt(SHARED).await?.is_none()
+                && later.get_opt(SHARED).await?.is_none();
             Ok(gone.then_some(()))
         },
     )

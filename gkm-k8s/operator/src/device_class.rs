@@ -45,14 +45,12 @@ pub const DIGEST_ANNOTATION: &str = "gkm.io/cache-digest";
 /// The annotation saying why a class selects no device.
 pub const NOTHING_ANNOTATION: &str = "gkm.io/selects-nothing";
 
-/// The longest class name: short enough for a label value and for the
-/// class's quota resource (`<class>.deviceclass.resource.k8s.io/devices`).
-const MAX_NAME: usize = 63;
-
 /// The class of `cache`: `gkm-cache.<namespace>.<name>` for a GKMCache,
 /// `gkm-clustercache.<name>` for a ClusterGKMCache (a namespace has no dot,
-/// so no two caches share a name); past 63 characters, cut and followed by
-/// a hash of the whole.
+/// so no two caches share a name); past 63 characters (the longest label
+/// value, and what the class's quota resource
+/// `<class>.deviceclass.resource.k8s.io/devices` allows), cut and followed
+/// by a hash of the whole ([`label_value`](crate::pvc::names::label_value)).
 ///
 /// ```
 /// use gkm_core::CacheKey;
@@ -66,12 +64,7 @@ pub fn class_name(cache: &CacheKey) -> String {
         CacheKey::Namespaced { namespace, name } => format!("gkm-cache.{namespace}.{name}"),
         CacheKey::Cluster { name } => format!("gkm-clustercache.{name}"),
     };
-    if whole.len() <= MAX_NAME {
-        return whole;
-    }
-    let hash = crate::pvc::names::short_hash(&whole);
-    let cut: String = whole.chars().take(MAX_NAME - hash.len() - 1).collect();
-    format!("{}-{hash}", cut.trim_end_matches(['-', '.']))
+    crate::pvc::names::label_value(&whole)
 }
 
 /// What the nodes fit `release`'s targets with: the checks' defaults, as
@@ -259,7 +252,7 @@ mod tests {
         ));
         assert_ne!(long, other);
         for name in [a, b, long, other] {
-            assert!(name.len() <= MAX_NAME, "{name}");
+            assert!(name.len() <= 63, "{name}");
             assert!(
                 name.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
