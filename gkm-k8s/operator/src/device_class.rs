@@ -4,7 +4,8 @@
 //!
 //! The class's selector is generated from the targets of the cache's
 //! release (every variant of the resolved digest) by the rule the nodes
-//! check with ([`gkm_core::compat::requirement`], rendered by
+//! check with ([`gkm_core::compat::requirement`] under the nodes' options,
+//! [`gkm_core::compat::NODE_CHECK`], rendered by
 //! [`gkm_k8s_api::dra::selector::fits`]); it follows the release when the tag
 //! moves. A cache whose digest may not be delivered (not verified, not
 //! resolved, targets unread) keeps its class with a selector that no device
@@ -20,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
 
 use gkm_core::CacheKey;
-use gkm_core::compat::{CheckOptions, Requirement, requirement};
+use gkm_core::compat::{NODE_CHECK, Requirement, requirement};
 use gkm_k8s_api::crd::CacheRelease;
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
@@ -67,12 +68,6 @@ pub fn class_name(cache: &CacheKey) -> String {
     crate::pvc::names::label_value(&whole)
 }
 
-/// What the nodes fit `release`'s targets with: the checks' defaults, as
-/// the agents plan with them.
-fn check_options() -> CheckOptions {
-    CheckOptions::default()
-}
-
 /// What a GPU must be for some variant of `release` to fit it, or why no
 /// GPU is selected.
 fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>, String> {
@@ -97,7 +92,7 @@ fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>,
             summary
                 .targets
                 .iter()
-                .filter_map(|t| requirement(t, &check_options())),
+                .filter_map(|t| requirement(t, &NODE_CHECK)),
         );
     }
     if found.is_empty() {
