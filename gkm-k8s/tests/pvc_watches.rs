@@ -10,15 +10,14 @@
 mod operator_support;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
-use gkm_k8s_operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier};
+use gkm_k8s_operator::OperatorConfig;
 use gkm_testenv::{ControlPlane, ControlPlaneOptions, Registry};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use operator_support::{OPERATOR_NAMESPACE, push, registry_options, until};
+use operator_support::{push, registry_options, spawn_operator, until};
 use serde_json::json;
 
 const OPERATOR_USER: &str = "system:serviceaccount:gkm-system:gkm-operator";
@@ -124,17 +123,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
         resolve_interval: Duration::from_secs(300),
         ..OperatorConfig::default()
     };
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
-        client.clone(),
-        registry_options(),
-        OPERATOR_NAMESPACE,
-    ));
-    let operator = tokio::spawn(gkm_k8s_operator::run(
-        client,
-        config,
-        verifier,
-        Arc::new(Metrics::default()),
-    ));
+    let operator = spawn_operator(&client, config);
 
     let caches: Api<GKMCache> = Api::namespaced(admin.clone(), TEAM);
     let clusters: Api<ClusterGKMCache> = Api::all(admin.clone());
