@@ -89,6 +89,17 @@ pub struct CheckOptions {
     pub cuda_arch_rule: CudaArchRule,
 }
 
+/// The options a node checks whether its GPUs fit a cache with: the agent
+/// when it decides what its node holds and delivers, the operator when it
+/// renders the DeviceClass selector of a cache ([`requirement`]), so that
+/// both decide alike. No Triton version (a node does not know which
+/// Triton its workloads run) and the exact CUDA architecture
+/// ([`CudaArchRule::Exact`], what a Triton cache needs).
+pub const NODE_CHECK: CheckOptions = CheckOptions {
+    triton_version: None,
+    cuda_arch_rule: CudaArchRule::Exact,
+};
+
 /// Why a cache does not fit a GPU (or a node).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(

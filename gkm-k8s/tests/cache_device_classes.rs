@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gkm_core::cache::Summary;
-use gkm_core::compat::{CheckOptions, check_summary};
+use gkm_core::compat::{NODE_CHECK, check_summary};
 use gkm_core::{CacheKey, Gpu, Vendor};
 use gkm_k8s_api::crd::{CacheRelease, ImageVariant};
 use gkm_k8s_operator::device_class::device_class;
@@ -121,11 +121,12 @@ fn release(variants: &[&str]) -> anyhow::Result<CacheRelease> {
     })
 }
 
-/// The GPUs of `gpus` some variant of `release` fits, by gkm-core's check.
+/// The GPUs of `gpus` some variant of `release` fits, by the check nodes
+/// make ([`NODE_CHECK`]).
 fn fitting(release: &CacheRelease, gpus: &[Gpu]) -> anyhow::Result<BTreeSet<String>> {
     let mut fit = BTreeSet::new();
     for variant in release.variants.iter().flatten() {
-        let report = check_summary(&variant.summary()?, gpus, &CheckOptions::default());
+        let report = check_summary(&variant.summary()?, gpus, &NODE_CHECK);
         fit.extend(report.compatible_gpus().map(|g| device_name(g.index)));
     }
     Ok(fit)

@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use csi_support::{clients, cluster_cache, extract_fixture, gkmcache, start_driver};
-use gkm_core::compat::{CheckOptions, check_summary};
+use gkm_core::compat::{NODE_CHECK, check_summary};
 use gkm_core::{Backend, Gpu, Vendor};
 use gkm_k8s_csi::mount::mount_at;
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
@@ -337,7 +337,7 @@ async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node
 
     let mut sm75 = Setup::new("sm75-node").await;
     let digest = extract_fixture(sm75.work.path(), &sm75.store, fixture).await;
-    let report = check_summary(&summary, &[t4()], &CheckOptions::default());
+    let report = check_summary(&summary, &[t4()], &NODE_CHECK);
     sm75.index
         .publish(&key, &Delivery::from_report(digest.clone(), &report))
         .expect("index");
@@ -360,7 +360,7 @@ async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node
         warp_size: Some(64),
         ..Default::default()
     };
-    let report = check_summary(&summary, &[mi210], &CheckOptions::default());
+    let report = check_summary(&summary, &[mi210], &NODE_CHECK);
     // The agent does not extract an incompatible cache; it records why.
     gfx90a
         .index

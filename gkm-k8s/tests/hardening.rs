@@ -14,7 +14,6 @@
 
 mod operator_support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_k8s_api::cache_object::CacheKey;
@@ -22,13 +21,15 @@ use gkm_k8s_api::crd::{
     GKMCache, GKMCacheNode, KeySigner, SecretKeyRef, SignatureMode, SignaturePolicy, Signer,
 };
 use gkm_k8s_operator::{
-    ImageVerifier, Metrics, OperatorConfig, PolicyFloor, RegistryVerifier, TenantSigners,
+    ImageVerifier, OperatorConfig, PolicyFloor, RegistryVerifier, TenantSigners,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_testenv::{ControlPlane, Registry};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
+use operator_support::{
+    OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, spawn_operator, until,
+};
 use serde_json::json;
 
 /// The installed GKMCache CRD without any rule on `resolveInterval`, as an
@@ -108,17 +109,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         tenant_signers: TenantSigners::in_namespaces([ns]),
         ..OperatorConfig::default()
     };
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
-        client.clone(),
-        registry_options(),
-        OPERATOR_NAMESPACE,
-    ));
-    let operator = tokio::spawn(gkm_k8s_operator::run(
-        client.clone(),
-        config,
-        verifier,
-        Arc::new(Metrics::default()),
-    ));
+    let operator = spawn_operator(&client, config);
 
     let by_secret =
         json!({"signers": [{"key": {"secretRef": {"name": "signer", "key": "cosign.pub"}}}]});

@@ -10,15 +10,14 @@
 mod operator_support;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
-use gkm_k8s_operator::{ImageVerifier, Metrics, OperatorConfig, RegistryVerifier};
+use gkm_k8s_operator::OperatorConfig;
 use gkm_testenv::{ControlPlane, ControlPlaneOptions, Registry};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use operator_support::{OPERATOR_NAMESPACE, push, registry_options, until};
+use operator_support::{push, registry_options, spawn_operator, until};
 use serde_json::json;
 
 const OPERATOR_USER: &str = "system:serviceaccount:gkm-system:gkm-operator";
@@ -34,6 +33,9 @@ rules:
 const TEAM: &str = "watched-team";
 /// A namespace the cluster cache serves before it exists.
 const LATER: &str = "watched-later";
+/// The cluster cache, named past the 63 characters a label value may hold:
+/// its claims are labelled with a cut name and still found as its own.
+const SHARED: &str = "shared-add-named-longer-than-the-63-characters-a-label-value-may-hold";
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -121,17 +123,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
         resolve_interval: Duration::from_secs(300),
         ..OperatorConfig::default()
     };
-    let verifier: Arc<dyn ImageVerifier> = Arc::new(RegistryVerifier::new(
-        client.clone(),
-        registry_options(),
-        OPERATOR_NAMESPACE,
-    ));
-    let operator = tokio::spawn(gkm_k8s_operator::run(
-        client,
-        config,
-        verifier,
-        Arc::new(Metrics::default()),
-    ));
+    let operator = spawn_operator(&client, config);
 
     let caches: Api<GKMCache> = Api::namespaced(admin.clone(), TEAM);
     let clusters: Api<ClusterGKMCache> = Api::all(admin.clone());
@@ -151,7 +143,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     plane
         .apply_object(
             &json!({"apiVersion": "gkm.io/v1alpha1", "kind": "ClusterGKMCache",
-                    "metadata": {"name": "shared-add"}, "spec": cluster_spec}),
+                    "metadata": {"name": SHARED}, "spec": cluster_spec}),
             false,
         )
         .await?;
@@ -167,7 +159,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     // Its missing namespace gets no claim (nothing is verified here, so the
     // verdict decides the state; the claims show in pvcStatus).
     let served = || async {
-        let cache = clusters.get("shared-add").await?;
+        let cache = clusters.get(SHARED).await?;
         let namespaces: Vec<String> = cache
             .status
             .and_then(|s| s.pvc_status)
@@ -178,11 +170,22 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     until(
         "the cluster cache's claim where its namespace exists",
         || async {
-            let made = claims.get_opt("shared-add").await?.is_some();
+            let made = claims.get_opt(SHARED).await?.is_some();
             Ok((made && served().await? == [TEAM]).then_some(()))
         },
     )
     .await?;
+    let labels = claims
+        .get(SHARED)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("gkm.io/cache"),
+        Some(&gkm_k8s_operator::pvc::names::label_value(SHARED)),
+        "a long name is labelled cut"
+    );
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(admin.clone(), TEAM);
     until(
@@ -203,11 +206,9 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
             .map(drop))
     })
     .await?;
-    claims
-        .delete("shared-add", &DeleteParams::default())
-        .await?;
+    claims.delete(SHARED, &DeleteParams::default()).await?;
     until("a deleted claim is made again", || async {
-        let claim = claims.get_opt("shared-add").await?;
+        let claim = claims.get_opt(SHARED).await?;
         Ok(claim
             .filter(|c| c.metadata.deletion_timestamp.is_none())
             .map(drop))
@@ -216,7 +217,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     plane.ensure_namespace(LATER).await?;
     until("a namespace that appears gets its claim", || async {
         let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
-        let made = later.get_opt("shared-add").await?.is_some();
+        let made = later.get_opt(SHARED).await?.is_some();
         Ok((made && served().await? == [LATER, TEAM]).then_some(()))
     })
     .await?;
@@ -244,16 +245,14 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     );
 
     // Deleting a cache still removes what it made.
-    clusters
-        .delete("shared-add", &DeleteParams::default())
-        .await?;
+    clusters.delete(SHARED, &DeleteParams::default()).await?;
     until(
         "the deleted cluster cache and its claims are gone",
         || async {
             let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
-            let gone = clusters.get_opt("shared-add").await?.is_none()
-                && claims.get_opt("shared-add").await?.is_none()
-                && later.get_opt("shared-add").await?.is_none();
+            let gone = clusters.get_opt(SHARED).await?.is_none()
+                && claims.get_opt(SHARED).await?.is_none()
+                && later.get_opt(SHARED).await?.is_none();
             Ok(gone.then_some(()))
         },
     )

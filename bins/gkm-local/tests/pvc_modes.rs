@@ -163,7 +163,11 @@ async fn filled_on_each_node(
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     for node in [NODE, NODE2] {
         let claim = gkm_k8s_operator::pvc::names::node_claim(cache, node);
-        let selector = format!("gkm.io/node={node},gkm.io/cache={cache}");
+        let selector = format!(
+            "gkm.io/node={},gkm.io/cache={}",
+            gkm_k8s_operator::pvc::names::label_value(node),
+            gkm_k8s_operator::pvc::names::label_value(cache)
+        );
         eventually(
             stack,
             &format!("the fill Job of {ns}/{claim} succeeds on {node}"),

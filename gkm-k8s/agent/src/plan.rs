@@ -386,7 +386,7 @@ mod tests {
 
         fn plan(&self) -> Plan {
             let labels = BTreeMap::new();
-            let check = CheckOptions::default();
+            let check = gkm_core::compat::NODE_CHECK;
             let node = NodeView {
                 labels: &labels,
                 gpus: &self.gpus,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gkm_core::Gpu;
-use gkm_core::compat::CheckOptions;
+use gkm_core::compat::{CheckOptions, NODE_CHECK};
 use gkm_gpu::Inventory;
 use gkm_oci::{Digest, ImageRef, Repo, Store};
 use k8s_openapi::api::core::v1::Node;
@@ -196,7 +196,7 @@ impl Agent {
                     .map(|c| Box::new(c) as Box<dyn Cache>),
             )
             .collect();
-        let check = CheckOptions::default();
+        let check = NODE_CHECK;
         for cache in &caches {
             let key = cache.key();
             let held = self.held(cache.release(), &node_labels, &check);
@@ -328,7 +328,7 @@ impl Agent {
         pods: &BTreeMap<Digest, Vec<PodRef>>,
         in_store: &HashSet<Digest>,
     ) -> Result<BTreeMap<String, NodeCacheStatus>> {
-        let check = CheckOptions::default();
+        let check = NODE_CHECK;
         let release = cache.release();
         let scope: Scope = key.namespace().map(str::to_string);
         // The digest this node holds: the variant its GPUs get of a

@@ -4,7 +4,8 @@
 //!
 //! The class's selector is generated from the targets of the cache's
 //! release (every variant of the resolved digest) by the rule the nodes
-//! check with ([`gkm_core::compat::requirement`], rendered by
+//! check with ([`gkm_core::compat::requirement`] under the nodes' options,
+//! [`gkm_core::compat::NODE_CHECK`], rendered by
 //! [`gkm_k8s_api::dra::selector::fits`]); it follows the release when the tag
 //! moves. A cache whose digest may not be delivered (not verified, not
 //! resolved, targets unread) keeps its class with a selector that no device
@@ -20,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
 
 use gkm_core::CacheKey;
-use gkm_core::compat::{CheckOptions, Requirement, requirement};
+use gkm_core::compat::{NODE_CHECK, Requirement, requirement};
 use gkm_k8s_api::crd::CacheRelease;
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
@@ -45,14 +46,12 @@ pub const DIGEST_ANNOTATION: &str = "gkm.io/cache-digest";
 /// The annotation saying why a class selects no device.
 pub const NOTHING_ANNOTATION: &str = "gkm.io/selects-nothing";
 
-/// The longest class name: short enough for a label value and for the
-/// class's quota resource (`<class>.deviceclass.resource.k8s.io/devices`).
-const MAX_NAME: usize = 63;
-
 /// The class of `cache`: `gkm-cache.<namespace>.<name>` for a GKMCache,
 /// `gkm-clustercache.<name>` for a ClusterGKMCache (a namespace has no dot,
-/// so no two caches share a name); past 63 characters, cut and followed by
-/// a hash of the whole.
+/// so no two caches share a name); past 63 characters (the longest label
+/// value, and what the class's quota resource
+/// `<class>.deviceclass.resource.k8s.io/devices` allows), cut and followed
+/// by a hash of the whole ([`label_value`](crate::pvc::names::label_value)).
 ///
 /// ```
 /// use gkm_core::CacheKey;
@@ -66,18 +65,7 @@ pub fn class_name(cache: &CacheKey) -> String {
         CacheKey::Namespaced { namespace, name } => format!("gkm-cache.{namespace}.{name}"),
         CacheKey::Cluster { name } => format!("gkm-clustercache.{name}"),
     };
-    if whole.len() <= MAX_NAME {
-        return whole;
-    }
-    let hash = crate::pvc::names::short_hash(&whole);
-    let cut: String = whole.chars().take(MAX_NAME - hash.len() - 1).collect();
-    format!("{}-{hash}", cut.trim_end_matches(['-', '.']))
-}
-
-/// What the nodes fit `release`'s targets with: the checks' defaults, as
-/// the agents plan with them.
-fn check_options() -> CheckOptions {
-    CheckOptions::default()
+    crate::pvc::names::label_value(&whole)
 }
 
 /// What a GPU must be for some variant of `release` to fit it, or why no
@@ -104,7 +92,7 @@ fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>,
             summary
                 .targets
                 .iter()
-                .filter_map(|t| requirement(t, &check_options())),
+                .filter_map(|t| requirement(t, &NODE_CHECK)),
         );
     }
     if found.is_empty() {
@@ -259,7 +247,7 @@ mod tests {
         ));
         assert_ne!(long, other);
         for name in [a, b, long, other] {
-            assert!(name.len() <= MAX_NAME, "{name}");
+            assert!(name.len() <= 63, "{name}");
             assert!(
                 name.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')

@@ -272,35 +272,28 @@ pub async fn run(
     Ok(())
 }
 
-/// Watches the node reports of `K`'s kind into `index`; the stream names
-/// the caches whose entries each event changed.
+/// The node reports of `K`'s kind, indexed by a watch of their own (as
+/// long as the index lives), and a stream naming the caches whose entries
+/// each event changed.
 fn watch_reports<K: CacheObject>(
     client: &Client,
-    index: Arc<ReportIndex>,
-) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static {
+) -> (
+    Arc<ReportIndex>,
+    impl futures::Stream<Item = ObjectRef<K>> + Send + 'static,
+) {
     let (changed, triggers) = futures::channel::mpsc::unbounded();
-    let api: Api<K::NodeReport> = Api::all(client.clone());
-    let indexing = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .for_each(move |event| {
-            match &event {
-                Ok(event) => {
-                    for (namespace, name) in index.observe(event) {
-                        let cache = ObjectRef::<K>::new(&name);
-                        let cache = match &namespace {
-                            Some(ns) => cache.within(ns),
-                            None => cache,
-                        };
-                        // The receiver lives as long as the controller.
-                        let _ = changed.unbounded_send(cache);
-                    }
-                }
-                Err(e) => warn!(error = %e, "watching node reports"),
-            }
-            futures::future::ready(())
-        });
-    tokio::spawn(indexing);
-    triggers
+    let index = ReportIndex::watched::<K::NodeReport>(client, move |caches| {
+        for (namespace, name) in caches {
+            let cache = ObjectRef::<K>::new(&name);
+            let cache = match &namespace {
+                Some(ns) => cache.within(ns),
+                None => cache,
+            };
+            // The receiver lives as long as the controller.
+            let _ = changed.unbounded_send(cache);
+        }
+    });
+    (Arc::new(index), triggers)
 }
 
 /// A store of the cluster's Nodes, once it has listed them all. Only names
@@ -332,8 +325,7 @@ async fn watch_nodes(client: &Client) -> reflector::Store<PartialObjectMeta<Node
 
 async fn controller<K: CacheObject>(ctx: Arc<Context>) {
     let caches: Api<K> = Api::all(ctx.client.clone());
-    let reports = Arc::new(ReportIndex::default());
-    let changed = watch_reports::<K>(&ctx.client, reports.clone());
+    let (reports, changed) = watch_reports::<K>(&ctx.client);
     reports.wait_until_listed().await;
     // `reconcile_on` (kube-runtime's `unstable-runtime-reconcile-on`): the
     // one watch of the reports feeds the index and names the caches whose

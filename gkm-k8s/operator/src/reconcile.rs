@@ -29,7 +29,9 @@ use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
 use super::verdict::{verdict, verdict_event};
 use crate::error::{Error, Result};
-use crate::pvc::{FIELD_MANAGER, ImageVariants, PvcMode, reconcile_claims, remove_claims};
+use crate::pvc::{
+    FIELD_MANAGER, ImageVariants, PvcMode, ResolvedImage, reconcile_claims, remove_claims,
+};
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
 use gkm_k8s_api::crd::{
     CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval,
@@ -233,10 +235,12 @@ async fn observe<K: CacheObject>(
             &ctx.client,
             &ctx.pvc_watches,
             &ctx.config.pvc,
-            Some(&digest),
-            verification.is_deliverable(),
-            &compatible_nodes(&entries, &digest),
-            variants,
+            ResolvedImage {
+                digest: Some(&digest),
+                deliverable: verification.is_deliverable(),
+                compatible_nodes: &compatible_nodes(&entries, &digest),
+                variants,
+            },
         )
         .await?;
         Some(Claims { pvc_mode, outcome })

@@ -115,7 +115,9 @@ fn view<R: NodeReport>(report: &R) -> Option<watched_index::Entry<CacheRef, Node
 
 impl ReportIndex {
     /// Takes in one event of the node report watch; returns the caches
-    /// whose entries it changed.
+    /// whose entries it changed. The watch of [`Self::watched`] does this;
+    /// tests feed it events.
+    #[cfg(test)]
     pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) -> Vec<CacheRef> {
         self.reports.observe(event, view).into_iter().collect()
     }
@@ -147,12 +149,16 @@ impl ReportIndex {
     }
 
     /// An index of the reports of `R`'s kind, kept by a watch of its own
-    /// for as long as the index lives.
-    pub fn watched<R: NodeReport>(client: &kube::Client) -> ReportIndex {
+    /// for as long as the index lives; `changed` is handed the caches whose
+    /// entries each event changed.
+    pub fn watched<R: NodeReport>(
+        client: &kube::Client,
+        changed: impl Fn(BTreeSet<CacheRef>) + Send + 'static,
+    ) -> ReportIndex {
         let reports = Arc::new(Indexed::default());
         let api: Api<R> = Api::all(client.clone());
         let config = watcher::Config::default();
-        let watch = watched_index::keep(api, config, reports.clone(), view, |_| {});
+        let watch = watched_index::keep(api, config, reports.clone(), view, changed);
         ReportIndex {
             reports,
             watch: Some(watch),

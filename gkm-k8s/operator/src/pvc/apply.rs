@@ -59,30 +59,42 @@ struct Applied {
     fills: BTreeMap<(String, String), Fill>,
 }
 
-/// Applies what `cache` should have in PVC mode (nothing in CSI mode: what
-/// it owned is removed), and reports what is there.
-#[allow(clippy::too_many_arguments)]
+/// What the operator resolved a cache's image to, as its claims are
+/// planned from it.
+#[derive(Debug, Clone, Copy)]
+pub struct ResolvedImage<'a> {
+    /// The digest the tag resolves to now, if resolved.
+    pub digest: Option<&'a str>,
+    /// The operator's recorded verdict: may this digest be delivered?
+    pub deliverable: bool,
+    /// The nodes whose agents report the digest compatible, each with the
+    /// variant it holds ([`PlanInput::compatible_nodes`]).
+    pub compatible_nodes: &'a BTreeMap<String, Option<u64>>,
+    /// What the digest is: one image, or an index of variants.
+    pub variants: ImageVariants<'a>,
+}
+
+/// Applies what `cache` should have in PVC mode for its `image` (nothing
+/// in CSI mode: what it owned is removed), and reports what is there.
 pub async fn reconcile_claims<K: CacheObject>(
     cache: &K,
     client: &Client,
     watches: &Watches,
     options: &PvcOptions,
-    digest: Option<&str>,
-    deliverable: bool,
-    compatible_nodes: &BTreeMap<String, Option<u64>>,
-    variants: ImageVariants<'_>,
+    image: ResolvedImage<'_>,
 ) -> Result<ClaimsOutcome> {
     let key = cache.key();
     let spec = cache.cache_spec();
     let namespaces = watches.namespaces();
+    let digest = image.digest;
     let wanted = plan(&PlanInput {
         key: &key,
         spec,
         digest,
-        deliverable,
+        deliverable: image.deliverable,
         existing_namespaces: &namespaces,
-        compatible_nodes,
-        variants,
+        compatible_nodes: image.compatible_nodes,
+        variants: image.variants,
         make_volumes: options.volume_dir.is_some(),
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();

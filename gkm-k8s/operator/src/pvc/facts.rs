@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 use super::apply::{FILLED_ANNOTATION, REFILLED_AT_ANNOTATION};
 use super::objects::{MANAGED_BY, owner_of};
@@ -52,19 +52,19 @@ pub struct ClaimUser {
 /// A fill Job, found by its cache: where its fill stands.
 pub fn job(job: &Job) -> Option<Entry<CacheKey, Fill>> {
     Some(Entry::one(
-        owner_of(job.labels())?,
+        owner_of(job.meta())?,
         Fill::of(job.status.as_ref()),
     ))
 }
 
 /// A gkm-made claim, found by its cache.
 pub fn claim(claim: &PersistentVolumeClaim) -> Option<Entry<CacheKey, ClaimFacts>> {
-    Some(Entry::one(owner_of(claim.labels())?, ClaimFacts::of(claim)))
+    Some(Entry::one(owner_of(claim.meta())?, ClaimFacts::of(claim)))
 }
 
 /// A gkm-made volume, found by its cache (only whether it exists is read).
 pub fn volume(volume: &PersistentVolume) -> Option<Entry<CacheKey, ()>> {
-    Some(Entry::one(owner_of(volume.labels())?, ()))
+    Some(Entry::one(owner_of(volume.meta())?, ()))
 }
 
 /// A pod, found by each claim it uses; `None` for a pod that uses none, has

@@ -23,8 +23,8 @@ mod status;
 mod watch;
 
 pub use apply::{
-    ClaimsOutcome, FIELD_MANAGER, FILLED_ANNOTATION, REFILLED_AT_ANNOTATION, reconcile_claims,
-    remove_claims,
+    ClaimsOutcome, FIELD_MANAGER, FILLED_ANNOTATION, REFILLED_AT_ANNOTATION, ResolvedImage,
+    reconcile_claims, remove_claims,
 };
 pub use fill::fill;
 pub use objects::{FILL_HOSTS_ENV, PvcOptions};

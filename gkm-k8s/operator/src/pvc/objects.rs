@@ -6,20 +6,29 @@ use std::path::PathBuf;
 
 use gkm_oci::ImageRef;
 use gkm_oci::mirrors::{HostsConfig, parse_hosts};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
+use super::names::label_value;
 use super::plan::{ClaimPlan, PvcMode};
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{CacheSpec, PodTemplate};
 
-/// The label naming the cache an object belongs to.
+/// The label naming the cache an object belongs to (its name as a
+/// [`label_value`]: cut past 63 characters; [`CACHE_NAME_ANNOTATION`] holds
+/// it whole).
 pub const CACHE_LABEL: &str = "gkm.io/cache";
+/// The annotation holding the whole name of the cache an object belongs to.
+pub const CACHE_NAME_ANNOTATION: &str = "gkm.io/cache-name";
 /// The label naming the cache's kind (`GKMCache`, `ClusterGKMCache`).
 pub const KIND_LABEL: &str = "gkm.io/cache-kind";
 /// The label naming a namespaced cache's namespace (on cluster-scoped volumes).
 pub const NAMESPACE_LABEL: &str = "gkm.io/cache-namespace";
-/// The label naming the node a ReadWriteOnce claim serves.
+/// The label naming the node a ReadWriteOnce claim serves (as a
+/// [`label_value`]; [`NODE_NAME_ANNOTATION`] holds it whole).
 pub const NODE_LABEL: &str = "gkm.io/node";
+/// The annotation holding the whole name of the node a claim serves.
+pub const NODE_NAME_ANNOTATION: &str = "gkm.io/node-name";
 /// The annotation naming the digest a fill Job extracts.
 pub const DIGEST_ANNOTATION: &str = "gkm.io/digest";
 /// Who made the object.
@@ -76,7 +85,7 @@ impl Default for PvcOptions {
 /// what the cache owns.
 pub fn owner_labels(key: &CacheKey) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
-        (CACHE_LABEL.to_string(), key.name().to_string()),
+        (CACHE_LABEL.to_string(), label_value(key.name())),
         (
             KIND_LABEL.to_string(),
             match key.scope() {
@@ -88,9 +97,33 @@ pub fn owner_labels(key: &CacheKey) -> BTreeMap<String, String> {
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
     ]);
     if let Some(ns) = key.namespace() {
-        labels.insert(NAMESPACE_LABEL.to_string(), ns.to_string());
+        labels.insert(NAMESPACE_LABEL.to_string(), label_value(ns));
     }
     labels
+}
+
+/// The annotations every object made for `key` (for `claim`'s node, if
+/// any) carries: the whole names its labels may hold cut.
+fn owner_annotations(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, String> {
+    let mut annotations =
+        BTreeMap::from([(CACHE_NAME_ANNOTATION.to_string(), key.name().to_string())]);
+    if let Some(node) = &claim.node {
+        annotations.insert(NODE_NAME_ANNOTATION.to_string(), node.clone());
+    }
+    annotations
+}
+
+/// The name `label` stands for on an object gkm made: the whole name in
+/// its `annotation` when the label is that name's [`label_value`], else the
+/// label itself (an object made before the annotation, whose name was
+/// short enough to be its label); `None` without the label, or when the
+/// two disagree.
+pub fn labelled_name(meta: &ObjectMeta, label: &str, annotation: &str) -> Option<String> {
+    let value = meta.labels.as_ref()?.get(label)?;
+    match meta.annotations.as_ref().and_then(|a| a.get(annotation)) {
+        Some(name) => (label_value(name) == *value).then(|| name.clone()),
+        None => Some(value.clone()),
+    }
 }
 
 /// A label selector matching [`owner_labels`].
@@ -113,12 +146,14 @@ pub fn managed_selector() -> String {
 }
 
 /// The cache an object made for it belongs to, read back from its
-/// [`owner_labels`]; `None` when they do not name one.
-pub fn owner_of(labels: &BTreeMap<String, String>) -> Option<CacheKey> {
+/// [`owner_labels`] and the whole name beside them ([`labelled_name`]);
+/// `None` when they do not name one.
+pub fn owner_of(meta: &ObjectMeta) -> Option<CacheKey> {
+    let labels = meta.labels.as_ref()?;
     if labels.get(MANAGED_BY.0).map(String::as_str) != Some(MANAGED_BY.1) {
         return None;
     }
-    let name = labels.get(CACHE_LABEL)?;
+    let name = labelled_name(meta, CACHE_LABEL, CACHE_NAME_ANNOTATION)?;
     match labels.get(KIND_LABEL).map(String::as_str)? {
         "GKMCache" => Some(CacheKey::namespaced(labels.get(NAMESPACE_LABEL)?, name)),
         "ClusterGKMCache" => Some(CacheKey::cluster(name)),
@@ -129,7 +164,7 @@ pub fn owner_of(labels: &BTreeMap<String, String>) -> Option<CacheKey> {
 fn labels_for(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, String> {
     let mut labels = owner_labels(key);
     if let Some(node) = &claim.node {
-        labels.insert(NODE_LABEL.to_string(), node.clone());
+        labels.insert(NODE_LABEL.to_string(), label_value(node));
     }
     labels
 }
@@ -140,7 +175,8 @@ pub fn claim(key: &CacheKey, spec: &CacheSpec, plan: &ClaimPlan, options: &PvcOp
     let mut body = json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": plan.name, "namespace": plan.namespace,
-                     "labels": labels_for(key, plan)},
+                     "labels": labels_for(key, plan),
+                     "annotations": owner_annotations(key, plan)},
         "spec": {
             "accessModes": [mode.access_mode()],
             "storageClassName": spec.storage_class_name,
@@ -166,7 +202,8 @@ pub fn volume(
     let mode = PvcMode::of(spec).unwrap_or(PvcMode::ReadOnlyMany);
     let mut body = json!({
         "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": name, "labels": labels_for(key, plan)},
+        "metadata": {"name": name, "labels": labels_for(key, plan),
+                     "annotations": owner_annotations(key, plan)},
         "spec": {
             "accessModes": [mode.access_mode()],
             "capacity": {"storage": options.claim_size},
@@ -251,7 +288,7 @@ pub fn job(
         pod_spec["containers"][0]["env"] = json!([{"name": FILL_HOSTS_ENV, "value": hosts}]);
     }
     apply_template(&mut pod_spec, &template, plan.node.as_deref());
-    let mut job_annotations = BTreeMap::new();
+    let mut job_annotations = owner_annotations(key, plan);
     job_annotations.insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
     Some(json!({
         "apiVersion": "batch/v1", "kind": "Job",
@@ -439,21 +476,92 @@ mod tests {
         );
     }
 
+    fn meta(labels: BTreeMap<String, String>, annotations: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }
+    }
+
     #[test]
     fn the_owner_is_read_back_from_the_labels() {
         for key in [key(), CacheKey::cluster("shared")] {
             let mut labels = owner_labels(&key);
-            assert_eq!(owner_of(&labels), Some(key.clone()));
+            assert_eq!(
+                owner_of(&meta(labels.clone(), BTreeMap::new())),
+                Some(key.clone())
+            );
             labels.insert(NODE_LABEL.into(), "n1".into());
-            assert_eq!(owner_of(&labels), Some(key.clone()), "a node claim's");
+            let annotations = owner_annotations(&key, &claim_plan(Some("n1")));
+            assert_eq!(
+                owner_of(&meta(labels.clone(), annotations)),
+                Some(key.clone()),
+                "a node claim's"
+            );
             labels.remove(MANAGED_BY.0);
-            assert_eq!(owner_of(&labels), None, "not made by gkm");
+            assert_eq!(
+                owner_of(&meta(labels, BTreeMap::new())),
+                None,
+                "not made by gkm"
+            );
         }
         let mut labels = owner_labels(&key());
         labels.remove(NAMESPACE_LABEL);
-        assert_eq!(owner_of(&labels), None, "a GKMCache names its namespace");
+        assert_eq!(
+            owner_of(&meta(labels.clone(), BTreeMap::new())),
+            None,
+            "a GKMCache names its namespace"
+        );
         labels.insert(KIND_LABEL.into(), "Other".into());
-        assert_eq!(owner_of(&labels), None);
+        assert_eq!(owner_of(&meta(labels, BTreeMap::new())), None);
+    }
+
+    #[test]
+    fn long_names_are_labelled_cut_and_read_back_whole() {
+        let long = format!("vector-add-{}", "x".repeat(70));
+        let node = format!("node-{}", "n".repeat(240));
+        let key = CacheKey::namespaced("team", long.as_str());
+        let plan = ClaimPlan {
+            node: Some(node.clone()),
+            ..claim_plan(None)
+        };
+        let spec = spec(vec![AccessMode::ReadWriteOnce], None);
+        let options = PvcOptions::default();
+        let bodies = [
+            claim(&key, &spec, &plan, &options),
+            job(
+                &key,
+                &spec,
+                &plan,
+                "sha256:00",
+                "r.example/c@sha256:00",
+                &options,
+            )
+            .expect("a job"),
+        ];
+        for body in bodies {
+            let meta: ObjectMeta =
+                serde_json::from_value(body["metadata"].clone()).expect("metadata");
+            let labels = meta.labels.clone().unwrap_or_default();
+            assert_eq!(labels[CACHE_LABEL], label_value(&long));
+            assert_eq!(labels[NODE_LABEL], label_value(&node));
+            assert!(labels.values().all(|v| v.len() <= 63), "{labels:?}");
+            assert_eq!(owner_of(&meta), Some(key.clone()));
+            assert_eq!(
+                labelled_name(&meta, NODE_LABEL, NODE_NAME_ANNOTATION).as_deref(),
+                Some(node.as_str())
+            );
+            let selector = owner_selector(&key);
+            assert!(
+                selector.contains(&format!("{CACHE_LABEL}={}", label_value(&long))),
+                "{selector}"
+            );
+        }
+        // A name beside a label it does not give is not believed.
+        let labels = owner_labels(&key);
+        let other = BTreeMap::from([(CACHE_NAME_ANNOTATION.to_string(), "other".to_string())]);
+        assert_eq!(owner_of(&meta(labels, other)), None);
     }
 
     #[test]

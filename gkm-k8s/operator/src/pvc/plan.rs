@@ -279,6 +279,27 @@ pub mod names {
             .collect()
     }
 
+    /// `name` as a label value (at most 63 characters): the name itself
+    /// when it fits, so objects labelled before keep matching; else cut and
+    /// followed by a hash of the whole, so distinct names stay distinct.
+    /// Object names (DNS subdomains: lowercase letters, digits, `-`, `.`)
+    /// give valid values; every label of gkm's that holds a name (and every
+    /// selector on one) is made here.
+    ///
+    /// ```
+    /// use gkm_k8s_operator::pvc::names::label_value;
+    /// assert_eq!(label_value("vector-add"), "vector-add");
+    /// assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+    /// ```
+    pub fn label_value(name: &str) -> String {
+        if name.len() <= MAX {
+            return name.to_string();
+        }
+        let hash = short_hash(name);
+        let cut: String = name.chars().take(MAX - hash.len() - 1).collect();
+        format!("{}-{hash}", cut.trim_end_matches(['-', '.']))
+    }
+
     /// `prefix-suffix`, with `prefix` cut and a hash of the whole added when
     /// it would pass 63 characters.
     pub fn joined(prefix: &str, suffix: &str) -> String {
@@ -678,5 +699,36 @@ mod tests {
             names::volume(&ns, "a", Some("n2"))
         );
         assert_eq!(names::job("c", DIGEST, None), "c-0123456789ab");
+    }
+
+    #[test]
+    fn label_values_keep_short_names_and_cut_long_ones_stably() {
+        let at_most = "a".repeat(63);
+        assert_eq!(names::label_value(&at_most), at_most, "63 characters fit");
+        let over = "a".repeat(64);
+        let cut = names::label_value(&over);
+        assert_eq!(cut.len(), 63, "{cut}");
+        assert_ne!(cut, at_most);
+        assert_eq!(cut, names::label_value(&over), "stable");
+        // Names alike up to the cut still differ; a dot or dash at the cut
+        // is dropped, since a label value ends with a letter or digit.
+        let prefix = format!("{}.", "b".repeat(51));
+        let (a, b) = (format!("{prefix}x"), format!("{prefix}y"));
+        let (la, lb) = (names::label_value(&a), names::label_value(&b));
+        assert_ne!(la, lb);
+        let longest = "c".repeat(253);
+        for name in ["vector-add", &over, &a, &b, &longest] {
+            let value = names::label_value(name);
+            let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+            assert!(
+                value.len() <= 63
+                    && value.starts_with(alphanumeric)
+                    && value.ends_with(alphanumeric)
+                    && value
+                        .chars()
+                        .all(|c| alphanumeric(c) || c == '-' || c == '.'),
+                "{name} gave {value}"
+            );
+        }
     }
 }

@@ -143,8 +143,8 @@ impl ImageVolumeRoutes {
             .reports
             .get_or_init(|| async {
                 Reports {
-                    namespaced: ReportIndex::watched::<GKMCacheNode>(&self.client),
-                    cluster: ReportIndex::watched::<ClusterGKMCacheNode>(&self.client),
+                    namespaced: ReportIndex::watched::<GKMCacheNode>(&self.client, |_| {}),
+                    cluster: ReportIndex::watched::<ClusterGKMCacheNode>(&self.client, |_| {}),
                 }
             })
             .await;

@@ -13,13 +13,16 @@ use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::config::MUTATE_PATH;
 use crate::pvc::mutation::{Answer, NodeClaims, mutate};
-use crate::pvc::objects::{CACHE_LABEL, KIND_LABEL, MANAGED_BY, NODE_LABEL};
+use crate::pvc::objects::{
+    CACHE_LABEL, CACHE_NAME_ANNOTATION, KIND_LABEL, MANAGED_BY, NODE_LABEL, NODE_NAME_ANNOTATION,
+    labelled_name,
+};
 use crate::watched_index::{self, Entry, Indexed, ObjectId};
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
 
@@ -99,8 +102,8 @@ fn node_claim(claim: &PersistentVolumeClaim) -> Option<Entry<String, NodeClaim>>
     Some(Entry::one(
         claim.namespace()?,
         NodeClaim {
-            cache: labels.get(CACHE_LABEL)?.clone(),
-            node: labels.get(NODE_LABEL)?.clone(),
+            cache: labelled_name(claim.meta(), CACHE_LABEL, CACHE_NAME_ANNOTATION)?,
+            node: labelled_name(claim.meta(), NODE_LABEL, NODE_NAME_ANNOTATION)?,
             namespaced: labels.get(KIND_LABEL).map(String::as_str) == Some("GKMCache"),
         },
     ))
@@ -283,6 +286,35 @@ mod tests {
             ])
         );
         assert!(node_claims(index.under(&"elsewhere".to_string())).is_empty());
+    }
+
+    #[test]
+    fn long_cache_and_node_names_are_read_whole() {
+        use crate::pvc::objects;
+        use crate::pvc::plan::ClaimPlan;
+        let cache = format!("cache-{}", "c".repeat(70));
+        let node = format!("node-{}", "n".repeat(70));
+        let plan = ClaimPlan {
+            namespace: "team".into(),
+            name: "per-node".into(),
+            node: Some(node.clone()),
+            volume: None,
+            job: None,
+            fill_digest: None,
+        };
+        let key = gkm_k8s_api::cache_object::CacheKey::namespaced("team", cache.as_str());
+        let spec = gkm_k8s_api::crd::CacheSpec {
+            storage_class_name: Some("standard".into()),
+            ..Default::default()
+        };
+        let body = objects::claim(&key, &spec, &plan, &objects::PvcOptions::default());
+        let index = Indexed::default();
+        let made = serde_json::from_value(body).expect("a claim");
+        index.observe(&watcher::Event::Apply(made), node_claim);
+        assert_eq!(
+            node_claims(index.under(&"team".to_string())),
+            BTreeMap::from([(cache, BTreeMap::from([(node, "per-node".to_string())]))])
+        );
     }
 
     #[test]
