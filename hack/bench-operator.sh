@@ -22,6 +22,12 @@
 #             the same way
 #   idle      nothing changes for IDLE_SECS
 #
+# A revision that does not converge within CONVERGE_TIMEOUT_SECS (default
+# 1800) is measured up to there: how many caches converged, and every
+# figure of the converging phase so far; its change and idle phases are
+# skipped. That gives a one-run comparison at a scale where the baseline
+# takes too long: BASELINE=52c9763 CONVERGE_TIMEOUT_SECS=600 ...
+#
 # and prints, per figure, baseline, after, the ratio after / baseline and the
 # target: API writes by writer (audit log: the operator's and the agents'
 # ServiceAccounts) per phase and per changed object, the writes it refused

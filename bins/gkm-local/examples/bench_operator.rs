@@ -24,7 +24,10 @@
 //! (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
 //! converge; CHANGED of them get a new image and converge again; then
-//! nothing changes for IDLE_SECS. API requests are read from the
+//! nothing changes for IDLE_SECS. A revision whose caches do not all
+//! converge within CONVERGE_TIMEOUT_SECS is measured up to there (how many
+//! did is `converged_caches`), and its change and idle phases are skipped
+//! (their figures `null`). API requests are read from the
 //! apiserver's audit log (user, verb, resource, subresource of each
 //! request by the operator's and the agents' ServiceAccounts), registry
 //! requests from the registry's access log. Writes the apiserver refused
@@ -761,14 +764,16 @@ impl Bench {
     /// Waits until every cache of `expected` (name → digest) reports its
     /// digest resolved, every node counted, every compatible node holding
     /// it extracted and every other node finding it incompatible: each node
-    /// has decided on that digest, not only reported the cache.
+    /// has decided on that digest, not only reported the cache. Returns how
+    /// many of them converged: all, or those that had when
+    /// CONVERGE_TIMEOUT_SECS ran out.
     async fn converge(
         &self,
         expected: &BTreeMap<String, String>,
         scale: &Scale,
         compatible: usize,
         gkm: &mut Gkm,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<usize> {
         let (nodes, timeout) = (scale.nodes, scale.converge_timeout);
         let deadline = Instant::now() + timeout;
         let mut last_report = Instant::now();
@@ -807,17 +812,19 @@ impl Bench {
                 }
             }
             if done == expected.len() {
-                return Ok(());
+                return Ok(done);
             }
             if last_report.elapsed() > Duration::from_secs(30) {
                 eprintln!("   {done}/{} converged; {behind}", expected.len());
                 last_report = Instant::now();
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "only {done} of {} caches converged in {timeout:?}; {behind}",
-                expected.len()
-            );
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "   only {done} of {} caches converged in {timeout:?}; {behind}",
+                    expected.len()
+                );
+                return Ok(done);
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
@@ -1005,6 +1012,9 @@ struct Measured {
     agents_cpu_secs: f64,
     /// Watch events of the resources agents watch, while converging.
     agent_watch_events_converge: f64,
+    /// How many caches converged when CONVERGE_TIMEOUT_SECS ran out, when
+    /// not all did; the change and idle phases did not run then.
+    timed_out_with: Option<usize>,
 }
 
 impl Measured {
@@ -1076,6 +1086,18 @@ impl Measured {
         });
         figures["agent_watch_events_converge"] = json!(self.agent_watch_events_converge);
         figures["extractions"] = json!(self.extractions());
+        figures["converged_caches"] = json!(self.timed_out_with.unwrap_or(scale.caches));
+        if self.timed_out_with.is_some() {
+            // Those phases did not run.
+            let skipped = |key: &String| key.starts_with("change_") || key.starts_with("idle_");
+            if let Some(object) = figures.as_object_mut() {
+                object
+                    .iter_mut()
+                    .filter(|(key, _)| skipped(key))
+                    .for_each(|(_, value)| *value = serde_json::Value::Null);
+                object.insert("settled_quiet".into(), serde_json::Value::Null);
+            }
+        }
         figures["summary"] = json!(self.summary(scale));
         figures
     }
@@ -1108,8 +1130,9 @@ impl Measured {
                 signatures: scale.signatures,
                 idle_secs: scale.idle.as_secs(),
             },
+            converged_caches: self.timed_out_with.unwrap_or(scale.caches),
             converge_seconds: self.converge_secs,
-            change_seconds: self.change_secs,
+            change_seconds: self.timed_out_with.is_none().then_some(self.change_secs),
             operator_writes_per_stored_change: ratio(
                 sum(&|c| c.writes_to("operator", CACHE_KINDS)),
                 sum(&|c| c.cache_changes).saturating_sub(harness_changes),
@@ -1125,7 +1148,10 @@ impl Measured {
             registry_requests_per_extraction_converge: (converge.layer_gets > 0)
                 .then(|| extraction_requests as f64 / converge.layer_gets as f64),
             registry_requests_converge_by_kind: converge.registry_kinds.clone(),
-            registry_requests_idle: self.idle.registry_tags + self.idle.registry_other,
+            registry_requests_idle: self
+                .timed_out_with
+                .is_none()
+                .then_some(self.idle.registry_tags + self.idle.registry_other),
             registry_requests_idle_by_kind: self.idle.registry_kinds.clone(),
             extractions: self.extractions(),
             operator_rss_mib: self.operator_rss_mib,
@@ -1154,10 +1180,15 @@ struct ScaleSummary {
 struct Summary {
     /// What ran.
     scale: ScaleSummary,
-    /// Time for the caches to converge on every node.
+    /// How many caches converged on every node: all of them, or as many as
+    /// had when CONVERGE_TIMEOUT_SECS ran out.
+    converged_caches: usize,
+    /// Time for the caches to converge on every node (when not all did:
+    /// CONVERGE_TIMEOUT_SECS, the time given).
     converge_seconds: f64,
-    /// Time for the changed caches to converge again.
-    change_seconds: f64,
+    /// Time for the changed caches to converge again; `null` when the
+    /// first convergence timed out and this phase did not run.
+    change_seconds: Option<f64>,
     /// The operator's writes to caches (and their status) per change the
     /// apiserver stored, converging and changing (1: every write changed
     /// something).
@@ -1179,7 +1210,8 @@ struct Summary {
     /// The requests while converging by kind: method, what was asked for
     /// (tag, signature tag, referrers, manifest, blob…), response code.
     registry_requests_converge_by_kind: BTreeMap<String, u64>,
-    registry_requests_idle: u64,
+    /// `null` when the idle phase did not run (see `change_seconds`).
+    registry_requests_idle: Option<u64>,
     /// The requests while idle by kind, likewise.
     registry_requests_idle_by_kind: BTreeMap<String, u64>,
     /// GETs of a cache image's layer after the start: one per extraction.
@@ -1279,8 +1311,21 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     let watch_events = agent_watch_events(&bench.client, &watched).await?;
     let created = Instant::now();
     bench.create_caches(&first).await?;
-    bench.converge(&first, &scale, compatible, &mut gkm).await?;
+    let converged = bench.converge(&first, &scale, compatible, &mut gkm).await?;
     m.converge_secs = created.elapsed().as_secs_f64();
+    if converged < first.len() {
+        // A revision that does not converge in time is measured up to
+        // there; the phases after it would start from an unconverged state.
+        meter.take(&mut m.converge)?;
+        m.agent_watch_events_converge =
+            agent_watch_events(&bench.client, &watched).await? - watch_events;
+        m.timed_out_with = Some(converged);
+        eprintln!(
+            "== {converged} of {} caches converged in {:.0}s, CONVERGE_TIMEOUT_SECS: measured up to there, the change and idle phases skipped",
+            scale.caches, m.converge_secs
+        );
+        return m.finish(&scale, gkm, out);
+    }
     let converge_quiet = settle(&mut meter, &mut m.converge).await?;
     m.agent_watch_events_converge =
         agent_watch_events(&bench.client, &watched).await? - watch_events;
@@ -1294,9 +1339,13 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     bench.move_caches(&second).await?;
     let mut expected = first.clone();
     expected.extend(second.clone());
-    bench
+    let converged = bench
         .converge(&expected, &scale, compatible, &mut gkm)
         .await?;
+    anyhow::ensure!(
+        converged == expected.len(),
+        "the changed caches did not converge in CONVERGE_TIMEOUT_SECS"
+    );
     m.change_secs = changed.elapsed().as_secs_f64();
     let change_quiet = settle(&mut meter, &mut m.change).await?;
     m.settled_quiet = converge_quiet && change_quiet;
@@ -1307,31 +1356,41 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
 
     // Phase 4: nothing changes.
     gkm.idle(&mut meter, &mut m.idle, scale.idle).await?;
-    (m.operator_rss_mib, m.operator_peak_rss_mib) = gkm_testenv::memory_mib(gkm.operator.pid())?;
-    (m.agents_rss_mib, _) = gkm_testenv::memory_mib(gkm.agents.pid())?;
-    m.operator_cpu_secs = gkm_testenv::cpu_seconds(gkm.operator.pid())?;
-    m.agents_cpu_secs = gkm_testenv::cpu_seconds(gkm.agents.pid())?;
     eprintln!(
         "== idle {:?} done; whole run {:.0?}",
         scale.idle,
         began.elapsed()
     );
-    for (phase, counts) in [
-        ("start", &m.start),
-        ("converge", &m.converge),
-        ("change", &m.change),
-        ("idle", &m.idle),
-    ] {
-        counts.print(phase);
+    m.finish(&scale, gkm, out)
+}
+
+impl Measured {
+    /// Reads the processes' memory and CPU time, prints the counts, writes
+    /// the figures to `out` and stops the operator and the agents.
+    fn finish(mut self, scale: &Scale, mut gkm: Gkm, out: &Path) -> anyhow::Result<()> {
+        (self.operator_rss_mib, self.operator_peak_rss_mib) =
+            gkm_testenv::memory_mib(gkm.operator.pid())?;
+        (self.agents_rss_mib, _) = gkm_testenv::memory_mib(gkm.agents.pid())?;
+        self.operator_cpu_secs = gkm_testenv::cpu_seconds(gkm.operator.pid())?;
+        self.agents_cpu_secs = gkm_testenv::cpu_seconds(gkm.agents.pid())?;
+        for (phase, counts) in [
+            ("start", &self.start),
+            ("converge", &self.converge),
+            ("change", &self.change),
+            ("idle", &self.idle),
+        ] {
+            counts.print(phase);
+        }
+        std::fs::write(out, serde_json::to_string_pretty(&self.figures(scale))?)?;
+        gkm.agents.stop(Duration::from_secs(5));
+        gkm.operator.stop(Duration::from_secs(5));
+        Ok(())
     }
-    std::fs::write(out, serde_json::to_string_pretty(&m.figures(&scale))?)?;
-    gkm.agents.stop(Duration::from_secs(5));
-    gkm.operator.stop(Duration::from_secs(5));
-    Ok(())
 }
 
 /// The rows of the table: figure, what "after" should meet.
 const ROWS: &[(&str, &str)] = &[
+    ("converged_caches", ""),
     ("converge_secs", ""),
     ("change_secs", ""),
     ("agent_label_writes_per_node", "<= 1"),
