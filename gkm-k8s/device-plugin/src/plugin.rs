@@ -98,7 +98,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let ids = PciIds::open(&config.pci_ids).map_err(|e| Error::Gpu(e.to_string()))?;
-    let ids = Arc::new(ids);
     let health = Arc::new(Health::default());
     lock(&health.inputs).gpu_shares = config.gpu_shares;
     if config.nvml {
