@@ -3,9 +3,16 @@
 //! The system copy (Debian's `pci.ids` package, hwdata) is read when present;
 //! a small bundled table covers the GPUs gkm cares about when it is not, and
 //! devices newer than the system copy.
+//!
+//! [`PciIds::open`] parses each file once per process (the system copy is
+//! about 1.5 MB) and reads it again only when it changed, so discovery run
+//! every few seconds does not re-read it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::SystemTime;
 
 use crate::Error;
 
@@ -87,35 +94,36 @@ impl PciIds {
         PciIds::parse(BUNDLED)
     }
 
-    /// The first readable system copy of `pci.ids`, completed by the bundled
-    /// table; the bundled table alone when there is none.
-    pub fn system() -> PciIds {
-        for path in SYSTEM_PATHS {
-            if let Ok(ids) = PciIds::load(Path::new(path)) {
-                return ids.with_fallback();
+    /// Opens the database a [`PciIdsSource`] names: a file completed by
+    /// the bundled table ([`PciIdsSource::System`]: the first readable
+    /// [`SYSTEM_PATHS`] copy, the bundled table alone when there is none).
+    ///
+    /// Each file is parsed once per process and shared; it is read again
+    /// when its identity, modification time or size changed.
+    pub fn open(source: &PciIdsSource) -> Result<Arc<PciIds>, Error> {
+        match source {
+            PciIdsSource::System => {
+                for path in SYSTEM_PATHS {
+                    if let Ok(ids) = file_completed(Path::new(path)) {
+                        return Ok(ids);
+                    }
+                }
+                tracing::debug!("no system pci.ids found; using the bundled table");
+                Ok(bundled_shared())
             }
+            PciIdsSource::Bundled => Ok(bundled_shared()),
+            PciIdsSource::File(path) => file_completed(path),
         }
-        tracing::debug!("no system pci.ids found; using the bundled table");
-        PciIds::bundled()
-    }
-
-    /// Opens the database a [`PciIdsSource`] names.
-    pub fn open(source: &PciIdsSource) -> Result<PciIds, Error> {
-        Ok(match source {
-            PciIdsSource::System => PciIds::system(),
-            PciIdsSource::Bundled => PciIds::bundled(),
-            PciIdsSource::File(path) => PciIds::load(path)?.with_fallback(),
-        })
     }
 
     /// Adds the bundled entries this database lacks.
     pub fn with_fallback(mut self) -> PciIds {
-        let bundled = PciIds::bundled();
-        for (id, name) in bundled.vendors {
-            self.vendors.entry(id).or_insert(name);
+        let bundled = bundled_shared();
+        for (id, name) in &bundled.vendors {
+            self.vendors.entry(*id).or_insert_with(|| name.clone());
         }
-        for (id, name) in bundled.devices {
-            self.devices.entry(id).or_insert(name);
+        for (id, name) in &bundled.devices {
+            self.devices.entry(*id).or_insert_with(|| name.clone());
         }
         self
     }
@@ -158,6 +166,60 @@ impl PciIds {
             format!("{brand} {core}")
         }
     }
+}
+
+/// The bundled table, parsed once.
+fn bundled_shared() -> Arc<PciIds> {
+    static BUNDLED_IDS: OnceLock<Arc<PciIds>> = OnceLock::new();
+    BUNDLED_IDS
+        .get_or_init(|| Arc::new(PciIds::bundled()))
+        .clone()
+}
+
+/// What tells that a file changed: its device and inode (a replaced file),
+/// modification time and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Result<FileStamp, Error> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        Ok(FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            modified: meta.modified().ok(),
+            len: meta.len(),
+        })
+    }
+}
+
+/// The database in the file at `path`, completed by the bundled table:
+/// parsed again only when the file's [`FileStamp`] changed since the last
+/// parse of this path.
+fn file_completed(path: &Path) -> Result<Arc<PciIds>, Error> {
+    static PARSED: Mutex<BTreeMap<PathBuf, (FileStamp, Arc<PciIds>)>> = Mutex::new(BTreeMap::new());
+    let stamp = FileStamp::of(path)?;
+    if let Some((seen, ids)) = PARSED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(path)
+        && *seen == stamp
+    {
+        return Ok(ids.clone());
+    }
+    // Parsed without the lock held; a file changed while being read has a
+    // new stamp at the next call, and is read again then.
+    let ids = Arc::new(PciIds::load(path)?.with_fallback());
+    PARSED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(path.to_path_buf(), (stamp, ids.clone()));
+    Ok(ids)
 }
 
 /// `abcd  Name` → (0xabcd, "Name").
@@ -214,9 +276,37 @@ mod tests {
 
     #[test]
     fn system_database_names_gpus_when_installed() {
-        let ids = PciIds::system();
+        let ids = PciIds::open(&PciIdsSource::System).unwrap();
         // With or without the system copy, the GPUs gkm cares about have names.
         assert_eq!(ids.product(0x1002, 0x740f), "AMD Instinct MI210");
         assert_eq!(ids.product(0x10de, 0x1eb8), "NVIDIA Tesla T4");
+    }
+
+    #[test]
+    fn a_file_is_parsed_once_and_a_changed_file_or_another_path_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.ids"), dir.path().join("b.ids"));
+        std::fs::write(&a, "1234  Acme Corp\n\t5678  W1 [Widget One]\n").unwrap();
+        std::fs::write(&b, "1234  Acme Corp\n\t5678  W2 [Widget Two]\n").unwrap();
+        let first = PciIds::open(&PciIdsSource::File(a.clone())).unwrap();
+        assert_eq!(first.product(0x1234, 0x5678), "Acme Widget One");
+        // Completed by the bundled table.
+        assert_eq!(first.product(0x10de, 0x2330), "NVIDIA H100 SXM5 80GB");
+        let again = PciIds::open(&PciIdsSource::File(a.clone())).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "parsed again");
+
+        let other = PciIds::open(&PciIdsSource::File(b)).unwrap();
+        assert_eq!(other.product(0x1234, 0x5678), "Acme Widget Two");
+
+        // Replaced (a new file, as package upgrades write it).
+        let new = dir.path().join("a.new");
+        std::fs::write(&new, "1234  Acme Corp\n\t5678  W3 [Widget Three]\n").unwrap();
+        std::fs::rename(&new, &a).unwrap();
+        let changed = PciIds::open(&PciIdsSource::File(a.clone())).unwrap();
+        assert_eq!(changed.product(0x1234, 0x5678), "Acme Widget Three");
+
+        std::fs::remove_file(&a).unwrap();
+        let err = PciIds::open(&PciIdsSource::File(a.clone())).unwrap_err();
+        assert!(err.to_string().contains("a.ids"), "{err}");
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_bin_support::shutdown::until_signal;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
 use gkm_k8s_agent::{AgentConfig, GpuMetrics, Liveness, TelemetryConfig};
@@ -47,10 +48,8 @@ struct Cli {
     /// The sysfs root to scan for GPUs.
     #[arg(long, default_value = "/sys")]
     sysfs: PathBuf,
-    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
-    /// in-cluster service account.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// Where to serve /healthz, /readyz and /metrics (port 0 picks a free one).
     #[arg(long, env = "GKM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -124,9 +123,6 @@ struct Cli {
     /// How often the kubelet is asked which containers hold which GPUs.
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
     pod_resources_interval: Duration,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
 }
 
 /// Parses `--store-max-bytes` and `--namespace-max-bytes`: bytes, more
@@ -165,7 +161,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         bail!("--simulate {}: no such file", file.display());
     }
-    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(cli.daemon.kubeconfig.as_deref()).await?;
     let mut config = AgentConfig::new(&cli.node_name, &cli.store);
     config.discovery = DiscoveryOptions {
         sysfs_root: cli.sysfs,
@@ -257,6 +253,6 @@ fn path_or_empty(value: &str) -> Result<PathBuf, std::convert::Infallible> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    cli.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-agent", run(cli).await)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
 use gkm_k8s_csi::{
     Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
@@ -46,13 +47,8 @@ struct Cli {
     /// before it goes (a workload may start before its capture is made).
     #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     capture_orphan_grace: Duration,
-    /// A kubeconfig file, for --release-captures; without it, $KUBECONFIG,
-    /// ~/.kube/config or the in-cluster ServiceAccount.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
+    #[command(flatten)]
+    daemon: DaemonArgs,
 }
 
 /// How often mount records are checked against the kernel's mount table
@@ -113,7 +109,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
     if cli.release_captures {
-        match gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await {
+        match gkm_k8s_runtime::client::connect(cli.daemon.kubeconfig.as_deref()).await {
             Ok(client) => {
                 let options = ReleaseOptions {
                     node: config.node_name.clone(),
@@ -147,7 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    cli.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-csi", run(cli).await)
 }
 

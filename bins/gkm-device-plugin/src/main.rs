@@ -61,7 +61,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let node = match cli.node_name {
         Some(node) if !node.is_empty() => Some((
-            gkm_k8s_runtime::client::connect(cli.node.kubeconfig.as_deref()).await?,
+            gkm_k8s_runtime::client::connect(cli.node.daemon.kubeconfig.as_deref()).await?,
             node,
         )),
         _ => None,
@@ -98,7 +98,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.node.log_json, "info");
+    cli.node.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-device-plugin", run(cli).await)
 }
 

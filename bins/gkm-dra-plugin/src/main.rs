@@ -44,7 +44,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) must name this node");
     }
-    let client = gkm_k8s_runtime::client::connect(cli.node.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(cli.node.daemon.kubeconfig.as_deref()).await?;
     let config = DraConfig {
         paths: cli.node.paths(),
         kubelet_dir: cli.kubelet_dir,
@@ -63,7 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.node.log_json, "info");
+    cli.node.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-dra-plugin", run(cli).await)
 }
 

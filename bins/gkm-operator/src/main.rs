@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
 use gkm_k8s_api::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s_api::served::ready_when_caches_listable;
@@ -40,10 +41,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 #[derive(Parser)]
 #[command(name = "gkm-operator", version)]
 struct Cli {
-    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
-    /// in-cluster service account.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// Where to serve /healthz, /readyz and /metrics (port 0 picks a free one).
     #[arg(long, env = "GKM_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -185,9 +184,6 @@ struct Cli {
     /// by the chart with dra.enabled).
     #[arg(long)]
     dra_device_classes: bool,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -419,7 +415,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{} {e}", flag_of(&e)))?;
-    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(cli.daemon.kubeconfig.as_deref()).await?;
     // Every replica serves the webhook, leader or not: the Service may send
     // a pod to any of them.
     let webhook = match webhook {
@@ -491,6 +487,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    cli.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-operator", run(cli).await)
 }

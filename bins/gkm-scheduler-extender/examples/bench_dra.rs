@@ -71,7 +71,8 @@ fn plugin_devices(dir: &Path) -> anyhow::Result<Vec<DraDevice>> {
         nvml: false,
         node_name: "bench".to_string(),
     };
-    let found = gkm_k8s_dra::look(&config, &PciIds::open(&config.pci_ids)?)?;
+    let ids = PciIds::open(&config.pci_ids)?;
+    let found = gkm_k8s_dra::look(&config, &ids)?;
     anyhow::ensure!(
         found.devices.len() == GPUS_PER_NODE,
         "the plugin found {} of the node tree's {GPUS_PER_NODE} GPUs; left out: {:?}",

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_bin_support::shutdown::until_signal;
 use gkm_k8s_extender::{self as extender, IndexConfig};
 use gkm_k8s_runtime::endpoints::Endpoints;
@@ -25,10 +26,8 @@ use prometheus_client::registry::Registry;
 #[derive(Parser)]
 #[command(name = "gkm-scheduler-extender", version)]
 struct Cli {
-    /// A kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the
-    /// in-cluster service account.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// Where to serve the extender's verbs and the health and metrics endpoints.
     #[arg(long, env = "GKM_EXTENDER_ADDR", default_value = "0.0.0.0:8888")]
     address: SocketAddr,
@@ -67,9 +66,6 @@ struct Cli {
     /// without --client-ca-file.
     #[arg(long, conflicts_with = "client_ca_file")]
     insecure_no_client_auth: bool,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    log_json: bool,
 }
 
 /// How the verbs are served, from the TLS flags: over mutual TLS, or (only
@@ -109,7 +105,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             "--insecure-no-client-auth: every caller that reaches the address may bind pods"
         );
     }
-    let client = gkm_k8s_runtime::client::connect(cli.kubeconfig.as_deref()).await?;
+    let client = gkm_k8s_runtime::client::connect(cli.daemon.kubeconfig.as_deref()).await?;
     let config = IndexConfig {
         whole_resources: cli.whole_gpu_resources,
         model_label: cli.model_label,
@@ -151,6 +147,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    gkm_bin_support::init_logging(cli.log_json, "info");
+    cli.daemon.init_logging();
     gkm_bin_support::exit_code("gkm-scheduler-extender", run(cli).await)
 }

@@ -3,15 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-
 use gkm_oci::{
     ExtractPolicy, FreeSpaceReserve, Image, ImageRef, Repo, UnpackOptions, extract_to_dir,
 };
 
-use crate::image_args::{EXIT_INCOMPATIBLE, RegistryArgs, finish, multi_target, parse_ref};
+use crate::image_args::{RegistryArgs, finish, parse_ref};
 use crate::output;
 use crate::progress::{Bar, hook};
+use crate::variant::{self, VariantArgs};
 
 /// Arguments of `gkm extract`.
 #[derive(clap::Args)]
@@ -59,15 +58,8 @@ pub struct Args {
     #[arg(long, value_name = "PERCENT|BYTES", value_parser = <FreeSpaceReserve as std::str::FromStr>::from_str,
           default_value_t = FreeSpaceReserve::default())]
     keep_free: FreeSpaceReserve,
-    /// Of a multi-target image, extract this variant (its manifest digest)
-    /// instead of the one this node's GPUs get.
-    #[arg(long, value_name = "DIGEST")]
-    variant: Option<gkm_oci::Digest>,
-    /// Of a multi-target image, extract the variant the GPUs of this
-    /// simulated inventory file get (YAML or JSON, as `gkm gpus --json`
-    /// prints) instead of this node's.
-    #[arg(long, value_name = "FILE", conflicts_with = "variant")]
-    gpus: Option<PathBuf>,
+    #[command(flatten)]
+    variant: VariantArgs,
     /// Print the result as JSON (no progress display).
     #[arg(long)]
     json: bool,
@@ -100,16 +92,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let image = match Image::fetch(&repo).await {
         Ok(i) => i,
         Err(gkm_oci::Error::MultiTarget { .. }) => {
-            let multi = match multi_target(&repo, &registry).await {
-                Ok(multi) => multi,
-                Err(e) => return finish(e),
+            let chosen = match variant::choose(&repo, &registry, &args.variant).await? {
+                Ok(chosen) => chosen,
+                Err(code) => return Ok(code),
             };
-            let Some(variant) =
-                pick_variant(&multi, args.variant.as_ref(), args.gpus.clone()).await?
-            else {
-                return Ok(ExitCode::from(EXIT_INCOMPATIBLE));
-            };
-            repo = Repo::open(&args.image.with_digest(&variant), &registry)?;
+            eprintln!("{chosen}");
+            repo = chosen.repo;
             match Image::fetch(&repo).await {
                 Ok(i) => i,
                 Err(e) => return finish(e),
@@ -149,42 +137,5 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => finish(e),
-    }
-}
-
-/// The variant of `multi` to extract: `wanted` when given (it must be
-/// listed), else the one the GPUs get (this node's, or those of the
-/// `simulate` inventory file); `None`, said on standard error, when no
-/// variant fits them.
-async fn pick_variant(
-    multi: &gkm_oci::MultiTarget,
-    wanted: Option<&gkm_oci::Digest>,
-    simulate: Option<PathBuf>,
-) -> anyhow::Result<Option<gkm_oci::Digest>> {
-    if let Some(wanted) = wanted {
-        anyhow::ensure!(
-            multi.variants.iter().any(|v| &v.digest == wanted),
-            "--variant {wanted}: not a variant of index {}",
-            multi.digest()
-        );
-        return Ok(Some(wanted.clone()));
-    }
-    let opts = gkm_gpu::DiscoveryOptions {
-        simulate,
-        ..Default::default()
-    };
-    let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&opts))
-        .await
-        .context("GPU discovery stopped")??;
-    let choice = multi.choose(&inventory.gpus, &Default::default());
-    match choice.chosen {
-        Some(v) => {
-            eprintln!("variant {v} {}: {choice}", multi.variants[v].digest);
-            Ok(Some(multi.variants[v].digest.clone()))
-        }
-        None => {
-            eprintln!("gkm: incompatible: {choice}");
-            Ok(None)
-        }
     }
 }

@@ -2,7 +2,8 @@
 //! (`build`, `push`, `pull`, `inspect`, `check`, `extract`, `sign`, `verify`).
 //!
 //! Exit codes: 0 success; 1 error (I/O, registry, not found, bad input);
-//! 2 usage; 3 the cache fits none of the GPUs (`check`); 4 the image was
+//! 2 usage; 3 the cache fits none of the GPUs (`check`; `extract` and
+//! `pull --store` of a multi-target image); 4 the image was
 //! refused as unsafe (extraction policy or digest mismatch).
 
 use std::io::Read;
@@ -14,7 +15,7 @@ use gkm_oci::{Credentials, ImageRef, RegistryOptions};
 
 /// The exit codes, for `--help`.
 pub const EXIT_CODES_HELP: &str = "Exit codes: 0 success, 1 error, 2 usage, \
-    3 the cache fits none of the GPUs (check), 4 the image was refused as unsafe \
+    3 the cache fits none of the GPUs (check, extract, pull --store), 4 the image was refused as unsafe \
     (extraction policy or digest mismatch).";
 
 /// Exit code: the cache fits none of the GPUs.

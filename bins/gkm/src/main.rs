@@ -21,6 +21,7 @@ mod progress;
 mod pull;
 mod push;
 mod sign;
+mod variant;
 mod verify;
 
 /// GPU kernel cache manager.

@@ -65,6 +65,13 @@ pub struct Stored {
     pub path: String,
     /// Whether this pull extracted it (false: it was already stored).
     pub extracted: bool,
+    /// Of a multi-target image, the index digest (`digest` is then the
+    /// stored variant's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_digest: Option<String>,
+    /// Of a multi-target image, the stored variant's position in the index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<usize>,
 }
 
 /// `gkm extract --json`.

@@ -9,11 +9,14 @@ use crate::image_args::{RegistryArgs, finish, parse_ref};
 use crate::output;
 use crate::progress::{Bar, hook};
 use crate::push::print_copied;
+use crate::variant::{self, VariantArgs};
 
 /// Arguments of `gkm pull`.
 #[derive(clap::Args)]
 #[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 #[command(group(clap::ArgGroup::new("into").required(true).args(["destination", "store"])))]
+// A copy takes the whole index: choosing a variant is for --store.
+#[command(group(clap::ArgGroup::new("choice").multiple(true).args(["variant", "gpus"]).conflicts_with("destination")))]
 pub struct Args {
     /// The image, usually in a registry.
     #[arg(value_parser = parse_ref)]
@@ -22,9 +25,12 @@ pub struct Args {
     #[arg(value_parser = parse_ref)]
     destination: Option<ImageRef>,
     /// Or pull and extract it into the node store at DIR
-    /// (`DIR/sha256/<hex>`); a stored digest is not fetched again.
+    /// (`DIR/sha256/<hex>`); a stored digest is not fetched again. Of a
+    /// multi-target image, the variant this node's GPUs get is stored.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
+    #[command(flatten)]
+    variant: VariantArgs,
     /// Print the result as JSON (no progress display).
     #[arg(long)]
     json: bool,
@@ -32,7 +38,8 @@ pub struct Args {
     pub(crate) registry: RegistryArgs,
 }
 
-/// Runs `gkm pull`; prints the image digest (and, with --store, its path).
+/// Runs `gkm pull`; prints the image digest (and, with --store, its path;
+/// of a multi-target image, the stored variant's digest and path).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = args.registry.options()?;
     let src = Repo::open(&args.image, &options)?;
@@ -53,24 +60,36 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("give a destination or --store")
     };
     let store = Store::open(&root)?;
-    let result = store
-        .ensure(&src, &ExtractPolicy::default(), hook(&bar))
-        .await;
-    drop(bar);
-    match result {
-        Ok(stored) if args.json => {
-            output::print(&output::Stored {
-                image: args.image.to_string(),
-                digest: stored.digest.to_string(),
-                path: stored.path.display().to_string(),
-                extracted: stored.extracted.is_some(),
-            })?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Ok(stored) => {
-            println!("{} {}", stored.digest, stored.path.display());
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => finish(e),
+    let policy = ExtractPolicy::default();
+    let mut result = store.ensure(&src, &policy, hook(&bar)).await;
+    let mut chosen = None;
+    if let Err(gkm_oci::Error::MultiTarget { .. }) = result {
+        let variant = match variant::choose(&src, &options, &args.variant).await? {
+            Ok(variant) => variant,
+            Err(code) => return Ok(code),
+        };
+        result = store.ensure(&variant.repo, &policy, hook(&bar)).await;
+        chosen = Some(variant);
     }
+    drop(bar);
+    let stored = match result {
+        Ok(stored) => stored,
+        Err(e) => return finish(e),
+    };
+    if args.json {
+        output::print(&output::Stored {
+            image: args.image.to_string(),
+            digest: stored.digest.to_string(),
+            path: stored.path.display().to_string(),
+            extracted: stored.extracted.is_some(),
+            index_digest: chosen.as_ref().map(|c| c.index.to_string()),
+            variant: chosen.as_ref().map(|c| c.position),
+        })?;
+    } else {
+        if let Some(chosen) = &chosen {
+            eprintln!("stored {chosen}");
+        }
+        println!("{} {}", stored.digest, stored.path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -2,9 +2,9 @@
 //! `gkm build` of several real Triton caches (one per GPU target) into one
 //! index, `gkm inspect` listing the variants, `gkm check` saying which
 //! variant each GPU gets and why, `gkm extract` taking the variant of the
-//! GPUs, `gkm pull` copying the whole index, `gkm index` assembling existing
-//! images, and `gkm sign`/`verify` covering the index, so that moving one
-//! variant under the same tag is refused.
+//! GPUs, `gkm pull --store` storing it, `gkm pull` copying the whole index,
+//! `gkm index` assembling existing images, and `gkm sign`/`verify` covering
+//! the index, so that moving one variant under the same tag is refused.
 
 use std::path::{Path, PathBuf};
 
@@ -167,6 +167,101 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
     );
     assert_eq!(files(&out), files(Path::new(&triton("cuda-75-32"))));
 
+    // pull --store stores the variant of the GPUs, saying which.
+    let store = dir.join("store").display().to_string();
+    let stored = gkm(
+        &[
+            "pull",
+            &image,
+            "--store",
+            &store,
+            "--gpus",
+            t4.to_str().unwrap(),
+            "--insecure",
+            "--json",
+        ],
+        dir,
+    );
+    assert!(stored.status.success(), "{}", text(&stored));
+    let doc = json(&stored);
+    assert_eq!(doc["digest"], variants[0].as_str(), "{doc}");
+    assert_eq!(doc["indexDigest"], index.as_str(), "{doc}");
+    assert_eq!(doc["variant"], 0, "{doc}");
+    assert_eq!(doc["extracted"], true, "{doc}");
+    let path = PathBuf::from(doc["path"].as_str().expect("path"));
+    assert_eq!(
+        files(&path.join("io.triton.cache")),
+        files(Path::new(&triton("cuda-75-32")))
+    );
+    let named = gkm(
+        &[
+            "pull",
+            &image,
+            "--store",
+            &store,
+            "--variant",
+            &variants[2],
+            "--insecure",
+        ],
+        dir,
+    );
+    assert!(named.status.success(), "{}", text(&named));
+    let line = String::from_utf8_lossy(&named.stdout);
+    assert!(line.starts_with(&format!("{} ", variants[2])), "{line}");
+    assert!(
+        String::from_utf8_lossy(&named.stderr)
+            .contains(&format!("stored variant 2 {}", variants[2])),
+        "{}",
+        text(&named)
+    );
+    let path = PathBuf::from(line.split_whitespace().nth(1).expect("path"));
+    assert_eq!(
+        files(&path.join("io.triton.cache")),
+        files(Path::new(&triton("cuda-90-32")))
+    );
+    // None fits an MI210: exit 3, naming each variant and why, nothing stored.
+    let refused = gkm(
+        &[
+            "pull",
+            &image,
+            "--store",
+            &store,
+            "--gpus",
+            mi210.to_str().unwrap(),
+            "--insecure",
+        ],
+        dir,
+    );
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    let said = text(&refused);
+    assert!(
+        said.contains("no variant fits any GPU")
+            && said.contains(&format!("variant 3 {} (hip/gfx942/64)", variants[3])),
+        "{said}"
+    );
+    let entries = std::fs::read_dir(Path::new(&store).join("sha256"))
+        .expect("store entries")
+        .count();
+    assert_eq!(entries, 2, "only the two variants pulled are stored");
+    let unknown = gkm(
+        &[
+            "pull",
+            &image,
+            "--store",
+            &store,
+            "--variant",
+            &index,
+            "--insecure",
+        ],
+        dir,
+    );
+    assert_eq!(unknown.status.code(), Some(1), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("not a variant of index") && text(&unknown).contains(&variants[1]),
+        "{}",
+        text(&unknown)
+    );
+
     // pull copies the whole index; the copy lists the same variants.
     let layout = format!("oci:{}:v1", dir.join("layout").display());
     let pulled = gkm(&["pull", &image, &layout, "--insecure"], dir);
@@ -174,6 +269,19 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
     assert_eq!(String::from_utf8_lossy(&pulled.stdout).trim(), index);
     let local = json(&gkm(&["inspect", &layout, "--json"], dir));
     assert_eq!(local["variants"].as_array().map(Vec::len), Some(4));
+    // A copy takes every variant: naming one is refused as a usage error.
+    let one = gkm(
+        &[
+            "pull",
+            &image,
+            &layout,
+            "--variant",
+            &variants[0],
+            "--insecure",
+        ],
+        dir,
+    );
+    assert_eq!(one.status.code(), Some(2), "{}", text(&one));
 
     // The signature covers the index, and through it every variant digest.
     let keys = key_pair(&dir.join("keys"));

@@ -1,5 +1,6 @@
 //! What gkm's binaries share, so each `main.rs` stays flag parsing and wiring.
 
+pub mod daemon_args;
 #[cfg(feature = "node-args")]
 pub mod node_args;
 pub mod shutdown;

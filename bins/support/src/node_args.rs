@@ -1,12 +1,14 @@
 //! The flags gkm's kubelet plugins (`gkm-device-plugin`, `gkm-dra-plugin`)
-//! share: where the node's devices are read from, NVML, the apiserver and
-//! logging. Each binary flattens [`NodeDeviceArgs`] into its own flags, so
+//! share: where the node's devices are read from, NVML, and the flags every
+//! daemon takes ([`DaemonArgs`]: the apiserver and logging). Each binary flattens [`NodeDeviceArgs`] into its own flags, so
 //! a flag is named, documented and read the same way in both.
 
 use std::path::PathBuf;
 
 use gkm_gpu::PciIdsSource;
 use gkm_k8s_devices::NodePaths;
+
+use crate::daemon_args::DaemonArgs;
 
 /// The flags both kubelet plugins take.
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
@@ -29,12 +31,8 @@ pub struct NodeDeviceArgs {
     /// or memory from it.
     #[arg(long)]
     pub no_nvml: bool,
-    /// A kubeconfig (default: in-cluster or $KUBECONFIG).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
-    #[arg(long)]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
 }
 
 impl NodeDeviceArgs {
@@ -84,7 +82,7 @@ mod tests {
         );
         assert_eq!(cli.node.pci_ids(), PciIdsSource::System);
         assert!(cli.node.nvml());
-        assert!(!cli.node.log_json);
+        assert!(!cli.node.daemon.log_json);
     }
 
     #[test]
@@ -105,7 +103,7 @@ mod tests {
         assert_eq!(cli.node.paths().proc_root, PathBuf::from("/host/proc"));
         assert_eq!(cli.node.pci_ids(), PciIdsSource::File("/ids".into()));
         assert!(!cli.node.nvml());
-        assert_eq!(cli.node.kubeconfig, Some(PathBuf::from("/kc")));
-        assert!(cli.node.log_json);
+        assert_eq!(cli.node.daemon.kubeconfig, Some(PathBuf::from("/kc")));
+        assert!(cli.node.daemon.log_json);
     }
 }

@@ -41,7 +41,10 @@
 //!
 //! The plugin polls (every `--poll`, 2 s by default) rather than using
 //! inotify, because sysfs does not report mdevs being created or removed
-//! through inotify. A device whose `/dev/vfio/<group>` (or other device
+//! through inotify. A poll takes the node's cheap fingerprint (device
+//! nodes, driver bindings, vGPUs; see [`gkm_k8s_devices::rescan`]) and reads the devices in
+//! full only when it moved, a critical XID was recorded, or a minute passed
+//! since the last full read. A device whose `/dev/vfio/<group>` (or other device
 //! node) is missing is `Unhealthy` until the node returns; vGPUs created or
 //! removed appear or disappear in `ListAndWatch`. Where NVML is present, a
 //! critical XID (other than 31, 43 and 45, an application's faults) marks the

@@ -1,4 +1,5 @@
-//! Running the plugin: looking at the node every poll interval, serving one
+//! Running the plugin: looking at the node every poll interval (reading its
+//! devices again only when [`gkm_k8s_devices::rescan`] says so), serving one
 //! socket per resource, registering with the kubelet and registering again
 //! when the kubelet restarts.
 
@@ -9,10 +10,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gkm_core::assignment::GpuDevice;
 use gkm_gpu::pci_ids::PciIds;
+use gkm_k8s_devices::fingerprint::fingerprint;
+use gkm_k8s_devices::rescan::{self, LastLook};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -80,7 +83,9 @@ struct Health {
 /// `node_gpus` (the node's `gkm.io/gpu-devices` annotation) whenever they
 /// change, and again on the next look when publishing failed.
 ///
-/// Every `poll` it reads the node, serves a socket for each new resource and
+/// Every `poll` it looks at the node (a full read when the node's
+/// fingerprint moved, an XID was recorded, or a minute passed; see
+/// [`rescan`]), serves a socket for each new resource and
 /// registers it, streams device changes to `ListAndWatch` (a resource whose
 /// devices are all gone stays served with none), and registers every
 /// resource again on a fresh socket when the kubelet's `kubelet.sock` is
@@ -93,7 +98,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let ids = PciIds::open(&config.pci_ids).map_err(|e| Error::Gpu(e.to_string()))?;
-    let ids = Arc::new(ids);
     let health = Arc::new(Health::default());
     lock(&health.inputs).gpu_shares = config.gpu_shares;
     if config.nvml {
@@ -107,6 +111,8 @@ pub async fn run(
     // The last kubelet socket seen; it stays while the kubelet is down.
     let mut kubelet = None;
     let mut last: Option<Snapshot> = None;
+    // What the last successful read saw; `None` reads at the next poll.
+    let mut last_look: Option<LastLook> = None;
     let mut published: Option<Vec<GpuDevice>> = None;
     tokio::pin!(shutdown);
     loop {
@@ -114,9 +120,28 @@ pub async fn run(
             let paths = config.paths.clone();
             let ids = ids.clone();
             let inputs = lock(&health.inputs).clone();
-            tokio::task::spawn_blocking(move || scan(&paths, &ids, &inputs))
-                .await
-                .map_err(|e| Error::Gpu(e.to_string()))?
+            let looked = last_look.take();
+            let known = last.clone();
+            let (snapshot, look) = tokio::task::spawn_blocking(move || {
+                // Taken before the read, so a change while reading moves
+                // the next one.
+                let node = fingerprint(&paths);
+                let now = Instant::now();
+                match known {
+                    Some(known) if !rescan::due(looked.as_ref(), node, &inputs, now) => {
+                        (Ok(known), looked)
+                    }
+                    _ => {
+                        let read = scan(&paths, &ids, &inputs);
+                        let look = read.is_ok().then(|| LastLook::new(node, inputs, now));
+                        (read, look)
+                    }
+                }
+            })
+            .await
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+            last_look = look;
+            snapshot
         };
         match snapshot {
             Ok(snapshot) => {

@@ -136,11 +136,16 @@ fn describe(
         DeviceType::Gpu => {
             attrs.string(PCI_BUS_ID, address);
             if let Some(gpu) = gpu {
-                describe_gpu(gpu, &mut attrs);
+                // The UUID `NVIDIA_VISIBLE_DEVICES` names it by (NVML's when
+                // NVML answered); it is its PCI address when none is known.
+                let uuid = match &device.access {
+                    Access::Nvidia { visible_as, .. } if visible_as != address => {
+                        Some(visible_as.as_str())
+                    }
+                    _ => gpu.uuid.as_deref(),
+                };
+                describe_gpu(gpu, uuid, &mut attrs);
                 memory_bytes = gpu.memory_bytes;
-            }
-            if let Access::Nvidia { visible_as, .. } = &device.access {
-                attrs.string("uuid", visible_as);
             }
             format!("gpu-{}", label(address))
         }
@@ -198,12 +203,12 @@ fn describe(
 /// made it, what it is, which compiler targets it and which driver runs it.
 pub fn gpu_attributes(gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
     let mut attrs = Attributes::default();
-    describe_gpu(gpu, &mut attrs);
+    describe_gpu(gpu, gpu.uuid.as_deref(), &mut attrs);
     attrs.0
 }
 
-/// [`gpu_attributes`], into `attrs`.
-fn describe_gpu(gpu: &Gpu, attrs: &mut Attributes) {
+/// [`gpu_attributes`], into `attrs`, with `uuid` as the GPU's UUID.
+fn describe_gpu(gpu: &Gpu, uuid: Option<&str>, attrs: &mut Attributes) {
     attrs.string("vendor", gpu.vendor.as_str());
     attrs.string("productName", &gpu.product);
     if let Some(backend) = gpu.backend {
@@ -227,7 +232,7 @@ fn describe_gpu(gpu: &Gpu, attrs: &mut Attributes) {
     if let Some(toolkit) = &gpu.toolkit_version {
         attrs.version(TOOLKIT_VERSION, toolkit);
     }
-    if let Some(uuid) = &gpu.uuid {
+    if let Some(uuid) = uuid {
         attrs.string("uuid", uuid);
     }
 }

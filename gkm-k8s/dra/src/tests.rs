@@ -101,6 +101,29 @@ fn the_example_node_publishes_its_gpus_vfio_devices_and_vgpus() {
 }
 
 #[test]
+fn a_gpu_publishes_its_uuid_once_and_none_when_no_uuid_is_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tree, devices) = example_node(dir.path());
+    let h100 = devices.device("gpu-0000-6e-00-0").expect("the H100");
+    assert_eq!(
+        h100.attributes["uuid"].string.as_deref(),
+        Some(H100_UUID),
+        "{:?}",
+        h100.attributes
+    );
+    // An NVIDIA GPU the driver says nothing about: named by its PCI
+    // address, with no UUID attribute rather than the address as one.
+    let tree = NodeTree::new(&dir.path().join("bare")).unwrap();
+    tree.pci(&Pci::gpu("0000:6e:00.0", 0x10de, 0x2330).driver("nvidia"))
+        .unwrap();
+    let config = config(&tree, &dir.path().join("bare"));
+    let devices = look(&config, &PciIds::open(&config.pci_ids).unwrap()).unwrap();
+    let gpu = devices.device("gpu-0000-6e-00-0").expect("the GPU");
+    assert_eq!(gpu.id, "0000:6e:00.0");
+    assert!(!gpu.attributes.contains_key("uuid"), "{:?}", gpu.attributes);
+}
+
+#[test]
 fn a_missing_group_node_unpublishes_the_device_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let (tree, _) = example_node(dir.path());

@@ -1,4 +1,5 @@
-//! When a poll reads the node's devices again: reading them is a full
+//! When a plugin's poll reads the node's devices again (the DRA plugin's
+//! and the device plugin's, the same way): reading them is a full
 //! discovery (the PCI ID database, every GPU's files, NVML), so a poll
 //! first takes the node's [`Fingerprint`] and reads the devices only when
 //!
@@ -12,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use gkm_k8s_devices::fingerprint::Fingerprint;
-use gkm_k8s_devices::resources::ScanInputs;
+use crate::fingerprint::Fingerprint;
+use crate::resources::ScanInputs;
 
 /// The longest a poll goes without reading the node's devices.
 pub const FULL_LOOK_EVERY: Duration = Duration::from_secs(60);
@@ -47,11 +48,23 @@ impl LastLook {
     }
 }
 
+/// Whether a poll at `now`, finding `fingerprint` and `inputs`, must read
+/// the node's devices: always when nothing is remembered (no read yet, or
+/// the last one failed), else when [`LastLook::stale`].
+pub fn due(
+    last: Option<&LastLook>,
+    fingerprint: Fingerprint,
+    inputs: &ScanInputs,
+    now: Instant,
+) -> bool {
+    last.is_none_or(|last| last.stale(fingerprint, inputs, now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_k8s_devices::fingerprint::fingerprint;
-    use gkm_k8s_devices::node_tree::{NodeTree, Pci};
+    use crate::fingerprint::fingerprint;
+    use crate::node_tree::{NodeTree, Pci};
 
     /// Two fingerprints of a node: with an H100's device node, and without.
     fn fingerprints() -> (Fingerprint, Fingerprint) {
@@ -98,5 +111,21 @@ mod tests {
             .xids
             .insert("0000:6e:00.0".to_string(), "79".to_string());
         assert!(last.stale(node, &inputs, at + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_node_never_read_or_whose_last_read_failed_is_read() {
+        let (node, _) = fingerprints();
+        let at = Instant::now();
+        let inputs = ScanInputs::default();
+        assert!(due(None, node, &inputs, at));
+        let last = LastLook::new(node, inputs.clone(), at);
+        assert!(!due(
+            Some(&last),
+            node,
+            &inputs,
+            at + Duration::from_secs(2)
+        ));
+        assert!(due(Some(&last), node, &inputs, at + FULL_LOOK_EVERY));
     }
 }
