@@ -1012,6 +1012,10 @@ struct Measured {
     agents_cpu_secs: f64,
     /// Watch events of the resources agents watch, while converging.
     agent_watch_events_converge: f64,
+    /// Likewise while idle, when nothing changes: the watches' keep-alive
+    /// (bookmarks, sent to every watch about once a minute), the rate
+    /// that is not changes.
+    agent_watch_events_idle: Option<f64>,
     /// How many caches converged when CONVERGE_TIMEOUT_SECS ran out, when
     /// not all did; the change and idle phases did not run then.
     timed_out_with: Option<usize>,
@@ -1085,11 +1089,18 @@ impl Measured {
             "settled_quiet": self.settled_quiet,
         });
         figures["agent_watch_events_converge"] = json!(self.agent_watch_events_converge);
+        let summary = self.summary(scale);
+        figures["agent_watch_events_idle_per_sec"] =
+            json!(summary.agent_watch_events_idle_per_second);
+        figures["agent_watch_events_converge_beyond_idle_rate"] =
+            json!(summary.agent_watch_events_converge_beyond_idle_rate);
         figures["extractions"] = json!(self.extractions());
         figures["converged_caches"] = json!(self.timed_out_with.unwrap_or(scale.caches));
         if self.timed_out_with.is_some() {
             // Those phases did not run.
-            let skipped = |key: &String| key.starts_with("change_") || key.starts_with("idle_");
+            let skipped = |key: &String| {
+                (key.starts_with("change_") || key.starts_with("idle_")) && key != "idle_secs"
+            };
             if let Some(object) = figures.as_object_mut() {
                 object
                     .iter_mut()
@@ -1098,7 +1109,7 @@ impl Measured {
                 object.insert("settled_quiet".into(), serde_json::Value::Null);
             }
         }
-        figures["summary"] = json!(self.summary(scale));
+        figures["summary"] = json!(summary);
         figures
     }
 
@@ -1121,6 +1132,9 @@ impl Measured {
         let converge = &self.converge;
         let extraction_requests = converge.extraction_requests();
         let converge_requests = converge.registry_tags + converge.registry_other;
+        let idle_rate = self
+            .agent_watch_events_idle
+            .map(|events| events / scale.idle.as_secs_f64().max(1.0));
         Summary {
             scale: ScaleSummary {
                 nodes: scale.nodes,
@@ -1142,6 +1156,9 @@ impl Measured {
                 sum(&|c| c.report_changes),
             ),
             agent_watch_events_converge: self.agent_watch_events_converge,
+            agent_watch_events_idle_per_second: idle_rate,
+            agent_watch_events_converge_beyond_idle_rate: idle_rate
+                .map(|rate| self.agent_watch_events_converge - rate * self.converge_secs),
             registry_requests_converge: converge_requests,
             registry_requests_per_cache_converge: (converge_requests - extraction_requests) as f64
                 / scale.caches.max(1) as f64,
@@ -1198,6 +1215,13 @@ struct Summary {
     /// Watch events sent for the resources agents watch ([`agent_watched`])
     /// while converging.
     agent_watch_events_converge: f64,
+    /// Those events per second while idle, when nothing changed: what the
+    /// watches send without changes (bookmarks); `null` when the idle phase
+    /// did not run.
+    agent_watch_events_idle_per_second: Option<f64>,
+    /// `agent_watch_events_converge` less that idle rate over the time
+    /// converging took: the events that carried changes.
+    agent_watch_events_converge_beyond_idle_rate: Option<f64>,
     /// Registry requests while converging, and while idle.
     registry_requests_converge: u64,
     /// Of those, the ones that are not an extraction's (an image's manifest
@@ -1355,7 +1379,10 @@ async fn run(tree: &Path, operator: &Path, agents: &Path, out: &Path) -> anyhow:
     );
 
     // Phase 4: nothing changes.
+    let watch_events = agent_watch_events(&bench.client, &watched).await?;
     gkm.idle(&mut meter, &mut m.idle, scale.idle).await?;
+    m.agent_watch_events_idle =
+        Some(agent_watch_events(&bench.client, &watched).await? - watch_events);
     eprintln!(
         "== idle {:?} done; whole run {:.0?}",
         scale.idle,
@@ -1429,6 +1456,11 @@ const ROWS: &[(&str, &str)] = &[
     ("operator_cpu_secs", ""),
     ("agents_process_cpu_secs", ""),
     ("agent_watch_events_converge", ""),
+    ("agent_watch_events_idle_per_sec", ""),
+    (
+        "agent_watch_events_converge_beyond_idle_rate",
+        "<= nodes x changes x 1.1",
+    ),
     ("extractions", ""),
 ];
 
