@@ -51,9 +51,11 @@
 # converge_seconds, change_seconds, operator_ and
 # agent_writes_per_stored_change (converge and change together),
 # agent_watch_events_converge (the apiserver's apiserver_watch_events_total
-# for every gkm.io resource but the agents' own reports, i.e. what agents
-# watch; the operator's and the harness's one watch each count too; the list
-# is agent_watched() in the harness), registry_requests_converge and _idle,
+# for the gkm.io resources the revision's agent RBAC may watch, its reports
+# apart: what its agents watch; the operator's one watch of them counts too;
+# agent_watched() in the harness), agent_watch_events_idle_per_second (the
+# same while nothing changes: the watches' bookmarks) and
+# agent_watch_events_converge_beyond_idle_rate, registry_requests_converge and _idle,
 # each also by kind (_by_kind: method, what was asked for -- tag, cosign v2
 # tag, referrers API, tag-schema index, image or other manifest, layer or
 # other blob -- and response code), registry_requests_per_cache_converge
