@@ -65,10 +65,20 @@ run_tests_in_parallel() {
     test_targets | awk '$3 == 0 { printf "-p %s --test %s\n", $1, $2 }'
   } > "$list"
   echo "$(wc -l < "$list") cargo test jobs, $jobs at a time"
+  cp "$test_binaries" "$logs/binaries"
+  # An integration test runs as the executable built before, from its
+  # package's directory as cargo runs it; the rest through cargo.
   # shellcheck disable=SC2016 # expanded by the job's shell
   xargs -P "$jobs" -L 1 -a "$list" bash -c '
     log=$0/$(printf "%s" "$*" | tr -c "a-zA-Z0-9_-" _).log
-    if cargo test --locked "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
+    built=()
+    [[ $1 == -p && $3 == --test ]] && read -r -a built < <(awk -v p="$2" -v t="$4" "\$1 == p && \$2 == t { print \$3, \$4; exit }" "$0/binaries")
+    if [[ ${#built[@]} == 2 ]]; then
+      run() { (cd "${built[0]}" && "${built[1]}"); }
+    else
+      run() { cargo test --locked "$@"; }
+    fi
+    if run "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
     { printf "\n==> cargo test %s: %s in %ss\n" "$*" "$status" "$SECONDS"; cat "$log"; } | flock "$0/out" cat
   ' "$logs"
   failed=0
@@ -111,7 +121,28 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # workspace once more only to have these overwrite its binaries. A package
 # with binaries but no integration test gets them built on their own.
 step "cargo test --no-run (every test target and binary, built once)"
-cargo test --workspace --all-targets --locked --no-run
+# Each integration test's executable is noted (package, target, package
+# directory, executable) so that its job runs it as built here: a `cargo test
+# -p PACKAGE` resolves features for that package alone (the workspace's
+# `testing` features differ), and would build part of the workspace again.
+test_binaries=$(mktemp)
+cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics |
+  python3 -c '
+import json, os, sys, tomllib
+for line in sys.stdin:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        continue
+    if message.get("reason") == "compiler-message":
+        print(message["message"]["rendered"], end="", file=sys.stderr)
+    elif (message.get("reason") == "compiler-artifact" and message.get("executable")
+            and message["profile"]["test"] and message["target"]["kind"] == ["test"]):
+        manifest = message["manifest_path"]
+        with open(manifest, "rb") as f:
+            package = tomllib.load(f)["package"]["name"]
+        print(package, message["target"]["name"], os.path.dirname(manifest), message["executable"])
+' > "$test_binaries"
 untested_bins=$(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
 import json, sys
 for package in json.load(sys.stdin)["packages"]:
