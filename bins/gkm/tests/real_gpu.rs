@@ -3,7 +3,9 @@
 //! `--gpus`/`--simulate`, must give the same labels and the same
 //! compatibility reports, for a Triton cache compiled on that GPU and for
 //! the sm75 fixture. The recordings and the script that made them:
-//! `gkm-gpu/tests/fixtures/nvml-h100/` and `hack/gpu/`.
+//! `gkm-gpu/tests/fixtures/nvml-h100/` and `hack/gpu/`. The cold-start
+//! recording (`fixtures/cold-start-h100/`, `hack/gpu/cold-start.sh`) keeps
+//! the tree gkm delivered there, which Triton reused without compiling.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,6 +24,18 @@ fn gkm(args: &[&str]) -> Output {
         .env_remove("GKM_LOG")
         .output()
         .expect("run gkm")
+}
+
+/// `gkm check --json` of a cache against the H100 inventory recorded through NVML.
+fn check_on_recorded_h100(cache: &Path) -> Output {
+    let inventory = recorded("gpus.json");
+    gkm(&[
+        "check",
+        "--json",
+        "--gpus",
+        inventory.to_str().unwrap(),
+        cache.to_str().unwrap(),
+    ])
 }
 
 fn json(bytes: &[u8]) -> serde_json::Value {
@@ -80,26 +94,13 @@ fn the_recorded_h100_is_read_back_as_nvml_saw_it() {
 
 #[test]
 fn a_cache_compiled_on_the_h100_fits_it_and_the_sm75_fixture_does_not() {
-    let inventory = recorded("gpus.json");
     let sm90 = repo().join("fixtures/caches/triton-vector-add-cuda-sm90");
-    let out = gkm(&[
-        "check",
-        "--json",
-        "--gpus",
-        inventory.to_str().unwrap(),
-        sm90.to_str().unwrap(),
-    ]);
+    let out = check_on_recorded_h100(&sm90);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(json(&out.stdout), read_json(&recorded("check-sm90.json")));
 
     let sm75 = repo().join("../shared/fixtures/caches/triton-vector-add-cuda-sm75");
-    let out = gkm(&[
-        "check",
-        "--json",
-        "--gpus",
-        inventory.to_str().unwrap(),
-        sm75.to_str().unwrap(),
-    ]);
+    let out = check_on_recorded_h100(&sm75);
     assert_eq!(out.status.code(), Some(3), "incompatible: {out:?}");
     let report = json(&out.stdout);
     assert_eq!(report, read_json(&recorded("check-sm75-on-h100.json")));
@@ -119,4 +120,79 @@ fn the_h100_cache_scans_as_triton_3_6_for_sm_90() {
     let json = serde_json::to_value(&summary).expect("summary JSON");
     assert_eq!(json["targets"][0]["ptx_version"], 87, "{json}");
     assert_eq!(json["targets"][0]["triton_version"], "3.6.0", "{json}");
+}
+
+/// `fixtures/cold-start-h100/`: `hack/gpu/cold-start.sh` on an H100, where
+/// a Triton workload compiled and autotuned its kernels into an empty cache,
+/// gkm built, signed, verified and extracted that tree, and the same
+/// workload then compiled nothing. `cache.tar.gz` is the tree gkm extracted.
+fn cold_start_recording() -> PathBuf {
+    repo().join("fixtures/cold-start-h100")
+}
+
+/// Unpacks the tree gkm delivered in the cold-start recording.
+fn unpack_cold_start_tree(into: &Path) -> PathBuf {
+    let tgz =
+        std::fs::File::open(cold_start_recording().join("cache.tar.gz")).expect("cache.tar.gz");
+    tar::Archive::new(flate2::read::GzDecoder::new(tgz))
+        .unpack(into)
+        .expect("unpack cache.tar.gz");
+    into.join("triton")
+}
+
+#[test]
+fn the_delivered_tree_lists_every_kernel_triton_compiled_and_fits_the_h100() {
+    let summary = read_json(&cold_start_recording().join("summary.json"));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tree = unpack_cold_start_tree(tmp.path());
+
+    // One entry per kernel Triton compiled in each cold run: nothing the
+    // workload needs is left out of what gkm lists, checks and counts.
+    let manifest = gkm_core::cache::scan(&tree).expect("scan");
+    let cold: Vec<&serde_json::Value> = summary["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter(|run| {
+            run["run"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("cold"))
+        })
+        .collect();
+    assert!(!cold.is_empty(), "{summary}");
+    for run in cold {
+        assert_eq!(
+            manifest.entries().len() as u64,
+            run["compiled"].as_u64().expect("compiled"),
+            "{}",
+            run["run"]
+        );
+    }
+
+    // The recorded H100 inventory gets the verdict real NVML gave there.
+    let out = check_on_recorded_h100(&tree);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let there = read_json(&cold_start_recording().join("check.json"));
+    assert_eq!(
+        json(&out.stdout)["gpus"][0]["matchingTargets"],
+        there["gpus"][0]["matchingTargets"]
+    );
+}
+
+#[test]
+fn the_delivered_tree_builds_the_image_signed_on_the_h100_byte_for_byte() {
+    let summary = read_json(&cold_start_recording().join("summary.json"));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tree = unpack_cold_start_tree(tmp.path());
+    let layout = format!("oci:{}:rebuilt", tmp.path().join("layout").display());
+    let out = gkm(&["build", "--json", tree.to_str().unwrap(), "-t", &layout]);
+    assert!(out.status.success(), "{out:?}");
+    let rebuilt = json(&out.stdout);
+    let there = &summary["image"]["build"];
+    assert_eq!(rebuilt["digest"], there["digest"], "{rebuilt}");
+    assert_eq!(rebuilt["layer"], there["layer"], "{rebuilt}");
+    assert_eq!(
+        summary["image"]["verify"]["result"]["digest"],
+        there["digest"]
+    );
 }
