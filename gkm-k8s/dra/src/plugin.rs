@@ -31,7 +31,7 @@ use crate::proto::health::dra_resource_health_server::DraResourceHealthServer;
 use crate::proto::v1::dra_plugin_server::DraPluginServer;
 use crate::proto::v1beta1::dra_plugin_server::DraPluginServer as DraPluginServerV1beta1;
 use crate::publish::{Publisher, watch_slices};
-use crate::rescan::LastLook;
+use crate::rescan::{self, LastLook};
 use crate::service::{ApiClaims, DraService};
 use crate::{DRIVER, PLUGIN};
 
@@ -171,7 +171,12 @@ pub async fn run(
     // Taken before the look, so a change while looking moves the next one.
     let first_node = fingerprint(&config.paths);
     let first = look(&config, &ids)?;
-    let mut last_look = LastLook::new(first_node, ScanInputs::default(), Instant::now());
+    // None after a failed look: the next poll looks again.
+    let mut last_look = Some(LastLook::new(
+        first_node,
+        ScanInputs::default(),
+        Instant::now(),
+    ));
     log_excluded(&NodeDevices::default(), &first);
     let (devices_tx, devices_rx) = watch::channel(first);
     let xids_stop = Arc::new(AtomicBool::new(false));
@@ -254,19 +259,22 @@ pub async fn run(
                 let inputs = inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let node = fingerprint(&config.paths);
                 let now = Instant::now();
-                if !last_look.stale(node, &inputs, now) {
+                if !rescan::due(last_look.as_ref(), node, &inputs, now) {
                     continue;
                 }
                 match look_with(&config, &ids, &inputs) {
                     Ok(found) => {
-                        last_look = LastLook::new(node, inputs, now);
+                        last_look = Some(LastLook::new(node, inputs, now));
                         if found != *devices_rx.borrow() {
                             log_excluded(&devices_rx.borrow(), &found);
                             devices_tx.send_replace(found);
                             publish = true;
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "looking at the node's devices"),
+                    Err(e) => {
+                        last_look = None;
+                        tracing::warn!(error = %e, "looking at the node's devices; looking again at the next poll");
+                    }
                 }
             }
         }
