@@ -10,12 +10,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_core::assignment::GpuDevice;
 use gkm_gpu::pci_ids::PciIds;
-use gkm_k8s_devices::fingerprint::fingerprint;
-use gkm_k8s_devices::rescan::{self, LastLook};
+use gkm_k8s_devices::rescan::Rescan;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -111,8 +110,7 @@ pub async fn run(
     // The last kubelet socket seen; it stays while the kubelet is down.
     let mut kubelet = None;
     let mut last: Option<Snapshot> = None;
-    // What the last successful read saw; `None` reads at the next poll.
-    let mut last_look: Option<LastLook> = None;
+    let mut rescan: Rescan<Snapshot> = Rescan::default();
     let mut published: Option<Vec<GpuDevice>> = None;
     tokio::pin!(shutdown);
     loop {
@@ -120,27 +118,15 @@ pub async fn run(
             let paths = config.paths.clone();
             let ids = ids.clone();
             let inputs = lock(&health.inputs).clone();
-            let looked = last_look.take();
-            let known = last.clone();
-            let (snapshot, look) = tokio::task::spawn_blocking(move || {
-                // Taken before the read, so a change while reading moves
-                // the next one.
-                let node = fingerprint(&paths);
-                let now = Instant::now();
-                match known {
-                    Some(known) if !rescan::due(looked.as_ref(), node, &inputs, now) => {
-                        (Ok(known), looked)
-                    }
-                    _ => {
-                        let read = scan(&paths, &ids, &inputs);
-                        let look = read.is_ok().then(|| LastLook::new(node, inputs, now));
-                        (read, look)
-                    }
-                }
+            // Moved into the blocking task (reading is file I/O) and back.
+            let mut polling = std::mem::take(&mut rescan);
+            let (snapshot, polled) = tokio::task::spawn_blocking(move || {
+                let snapshot = polling.poll(&paths, &inputs, || scan(&paths, &ids, &inputs));
+                (snapshot, polling)
             })
             .await
             .map_err(|e| Error::Gpu(e.to_string()))?;
-            last_look = look;
+            rescan = polled;
             snapshot
         };
         match snapshot {

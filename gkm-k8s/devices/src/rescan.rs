@@ -10,11 +10,13 @@
 //!   see (NVML's answers) is read now and then anyway,
 //!
 //! or when the last read failed (nothing is remembered then).
+//!
+//! [`Rescan`] is that rule with its memory, which both plugins poll through.
 
 use std::time::{Duration, Instant};
 
-use crate::fingerprint::Fingerprint;
-use crate::resources::ScanInputs;
+use crate::fingerprint::{Fingerprint, fingerprint};
+use crate::resources::{NodePaths, ScanInputs};
 
 /// The longest a poll goes without reading the node's devices.
 pub const FULL_LOOK_EVERY: Duration = Duration::from_secs(60);
@@ -58,6 +60,48 @@ pub fn due(
     now: Instant,
 ) -> bool {
     last.is_none_or(|last| last.stale(fingerprint, inputs, now))
+}
+
+/// A polling plugin's last successful read of the node's devices: what it
+/// found, and the [`LastLook`] that says when to read again ([`due`]).
+#[derive(Debug)]
+pub struct Rescan<T> {
+    last: Option<(LastLook, T)>,
+}
+
+impl<T> Default for Rescan<T> {
+    fn default() -> Self {
+        Rescan { last: None }
+    }
+}
+
+impl<T: Clone> Rescan<T> {
+    /// The node's devices at a poll: what the last read found when no read
+    /// is [`due`] for the node under `paths` with `inputs`, else what
+    /// `read` finds now. A successful read is remembered; a failed one
+    /// forgets the last, so that the next poll reads again.
+    pub fn poll<E>(
+        &mut self,
+        paths: &NodePaths,
+        inputs: &ScanInputs,
+        read: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        // Taken before the read, so a change while reading moves the next one.
+        let node = fingerprint(paths);
+        let now = Instant::now();
+        let last = self.last.as_ref();
+        if !due(last.map(|(look, _)| look), node, inputs, now)
+            && let Some((_, found)) = last
+        {
+            return Ok(found.clone());
+        }
+        let read = read();
+        self.last = read
+            .as_ref()
+            .ok()
+            .map(|found| (LastLook::new(node, inputs.clone(), now), found.clone()));
+        read
+    }
 }
 
 #[cfg(test)]
@@ -127,5 +171,33 @@ mod tests {
             at + Duration::from_secs(2)
         ));
         assert!(due(Some(&last), node, &inputs, at + FULL_LOOK_EVERY));
+    }
+
+    #[test]
+    fn a_poll_reads_again_only_when_due_or_after_a_failed_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = NodeTree::new(dir.path()).unwrap();
+        tree.pci(&Pci::gpu("0000:6e:00.0", 0x10de, 0x2330).driver("nvidia"))
+            .unwrap();
+        let inputs = ScanInputs::default();
+        let mut rescan = Rescan::default();
+        let mut reads = 0;
+        let mut read = |found: Result<u32, &'static str>| {
+            reads += 1;
+            found
+        };
+        assert_eq!(rescan.poll(tree.paths(), &inputs, || read(Ok(1))), Ok(1));
+        // Unchanged: the first read stands.
+        assert_eq!(rescan.poll(tree.paths(), &inputs, || read(Ok(2))), Ok(1));
+        // A new device node moves the fingerprint; that read fails, and
+        // the next poll reads again though nothing else changed.
+        tree.nvidia_gpu("0000:6e:00.0", "GPU-6e", 0).unwrap();
+        assert_eq!(
+            rescan.poll(tree.paths(), &inputs, || read(Err("busy"))),
+            Err("busy")
+        );
+        assert_eq!(rescan.poll(tree.paths(), &inputs, || read(Ok(3))), Ok(3));
+        assert_eq!(rescan.poll(tree.paths(), &inputs, || read(Ok(4))), Ok(3));
+        assert_eq!(reads, 3);
     }
 }

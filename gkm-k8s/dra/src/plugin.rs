@@ -8,12 +8,11 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_gpu::{DiscoveryOptions, PciIdsSource};
 use gkm_k8s_devices::NodePaths;
-use gkm_k8s_devices::fingerprint::fingerprint;
 use gkm_k8s_devices::resources::{Access, ScanInputs, from_inventory};
 use gkm_k8s_kubelet::authority::AuthorityFix;
 use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
@@ -31,7 +30,7 @@ use crate::proto::health::dra_resource_health_server::DraResourceHealthServer;
 use crate::proto::v1::dra_plugin_server::DraPluginServer;
 use crate::proto::v1beta1::dra_plugin_server::DraPluginServer as DraPluginServerV1beta1;
 use crate::publish::{Publisher, watch_slices};
-use crate::rescan::{self, LastLook};
+use crate::rescan::Rescan;
 use crate::service::{ApiClaims, DraService};
 use crate::{DRIVER, PLUGIN};
 
@@ -168,15 +167,10 @@ pub async fn run(
     let ids = PciIds::open(&config.pci_ids)?;
     let store = ClaimStore::open(&config.state_dir, &config.cdi_dir)?;
     let inputs = Arc::new(Mutex::new(ScanInputs::default()));
-    // Taken before the look, so a change while looking moves the next one.
-    let first_node = fingerprint(&config.paths);
-    let first = look(&config, &ids)?;
-    // None after a failed look: the next poll looks again.
-    let mut last_look = Some(LastLook::new(
-        first_node,
-        ScanInputs::default(),
-        Instant::now(),
-    ));
+    let mut rescan = Rescan::default();
+    let first = rescan.poll(&config.paths, &ScanInputs::default(), || {
+        look(&config, &ids)
+    })?;
     log_excluded(&NodeDevices::default(), &first);
     let (devices_tx, devices_rx) = watch::channel(first);
     let xids_stop = Arc::new(AtomicBool::new(false));
@@ -257,24 +251,15 @@ pub async fn run(
             _ = slices_changed.notified() => publish = true,
             _ = poll.tick() => {
                 let inputs = inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let node = fingerprint(&config.paths);
-                let now = Instant::now();
-                if !rescan::due(last_look.as_ref(), node, &inputs, now) {
-                    continue;
-                }
-                match look_with(&config, &ids, &inputs) {
+                match rescan.poll(&config.paths, &inputs, || look_with(&config, &ids, &inputs)) {
                     Ok(found) => {
-                        last_look = Some(LastLook::new(node, inputs, now));
                         if found != *devices_rx.borrow() {
                             log_excluded(&devices_rx.borrow(), &found);
                             devices_tx.send_replace(found);
                             publish = true;
                         }
                     }
-                    Err(e) => {
-                        last_look = None;
-                        tracing::warn!(error = %e, "looking at the node's devices; looking again at the next poll");
-                    }
+                    Err(e) => tracing::warn!(error = %e, "looking at the node's devices; looking again at the next poll"),
                 }
             }
         }
