@@ -136,21 +136,17 @@ class FinalStage:
     """Counts the runs of the backends' last compile stage."""
 
     def __init__(self):
+        # Imported here, below the kernels, whose lines must not move.
         from triton.backends.amd.compiler import HIPBackend
         from triton.backends.nvidia.compiler import CUDABackend
+        from triton_calls import count_calls
 
         self.calls = 0
         for cls, name in ((CUDABackend, "make_cubin"), (HIPBackend, "make_hsaco")):
-            # A method in some Triton versions, a staticmethod in others.
-            attribute = cls.__dict__[name]
-            is_static = isinstance(attribute, staticmethod)
-            original = attribute.__func__ if is_static else attribute
+            count_calls(cls, name, self._count)
 
-            def wrapped(*args, _original=original, **kwargs):
-                self.calls += 1
-                return _original(*args, **kwargs)
-
-            setattr(cls, name, staticmethod(wrapped) if is_static else wrapped)
+    def _count(self):
+        self.calls += 1
 
 
 def cache_dirs(kernel):

@@ -27,6 +27,7 @@ Prints one JSON object:
 import hashlib
 import json
 import os
+import sys
 import time
 
 _started = time.perf_counter()
@@ -38,25 +39,22 @@ import triton.runtime.build  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from triton_calls import count_calls  # noqa: E402
+
 COUNTS = {"compiled": 0, "host_modules_built": 0, "autotune_benchmarks": 0}
 
 
-def count_calls(owner, name, counter):
-    """Wrap `owner.name` so that each call adds one to COUNTS[counter]."""
-    attribute = owner.__dict__[name]
-    is_static = isinstance(attribute, staticmethod)
-    original = attribute.__func__ if is_static else attribute
-
-    def wrapped(*args, **kwargs):
-        COUNTS[counter] += 1
-        return original(*args, **kwargs)
-
-    setattr(owner, name, staticmethod(wrapped) if is_static else wrapped)
+def counter(name):
+    """A function adding one to COUNTS[name]."""
+    def count():
+        COUNTS[name] += 1
+    return count
 
 
-count_calls(CUDABackend, "make_cubin", "compiled")
-count_calls(triton.runtime.build, "_build", "host_modules_built")
-count_calls(Autotuner, "_bench", "autotune_benchmarks")
+count_calls(CUDABackend, "make_cubin", counter("compiled"))
+count_calls(triton.runtime.build, "_build", counter("host_modules_built"))
+count_calls(Autotuner, "_bench", counter("autotune_benchmarks"))
 
 
 @triton.jit
