@@ -30,6 +30,13 @@ fn gpus(dir: &Path, profile: &str) -> PathBuf {
     path
 }
 
+/// `gkm pull IMAGE --store STORE --insecure`, with `extra` flags.
+fn pull_store(image: &str, store: &str, extra: &[&str], dir: &Path) -> std::process::Output {
+    let mut args = vec!["pull", image, "--store", store, "--insecure"];
+    args.extend_from_slice(extra);
+    gkm(&args, dir)
+}
+
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", text(out)))
@@ -169,17 +176,10 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
 
     // pull --store stores the variant of the GPUs, saying which.
     let store = dir.join("store").display().to_string();
-    let stored = gkm(
-        &[
-            "pull",
-            &image,
-            "--store",
-            &store,
-            "--gpus",
-            t4.to_str().unwrap(),
-            "--insecure",
-            "--json",
-        ],
+    let stored = pull_store(
+        &image,
+        &store,
+        &["--gpus", t4.to_str().unwrap(), "--json"],
         dir,
     );
     assert!(stored.status.success(), "{}", text(&stored));
@@ -193,18 +193,7 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
         files(&path.join("io.triton.cache")),
         files(Path::new(&triton("cuda-75-32")))
     );
-    let named = gkm(
-        &[
-            "pull",
-            &image,
-            "--store",
-            &store,
-            "--variant",
-            &variants[2],
-            "--insecure",
-        ],
-        dir,
-    );
+    let named = pull_store(&image, &store, &["--variant", &variants[2]], dir);
     assert!(named.status.success(), "{}", text(&named));
     let line = String::from_utf8_lossy(&named.stdout);
     assert!(line.starts_with(&format!("{} ", variants[2])), "{line}");
@@ -220,18 +209,7 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
         files(Path::new(&triton("cuda-90-32")))
     );
     // None fits an MI210: exit 3, naming each variant and why, nothing stored.
-    let refused = gkm(
-        &[
-            "pull",
-            &image,
-            "--store",
-            &store,
-            "--gpus",
-            mi210.to_str().unwrap(),
-            "--insecure",
-        ],
-        dir,
-    );
+    let refused = pull_store(&image, &store, &["--gpus", mi210.to_str().unwrap()], dir);
     assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
     let said = text(&refused);
     assert!(
@@ -243,18 +221,7 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
         .expect("store entries")
         .count();
     assert_eq!(entries, 2, "only the two variants pulled are stored");
-    let unknown = gkm(
-        &[
-            "pull",
-            &image,
-            "--store",
-            &store,
-            "--variant",
-            &index,
-            "--insecure",
-        ],
-        dir,
-    );
+    let unknown = pull_store(&image, &store, &["--variant", &index], dir);
     assert_eq!(unknown.status.code(), Some(1), "{}", text(&unknown));
     assert!(
         text(&unknown).contains("not a variant of index") && text(&unknown).contains(&variants[1]),
