@@ -9,6 +9,15 @@ use std::path::{Path, PathBuf};
 
 use crate::digest::Digest;
 
+/// The file in each entry, beside its cache tree and manifest, holding the
+/// fingerprint its tree had when it was extracted (`gkm-oci`'s `seal`): an
+/// entry without one is not delivered.
+pub const SEAL_FILE: &str = "io.gkm.seal";
+
+/// The directory of the store's root holding entries taken out of service
+/// because their tree changed or was never sealed, until no pod mounts them.
+pub const QUARANTINE_DIR: &str = "quarantine";
+
 /// The read side of a node store: paths only, nothing created or changed.
 ///
 /// ```
@@ -59,6 +68,17 @@ impl StoreLayout {
     pub fn get(&self, digest: &Digest) -> Option<PathBuf> {
         let p = self.path_of(digest);
         p.is_dir().then_some(p)
+    }
+
+    /// Whether the stored entry at `entry` (a path [`StoreLayout::get`]
+    /// gave) carries its seal.
+    pub fn is_sealed(entry: &Path) -> bool {
+        entry.join(SEAL_FILE).is_file()
+    }
+
+    /// Where quarantined entries wait until no pod mounts them.
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.root.join(QUARANTINE_DIR)
     }
 
     /// Every stored digest, sorted.

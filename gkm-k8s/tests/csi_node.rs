@@ -134,6 +134,20 @@ impl Setup {
         }
     }
 
+    /// A driver on `node_name` whose agent made `ml/vector-add` (the Triton
+    /// sm75 fixture) deliverable.
+    async fn delivering_vector_add(node_name: &str) -> Setup {
+        let s = Setup::new(node_name).await;
+        let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
+        s.index
+            .publish(
+                &gkmcache("ml", "vector-add"),
+                &Delivery::deliverable(digest),
+            )
+            .expect("index");
+        s
+    }
+
     fn target(&self, pod: &str) -> PathBuf {
         self.work.path().join(format!(
             "kubelet/pods/{}/volumes/kubernetes.io~csi/kernels/mount",
@@ -381,7 +395,7 @@ async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unverified_unknown_unextracted_and_missing_caches_are_refused() {
+async fn unverified_unknown_unextracted_missing_and_unsealed_caches_are_refused() {
     let mut s = Setup::new("node-b").await;
     let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
 
@@ -470,6 +484,24 @@ async fn unverified_unknown_unextracted_and_missing_caches_are_refused() {
         "{}",
         status.message()
     );
+
+    // Stored without a seal (by a gkm whose deliveries could write into
+    // the store): not delivered until the agent has checked it.
+    s.index
+        .publish(
+            &gkmcache("ml", "unsealed"),
+            &Delivery::deliverable(digest.clone()),
+        )
+        .expect("index");
+    let entry = s.store.join("sha256").join(digest.hex());
+    fs::remove_file(entry.join(gkm_oci::seal::SEAL_FILE)).expect("unseal");
+    let status = refusal(&mut s, &[("csi.gkm.io/GKMCache", "unsealed")]).await;
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("without a seal"),
+        "{}",
+        status.message()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -521,20 +553,13 @@ async fn malformed_requests_are_invalid_arguments() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_target_holding_another_mount_is_refused() {
-    let mut s = Setup::new("sm75-node").await;
-    let digest = extract_fixture(s.work.path(), &s.store, "triton-vector-add-cuda-sm75").await;
-    s.index
-        .publish(
-            &gkmcache("ml", "vector-add"),
-            &Delivery::deliverable(digest),
-        )
-        .expect("index");
+    let mut s = Setup::delivering_vector_add("sm75-node").await;
     let target = s.target("busy");
     let _cleanup = Unmount(target.clone());
     let other = s.work.path().join("other");
     fs::create_dir_all(&other).expect("mkdir");
     fs::create_dir_all(&target).expect("mkdir");
-    gkm_k8s_csi::mount::bind_read_only(&other, &target).expect("bind");
+    gkm_k8s_csi::mount::bind(&other, &target).expect("bind");
 
     let status = s
         .publish(publish_request(
@@ -552,4 +577,91 @@ async fn a_target_holding_another_mount_is_refused() {
         status.message()
     );
     assert_eq!(s.mounts.get("csi-busy").expect("record"), None);
+}
+
+/// Undoes a test's own mounts, the propagated ones with them, even when an
+/// assertion fails first.
+struct DetachAll(Vec<PathBuf>);
+
+impl Drop for DetachAll {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+/// The driver in its container and the kubelet on the host share the pods
+/// directory through `Bidirectional` propagation: two views of one peer
+/// group. The copy of a published cache that reaches the kubelet's view is
+/// read-only too, and stays so when the container runtime binds it into a
+/// pod that did not ask for `readOnly` and remounts that bind `rw`. A
+/// driver that remounted a bind read-only after attaching it gave the
+/// kubelet a writable copy of the node store, and a read-only bind alone is
+/// made writable by the runtime's remount.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_published_cache_is_read_only_in_every_view_it_propagates_to() {
+    use rustix::mount::{MountPropagationFlags, mount_bind, mount_change};
+    let mut s = Setup::delivering_vector_add("sm75-node").await;
+    // `kubelet/` as the driver's view, made a shared mount, and `host/` its
+    // peer, as the host's view of a Bidirectional volume is.
+    let driver_view = s.work.path().join("kubelet");
+    let host_view = s.work.path().join("host");
+    fs::create_dir_all(&driver_view).expect("mkdir");
+    fs::create_dir_all(&host_view).expect("mkdir");
+    let _cleanup = DetachAll(vec![host_view.clone(), driver_view.clone()]);
+    mount_bind(&driver_view, &driver_view).expect("bind the driver's view");
+    mount_change(&driver_view, MountPropagationFlags::SHARED).expect("make it shared");
+    mount_bind(&driver_view, &host_view).expect("bind its peer");
+
+    let target = s.target("writer-0");
+    s.publish(publish_request(
+        "csi-peer",
+        &target,
+        "writer-0",
+        &[("csi.gkm.io/GKMCache", "vector-add")],
+    ))
+    .await
+    .expect("publish");
+
+    let seen_by_host = host_view.join(target.strip_prefix(&driver_view).expect("below"));
+    let mount = mount_at(&seen_by_host)
+        .expect("mountinfo")
+        .expect("the mount reached the host's view");
+    assert!(
+        mount.options.split(',').any(|o| o == "ro"),
+        "the host's copy is mounted {}",
+        mount.options
+    );
+    let err = fs::create_dir(seen_by_host.join("NEWKEYAAAA")).expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    let err = fs::write(seen_by_host.join(CUBIN), b"planted").expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    // A container runtime asked for a writable volume binds the host's copy
+    // into the container and remounts that bind `rw`: still nothing can be
+    // written, the view's filesystem itself is read-only.
+    let container = s.work.path().join("container-rootfs-volume");
+    fs::create_dir_all(&container).expect("mkdir");
+    let _container = DetachAll(vec![container.clone()]);
+    mount_bind(&seen_by_host, &container).expect("the runtime's bind");
+    rustix::mount::mount_remount(&container, rustix::mount::MountFlags::BIND, c"")
+        .expect("the runtime's rw remount");
+    let mount = mount_at(&container).expect("mountinfo").expect("bound");
+    assert!(
+        !mount.is_read_only(),
+        "the runtime's bind is rw: {}",
+        mount.options
+    );
+    let err = fs::create_dir(container.join("NEWKEYAAAA")).expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    let err = fs::write(container.join(CUBIN), b"planted").expect_err("read-only");
+    assert_eq!(err.kind(), io::ErrorKind::ReadOnlyFilesystem, "{err}");
+    drop(_container);
+
+    s.unpublish("csi-peer", &target).await.expect("unpublish");
+    assert_eq!(
+        mount_at(&seen_by_host).expect("mountinfo"),
+        None,
+        "the unmount propagated too"
+    );
 }

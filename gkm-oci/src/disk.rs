@@ -299,7 +299,7 @@ fn space(dir: &Path) -> Result<Space> {
 }
 
 /// `bytes` rounded up to whole blocks, and at least one block.
-fn blocks(bytes: u64) -> u64 {
+pub(crate) fn blocks(bytes: u64) -> u64 {
     bytes.div_ceil(BLOCK).max(1).saturating_mul(BLOCK)
 }
 

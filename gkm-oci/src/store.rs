@@ -1,11 +1,14 @@
 //! The content-addressed node store: one read-only tree per image digest at
-//! `<root>/sha256/<hex>`, made visible only when complete.
+//! `<root>/sha256/<hex>`, made visible only when complete and sealed
+//! ([`crate::seal`]); an entry whose tree changed is quarantined
+//! ([`Store::quarantine`]) and extracted again.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use crate::disk::check_free_space;
 use crate::error::{Error, Result};
@@ -15,6 +18,7 @@ use crate::layout::tmp_name;
 use crate::pipeline::{extract_layer, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
+use crate::seal::SealCheck;
 use gkm_core::digest::Digest;
 use gkm_core::store_layout::StoreLayout;
 
@@ -40,6 +44,31 @@ pub struct Stored {
     pub path: PathBuf,
     /// What extraction wrote; `None` when it was already stored.
     pub extracted: Option<ExtractStats>,
+}
+
+/// An entry taken out of service ([`Store::quarantine`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The image digest it held.
+    pub digest: Digest,
+    /// When it was taken out: pods that mounted the digest before then may
+    /// still see it.
+    pub since: SystemTime,
+    /// Where it is, `<root>/quarantine/<hex>.<unix nanoseconds>`.
+    pub path: PathBuf,
+}
+
+impl Quarantined {
+    fn from_path(path: PathBuf) -> Option<Quarantined> {
+        let name = path.file_name()?.to_str()?;
+        let (hex, nanos) = name.split_once('.')?;
+        let nanos: u64 = nanos.parse().ok()?;
+        Some(Quarantined {
+            digest: Digest::from_hex(hex)?,
+            since: SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(nanos),
+            path,
+        })
+    }
 }
 
 /// A staging directory and the lock that marks it in use.
@@ -221,7 +250,7 @@ impl Store {
         let layer = image.cache_layer()?.clone();
         check_free_space(&self.root().join("staging"), image, policy)?;
         let staging = self.staging(&digest)?;
-        let stats = extract_layer(
+        let mut stats = extract_layer(
             repo,
             &layer,
             &staging.dir,
@@ -235,7 +264,14 @@ impl Store {
         let dir = staging.dir.clone();
         let durable = self.durable;
         let sha_dir = self.root().join("sha256");
-        tokio::task::spawn_blocking(move || -> Result<()> {
+        let seal_bytes = tokio::task::spawn_blocking(move || -> Result<u64> {
+            // Sealed before it is visible: an entry without a seal is never
+            // delivered.
+            crate::seal::seal(&dir).map_err(|e| Error::io(&dir, e))?;
+            let seal_path = dir.join(crate::seal::SEAL_FILE);
+            let seal_bytes = fs::metadata(&seal_path)
+                .map_err(|e| Error::io(&seal_path, e))?
+                .len();
             if durable {
                 sync_filesystem(&dir)?;
             }
@@ -255,9 +291,12 @@ impl Store {
             if durable {
                 sync_dir(&sha_dir)?;
             }
-            Ok(())
+            Ok(seal_bytes)
         })
         .await??;
+        // The seal takes its block in the store like any file, as
+        // [`Store::usage`] counts it.
+        stats.disk_bytes += crate::disk::blocks(seal_bytes);
         drop(staging);
         Ok(Stored {
             path: self.path_of(&digest),
@@ -284,6 +323,69 @@ impl Store {
         Ok(removed)
     }
 
+    /// Whether the stored tree of `digest` is still the one extracted
+    /// ([`crate::seal::check`]); `None` when it is not stored.
+    pub fn check_seal(&self, digest: &Digest) -> Option<SealCheck> {
+        self.get(digest).map(|path| crate::seal::check(&path))
+    }
+
+    /// Takes the stored `digest` out of service: its entry is renamed into
+    /// the quarantine directory at once (a pod that mounts it keeps what it
+    /// sees), so the digest is no longer stored and is extracted afresh when
+    /// needed. [`Store::quarantined`] lists it until
+    /// [`Store::remove_quarantined`] removes it. Returns where it went, or
+    /// `None` when it was not stored.
+    pub fn quarantine(&self, digest: &Digest) -> Result<Option<Quarantined>> {
+        let from = self.path_of(digest);
+        if !from.is_dir() {
+            return Ok(None);
+        }
+        let dir = self.layout.quarantine_dir();
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .recursive(true)
+            .create(&dir)
+            .map_err(|e| Error::io(&dir, e))?;
+        let since = SystemTime::now();
+        let nanos = since
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let to = dir.join(format!("{}.{nanos}", digest.hex()));
+        match fs::rename(&from, &to) {
+            Ok(()) => Ok(Some(Quarantined {
+                digest: digest.clone(),
+                since,
+                path: to,
+            })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(&from, e)),
+        }
+    }
+
+    /// Every quarantined entry, oldest first.
+    pub fn quarantined(&self) -> Result<Vec<Quarantined>> {
+        let dir = self.layout.quarantine_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut out: Vec<Quarantined> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| Quarantined::from_path(e.path()))
+            .collect();
+        out.sort_by_key(|q| q.since);
+        Ok(out)
+    }
+
+    /// Removes a quarantined entry (once no pod mounts it).
+    pub fn remove_quarantined(&self, entry: &Quarantined) -> Result<()> {
+        match fs::remove_dir_all(&entry.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(Error::io(&entry.path, e)),
+            _ => Ok(()),
+        }
+    }
+
     /// Remove the stored `digest`: it disappears atomically (renamed into
     /// staging, then deleted). Returns whether it was stored.
     pub fn remove(&self, digest: &Digest) -> Result<bool> {
@@ -298,5 +400,39 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(Error::io(&from, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quarantined_entry_is_no_longer_stored_and_waits_until_removed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(root.path()).expect("store");
+        let digest = Digest::of(b"cache");
+        let entry = store.path_of(&digest);
+        fs::create_dir_all(entry.join("io.triton.cache/KEY")).expect("tree");
+        assert_eq!(store.check_seal(&digest), Some(SealCheck::Missing));
+
+        let taken = store
+            .quarantine(&digest)
+            .expect("quarantine")
+            .expect("it was stored");
+        assert_eq!(store.get(&digest), None, "no longer stored");
+        assert!(
+            taken.path.join("io.triton.cache/KEY").is_dir(),
+            "kept whole"
+        );
+        assert_eq!(store.quarantined().expect("list"), vec![taken.clone()]);
+        assert_eq!(store.quarantine(&digest).expect("again"), None);
+
+        store.remove_quarantined(&taken).expect("remove");
+        assert!(!taken.path.exists());
+        assert_eq!(store.quarantined().expect("list"), Vec::new());
+        // Anything else in the quarantine directory is left alone.
+        fs::write(store.layout().quarantine_dir().join("notes"), b"").expect("write");
+        assert_eq!(store.quarantined().expect("list"), Vec::new());
     }
 }

@@ -351,8 +351,9 @@ async fn a_high_ratio_layer_with_a_lying_label_stops_at_the_byte_budget() {
     let stats = stored.extracted.expect("extracted");
     assert_eq!(stats.bytes, 64 * MIB + MANIFEST.len() as u64);
     // What the agent sums for its budgets counts the stored tree as the
-    // extraction counted it: 3 directories, 8 files, the manifest.
-    assert_eq!(stats.disk_bytes, 64 * MIB + 4 * 4096);
+    // extraction counted it: 3 directories, 8 files, the manifest, and the
+    // store's seal.
+    assert_eq!(stats.disk_bytes, 64 * MIB + 5 * 4096);
     assert_eq!(
         store.usage(&img.digest).expect("usage"),
         Some(stats.disk_bytes)

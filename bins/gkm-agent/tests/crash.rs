@@ -3,7 +3,8 @@
 //! when), and an agent killed in the middle of an extraction (SIGKILL, 20
 //! times in a row, then by the kernel for exceeding a memory cgroup's limit)
 //! never leaves a partial tree where the CSI driver looks, and converges once
-//! it runs undisturbed.
+//! it runs undisturbed; a tree written since its extraction is quarantined
+//! at the agent's next start and extracted again.
 //!
 //! The memory limit is a cgroup (v1 `memory` controller), as Kubernetes
 //! applies to the agent's pod: the kernel kills the process when its charged
@@ -388,6 +389,7 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
         .map(|p| Path::new("io.triton.cache").join(p))
         .collect();
     want.push(PathBuf::from("io.triton.manifest/manifest.json"));
+    want.push(PathBuf::from(gkm_oci::seal::SEAL_FILE));
     want.sort();
     setup.cache("crash", &remote, &layout, &digest).await?;
     let key = setup.key("crash");
@@ -471,5 +473,68 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
         .unwrap_or(u64::MAX);
     assert!(peak_kib < 128 << 10, "the agent peaked at {peak_kib} KiB");
     agent.terminate(Duration::from_secs(15))?;
+    Ok(())
+}
+
+/// A tree written since it was extracted (by a pod of a release whose
+/// deliveries could write into the store, say): the agent's next start
+/// finds its seal broken, quarantines it, extracts the verified image
+/// again, and removes the quarantined tree once no pod mounts it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tree_written_since_extraction_is_quarantined_and_extracted_again() -> anyhow::Result<()>
+{
+    let setup = Setup::new("seal-node", "agent-seal").await?;
+    let registry = Registry::shared()?;
+    // One file more than the other tests' trees: a digest of its own, as
+    // every agent on the shared control plane serves every cache.
+    let tree = cache_tree(setup.dir.path(), 1)?;
+    let (layout, digest) = build_layout(&tree, &setup.dir.path().join("layout")).await?;
+    let remote = format!("{}/agent/seal:v1", registry.addr());
+    push(&layout, &remote).await?;
+    setup.cache("seal", &remote, &layout, &digest).await?;
+    let store = setup.store();
+    let entry = store.join("sha256").join(digest.hex());
+
+    let mut agent = setup.agent("agent-seal-first")?;
+    until_extracted(&setup, &mut agent, "seal", &digest).await?;
+    let extracted = files(&entry);
+    assert!(
+        extracted.contains(&PathBuf::from(gkm_oci::seal::SEAL_FILE)),
+        "sealed at extraction: {extracted:?}"
+    );
+    agent.kill();
+
+    // A kernel planted in the tree.
+    let planted = entry.join("io.triton.cache/NEWKEYAAAA");
+    std::fs::create_dir(&planted)?;
+    std::fs::write(planted.join("add_kernel.cubin"), b"planted")?;
+
+    let mut agent = setup.agent("agent-seal-second")?;
+    until(
+        &mut agent,
+        "the written tree replaced by a fresh extraction",
+        Duration::from_secs(120),
+        || async {
+            let quarantine = store.join("quarantine");
+            let released = std::fs::read_dir(&quarantine)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            Ok(released
+                && entry.is_dir()
+                && gkm_oci::seal::check(&entry) == gkm_oci::seal::SealCheck::Intact)
+        },
+    )
+    .await?;
+    assert_eq!(
+        files(&entry),
+        extracted,
+        "the verified tree, nothing planted"
+    );
+    until_extracted(&setup, &mut agent, "seal", &digest).await?;
+    let log = agent.log_tail(200);
+    assert!(
+        log.contains("quarantined a store entry") && log.contains("changed since it was extracted"),
+        "{log}"
+    );
     Ok(())
 }

@@ -57,6 +57,7 @@ mod pacing;
 mod plan;
 mod reports;
 mod retry;
+mod seals;
 mod slots;
 mod sync;
 pub mod telemetry;

@@ -57,6 +57,7 @@ pub struct AgentMetrics {
     pass_seconds: Histogram,
     store_bytes: Gauge<i64, AtomicI64>,
     store_images: Gauge<i64, AtomicI64>,
+    store_quarantined: Counter,
 }
 
 impl Default for AgentMetrics {
@@ -68,6 +69,7 @@ impl Default for AgentMetrics {
             pass_seconds: pass_histogram(),
             store_bytes: Gauge::default(),
             store_images: Gauge::default(),
+            store_quarantined: Counter::default(),
         }
     }
 }
@@ -77,8 +79,8 @@ impl AgentMetrics {
     /// `gkm_agent_extractions_total{outcome}`,
     /// `gkm_agent_extraction_duration_seconds`,
     /// `gkm_agent_sync_passes_total{outcome}`,
-    /// `gkm_agent_sync_duration_seconds`, `gkm_agent_store_bytes` and
-    /// `gkm_agent_store_images`.
+    /// `gkm_agent_sync_duration_seconds`, `gkm_agent_store_bytes`,
+    /// `gkm_agent_store_images` and `gkm_agent_store_quarantined_total`.
     pub fn register(&self, registry: &mut Registry) {
         let agent = registry.sub_registry_with_prefix("agent");
         agent.register(
@@ -114,6 +116,11 @@ impl AgentMetrics {
             "Image digests extracted in the node's store",
             self.store_images.clone(),
         );
+        agent.register(
+            "store_quarantined",
+            "Store entries taken out of service because their tree was unsealed or changed since extraction",
+            self.store_quarantined.clone(),
+        );
     }
 
     /// One extraction ended after `took`.
@@ -126,6 +133,11 @@ impl AgentMetrics {
     pub(super) fn pass(&self, ok: bool, took: Duration) {
         self.passes.get_or_create(&outcome(ok)).inc();
         self.pass_seconds.observe(took.as_secs_f64());
+    }
+
+    /// `entries` store entries were quarantined.
+    pub(super) fn quarantined(&self, entries: usize) {
+        self.store_quarantined.inc_by(entries as u64);
     }
 
     /// The store now holds `images` digests of `bytes` in all.
@@ -154,6 +166,7 @@ mod tests {
         metrics.extraction(false, Duration::from_millis(200));
         metrics.pass(true, Duration::from_millis(3));
         metrics.store(2, 4096);
+        metrics.quarantined(1);
         let out = text(&metrics);
         for line in [
             "gkm_agent_extractions_total{outcome=\"succeeded\"} 1",
@@ -163,6 +176,7 @@ mod tests {
             "gkm_agent_sync_duration_seconds_count 1",
             "gkm_agent_store_bytes 4096",
             "gkm_agent_store_images 2",
+            "gkm_agent_store_quarantined_total 1",
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
         }

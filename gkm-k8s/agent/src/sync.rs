@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use gkm_core::Gpu;
 use gkm_core::compat::{CheckOptions, NODE_CHECK};
@@ -87,6 +87,8 @@ impl Agent {
         changed: Arc<Notify>,
     ) -> Result<Agent> {
         let store = Store::open(&config.store_dir)?;
+        let quarantined = super::seals::quarantine_unsealed(&store)?;
+        config.metrics.quarantined(quarantined.len());
         let gpus = inventory.usable_gpus().cloned().collect();
         let extractions = Extractions::new(
             store.clone(),
@@ -159,6 +161,10 @@ impl Agent {
         let stored: HashSet<Digest> = blocking("listing the store", move || Ok(store.list()?))
             .await?
             .into_iter()
+            .collect();
+        let mounted: Vec<(Digest, SystemTime)> = mounts
+            .iter()
+            .map(|r| (r.digest.clone(), SystemTime::from(r.published)))
             .collect();
         let mut pods: HashMap<CacheKey, BTreeMap<Digest, Vec<PodRef>>> = HashMap::new();
         let mut referenced: HashSet<Digest> = HashSet::new();
@@ -251,6 +257,7 @@ impl Agent {
             _ => Vec::new(),
         };
         let stored = self.collect_garbage(&referenced, &stored).await?;
+        self.release_quarantine(mounted).await?;
         // Facts of digests no cache resolves to and the store does not hold
         // are of no further use (a tag moved on).
         let resolved: HashSet<Digest> = caches
@@ -449,6 +456,21 @@ impl Agent {
             .collect();
         left.sort();
         Ok(left)
+    }
+
+    /// Removes the quarantined entries no pod can see any more
+    /// ([`super::seals::releasable`]).
+    async fn release_quarantine(&self, mounted: Vec<(Digest, SystemTime)>) -> Result<()> {
+        let store = self.files.store.clone();
+        blocking("removing quarantined store entries", move || {
+            let quarantined = store.quarantined()?;
+            for entry in super::seals::releasable(&quarantined, &mounted) {
+                store.remove_quarantined(entry)?;
+                info!(digest = %entry.digest, path = %entry.path.display(), "removed a quarantined store entry no pod mounts");
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Applies the GPU labels to this node's Node object (when it changed)

@@ -198,17 +198,6 @@ pub fn make_tree(tree: &Path, max_bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Bind-mounts `tree` onto `target`, writable (`nosuid`, `nodev`).
-pub fn bind_writable(tree: &Path, target: &Path) -> io::Result<()> {
-    rustix::mount::mount_bind(tree, target)?;
-    let flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
-    if let Err(e) = rustix::mount::mount_remount(target, flags, c"") {
-        let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::empty());
-        return Err(e.into());
-    }
-    Ok(())
-}
-
 /// Unmounts and removes `tree` (nothing to do when it is gone).
 pub fn remove_tree(tree: &Path) -> io::Result<()> {
     crate::mount::unmount_all(tree)?;

@@ -1,5 +1,6 @@
 //! `csi.gkm.io`: the CSI node driver that mounts an extracted kernel cache
-//! read-only into pods.
+//! read-only into pods (Linux with overlayfs and the mount API, 5.2 or
+//! later).
 //!
 //! # What a pod writes
 //!
@@ -38,11 +39,17 @@
 //!   (`PERMISSION_DENIED` otherwise). It then looks the cache up in the
 //!   index. Only when the entry is deliverable (verified, compatible with a
 //!   GPU of this node, extracted) and the digest's store directory
-//!   `<store>/sha256/<hex>` exists ([`gkm_core::store_layout::StoreLayout::get`]), it records the
-//!   mount and bind-mounts the entry's cache tree (`io.triton.cache/` or
-//!   `io.vllm.cache/`, a real directory, never a symbolic link:
-//!   [`mount::CacheTree`]) onto the target path, then remounts it read-only,
-//!   `nosuid`, `nodev`. The pod sees the cache at its volume root, as GKM's
+//!   `<store>/sha256/<hex>` exists ([`gkm_core::store_layout::StoreLayout::get`])
+//!   and carries its seal (the agent checks seals and quarantines a tree that
+//!   changed), it records the mount and mounts a read-only view of the
+//!   entry's cache tree (`io.triton.cache/` or `io.vllm.cache/`, a real
+//!   directory, never a symbolic link: [`mount::CacheTree`]) at the target
+//!   path: an overlay whose only layers are the tree and an empty directory,
+//!   so a read-only filesystem, mounted `ro`, `nosuid`, `nodev`. It stays
+//!   read-only in the copies the host and the container runtime see, and in
+//!   a pod that did not ask for `readOnly` (whose runtime remounts its bind
+//!   `rw`): no pod can write into the store, whatever it asks
+//!   ([`mount::mount_read_only_view`]). The pod sees the cache at its volume root, as GKM's
 //!   pods do: a Triton cache's hash directories (what `TRITON_CACHE_DIR`
 //!   points at), a vLLM cache's `torch_compile_cache/`. One store copy per
 //!   digest serves every pod. Otherwise it fails, and the message (shown in
@@ -51,11 +58,13 @@
 //!     the agent has not seen it yet);
 //!   - `FAILED_PRECONDITION`: the digest is not verified, or no GPU of the
 //!     node fits it (with the agent's per-GPU reasons);
-//!   - `UNAVAILABLE`: not extracted yet (the kubelet retries);
+//!   - `UNAVAILABLE`: not extracted yet, or stored without a seal and about
+//!     to be extracted again (the kubelet retries);
 //!   - `INVALID_ARGUMENT`: missing or malformed attributes, not an ephemeral
 //!     volume, block access.
 //! - Publishing again with the same volume id and target is a no-op once the
-//!   target is that digest's read-only bind mount.
+//!   target is that digest's read-only view (its mount source names the
+//!   digest: `gkm-cache:sha256:<hex>`).
 //! - `NodeUnpublishVolume` unmounts the target (tolerating one already
 //!   unmounted or gone), removes the directory, then removes the record.
 //!
@@ -71,7 +80,7 @@
 //! # Host setup
 //!
 //! The driver runs privileged, with the kubelet's pods directory mounted with
-//! `mountPropagation: Bidirectional` so that its bind mounts reach the pods,
+//! `mountPropagation: Bidirectional` so that its mounts reach the pods,
 //! and the node store (the agent's `--store`) mounted at the same `--store`.
 
 #![deny(missing_docs)]

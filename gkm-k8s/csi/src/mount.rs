@@ -1,4 +1,5 @@
-//! Read-only bind mounts, and finding what is mounted where (read from
+//! Read-only views of a tree that stay read-only wherever their mount is
+//! copied, and finding what is mounted where (read from
 //! `/proc/self/mountinfo` with [`gkm_k8s_node::mountinfo`]).
 
 use std::fs;
@@ -7,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::StatVfsMountFlags;
-use rustix::mount::{MountFlags, UnmountFlags};
+use rustix::mount::UnmountFlags;
 
 use gkm_k8s_node::mountinfo::{MOUNTINFO, MountInfo, parse_mountinfo};
 
@@ -107,22 +108,180 @@ impl CacheTree {
 
     /// The path to mount from: the open descriptor in `/proc/self/fd`.
     pub fn mount_source(&self) -> PathBuf {
-        use std::os::fd::AsRawFd;
-        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+        fd_path(&self.fd)
     }
 }
 
-/// Bind-mount `source` onto `target` (an existing directory), read-only,
-/// `nosuid`, `nodev`. A bind mount takes the read-only flag only on a
-/// remount, so this is two calls; if the second fails the first is undone.
-pub fn bind_read_only(source: &Path, target: &Path) -> io::Result<()> {
-    rustix::mount::mount_bind(source, target)?;
-    let flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV;
-    if let Err(e) = rustix::mount::mount_remount(target, flags, c"") {
-        let _ = rustix::mount::unmount(target, UnmountFlags::empty());
-        return Err(e.into());
+/// An empty directory the driver keeps as the second layer of every
+/// read-only view (an overlay with no upper layer needs two lower ones),
+/// held open so that the path cannot be swapped under a mount.
+#[derive(Debug)]
+pub struct EmptyLayer {
+    dir: OpenDir,
+    path: PathBuf,
+}
+
+impl EmptyLayer {
+    /// The directory `dir` (made if missing, mode 0555), which must be empty
+    /// and not a symbolic link.
+    pub fn prepare(dir: &Path) -> io::Result<EmptyLayer> {
+        use rustix::fs::{Mode, OFlags};
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o555)
+                .create(dir)?;
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o555))?;
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(dir, flags, Mode::empty())
+            .map_err(|e| context(e, format!("opening {}", dir.display())))?;
+        let layer = EmptyLayer {
+            dir: OpenDir(fd),
+            path: dir.to_path_buf(),
+        };
+        layer.check()?;
+        Ok(layer)
     }
-    Ok(())
+
+    /// Fails when something was put into the directory: it would show in
+    /// every view.
+    fn check(&self) -> io::Result<()> {
+        if fs::read_dir(self.source())?.next().is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is not empty: refusing to add its files to every cache a pod mounts",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn source(&self) -> PathBuf {
+        self.dir.source()
+    }
+}
+
+/// A directory held open by an `O_PATH` descriptor, named by
+/// `/proc/self/fd/<n>` while it is.
+#[derive(Debug)]
+struct OpenDir(std::os::fd::OwnedFd);
+
+impl OpenDir {
+    fn open(dir: &Path) -> io::Result<OpenDir> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        rustix::fs::open(dir, flags, Mode::empty())
+            .map(OpenDir)
+            .map_err(|e| context(e, format!("opening {}", dir.display())))
+    }
+
+    fn source(&self) -> PathBuf {
+        fd_path(&self.0)
+    }
+}
+
+/// The path naming the open descriptor `fd` (`/proc/self/fd/<n>`), to mount
+/// from.
+fn fd_path(fd: &std::os::fd::OwnedFd) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Mounts a read-only view of the directory `tree` (a path that names it,
+/// such as [`CacheTree::mount_source`]) at `target` (an existing directory),
+/// named `name` (the mount's source in the mount table, by which
+/// [`is_view`] knows it again).
+///
+/// The view is an overlay whose only layers are `tree` and the empty
+/// layer: an overlay without an upper layer is a read-only filesystem, so
+/// the view stays read-only wherever its mount is copied and whatever is
+/// done to those copies' flags. A read-only bind mount would not: its flag
+/// belongs to one mount, a copy propagated to the host (the driver runs in
+/// a container whose pods directory is `Bidirectional`) has the flags its
+/// source had when it was attached, and a container runtime asked for a
+/// writable volume remounts its bind `rw`, which reaches the store. The
+/// mount is also made detached (`fsopen`, `fsmount` with `ro`, `nosuid`,
+/// `nodev`) and attached at `target` whole (`move_mount`): there is no
+/// moment in which anything is mounted at `target` but the finished view,
+/// and a driver killed half-way leaves nothing mounted. The overlay follows
+/// no redirect or metacopy attribute of the tree.
+pub fn mount_read_only_view(
+    tree: &Path,
+    empty: &EmptyLayer,
+    name: &str,
+    target: &Path,
+) -> io::Result<()> {
+    use rustix::mount::{
+        FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, fsconfig_create,
+        fsconfig_set_string, fsmount, fsopen, move_mount,
+    };
+    empty.check()?;
+    // Both layers are named by descriptors held open, so no path can be
+    // swapped between here and the mount, and no character of a path
+    // (`:`, `,`) can be read as an overlay option.
+    let tree = OpenDir::open(tree)?;
+    let what = |step: &str| {
+        format!(
+            "mounting the read-only view {name} at {} ({step})",
+            target.display()
+        )
+    };
+    let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(|e| context(e, what("fsopen overlay: is overlayfs available?")))?;
+    let lower = format!("{}:{}", tree.source().display(), empty.source().display());
+    for (key, value) in [
+        ("source", name),
+        ("lowerdir", lower.as_str()),
+        ("redirect_dir", "nofollow"),
+        ("metacopy", "off"),
+    ] {
+        fsconfig_set_string(&fs, key, value)
+            .map_err(|e| context(e, what(&format!("{key}={value}"))))?;
+    }
+    fsconfig_create(&fs).map_err(|e| context(e, what("creating the overlay")))?;
+    let attrs = MountAttrFlags::MOUNT_ATTR_RDONLY
+        | MountAttrFlags::MOUNT_ATTR_NOSUID
+        | MountAttrFlags::MOUNT_ATTR_NODEV;
+    let view = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
+        .map_err(|e| context(e, what("fsmount")))?;
+    move_mount(
+        &view,
+        c"",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| context(e, what("move_mount")))
+}
+
+/// Whether `mount` is the read-only view named `name`.
+pub fn is_view(mount: &MountInfo, name: &str) -> bool {
+    mount.fs_type == "overlay" && mount.source == name && mount.is_read_only()
+}
+
+/// Bind-mounts `source` onto `target`, with the flags `source`'s mount has
+/// (a capture tree's tmpfs is `nosuid`, `nodev`): a bind takes its source's
+/// flags, here and in every copy that propagates.
+pub fn bind(source: &Path, target: &Path) -> io::Result<()> {
+    rustix::mount::mount_bind(source, target).map_err(|e| {
+        context(
+            e,
+            format!(
+                "bind-mounting {} onto {}",
+                source.display(),
+                target.display()
+            ),
+        )
+    })
+}
+
+fn context(e: rustix::io::Errno, what: String) -> io::Error {
+    let e = io::Error::from(e);
+    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// Unmount everything stacked at `target`; how many mounts were removed

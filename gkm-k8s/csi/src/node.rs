@@ -12,7 +12,10 @@ use jiff::Timestamp;
 use tonic::{Request, Response, Status};
 
 use crate::capture::{self, CaptureRequest, TreeOf, is_capture, parse_capture};
-use crate::mount::{CacheTree, bind_read_only, mount_at, same_directory, unmount_all};
+use crate::mount::{
+    CacheTree, EmptyLayer, bind, is_view, mount_at, mount_read_only_view, same_directory,
+    unmount_all,
+};
 use crate::proto::node_server::Node;
 use crate::proto::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
@@ -104,6 +107,7 @@ impl NodeService {
                     None => Entry::Missing {
                         path: inner.store.path_of(&delivery.digest),
                     },
+                    Some(dir) if !StoreLayout::is_sealed(&dir) => Entry::Unsealed { path: dir },
                     Some(dir) => match CacheTree::open(&dir) {
                         Ok(open) => {
                             tree = Some(open);
@@ -130,11 +134,11 @@ impl NodeService {
             None => None,
             Some(existing) => Some(TargetMount {
                 read_only: existing.is_read_only(),
-                ours: match &tree {
-                    Some(tree) => {
-                        same_directory(&req.target_path, &tree.mount_source()).map_err(internal)?
+                ours: match &recorded {
+                    Recorded::Decision { delivery, .. } => {
+                        is_view(&existing, &cache_view_name(&delivery.digest))
                     }
-                    None => false,
+                    Recorded::Nothing { .. } => false,
                 },
                 fs_type: existing.fs_type,
                 root: existing.root,
@@ -148,8 +152,8 @@ impl NodeService {
         Ok((observed, tree))
     }
 
-    /// Records `record`, then bind-mounts `tree` read-only at its target;
-    /// undoes both if the mount fails.
+    /// Records `record`, then mounts the read-only view of `tree` at its
+    /// target; undoes both if the mount fails.
     fn mount(&self, record: &MountRecord, tree: &CacheTree) -> Result<(), Status> {
         let inner = &*self.inner;
         let node = &inner.node_name;
@@ -167,13 +171,21 @@ impl NodeService {
                 )));
             }
         };
-        if let Err(e) = bind_read_only(&tree.mount_source(), target) {
+        let mounted = self.empty_layer().and_then(|empty| {
+            mount_read_only_view(
+                &tree.mount_source(),
+                &empty,
+                &cache_view_name(&record.digest),
+                target,
+            )
+        });
+        if let Err(e) = mounted {
             if created {
                 let _ = fs::remove_dir(target);
             }
             let _ = inner.mounts.remove(&record.volume_id);
             return Err(Status::internal(format!(
-                "bind-mounting {} read-only onto {} on node {node}: {e}",
+                "mounting {} read-only onto {} on node {node}: {e}",
                 tree.path.display(),
                 target.display()
             )));
@@ -214,16 +226,23 @@ impl NodeService {
                 inner.node_name
             )));
         }
-        if mount_at(target).map_err(internal)?.is_some()
-            && same_directory(target, &tree).map_err(internal)?
-        {
-            return Ok(());
+        let view = captured_view_name(req);
+        if let Some(existing) = mount_at(target).map_err(internal)? {
+            let published = if own {
+                same_directory(target, &tree).map_err(internal)?
+            } else {
+                is_view(&existing, &view)
+            };
+            if published {
+                return Ok(());
+            }
         }
         let created = create_target(target).map_err(internal)?;
         let mounted = if own {
-            capture::bind_writable(&tree, target)
+            bind(&tree, target)
         } else {
-            bind_read_only(&tree, target)
+            self.empty_layer()
+                .and_then(|empty| mount_read_only_view(&tree, &empty, &view, target))
         };
         if let Err(e) = mounted {
             if created {
@@ -237,6 +256,11 @@ impl NodeService {
         }
         tracing::info!(volume = %req.volume.volume_id, capture = %req.capture, tree = %tree.display(), own, "published a capture volume");
         Ok(())
+    }
+
+    /// The empty layer of the read-only views, below the store root.
+    fn empty_layer(&self) -> io::Result<EmptyLayer> {
+        EmptyLayer::prepare(&self.inner.store.root().join(EMPTY_LAYER_DIR))
     }
 
     /// The store root (holding the node store, its records and the
@@ -303,6 +327,26 @@ impl NodeService {
         tracing::info!(volume = %volume_id, target = %target.display(), unmounted, "unpublished");
         Ok(())
     }
+}
+
+/// The directory below the store root holding the empty layer of the
+/// read-only views.
+const EMPTY_LAYER_DIR: &str = "csi/empty-layer";
+
+/// The name (mount source) of the read-only view of a cache's `digest`.
+fn cache_view_name(digest: &gkm_core::Digest) -> String {
+    format!("gkm-cache:{digest}")
+}
+
+/// The name of the read-only view of the captured tree `req` asks for.
+fn captured_view_name(req: &CaptureRequest) -> String {
+    let uid = match &req.tree_of {
+        TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
+    };
+    format!(
+        "gkm-capture:{}/{}/{uid}",
+        req.volume.pod.namespace, req.capture
+    )
 }
 
 /// Create the target directory; whether it was created.

@@ -21,6 +21,13 @@ pub enum Entry {
         /// Where it should be.
         path: PathBuf,
     },
+    /// The directory is there without its seal: stored by a version of gkm
+    /// whose deliveries could write into it, so the agent checks it and
+    /// extracts it again before it is delivered.
+    Unsealed {
+        /// The entry.
+        path: PathBuf,
+    },
     /// The directory is there, but holds no cache tree that may be mounted.
     Unmountable {
         /// Why not.
@@ -127,6 +134,13 @@ pub fn decide(
         Entry::Missing { path } => {
             return Err(Status::unavailable(format!(
                 "{what} is deliverable but its store directory {} is missing on node {node}",
+                path.display()
+            )));
+        }
+        Entry::Unsealed { path } => {
+            return Err(Status::unavailable(format!(
+                "{what} is stored at {} on node {node} without a seal (stored by an older gkm, whose \
+                 deliveries could write into it): the gkm agent checks it and extracts it again",
                 path.display()
             )));
         }
@@ -281,6 +295,16 @@ mod tests {
                 ),
                 Code::Unavailable,
                 "its store directory /store/sha256/ab is missing",
+            ),
+            (
+                with_entry(
+                    Some(Delivery::deliverable(digest())),
+                    Entry::Unsealed {
+                        path: "/store/sha256/ab".into(),
+                    },
+                ),
+                Code::Unavailable,
+                "is stored at /store/sha256/ab on node node-a without a seal",
             ),
             (
                 with_entry(

@@ -19,6 +19,8 @@ pub struct MountInfo {
     pub options: String,
     /// The filesystem type.
     pub fs_type: String,
+    /// The mount source (a device, or the name a filesystem was given).
+    pub source: String,
 }
 
 impl MountInfo {
@@ -37,6 +39,7 @@ impl MountInfo {
 /// );
 /// assert_eq!(m[0].mount_point.to_str(), Some("/var/lib/kubelet/pods/p/my vol"));
 /// assert!(m[0].is_read_only());
+/// assert_eq!(m[0].source, "/dev/vda");
 /// ```
 pub fn parse_mountinfo(content: &str) -> Vec<MountInfo> {
     content
@@ -44,7 +47,7 @@ pub fn parse_mountinfo(content: &str) -> Vec<MountInfo> {
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
             let sep = fields.iter().position(|f| *f == "-")?;
-            if sep < 6 || fields.len() < sep + 2 {
+            if sep < 6 || fields.len() < sep + 3 {
                 return None;
             }
             Some(MountInfo {
@@ -52,6 +55,7 @@ pub fn parse_mountinfo(content: &str) -> Vec<MountInfo> {
                 mount_point: PathBuf::from(unescape(fields[4])),
                 options: fields[5].to_string(),
                 fs_type: fields[sep + 1].to_string(),
+                source: unescape(fields[sep + 2]),
             })
         })
         .collect()
