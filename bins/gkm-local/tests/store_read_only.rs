@@ -15,7 +15,7 @@ use std::time::Duration;
 use gkm_k8s_api::crd::{CacheState, GKMCache};
 use gkm_local::{SimulatedNode, Stack, fixture};
 use gkm_oci::seal::SealCheck;
-use gkm_testenv::{BUSYBOX_IMAGE, pod_log, tree_files, wait_for_pod};
+use gkm_testenv::{BUSYBOX_IMAGE, running_pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -62,26 +62,6 @@ fn tenant_pod(name: &str, volume: Value) -> anyhow::Result<Pod> {
             "volumes": [volume],
         }
     }))?)
-}
-
-/// Waits for pod `name`'s log to hold `DONE`, and returns it.
-async fn finished_log(pods: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    wait_for_pod(pods, name, TIMEOUT, |p| {
-        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    })
-    .await?;
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    loop {
-        let log = pod_log(pods, name, "tenant").await?;
-        if log.contains("DONE") {
-            return Ok(log);
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "{name} never finished its writes; log:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 /// Checks that every write in `log` was refused as a read-only file system.
@@ -213,7 +193,7 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
                "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}}),
     )?;
     let writer = pods.create(&PostParams::default(), &writer).await?;
-    let log = finished_log(&pods, "store-writer").await?;
+    let log = running_pod_log(&pods, "store-writer", "tenant", "DONE", TIMEOUT).await?;
     let kubelet_dir = stack
         .real_node(NODE)
         .map(|n| n.kubelet_dir())
@@ -262,7 +242,7 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
                                     "csi.gkm.io/capturedPodUID": uid(&compiler)}}}),
     )?;
     let reader = pods.create(&PostParams::default(), &reader).await?;
-    let log = finished_log(&pods, "captured-reader").await?;
+    let log = running_pod_log(&pods, "captured-reader", "tenant", "DONE", TIMEOUT).await?;
     assert!(log.contains("KEY KEY FILE k.cubin"), "{log}");
     assert_all_refused("captured-reader", &log);
     let options = host_mount_options(&kubelet_dir, &uid(&reader), "kernels")?;

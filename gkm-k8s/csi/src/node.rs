@@ -39,6 +39,8 @@ struct Inner {
     store: StoreLayout,
     index: DeliveryIndex,
     mounts: MountRecords,
+    /// The empty layer of the read-only views, once prepared.
+    empty: std::sync::OnceLock<EmptyLayer>,
     /// Publish and unpublish run one at a time: they are rare, and this
     /// keeps "check, record, mount" free of races between two requests.
     lock: Mutex<()>,
@@ -54,6 +56,7 @@ impl NodeService {
                 node_name: node_name.into(),
                 index: DeliveryIndex::new(&root),
                 mounts: MountRecords::new(&root),
+                empty: std::sync::OnceLock::new(),
                 store,
                 lock: Mutex::new(()),
             }),
@@ -174,7 +177,7 @@ impl NodeService {
         let mounted = self.empty_layer().and_then(|empty| {
             mount_read_only_view(
                 &tree.mount_source(),
-                &empty,
+                empty,
                 &cache_view_name(&record.digest),
                 target,
             )
@@ -242,7 +245,7 @@ impl NodeService {
             bind(&tree, target)
         } else {
             self.empty_layer()
-                .and_then(|empty| mount_read_only_view(&tree, &empty, &view, target))
+                .and_then(|empty| mount_read_only_view(&tree, empty, &view, target))
         };
         if let Err(e) = mounted {
             if created {
@@ -258,9 +261,14 @@ impl NodeService {
         Ok(())
     }
 
-    /// The empty layer of the read-only views, below the store root.
-    fn empty_layer(&self) -> io::Result<EmptyLayer> {
-        EmptyLayer::prepare(&self.inner.store.root().join(EMPTY_LAYER_DIR))
+    /// The empty layer of the read-only views, below the store root,
+    /// prepared at the first publish and held open from then on.
+    fn empty_layer(&self) -> io::Result<&EmptyLayer> {
+        if let Some(empty) = self.inner.empty.get() {
+            return Ok(empty);
+        }
+        let empty = EmptyLayer::prepare(&self.inner.store.root().join(EMPTY_LAYER_DIR))?;
+        Ok(self.inner.empty.get_or_init(|| empty))
     }
 
     /// The store root (holding the node store, its records and the
