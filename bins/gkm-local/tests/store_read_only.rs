@@ -45,11 +45,18 @@ exec sleep 100000
 /// A busybox pod on the real node running [`TRY_WRITES`] on `volume`,
 /// mounted at `/cache` without `readOnly` on the mount.
 fn tenant_pod(name: &str, volume: Value) -> anyhow::Result<Pod> {
-    let script = format!("D=/cache\n{TRY_WRITES}");
+    pod_running(name, &format!("D=/cache\n{TRY_WRITES}"), volume)
+}
+
+/// A busybox pod on the real node running `script` once
+/// (`restartPolicy: Never`) with `volume` mounted at `/cache`, without
+/// `readOnly` on the mount.
+fn pod_running(name: &str, script: &str, volume: Value) -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
         "spec": {
             "nodeName": NODE,
+            "restartPolicy": "Never",
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
             "containers": [{
@@ -217,19 +224,12 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
     // A capture volume is the workload's own and writable; the captured
     // tree, mounted for reading by the capture's Job, is read-only even
     // where the pod's mount does not say so.
-    let compiler = tenant_pod(
+    let compiler = pod_running(
         "compiler",
+        "mkdir /cache/KEY && echo kernel > /cache/KEY/k.cubin && echo COMPILED",
         json!({"name": "kernels", "csi": {"driver": "csi.gkm.io",
                "volumeAttributes": {"csi.gkm.io/GKMCacheCapture": "probe"}}}),
     )?;
-    let mut compiler_spec = serde_json::to_value(&compiler)?;
-    compiler_spec["spec"]["restartPolicy"] = json!("Never");
-    compiler_spec["spec"]["containers"][0]["command"] = json!([
-        "/bin/sh",
-        "-c",
-        "mkdir /cache/KEY && echo kernel > /cache/KEY/k.cubin && echo COMPILED"
-    ]);
-    let compiler: Pod = serde_json::from_value(compiler_spec)?;
     let compiler = pods.create(&PostParams::default(), &compiler).await?;
     wait_for_pod(&pods, "compiler", TIMEOUT, |p| {
         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
