@@ -98,6 +98,37 @@ pub fn cache_pod(
     }))?)
 }
 
+/// A busybox pod on `node` (container `main`, `HOME=/tmp`) running
+/// `command` once (`restartPolicy: Never`) with `volumes` mounted as
+/// `mounts`.
+pub fn once_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    command: serde_json::Value,
+    mounts: serde_json::Value,
+    volumes: serde_json::Value,
+) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main",
+                "image": gkm_testenv::BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "env": [{"name": "HOME", "value": "/tmp"}],
+                "volumeMounts": mounts,
+            }],
+            "volumes": volumes,
+        }
+    }))?)
+}
+
 /// The label of the nodes gkm-local starts as real nodes. The chart's pods
 /// are placed on them only: kwok nodes run no containers (kwok would report
 /// a DaemonSet's pod there Running without any process behind it), so gkm

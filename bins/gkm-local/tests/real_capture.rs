@@ -31,7 +31,7 @@ use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::capture::{CaptureOptions, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ImageRef, RegistryOptions};
-use gkm_testenv::{BUSYBOX_IMAGE, mounts_under, pod_events, pod_log, wait_for_pod};
+use gkm_testenv::{mounts_under, pod_events, pod_log, wait_for_pod};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -57,24 +57,7 @@ fn pod_running(
     mounts: Value,
     volumes: Value,
 ) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "nodeName": NODE,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": command,
-                "env": [{"name": "HOME", "value": "/tmp"}],
-                "volumeMounts": mounts,
-            }],
-            "volumes": volumes,
-        }
-    }))?)
+    gkm_local::once_pod(ns, name, NODE, command, mounts, volumes)
 }
 
 /// A workload writing into its capture volume of the capture `capture`:

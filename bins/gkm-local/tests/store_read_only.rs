@@ -15,7 +15,7 @@ use std::time::Duration;
 use gkm_k8s_api::crd::{CacheState, GKMCache};
 use gkm_local::{SimulatedNode, Stack, fixture};
 use gkm_oci::seal::SealCheck;
-use gkm_testenv::{BUSYBOX_IMAGE, running_pod_log, tree_files, wait_for_pod};
+use gkm_testenv::{running_pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -48,27 +48,17 @@ fn tenant_pod(name: &str, volume: Value) -> anyhow::Result<Pod> {
     pod_running(name, &format!("D=/cache\n{TRY_WRITES}"), volume)
 }
 
-/// A busybox pod on the real node running `script` once
-/// (`restartPolicy: Never`) with `volume` mounted at `/cache`, without
-/// `readOnly` on the mount.
+/// A busybox pod on the real node running `script` once with `volume`
+/// mounted at `/cache`, without `readOnly` on the mount.
 fn pod_running(name: &str, script: &str, volume: Value) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "nodeName": NODE,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "tenant",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
-                "volumeMounts": [{"name": "kernels", "mountPath": "/cache"}],
-            }],
-            "volumes": [volume],
-        }
-    }))?)
+    gkm_local::once_pod(
+        NS,
+        name,
+        NODE,
+        json!(["/bin/sh", "-c", script]),
+        json!([{"name": "kernels", "mountPath": "/cache"}]),
+        json!([volume]),
+    )
 }
 
 /// Checks that every write in `log` was refused as a read-only file system.
@@ -200,7 +190,7 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
                "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}}),
     )?;
     let writer = pods.create(&PostParams::default(), &writer).await?;
-    let log = running_pod_log(&pods, "store-writer", "tenant", "DONE", TIMEOUT).await?;
+    let log = running_pod_log(&pods, "store-writer", "main", "DONE", TIMEOUT).await?;
     let kubelet_dir = stack
         .real_node(NODE)
         .map(|n| n.kubelet_dir())
@@ -242,7 +232,7 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
                                     "csi.gkm.io/capturedPodUID": uid(&compiler)}}}),
     )?;
     let reader = pods.create(&PostParams::default(), &reader).await?;
-    let log = running_pod_log(&pods, "captured-reader", "tenant", "DONE", TIMEOUT).await?;
+    let log = running_pod_log(&pods, "captured-reader", "main", "DONE", TIMEOUT).await?;
     assert!(log.contains("KEY KEY FILE k.cubin"), "{log}");
     assert_all_refused("captured-reader", &log);
     let options = host_mount_options(&kubelet_dir, &uid(&reader), "kernels")?;
