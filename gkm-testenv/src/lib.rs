@@ -26,10 +26,12 @@ mod apply;
 mod binaries;
 mod certs;
 mod control_plane;
+mod fixtures;
 mod kwok;
 mod metrics;
 mod node;
 mod pods;
+mod poll;
 mod ports;
 mod process;
 mod registry;
@@ -42,12 +44,14 @@ mod usage;
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use fixtures::{fixture_cache, fixture_caches, repo_root};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
 pub use metrics::{Sample, promlint, samples};
 pub use node::{
     BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
 };
 pub use pods::{pod_events, pod_log, running_pod_log, wait_for_pod};
+pub use poll::{POLL_INTERVAL, eventually, until};
 pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;

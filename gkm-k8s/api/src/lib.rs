@@ -8,6 +8,7 @@
 //! - [`cache_object`]: what both cache kinds share, so one generic
 //!   controller serves both, and their key ([`CacheKey`]).
 //! - [`conditions`]: status conditions that keep their transition time.
+//! - [`node_fit`]: whether a node serves or fits a digest, by its report.
 //! - [`served`]: waiting until the apiserver serves the cache kinds.
 //! - [`quota`]: the GPU-model quota decision, for the extender and the
 //!   operator's admission webhook alike.
@@ -30,7 +31,9 @@ pub mod conditions;
 pub mod crd;
 pub mod dra;
 pub mod gpu_request;
+pub mod node_fit;
 pub mod quota;
 pub mod served;
 
 pub use cache_object::{CacheKey, CacheObject, NodeReport, ReleaseObject, Scope};
+pub use node_fit::NodeFit;
