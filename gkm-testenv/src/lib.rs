@@ -21,6 +21,7 @@
 //! as long as the test process, and killed on drop and at exit, so no process
 //! outlives `cargo test`, even when a test panics or the run is killed.
 #![deny(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apply;
 mod binaries;
@@ -51,13 +52,13 @@ pub use node::{
     BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
 };
 pub use pods::{pod_events, pod_log, running_pod_log, wait_for_pod};
-pub use poll::{POLL_INTERVAL, eventually, until};
+pub use poll::{POLL_INTERVAL, TimedOut, eventually, until};
 pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;
 pub use scheduler::Scheduler;
 pub use service_account::{service_account_groups, service_account_user};
-pub use trees::{copy_tree, tree_files};
+pub use trees::{copy_tree, copy_tree_in_order, tree_files};
 pub use usage::{cpu_seconds, memory_mib};
 
 /// A fresh temporary directory, removed on drop.

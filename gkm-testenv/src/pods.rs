@@ -13,34 +13,32 @@ pub async fn wait_for_pod(
     timeout: Duration,
     done: impl Fn(&Pod) -> bool,
 ) -> anyhow::Result<Pod> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(pod) = pods.get_opt(name).await?
-            && done(&pod)
-        {
-            return Ok(pod);
-        }
-        if Instant::now() > deadline {
-            let pod = pods.get_opt(name).await?;
-            let status = pod
-                .as_ref()
-                .and_then(|p| p.status.as_ref())
-                .map(|s| serde_json::to_string(s).unwrap_or_default())
-                .unwrap_or_else(|| "no such pod".to_string());
-            let namespace = pod
-                .as_ref()
-                .and_then(|p| p.metadata.namespace.clone())
-                .unwrap_or_default();
-            let events = pod_events(&kube::Client::from(pods.clone()), &namespace, name)
-                .await
-                .unwrap_or_default();
-            anyhow::bail!(
-                "pod {name} not as expected after {timeout:?}; status: {status}; events:\n{}",
-                events.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let done = &done;
+    let waited = crate::eventually(&format!("pod {name} as expected"), timeout, || async move {
+        Ok(pods.get_opt(name).await?.filter(|pod| done(pod)))
+    })
+    .await;
+    let not_yet = match waited {
+        Err(e) if e.is::<crate::TimedOut>() => e,
+        other => return other,
+    };
+    let pod = pods.get_opt(name).await?;
+    let status = pod
+        .as_ref()
+        .and_then(|p| p.status.as_ref())
+        .map(|s| serde_json::to_string(s).unwrap_or_default())
+        .unwrap_or_else(|| "no such pod".to_string());
+    let namespace = pod
+        .as_ref()
+        .and_then(|p| p.metadata.namespace.clone())
+        .unwrap_or_default();
+    let events = pod_events(&kube::Client::from(pods.clone()), &namespace, name)
+        .await
+        .unwrap_or_default();
+    anyhow::bail!(
+        "{not_yet}; status: {status}; events:\n{}",
+        events.join("\n")
+    )
 }
 
 /// The events about pod `name`, each as `Reason: message`, oldest first.
@@ -92,14 +90,17 @@ pub async fn running_pod_log(
         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
     })
     .await?;
-    loop {
+    let last = std::cell::RefCell::new(String::new());
+    let last = &last;
+    let what = format!("pod {name} printing {marker}");
+    crate::eventually(&what, timeout.saturating_sub(began.elapsed()), || async move {
         let log = pod_log(pods, name, container).await.unwrap_or_default();
         if log.contains(marker) {
-            return Ok(log);
+            return Ok(Some(log));
         }
-        if began.elapsed() > timeout {
-            anyhow::bail!("pod {name} printed no {marker} after {timeout:?}: {log}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        *last.borrow_mut() = log;
+        Ok(None)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {}", last.borrow()))
 }

@@ -6,9 +6,29 @@ use std::time::{Duration, Instant};
 /// How often [`eventually`] asks again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// What [`eventually`] fails with when `timeout` passes: a caller that adds
+/// what it saw last (a log tail, a status) tells it from an error of the
+/// probe with `err.is::<TimedOut>()`.
+#[derive(Debug)]
+pub struct TimedOut {
+    /// What was waited for.
+    pub what: String,
+    /// How long.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: not after {:?}", self.what, self.timeout)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
 /// Asks `probe` every [`POLL_INTERVAL`] until it returns `Some`, and returns
-/// that value; fails naming `what` once `timeout` has passed. An error from
-/// `probe` ends the wait at once: it is a failure, not a "not yet".
+/// that value; fails with [`TimedOut`], naming `what`, once `timeout` has
+/// passed. An error from `probe` ends the wait at once: it is a failure, not
+/// a "not yet".
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
@@ -20,7 +40,11 @@ where
             return Ok(value);
         }
         if Instant::now() > deadline {
-            anyhow::bail!("{what}: not after {timeout:?}");
+            return Err(TimedOut {
+                what: what.to_string(),
+                timeout,
+            }
+            .into());
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }
@@ -58,5 +82,12 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().starts_with("never: not after"), "{err}");
+        assert!(err.is::<TimedOut>());
+        let failed = eventually("a failing probe", Duration::from_secs(5), || async {
+            anyhow::bail!("broken") as anyhow::Result<Option<()>>
+        })
+        .await
+        .unwrap_err();
+        assert!(!failed.is::<TimedOut>(), "{failed}");
     }
 }
