@@ -1,11 +1,9 @@
 //! Checking the real fixture caches against GPUs as discovery reports them.
 
-mod common;
-
-use common::fixture;
 use gkm_core::cache;
 use gkm_core::compat::{CheckOptions, CudaArchRule, Reason, check_manifest, check_summary};
 use gkm_core::{Backend, Gpu, Vendor};
+use gkm_testenv::fixture_cache;
 
 fn nvidia(index: u32, product: &str, arch: &str, cuda: &str) -> Gpu {
     Gpu {
@@ -52,7 +50,7 @@ fn node() -> Vec<Gpu> {
 
 #[test]
 fn cuda_cache_on_a_mixed_node() {
-    let manifest = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let manifest = cache::scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
     let report = check_manifest(&manifest, &node(), &CheckOptions::default());
     assert!(report.compatible);
     let compatible: Vec<u32> = report.compatible_gpus().map(|g| g.index).collect();
@@ -67,7 +65,7 @@ fn cuda_cache_on_a_mixed_node() {
 
 #[test]
 fn binary_compatibility_lets_sm75_kernels_run_on_sm75_only() {
-    let manifest = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let manifest = cache::scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
     let options = CheckOptions {
         cuda_arch_rule: CudaArchRule::BinaryCompatible,
         ..Default::default()
@@ -87,7 +85,7 @@ fn binary_compatibility_lets_sm75_kernels_run_on_sm75_only() {
 
 #[test]
 fn rocm_cache_checks_the_triton_version_it_records() {
-    let manifest = cache::scan(&fixture("triton-vector-add-rocm-gfx90a")).unwrap();
+    let manifest = cache::scan(&fixture_cache("triton-vector-add-rocm-gfx90a")).unwrap();
     let gpus = [
         amd(0, "AMD Instinct MI210", "gfx90a"),
         amd(1, "AMD Instinct MI300X", "gfx942"),
@@ -116,7 +114,7 @@ fn rocm_cache_checks_the_triton_version_it_records() {
 
 #[test]
 fn vllm_cache_and_empty_inputs() {
-    let manifest = cache::scan(&fixture("vllm-torch-compile-inductor")).unwrap();
+    let manifest = cache::scan(&fixture_cache("vllm-torch-compile-inductor")).unwrap();
     let report = check_manifest(
         &manifest,
         &[amd(0, "AMD Instinct MI250X", "gfx90a")],
@@ -171,9 +169,7 @@ fn mcv_labels_with_a_toolkit_version() {
 
 /// The repository's own fixtures (`fixtures/` at the workspace root).
 fn repo_fixture(path: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures")
-        .join(path)
+    gkm_testenv::repo_root().join("fixtures").join(path)
 }
 
 #[test]

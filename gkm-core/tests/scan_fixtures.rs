@@ -2,12 +2,13 @@
 
 mod common;
 
-use common::{CUDA_KEY, copy_tree, fixture};
+use common::CUDA_KEY;
 use gkm_core::cache::{self, CacheError, CacheKind, VllmFormat};
+use gkm_testenv::{copy_tree, copy_tree_in_order, fixture_cache};
 
 #[test]
 fn cuda_triton_cache() {
-    let manifest = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let manifest = cache::scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
     assert_eq!(manifest.kind(), CacheKind::Triton);
     // Three key directories, one of them a kernel: the launcher and
     // cuda_utils directories are not kernels.
@@ -33,7 +34,7 @@ fn cuda_triton_cache() {
 
 #[test]
 fn rocm_triton_cache() {
-    let manifest = cache::scan(&fixture("triton-vector-add-rocm-gfx90a")).unwrap();
+    let manifest = cache::scan(&fixture_cache("triton-vector-add-rocm-gfx90a")).unwrap();
     let [entry] = manifest.entries() else {
         panic!("one kernel expected: {manifest:?}")
     };
@@ -45,7 +46,7 @@ fn rocm_triton_cache() {
 
 #[test]
 fn vllm_cache_from_any_of_its_roots() {
-    let root = fixture("vllm-torch-compile-inductor");
+    let root = fixture_cache("vllm-torch-compile-inductor");
     let manifest = cache::scan(&root).unwrap();
     assert_eq!(manifest.kind(), CacheKind::Vllm);
     assert_eq!(manifest.format, Some(VllmFormat::Triton));
@@ -80,7 +81,7 @@ fn manifests_read_back() {
         "triton-vector-add-rocm-gfx90a",
         "vllm-torch-compile-inductor",
     ] {
-        let manifest = cache::scan(&fixture(name)).unwrap();
+        let manifest = cache::scan(&fixture_cache(name)).unwrap();
         let read = cache::CacheManifest::from_json(&manifest.to_json()).unwrap();
         assert_eq!(read, manifest, "{name}");
     }
@@ -90,14 +91,14 @@ fn manifests_read_back() {
 fn same_tree_same_manifest_whatever_the_creation_order() {
     for name in ["triton-vector-add-cuda-sm75", "vllm-torch-compile-inductor"] {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        copy_tree(&fixture(name), a.path(), false);
-        copy_tree(&fixture(name), b.path(), true);
+        copy_tree(&fixture_cache(name), a.path()).unwrap();
+        copy_tree_in_order(&fixture_cache(name), b.path(), true).unwrap();
         let (ma, mb) = (
             cache::scan(a.path()).unwrap(),
             cache::scan(b.path()).unwrap(),
         );
         assert_eq!(ma.to_json(), mb.to_json(), "{name}");
-        assert_eq!(ma, cache::scan(&fixture(name)).unwrap(), "{name}");
+        assert_eq!(ma, cache::scan(&fixture_cache(name)).unwrap(), "{name}");
     }
 }
 
@@ -105,20 +106,20 @@ fn same_tree_same_manifest_whatever_the_creation_order() {
 fn extracted_image_layout() {
     let dir = tempfile::tempdir().unwrap();
     copy_tree(
-        &fixture("triton-vector-add-rocm-gfx90a"),
+        &fixture_cache("triton-vector-add-rocm-gfx90a"),
         &dir.path().join("io.triton.cache"),
-        false,
-    );
+    )
+    .unwrap();
     let manifest = cache::scan(dir.path()).unwrap();
     assert_eq!(
         manifest,
-        cache::scan(&fixture("triton-vector-add-rocm-gfx90a")).unwrap()
+        cache::scan(&fixture_cache("triton-vector-add-rocm-gfx90a")).unwrap()
     );
 }
 
 #[test]
 fn a_kernel_directory_is_not_a_cache_root() {
-    let key = fixture("triton-vector-add-cuda-sm75").join(CUDA_KEY);
+    let key = fixture_cache("triton-vector-add-cuda-sm75").join(CUDA_KEY);
     let err = cache::scan(&key).unwrap_err();
     let CacheError::NotACache { path, expected } = &err else {
         panic!("{err}")

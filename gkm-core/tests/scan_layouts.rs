@@ -6,13 +6,14 @@ mod common;
 
 use std::fs;
 
-use common::{CUDA_KEY, artefact, copy_tree, cuda_kernel_json, fixture, write};
+use common::{CUDA_KEY, artefact, cuda_kernel_json, write};
 use gkm_core::cache::{self, CacheError, CacheManifest, VllmFormat};
+use gkm_testenv::{copy_tree, fixture_cache};
 
 /// The ROCm fixture's kernel metadata.
 fn rocm_kernel_json() -> Vec<u8> {
     fs::read(
-        fixture("triton-vector-add-rocm-gfx90a")
+        fixture_cache("triton-vector-add-rocm-gfx90a")
             .join("MCELTMXFCSPAMZYLZ3C3WPPYYVTVR4QOYNE52X3X6FIH7Z6N6X5A/add_kernel.json"),
     )
     .unwrap()
@@ -108,10 +109,10 @@ fn unpacked_artefacts_hold_triton_cache_directories() {
         .path()
         .join("torch_compile_cache/5e6f/rank_1_0/backbone/artifact_shape_None_subgraph_0");
     copy_tree(
-        &fixture("triton-vector-add-cuda-sm75").join(CUDA_KEY),
+        &fixture_cache("triton-vector-add-cuda-sm75").join(CUDA_KEY),
         &artefact.join("triton/0").join(CUDA_KEY),
-        false,
-    );
+    )
+    .unwrap();
     fs::create_dir_all(artefact.join("fxgraph/ab")).unwrap();
 
     let manifest = cache::scan(&dir.path().join("torch_compile_cache")).unwrap();
@@ -139,12 +140,12 @@ fn aot_compile_layout_reads_the_model_file() {
     );
     // A triton-layout entry next to it: the cache mixes layouts.
     copy_tree(
-        &fixture("triton-vector-add-cuda-sm75").join(CUDA_KEY),
+        &fixture_cache("triton-vector-add-cuda-sm75").join(CUDA_KEY),
         &compile_cache
             .join("77aa/rank_0_0/triton_cache")
             .join(CUDA_KEY),
-        false,
-    );
+    )
+    .unwrap();
     fs::create_dir_all(compile_cache.join("modelinfos")).unwrap();
 
     let manifest = cache::scan(dir.path()).unwrap();
@@ -258,7 +259,7 @@ fn launcher_and_autotune_directories_alone_are_not_a_cache() {
 #[test]
 fn bad_kernel_metadata_names_the_file_and_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture("triton-vector-add-cuda-sm75"), dir.path(), false);
+    copy_tree(&fixture_cache("triton-vector-add-cuda-sm75"), dir.path()).unwrap();
     let meta = dir.path().join(CUDA_KEY).join("add_kernel.json");
     fs::write(
         &meta,
@@ -327,12 +328,12 @@ fn format_label_lists_every_layout_in_mcv_order() {
         &artefact(&[&rocm_kernel_json()]),
     );
     copy_tree(
-        &fixture("triton-vector-add-cuda-sm75").join(CUDA_KEY),
+        &fixture_cache("triton-vector-add-cuda-sm75").join(CUDA_KEY),
         &compile_cache
             .join("bb/rank_0_0/triton_cache")
             .join(CUDA_KEY),
-        false,
-    );
+    )
+    .unwrap();
     let manifest = cache::scan(dir.path()).unwrap();
     assert_eq!(
         manifest.vllm_formats(),
@@ -342,7 +343,7 @@ fn format_label_lists_every_layout_in_mcv_order() {
         manifest.format_label().as_deref(),
         Some("aot_compile,triton")
     );
-    let triton = cache::scan(&fixture("triton-vector-add-cuda-sm75")).unwrap();
+    let triton = cache::scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
     assert_eq!(triton.format_label(), None);
 }
 

@@ -5,8 +5,9 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{FIXTURES, copy_tree_in_order, fixtures, tree};
+use common::{FIXTURES, tree};
 use gkm_oci::{BuildOptions, Compression, ImageRef, RegistryOptions, build};
+use gkm_testenv::{copy_tree_in_order, fixture_cache};
 
 fn touch_all(root: &std::path::Path, when: SystemTime) {
     for rel in tree(root).keys() {
@@ -26,8 +27,8 @@ async fn same_tree_same_digest() {
         for compression in [Compression::Zstd, Compression::Gzip] {
             let a = work.path().join(format!("{name}-a"));
             let b = work.path().join(format!("{name}-b"));
-            copy_tree_in_order(&fixtures().join(name), &a, false);
-            copy_tree_in_order(&fixtures().join(name), &b, true);
+            copy_tree_in_order(&fixture_cache(name), &a, false).unwrap();
+            copy_tree_in_order(&fixture_cache(name), &b, true).unwrap();
             touch_all(&a, SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
             touch_all(&b, SystemTime::now());
             let options = BuildOptions {

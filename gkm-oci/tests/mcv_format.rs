@@ -66,8 +66,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 
-use common::{FIXTURES, fixtures};
+use common::FIXTURES;
 use gkm_oci::{BuildOptions, ImageRef, RegistryOptions, build};
+use gkm_testenv::fixture_cache;
 use serde_json::Value;
 
 /// The layer media types MCV extracts (rule 2).
@@ -434,7 +435,8 @@ fn mcv_extract(image: &str, source: &Path) -> Value {
 /// CUDA fixture's kernel, next to `cache_key_factors.json`.
 fn binary_vllm_cache(root: &Path) {
     let kernel = std::fs::read(
-        fixtures().join("triton-vector-add-cuda-sm75/5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ/add_kernel.json"),
+        fixture_cache("triton-vector-add-cuda-sm75")
+            .join("5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ/add_kernel.json"),
     )
     .expect("fixture kernel metadata");
     let prefix = root.join("torch_compile_cache/5e0f1a2b3c/rank_0_0/backbone");
@@ -465,8 +467,8 @@ async fn default_build_satisfies_mcv_extraction_rules() {
     for name in FIXTURES {
         let labels = check_image(
             addr,
-            &fixtures().join(name),
-            &fixtures().join(name),
+            &fixture_cache(name),
+            &fixture_cache(name),
             &format!("mcv-format/{name}"),
         )
         .await;
@@ -499,7 +501,7 @@ async fn default_build_satisfies_mcv_extraction_rules() {
 
     // Built from below its root, a vLLM cache is still laid out from the
     // root, as MCV lays it out, so it extracts to a cache root.
-    let vllm_root = fixtures().join("vllm-torch-compile-inductor");
+    let vllm_root = fixture_cache("vllm-torch-compile-inductor");
     for (below, repo) in [
         ("torch_compile_cache", "mcv-format/vllm-compile-cache-dir"),
         ("torch_compile_cache/d4ec7c2a7d", "mcv-format/vllm-hash-dir"),

@@ -6,13 +6,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_same_tree, fixtures};
+use common::assert_same_tree;
 use gkm_oci::mirrors::HostsConfig;
 use gkm_oci::{
     BuildOptions, Digest, Error, ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store,
     build, copy_image,
 };
-use gkm_testenv::Registry;
+use gkm_testenv::{Registry, fixture_cache};
 
 const FIXTURE: &str = "triton-vector-add-cuda-sm75";
 
@@ -46,7 +46,7 @@ impl Ground {
             .parse()
             .expect("ref");
         let built = build(
-            &fixtures().join(FIXTURE),
+            &fixture_cache(FIXTURE),
             &tagged,
             &BuildOptions::default(),
             &plain,
@@ -117,7 +117,7 @@ impl Ground {
             .await?;
         assert_eq!(stored.digest, self.digest);
         assert_same_tree(
-            &fixtures().join(FIXTURE),
+            &fixture_cache(FIXTURE),
             &stored.path.join("io.triton.cache"),
         );
         Ok(root)

@@ -5,11 +5,12 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{FIXTURES, fixtures};
+use common::FIXTURES;
 use gkm_oci::{
     BuildOptions, ExtractPolicy, Image, ImageRef, Progress, RegistryOptions, Repo, Report, Store,
     UnpackOptions, build_with_progress, copy_image, extract_to_dir,
 };
+use gkm_testenv::fixture_cache;
 
 /// Every step with its total and the last byte count it reported.
 #[derive(Default)]
@@ -53,7 +54,7 @@ async fn steps_and_bytes_of_build_push_pull_and_extract() {
         .expect("ref");
 
     let built = build_with_progress(
-        &fixtures().join(FIXTURES[0]),
+        &fixture_cache(FIXTURES[0]),
         &remote,
         &BuildOptions::default(),
         &opts,

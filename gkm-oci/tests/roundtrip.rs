@@ -3,14 +3,15 @@
 
 mod common;
 
-use common::{FIXTURES, assert_same_tree, fixtures};
+use common::{FIXTURES, assert_same_tree};
 use gkm_oci::{
     BuildOptions, Compression, ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store,
     UnpackOptions, build, copy_image, extract_to_dir,
 };
+use gkm_testenv::fixture_cache;
 
 fn expected_targets(name: &str) -> Vec<String> {
-    let scanned = gkm_core::cache::scan(&fixtures().join(name)).expect("scan fixture");
+    let scanned = gkm_core::cache::scan(&fixture_cache(name)).expect("scan fixture");
     let mut t: Vec<String> = scanned
         .summary()
         .targets
@@ -52,7 +53,7 @@ async fn extract_and_compare(
     opts: &RegistryOptions,
     work: &std::path::Path,
 ) {
-    let src = fixtures().join(name);
+    let src = fixture_cache(name);
     let repo = Repo::open(image, opts).expect("open");
     let img = Image::fetch(&repo).await.expect("fetch");
     let out = work.join(format!("out-{}", img.digest.hex()));
@@ -84,7 +85,7 @@ async fn layout_round_trip() {
                 .parse()
                 .expect("ref");
             let built = build(
-                &fixtures().join(name),
+                &fixture_cache(name),
                 &built_ref,
                 &BuildOptions {
                     compression,
@@ -127,14 +128,9 @@ async fn build_and_read_back(
     opts: &RegistryOptions,
     work: &std::path::Path,
 ) -> gkm_oci::Built {
-    let built = build(
-        &fixtures().join(name),
-        remote,
-        &BuildOptions::default(),
-        opts,
-    )
-    .await
-    .expect("build+push");
+    let built = build(&fixture_cache(name), remote, &BuildOptions::default(), opts)
+        .await
+        .expect("build+push");
     let (img, targets) = inspect(remote, opts).await;
     assert_eq!(img.digest, built.digest);
     let repo = Repo::open(remote, opts).expect("open");

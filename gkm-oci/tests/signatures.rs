@@ -3,8 +3,6 @@
 //! signatures from a local certificate authority; and every refusal with its
 //! reason.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,7 +16,7 @@ use gkm_oci::repo::RawManifest;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
 use gkm_oci::verify::{SignatureHints, VerifyError, verify, verify_with_hints};
 use gkm_oci::{BuildOptions, Digest, ImageRef, RegistryOptions, Repo, build};
-use gkm_testenv::Component;
+use gkm_testenv::{Component, fixture_cache};
 
 const PASSWORD: &str = "correct horse";
 
@@ -1334,7 +1332,7 @@ async fn images_in_an_oci_layout_are_signed_and_verified_in_both_formats() {
         .parse()
         .expect("ref");
     let built = build(
-        &common::fixtures().join(CUDA),
+        &fixture_cache(CUDA),
         &image,
         &BuildOptions::default(),
         &options(),
@@ -1644,7 +1642,7 @@ async fn push_image_to(
         .parse()
         .expect("ref");
     let built = build(
-        &common::fixtures().join(fixture),
+        &fixture_cache(fixture),
         &image,
         &BuildOptions::default(),
         &options(),

@@ -1,19 +1,17 @@
 //! The node store: no work for a stored digest, no partial trees, leftovers
 //! cleaned at open, unreferenced digests collected.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::fixtures;
 use gkm_oci::{BuildOptions, ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store, build};
+use gkm_testenv::fixture_cache;
 
 async fn built(work: &std::path::Path, name: &str) -> (ImageRef, gkm_oci::Digest) {
     let dest: ImageRef = format!("oci:{}/layout:{name}", work.display())
         .parse()
         .expect("ref");
     let b = build(
-        &fixtures().join(name),
+        &fixture_cache(name),
         &dest,
         &BuildOptions::default(),
         &RegistryOptions::default(),

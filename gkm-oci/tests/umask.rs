@@ -7,11 +7,12 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{FIXTURES, fixtures};
+use common::FIXTURES;
 use gkm_oci::{
     BuildOptions, ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store, UnpackOptions,
     build, extract_to_dir,
 };
+use gkm_testenv::fixture_cache;
 
 /// Every directory and file below `root` with its permission bits.
 fn modes(root: &Path) -> Vec<(String, bool, u32)> {
@@ -39,7 +40,7 @@ async fn modes_do_not_depend_on_the_umask() {
         .parse()
         .expect("ref");
     build(
-        &fixtures().join(FIXTURES[0]),
+        &fixture_cache(FIXTURES[0]),
         &image,
         &BuildOptions::default(),
         &opts,

@@ -1,23 +1,10 @@
-//! Fixture paths and tree building shared by the integration tests.
+//! Trees and fixture bytes shared by the integration tests.
 #![allow(dead_code)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The real cache fixtures (`shared/fixtures/caches`), found by walking up
-/// from this crate.
-pub fn fixtures() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.ancestors()
-        .map(|dir| dir.join("shared/fixtures/caches"))
-        .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| panic!("no shared/fixtures/caches above {}", here.display()))
-}
-
-/// One fixture cache.
-pub fn fixture(name: &str) -> PathBuf {
-    fixtures().join(name)
-}
+use gkm_testenv::fixture_cache;
 
 /// The CUDA fixture's kernel directory.
 pub const CUDA_KEY: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
@@ -25,34 +12,11 @@ pub const CUDA_KEY: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ
 /// The CUDA fixture's `add_kernel.json`.
 pub fn cuda_kernel_json() -> Vec<u8> {
     fs::read(
-        fixture("triton-vector-add-cuda-sm75")
+        fixture_cache("triton-vector-add-cuda-sm75")
             .join(CUDA_KEY)
             .join("add_kernel.json"),
     )
     .expect("reading the CUDA fixture's kernel metadata")
-}
-
-/// Copy a tree (files and directories), creating children in sorted or, with
-/// `reverse`, reverse order, so tests can create the same tree in different
-/// orders.
-pub fn copy_tree(from: &Path, to: &Path, reverse: bool) {
-    fs::create_dir_all(to).expect("creating a directory");
-    let mut children: Vec<_> = fs::read_dir(from)
-        .expect("listing a fixture")
-        .map(|e| e.expect("listing a fixture").path())
-        .collect();
-    children.sort();
-    if reverse {
-        children.reverse();
-    }
-    for child in children {
-        let dest = to.join(child.file_name().expect("a file name"));
-        if child.is_dir() {
-            copy_tree(&child, &dest, reverse);
-        } else {
-            fs::copy(&child, &dest).expect("copying a fixture file");
-        }
-    }
 }
 
 /// Write a file, creating its parent directories.

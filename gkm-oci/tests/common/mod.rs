@@ -3,23 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-
-/// The workspace root: the first ancestor of this crate holding `Cargo.lock`.
-pub fn workspace_root() -> PathBuf {
-    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    while !dir.join("Cargo.lock").exists() {
-        if !dir.pop() {
-            panic!("no Cargo.lock above {}", env!("CARGO_MANIFEST_DIR"));
-        }
-    }
-    dir
-}
-
-/// The shared fixture caches.
-pub fn fixtures() -> PathBuf {
-    workspace_root().join("../shared/fixtures/caches")
-}
+use std::path::Path;
 
 /// The three fixture caches, by name.
 pub const FIXTURES: [&str; 3] = [
@@ -88,29 +72,5 @@ pub fn assert_same_tree(expected: &Path, actual: &Path) {
             expected.display(),
             actual.display()
         );
-    }
-}
-
-/// Copy a tree file by file in the given order of files (directories are
-/// created as needed), with writable permissions.
-pub fn copy_tree_in_order(src: &Path, dst: &Path, reverse: bool) {
-    let t = tree(src);
-    let mut files: Vec<(&String, &Node)> = t.iter().collect();
-    if reverse {
-        files.reverse();
-    }
-    std::fs::create_dir_all(dst).expect("mkdir");
-    for (rel, node) in files {
-        let to = dst.join(rel);
-        match node {
-            Node::Dir => std::fs::create_dir_all(&to).expect("mkdir"),
-            Node::File { bytes, exec } => {
-                std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
-                std::fs::write(&to, bytes).expect("write");
-                let mode = if *exec { 0o700 } else { 0o600 };
-                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
-                    .expect("chmod");
-            }
-        }
     }
 }
