@@ -123,6 +123,12 @@ struct Cli {
     /// How often the kubelet is asked which containers hold which GPUs.
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
     pod_resources_interval: Duration,
+    /// Write the capture index (<store>/delivery/captures.json): whether
+    /// the GKMCacheCapture of each captured tree on this node is over or
+    /// gone, from which the CSI driver removes those trees. Watches this
+    /// node's captures and reads a tree's capture by name.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    capture_index: bool,
 }
 
 /// Parses `--store-max-bytes` and `--namespace-max-bytes`: bytes, more
@@ -186,6 +192,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     config.extract_policy.free_space_reserve = cli.keep_free;
     config.store_max_bytes = cli.store_max_bytes;
     config.namespace_max_bytes = Some(cli.namespace_max_bytes);
+    config.capture_index_every = cli
+        .capture_index
+        .then_some(gkm_k8s_agent::DEFAULT_CAPTURE_INDEX_EVERY);
     config.label_options = LabelOptions {
         vendor_labels: cli.vendor_labels,
     };

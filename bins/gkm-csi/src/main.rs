@@ -1,5 +1,7 @@
 //! `gkm-csi`: the CSI node plugin that mounts extracted caches read-only into
-//! pods. Flag parsing and wiring only; the driver is `gkm_k8s_csi`.
+//! pods. Flag parsing and wiring only; the driver is `gkm_k8s_csi`. It reads
+//! no cluster object: what it needs of the cluster, the agent writes beside
+//! the store.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
 use gkm_k8s_csi::{
     Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
@@ -38,24 +39,25 @@ struct Cli {
     plugin_registration_dir: PathBuf,
     /// Remove each captured tree (a GKMCacheCapture's volume) from this node
     /// once its capture is over, or once its capture no longer exists and
-    /// the tree is older than --capture-orphan-grace. Watches this node's
-    /// captures, with --kubeconfig or the in-cluster ServiceAccount; without
-    /// a cluster to reach, trees are kept (a warning says so).
+    /// the tree is older than --capture-orphan-grace, as the capture index
+    /// the agent writes in the store says (<store>/delivery/captures.json;
+    /// without it, trees are kept).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     release_captures: bool,
     /// How old a captured tree whose GKMCacheCapture does not exist must be
     /// before it goes (a workload may start before its capture is made).
     #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
     capture_orphan_grace: Duration,
-    #[command(flatten)]
-    daemon: DaemonArgs,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
 }
 
 /// How often mount records are checked against the kernel's mount table
 /// (and how old a record must be to be forgotten).
 const MOUNT_RECORD_CHECK: Duration = Duration::from_secs(60);
-/// How often captured trees are looked at besides the watch's events.
-const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(30);
+/// How often the capture index and the captured trees are looked at.
+const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(5);
 
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
@@ -109,25 +111,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
     if cli.release_captures {
-        match gkm_k8s_runtime::client::connect(cli.daemon.kubeconfig.as_deref()).await {
-            Ok(client) => {
-                let options = ReleaseOptions {
-                    node: config.node_name.clone(),
-                    interval: CAPTURE_RELEASE_CHECK,
-                    grace: cli.capture_orphan_grace,
-                };
-                tokio::spawn(release_captures(
-                    client,
-                    driver.node.clone(),
-                    options,
-                    stopped(stop_rx.clone()),
-                ));
-            }
-            Err(e) => tracing::warn!(
-                error = %e,
-                "captured trees stay on this node until it can reach the cluster (--release-captures)"
-            ),
-        }
+        let options = ReleaseOptions {
+            interval: CAPTURE_RELEASE_CHECK,
+            grace: cli.capture_orphan_grace,
+        };
+        tokio::spawn(release_captures(
+            driver.node.clone(),
+            options,
+            stopped(stop_rx.clone()),
+        ));
     }
     serve_csi(&socket, driver, stopped(stop_rx))
         .await
@@ -143,7 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    cli.daemon.init_logging();
+    gkm_bin_support::init_logging(cli.log_json, "info");
     gkm_bin_support::exit_code("gkm-csi", run(cli).await)
 }
 

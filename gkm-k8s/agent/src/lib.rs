@@ -26,6 +26,10 @@
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
 //!
+//! Beside the passes, it writes what the cluster says of the captures whose
+//! trees are on the node in the capture index the CSI driver reads to
+//! release those trees ([`gkm_k8s_node::captures`]).
+//!
 //! One namespace's failure stays in that namespace: a report that cannot
 //! be written fails alone (one in a namespace being terminated is not
 //! written at all), and the rest of the pass, garbage collection included,
@@ -46,6 +50,7 @@
 pub mod allocations;
 mod batching;
 mod budget;
+mod captures;
 mod ended;
 mod error;
 mod extractions;
@@ -96,6 +101,10 @@ pub use telemetry::{GpuMetrics, TelemetryConfig};
 /// store: 64 GiB.
 pub const DEFAULT_NAMESPACE_MAX_BYTES: u64 = 64 << 30;
 
+/// How often the capture index is written while captured trees are on the
+/// node, by default.
+pub const DEFAULT_CAPTURE_INDEX_EVERY: Duration = Duration::from_secs(10);
+
 /// How an agent runs.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -145,6 +154,11 @@ pub struct AgentConfig {
     pub metrics: AgentMetrics,
     /// When passes last ended, for `/healthz`.
     pub liveness: Liveness,
+    /// How often the capture index is written while captured trees are on
+    /// the node, besides after each change to the node's captures; `None`
+    /// for no capture index (the agent then reads no `GKMCacheCapture`, and
+    /// the CSI driver keeps every captured tree).
+    pub capture_index_every: Option<Duration>,
 }
 
 impl AgentConfig {
@@ -172,6 +186,7 @@ impl AgentConfig {
             telemetry: None,
             metrics: AgentMetrics::default(),
             liveness: Liveness::default(),
+            capture_index_every: Some(DEFAULT_CAPTURE_INDEX_EVERY),
         }
     }
 }
@@ -215,6 +230,14 @@ pub async fn run(
         }
     }
 
+    let _capture_index = config.capture_index_every.map(|every| {
+        AbortOnDrop(captures::start(
+            client.clone(),
+            &config.node_name,
+            config.store_dir.clone(),
+            every,
+        ))
+    });
     let changed = Arc::new(Notify::new());
     let namespaced = watch_releases::<GKMCacheRelease>(&client, &changed);
     let cluster = watch_releases::<ClusterGKMCacheRelease>(&client, &changed);
@@ -286,6 +309,15 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

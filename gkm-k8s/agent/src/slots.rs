@@ -34,6 +34,10 @@ impl FairSlots {
     }
 
     /// Waits for `scope`'s slot, then for one of the shared ones.
+    #[allow(
+        clippy::expect_used,
+        reason = "the semaphores are never closed, so acquiring cannot fail"
+    )]
     pub(crate) async fn acquire(&self, scope: &Scope) -> Slot {
         let own = self
             .per_scope

@@ -17,7 +17,7 @@
 //!
 //! [`NodeService::release_capture`](crate::NodeService::release_capture)
 //! unmounts and removes a tree; [`crate::capture_release`] calls it once
-//! the tree's capture is over or gone.
+//! the agent's capture index says the tree's capture is over or gone.
 
 use std::fs;
 use std::io;
@@ -29,6 +29,7 @@ use tonic::Status;
 
 use crate::proto::NodePublishVolumeRequest;
 use crate::volume::{PodVolume, parse_pod_volume};
+use gkm_k8s_node::captures::is_pod_uid;
 use gkm_k8s_node::names::is_dns1123_subdomain;
 use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD};
 
@@ -36,8 +37,7 @@ use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_P
 pub const CAPTURE_MAX_BYTES: u64 = 10 << 30;
 /// The most files and directories a workload's capture tree may hold.
 pub const CAPTURE_MAX_INODES: u64 = 1_000_000;
-/// The directory of the store's root holding capture trees.
-pub const CAPTURES_DIR: &str = "captures";
+pub use gkm_k8s_node::captures::CAPTURES_DIR;
 
 /// A checked capture volume request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,10 +77,7 @@ pub fn is_capture(req: &NodePublishVolumeRequest) -> bool {
 /// A pod uid: what the kubelet passes, or what a Job names (letters,
 /// digits, `-`; at most 64).
 fn check_uid(uid: &str, what: &str) -> Result<(), Status> {
-    if uid.is_empty()
-        || uid.len() > 64
-        || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-    {
+    if !is_pod_uid(uid) {
         return Err(Status::invalid_argument(format!(
             "{what} {uid:?} is not a pod uid"
         )));

@@ -6,232 +6,152 @@
 //! the tree is older than a grace period (a workload may start before its
 //! capture is created; a capture deleted mid-way leaves its tree behind).
 //!
-//! Which trees may go is [`releasable`] (pure). The glue,
-//! [`release_captures`], watches only the captures of this node (the field
-//! selector `status.node=<node>`, a `selectableField` of the CRD), and reads
-//! by name only a capture that a tree on the node names and that watch does
-//! not hold: one not captured yet, captured on another node, or deleted.
+//! The driver reads no cluster object: the agent writes what the cluster
+//! says of the captures the node's trees name in the node-local
+//! [capture index](gkm_k8s_node::captures), and [`release_captures`] reads
+//! it every [`ReleaseOptions::interval`], as the driver reads the delivery
+//! index before each mount. Which trees may go is [`releasable`] (pure);
+//! the driver unmounts and removes them itself, as the trees are mounted in
+//! its mount namespace. A missing or unreadable index releases nothing.
 
-use std::collections::BTreeMap;
-use std::fs;
 use std::io;
-use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
-use gkm_k8s_api::crd::GKMCacheCapture;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use gkm_k8s_node::captures::{
+    CaptureIndex, CaptureState, CapturedTree, Captures, captured_trees,
+};
 use tracing::{info, warn};
 
 use crate::NodeService;
-use crate::capture::CAPTURES_DIR;
-use gkm_k8s_node::names::{is_dns1123_label, is_dns1123_subdomain};
 
-/// A workload pod's captured tree on the node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapturedTree {
-    /// The capture's namespace (the pod's).
-    pub namespace: String,
-    /// The `GKMCacheCapture`'s name.
-    pub capture: String,
-    /// The workload pod's uid.
-    pub uid: String,
-    /// How long since the tree last changed at its top.
-    pub age: Duration,
-}
-
-/// What the cluster says of a tree's capture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaptureSeen {
-    /// It exists and is not over: its tree may still be captured.
-    Open,
-    /// It is `Complete` or `Failed`.
-    Over,
-    /// It does not exist.
-    Gone,
-}
-
-impl CaptureSeen {
-    /// What `capture` says.
-    pub fn of(capture: &GKMCacheCapture) -> CaptureSeen {
-        let over = capture
-            .status
-            .as_ref()
-            .is_some_and(|status| status.phase.is_final());
-        if over {
-            CaptureSeen::Over
-        } else {
-            CaptureSeen::Open
-        }
-    }
-}
-
-/// The trees that may go: those whose capture is [`Over`](CaptureSeen::Over),
-/// and those whose capture is [`Gone`](CaptureSeen::Gone) and that are at
-/// least `grace` old. A tree whose capture `seen` does not hold stays.
+/// The trees that may go, as of `now`, by what the capture index says of
+/// their captures: those whose capture is [`Over`](CaptureState::Over),
+/// and those whose capture is [`Gone`](CaptureState::Gone) and that are at
+/// least `grace` old. A tree whose capture the index does not name, or that
+/// changed after the agent observed what the index says, stays.
 pub fn releasable<'a>(
     trees: &'a [CapturedTree],
-    seen: &BTreeMap<(String, String), CaptureSeen>,
+    captures: &Captures,
     grace: Duration,
+    now: SystemTime,
 ) -> Vec<&'a CapturedTree> {
+    let observed = SystemTime::from(captures.observed);
     trees
         .iter()
-        .filter(
-            |tree| match seen.get(&(tree.namespace.clone(), tree.capture.clone())) {
-                Some(CaptureSeen::Over) => true,
-                Some(CaptureSeen::Gone) => tree.age >= grace,
-                Some(CaptureSeen::Open) | None => false,
-            },
-        )
-        .collect()
-}
-
-/// The captured trees below the store root `root`
-/// (`captures/<namespace>/<capture>/<uid>`), their ages as of `now`.
-/// Entries that are not names are skipped (nothing gkm made).
-pub fn captured_trees(root: &Path, now: SystemTime) -> io::Result<Vec<CapturedTree>> {
-    let mut trees = Vec::new();
-    for (namespace, ns_dir) in named_dirs(&root.join(CAPTURES_DIR), is_dns1123_label)? {
-        for (capture, capture_dir) in named_dirs(&ns_dir, is_dns1123_subdomain)? {
-            for (uid, tree) in named_dirs(&capture_dir, is_uid)? {
-                let changed = fs::metadata(&tree)
-                    .and_then(|m| m.modified())
-                    .unwrap_or(now);
-                trees.push(CapturedTree {
-                    namespace: namespace.clone(),
-                    capture: capture.clone(),
-                    uid,
-                    age: now.duration_since(changed).unwrap_or_default(),
-                });
+        .filter(|tree| tree.modified <= observed)
+        .filter(|tree| match captures.state(&tree.capture) {
+            Some(CaptureState::Over) => true,
+            Some(CaptureState::Gone) => {
+                now.duration_since(tree.modified).unwrap_or_default() >= grace
             }
-        }
-    }
-    Ok(trees)
-}
-
-fn is_uid(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-}
-
-/// The directories in `dir` whose names pass `valid`, sorted; none when
-/// `dir` does not exist.
-fn named_dirs(
-    dir: &Path,
-    valid: fn(&str) -> bool,
-) -> io::Result<Vec<(String, std::path::PathBuf)>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut dirs = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
-        if valid(&name) && entry.file_type()?.is_dir() {
-            dirs.push((name, entry.path()));
-        }
-    }
-    dirs.sort();
-    Ok(dirs)
+            Some(CaptureState::Open) | None => false,
+        })
+        .collect()
 }
 
 /// How [`release_captures`] runs.
 #[derive(Debug, Clone)]
 pub struct ReleaseOptions {
-    /// This node's name: only its captures are watched.
-    pub node: String,
-    /// How often the trees are looked at besides the watch's events (a
-    /// capture of another node, or deleted, shows in no event here).
+    /// How often the capture index and the trees are looked at.
     pub interval: Duration,
     /// How old a tree whose capture does not exist must be to go.
     pub grace: Duration,
 }
 
-/// Removes captured trees from the node as [`releasable`] says, until
-/// `shutdown` completes: after each change to this node's captures, and
-/// every `options.interval`.
+/// Removes captured trees from the node as [`releasable`] says, every
+/// `options.interval` until `shutdown` completes.
 pub async fn release_captures(
-    client: Client,
     node: NodeService,
     options: ReleaseOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let api: Api<GKMCacheCapture> = Api::all(client.clone());
-    let fields = format!("status.node={}", options.node);
-    let (store, writer) = reflector::store();
-    let mut changes = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default().fields(&fields)).default_backoff(),
-    )
-    .touched_objects()
-    .boxed();
+    let index = CaptureIndex::new(node.store_root());
+    let mut complaint = Complaint::default();
     let mut tick = tokio::time::interval(options.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => {}
-            change = changes.next() => match change {
-                None => return,
-                Some(Err(e)) => {
-                    warn!(error = %e, "watching this node's captures");
-                    continue;
-                }
-                Some(Ok(_)) => {}
-            },
         }
-        if let Err(e) = sweep(&client, &node, &store, &options).await {
+        if let Err(e) = sweep(&node, &index, &options, &mut complaint).await {
             warn!(error = %e, "releasing captured trees");
         }
     }
 }
 
-/// One look at the trees: what their captures say, and the release of
-/// those that may go.
-async fn sweep(
-    client: &Client,
-    node: &NodeService,
-    store: &Store<GKMCacheCapture>,
-    options: &ReleaseOptions,
-) -> Result<(), SweepError> {
-    let root = node.store_root().to_path_buf();
-    let trees = tokio::task::spawn_blocking(move || captured_trees(&root, SystemTime::now()))
-        .await
-        .map_err(|e| SweepError::Io(io::Error::other(e)))??;
-    let mut seen = BTreeMap::new();
-    for tree in &trees {
-        let key = (tree.namespace.clone(), tree.capture.clone());
-        if seen.contains_key(&key) {
-            continue;
-        }
-        let watched = store.get(&ObjectRef::new(&tree.capture).within(&tree.namespace));
-        let state = match watched {
-            Some(capture) => CaptureSeen::of(&capture),
-            None => Api::<GKMCacheCapture>::namespaced(client.clone(), &tree.namespace)
-                .get_opt(&tree.capture)
-                .await?
-                .map_or(CaptureSeen::Gone, |c| CaptureSeen::of(&c)),
-        };
-        seen.insert(key, state);
+/// What was last said of an index that could not be used, so that it is
+/// said once, not every interval.
+#[derive(Default)]
+struct Complaint(Option<String>);
+
+impl Complaint {
+    /// Whether `what` is news.
+    fn is_new(&mut self, what: String) -> bool {
+        let new = self.0.as_ref() != Some(&what);
+        self.0 = Some(what);
+        new
     }
-    for tree in releasable(&trees, &seen, options.grace) {
+
+    /// Whether there was a complaint, forgetting it.
+    fn clear(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+}
+
+/// One look at the trees and the index, and the release of the trees that
+/// may go.
+async fn sweep(
+    node: &NodeService,
+    index: &CaptureIndex,
+    options: &ReleaseOptions,
+    complaint: &mut Complaint,
+) -> io::Result<()> {
+    let root = node.store_root().to_path_buf();
+    let read_index = index.clone();
+    let (trees, captures) = tokio::task::spawn_blocking(move || {
+        let trees = captured_trees(&root, SystemTime::now())?;
+        Ok::<_, io::Error>((trees, read_index.read()))
+    })
+    .await
+    .map_err(io::Error::other)??;
+    if trees.is_empty() {
+        return Ok(());
+    }
+    let captures = match captures {
+        Ok(Some(captures)) => {
+            if complaint.clear() {
+                info!(index = %index.path().display(), "the capture index reads again");
+            }
+            captures
+        }
+        Ok(None) => {
+            if complaint.is_new("missing".into()) {
+                info!(index = %index.path().display(), trees = trees.len(),
+                    "no capture index yet: captured trees stay until the agent writes it");
+            }
+            return Ok(());
+        }
+        Err(e) => {
+            if complaint.is_new(e.to_string()) {
+                warn!(error = %e,
+                    "the capture index cannot be read: captured trees stay until it can");
+            }
+            return Ok(());
+        }
+    };
+    for tree in releasable(&trees, &captures, options.grace, SystemTime::now()) {
         let (node, tree) = (node.clone(), tree.clone());
         let released = tokio::task::spawn_blocking(move || {
-            node.release_capture(&tree.namespace, &tree.capture, &tree.uid)
+            node.release_capture(&tree.capture.namespace, &tree.capture.name, &tree.uid)
                 .map(|()| tree)
         })
         .await
-        .map_err(|e| SweepError::Io(io::Error::other(e)))?;
+        .map_err(io::Error::other)?;
         match released {
             Ok(tree) => {
-                info!(namespace = %tree.namespace, capture = %tree.capture, pod = %tree.uid, "released a captured tree")
+                info!(capture = %tree.capture, pod = %tree.uid, "released a captured tree")
             }
             Err(status) => warn!(error = %status.message(), "releasing a captured tree"),
         }
@@ -239,32 +159,44 @@ async fn sweep(
     Ok(())
 }
 
-/// Why a look at the captured trees stopped.
-#[derive(Debug, thiserror::Error)]
-enum SweepError {
-    /// Listing the trees.
-    #[error("listing the captured trees: {0}")]
-    Io(#[from] io::Error),
-    /// Reading a capture.
-    #[error("reading a capture: {0}")]
-    Kube(#[from] kube::Error),
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use gkm_k8s_node::captures::CaptureName;
+    use jiff::Timestamp;
+
     use super::*;
+
+    const NOW: u64 = 100_000;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
 
     fn tree(namespace: &str, capture: &str, uid: &str, age: u64) -> CapturedTree {
         CapturedTree {
-            namespace: namespace.into(),
-            capture: capture.into(),
+            capture: CaptureName::new(namespace, capture),
             uid: uid.into(),
-            age: Duration::from_secs(age),
+            modified: at(NOW - age),
         }
     }
 
-    fn key(namespace: &str, capture: &str) -> (String, String) {
-        (namespace.into(), capture.into())
+    fn captures(observed: u64, states: &[(&str, &str, CaptureState)]) -> Captures {
+        Captures {
+            observed: Timestamp::try_from(at(observed)).expect("timestamp"),
+            states: states
+                .iter()
+                .map(|(ns, name, state)| (CaptureName::new(*ns, *name), *state))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    fn released(trees: &[CapturedTree], captures: &Captures) -> Vec<String> {
+        releasable(trees, captures, Duration::from_secs(300), at(NOW))
+            .into_iter()
+            .map(|t| t.uid.clone())
+            .collect()
     }
 
     #[test]
@@ -278,63 +210,28 @@ mod tests {
             tree("team", "unknown", "u6", 9999),
             tree("other", "done", "u7", 9999),
         ];
-        let seen = BTreeMap::from([
-            (key("team", "done"), CaptureSeen::Over),
-            (key("team", "open"), CaptureSeen::Open),
-            (key("team", "deleted"), CaptureSeen::Gone),
-            (key("team", "deleted-now"), CaptureSeen::Gone),
-            (key("other", "done"), CaptureSeen::Open),
-        ]);
-        let uids: Vec<&str> = releasable(&trees, &seen, Duration::from_secs(300))
-            .into_iter()
-            .map(|t| t.uid.as_str())
-            .collect();
-        assert_eq!(uids, ["u1", "u2", "u4"]);
-    }
-
-    #[test]
-    fn the_trees_on_disk_are_read_by_name_only() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let captures = root.path().join(CAPTURES_DIR);
-        for dir in [
-            "team/warm/6f1c-22",
-            "team/warm/7a",
-            "Bad/warm/u",
-            "team/x/..",
-        ] {
-            fs::create_dir_all(captures.join(dir)).expect("dir");
-        }
-        fs::write(captures.join("team/warm/file"), b"").expect("file");
-        let trees = captured_trees(root.path(), SystemTime::now()).expect("listed");
-        let found: Vec<String> = trees
-            .iter()
-            .map(|t| format!("{}/{}/{}", t.namespace, t.capture, t.uid))
-            .collect();
-        assert_eq!(found, ["team/warm/6f1c-22", "team/warm/7a"]);
-        let none = tempfile::tempdir().expect("tempdir");
-        assert!(
-            captured_trees(none.path(), SystemTime::now())
-                .expect("no captures dir")
-                .is_empty()
+        let index = captures(
+            NOW,
+            &[
+                ("team", "done", CaptureState::Over),
+                ("team", "open", CaptureState::Open),
+                ("team", "deleted", CaptureState::Gone),
+                ("team", "deleted-now", CaptureState::Gone),
+                ("other", "done", CaptureState::Open),
+            ],
         );
+        assert_eq!(released(&trees, &index), ["u1", "u2", "u4"]);
+        assert!(released(&trees, &captures(NOW, &[])).is_empty());
     }
 
     #[test]
-    fn a_capture_is_over_once_complete_or_failed() {
-        use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCacheCaptureSpec};
-        let mut capture = GKMCacheCapture::new("warm", GKMCacheCaptureSpec::default());
-        assert_eq!(CaptureSeen::of(&capture), CaptureSeen::Open);
-        for (phase, seen) in [
-            (CapturePhase::Capturing, CaptureSeen::Open),
-            (CapturePhase::Pushing, CaptureSeen::Open),
-            (CapturePhase::Complete, CaptureSeen::Over),
-            (CapturePhase::Failed, CaptureSeen::Over),
-        ] {
-            capture.status = Some(CaptureStatus {
-                phase,
-                ..CaptureStatus::default()
-            });
-            assert_eq!(CaptureSeen::of(&capture), seen, "{phase:?}");
-        }
+    fn a_tree_newer_than_the_index_stays() {
+        // The agent looked 60s ago: a tree made since (a capture re-created
+        // under the same name) is not what that look saw.
+        let trees = vec![tree("team", "warm", "old", 600), tree("team", "warm", "new", 10)];
+        let over = captures(NOW - 60, &[("team", "warm", CaptureState::Over)]);
+        assert_eq!(released(&trees, &over), ["old"]);
+        let gone = captures(NOW - 60, &[("team", "warm", CaptureState::Gone)]);
+        assert_eq!(released(&trees, &gone), ["old"]);
     }
 }

@@ -3,9 +3,11 @@
 //! the node-local files through which the node agent and the CSI driver
 //! cooperate: the [delivery index](delivery) (agent → driver), the [mount
 //! records](mount_records) (driver → agent) and their [check against the
-//! kernel](mount_table), which reads the kernel's [mount table](mountinfo).
+//! kernel](mount_table), which reads the kernel's [mount table](mountinfo),
+//! and the [capture index](captures) (agent → driver): what the cluster says
+//! of the captures whose trees are on the node.
 //!
-//! Both files live beside the content-addressed store
+//! These files live beside the content-addressed store
 //! ([`gkm_core::store_layout::StoreLayout`], whose entries are
 //! `<store>/sha256/<hex>/`):
 //!
@@ -26,6 +28,10 @@
 //!   bind mount and removed after the unmount, so the records are always a
 //!   superset of what is mounted. The agent counts pods per digest from them,
 //!   and must not remove a store directory some record still names.
+//! - The **capture index**, written by the agent, read by the CSI driver:
+//!   `<store>/delivery/captures.json`, the state (`open`, `over`, `gone`) of
+//!   each `GKMCacheCapture` a captured tree on the node names, from which the
+//!   driver decides which trees to remove ([`captures`]).
 //!
 //! Readers ignore fields they do not know, so an agent and a driver of
 //! neighbouring versions (their DaemonSets roll separately) still agree.
@@ -57,6 +63,7 @@
 
 #![deny(missing_docs)]
 
+pub mod captures;
 pub mod delivery;
 mod error;
 mod json_file;
