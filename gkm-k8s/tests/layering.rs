@@ -20,9 +20,9 @@ const COMPONENTS: &[&str] = &[
 const FORBIDDEN: &[(&str, &[&str], &str)] = &[
     (
         "gkm-k8s-csi",
-        &["oci-client", "nvml-wrapper", "rcgen"],
-        "the CSI driver never reads a registry or a GPU; of the Kubernetes API it only \
-         watches its node's captures",
+        &["kube", "k8s-openapi", "oci-client", "nvml-wrapper", "rcgen"],
+        "the CSI driver never reads the apiserver, a registry or a GPU: what it needs of \
+         the cluster, the agent writes in the node files (gkm-k8s-node)",
     ),
     (
         "gkm-k8s-node",
