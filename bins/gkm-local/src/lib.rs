@@ -154,9 +154,6 @@ pub struct Stack {
     nodes: Vec<SimulatedNode>,
     operator_kubeconfig: PathBuf,
     agent_kubeconfig: PathBuf,
-    /// The CSI drivers' kubeconfig: their ServiceAccount (watching the
-    /// captures of their node).
-    csi_kubeconfig: PathBuf,
     /// Per node, the agent's kubeconfig with a token bound to its Node
     /// (once the chart's admission policy asks for one).
     agent_node_kubeconfigs: BTreeMap<String, PathBuf>,
@@ -243,7 +240,6 @@ impl Stack {
             plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-operator")?;
         let agent_kubeconfig =
             plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-agent")?;
-        let csi_kubeconfig = plane.kubeconfig_for_service_account(SYSTEM_NAMESPACE, "gkm-csi")?;
         Ok(Stack {
             operator: None,
             agents: BTreeMap::new(),
@@ -258,7 +254,6 @@ impl Stack {
             nodes,
             operator_kubeconfig,
             agent_kubeconfig,
-            csi_kubeconfig,
             agent_node_kubeconfigs: BTreeMap::new(),
             operator_args: vec![
                 "--resolve-interval=2s".into(),
@@ -425,7 +420,6 @@ impl Stack {
         ))
         .arg(format!("--node-name={node}"))
         .arg(format!("--store={}", node_dir.join("store").display()))
-        .arg(format!("--kubeconfig={}", self.csi_kubeconfig.display()))
         // A tree whose capture was deleted goes at once.
         .arg("--capture-orphan-grace=0s")
         .env("GKM_LOG", "info,kube=warn");
