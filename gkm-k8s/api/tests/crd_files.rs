@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds")
+    gkm_testenv::repo_root().join("deploy/crds")
 }
 
 #[test]
@@ -13,7 +13,7 @@ fn crd_yaml_snapshot() {
 }
 
 /// `deploy/crds/<plural>.gkm.io.yaml` must equal what the code generates.
-/// Regenerate with `GKM_UPDATE_DEPLOY=1 cargo test -p gkm-k8s --test crd_files`.
+/// Regenerate with `GKM_UPDATE_DEPLOY=1 cargo test -p gkm-k8s-api --test crd_files`.
 #[test]
 fn deploy_crds_are_current() {
     let update = std::env::var_os("GKM_UPDATE_DEPLOY").is_some();
@@ -31,6 +31,6 @@ fn deploy_crds_are_current() {
     }
     assert!(
         stale.is_empty(),
-        "stale CRD files: {stale:?}; regenerate with `GKM_UPDATE_DEPLOY=1 cargo test -p gkm-k8s --test crd_files`"
+        "stale CRD files: {stale:?}; regenerate with `GKM_UPDATE_DEPLOY=1 cargo test -p gkm-k8s-api --test crd_files`"
     );
 }
