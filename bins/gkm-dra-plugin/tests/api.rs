@@ -11,13 +11,14 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::cell::RefCell;
+use std::time::Duration;
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_k8s_dra::proto::{v1, v1beta1};
 use gkm_k8s_kubelet::proto::registration::InfoRequest;
 use gkm_k8s_kubelet::proto::registration::registration_client::RegistrationClient;
-use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
+use gkm_testenv::{ControlPlane, eventually, service_account_groups, service_account_user};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -266,26 +267,31 @@ async fn the_dra_plugin_may_write_only_its_own_nodes_slices_and_read_claims() ->
 
     // The policy takes effect once the apiserver has loaded it: wait until
     // another node's slice is refused, removing ones that got through.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let attempt = as_plugin(
-            &admin,
-            Some(own),
-            create(SLICES, &slice("dra-other-0", other, "gpu.gkm.io"))?,
-        )
-        .await?;
-        match attempt {
-            Err(status) if status.code == 403 && status.message.contains("its own node") => break,
-            result => {
-                let _ = slices.delete("dra-other-0", &DeleteParams::default()).await;
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the plugin of {own} wrote a slice of {other}: {result:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    let wrote = RefCell::new(String::new());
+    eventually(
+        &format!("the plugin of {own} refused a slice of {other}"),
+        Duration::from_secs(20),
+        || async {
+            let attempt = as_plugin(
+                &admin,
+                Some(own),
+                create(SLICES, &slice("dra-other-0", other, "gpu.gkm.io"))?,
+            )
+            .await?;
+            match attempt {
+                Err(status) if status.code == 403 && status.message.contains("its own node") => {
+                    Ok(Some(()))
+                }
+                result => {
+                    let _ = slices.delete("dra-other-0", &DeleteParams::default()).await;
+                    *wrote.borrow_mut() = format!("{result:?}");
+                    Ok(None)
+                }
             }
-        }
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it wrote one: {}", wrote.borrow()))?;
 
     // Its own node's slice of its own driver: written and deleted.
     as_plugin(

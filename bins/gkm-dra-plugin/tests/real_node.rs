@@ -22,6 +22,7 @@
 
 mod support;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
     BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Scheduler,
-    running_pod_log,
+    eventually, running_pod_log, until,
 };
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
@@ -165,9 +166,9 @@ async fn wait_slices(
     slices: &Api<ResourceSlice>,
     want: impl Fn(&BTreeMap<String, String>) -> bool,
 ) -> anyhow::Result<BTreeMap<String, String>> {
-    let began = Instant::now();
     let selector = format!("spec.nodeName={NODE},spec.driver={DRIVER}");
-    loop {
+    let seen = RefCell::new(BTreeMap::new());
+    eventually("the node's slices as wanted", TIMEOUT, || async {
         let mut devices = BTreeMap::new();
         for slice in slices
             .list(&ListParams::default().fields(&selector))
@@ -185,13 +186,13 @@ async fn wait_slices(
             }
         }
         if want(&devices) {
-            return Ok(devices);
+            return Ok(Some(devices));
         }
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!("the node's slices hold {devices:?} after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        *seen.borrow_mut() = devices;
+        Ok(None)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: they hold {:?}", seen.borrow()))
 }
 
 /// The devices `claim`'s allocation names: (driver, pool, device).
@@ -230,18 +231,6 @@ fn gpu_claim(name: &str, class: &str) -> anyhow::Result<ResourceClaim> {
             {"name": "gpu", "exactly": {"deviceClassName": class}},
         ]}},
     }))?)
-}
-
-/// Waits until `check` holds, or fails naming `what`.
-async fn eventually<F: Fn() -> bool>(what: &str, check: F) -> anyhow::Result<()> {
-    let began = Instant::now();
-    while !check() {
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!("{what} after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -400,18 +389,20 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     let before = pool_generation(&slices).await?;
     node.restart_kubelet().await?;
     let began = Instant::now();
-    loop {
-        let now = pool_generation(&slices).await?;
-        if now.is_some_and(|g| before.is_some_and(|b| g > b)) {
-            break;
-        }
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!(
-                "the pool is at generation {now:?}, not past {before:?}, after the kubelet restart"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let generation = RefCell::new(None);
+    eventually(
+        &format!("the pool past generation {before:?} after the kubelet restart"),
+        TIMEOUT,
+        || async {
+            let now = pool_generation(&slices).await?;
+            *generation.borrow_mut() = now;
+            Ok(now
+                .is_some_and(|g| before.is_some_and(|b| g > b))
+                .then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it is at generation {:?}", generation.borrow()))?;
     wait_slices(&slices, |d| d.len() == 2).await?;
     eprintln!(
         "slices written again {:?} after the kubelet was Ready",
@@ -455,8 +446,9 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     // prepared before its restart (from its checkpoint), removing the spec.
     pods.delete("trainer", &DeleteParams::default()).await?;
     let plugin_log = work.path().join("plugin-2.log");
-    eventually(
-        "the first claim is not unprepared (its CDI spec is still there)",
+    until(
+        "the first claim unprepared (its CDI spec gone)",
+        TIMEOUT,
         || {
             !spec.exists()
                 && std::fs::read_to_string(&plugin_log)
@@ -572,19 +564,21 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
             let (pods, resource_id) = (pods.clone(), resource_id.clone());
             async move {
                 let pod = pods.get("vm-pgpu").await?;
-                Ok(allocated_health(&pod, &resource_id).as_deref() == Some(want))
+                Ok((allocated_health(&pod, &resource_id).as_deref() == Some(want)).then_some(()))
             }
         }
     };
-    until(
-        "the pod's status does not show the passthrough GPU healthy",
+    eventually(
+        "the pod's status showing the passthrough GPU healthy",
+        TIMEOUT,
         health_shown("Healthy"),
     )
     .await?;
     tree.remove_group_node(11)?;
     let began = Instant::now();
-    until(
-        "the pod's status does not show the passthrough GPU unhealthy",
+    eventually(
+        "the pod's status showing the passthrough GPU unhealthy",
+        TIMEOUT,
         health_shown("Unhealthy"),
     )
     .await?;
@@ -599,14 +593,16 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
             .and_then(|c| c.allocated_resources_status)
     );
     tree.group_node(11)?;
-    until(
-        "the pod's status does not show the passthrough GPU healthy again",
+    eventually(
+        "the pod's status showing the passthrough GPU healthy again",
+        TIMEOUT,
         health_shown("Healthy"),
     )
     .await?;
     pods.delete("vm-pgpu", &DeleteParams::default()).await?;
-    eventually(
-        "the passthrough claim's metadata file is not removed",
+    until(
+        "the passthrough claim's metadata file removed",
+        TIMEOUT,
         || !host_file.exists(),
     )
     .await?;
@@ -619,8 +615,13 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     for claim in ["h100", "any", "pgpu"] {
         claims.delete(claim, &DeleteParams::default()).await?;
     }
-    until("the story's claims are not gone", || async {
-        Ok(claims.list(&ListParams::default()).await?.items.is_empty())
+    eventually("the story's claims gone", TIMEOUT, || async {
+        Ok(claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
     })
     .await?;
 
@@ -632,22 +633,6 @@ async fn a_pod_claims_a_gpu_of_a_named_model_and_keeps_it_across_plugin_and_kube
     plugin.stop(Duration::from_secs(10));
     wait_slices(&slices, |d| d.is_empty()).await?;
     drop(scheduler);
-    Ok(())
-}
-
-/// Waits until `check` says yes, or fails naming `what`.
-async fn until<F, Fut>(what: &str, check: F) -> anyhow::Result<()>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let began = Instant::now();
-    while !check().await? {
-        if began.elapsed() > TIMEOUT {
-            anyhow::bail!("{what} after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
     Ok(())
 }
 
@@ -684,8 +669,8 @@ async fn quota_of_two_h100s_per_namespace(
         )
     };
     // Quota admission counts against the status the controller keeps.
-    until("the quota has no status", || async {
-        Ok(used().await?.is_some())
+    eventually("the quota's status", TIMEOUT, || async {
+        Ok(used().await?.is_some().then_some(()))
     })
     .await?;
     let claim_in_quota = |name: &str| -> anyhow::Result<ResourceClaim> {
@@ -745,9 +730,11 @@ async fn quota_of_two_h100s_per_namespace(
     claims
         .delete(&admitted[0], &DeleteParams::default())
         .await?;
-    until("the quota still counts the deleted claim", || async {
-        Ok(used().await?.as_deref() == Some("1"))
-    })
+    eventually(
+        "the quota not counting the deleted claim",
+        TIMEOUT,
+        || async { Ok((used().await?.as_deref() == Some("1")).then_some(())) },
+    )
     .await?;
     claims
         .create(&PostParams::default(), &claim_in_quota("h100-5")?)
@@ -859,7 +846,7 @@ async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
     client: &kube::Client,
 ) -> anyhow::Result<()> {
     use gkm_k8s_api::crd::GKMCache;
-    use gkm_k8s_operator::device_class::{DIGEST_ANNOTATION, class_name};
+    use gkm_k8s_operator::cache::device_class::{DIGEST_ANNOTATION, class_name};
     use gkm_oci::sign::{SignFormat, SigningKey, sign};
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::resource::v1::DeviceClass;
@@ -935,10 +922,11 @@ async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
     let selects = |digest: String| {
         let (classes, class) = (classes.clone(), class.clone());
         async move {
-            until(
-                &format!("the class {class} does not select {digest}'s GPUs"),
+            eventually(
+                &format!("the class {class} selecting {digest}'s GPUs"),
+                TIMEOUT,
                 || async {
-                    Ok(classes.get_opt(&class).await?.is_some_and(|c| {
+                    let selected = classes.get_opt(&class).await?.is_some_and(|c| {
                         c.metadata
                             .annotations
                             .unwrap_or_default()
@@ -949,7 +937,8 @@ async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
                                     s.cel.as_ref().is_some_and(|c| c.expression != "false")
                                 })
                             })
-                    }))
+                    });
+                    Ok(selected.then_some(()))
                 },
             )
             .await
@@ -1012,8 +1001,8 @@ async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
     caches
         .delete("vector-add", &DeleteParams::default())
         .await?;
-    until("the cache's class is not deleted with it", || async {
-        Ok(classes.get_opt(&class).await?.is_none())
+    eventually("the cache's class deleted with it", TIMEOUT, || async {
+        Ok(classes.get_opt(&class).await?.is_none().then_some(()))
     })
     .await?;
     operator.abort();
