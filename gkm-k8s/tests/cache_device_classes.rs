@@ -15,7 +15,7 @@ use gkm_core::cache::Summary;
 use gkm_core::compat::{NODE_CHECK, check_summary};
 use gkm_core::{CacheKey, Gpu, Vendor};
 use gkm_k8s_api::crd::{CacheRelease, ImageVariant};
-use gkm_k8s_operator::device_class::device_class;
+use gkm_k8s_operator::cache::device_class::device_class;
 use gkm_testenv::{ControlPlane, Scheduler, service_account_groups, service_account_user};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -373,7 +373,7 @@ async fn the_operator_writes_and_deletes_only_its_own_device_classes() -> anyhow
     );
     // The chart's classes: neither changed nor deleted.
     let take_over = json!({"metadata": {"labels": {
-        gkm_k8s_operator::device_class::CLASS_LABEL: "true",
+        gkm_k8s_operator::cache::device_class::CLASS_LABEL: "true",
     }}});
     refused(
         "the chart's gkm-gpu, changed",

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::CacheSpec;
-use gkm_k8s_operator::pvc::objects::{self, PvcOptions};
-use gkm_k8s_operator::pvc::plan::ClaimPlan;
+use gkm_k8s_operator::cache::pvc::objects::{self, PvcOptions};
+use gkm_k8s_operator::cache::pvc::plan::ClaimPlan;
 use gkm_oci::{BuildOptions, ImageRef, build};
 use gkm_testenv::{ControlPlane, Registry};
 use k8s_openapi::api::core::v1::Pod;
@@ -100,7 +100,7 @@ async fn a_refill_never_shows_readers_a_missing_or_mixed_tree() -> anyhow::Resul
     .await?;
     let claim = scratch.path().join("claim");
     let options = registry_options();
-    gkm_k8s_operator::pvc::fill(&full, &claim, &options).await?;
+    gkm_k8s_operator::cache::pvc::fill(&full, &claim, &options).await?;
     let kernel = std::fs::read(claim.join(KERNEL))?;
     let full_listing = listing(&claim)?;
     assert!(
@@ -143,7 +143,7 @@ async fn a_refill_never_shows_readers_a_missing_or_mixed_tree() -> anyhow::Resul
         } else {
             (&full, full_listing.clone())
         };
-        gkm_k8s_operator::pvc::fill(image, &claim, &options).await?;
+        gkm_k8s_operator::cache::pvc::fill(image, &claim, &options).await?;
         assert_eq!(
             listing(&claim)?,
             want,

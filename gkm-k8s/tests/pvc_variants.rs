@@ -10,7 +10,7 @@ mod operator_support;
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
-use gkm_k8s_operator::pvc::names;
+use gkm_k8s_operator::names;
 use gkm_k8s_operator::{OperatorConfig, TenantSigners};
 use gkm_oci::BuildOptions;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
@@ -160,7 +160,7 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     let dir = gkm_testenv::temp_dir()?;
     let claim = dir.path().join("claim");
     let pinned = |digest: &str| format!("{repository}@{digest}").parse::<gkm_oci::ImageRef>();
-    let refused = gkm_k8s_operator::pvc::fill(&pinned(&index)?, &claim, &registry_options())
+    let refused = gkm_k8s_operator::cache::pvc::fill(&pinned(&index)?, &claim, &registry_options())
         .await
         .expect_err("an index is no tree");
     let said = refused.to_string();
@@ -170,7 +170,7 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     }
     assert!(!claim.join(".gkm/current").exists(), "nothing served");
     let stats =
-        gkm_k8s_operator::pvc::fill(&pinned(&variants[0])?, &claim, &registry_options()).await?;
+        gkm_k8s_operator::cache::pvc::fill(&pinned(&variants[0])?, &claim, &registry_options()).await?;
     assert!(stats.files > 0, "{stats:?}");
     Ok(())
 }

@@ -183,7 +183,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
         .unwrap_or_default();
     assert_eq!(
         labels.get("gkm.io/cache"),
-        Some(&gkm_k8s_operator::pvc::names::label_value(SHARED)),
+        Some(&gkm_k8s_operator::names::label_value(SHARED)),
         "a long name is labelled cut"
     );
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =

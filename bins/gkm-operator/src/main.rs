@@ -7,18 +7,19 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_bin_support::shutdown::{shutdown_signal, until_signal};
 use gkm_k8s_api::crd::{SignatureMode, SignaturePolicy};
 use gkm_k8s_api::served::ready_when_caches_listable;
-use gkm_k8s_operator::capture::controller::CaptureControllerOptions;
+use gkm_k8s_operator::admission::quota::QuotaOptions;
+use gkm_k8s_operator::admission::{Endpoint, InvalidWebhook, Webhook, WebhookOptions};
+use gkm_k8s_operator::cache::pvc::{FILL_HOSTS_ENV, PvcOptions};
+use gkm_k8s_operator::capture::CaptureControllerOptions;
 use gkm_k8s_operator::capture::decide::Retry;
 use gkm_k8s_operator::capture::job::JobOptions;
-use gkm_k8s_operator::pvc::PvcOptions;
-use gkm_k8s_operator::webhook::quota::QuotaOptions;
-use gkm_k8s_operator::webhook::{Endpoint, Webhook, WebhookOptions};
+use gkm_k8s_operator::job_pod::ImagePullPolicy;
 use gkm_k8s_operator::{
     ImageVerifier, InvalidConfig, Metrics, OperatorCollector, OperatorConfig, PolicyFloor,
     RegistryVerifier, TenantSigners,
@@ -108,7 +109,7 @@ struct Cli {
     job_image: String,
     /// The fill Jobs' imagePullPolicy (Always, IfNotPresent, Never).
     #[arg(long, default_value = "IfNotPresent")]
-    job_image_pull_policy: String,
+    job_image_pull_policy: ImagePullPolicy,
     /// Run fill Jobs in their node's network namespace, for registries only
     /// the nodes themselves reach (a node-local mirror).
     #[arg(long)]
@@ -205,7 +206,7 @@ enum Command {
         insecure_registry: bool,
         /// The registry's host file (hosts.toml text): mirrors to read
         /// through, every byte checked against the image's digests.
-        #[arg(long, env = gkm_k8s_operator::pvc::FILL_HOSTS_ENV, hide_env_values = true)]
+        #[arg(long, env = FILL_HOSTS_ENV, hide_env_values = true)]
         registry_hosts: Option<String>,
     },
 }
@@ -215,54 +216,35 @@ fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
     let Some(listen) = cli.webhook_listen else {
         return Ok(None);
     };
-    let (endpoint, hosts) = match &cli.webhook_url {
-        Some(url) => {
-            let host = url
-                .strip_prefix("https://")
-                .and_then(|rest| rest.split(['/', ':']).next())
-                .filter(|h| !h.is_empty())
-                .with_context(|| format!("--webhook-url {url:?}: not https://HOST[:PORT]"))?;
-            (Endpoint::Url(url.clone()), vec![host.to_string()])
-        }
-        None => {
-            let text = &cli.webhook_service;
-            let parsed = text.split_once('/').and_then(|(ns, rest)| {
-                let (name, port) = rest.split_once(':')?;
-                Some((ns.to_string(), name.to_string(), port.parse::<u16>().ok()?))
-            });
-            let (namespace, name, port) = parsed
-                .with_context(|| format!("--webhook-service {text:?}: not NAMESPACE/NAME:PORT"))?;
-            let hosts = vec![
-                format!("{name}.{namespace}.svc"),
-                format!("{name}.{namespace}.svc.cluster.local"),
-            ];
-            (
-                Endpoint::Service {
-                    namespace,
-                    name,
-                    port,
-                },
-                hosts,
-            )
-        }
+    let endpoint = match &cli.webhook_url {
+        Some(url) => Endpoint::parse_url(url).context("--webhook-url")?,
+        None => Endpoint::parse_service(&cli.webhook_service).context("--webhook-service")?,
     };
-    let cert_files = cli
-        .webhook_cert_file
-        .clone()
-        .zip(cli.webhook_key_file.clone());
-    Ok(Some(WebhookOptions {
+    let options = WebhookOptions {
         listen,
+        hosts: endpoint.hosts(),
         endpoint,
-        hosts,
         validity: cli.webhook_cert_validity,
-        cert_files,
+        cert_files: cli
+            .webhook_cert_file
+            .clone()
+            .zip(cli.webhook_key_file.clone()),
         namespace: cli.lease_namespace.clone(),
         check_interval: cli.webhook_ca_check_interval,
         quota: QuotaOptions {
             whole_resources: cli.whole_gpu_resources.clone(),
             model_label: cli.model_label.clone(),
         },
-    }))
+    };
+    options.validate().map_err(|e| {
+        let flag = match e {
+            InvalidWebhook::Validity { .. } => "--webhook-cert-validity",
+            InvalidWebhook::CheckInterval { .. } => "--webhook-ca-check-interval",
+            _ => "the webhook's flags",
+        };
+        anyhow::anyhow!("{flag} {e}")
+    })?;
+    Ok(Some(options))
 }
 
 async fn fill(
@@ -279,7 +261,7 @@ async fn fill(
         hosts: hosts.map_or(HostsConfig::None, |text| HostsConfig::Text(text.clone())),
         ..RegistryOptions::default()
     };
-    let stats = gkm_k8s_operator::pvc::fill(&reference, into, &registry)
+    let stats = gkm_k8s_operator::cache::pvc::fill(&reference, into, &registry)
         .await
         .with_context(|| format!("filling {} from {image}", into.display()))?;
     println!(
@@ -309,18 +291,6 @@ fn flag_of(e: &InvalidConfig) -> &'static str {
     }
 }
 
-/// Whether `name` can name a namespace (an RFC 1123 label).
-fn is_namespace_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first() != Some(&b'-')
-        && bytes.last() != Some(&b'-')
-}
-
 fn identity(flag: Option<String>) -> String {
     flag.filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
@@ -342,22 +312,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!(%problem, "--registry-config-dir: fill Jobs read this registry without mirrors");
     }
     let webhook = webhook_options(&cli)?;
-    if cli.webhook_cert_validity < Duration::from_secs(86_400) {
-        bail!("--webhook-cert-validity must be at least 24h");
-    }
-    if !(Duration::from_secs(1)..=Duration::from_secs(86_400))
-        .contains(&cli.webhook_ca_check_interval)
-    {
-        bail!("--webhook-ca-check-interval must be from 1s to 24h");
-    }
-    if let Some(bad) = cli
-        .tenant_signer_namespaces
-        .iter()
-        .map(|n| n.trim())
-        .find(|n| !n.is_empty() && !is_namespace_name(n))
-    {
-        bail!("--tenant-signer-namespaces: {bad:?} is not a namespace name");
-    }
+    let tenant_signers =
+        TenantSigners::parse_namespaces(cli.tenant_signer_namespaces.iter().map(String::as_str))
+            .context("--tenant-signer-namespaces")?;
     let identity = identity(cli.leader_identity);
     let default_policy = cli
         .default_policy
@@ -372,7 +329,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let capture = cli.capture.then(|| CaptureControllerOptions {
         job: JobOptions {
             image: cli.capture_job_image.clone(),
-            image_pull_policy: cli.job_image_pull_policy.clone(),
+            image_pull_policy: cli.job_image_pull_policy,
             host_network: cli.job_host_network,
         },
         retry: Retry {
@@ -387,12 +344,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ..RegistryOptions::default()
         },
         default_policy,
-        tenant_signers: TenantSigners::in_namespaces(
-            cli.tenant_signer_namespaces
-                .iter()
-                .map(|n| n.trim())
-                .filter(|n| !n.is_empty()),
-        ),
+        tenant_signers,
         resolve_interval: cli.resolve_interval,
         floor: PolicyFloor {
             allowed_modes: cli.allowed_signature_modes,

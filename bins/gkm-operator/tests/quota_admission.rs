@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_k8s_operator::webhook::Endpoint;
-use gkm_k8s_operator::webhook::quota::{
+use gkm_k8s_operator::admission::Endpoint;
+use gkm_k8s_operator::admission::quota::{
     QUOTA_CONFIGURATION_NAME, QUOTA_WEBHOOK_NAME, quota_configuration,
 };
 use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gkm_k8s_operator::webhook::{CONFIGURATION_NAME, Endpoint, certs, configuration, shared_ca};
+use gkm_k8s_operator::admission::{CONFIGURATION_NAME, Endpoint, certs, configuration, shared_ca};
 use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;

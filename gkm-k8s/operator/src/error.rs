@@ -48,11 +48,3 @@ impl From<Panicked> for Error {
 
 /// The operator's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// [`gkm_k8s_runtime::tasks::contained`] with this crate's error.
-pub(crate) async fn contained<T, F>(work: F) -> Result<T>
-where
-    F: std::future::Future<Output = Result<T>>,
-{
-    gkm_k8s_runtime::tasks::contained(work).await
-}

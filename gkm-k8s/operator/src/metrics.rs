@@ -15,8 +15,8 @@
 //! - `gkm_operator_release_writes_total`: release writes made (what the
 //!   agents watch).
 //!
-//! `controller` is `gkmcache` or `clustergkmcache`; every label takes values
-//! from a small fixed set.
+//! `controller` is `gkmcache`, `clustergkmcache` or `gkmcachecapture`
+//! ([`ControllerKind`]); every label takes values from a small fixed set.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,11 +35,30 @@ use crate::error::Error;
 use gkm_k8s_api::cache_object::Scope;
 use gkm_k8s_api::crd::CacheState;
 
-/// Which controller a reconcile metric is about: `gkmcache` or `clustergkmcache`.
-pub fn controller_label(scope: Scope) -> &'static str {
-    match scope {
-        Scope::Namespaced => "gkmcache",
-        Scope::Cluster => "clustergkmcache",
+/// Which controller a reconcile metric is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerKind {
+    /// The cache controller of `GKMCache`s or `ClusterGKMCache`s.
+    Cache(Scope),
+    /// The capture controller of `GKMCacheCapture`s.
+    Capture,
+}
+
+impl ControllerKind {
+    /// Its `controller` label: `gkmcache`, `clustergkmcache` or
+    /// `gkmcachecapture`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ControllerKind::Cache(Scope::Namespaced) => "gkmcache",
+            ControllerKind::Cache(Scope::Cluster) => "clustergkmcache",
+            ControllerKind::Capture => "gkmcachecapture",
+        }
+    }
+}
+
+impl From<Scope> for ControllerKind {
+    fn from(scope: Scope) -> ControllerKind {
+        ControllerKind::Cache(scope)
     }
 }
 
@@ -128,10 +147,10 @@ impl Default for Metrics {
             release_writes: Counter::default(),
             cache_states: Mutex::new(Vec::new()),
         };
-        // Both controllers' series exist from the start, at zero.
+        // Both cache controllers' series exist from the start, at zero.
         for scope in [Scope::Namespaced, Scope::Cluster] {
             let labels = ControllerLabels {
-                controller: controller_label(scope),
+                controller: ControllerKind::Cache(scope).label(),
             };
             let _ = metrics.reconciles.get_or_create(&labels);
             let _ = metrics.reconcile_duration.get_or_create(&labels);
@@ -147,10 +166,16 @@ impl fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Records one reconcile by the controller of `scope`: how long it took
-    /// and, when it failed, why.
-    pub fn reconciled(&self, scope: Scope, took: Duration, error: Option<&Error>) {
-        let controller = controller_label(scope);
+    /// Records one reconcile by `controller` (a cache controller's
+    /// [`Scope`] or [`ControllerKind::Capture`]): how long it took and, when
+    /// it failed, why.
+    pub fn reconciled(
+        &self,
+        controller: impl Into<ControllerKind>,
+        took: Duration,
+        error: Option<&Error>,
+    ) {
+        let controller = controller.into().label();
         let labels = ControllerLabels { controller };
         self.reconciles.get_or_create(&labels).inc();
         self.reconcile_duration
@@ -198,11 +223,11 @@ impl Metrics {
         self.status_writes.get()
     }
 
-    /// Reconciles run so far by the controller of `scope`.
-    pub fn reconciles(&self, scope: Scope) -> u64 {
+    /// Reconciles run so far by `controller`.
+    pub fn reconciles(&self, controller: impl Into<ControllerKind>) -> u64 {
         self.reconciles
             .get_or_create(&ControllerLabels {
-                controller: controller_label(scope),
+                controller: controller.into().label(),
             })
             .get()
     }

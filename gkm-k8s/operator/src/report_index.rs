@@ -10,7 +10,7 @@
 //! reporting fifty caches, the full reports (messages, GPU reasons, managed
 //! fields, a map per cache) took most of the operator's memory.
 //!
-//! The index is a [`crate::watched_index`]: a report is found under each
+//! The index is a [`gkm_k8s_runtime::watched_index`]: a report is found under each
 //! cache it mentions, with what it says about that cache, and a relist is
 //! buffered there.
 
@@ -20,10 +20,48 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
-use super::rollup::{Entry, NodeEntries};
-use super::watched_index::{self, Indexed};
 use gkm_k8s_api::cache_object::{CacheKey, NodeReport};
 use gkm_k8s_api::crd::{CacheState, NodeCacheStatus};
+use gkm_k8s_runtime::watched_index::{self, Indexed};
+
+/// What the rollup (and the webhooks) read of a node's entry for one digest: its state, how
+/// many pods use it and, of a multi-target image, which variant the node
+/// holds. 24 bytes, where the entry itself is hundreds: the operator keeps
+/// one per cache, node and digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Where the digest stands on the node.
+    pub state: Option<CacheState>,
+    /// The pods using it there.
+    pub pods: u32,
+    /// The variant held ([`variant_key`] of its digest), of a multi-target
+    /// image.
+    pub variant: Option<u64>,
+}
+
+impl From<&NodeCacheStatus> for Entry {
+    fn from(entry: &NodeCacheStatus) -> Entry {
+        Entry {
+            state: entry.state,
+            pods: entry
+                .pods
+                .as_ref()
+                .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
+            variant: entry.variant.as_deref().and_then(variant_key),
+        }
+    }
+}
+
+/// A variant digest as the rollup keeps it: the first 64 bits of its hash,
+/// enough to tell apart the variants of one index; `None` for what is not
+/// a `sha256:` digest.
+pub fn variant_key(digest: &str) -> Option<u64> {
+    let hex = digest.strip_prefix("sha256:")?;
+    u64::from_str_radix(hex.get(..16)?, 16).ok()
+}
+
+/// One node's entries for one cache, by image digest.
+pub type NodeEntries = Vec<(String, Entry)>;
 
 /// A cache as node reports name it: its namespace (`None` for a cluster
 /// cache) and name.

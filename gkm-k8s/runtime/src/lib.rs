@@ -15,6 +15,9 @@
 //!   controllers.
 //! - [`identity`]: the User-Agent its apiserver client sends, which names
 //!   the field manager of its writes that name none.
+//! - [`watched_index`]: objects of one kind as a watch shows them, kept as
+//!   the facts their readers need and indexed by the key they look them up
+//!   by.
 //! - [`client`]: the apiserver client, from a kubeconfig or in-cluster, with
 //!   that User-Agent.
 //!
@@ -47,3 +50,4 @@ pub mod metrics;
 pub mod readiness;
 pub mod server;
 pub mod tasks;
+pub mod watched_index;

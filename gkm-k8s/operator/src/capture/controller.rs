@@ -33,6 +33,7 @@ use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
 use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
 use super::observe::{captures_named, is_transition, job_state, workload};
 use crate::error::{Error, Result};
+use crate::metrics::{ControllerKind, Metrics};
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 
 /// The field manager of the capture controller's writes.
@@ -57,8 +58,9 @@ struct Context {
     ended_pods: Store<Pod>,
 }
 
-/// Runs the capture controller until the process is asked to stop.
-pub async fn run(client: Client, options: CaptureControllerOptions) {
+/// Runs the capture controller until the process is asked to stop,
+/// recording its reconciles in `metrics`.
+pub async fn run(client: Client, options: CaptureControllerOptions, metrics: Arc<Metrics>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let (ended_pods, writer) = reflector::store();
     let workloads_changed = reflector::reflector(
@@ -88,7 +90,7 @@ pub async fn run(client: Client, options: CaptureControllerOptions) {
         options,
         ended_pods,
     });
-    Controller::new(
+    let controller = Controller::new(
         Api::<GKMCacheCapture>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -97,19 +99,8 @@ pub async fn run(client: Client, options: CaptureControllerOptions) {
         watcher::Config::default().labels(CAPTURE_LABEL),
     )
     .reconcile_on(workloads_changed)
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx)
-    .for_each(|outcome| {
-        if let Err(e) = outcome {
-            warn!(error = %e, "capture reconcile");
-        }
-        futures::future::ready(())
-    })
-    .await;
-}
-
-fn error_policy(_: Arc<GKMCacheCapture>, _: &Error, _: Arc<Context>) -> Requeue {
-    Requeue::requeue(Duration::from_secs(5))
+    .shutdown_on_signal();
+    crate::runner::run(controller, ControllerKind::Capture, metrics, ctx, reconcile).await;
 }
 
 async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Requeue> {

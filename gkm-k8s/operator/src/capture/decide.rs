@@ -164,7 +164,7 @@ pub struct Decision {
 
 /// The name of attempt `attempt`'s Job for the capture `name`.
 pub fn job_name(name: &str, attempt: i32) -> String {
-    crate::pvc::plan::names::joined(&format!("capture-{name}"), &attempt.to_string())
+    crate::names::joined(&format!("capture-{name}"), &attempt.to_string())
 }
 
 /// Decides; see the [module documentation](self).

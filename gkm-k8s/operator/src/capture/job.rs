@@ -18,7 +18,7 @@ use gkm_k8s_api::crd::{
 use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
 use serde_json::{Value, json};
 
-use crate::pvc::objects::FILL_UID;
+use crate::job_pod::{ImagePullPolicy, JobContainer, restricted_pod};
 
 /// The label on capture Jobs and their pods holding the capture's uid
 /// (always a valid label value, unlike a long name).
@@ -46,7 +46,7 @@ pub struct JobOptions {
     /// The image whose entrypoint is the `gkm` command line.
     pub image: String,
     /// Its `imagePullPolicy`.
-    pub image_pull_policy: String,
+    pub image_pull_policy: ImagePullPolicy,
     /// Run capture Jobs in the node's network namespace (a registry
     /// reachable only from the nodes themselves, as for fill Jobs).
     pub host_network: bool,
@@ -139,6 +139,25 @@ pub fn job(
             "defaultMode": 0o440,
         }}));
     }
+    let mut pod_spec = restricted_pod(&JobContainer {
+        name: "capture",
+        image: &options.image,
+        image_pull_policy: options.image_pull_policy,
+        args: &args,
+    });
+    pod_spec["hostNetwork"] = json!(options.host_network);
+    pod_spec["enableServiceLinks"] = json!(false);
+    pod_spec["tolerations"] = pod.tolerations.clone();
+    // Bound to the node by name: the tree is there only, so there is
+    // nothing to schedule (and a cordoned node still gets its tree
+    // captured).
+    pod_spec["nodeName"] = json!(pod.node);
+    let container = &mut pod_spec["containers"][0];
+    container["env"] = json!(env);
+    container["volumeMounts"] = json!(mounts);
+    container["terminationMessagePath"] = json!("/dev/termination-log");
+    container["terminationMessagePolicy"] = json!("File");
+    pod_spec["volumes"] = json!(volumes);
     let labels = json!({CAPTURE_LABEL: capture.metadata.uid.as_deref()?});
     let owner = json!({
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
@@ -156,41 +175,7 @@ pub fn job(
             "activeDeadlineSeconds": DEADLINE_SECONDS,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "hostNetwork": options.host_network,
-                    "automountServiceAccountToken": false,
-                    "enableServiceLinks": false,
-                    "tolerations": pod.tolerations,
-                    // Bound to the node by name: the tree is there only,
-                    // so there is nothing to schedule (and a cordoned node
-                    // still gets its tree captured).
-                    "nodeName": pod.node,
-                    // Pod Security `restricted`.
-                    "securityContext": {
-                        "runAsNonRoot": true,
-                        "runAsUser": FILL_UID,
-                        "runAsGroup": FILL_UID,
-                        "fsGroup": FILL_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [{
-                        "name": "capture",
-                        "image": options.image,
-                        "imagePullPolicy": options.image_pull_policy,
-                        "args": args,
-                        "env": env,
-                        "volumeMounts": mounts,
-                        "terminationMessagePath": "/dev/termination-log",
-                        "terminationMessagePolicy": "File",
-                        "securityContext": {
-                            "allowPrivilegeEscalation": false,
-                            "readOnlyRootFilesystem": true,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                    }],
-                    "volumes": volumes,
-                },
+                "spec": pod_spec,
             },
         },
     }))
@@ -231,7 +216,7 @@ mod tests {
     fn options() -> JobOptions {
         JobOptions {
             image: "ghcr.io/gkm-rs/gkm:v0.1.0".into(),
-            image_pull_policy: "IfNotPresent".into(),
+            image_pull_policy: ImagePullPolicy::IfNotPresent,
             host_network: false,
         }
     }

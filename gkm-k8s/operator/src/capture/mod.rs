@@ -3,13 +3,18 @@
 //! that runs `gkm capture` for it ([`job`]), and the controller carrying
 //! the decisions out ([`controller`], thin glue).
 //!
+//! Its reconciles run as every controller's do (the crate's runner: a panic
+//! contained, metrics under `gkmcachecapture`, the same retries).
+//!
 //! The operator runs the controller when `OperatorConfig::capture` is set
 //! (`gkm-operator --capture`, on by default); the chart installs the CRD,
 //! its RBAC and the admission policy admitting only the capture Jobs
 //! [`job`] makes. The node's captured tree is removed by the CSI driver
 //! (`gkm_k8s_csi::capture_release`) once the capture is over.
 
-pub mod controller;
+mod controller;
 pub mod decide;
 pub mod job;
 pub mod observe;
+
+pub use controller::{CaptureControllerOptions, FIELD_MANAGER, run};

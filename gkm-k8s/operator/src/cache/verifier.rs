@@ -9,7 +9,7 @@ use gkm_oci::verify::VerifyError;
 use gkm_oci::{Digest, ImageRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use super::metrics::{Metrics, RegistryOperation};
+use crate::metrics::{Metrics, RegistryOperation};
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{ConfigMapKeyRef, SecretKeyRef, SignaturePolicy, VerificationStatus};
 

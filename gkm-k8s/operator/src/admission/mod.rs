@@ -1,6 +1,15 @@
-//! The `gkm.io/pvc-mutation` pod webhook the operator serves for
-//! ReadWriteOnce caches: a labelled pod whose claim names the cache is
-//! pointed at the claim of its node ([`crate::pvc::mutation`]).
+//! The operator's admission webhooks, each with its decision (pure) and its
+//! server together, on one HTTPS server with one certificate:
+//!
+//! - [`pvc_mutation`]: the `gkm.io/pvc-mutation` pod webhook for
+//!   ReadWriteOnce caches: a labelled pod whose claim names the cache is
+//!   pointed at the claim of its node;
+//! - [`image_volume`]: the `image-volume.gkm.io` pod webhook;
+//! - [`quota`]: the `gpu-quota.gkm.io` validating webhook.
+//!
+//! What they share: the AdmissionReview envelope ([`review`]), the
+//! certificates ([`certs`], [`shared_ca`]) and the configurations
+//! ([`config`]).
 //!
 //! Without cert-manager every replica serves a certificate signed by one CA
 //! they share through a Secret ([`shared_ca`]: created once, rotated in the
@@ -27,6 +36,7 @@
 pub mod certs;
 pub mod config;
 pub mod image_volume;
+pub mod pvc_mutation;
 pub mod quota;
 pub mod review;
 pub mod shared_ca;
@@ -49,11 +59,13 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-pub use config::{CONFIGURATION_NAME, Endpoint, MUTATE_PATH, configuration};
+pub use config::{BadEndpoint, CONFIGURATION_NAME, Endpoint, MUTATE_PATH, configuration};
 
-use gkm_k8s_runtime::endpoints::Endpoints;
+use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes};
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::{EndpointServer, TlsError};
+use http::Method;
+use hyper::body::Bytes;
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]
@@ -77,6 +89,59 @@ pub struct WebhookOptions {
     pub check_interval: Duration,
     /// How the GPU-quota webhook reads pods and nodes.
     pub quota: quota::QuotaOptions,
+}
+
+/// [`WebhookOptions`] the webhook cannot run with, naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidWebhook {
+    /// `validity` is shorter than a day.
+    #[error("must be at least {min:?}, not {got:?} (the certificate validity)")]
+    Validity {
+        /// The shortest allowed.
+        min: Duration,
+        /// What was given.
+        got: Duration,
+    },
+    /// `check_interval` is outside what the webhook accepts.
+    #[error("must be from {min:?} to {max:?}, not {got:?} (the CA check interval)")]
+    CheckInterval {
+        /// The shortest allowed.
+        min: Duration,
+        /// The longest allowed.
+        max: Duration,
+        /// What was given.
+        got: Duration,
+    },
+}
+
+impl WebhookOptions {
+    /// The shortest CA validity: the CA is issued in whole days.
+    pub const MIN_VALIDITY: Duration = Duration::from_secs(86_400);
+    /// The shortest interval between reads of the shared CA.
+    pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+    /// The longest interval between reads of the shared CA.
+    pub const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(86_400);
+
+    /// Checks what [`Webhook::start`] relies on; the binary's flags go
+    /// through this too.
+    pub fn validate(&self) -> Result<(), InvalidWebhook> {
+        if self.validity < Self::MIN_VALIDITY {
+            return Err(InvalidWebhook::Validity {
+                min: Self::MIN_VALIDITY,
+                got: self.validity,
+            });
+        }
+        let (min, max) = (Self::MIN_CHECK_INTERVAL, Self::MAX_CHECK_INTERVAL);
+        if !(min..=max).contains(&self.check_interval) {
+            return Err(InvalidWebhook::CheckInterval {
+                min,
+                max,
+                got: self.check_interval,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The running webhook.
@@ -134,6 +199,9 @@ pub enum WebhookError {
         /// What is wrong.
         source: shared_ca::BadSecret,
     },
+    /// The options do not [validate](WebhookOptions::validate).
+    #[error(transparent)]
+    Invalid(#[from] InvalidWebhook),
     /// The listen address could not be bound.
     #[error("listening on {addr}: {source}")]
     Listen {
@@ -148,6 +216,7 @@ impl Webhook {
     /// Joins the shared CA (creating it when this is the first replica),
     /// publishes its bundle and starts serving.
     pub async fn start(client: Client, options: WebhookOptions) -> Result<Webhook, WebhookError> {
+        options.validate()?;
         let (cert, shared) = match &options.cert_files {
             Some((cert, key)) => {
                 let read = |p: &PathBuf| {
@@ -167,10 +236,9 @@ impl Webhook {
                 (cert, Some((store, shared)))
             }
         };
-        let endpoints =
-            Endpoints::new(Registry::default(), Readiness::default()).with_routes(Arc::new(
-                quota::AdmissionRoutes::new(client.clone(), options.quota.clone()),
-            ));
+        let endpoints = Endpoints::new(Registry::default(), Readiness::default()).with_routes(
+            Arc::new(AdmissionRoutes::new(client.clone(), options.quota.clone())),
+        );
         let server =
             EndpointServer::start_endpoints(options.listen, endpoints, Some(cert.acceptor()?))
                 .await
@@ -375,7 +443,7 @@ async fn publish_quota_bundle(client: &Client, bundle: &str) -> Result<(), Webho
         {"name": quota::QUOTA_WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
     ]});
     let params = PatchParams {
-        field_manager: Some(crate::pvc::FIELD_MANAGER.into()),
+        field_manager: Some(crate::names::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     match api
@@ -439,7 +507,7 @@ async fn publish_mutation_bundle(
         {"name": which.webhook, "clientConfig": {"caBundle": encoded}},
     ]});
     let params = PatchParams {
-        field_manager: Some(crate::pvc::FIELD_MANAGER.into()),
+        field_manager: Some(crate::names::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     match api
@@ -451,7 +519,7 @@ async fn publish_mutation_bundle(
             Endpoint::Url(_) => api
                 .patch(
                     which.name,
-                    &PatchParams::apply(crate::pvc::FIELD_MANAGER).force(),
+                    &PatchParams::apply(crate::names::FIELD_MANAGER).force(),
                     &Patch::Apply(&(which.body)(&options.endpoint, Some(bundle))),
                 )
                 .await
@@ -505,5 +573,40 @@ async fn keep_current(
             }
             Err(e) => warn!(error = %e, "serving a certificate of the new webhook CA"),
         }
+    }
+}
+
+/// The operator's admission routes: the pvc-mutation webhook and the quota
+/// webhook on one server, one certificate.
+pub struct AdmissionRoutes {
+    mutation: pvc_mutation::MutationRoutes,
+    quota: quota::QuotaRoutes,
+    image_volume: image_volume::ImageVolumeRoutes,
+}
+
+impl AdmissionRoutes {
+    /// The operator's webhooks, reading with `client`.
+    pub fn new(client: Client, options: quota::QuotaOptions) -> AdmissionRoutes {
+        AdmissionRoutes {
+            mutation: pvc_mutation::MutationRoutes::new(client.clone()),
+            image_volume: image_volume::ImageVolumeRoutes::new(client.clone()),
+            quota: quota::QuotaRoutes::new(client, options),
+        }
+    }
+}
+
+impl Routes for AdmissionRoutes {
+    fn serves(&self, path: &str) -> bool {
+        path == MUTATE_PATH || path == quota::QUOTA_PATH || self.image_volume.serves(path)
+    }
+
+    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
+        if path == MUTATE_PATH {
+            return self.mutation.respond(method, path, body);
+        }
+        if self.image_volume.serves(path) {
+            return self.image_volume.respond(method, path, body);
+        }
+        review::answer_review(method, async move { self.quota.review(&body).await })
     }
 }

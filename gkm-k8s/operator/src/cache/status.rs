@@ -5,7 +5,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::pvc::ClaimsOutcome;
+use crate::cache::pvc::ClaimsOutcome;
 use gkm_k8s_api::conditions::{Cond, merge};
 use gkm_k8s_api::crd::{CacheCounts, CacheState, CacheStatus, VerificationStatus};
 
@@ -34,7 +34,7 @@ pub(super) struct Resolved {
     pub variant_nodes: std::collections::BTreeMap<u64, i32>,
     /// The claims, when the cache is (or was) in PVC mode.
     pub claims: Option<Claims>,
-    /// When the tag's digest is not followed ([`crate::tag_follow`]): the
+    /// When the tag's digest is not followed ([`super::tag_follow`]): the
     /// `TagFollowed` condition's reason and message.
     pub hold: Option<(&'static str, String)>,
 }

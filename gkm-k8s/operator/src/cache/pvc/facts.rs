@@ -1,5 +1,5 @@
 //! What PVC delivery reads of the objects it watches, and the keys it finds
-//! them by ([`crate::watched_index`]): gkm's Jobs, claims and volumes by the cache
+//! them by ([`gkm_k8s_runtime::watched_index`]): gkm's Jobs, claims and volumes by the cache
 //! that owns them, pods by the claims they use. Pure: tests feed it objects.
 
 use jiff::Timestamp;
@@ -8,10 +8,11 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::{Resource, ResourceExt};
 
 use super::apply::{FILLED_ANNOTATION, REFILLED_AT_ANNOTATION};
-use super::objects::{MANAGED_BY, owner_of};
+use super::objects::owner_of;
 use super::status::Fill;
-use crate::watched_index::Entry;
+use crate::names::MANAGED_BY;
 use gkm_k8s_api::cache_object::CacheKey;
+use gkm_k8s_runtime::watched_index::Entry;
 
 /// A claim in a namespace: (namespace, claim name).
 pub type ClaimRef = (String, String);
@@ -104,7 +105,7 @@ pub fn pod(pod: &Pod) -> Option<Entry<ClaimRef, ClaimUser>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pvc::objects::owner_labels;
+    use crate::cache::pvc::objects::owner_labels;
     use serde_json::json;
 
     fn pod_with(labels: serde_json::Value, phase: &str, claims: &[&str]) -> Pod {

@@ -31,8 +31,8 @@ use super::objects;
 use super::plan::{PvcMode, served_namespaces};
 use super::status::Fill;
 use crate::error::{Error, Result};
-use crate::watched_index::{self, Entry, Indexed, ObjectId};
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
+use gkm_k8s_runtime::watched_index::{self, Entry, Indexed, ObjectId};
 
 /// How long a reconcile waits for the pod watch's first list.
 const FIRST_LIST: Duration = Duration::from_secs(60);

@@ -17,6 +17,12 @@ use std::collections::BTreeSet;
 
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::SignaturePolicy;
+use gkm_k8s_node::names::is_dns1123_label;
+
+/// A name that cannot name a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a namespace name")]
+pub struct NotANamespace(pub String);
 
 /// The namespaces whose caches' own signers count.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +40,23 @@ impl TenantSigners {
         TenantSigners {
             namespaces: namespaces.into_iter().map(Into::into).collect(),
         }
+    }
+
+    /// Tenant signers count in `namespaces` (trimmed; empty entries
+    /// skipped, as a comma-separated flag gives them), each of which must
+    /// be able to name a namespace (a DNS-1123 label).
+    pub fn parse_namespaces<'a>(
+        namespaces: impl IntoIterator<Item = &'a str>,
+    ) -> Result<TenantSigners, NotANamespace> {
+        let namespaces: Vec<&str> = namespaces
+            .into_iter()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(bad) = namespaces.iter().find(|n| !is_dns1123_label(n)) {
+            return Err(NotANamespace(bad.to_string()));
+        }
+        Ok(TenantSigners::in_namespaces(namespaces))
     }
 
     /// Whether the own signers of the cache `key` count.
@@ -78,6 +101,21 @@ impl TenantSigners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_from_a_flag_are_trimmed_and_checked() {
+        assert_eq!(
+            TenantSigners::parse_namespaces([" team-a", "", "b "]),
+            Ok(TenantSigners::in_namespaces(["team-a", "b"]))
+        );
+        for bad in ["Team", "-a", "a-", "a.b", &"x".repeat(64)] {
+            assert_eq!(
+                TenantSigners::parse_namespaces([bad]),
+                Err(NotANamespace(bad.to_string())),
+                "{bad}"
+            );
+        }
+    }
     use gkm_k8s_api::crd::{KeySigner, SignatureMode, Signer};
 
     fn signed_by(pem: &str) -> SignaturePolicy {

@@ -19,19 +19,18 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
-use super::metrics::RegistryOperation;
 use super::release::{release_of, remove_release, write_release};
-use super::report_index::ReportIndex;
 use super::rollup::NodeEntries;
 use super::rollup::{rollup, variant_nodes, variant_status};
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
 use super::verdict::{verdict, verdict_event};
+use crate::cache::pvc::{ImageVariants, PvcMode, ResolvedImage, reconcile_claims, remove_claims};
 use crate::error::{Error, Result};
-use crate::pvc::{
-    FIELD_MANAGER, ImageVariants, PvcMode, ResolvedImage, reconcile_claims, remove_claims,
-};
+use crate::metrics::RegistryOperation;
+use crate::names::FIELD_MANAGER;
+use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
 use gkm_k8s_api::crd::{
     CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval,
@@ -59,22 +58,6 @@ pub async fn reconcile<K: CacheObject>(
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     })
-}
-
-/// How the controller retries a failed reconcile.
-pub fn error_policy<K: CacheObject>(cache: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    match error {
-        Error::WaitingForNodes(_) => Action::requeue(Duration::from_secs(2)),
-        // Retrying at once would only panic again: back off a while.
-        Error::Panicked(why) => {
-            tracing::error!(cache = %cache.key(), %why, "reconcile panicked");
-            Action::requeue(Duration::from_secs(300))
-        }
-        other => {
-            warn!(cache = %cache.key(), error = %other, "reconcile failed");
-            Action::requeue(Duration::from_secs(10))
-        }
-    }
 }
 
 async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) -> Result<Action> {
@@ -126,7 +109,7 @@ async fn apply<K: CacheObject>(cache: &K, ctx: &Context, reports: &ReportIndex) 
     // Targets that could not be read are asked for again soon, not only at
     // the next resolution.
     Ok(Action::requeue(if unread {
-        interval.min(crate::variants::RETRY_AFTER)
+        interval.min(crate::cache::variants::RETRY_AFTER)
     } else {
         interval
     }))

@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::rollup::variant_key;
+use crate::cache::rollup::variant_key;
+use crate::names;
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{AccessMode, CacheSpec};
 
@@ -256,96 +257,6 @@ fn shared_fill(
                 .collect::<Vec<_>>()
                 .join("; ")
         )),
-    }
-}
-
-/// The names gkm gives the objects it makes: stable, valid, and short
-/// enough for a label value (63 characters).
-pub mod names {
-    use gkm_k8s_api::cache_object::{CacheKey, Scope};
-    use gkm_k8s_api::crd::PodTemplate;
-
-    const MAX: usize = 63;
-
-    /// The first 10 hex digits of `text`'s SHA-256.
-    pub(crate) fn short_hash(text: &str) -> String {
-        let digest = gkm_oci::Digest::of(text.as_bytes()).to_string();
-        digest
-            .rsplit(':')
-            .next()
-            .unwrap_or_default()
-            .chars()
-            .take(10)
-            .collect()
-    }
-
-    /// `name` as a label value (at most 63 characters): the name itself
-    /// when it fits, so objects labelled before keep matching; else cut and
-    /// followed by a hash of the whole, so distinct names stay distinct.
-    /// Object names (DNS subdomains: lowercase letters, digits, `-`, `.`)
-    /// give valid values; every label of gkm's that holds a name (and every
-    /// selector on one) is made here.
-    ///
-    /// ```
-    /// use gkm_k8s_operator::pvc::names::label_value;
-    /// assert_eq!(label_value("vector-add"), "vector-add");
-    /// assert_eq!(label_value(&"x".repeat(80)).len(), 63);
-    /// ```
-    pub fn label_value(name: &str) -> String {
-        if name.len() <= MAX {
-            return name.to_string();
-        }
-        let hash = short_hash(name);
-        let cut: String = name.chars().take(MAX - hash.len() - 1).collect();
-        format!("{}-{hash}", cut.trim_end_matches(['-', '.']))
-    }
-
-    /// `prefix-suffix`, with `prefix` cut and a hash of the whole added when
-    /// it would pass 63 characters.
-    pub fn joined(prefix: &str, suffix: &str) -> String {
-        let whole = format!("{prefix}-{suffix}");
-        if whole.len() <= MAX {
-            return whole;
-        }
-        let hash = short_hash(&whole);
-        let room = MAX.saturating_sub(suffix.len() + hash.len() + 2);
-        let cut: String = prefix.chars().take(room).collect();
-        format!("{}-{hash}-{suffix}", cut.trim_end_matches(['-', '.']))
-    }
-
-    /// The claim of `node` in ReadWriteOnce mode.
-    pub fn node_claim(cache: &str, node: &str) -> String {
-        joined(cache, &short_hash(node))
-    }
-
-    /// The Job filling `claim` with `digest` from pods made after
-    /// `template`: a Job's pod template cannot change, so a changed
-    /// `podTemplate` names a new Job (and the old one is removed).
-    pub fn job(claim: &str, digest: &str, template: Option<&PodTemplate>) -> String {
-        let hex = digest.rsplit(':').next().unwrap_or(digest);
-        let mut suffix: String = hex.chars().take(12).collect();
-        if let Some(template) = template {
-            let text = serde_json::to_string(template).unwrap_or_default();
-            suffix.push('-');
-            suffix.extend(short_hash(&text).chars().take(5));
-        }
-        joined(claim, &suffix)
-    }
-
-    /// The gkm-made PersistentVolume for the claim of `cache` in `namespace`
-    /// (for `node` in ReadWriteOnce mode).
-    pub fn volume(cache: &CacheKey, namespace: &str, node: Option<&str>) -> String {
-        let kind = match cache.scope() {
-            Scope::Namespaced => "ns",
-            Scope::Cluster => "cl",
-        };
-        let whole = format!(
-            "{kind}/{}/{}/{namespace}/{}",
-            cache.namespace().unwrap_or_default(),
-            cache.name(),
-            node.unwrap_or_default()
-        );
-        format!("gkm-{}", short_hash(&whole))
     }
 }
 

@@ -31,7 +31,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 
 use crate::error::Result;
-use crate::pvc::FIELD_MANAGER;
+use crate::names::FIELD_MANAGER;
 
 /// The label on every class the operator makes; the only classes it may
 /// write or delete.
@@ -51,11 +51,11 @@ pub const NOTHING_ANNOTATION: &str = "gkm.io/selects-nothing";
 /// so no two caches share a name); past 63 characters (the longest label
 /// value, and what the class's quota resource
 /// `<class>.deviceclass.resource.k8s.io/devices` allows), cut and followed
-/// by a hash of the whole ([`label_value`](crate::pvc::names::label_value)).
+/// by a hash of the whole ([`label_value`](crate::names::label_value)).
 ///
 /// ```
 /// use gkm_core::CacheKey;
-/// use gkm_k8s_operator::device_class::class_name;
+/// use gkm_k8s_operator::cache::device_class::class_name;
 /// assert_eq!(class_name(&CacheKey::named(Some("team-a"), "llama")), "gkm-cache.team-a.llama");
 /// assert_eq!(class_name(&CacheKey::named(None, "llama")), "gkm-clustercache.llama");
 /// assert_eq!(class_name(&CacheKey::named(Some("t"), &"x".repeat(80))).len(), 63);
@@ -65,7 +65,7 @@ pub fn class_name(cache: &CacheKey) -> String {
         CacheKey::Namespaced { namespace, name } => format!("gkm-cache.{namespace}.{name}"),
         CacheKey::Cluster { name } => format!("gkm-clustercache.{name}"),
     };
-    crate::pvc::names::label_value(&whole)
+    crate::names::label_value(&whole)
 }
 
 /// What a GPU must be for some variant of `release` to fit it, or why no

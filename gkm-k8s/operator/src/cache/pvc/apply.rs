@@ -22,12 +22,11 @@ use super::plan::{ImageVariants, Plan, PlanInput, PvcMode, plan};
 use super::status::{Fill, NamespaceFacts, claims_status};
 use super::watch::{Owned, Watches};
 use crate::error::{Error, Result};
-use crate::watched_index::ObjectId;
+use crate::names::FIELD_MANAGER;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject};
 use gkm_k8s_api::crd::{CacheState, PvcOwner, PvcStatus};
+use gkm_k8s_runtime::watched_index::ObjectId;
 
-/// The field manager of every object gkm applies for PVC delivery.
-pub const FIELD_MANAGER: &str = "gkm-operator";
 /// The claim annotation naming the digest its content was filled from.
 pub const FILLED_ANNOTATION: &str = "gkm.io/filled-digest";
 /// The claim annotation naming when the current content was filled, set
@@ -271,7 +270,7 @@ async fn list_owned(key: &CacheKey, client: &Client) -> Result<Owned> {
         found
             .items
             .iter()
-            .map(crate::watched_index::id_of)
+            .map(gkm_k8s_runtime::watched_index::id_of)
             .collect()
     }
     Ok(Owned {
@@ -475,7 +474,7 @@ fn prepare_volume_dir(options: &PvcOptions, name: &str) {
         return;
     };
     let path = dir.join(name);
-    let uid = objects::FILL_UID as u32;
+    let uid = crate::names::FILL_UID as u32;
     let owned = std::fs::metadata(&path)
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == uid)
         .unwrap_or(false);

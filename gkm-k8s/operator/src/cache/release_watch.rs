@@ -94,7 +94,7 @@ impl Restorer {
 /// deleted or changed by another hand, after forgetting in the context's
 /// releases what the operator wrote there.
 pub(super) fn watch_releases<K: CacheObject>(
-    ctx: Arc<crate::Context>,
+    ctx: Arc<crate::cache::Context>,
 ) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static {
     let api: Api<K::Release> = Api::all(ctx.client.clone());
     let mut restorer = Restorer::default();

@@ -9,36 +9,19 @@ use gkm_oci::mirrors::{HostsConfig, parse_hosts};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
-use super::names::label_value;
 use super::plan::{ClaimPlan, PvcMode};
+use crate::job_pod::{ImagePullPolicy, JobContainer, restricted_pod};
+use crate::names::{
+    CACHE_LABEL, CACHE_NAME_ANNOTATION, KIND_LABEL, MANAGED_BY, NAMESPACE_LABEL, NODE_LABEL,
+    NODE_NAME_ANNOTATION, label_value, labelled_name,
+};
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{CacheSpec, PodTemplate};
 
-/// The label naming the cache an object belongs to (its name as a
-/// [`label_value`]: cut past 63 characters; [`CACHE_NAME_ANNOTATION`] holds
-/// it whole).
-pub const CACHE_LABEL: &str = "gkm.io/cache";
-/// The annotation holding the whole name of the cache an object belongs to.
-pub const CACHE_NAME_ANNOTATION: &str = "gkm.io/cache-name";
-/// The label naming the cache's kind (`GKMCache`, `ClusterGKMCache`).
-pub const KIND_LABEL: &str = "gkm.io/cache-kind";
-/// The label naming a namespaced cache's namespace (on cluster-scoped volumes).
-pub const NAMESPACE_LABEL: &str = "gkm.io/cache-namespace";
-/// The label naming the node a ReadWriteOnce claim serves (as a
-/// [`label_value`]; [`NODE_NAME_ANNOTATION`] holds it whole).
-pub const NODE_LABEL: &str = "gkm.io/node";
-/// The annotation holding the whole name of the node a claim serves.
-pub const NODE_NAME_ANNOTATION: &str = "gkm.io/node-name";
 /// The annotation naming the digest a fill Job extracts.
 pub const DIGEST_ANNOTATION: &str = "gkm.io/digest";
-/// Who made the object.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gkm-operator");
 /// Where a fill Job mounts the claim.
 pub const FILL_MOUNT: &str = "/cache";
-/// The user and group fill Jobs run as (and the `fsGroup` their claim is
-/// given): not root, so they pass Pod Security `restricted`.
-pub const FILL_UID: i64 = 65532;
-
 /// How the operator makes claims, volumes and fill Jobs.
 #[derive(Debug, Clone)]
 pub struct PvcOptions {
@@ -46,7 +29,7 @@ pub struct PvcOptions {
     /// `gkm-operator fill`).
     pub job_image: String,
     /// The fill Job's `imagePullPolicy`.
-    pub job_image_pull_policy: String,
+    pub job_image_pull_policy: ImagePullPolicy,
     /// Run fill Jobs in the node's network namespace (a registry reachable
     /// only from the nodes themselves, such as a node-local mirror).
     pub job_host_network: bool,
@@ -71,7 +54,7 @@ impl Default for PvcOptions {
     fn default() -> Self {
         PvcOptions {
             job_image: "ghcr.io/gkm-rs/gkm-operator:v0.1.0".into(),
-            job_image_pull_policy: "IfNotPresent".into(),
+            job_image_pull_policy: ImagePullPolicy::IfNotPresent,
             job_host_network: false,
             insecure_registry: false,
             volume_dir: None,
@@ -111,19 +94,6 @@ fn owner_annotations(key: &CacheKey, claim: &ClaimPlan) -> BTreeMap<String, Stri
         annotations.insert(NODE_NAME_ANNOTATION.to_string(), node.clone());
     }
     annotations
-}
-
-/// The name `label` stands for on an object gkm made: the whole name in
-/// its `annotation` when the label is that name's [`label_value`], else the
-/// label itself (an object made before the annotation, whose name was
-/// short enough to be its label); `None` without the label, or when the
-/// two disagree.
-pub fn labelled_name(meta: &ObjectMeta, label: &str, annotation: &str) -> Option<String> {
-    let value = meta.labels.as_ref()?.get(label)?;
-    match meta.annotations.as_ref().and_then(|a| a.get(annotation)) {
-        Some(name) => (label_value(name) == *value).then(|| name.clone()),
-        None => Some(value.clone()),
-    }
 }
 
 /// A label selector matching [`owner_labels`].
@@ -254,33 +224,17 @@ pub fn job(
     if options.insecure_registry {
         args.push("--insecure-registry".into());
     }
-    let mut pod_spec = json!({
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": false,
-        // Pod Security `restricted`: the fill reads a registry and writes
-        // the claim, nothing more.
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": FILL_UID,
-            "runAsGroup": FILL_UID,
-            "fsGroup": FILL_UID,
-            "fsGroupChangePolicy": "OnRootMismatch",
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [{
-            "name": "fill",
-            "image": options.job_image,
-            "imagePullPolicy": options.job_image_pull_policy,
-            "args": args,
-            "volumeMounts": [{"name": "cache", "mountPath": FILL_MOUNT}],
-            "securityContext": {
-                "allowPrivilegeEscalation": false,
-                "readOnlyRootFilesystem": true,
-                "capabilities": {"drop": ["ALL"]},
-            },
-        }],
-        "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": plan.name}}],
+    let mut pod_spec = restricted_pod(&JobContainer {
+        name: "fill",
+        image: &options.job_image,
+        image_pull_policy: options.job_image_pull_policy,
+        args: &args,
     });
+    // The claim is given to the fill's group once, not on every mount.
+    pod_spec["securityContext"]["fsGroupChangePolicy"] = json!("OnRootMismatch");
+    pod_spec["containers"][0]["volumeMounts"] = json!([{"name": "cache", "mountPath": FILL_MOUNT}]);
+    pod_spec["volumes"] =
+        json!([{"name": "cache", "persistentVolumeClaim": {"claimName": plan.name}}]);
     if options.job_host_network {
         pod_spec["hostNetwork"] = json!(true);
     }
@@ -590,5 +544,37 @@ mod tests {
         assert_eq!(c["spec"]["volumeName"], "gkm-abc");
         assert_eq!(c["spec"]["accessModes"][0], "ReadWriteOnce");
         assert!(volume(&key(), &rox, &claim_plan(None), &PvcOptions::default()).is_none());
+    }
+
+    #[test]
+    fn the_webhook_reads_long_cache_and_node_names_whole() {
+        use crate::admission::pvc_mutation::{node_claim, node_claims};
+        use crate::cache::pvc::plan::ClaimPlan;
+        use gkm_k8s_runtime::watched_index::Indexed;
+        use kube::runtime::watcher;
+        use std::collections::BTreeMap;
+        let cache = format!("cache-{}", "c".repeat(70));
+        let node = format!("node-{}", "n".repeat(70));
+        let plan = ClaimPlan {
+            namespace: "team".into(),
+            name: "per-node".into(),
+            node: Some(node.clone()),
+            volume: None,
+            job: None,
+            fill_digest: None,
+        };
+        let key = gkm_k8s_api::cache_object::CacheKey::namespaced("team", cache.as_str());
+        let spec = gkm_k8s_api::crd::CacheSpec {
+            storage_class_name: Some("standard".into()),
+            ..Default::default()
+        };
+        let body = claim(&key, &spec, &plan, &PvcOptions::default());
+        let index = Indexed::default();
+        let made = serde_json::from_value(body).expect("a claim");
+        index.observe(&watcher::Event::Apply(made), node_claim);
+        assert_eq!(
+            node_claims(index.under(&"team".to_string())),
+            BTreeMap::from([(cache, BTreeMap::from([(node, "per-node".to_string())]))])
+        );
     }
 }

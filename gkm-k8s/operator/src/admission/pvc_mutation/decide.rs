@@ -13,23 +13,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+use crate::admission::review::Answer;
+
 /// The label a pod opts in with.
 pub const MUTATION_LABEL: &str = "gkm.io/pvc-mutation";
 
 /// The claims of ReadWriteOnce caches in the pod's namespace: cache name →
 /// node → claim name.
 pub type NodeClaims = BTreeMap<String, BTreeMap<String, String>>;
-
-/// The webhook's answer for one pod.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    /// Nothing to change (not labelled, or no volume names such a cache).
-    Untouched,
-    /// A JSON Patch (RFC 6902) pointing the volumes at the node's claims.
-    Patch(Value),
-    /// The pod cannot be admitted, and why.
-    Refuse(String),
-}
 
 /// The node a pod is pinned to: `spec.nodeName`, else the single
 /// `metadata.name` of every required node-affinity term (how a DaemonSet

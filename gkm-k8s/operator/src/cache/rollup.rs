@@ -3,43 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use gkm_k8s_api::crd::{CacheCounts, CacheState, ImageVariant, NodeCacheStatus, VariantNodes};
+use gkm_k8s_api::crd::{CacheCounts, CacheState, ImageVariant, VariantNodes};
 
-/// What the rollup reads of a node's entry for one digest: its state, how
-/// many pods use it and, of a multi-target image, which variant the node
-/// holds. 24 bytes, where the entry itself is hundreds: the operator keeps
-/// one per cache, node and digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Entry {
-    /// Where the digest stands on the node.
-    pub state: Option<CacheState>,
-    /// The pods using it there.
-    pub pods: u32,
-    /// The variant held ([`variant_key`] of its digest), of a multi-target
-    /// image.
-    pub variant: Option<u64>,
-}
-
-impl From<&NodeCacheStatus> for Entry {
-    fn from(entry: &NodeCacheStatus) -> Entry {
-        Entry {
-            state: entry.state,
-            pods: entry
-                .pods
-                .as_ref()
-                .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
-            variant: entry.variant.as_deref().and_then(variant_key),
-        }
-    }
-}
-
-/// A variant digest as the rollup keeps it: the first 64 bits of its hash,
-/// enough to tell apart the variants of one index; `None` for what is not
-/// a `sha256:` digest.
-pub fn variant_key(digest: &str) -> Option<u64> {
-    let hex = digest.strip_prefix("sha256:")?;
-    u64::from_str_radix(hex.get(..16)?, 16).ok()
-}
+pub use crate::report_index::{Entry, NodeEntries, variant_key};
 
 /// Per variant ([`variant_key`]), how many nodes hold it extracted (in use
 /// or not) for `resolved`, the multi-target image's index digest.
@@ -60,9 +26,6 @@ pub fn variant_nodes<'a>(
     }
     held
 }
-
-/// One node's entries for one cache, by image digest.
-pub type NodeEntries = Vec<(String, Entry)>;
 
 /// A cache's cluster-wide counts and state, from the entries of every node
 /// that reported it.
@@ -173,6 +136,7 @@ pub fn variant_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gkm_k8s_api::crd::NodeCacheStatus;
     use gkm_k8s_api::crd::PodData;
 
     fn entry(state: CacheState, pods: u32) -> Entry {

@@ -21,21 +21,17 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use http::Method;
-use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::{Binding, Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::config::{Endpoint, MUTATE_PATH, client_config};
-use super::review::{MutationRoutes, answer_review, response};
-use crate::pvc::mutation::Answer;
+use super::config::{Endpoint, client_config};
+use super::review::{Answer, response};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
 use gkm_k8s_api::gpu_request::{GpuReading, GpuRequest};
 use gkm_k8s_api::quota::{Amount, check, holds_on};
-use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 
 /// The configuration's name (the chart renders it; the operator writes
 /// only its `caBundle`).
@@ -205,7 +201,7 @@ impl QuotaRoutes {
         ))
     }
 
-    async fn review(&self, body: &[u8]) -> Result<Value, String> {
+    pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
         let review: Value =
             serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
         let request = &review["request"];
@@ -292,41 +288,6 @@ pub const MATCH_CONDITIONS: &[(&str, &str)] = &[
         "(has(request.subResource) && request.subResource == 'binding') || !has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
     ),
 ];
-
-/// The operator's admission routes: the pvc-mutation webhook and the quota
-/// webhook on one server, one certificate.
-pub struct AdmissionRoutes {
-    mutation: MutationRoutes,
-    quota: QuotaRoutes,
-    image_volume: super::image_volume::ImageVolumeRoutes,
-}
-
-impl AdmissionRoutes {
-    /// The operator's webhooks, reading with `client`.
-    pub fn new(client: Client, options: QuotaOptions) -> AdmissionRoutes {
-        AdmissionRoutes {
-            mutation: MutationRoutes::new(client.clone()),
-            image_volume: super::image_volume::ImageVolumeRoutes::new(client.clone()),
-            quota: QuotaRoutes::new(client, options),
-        }
-    }
-}
-
-impl Routes for AdmissionRoutes {
-    fn serves(&self, path: &str) -> bool {
-        path == MUTATE_PATH || path == QUOTA_PATH || self.image_volume.serves(path)
-    }
-
-    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
-        if path == MUTATE_PATH {
-            return self.mutation.respond(method, path, body);
-        }
-        if self.image_volume.serves(path) {
-            return self.image_volume.respond(method, path, body);
-        }
-        answer_review(method, async move { self.quota.review(&body).await })
-    }
-}
 
 #[cfg(test)]
 mod tests {

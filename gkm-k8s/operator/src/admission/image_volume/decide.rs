@@ -1,7 +1,7 @@
 //! What the `image-volume.gkm.io` pod webhook answers: image volumes
 //! (Kubernetes 1.36) that name a gkm cache get the cache's verified digest
 //! and the pod a node constraint to the nodes whose GPUs fit it. Pure: the
-//! server ([`crate::webhook::image_volume`]) feeds it the pod and what it
+//! server ([`super`]) feeds it the pod and what it
 //! read of the caches the pod names.
 //!
 //! A pod names a cache with an `image` volume whose reference is the
@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
-use crate::pvc::mutation::Answer;
+use crate::admission::review::Answer;
 use gkm_k8s_api::crd::CacheStatus;
 
 /// The reference prefix of an image volume that names a gkm cache.

@@ -4,8 +4,8 @@
 //! uses), so a reader reads only what concerns its key and a change names
 //! only the keys whose facts it changed.
 //!
-//! The node reports ([`crate::report_index`]), PVC delivery's objects
-//! ([`crate::pvc`]) and the admission webhooks are served from it. Pure
+//! The operator serves its node reports, PVC delivery's objects and its
+//! admission webhooks from it. Pure
 //! apart from its lock: tests feed it watch events. A relist (the watch
 //! restarted) is buffered as a reflector's store does it: the index answers
 //! from what it had until the list is complete, then swaps, and the keys

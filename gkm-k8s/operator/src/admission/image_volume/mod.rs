@@ -1,5 +1,5 @@
 //! Serving the `image-volume.gkm.io` pod webhook: an AdmissionReview in,
-//! the [`crate::image_volume::admit`] answer out, with the caches the pod
+//! the [`admit`] answer out ([`decide`], pure), with the caches the pod
 //! names read from the apiserver for each pod and the nodes each fits from
 //! a watched index of the node reports ([`ReportIndex`]), not a list of
 //! them per pod. The watch starts with the first pod, which waits for its
@@ -11,6 +11,8 @@
 //! failure policy is `Fail`: admitted unchanged, the placeholder could not
 //! be pulled anyway.
 
+pub mod decide;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -19,10 +21,9 @@ use hyper::body::Bytes;
 use kube::Client;
 use serde_json::{Value, json};
 
+use self::decide::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use super::config::{Endpoint, client_config};
-use super::review::{answer_review, log_answer, pod_review, response};
-use crate::image_volume::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
-use crate::pvc::mutation::Answer;
+use super::review::{Answer, answer_review, log_answer, pod_review, response};
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
 use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode};
@@ -266,7 +267,8 @@ mod tests {
 
     #[test]
     fn the_chart_sends_the_same_pods() {
-        let chart = include_str!("../../../../deploy/helm/gkm/templates/manifests/operator.yaml");
+        let chart =
+            include_str!("../../../../../deploy/helm/gkm/templates/manifests/operator.yaml");
         let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
             words(chart).contains(&words(&match_condition())),

@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use crate::error::Result;
-use crate::pvc::FIELD_MANAGER;
+use crate::names::FIELD_MANAGER;
 use gkm_k8s_api::cache_object::{CacheObject, ReleaseObject};
 use gkm_k8s_api::crd::{CacheRelease, CacheSpec, CacheStatus, ImageVariant};
 
