@@ -2,25 +2,30 @@
 //! mounts (run as root): a workload compiles into its own bounded,
 //! writable tree, which outlives it; its capture Job, in the same
 //! namespace, reads it read-only and finds the real Triton cache intact;
-//! a pod of another namespace finds nothing; releasing the capture leaves
-//! nothing on the node.
+//! a pod of another namespace finds nothing. The driver releases the tree
+//! only once the agent's capture index says its capture is over (never on a
+//! missing or corrupt index, nor while the capture is open), and then
+//! nothing is left on the node.
 
 mod csi_support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::time::Duration;
 
 use csi_support::{clients, start_driver};
+use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
 use gkm_k8s_csi::mount::mount_at;
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{
     NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
 };
+use gkm_k8s_node::captures::{CaptureIndex, CaptureName, CaptureState, Captures};
 use gkm_k8s_node::volume::{
     ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD, CTX_EPHEMERAL, CTX_POD_NAME,
     CTX_POD_NAMESPACE, CTX_POD_UID,
 };
+use tokio::sync::oneshot;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -65,7 +70,29 @@ async fn unpublish(node: &mut NodeClient<Channel>, target: &Path, uid: &str) {
 }
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/triton/cuda-75-32")
+    gkm_testenv::repo_root().join("fixtures/triton/cuda-75-32")
+}
+
+/// How often the driver looks at the capture index in this test.
+const RELEASE_EVERY: Duration = Duration::from_millis(100);
+
+/// The capture index as the agent writes it: `warm` of `team` in `state`,
+/// observed now.
+fn index_says(store: &Path, state: CaptureState) {
+    let mut captures = Captures::new(jiff::Timestamp::now());
+    captures
+        .states
+        .insert(CaptureName::new("team", "warm"), state);
+    CaptureIndex::new(store)
+        .publish(&captures)
+        .expect("the agent writes the index");
+}
+
+/// Whether the tree is still mounted after the driver had several looks
+/// at the index.
+async fn kept_after_a_while(tree: &Path) -> bool {
+    tokio::time::sleep(RELEASE_EVERY * 10).await;
+    mount_at(tree).expect("mountinfo").is_some() && tree.is_dir()
 }
 
 #[tokio::test]
@@ -85,13 +112,7 @@ async fn a_workloads_capture_tree_outlives_it_and_only_its_namespaces_job_reads_
     node.node_publish_volume(publish(&target, workload, &attributes, false))
         .await
         .expect("the workload's volume");
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(format!("{}/.", fixture().display()))
-        .arg(&target)
-        .status()
-        .expect("cp");
-    assert!(copied.success());
+    gkm_testenv::copy_tree(&fixture(), &target).expect("the workload compiles");
     let too_big = std::fs::write(target.join("padding"), vec![0u8; 2 << 20]).expect_err("bounded");
     assert_eq!(too_big.kind(), std::io::ErrorKind::StorageFull, "{too_big}");
     std::fs::remove_file(target.join("padding")).expect("remove the padding");
@@ -147,18 +168,53 @@ async fn a_workloads_capture_tree_outlives_it_and_only_its_namespaces_job_reads_
     assert!(!stranger.exists(), "nothing made for a refused pod");
     unpublish(&mut node, &job_target, job.2).await;
 
-    // Released once the capture is over: nothing left on the node.
+    // The driver releases trees from the capture index alone: nothing while
+    // the agent wrote none, while it cannot be read, or while the capture
+    // is open; once the index says it is over, nothing is left on the node.
     let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
         node_name: "node-a".into(),
         store_root: store.clone(),
     })
     .expect("driver");
-    driver
-        .node
-        .release_capture("team", "warm", "uid-warm-0")
-        .expect("released");
-    assert!(mount_at(&tree).expect("mountinfo").is_none());
-    assert!(!tree.exists());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let releasing = tokio::spawn(release_captures(
+        driver.node.clone(),
+        ReleaseOptions {
+            interval: RELEASE_EVERY,
+            grace: Duration::ZERO,
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let index = CaptureIndex::new(&store);
+    assert!(
+        kept_after_a_while(&tree).await,
+        "no index yet: the tree stays"
+    );
+    std::fs::create_dir_all(index.path().parent().expect("the index's directory")).expect("mkdir");
+    std::fs::write(index.path(), br#"{"observed": "2026-"#).expect("a torn index");
+    assert!(
+        kept_after_a_while(&tree).await,
+        "a corrupt index: the tree stays"
+    );
+    index_says(&store, CaptureState::Open);
+    assert!(
+        kept_after_a_while(&tree).await,
+        "the capture is open: the tree stays"
+    );
+    index_says(&store, CaptureState::Over);
+    gkm_testenv::until("the released tree is gone", Duration::from_secs(10), || {
+        mount_at(&tree).expect("mountinfo").is_none() && !tree.exists()
+    })
+    .await
+    .expect("released once the index says the capture is over");
+    assert!(
+        !store.join("captures/team").exists(),
+        "its empty parents go with it"
+    );
+    let _ = stop.send(());
+    releasing.await.expect("the release loop ends");
     let gone = node
         .node_publish_volume(publish(&job_target, job, &read, true))
         .await

@@ -343,7 +343,7 @@ async fn refusal(s: &mut Setup, attrs: &[(&str, &str)]) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread")]
 async fn cuda_cache_publishes_on_the_sm75_node_and_is_refused_on_the_gfx90a_node() {
     let fixture = "triton-vector-add-cuda-sm75";
-    let summary = gkm_core::cache::scan(&csi_support::fixtures().join(fixture))
+    let summary = gkm_core::cache::scan(&gkm_testenv::fixture_cache(fixture))
         .expect("scan")
         .summary();
     let key = gkmcache("ml", "vector-add");

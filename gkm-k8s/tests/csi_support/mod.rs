@@ -14,14 +14,6 @@ use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Re
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-/// The shared fixture caches, found by walking up from this crate.
-pub fn fixtures() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.ancestors()
-        .map(|d| d.join("shared/fixtures/caches"))
-        .find(|d| d.is_dir())
-        .unwrap_or_else(|| panic!("no shared/fixtures/caches above {}", here.display()))
-}
 
 /// Build the fixture cache `name` into an OCI layout under `work` and
 /// extract it into the store at `store_root`, as the agent does; its digest.
@@ -31,7 +23,7 @@ pub async fn extract_fixture(work: &Path, store_root: &Path, name: &str) -> Dige
         .expect("image ref");
     let opts = RegistryOptions::default();
     let built = build(
-        &fixtures().join(name),
+        &gkm_testenv::fixture_cache(name),
         &dest,
         &BuildOptions::default(),
         &opts,
