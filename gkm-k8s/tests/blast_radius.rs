@@ -2,10 +2,11 @@
 //! against a real apiserver with the policies and RBAC `deploy/` ships:
 //! each test is named after what it defends.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use gkm_testenv::{ControlPlane, service_account_groups, service_account_user};
+use gkm_testenv::{ControlPlane, eventually, service_account_groups, service_account_user};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -18,7 +19,7 @@ const TENANT: &str = "tenant@example.com";
 const ASSIGNMENT: &str = "gkm.io/gpu-assignment";
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 /// Applies `files` (paths under `deploy/`) to the shared control plane,
@@ -156,32 +157,35 @@ async fn only_the_scheduler_extender_may_set_a_pods_gpu_assignment() -> anyhow::
     // A tenant creates a pod on a node with the GPUs of its choosing. The
     // policy takes effect once the apiserver has loaded it: wait for the
     // refusal, removing any pod that got through before.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in 0.. {
-        let name = format!("forged-{n}");
-        let attempt = as_who(
-            &admin,
-            Who::User(TENANT),
-            create(&pods_path(TEAM), &node_pod(&name, forged.clone()))?,
-        )
-        .await?;
-        match attempt {
-            Err(status) if status.code == 403 && status.message.contains(ASSIGNMENT) => {
-                refused_by_assignment_policy("creating a pod with an assignment", Err(status));
-                break;
-            }
-            other => {
-                if other.is_ok() {
-                    pods.delete(&name, &Default::default()).await?;
+    let (tries, got_through) = (Cell::new(0), RefCell::new(String::new()));
+    eventually(
+        &format!("a tenant's pod with its own {ASSIGNMENT} refused"),
+        Duration::from_secs(20),
+        || async {
+            let name = format!("forged-{}", tries.replace(tries.get() + 1));
+            let attempt = as_who(
+                &admin,
+                Who::User(TENANT),
+                create(&pods_path(TEAM), &node_pod(&name, forged.clone()))?,
+            )
+            .await?;
+            match attempt {
+                Err(status) if status.code == 403 && status.message.contains(ASSIGNMENT) => {
+                    refused_by_assignment_policy("creating a pod with an assignment", Err(status));
+                    Ok(Some(()))
                 }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "a tenant created a pod with its own {ASSIGNMENT}: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                other => {
+                    if other.is_ok() {
+                        pods.delete(&name, &Default::default()).await?;
+                    }
+                    *got_through.borrow_mut() = format!("{other:?}");
+                    Ok(None)
+                }
             }
-        }
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: the tenant created one: {}", got_through.borrow()))?;
 
     // The same pod without the annotation is the tenant's to make.
     as_who(
@@ -346,28 +350,33 @@ async fn the_device_plugin_may_write_only_its_own_nodes_gpu_devices() -> anyhow:
     // The policy takes effect once the apiserver has loaded it: wait until
     // the other node's annotation is refused, undoing writes that got
     // through before.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let attempt = as_device_plugin(
-            &admin,
-            Some(own),
-            merge("/api/v1/nodes", other, &devices(r#"[{"id":"GPU-x"}]"#))?,
-        )
-        .await?;
-        match attempt {
-            Err(status) if status.code == 403 && status.message.contains("only its own") => break,
-            other_result => {
-                let undo = json!({"metadata": {"annotations": {"gkm.io/gpu-devices": null}}});
-                api.patch(other, &PatchParams::default(), &Patch::Merge(&undo))
-                    .await?;
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the device plugin of {own} wrote node {other}: {other_result:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    let wrote = RefCell::new(String::new());
+    eventually(
+        &format!("the device plugin of {own} refused writing node {other}"),
+        Duration::from_secs(20),
+        || async {
+            let attempt = as_device_plugin(
+                &admin,
+                Some(own),
+                merge("/api/v1/nodes", other, &devices(r#"[{"id":"GPU-x"}]"#))?,
+            )
+            .await?;
+            match attempt {
+                Err(status) if status.code == 403 && status.message.contains("only its own") => {
+                    Ok(Some(()))
+                }
+                other_result => {
+                    let undo = json!({"metadata": {"annotations": {"gkm.io/gpu-devices": null}}});
+                    api.patch(other, &PatchParams::default(), &Patch::Merge(&undo))
+                        .await?;
+                    *wrote.borrow_mut() = format!("{other_result:?}");
+                    Ok(None)
+                }
             }
-        }
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it wrote it: {}", wrote.borrow()))?;
 
     // Its own node's gkm.io/gpu-devices, as it publishes it: allowed.
     let published = r#"[{"id":"0000:40:00.0","cores":100,"memory":1024}]"#;
@@ -465,8 +474,8 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
 -> anyhow::Result<()> {
     use gkm_k8s_api::cache_object::CacheKey;
     use gkm_k8s_api::crd::{AccessMode, CacheSpec};
-    use gkm_k8s_operator::pvc::objects::{PvcOptions, job, volume};
-    use gkm_k8s_operator::pvc::plan::ClaimPlan;
+    use gkm_k8s_operator::cache::pvc::objects::{PvcOptions, job, volume};
+    use gkm_k8s_operator::cache::pvc::plan::ClaimPlan;
 
     let (_plane, admin) = install(&["rbac/operator.yaml", "policies/operator-scope.yaml"]).await?;
     let jobs_path = format!("/apis/batch/v1/namespaces/{TEAM}/jobs");
@@ -486,28 +495,33 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
 
     // A privileged Job mounting the node's root, made with the operator's
     // token. The policy takes effect once the apiserver has loaded it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in 0.. {
-        let name = format!("escape-{n}");
-        match as_operator(&admin, &jobs_path, &escape(&name)).await? {
-            Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {
-                break;
-            }
-            other => {
-                if other.is_ok() {
-                    let background = kube::api::DeleteParams::background();
-                    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
-                        .delete(&name, &background)
-                        .await?;
+    let (tries, created) = (Cell::new(0), RefCell::new(String::new()));
+    eventually(
+        "the operator's identity refused a privileged hostPath Job",
+        Duration::from_secs(20),
+        || async {
+            let name = format!("escape-{}", tries.replace(tries.get() + 1));
+            match as_operator(&admin, &jobs_path, &escape(&name)).await? {
+                Err(status)
+                    if status.code == 403 && status.message.contains("gkm-operator may") =>
+                {
+                    Ok(Some(()))
                 }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the operator's identity created a privileged hostPath Job: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                other => {
+                    if other.is_ok() {
+                        let background = kube::api::DeleteParams::background();
+                        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
+                            .delete(&name, &background)
+                            .await?;
+                    }
+                    *created.borrow_mut() = format!("{other:?}");
+                    Ok(None)
+                }
             }
-        }
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it created one: {}", created.borrow()))?;
 
     // What the operator itself makes for a ReadWriteOnce cache filled into
     // gkm-made volumes: allowed.
@@ -622,8 +636,8 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
     // The chart's GPU-quota webhook configuration: the operator may write
     // its caBundle, and nothing else of it. (Its namespaceSelector here
     // matches no namespace, so it judges nothing in these tests.)
-    use gkm_k8s_operator::webhook::Endpoint;
-    use gkm_k8s_operator::webhook::quota::{QUOTA_CONFIGURATION_NAME, quota_configuration};
+    use gkm_k8s_operator::admission::Endpoint;
+    use gkm_k8s_operator::admission::quota::{QUOTA_CONFIGURATION_NAME, quota_configuration};
     let service = Endpoint::Service {
         namespace: SYSTEM.into(),
         name: "gkm-operator-webhook".into(),
@@ -703,7 +717,7 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
     // The image the chart renders deploy/ with.
     let options = JobOptions {
         image: format!("ghcr.io/gkm-rs/gkm:v{}", env!("CARGO_PKG_VERSION")),
-        image_pull_policy: "IfNotPresent".into(),
+        image_pull_policy: gkm_k8s_operator::job_pod::ImagePullPolicy::IfNotPresent,
         host_network: false,
     };
     let pod = CapturedPod {
@@ -717,35 +731,41 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
 
     // A capture Job with a hostPath volume: refused, once the policy is
     // loaded.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in 0.. {
-        let mut host = made(&format!("capture-host-{n}"))?;
-        host["spec"]["template"]["spec"]["volumes"][0] =
-            json!({"name": "tree", "hostPath": {"path": "/"}});
-        match as_operator(&admin, &jobs_path, &host).await? {
-            Err(status) if status.code == 403 && status.message.contains("gkm-operator may") => {
-                assert!(
-                    status.message.contains("capture Jobs"),
-                    "{}",
-                    status.message
-                );
-                break;
-            }
-            other => {
-                if other.is_ok() {
-                    let background = kube::api::DeleteParams::background();
-                    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
-                        .delete(&format!("capture-host-{n}"), &background)
-                        .await?;
+    let (tries, created) = (Cell::new(0), RefCell::new(String::new()));
+    eventually(
+        "the operator's identity refused a capture Job mounting the host",
+        Duration::from_secs(20),
+        || async {
+            let name = format!("capture-host-{}", tries.replace(tries.get() + 1));
+            let mut host = made(&name)?;
+            host["spec"]["template"]["spec"]["volumes"][0] =
+                json!({"name": "tree", "hostPath": {"path": "/"}});
+            match as_operator(&admin, &jobs_path, &host).await? {
+                Err(status)
+                    if status.code == 403 && status.message.contains("gkm-operator may") =>
+                {
+                    assert!(
+                        status.message.contains("capture Jobs"),
+                        "{}",
+                        status.message
+                    );
+                    Ok(Some(()))
                 }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the operator's identity created a capture Job mounting the host: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                other => {
+                    if other.is_ok() {
+                        let background = kube::api::DeleteParams::background();
+                        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), TEAM)
+                            .delete(&name, &background)
+                            .await?;
+                    }
+                    *created.borrow_mut() = format!("{other:?}");
+                    Ok(None)
+                }
             }
-        }
-    }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it created one: {}", created.borrow()))?;
 
     // What the operator makes: allowed.
     as_operator(&admin, &jobs_path, &made("capture-warm-1")?)
@@ -887,16 +907,16 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
 
     // The built-in roles take gkm's rules in once the controller has
     // aggregated them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(may(&admin, editor, "create", "gkmcaches").await?
-        && may(&admin, viewer, "list", "gkmgpuquotas").await?)
-    {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "a namespace's edit role may not create GKMCaches, or its view role may not list GKMGPUQuotas"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "a namespace's edit role creating GKMCaches and its view role listing GKMGPUQuotas",
+        Duration::from_secs(30),
+        || async {
+            Ok((may(&admin, editor, "create", "gkmcaches").await?
+                && may(&admin, viewer, "list", "gkmgpuquotas").await?)
+                .then_some(()))
+        },
+    )
+    .await?;
 
     let table: &[(&str, &str, &str, bool)] = &[
         (viewer, "get", "gkmcaches", true),

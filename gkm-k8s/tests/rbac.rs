@@ -6,14 +6,16 @@
 //! ServiceAccount, a table of SubjectAccessReviews of what each must and must
 //! not do, and real requests made as each ServiceAccount.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{self, GKMCache, GKMCacheNode};
 use gkm_k8s_runtime::leader::{LeaderElector, LeaseConfig, Outcome};
 use gkm_testenv::{
-    ControlPlane, describe_object, service_account_groups, service_account_user, yaml_documents,
+    ControlPlane, describe_object, eventually, service_account_groups, service_account_user,
+    yaml_documents,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -37,21 +39,8 @@ const SYSTEM: &str = "gkm-system";
 /// A namespace holding a workload's caches.
 const TEAM: &str = "rbac-team";
 
-fn workspace_root() -> anyhow::Result<PathBuf> {
-    let mut dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    loop {
-        let manifest = dir.join("Cargo.toml");
-        if manifest.is_file() && std::fs::read_to_string(&manifest)?.contains("[workspace]") {
-            return Ok(dir.to_path_buf());
-        }
-        dir = dir.parent().ok_or_else(|| {
-            anyhow::anyhow!("no workspace root above {}", env!("CARGO_MANIFEST_DIR"))
-        })?;
-    }
-}
-
 fn deploy_dir() -> anyhow::Result<PathBuf> {
-    Ok(workspace_root()?.join("deploy"))
+    Ok(gkm_testenv::repo_root().join("deploy"))
 }
 
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
@@ -243,8 +232,8 @@ fn the_workloads_run_as_their_own_service_accounts() -> anyhow::Result<()> {
     );
     let csi_pod = &workloads[2]["spec"]["template"]["spec"];
     assert_eq!(
-        csi_pod["automountServiceAccountToken"], true,
-        "the CSI driver watches its node's captures"
+        csi_pod["automountServiceAccountToken"], false,
+        "the CSI driver never talks to the apiserver"
     );
     let containers: Vec<&str> = csi_pod["containers"]
         .as_array()
@@ -450,8 +439,8 @@ const OPERATOR_RULES: &[&str] = &[
     "batch jobs get",
     "core events list",
 ];
-/// The CSI driver's: this node's captures, read-only.
-const CSI_RULES: &[&str] = &["gkm.io gkmcachecaptures get,list,watch"];
+/// The CSI driver's: none, it never talks to the apiserver.
+const CSI_RULES: &[&str] = &[];
 /// The operator's rules in the release namespace only: its Lease and the
 /// webhook CA Secret its replicas share.
 const OPERATOR_LEASE_RULES: &[&str] = &[
@@ -467,6 +456,9 @@ const AGENT_RULES: &[&str] = &[
     "core nodes get,list,watch,patch",
     "events.k8s.io events create,patch",
     "core events create,patch",
+    // On-cluster capture: its node's captures, read-only, for the capture
+    // index it writes for the CSI driver.
+    "gkm.io gkmcachecaptures get,list,watch",
 ];
 
 /// Waits until the RBAC authorizer's cache has the shipped bindings.
@@ -475,17 +467,16 @@ async fn until_bound(admin: &kube::Client) -> anyhow::Result<()> {
         access("list gkm.io/gkmcaches - -"),
         access("list gkm.io/gkmcachereleases - -"),
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !(allowed(admin, "gkm-operator", &operator).await?
-        && allowed(admin, "gkm-agent", &agent).await?)
-    {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the shipped bindings never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+    eventually(
+        "the shipped bindings in effect",
+        Duration::from_secs(15),
+        || async {
+            Ok((allowed(admin, "gkm-operator", &operator).await?
+                && allowed(admin, "gkm-agent", &agent).await?)
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -749,6 +740,23 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
             "get coordination.k8s.io/leases gkm-system gkm-operator",
             false,
         ),
+        // Its node's captures, read-only.
+        ("gkm-agent", "watch gkm.io/gkmcachecaptures - -", true),
+        (
+            "gkm-agent",
+            "get gkm.io/gkmcachecaptures rbac-team warm",
+            true,
+        ),
+        (
+            "gkm-agent",
+            "patch gkm.io/gkmcachecaptures/status rbac-team warm",
+            false,
+        ),
+        (
+            "gkm-agent",
+            "delete gkm.io/gkmcachecaptures rbac-team warm",
+            false,
+        ),
         // The CSI driver.
         ("gkm-csi", "list secrets - -", false),
         ("gkm-csi", "get secrets rbac-team cosign-pub", false),
@@ -758,11 +766,11 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-csi", "list pods - -", false),
         ("gkm-csi", "create events.k8s.io/events rbac-team -", false),
         ("gkm-csi", "create events rbac-team -", false),
-        ("gkm-csi", "watch gkm.io/gkmcachecaptures - -", true),
+        ("gkm-csi", "watch gkm.io/gkmcachecaptures - -", false),
         (
             "gkm-csi",
             "get gkm.io/gkmcachecaptures rbac-team warm",
-            true,
+            false,
         ),
         (
             "gkm-csi",
@@ -1071,8 +1079,8 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
     let gpu_label = json!({"metadata": {"labels": {"gkm.io/gpu.count": "1"}}});
     // Policies take effect once the apiserver has loaded them: wait until the
     // other node's labels are refused.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let last = RefCell::new(String::new());
+    eventually("the policy in effect", Duration::from_secs(20), || async {
         let attempt = as_agent_on(
             &admin,
             Some("own-node"),
@@ -1080,21 +1088,22 @@ async fn the_agent_policy_confines_each_agent_to_its_own_node() -> anyhow::Resul
         )
         .await?;
         match attempt {
-            Err(status) if status.code == 403 && status.message.contains("own node") => break,
+            Err(status) if status.code == 403 && status.message.contains("own node") => {
+                Ok(Some(()))
+            }
             other => {
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the policy never took effect: {other:?}"
-                );
+                *last.borrow_mut() = format!("{other:?}");
                 // Undo a write that got through before the policy was active.
                 let undo = json!({"metadata": {"labels": {"gkm.io/gpu.count": null}}});
                 nodes
                     .patch("other-node", &PatchParams::default(), &Patch::Merge(&undo))
                     .await?;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(None)
             }
         }
-    }
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {}", last.borrow()))?;
 
     // Its own node's GPU labels, gkm's and (for --vendor-labels) GPU Feature
     // Discovery's and AMD's: allowed.
