@@ -15,6 +15,8 @@
 //!   controllers.
 //! - [`identity`]: the User-Agent its apiserver client sends, which names
 //!   the field manager of its writes that name none.
+//! - [`relist`]: what a watch's relist showed, so its consumer drops the
+//!   rest when it ends.
 //! - [`watched_index`]: objects of one kind as a watch shows them, kept as
 //!   the facts their readers need and indexed by the key they look them up
 //!   by.
@@ -48,6 +50,7 @@ pub mod identity;
 pub mod leader;
 pub mod metrics;
 pub mod readiness;
+pub mod relist;
 pub mod server;
 pub mod tasks;
 pub mod watched_index;

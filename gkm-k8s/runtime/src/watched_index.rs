@@ -18,6 +18,8 @@ use std::sync::Mutex;
 use kube::Resource;
 use kube::runtime::watcher;
 
+use crate::relist::Relist;
+
 /// Where an object is: its namespace (`None` when cluster-scoped) and name.
 pub type ObjectId = (Option<String>, String);
 
@@ -137,8 +139,8 @@ impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Index<K, T> {
 #[derive(Debug)]
 struct State<K, T> {
     current: Index<K, T>,
-    /// The relist in progress, if any.
-    relisting: Option<Index<K, T>>,
+    /// The index the relist in progress builds, swapped in when it ends.
+    relist: Relist<Index<K, T>>,
 }
 
 /// The objects of one watch, indexed by `K`, each kept as its facts `T`
@@ -155,7 +157,7 @@ impl<K, T> Default for Indexed<K, T> {
         Indexed {
             state: Mutex::new(State {
                 current: Index::default(),
-                relisting: None,
+                relist: Relist::default(),
             }),
             listed: tokio::sync::watch::Sender::new(false),
         }
@@ -175,19 +177,14 @@ impl<K: Clone + Eq + Hash + Ord, T: Clone + PartialEq> Indexed<K, T> {
         match event {
             watcher::Event::Apply(object) => state.current.put(id_of(object), view(object)),
             watcher::Event::Delete(object) => state.current.put(id_of(object), None),
-            watcher::Event::Init => {
-                state.relisting = Some(Index::default());
-                BTreeSet::new()
-            }
-            watcher::Event::InitApply(object) => {
-                state
-                    .relisting
-                    .get_or_insert_with(Index::default)
-                    .put(id_of(object), view(object));
-                BTreeSet::new()
-            }
-            watcher::Event::InitDone => {
-                let listed = state.relisting.take().unwrap_or_default();
+            watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {
+                let shown = state.relist.observe(event, |listed, object| {
+                    listed.put(id_of(object), view(object));
+                });
+                if !matches!(event, watcher::Event::InitDone) {
+                    return BTreeSet::new();
+                }
+                let listed = shown.unwrap_or_default();
                 let changed = state.current.differences(&listed);
                 state.current = listed;
                 self.listed.send_replace(true);

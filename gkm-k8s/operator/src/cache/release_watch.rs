@@ -21,6 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
+use gkm_k8s_runtime::relist::Relist;
+
 use super::release::Releases;
 use gkm_k8s_api::cache_object::{CacheObject, ReleaseObject};
 
@@ -28,7 +30,7 @@ use gkm_k8s_api::cache_object::{CacheObject, ReleaseObject};
 #[derive(Debug, Default)]
 struct Restorer {
     /// The owners' uids listed so far while a relist is under way.
-    listing: Option<HashSet<String>>,
+    relist: Relist<HashSet<String>>,
 }
 
 /// The uid of `K`, the cache that controls `release`, if one does.
@@ -67,9 +69,7 @@ impl Restorer {
             }
             watcher::Event::Apply(release) | watcher::Event::InitApply(release) => {
                 let uid = owner_uid::<K>(release)?;
-                if let Some(listing) = &mut self.listing {
-                    listing.insert(uid.clone());
-                }
+                self.relist.listed(uid.clone());
                 let written = releases.written(&uid)?;
                 if &written == release.release() {
                     return None;
@@ -78,11 +78,11 @@ impl Restorer {
                 Some(cache_of(release))
             }
             watcher::Event::Init => {
-                self.listing = Some(HashSet::new());
+                self.relist.start();
                 None
             }
             watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
+                let listed = self.relist.finish().unwrap_or_default();
                 releases.forget_all_but(&listed);
                 None
             }
