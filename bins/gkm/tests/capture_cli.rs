@@ -305,8 +305,7 @@ fn a_vllm_cache_is_captured_as_a_vllm_image() {
     let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path();
-    let cache = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/vllm-torch-compile-inductor");
+    let cache = gkm_testenv::fixture_cache("vllm-torch-compile-inductor");
     let target = format!("{}/capture/vllm:v1", registry.addr());
     let out = capture(&cache, &target, &["--insecure", "--json"], dir);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

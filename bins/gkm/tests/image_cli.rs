@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod support;
+use gkm_testenv::fixture_cache;
 use support::{json_snapshot, redact};
 
 const FIXTURES: [&str; 3] = [
@@ -16,18 +17,6 @@ const FIXTURES: [&str; 3] = [
     "triton-vector-add-rocm-gfx90a",
     "vllm-torch-compile-inductor",
 ];
-
-fn fixtures() -> PathBuf {
-    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    while !dir.join("Cargo.lock").exists() {
-        assert!(
-            dir.pop(),
-            "no workspace root above {}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-    }
-    dir.join("../shared/fixtures/caches")
-}
 
 struct Out {
     code: i32,
@@ -131,7 +120,7 @@ fn layout_round_trip_and_inspect() {
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
     for name in FIXTURES {
-        let src = fixtures().join(name);
+        let src = fixture_cache(name);
         let built = format!("oci:{}/built:{name}", w.display());
         let digest = ok(&["build", &src.display().to_string(), "-t", &built]);
         let digest = digest.trim();
@@ -164,7 +153,7 @@ fn registry_round_trip() {
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
     for name in FIXTURES {
-        let src = fixtures().join(name);
+        let src = fixture_cache(name);
         let layout = format!("oci:{}/built:{name}", w.display());
         let digest = ok(&[
             "build",
@@ -233,7 +222,7 @@ fn registry_round_trip() {
     let remote = format!("{}/cli/direct:v1", registry.addr());
     let direct = ok(&[
         "build",
-        &fixtures().join(name).display().to_string(),
+        &fixture_cache(name).display().to_string(),
         "-t",
         &remote,
         "--insecure",
@@ -243,7 +232,7 @@ fn registry_round_trip() {
         direct,
         ok(&[
             "build",
-            &fixtures().join(name).display().to_string(),
+            &fixture_cache(name).display().to_string(),
             "-t",
             &layout,
             "--title",
@@ -370,7 +359,7 @@ fn reads_images_built_by_mcv() {
         .expect("start docker-registry (apt-get install -y docker-registry)");
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
-    let fixture = fixtures().join("triton-vector-add-cuda-sm75");
+    let fixture = fixture_cache("triton-vector-add-cuda-sm75");
     let digest = write_mcv_image(&fixture, &w.join("mcv"));
     let layout = format!("oci:{}/mcv:mcv", w.display());
     let remote = format!("{}/mcv/vector-add-cache:cuda", registry.addr());
@@ -422,8 +411,7 @@ fn reads_images_built_by_mcv() {
 #[test]
 fn check_a_directory() {
     let work = tempfile::tempdir().expect("tempdir");
-    let rocm = fixtures()
-        .join("triton-vector-add-rocm-gfx90a")
+    let rocm = fixture_cache("triton-vector-add-rocm-gfx90a")
         .display()
         .to_string();
     let mi210 = write_gpus(work.path(), "MI210");
@@ -489,7 +477,7 @@ fn exit_codes_and_messages() {
     let layout = format!("oci:{}/l:v1", w.display());
     ok(&[
         "build",
-        &fixtures().join(FIXTURES[0]).display().to_string(),
+        &fixture_cache(FIXTURES[0]).display().to_string(),
         "-t",
         &layout,
     ]);
@@ -530,7 +518,7 @@ fn exit_codes_and_messages() {
     let empty = w.join("empty");
     std::fs::create_dir(&empty).expect("mkdir");
     ok(&["extract", &layout, "-o", &empty.display().to_string()]);
-    assert_same_tree(&fixtures().join(FIXTURES[0]), &empty);
+    assert_same_tree(&fixture_cache(FIXTURES[0]), &empty);
 }
 
 /// `--byte-budget` and `--keep-free` stop an extraction that would take
@@ -542,7 +530,7 @@ fn extract_within_a_byte_budget_and_a_free_space_reserve() {
     let layout = format!("oci:{}/l:v1", w.display());
     ok(&[
         "build",
-        &fixtures().join(FIXTURES[0]).display().to_string(),
+        &fixture_cache(FIXTURES[0]).display().to_string(),
         "-t",
         &layout,
     ]);
@@ -586,7 +574,7 @@ fn extract_within_a_byte_budget_and_a_free_space_reserve() {
         "--byte-budget",
         "1073741824",
     ]);
-    assert_same_tree(&fixtures().join(FIXTURES[0]), &out_dir);
+    assert_same_tree(&fixture_cache(FIXTURES[0]), &out_dir);
 }
 
 #[test]
@@ -650,7 +638,7 @@ fn killed_extraction_leaves_no_partial_tree() {
     // A fixture plus a 96 MiB file, so extraction takes long enough to be
     // caught half-way.
     let cache = w.join("cache");
-    let fixture = fixtures().join(FIXTURES[0]);
+    let fixture = fixture_cache(FIXTURES[0]);
     for (rel, (bytes, _)) in tree(&fixture) {
         match bytes {
             None => std::fs::create_dir_all(cache.join(&rel)).expect("mkdir"),
@@ -748,7 +736,7 @@ fn json_output_of_the_image_commands() {
         .expect("start docker-registry (apt-get install -y docker-registry)");
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
-    let src = fixtures().join(FIXTURES[0]).display().to_string();
+    let src = fixture_cache(FIXTURES[0]).display().to_string();
     let layout = format!("oci:{}/built:v1", w.display());
     let remote = format!("{}/cli/json:v1", registry.addr());
     let store = w.join("store").display().to_string();
@@ -871,7 +859,7 @@ fn progress_on_a_terminal_only() {
     let layout = format!("oci:{}/l:v1", w.display());
     ok(&[
         "build",
-        &fixtures().join(FIXTURES[2]).display().to_string(),
+        &fixture_cache(FIXTURES[2]).display().to_string(),
         "-t",
         &layout,
     ]);

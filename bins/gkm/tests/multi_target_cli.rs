@@ -266,8 +266,7 @@ fn one_image_for_a_mixed_fleet_each_gpu_gets_its_variant() {
     let built = gkm(
         &[
             "build",
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
+            &gkm_testenv::fixture_cache("triton-vector-add-cuda-sm75")
                 .display()
                 .to_string(),
             "-t",

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    gkm_testenv::repo_root()
 }
 
 fn recorded(name: &str) -> PathBuf {
@@ -99,7 +99,7 @@ fn a_cache_compiled_on_the_h100_fits_it_and_the_sm75_fixture_does_not() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(json(&out.stdout), read_json(&recorded("check-sm90.json")));
 
-    let sm75 = repo().join("../shared/fixtures/caches/triton-vector-add-cuda-sm75");
+    let sm75 = gkm_testenv::fixture_cache("triton-vector-add-cuda-sm75");
     let out = check_on_recorded_h100(&sm75);
     assert_eq!(out.status.code(), Some(3), "incompatible: {out:?}");
     let report = json(&out.stdout);

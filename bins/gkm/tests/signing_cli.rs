@@ -2,7 +2,6 @@
 //! and the real cosign: what gkm signs cosign accepts, a stranger's key is
 //! refused with exit code 4, and `--json` says what was proven.
 
-use std::path::Path;
 
 use gkm_testenv::{Component, Registry};
 
@@ -11,8 +10,7 @@ mod support;
 use support::{gkm_in as gkm, key_pair, text};
 
 fn fixture() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75")
+    gkm_testenv::fixture_cache("triton-vector-add-cuda-sm75")
         .display()
         .to_string()
 }
