@@ -20,15 +20,17 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
+use gkm_k8s_api::NodeFit;
 use gkm_k8s_api::cache_object::{CacheKey, NodeReport};
 use gkm_k8s_api::crd::{CacheState, NodeCacheStatus};
 use gkm_k8s_runtime::watched_index::{self, Indexed};
 
-/// What the rollup (and the webhooks) read of a node's entry for one digest: its state, how
-/// many pods use it and, of a multi-target image, which variant the node
-/// holds. 24 bytes, where the entry itself is hundreds: the operator keeps
-/// one per cache, node and digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What the operator reads of a node's entry for one digest: its state,
+/// how many pods use it, of a multi-target image which variant the node
+/// holds, and whether the node serves or fits the digest ([`NodeFit`]). 32
+/// bytes, where the entry itself is hundreds: the operator keeps one per
+/// cache, node and digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     /// Where the digest stands on the node.
     pub state: Option<CacheState>,
@@ -37,11 +39,27 @@ pub struct Entry {
     /// The variant held ([`variant_key`] of its digest), of a multi-target
     /// image.
     pub variant: Option<u64>,
+    /// Whether the node serves or fits the digest, as [`NodeFit::of`] reads
+    /// the entry.
+    pub fit: NodeFit,
+}
+
+/// An entry that says nothing: no state, no pods, no variant, fit unknown.
+impl Default for Entry {
+    fn default() -> Entry {
+        Entry {
+            state: None,
+            pods: 0,
+            variant: None,
+            fit: NodeFit::Unknown,
+        }
+    }
 }
 
 impl From<&NodeCacheStatus> for Entry {
     fn from(entry: &NodeCacheStatus) -> Entry {
         Entry {
+            fit: NodeFit::of(entry),
             state: entry.state,
             pods: entry
                 .pods
@@ -63,18 +81,11 @@ pub fn variant_key(digest: &str) -> Option<u64> {
 /// One node's entries for one cache, by image digest.
 pub type NodeEntries = Vec<(String, Entry)>;
 
-/// A cache as node reports name it: its namespace (`None` for a cluster
-/// cache) and name.
-pub type CacheRef = (Option<String>, String);
-
 /// What the index keeps of one node's report on one cache.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NodeFacts {
     /// Its entries as the rollup reads them, by digest.
     pub entries: NodeEntries,
-    /// The digests not on the node whose entry lists GPUs of the node that
-    /// fit them (on the node, the agent extracted only what fits).
-    listed_fitting: Vec<String>,
     /// The node's name, where the report names another than its own.
     node_name: Option<String>,
 }
@@ -93,36 +104,25 @@ impl NodeFacts {
             ..NodeFacts::default()
         };
         for (digest, entry) in entries {
-            let kept = Entry::from(entry);
-            let gpus_fit = entry
-                .compatible_gpus
-                .as_ref()
-                .is_some_and(|g| !g.is_empty());
-            if gpus_fit && !kept.state.is_some_and(CacheState::is_on_node) {
-                facts.listed_fitting.push(digest.clone());
-            }
-            facts.entries.push((digest.clone(), kept));
+            facts.entries.push((digest.clone(), Entry::from(entry)));
         }
         facts
     }
 
-    /// Whether the node's GPUs fit `digest`, as its agent reports: compatible
-    /// GPUs listed, or the digest on the node; never when it says
-    /// Incompatible.
+    /// Whether the node's GPUs fit `digest`, as its agent reports
+    /// ([`NodeFit::fits`]): compatible GPUs listed, or the digest on the
+    /// node; never when it says Incompatible.
     fn fits(&self, digest: &str) -> bool {
-        let Some((_, entry)) = self.entries.iter().find(|(d, _)| d == digest) else {
-            return false;
-        };
-        entry.state != Some(CacheState::Incompatible)
-            && (entry.state.is_some_and(CacheState::is_on_node)
-                || self.listed_fitting.iter().any(|d| d == digest))
+        self.entries
+            .iter()
+            .any(|(d, entry)| d == digest && entry.fit.fits())
     }
 }
 
 /// What the node reports of one kind say about each cache.
 #[derive(Debug, Default)]
 pub struct ReportIndex {
-    reports: Arc<Indexed<CacheRef, NodeFacts>>,
+    reports: Arc<Indexed<CacheKey, NodeFacts>>,
     /// The watch that keeps it, when it has one of its own ([`Self::watched`]).
     watch: Option<tokio::task::AbortHandle>,
 }
@@ -136,7 +136,7 @@ impl Drop for ReportIndex {
 }
 
 /// A report found under each cache it mentions, with what it says there.
-fn view<R: NodeReport>(report: &R) -> Option<watched_index::Entry<CacheRef, NodeFacts>> {
+fn view<R: NodeReport>(report: &R) -> Option<watched_index::Entry<CacheKey, NodeFacts>> {
     let status = report.report()?;
     let (namespace, name) = (report.namespace(), report.name_any());
     let under = status
@@ -145,7 +145,7 @@ fn view<R: NodeReport>(report: &R) -> Option<watched_index::Entry<CacheRef, Node
         .flatten()
         .map(|(cache, entries)| {
             let facts = NodeFacts::of(entries, &name, &status.node_name);
-            ((namespace.clone(), cache.clone()), facts)
+            (CacheKey::named(namespace.as_deref(), cache), facts)
         })
         .collect();
     Some(watched_index::Entry { under })
@@ -156,7 +156,7 @@ impl ReportIndex {
     /// whose entries it changed. The watch of [`Self::watched`] does this;
     /// tests feed it events.
     #[cfg(test)]
-    pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) -> Vec<CacheRef> {
+    pub fn observe<R: NodeReport>(&self, event: &watcher::Event<R>) -> Vec<CacheKey> {
         self.reports.observe(event, view).into_iter().collect()
     }
 
@@ -169,7 +169,7 @@ impl ReportIndex {
     /// with the node's name.
     pub fn for_cache(&self, key: &CacheKey) -> Vec<(String, NodeEntries)> {
         self.reports
-            .under(&cache_ref(key))
+            .under(key)
             .into_iter()
             .map(|((_, node), facts)| (node, facts.entries))
             .collect()
@@ -179,7 +179,7 @@ impl ReportIndex {
     /// their GPUs (see [`NodeFacts::fits`]).
     pub fn fitting_nodes(&self, key: &CacheKey, digest: &str) -> BTreeSet<String> {
         self.reports
-            .under(&cache_ref(key))
+            .under(key)
             .into_iter()
             .filter(|(_, facts)| facts.fits(digest))
             .map(|((_, report), facts)| facts.node_name.unwrap_or(report))
@@ -191,7 +191,7 @@ impl ReportIndex {
     /// entries each event changed.
     pub fn watched<R: NodeReport>(
         client: &kube::Client,
-        changed: impl Fn(BTreeSet<CacheRef>) + Send + 'static,
+        changed: impl Fn(BTreeSet<CacheKey>) + Send + 'static,
     ) -> ReportIndex {
         let reports = Arc::new(Indexed::default());
         let api: Api<R> = Api::all(client.clone());
@@ -202,10 +202,6 @@ impl ReportIndex {
             watch: Some(watch),
         }
     }
-}
-
-fn cache_ref(key: &CacheKey) -> CacheRef {
-    (key.namespace().map(str::to_string), key.name().to_string())
 }
 
 #[cfg(test)]
@@ -252,8 +248,8 @@ mod tests {
         entries.into_iter().map(|(node, _)| node).collect()
     }
 
-    fn cache(namespace: &str, name: &str) -> CacheRef {
-        (Some(namespace.to_string()), name.to_string())
+    fn cache(namespace: &str, name: &str) -> CacheKey {
+        CacheKey::namespaced(namespace, name)
     }
 
     #[test]
@@ -310,6 +306,7 @@ mod tests {
             state: Some(CacheState::Running),
             pods: 1,
             variant: None,
+            fit: NodeFit::Serves,
         };
         assert_eq!(
             kept,

@@ -21,8 +21,8 @@
 //! ```
 //! use gkm_k8s_api::crd::CacheState;
 //! use gkm_k8s_operator::cache::rollup::{Entry, rollup};
-//! let extracted = Entry { state: Some(CacheState::Extracted), pods: 0, variant: None };
-//! let mounted = Entry { state: Some(CacheState::Running), pods: 2, variant: None };
+//! let extracted = Entry { state: Some(CacheState::Extracted), ..Entry::default() };
+//! let mounted = Entry { state: Some(CacheState::Running), pods: 2, ..Entry::default() };
 //! let nodes = [
 //!     vec![("sha256:aa".to_string(), extracted)],
 //!     vec![("sha256:aa".to_string(), mounted)],
@@ -146,9 +146,9 @@ fn watch_reports<K: CacheObject>(
 ) {
     let (changed, triggers) = futures::channel::mpsc::unbounded();
     let index = ReportIndex::watched::<K::NodeReport>(client, move |caches| {
-        for (namespace, name) in caches {
-            let cache = ObjectRef::<K>::new(&name);
-            let cache = match &namespace {
+        for key in caches {
+            let cache = ObjectRef::<K>::new(key.name());
+            let cache = match key.namespace() {
                 Some(ns) => cache.within(ns),
                 None => cache,
             };

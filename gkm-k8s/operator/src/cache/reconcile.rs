@@ -370,9 +370,9 @@ async fn cleanup<K: CacheObject>(
     Ok(Action::await_change())
 }
 
-/// The nodes whose agents report `digest` extracted (so compatible with
-/// their GPUs), each with the variant it holds of a multi-target image:
-/// where ReadWriteOnce claims go.
+/// The nodes that serve `digest` ([`gkm_k8s_api::NodeFit::serves`]: their agents report
+/// it extracted, so compatible with their GPUs), each with the variant it
+/// holds of a multi-target image: where ReadWriteOnce claims go.
 fn compatible_nodes(
     entries: &[(String, NodeEntries)],
     digest: &str,
@@ -380,13 +380,9 @@ fn compatible_nodes(
     entries
         .iter()
         .filter_map(|(node, entries)| {
-            let (_, entry) = entries.iter().find(|(d, e)| {
-                d == digest
-                    && matches!(
-                        e.state,
-                        Some(CacheState::Extracted | CacheState::Running | CacheState::Outdated)
-                    )
-            })?;
+            let (_, entry) = entries
+                .iter()
+                .find(|(d, e)| d == digest && e.fit.serves())?;
             Some((node.clone(), entry.variant))
         })
         .collect()
@@ -517,5 +513,39 @@ async fn publish<K: CacheObject>(
     };
     if let Err(e) = ctx.recorder.publish(&event, &cache.object_ref(&())).await {
         warn!(error = %e, "publishing an event failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report_index::Entry;
+    use gkm_k8s_api::crd::NodeCacheStatus;
+
+    #[test]
+    fn claims_go_to_the_nodes_that_serve_the_digest() {
+        let reported = |state: CacheState, gpus: &[i32]| {
+            Entry::from(&NodeCacheStatus {
+                state: Some(state),
+                compatible_gpus: Some(gpus.to_vec()),
+                ..NodeCacheStatus::default()
+            })
+        };
+        let digest = "sha256:a";
+        let node = |name: &str, entry: Entry| (name.to_string(), vec![(digest.to_string(), entry)]);
+        let entries = [
+            node("extracted", reported(CacheState::Extracted, &[])),
+            node("running", reported(CacheState::Running, &[0])),
+            node("outdated", reported(CacheState::Outdated, &[])),
+            // Fits, but nothing to claim on yet.
+            node("downloading", reported(CacheState::Downloading, &[0])),
+            node("incompatible", reported(CacheState::Incompatible, &[0])),
+            (
+                "other-digest".to_string(),
+                vec![("sha256:b".to_string(), reported(CacheState::Extracted, &[]))],
+            ),
+        ];
+        let nodes: Vec<String> = compatible_nodes(&entries, digest).into_keys().collect();
+        assert_eq!(nodes, ["extracted", "outdated", "running"]);
     }
 }

@@ -143,7 +143,7 @@ mod tests {
         Entry {
             state: Some(state),
             pods,
-            variant: None,
+            ..Entry::default()
         }
     }
 
@@ -159,7 +159,11 @@ mod tests {
             pods: Some(vec![PodData::default(), PodData::default()]),
             ..NodeCacheStatus::default()
         };
-        assert_eq!(Entry::from(&reported), entry(CacheState::Running, 2));
+        let read = Entry {
+            fit: gkm_k8s_api::NodeFit::Serves,
+            ..entry(CacheState::Running, 2)
+        };
+        assert_eq!(Entry::from(&reported), read);
         assert_eq!(Entry::from(&NodeCacheStatus::default()), Entry::default());
     }
 
