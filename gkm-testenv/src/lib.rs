@@ -52,7 +52,7 @@ pub use node::{
     BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
 };
 pub use pods::{pod_events, pod_log, running_pod_log, wait_for_pod};
-pub use poll::{POLL_INTERVAL, TimedOut, eventually, until};
+pub use poll::{POLL_INTERVAL, TimedOut, eventually, settle, until};
 pub use ports::{free_port, http_get};
 pub use process::Process;
 pub use registry::Registry;

@@ -63,6 +63,39 @@ pub async fn until(
     .await
 }
 
+/// Asks `probe` every [`POLL_INTERVAL`] until its answer is `done`, or until
+/// `timeout` has passed, and returns the last answer either way: for a test
+/// that asserts on what things settled to rather than failing on the wait.
+/// An error from `probe` ends the wait at once.
+pub async fn settle<T, F, Fut>(
+    timeout: Duration,
+    mut probe: F,
+    done: impl Fn(&T) -> bool,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let last = std::cell::RefCell::new(None);
+    let (last_seen, done) = (&last, &done);
+    let waited = eventually("a settled answer", timeout, || {
+        let answer = probe();
+        async move {
+            let answer = answer.await?;
+            if done(&answer) {
+                return Ok(Some(answer));
+            }
+            *last_seen.borrow_mut() = Some(answer);
+            Ok(None)
+        }
+    })
+    .await;
+    match waited {
+        Err(e) if e.is::<TimedOut>() => last.into_inner().ok_or(e),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +122,25 @@ mod tests {
         .await
         .unwrap_err();
         assert!(!failed.is::<TimedOut>(), "{failed}");
+    }
+
+    #[tokio::test]
+    async fn settle_returns_the_last_answer_when_time_is_up() {
+        let mut asked = 0;
+        let mut ask = || {
+            asked += 1;
+            let now = asked;
+            async move { Ok(now) }
+        };
+        assert_eq!(
+            settle(Duration::from_secs(5), &mut ask, |n| *n == 2)
+                .await
+                .unwrap(),
+            2
+        );
+        let last = settle(Duration::from_millis(10), &mut ask, |_| false)
+            .await
+            .unwrap();
+        assert!(last > 2, "{last}");
     }
 }
