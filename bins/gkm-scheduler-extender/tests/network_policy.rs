@@ -6,9 +6,9 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gkm_testenv::free_port;
+use gkm_testenv::{eventually, free_port};
 use serde_json::{Value, json};
 use support::{Cluster, http_get};
 
@@ -132,18 +132,18 @@ async fn only_the_scheduler_may_reach_the_extender_verbs() -> anyhow::Result<()>
     cluster
         .start_extender_with(&[format!("--metrics-address={metrics_addr}")])
         .await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !http_get(&metrics_addr, "/readyz")
-        .await
-        .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-    {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no /readyz on the metrics port\n{}",
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "/readyz on the metrics port",
+        Duration::from_secs(60),
+        || async {
+            Ok(http_get(&metrics_addr, "/readyz")
+                .await
+                .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+                .then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", cluster.logs()))?;
     let verb = http_get(&metrics_addr, "/scheduler/latency").await?;
     assert!(
         verb.starts_with("HTTP/1.1 404"),

@@ -10,15 +10,16 @@
 mod plugin;
 mod support;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_core::assignment::{
     ANNOTATION, Assignment, GpuDevice, NODE_GPUS_ANNOTATION, parse_node_gpus, unit_gpu,
 };
 use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
-use gkm_testenv::{BUSYBOX_IMAGE, RealNode, RealNodeOptions, pod_log, wait_for_pod};
+use gkm_testenv::{BUSYBOX_IMAGE, RealNode, RealNodeOptions, eventually, running_pod_log};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -77,46 +78,40 @@ fn shared_pod(name: &str, cores: u64, memory: u64) -> anyhow::Result<Pod> {
 
 /// The node's published GPUs once the annotation is there.
 async fn published_gpus(nodes: &Api<Node>) -> anyhow::Result<Vec<GpuDevice>> {
-    let began = Instant::now();
-    loop {
-        let node = nodes.get(NODE).await?;
-        let value = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NODE_GPUS_ANNOTATION))
-            .cloned();
-        if let Some(value) = value {
-            return Ok(parse_node_gpus(&value)?);
-        }
-        anyhow::ensure!(
-            began.elapsed() < TIMEOUT,
-            "node {NODE} has no {NODE_GPUS_ANNOTATION} after {TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let value = eventually(
+        &format!("node {NODE}'s {NODE_GPUS_ANNOTATION}"),
+        TIMEOUT,
+        || async {
+            let node = nodes.get(NODE).await?;
+            Ok(node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NODE_GPUS_ANNOTATION))
+                .cloned())
+        },
+    )
+    .await?;
+    Ok(parse_node_gpus(&value)?)
 }
 
 /// Waits until the Node's allocatable shows every unit.
 async fn wait_allocatable(nodes: &Api<Node>) -> anyhow::Result<()> {
     let want = [(CORES, 300), (MEMORY, 3 * GPU_MIB)];
-    let began = Instant::now();
-    loop {
+    let seen = RefCell::new(Vec::new());
+    eventually(&format!("allocatable {want:?}"), TIMEOUT, || async {
         let node = nodes.get(NODE).await?;
         let all = node.status.and_then(|s| s.allocatable).unwrap_or_default();
         let now: Vec<(&str, u64)> = want
             .iter()
             .map(|(r, _)| (*r, all.get(*r).and_then(|q| q.0.parse().ok()).unwrap_or(0)))
             .collect();
-        if now == want {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            began.elapsed() < TIMEOUT,
-            "allocatable is {now:?}, not {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        let done = now == want;
+        *seen.borrow_mut() = now;
+        Ok(done.then_some(()))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it is {:?}", seen.borrow()))
 }
 
 /// The pod's log once it printed DONE, and the pod.
@@ -125,23 +120,10 @@ async fn run_to_done(
     name: &str,
     cluster: &Cluster,
 ) -> anyhow::Result<(Pod, String)> {
-    let running = wait_for_pod(pods, name, TIMEOUT, |p| {
-        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", cluster.logs()))?;
-    let began = Instant::now();
-    loop {
-        let log = pod_log(pods, name, "main").await.unwrap_or_default();
-        if log.contains("DONE") {
-            return Ok((running, log));
-        }
-        anyhow::ensure!(
-            began.elapsed() < TIMEOUT,
-            "pod {name} printed no DONE: {log}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let log = running_pod_log(pods, name, "main", "DONE", TIMEOUT)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", cluster.logs()))?;
+    Ok((pods.get(name).await?, log))
 }
 
 /// What the pod holds per GPU, per resource: resource → GPU → units, from

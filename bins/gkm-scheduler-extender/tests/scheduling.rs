@@ -282,19 +282,19 @@ async fn scenario_table() -> anyhow::Result<()> {
 
     // The quota's status shows its use.
     let quotas: Api<GKMGPUQuota> = Api::namespaced(cluster.client.clone(), "team");
-    let deadline = std::time::Instant::now() + support::SETTLE;
-    let used = loop {
-        let used = quotas
-            .get("a100")
-            .await?
-            .status
-            .map(|s| s.used)
-            .unwrap_or_default();
-        if !used.is_empty() || std::time::Instant::now() > deadline {
-            break used;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    };
+    let used = gkm_testenv::settle(
+        support::SETTLE,
+        || async {
+            Ok(quotas
+                .get("a100")
+                .await?
+                .status
+                .map(|s| s.used)
+                .unwrap_or_default())
+        },
+        |used| !used.is_empty(),
+    )
+    .await?;
     assert_eq!(
         used.iter()
             .map(|u| (u.model.as_str(), u.gpus))
@@ -350,18 +350,17 @@ async fn bound_pods(pods: &Api<Pod>) -> anyhow::Result<(Vec<Pod>, usize)> {
 /// Waits until every pod of `ns` is either bound or refused with `reason`,
 /// returning how many are bound.
 async fn settle(pods: &Api<Pod>, reason: &str) -> anyhow::Result<(Vec<Pod>, usize)> {
-    let deadline = std::time::Instant::now() + support::SETTLE;
-    loop {
-        let (list, bound) = bound_pods(pods).await?;
-        let settled = list.iter().all(|p| match outcome(p) {
-            Outcome::Bound(_) => true,
-            Outcome::Pending(m) => m.contains(reason),
-        });
-        if settled || std::time::Instant::now() > deadline {
-            return Ok((list, bound));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    gkm_testenv::settle(
+        support::SETTLE,
+        || bound_pods(pods),
+        |(list, _)| {
+            list.iter().all(|p| match outcome(p) {
+                Outcome::Bound(_) => true,
+                Outcome::Pending(m) => m.contains(reason),
+            })
+        },
+    )
+    .await
 }
 
 /// The scheduler calls the extender over mutual TLS here.

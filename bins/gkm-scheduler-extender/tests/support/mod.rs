@@ -5,12 +5,13 @@
 
 #![allow(dead_code)]
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Scheduler};
+use gkm_testenv::{ControlPlane, ControlPlaneOptions, Kwok, Process, Scheduler, eventually};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -270,31 +271,24 @@ impl Cluster {
             .args(flags)
             .env("GKM_LOG", "info");
         let log = self.plane.dir().join("gkm-scheduler-extender.log");
-        let mut process = Process::spawn("gkm-scheduler-extender", cmd, &log)?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            process.check_running()?;
-            let plain = flags == [INSECURE];
+        let process = Process::spawn("gkm-scheduler-extender", cmd, &log)?;
+        let plain = flags == [INSECURE];
+        let addr = &self.extender_addr;
+        let process = RefCell::new(process);
+        eventually("the extender ready", Duration::from_secs(60), || async {
+            process.borrow_mut().check_running()?;
             let up = if plain {
-                http_get(&self.extender_addr, "/readyz")
+                http_get(addr, "/readyz")
                     .await
                     .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
             } else {
-                tokio::net::TcpStream::connect(&self.extender_addr)
-                    .await
-                    .is_ok()
+                tokio::net::TcpStream::connect(addr).await.is_ok()
             };
-            if up {
-                break;
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the extender is not ready after 60s:\n{}",
-                process.log_tail(30)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        self.extender = Some(process);
+            Ok(up.then_some(()))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}:\n{}", process.borrow().log_tail(30)))?;
+        self.extender = Some(process.into_inner());
         Ok(())
     }
 
@@ -309,15 +303,12 @@ impl Cluster {
     pub async fn namespace(&self, ns: &str) -> anyhow::Result<()> {
         self.plane.ensure_namespace(ns).await?;
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while accounts.get_opt("default").await?.is_none() {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "no default ServiceAccount in {ns}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Ok(())
+        eventually(
+            &format!("the default ServiceAccount in {ns}"),
+            Duration::from_secs(60),
+            || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
+        )
+        .await
     }
 
     /// A kwok node with GPU `model`, `capacity` and `annotations`.
@@ -420,14 +411,13 @@ pub async fn wait_for(
     done: impl Fn(&Outcome) -> bool,
 ) -> anyhow::Result<Outcome> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let now = outcome(&pods.get(name).await?);
-        if done(&now) || Instant::now() > deadline {
-            return Ok(now);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let pods = &pods;
+    gkm_testenv::settle(
+        SETTLE,
+        || async move { Ok(outcome(&pods.get(name).await?)) },
+        done,
+    )
+    .await
 }
 
 /// One HTTP/1.1 GET, the whole reply as text.
