@@ -8,15 +8,17 @@
 //! second namespace sharing the digest, CSI publishing, a moved tag, deletion
 //! while in use, and images that must never be extracted.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{
     CacheState, ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, NodeCacheStatus,
 };
 use gkm_local::kubelet::{self, PodVolume};
 use gkm_local::{Stack, cosign, default_nodes, fixture};
+use gkm_testenv::{TimedOut, eventually};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -30,21 +32,30 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Result<T, String>>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        stack.check_running()?;
-        let last = match probe().await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(seen)) => seen,
-            Err(e) => format!("error: {e:#}"),
-        };
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "timed out waiting for {what}; last seen: {last}\n--- operator log ---\n{}",
-                stack.log_tail("operator", None, 30)
-            );
+    let last = RefCell::new(String::new());
+    let last_seen = &last;
+    let waited = eventually(what, TIMEOUT, || {
+        let running = stack.check_running();
+        let answer = probe();
+        async move {
+            running?;
+            let seen = match answer.await {
+                Ok(Ok(value)) => return Ok(Some(value)),
+                Ok(Err(seen)) => seen,
+                Err(e) => format!("error: {e:#}"),
+            };
+            *last_seen.borrow_mut() = seen;
+            Ok(None)
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    })
+    .await;
+    match waited {
+        Err(e) if e.is::<TimedOut>() => Err(anyhow::anyhow!(
+            "{e}; last seen: {}\n--- operator log ---\n{}",
+            last.borrow(),
+            stack.log_tail("operator", None, 30)
+        )),
+        other => other,
     }
 }
 

@@ -4,15 +4,16 @@
 //! control plane whose controllers and scheduler turn the chart's Deployment
 //! and DaemonSets into pods on a real kubelet.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
 use gkm_local::chart::{self, COMPONENTS, SandboxChart};
 use gkm_local::{cosign, fixture, push_signed_cache};
 use gkm_testenv::{
-    ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler,
-    field_managers, mounts_under, pod_log, wait_for_pod,
+    ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Registry, Scheduler, eventually,
+    field_managers, mounts_under, pod_log, settle, wait_for_pod,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
@@ -65,29 +66,30 @@ async fn wait_all_ready(
     old: &BTreeSet<String>,
     node: &RealNode,
 ) -> anyhow::Result<BTreeMap<String, Pod>> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
+    let states = RefCell::new(Vec::new());
+    eventually("gkm's pods all Ready", TIMEOUT, || async {
         let current = gkm_pods(pods).await?;
         let names: Vec<&str> = current.keys().map(String::as_str).collect();
         let fresh = current
             .values()
             .all(|p| !old.contains(p.metadata.uid.as_deref().unwrap_or("")));
         if names == components && fresh && current.values().all(ready) {
-            return Ok(current);
+            return Ok(Some(current));
         }
-        if Instant::now() > deadline {
-            let states: Vec<String> = current
-                .iter()
-                .map(|(n, p)| format!("{n}: {:?}", p.status))
-                .collect();
-            anyhow::bail!(
-                "gkm's pods never all became Ready:\n{}\nkubelet:\n{}",
-                states.join("\n"),
-                node.kubelet_log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        *states.borrow_mut() = current
+            .iter()
+            .map(|(n, p)| format!("{n}: {:?}", p.status))
+            .collect();
+        Ok(None)
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}:\n{}\nkubelet:\n{}",
+            states.borrow().join("\n"),
+            node.kubelet_log_tail(40)
+        )
+    })
 }
 
 /// Every object the chart could have made, that still exists: `kind/name`
@@ -245,18 +247,16 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         "{}  /cache/{KERNEL_DIR}/add_kernel.cubin",
         hex::encode(Sha256::digest(&kernel))
     );
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let log = pod_log(&workloads, "reader", "triton").await?;
-        if log.contains(&want) {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the workload never read the cache's kernel ({want}); log:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let log = settle(
+        TIMEOUT,
+        || pod_log(&workloads, "reader", "triton"),
+        |log| log.contains(&want),
+    )
+    .await?;
+    anyhow::ensure!(
+        log.contains(&want),
+        "the workload never read the cache's kernel ({want}); log:\n{log}"
+    );
     // The operator's and the agent's writes are recorded under their own
     // names (the binaries' User-Agent), none under `unknown`.
     let cache = Api::<GKMCache>::namespaced(client.clone(), "team")
@@ -280,14 +280,10 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
     workloads
         .delete("reader", &DeleteParams::default().grace_period(0))
         .await?;
-    let deadline = Instant::now() + TIMEOUT;
-    while workloads.get_opt("reader").await?.is_some() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the workload pod was never deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually("the workload pod deleted", TIMEOUT, || async {
+        Ok(workloads.get_opt("reader").await?.is_none().then_some(()))
+    })
+    .await?;
 
     // The operator serves the pvc-mutation webhook; its configuration is
     // the release's, so disabling the webhook or uninstalling removes it
@@ -351,18 +347,8 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         plane.kubeconfig(),
         &["uninstall", chart::RELEASE, "--namespace", NS, "--wait"],
     )?;
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let left = leftovers(&client).await?;
-        if left.is_empty() {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "left after helm uninstall: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let left = settle(TIMEOUT, || leftovers(&client), |left| left.is_empty()).await?;
+    anyhow::ensure!(left.is_empty(), "left after helm uninstall: {left:?}");
     let store = sandbox.store();
     let mounts: Vec<_> = mounts_under(&node.kubelet_dir())
         .into_iter()

@@ -26,7 +26,7 @@
 //! (`--pvc-volume-dir`, hostPath; this test ground's nodes share one
 //! filesystem, which ReadOnlyMany volumes need).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{CacheState, ClusterGKMCache, GKMCache};
 use gkm_local::{SimulatedNode, Stack, fixture};
@@ -50,28 +50,6 @@ const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
 const CLASS: &str = "gkm-local";
 /// A directory of the fixture holding no kernel; the moved tag's image leaves it out.
 const UTILS_DIR: &str = "NNIRBEH2OVXHBOQBWMZABZQUTHRBNTKPWP7Q45RX7SE5JGCMEUPA";
-
-/// Polls `check` until it returns `Some`, or fails with `what` and the
-/// operator's last log lines.
-async fn eventually<T, F, Fut>(stack: &Stack, what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "{what}: not after {TIMEOUT:?}; operator log:\n{}",
-                stack.log_tail("operator", None, 30)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 /// A busybox pod on the real node mounting claim `claim` at `/cache`, listing
 /// it and printing the kernel's sha256, then waiting.
@@ -109,14 +87,15 @@ async fn read_claim(
         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
     })
     .await?;
-    eventually(stack, &format!("{ns}/{name} prints the kernel"), || {
-        let pods = pods.clone();
-        async move {
-            let log = pod_log(&pods, name, "triton").await?;
-            Ok(log.contains("DONE").then_some(log))
-        }
-    })
-    .await
+    stack
+        .eventually(&format!("{ns}/{name} prints the kernel"), TIMEOUT, || {
+            let pods = pods.clone();
+            async move {
+                let log = pod_log(&pods, name, "triton").await?;
+                Ok(log.contains("DONE").then_some(log))
+            }
+        })
+        .await
 }
 
 async fn job_succeeded(client: &Client, ns: &str) -> anyhow::Result<Option<Job>> {
@@ -162,38 +141,39 @@ async fn filled_on_each_node(
 ) -> anyhow::Result<()> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     for node in [NODE, NODE2] {
-        let claim = gkm_k8s_operator::pvc::names::node_claim(cache, node);
+        let claim = gkm_k8s_operator::names::node_claim(cache, node);
         let selector = format!(
             "gkm.io/node={},gkm.io/cache={}",
-            gkm_k8s_operator::pvc::names::label_value(node),
-            gkm_k8s_operator::pvc::names::label_value(cache)
+            gkm_k8s_operator::names::label_value(node),
+            gkm_k8s_operator::names::label_value(cache)
         );
-        eventually(
-            stack,
-            &format!("the fill Job of {ns}/{claim} succeeds on {node}"),
-            || {
-                let (jobs, client, claim, selector) = (
-                    jobs.clone(),
-                    client.clone(),
-                    claim.clone(),
-                    selector.clone(),
-                );
-                async move {
-                    let done = jobs
-                        .list(&ListParams::default().labels(&selector))
-                        .await?
-                        .items
-                        .into_iter()
-                        .any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
-                    let bound = Api::<PersistentVolumeClaim>::namespaced(client, ns)
-                        .get_opt(&claim)
-                        .await?
-                        .is_some();
-                    Ok((done && bound).then_some(()))
-                }
-            },
-        )
-        .await?;
+        stack
+            .eventually(
+                &format!("the fill Job of {ns}/{claim} succeeds on {node}"),
+                TIMEOUT,
+                || {
+                    let (jobs, client, claim, selector) = (
+                        jobs.clone(),
+                        client.clone(),
+                        claim.clone(),
+                        selector.clone(),
+                    );
+                    async move {
+                        let done = jobs
+                            .list(&ListParams::default().labels(&selector))
+                            .await?
+                            .items
+                            .into_iter()
+                            .any(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0);
+                        let bound = Api::<PersistentVolumeClaim>::namespaced(client, ns)
+                            .get_opt(&claim)
+                            .await?
+                            .is_some();
+                        Ok((done && bound).then_some(()))
+                    }
+                },
+            )
+            .await?;
         let fill_pods = Api::<Pod>::namespaced(client.clone(), ns)
             .list(&ListParams::default().labels(&selector))
             .await?
@@ -243,27 +223,28 @@ async fn daemonset_reads_node_claims(
     stack.plane.apply_object(&daemonset, false).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = format!("app={app}");
-    let readers = eventually(
-        stack,
-        &format!("a running {app} pod on each real node"),
-        || {
-            let (pods, selector) = (pods.clone(), selector.clone());
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await?
-                    .items;
-                let running = list
-                    .iter()
-                    .filter(|p| {
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                    })
-                    .count();
-                Ok((running == 2).then_some(list))
-            }
-        },
-    )
-    .await?;
+    let readers = stack
+        .eventually(
+            &format!("a running {app} pod on each real node"),
+            TIMEOUT,
+            || {
+                let (pods, selector) = (pods.clone(), selector.clone());
+                async move {
+                    let list = pods
+                        .list(&ListParams::default().labels(&selector))
+                        .await?
+                        .items;
+                    let running = list
+                        .iter()
+                        .filter(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                        .count();
+                    Ok((running == 2).then_some(list))
+                }
+            },
+        )
+        .await?;
     for pod in &readers {
         let node = pod
             .spec
@@ -279,19 +260,20 @@ async fn daemonset_reads_node_claims(
             .unwrap_or_default();
         assert_eq!(
             claim,
-            gkm_k8s_operator::pvc::names::node_claim(cache, &node),
+            gkm_k8s_operator::names::node_claim(cache, &node),
             "{}",
             pod.name_any()
         );
         let name = pod.name_any();
-        let log = eventually(stack, &format!("{ns}/{name} prints the kernel"), || {
-            let (pods, name) = (pods.clone(), name.clone());
-            async move {
-                let log = pod_log(&pods, &name, "triton").await?;
-                Ok(log.contains("DONE").then_some(log))
-            }
-        })
-        .await?;
+        let log = stack
+            .eventually(&format!("{ns}/{name} prints the kernel"), TIMEOUT, || {
+                let (pods, name) = (pods.clone(), name.clone());
+                async move {
+                    let log = pod_log(&pods, &name, "triton").await?;
+                    Ok(log.contains("DONE").then_some(log))
+                }
+            })
+            .await?;
         assert!(
             log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
             "{name} on {node}: {log}"
@@ -410,10 +392,11 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     });
     let caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-a");
     stack.plane.apply_object(&cache, false).await?;
-    let job = eventually(&stack, "the team-a fill Job succeeds", || {
-        job_succeeded(&client, "team-a")
-    })
-    .await?;
+    let job = stack
+        .eventually("the team-a fill Job succeeds", TIMEOUT, || {
+            job_succeeded(&client, "team-a")
+        })
+        .await?;
     let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "team-a")
         .get("vector-add")
         .await?;
@@ -435,7 +418,7 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     assert_eq!(context.run_as_non_root, Some(true), "{context:?}");
     assert_eq!(
         context.run_as_user,
-        Some(gkm_k8s_operator::pvc::objects::FILL_UID),
+        Some(gkm_k8s_operator::names::FILL_UID),
         "{context:?}"
     );
     assert!(
@@ -474,14 +457,15 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         "the fill container's log:\n{job_log}"
     );
 
-    let status = eventually(&stack, "GKMCache team-a/vector-add Extracted", || {
-        let caches = caches.clone();
-        async move {
-            let c = caches.get("vector-add").await?;
-            Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
-        }
-    })
-    .await?;
+    let status = stack
+        .eventually("GKMCache team-a/vector-add Extracted", TIMEOUT, || {
+            let caches = caches.clone();
+            async move {
+                let c = caches.get("vector-add").await?;
+                Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
+            }
+        })
+        .await?;
     let pvc_status = status.pvc_status.unwrap_or_default();
     assert_eq!(
         pvc_status.get("team-a").and_then(|p| p.pvc_name.as_deref()),
@@ -490,7 +474,7 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     );
     // The claim serves the digest's tree through the `current` link a
     // refill switches in one rename.
-    let team_a_dir = volumes.join(gkm_k8s_operator::pvc::names::volume(
+    let team_a_dir = volumes.join(gkm_k8s_operator::names::volume(
         &gkm_k8s_api::cache_object::CacheKey::namespaced("team-a", "vector-add"),
         "team-a",
         None,
@@ -516,15 +500,17 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         !log.contains("io.triton"),
         "the image layout stays out of the claim: {log}"
     );
-    eventually(&stack, "the cache counts the reader (Running)", || {
-        let caches = caches.clone();
-        async move {
-            let c = caches.get("vector-add").await?;
-            Ok(c.status
-                .filter(|s| s.state == Some(CacheState::Running) && s.counts.pod_running_cnt == 1))
-        }
-    })
-    .await?;
+    stack
+        .eventually("the cache counts the reader (Running)", TIMEOUT, || {
+            let caches = caches.clone();
+            async move {
+                let c = caches.get("vector-add").await?;
+                Ok(c.status.filter(|s| {
+                    s.state == Some(CacheState::Running) && s.counts.pod_running_cnt == 1
+                }))
+            }
+        })
+        .await?;
 
     // --- ClusterGKMCache: a claim per workload namespace, following the list.
     let cluster = |namespaces: serde_json::Value| {
@@ -542,10 +528,11 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         .apply_object(&cluster(json!(["team-b", "team-c"])), false)
         .await?;
     for ns in ["team-b", "team-c"] {
-        eventually(&stack, &format!("the {ns} fill Job succeeds"), || {
-            job_succeeded(&client, ns)
-        })
-        .await?;
+        stack
+            .eventually(&format!("the {ns} fill Job succeeds"), TIMEOUT, || {
+                job_succeeded(&client, ns)
+            })
+            .await?;
         let log = read_claim(&stack, &client, ns, "reader", "shared-add").await?;
         assert!(
             log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
@@ -556,24 +543,26 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
         .plane
         .apply_object(&cluster(json!(["team-b", "team-c", "team-d"])), false)
         .await?;
-    eventually(
-        &stack,
-        "a missing workload namespace shows NoNamespace",
-        || {
-            let clusters = clusters.clone();
-            async move {
-                let c = clusters.get("shared-add").await?;
-                Ok(c.status
-                    .filter(|s| s.state == Some(CacheState::NoNamespace)))
-            }
-        },
-    )
-    .await?;
+    stack
+        .eventually(
+            "a missing workload namespace shows NoNamespace",
+            TIMEOUT,
+            || {
+                let clusters = clusters.clone();
+                async move {
+                    let c = clusters.get("shared-add").await?;
+                    Ok(c.status
+                        .filter(|s| s.state == Some(CacheState::NoNamespace)))
+                }
+            },
+        )
+        .await?;
     stack.plane.ensure_namespace("team-d").await?;
-    eventually(&stack, "the team-d fill Job succeeds", || {
-        job_succeeded(&client, "team-d")
-    })
-    .await?;
+    stack
+        .eventually("the team-d fill Job succeeds", TIMEOUT, || {
+            job_succeeded(&client, "team-d")
+        })
+        .await?;
     let log = read_claim(&stack, &client, "team-d", "reader", "shared-add").await?;
     assert!(
         log.contains(&format!("{sha}  /cache/{KERNEL_DIR}/add_kernel.cubin")),
@@ -648,23 +637,24 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     let (_, new_digest) = stack
         .push_signed_cache(&moved, "gkm/vector-add", "cuda", &key)
         .await?;
-    let refilled = eventually(
-        &stack,
-        "the cluster cache is refilled and its readers outdated",
-        || {
-            let clusters = clusters.clone();
-            let new_digest = new_digest.clone();
-            async move {
-                let c = clusters.get("shared-add").await?;
-                Ok(c.status.filter(|s| {
-                    s.resolved_digest.as_deref() == Some(new_digest.as_str())
-                        && s.state == Some(CacheState::Outdated)
-                        && s.counts.pod_outdated_cnt == 3
-                }))
-            }
-        },
-    )
-    .await?;
+    let refilled = stack
+        .eventually(
+            "the cluster cache is refilled and its readers outdated",
+            TIMEOUT,
+            || {
+                let clusters = clusters.clone();
+                let new_digest = new_digest.clone();
+                async move {
+                    let c = clusters.get("shared-add").await?;
+                    Ok(c.status.filter(|s| {
+                        s.resolved_digest.as_deref() == Some(new_digest.as_str())
+                            && s.state == Some(CacheState::Outdated)
+                            && s.counts.pod_outdated_cnt == 3
+                    }))
+                }
+            },
+        )
+        .await?;
     assert_eq!(refilled.counts.pod_running_cnt, 0, "{:?}", refilled.counts);
     let log = read_claim(&stack, &client, "team-b", "late-reader", "shared-add").await?;
     assert!(
@@ -677,15 +667,16 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     caches
         .delete("vector-add", &DeleteParams::default())
         .await?;
-    eventually(&stack, "the deleted cache shows Deleting", || {
-        let caches = caches.clone();
-        async move {
-            let c = caches.get_opt("vector-add").await?;
-            Ok(c.and_then(|c| c.status)
-                .filter(|s| s.state == Some(CacheState::Deleting)))
-        }
-    })
-    .await?;
+    stack
+        .eventually("the deleted cache shows Deleting", TIMEOUT, || {
+            let caches = caches.clone();
+            async move {
+                let c = caches.get_opt("vector-add").await?;
+                Ok(c.and_then(|c| c.status)
+                    .filter(|s| s.state == Some(CacheState::Deleting)))
+            }
+        })
+        .await?;
     stack.kill_operator();
     stack.start_operator()?;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -701,22 +692,21 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "team-a");
     pods.delete("reader", &DeleteParams::default().grace_period(0))
         .await?;
-    eventually(&stack, "the cache and everything it made are gone", || {
-        let (caches, client) = (caches.clone(), client.clone());
-        async move {
-            let gone = caches.get_opt("vector-add").await?.is_none()
-                && owned_left(&client, selector).await? == 0;
-            Ok(gone.then_some(()))
-        }
-    })
-    .await?;
+    stack
+        .eventually("the cache and everything it made are gone", TIMEOUT, || {
+            let (caches, client) = (caches.clone(), client.clone());
+            async move {
+                let gone = caches.get_opt("vector-add").await?.is_none()
+                    && owned_left(&client, selector).await? == 0;
+                Ok(gone.then_some(()))
+            }
+        })
+        .await?;
     let dirs: Vec<_> = std::fs::read_dir(&volumes)?
         .filter_map(|e| e.ok())
         .collect();
     let deleted = gkm_k8s_api::cache_object::CacheKey::namespaced("team-a", "vector-add");
-    let deleted_dir = volumes.join(gkm_k8s_operator::pvc::names::volume(
-        &deleted, "team-a", None,
-    ));
+    let deleted_dir = volumes.join(gkm_k8s_operator::names::volume(&deleted, "team-a", None));
     assert!(
         !deleted_dir.exists(),
         "{} is removed",
@@ -742,14 +732,15 @@ async fn pvc_delivery_on_a_real_node() -> anyhow::Result<()> {
     let fleet_caches: Api<GKMCache> = Api::namespaced(client.clone(), "team-c");
     for pushed in &fleet {
         let name = support::cache_name(&pushed.target);
-        eventually(&stack, &format!("team-c/{name} filled"), || {
-            let (caches, name) = (fleet_caches.clone(), name.clone());
-            async move {
-                let c = caches.get(&name).await?;
-                Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
-            }
-        })
-        .await?;
+        stack
+            .eventually(&format!("team-c/{name} filled"), TIMEOUT, || {
+                let (caches, name) = (fleet_caches.clone(), name.clone());
+                async move {
+                    let c = caches.get(&name).await?;
+                    Ok(c.status.filter(|s| s.state == Some(CacheState::Extracted)))
+                }
+            })
+            .await?;
     }
     let volumes: Vec<_> = fleet
         .iter()

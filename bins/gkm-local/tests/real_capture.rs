@@ -19,9 +19,10 @@
 //! carries on with that Job, and a capture Job whose pod is killed fails
 //! the capture with nothing tagged. The node releases every tree.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,7 +32,7 @@ use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
 use gkm_oci::capture::{CaptureOptions, FailureReason, capture};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ImageRef, RegistryOptions};
-use gkm_testenv::{mounts_under, pod_events, pod_log, wait_for_pod};
+use gkm_testenv::{eventually, mounts_under, pod_events, pod_log, settle, until, wait_for_pod};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -174,16 +175,12 @@ async fn set_status(
 
 /// Waits until the node's CSI driver removed `tree`, and its mount.
 async fn released(tree: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + TIMEOUT;
-    while tree.exists() || !mounts_under(tree).is_empty() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the node kept the captured tree {}",
-            tree.display()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(())
+    until(
+        &format!("the captured tree {} gone from the node", tree.display()),
+        TIMEOUT,
+        || !tree.exists() && mounts_under(tree).is_empty(),
+    )
+    .await
 }
 
 /// Whether the registry holds the repository `repo` at all.
@@ -266,18 +263,17 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
             &reader("team-b", "thief", "warm", &uid)?,
         )
         .await?;
-    let deadline = Instant::now() + TIMEOUT;
-    let refused = loop {
-        let events = pod_events(&client, "team-b", "thief").await?;
-        if let Some(e) = events.iter().find(|e| e.contains("no captured tree")) {
-            break e.clone();
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no FailedMount for the thief: {events:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let events = settle(
+        TIMEOUT,
+        || pod_events(&client, "team-b", "thief"),
+        |events| events.iter().any(|e| e.contains("no captured tree")),
+    )
+    .await?;
+    let refused = events
+        .iter()
+        .find(|e| e.contains("no captured tree"))
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no FailedMount for the thief: {events:?}"))?;
     assert!(refused.starts_with("FailedMount"), "{refused}");
     assert_eq!(phase(&pods_b.get("thief").await?), Some("Pending"));
 
@@ -398,18 +394,17 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
 
 /// Waits until the capture `name` is over (Complete or Failed).
 async fn over(captures: &Api<GKMCacheCapture>, name: &str) -> anyhow::Result<CaptureStatus> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let status = captures.get(name).await?.status.unwrap_or_default();
-        if status.phase.is_final() {
-            return Ok(status);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the capture {name} is not over: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let status = settle(
+        TIMEOUT,
+        || async { Ok(captures.get(name).await?.status.unwrap_or_default()) },
+        |status| status.phase.is_final(),
+    )
+    .await?;
+    anyhow::ensure!(
+        status.phase.is_final(),
+        "the capture {name} is not over: {status:?}"
+    );
+    Ok(status)
 }
 
 /// A TCP proxy to `upstream` that holds every connection until its gate
@@ -460,23 +455,29 @@ async fn job_pod_running(
     pods: &Api<Pod>,
     name: &str,
 ) -> anyhow::Result<(String, String)> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let status = captures.get(name).await?.status.unwrap_or_default();
-        if let Some(job) = &status.job {
-            let listed = pods
-                .list(&ListParams::default().labels(&format!("job-name={job}")))
-                .await?;
-            if let Some(pod) = listed.items.iter().find(|p| phase(p) == Some("Running")) {
-                return Ok((job.clone(), pod.metadata.name.clone().unwrap_or_default()));
+    let seen = RefCell::new(CaptureStatus::default());
+    eventually(
+        &format!("a running Job pod of the capture {name}"),
+        TIMEOUT,
+        || async {
+            let status = captures.get(name).await?.status.unwrap_or_default();
+            let mut running = None;
+            if let Some(job) = &status.job {
+                let listed = pods
+                    .list(&ListParams::default().labels(&format!("job-name={job}")))
+                    .await?;
+                running = listed
+                    .items
+                    .iter()
+                    .find(|p| phase(p) == Some("Running"))
+                    .map(|pod| (job.clone(), pod.metadata.name.clone().unwrap_or_default()));
             }
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the capture {name} has no running Job pod: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            *seen.borrow_mut() = status;
+            Ok(running)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {:?}", seen.borrow()))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -664,11 +665,10 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
     let foreign = over(&captures, "foreign").await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "team-a");
     let job = foreign.job.clone().unwrap_or_default();
-    let deadline = Instant::now() + TIMEOUT;
-    while jobs.get_opt(&job).await?.is_some() {
-        anyhow::ensure!(Instant::now() < deadline, "the blocked Job {job} stays");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    eventually(&format!("the blocked Job {job} gone"), TIMEOUT, || async {
+        Ok(jobs.get_opt(&job).await?.is_none().then_some(()))
+    })
+    .await?;
 
     // An unreachable registry: retried, then Failed.
     let down = over(&captures, "down").await?;

@@ -12,12 +12,13 @@
 //! under a running pod, and deleting the pod unmounts and lets a deleted
 //! cache go.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
 use gkm_k8s_api::crd::GKMCache;
 use gkm_local::{SimulatedNode, Stack, cosign, fixture};
-use gkm_testenv::{mounts_under, pod_events, pod_log, wait_for_pod};
+use gkm_testenv::{eventually, mounts_under, pod_events, pod_log, settle, until, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -64,23 +65,22 @@ async fn wait_for_failed_mount(
     name: &str,
     needle: &str,
 ) -> anyhow::Result<String> {
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    loop {
-        let events = pod_events(client, ns, name).await?;
-        if let Some(event) = events
-            .iter()
-            .find(|e| e.starts_with("FailedMount") && e.contains(needle))
-        {
-            return Ok(event.clone());
-        }
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!(
-                "no FailedMount event of {ns}/{name} containing {needle:?}; events:\n{}",
-                events.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let seen = RefCell::new(Vec::new());
+    eventually(
+        &format!("a FailedMount event of {ns}/{name} containing {needle:?}"),
+        TIMEOUT,
+        || async {
+            let events = pod_events(client, ns, name).await?;
+            let found = events
+                .iter()
+                .find(|e| e.starts_with("FailedMount") && e.contains(needle))
+                .cloned();
+            *seen.borrow_mut() = events;
+            Ok(found)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}; events:\n{}", seen.borrow().join("\n")))
 }
 
 /// The pod's volume mounts on its node (under the kubelet's pods directory).
@@ -93,14 +93,10 @@ fn pod_mounts(stack: &Stack, node: &str, pod: &Pod) -> Vec<std::path::PathBuf> {
 async fn delete_pod_and_wait(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
     pods.delete(name, &DeleteParams::default().grace_period(0))
         .await?;
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while pods.get_opt(name).await?.is_some() {
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("pod {name} still present after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    Ok(())
+    eventually(&format!("pod {name} gone"), TIMEOUT, || async {
+        Ok(pods.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
 }
 
 /// Whether the kubelet of `node` has registered `csi.gkm.io` (its CSINode
@@ -111,14 +107,12 @@ async fn driver_registered(client: &kube::Client, node: &str) -> anyhow::Result<
 }
 
 async fn wait_registered(client: &kube::Client, node: &str) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while !driver_registered(client, node).await? {
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("csi.gkm.io not registered on {node} after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    Ok(())
+    eventually(
+        &format!("csi.gkm.io registered on {node}"),
+        TIMEOUT,
+        || async { Ok(driver_registered(client, node).await?.then_some(())) },
+    )
+    .await
 }
 
 fn sha256_of(path: &Path) -> anyhow::Result<String> {
@@ -197,19 +191,12 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
         )
         .await?;
     let reader = wait_for_pod(&pods_a, "reader", TIMEOUT, running).await?;
-    let log = {
-        let deadline = std::time::Instant::now() + TIMEOUT;
-        loop {
-            let log = pod_log(&pods_a, "reader", "triton").await?;
-            if log.contains("READ-ONLY")
-                || log.contains("WRITABLE")
-                || std::time::Instant::now() > deadline
-            {
-                break log;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    };
+    let log = settle(
+        TIMEOUT,
+        || pod_log(&pods_a, "reader", "triton"),
+        |log| log.contains("READ-ONLY") || log.contains("WRITABLE"),
+    )
+    .await?;
     let fixture_dir = fixture("triton-vector-add-cuda-sm75");
     let mut expected: Vec<String> = std::fs::read_dir(&fixture_dir)?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -414,31 +401,32 @@ async fn caches_mount_into_real_containers() -> anyhow::Result<()> {
     );
     delete_pod_and_wait(&pods_a, "reader").await?;
     // The kubelet unmounts once the pod is gone.
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while !pod_mounts(&stack, SM75, &reader).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still mounted after {TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    until("the reader's volumes unmounted", TIMEOUT, || {
+        pod_mounts(&stack, SM75, &reader).is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let real = stack.real_node(SM75).expect("real node");
     assert!(
         mounts_under(&real.pods_dir()).is_empty(),
         "no volume mount left under the kubelet's pods: {:?}",
         mounts_under(&real.pods_dir())
     );
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while caches.get_opt("vector-add").await?.is_some() {
-        stack.check_running()?;
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!(
-                "the deleted cache is still there; operator log:\n{}",
-                stack.log_tail("operator", None, 30)
-            );
+    eventually("the deleted cache gone", TIMEOUT, || {
+        let running = stack.check_running();
+        let caches = &caches;
+        async move {
+            running?;
+            Ok(caches.get_opt("vector-add").await?.is_none().then_some(()))
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}; operator log:\n{}",
+            stack.log_tail("operator", None, 30)
+        )
+    })?;
     let seconds: Vec<String> = [SM75, GFX90A]
         .iter()
         .filter_map(|n| stack.real_node(n))
