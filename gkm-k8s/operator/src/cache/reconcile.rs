@@ -32,9 +32,7 @@ use crate::metrics::RegistryOperation;
 use crate::names::FIELD_MANAGER;
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheObject, NodeReport};
-use gkm_k8s_api::crd::{
-    CacheState, CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval,
-};
+use gkm_k8s_api::crd::{CacheStatus, MAX_RESOLVE_INTERVAL, VerificationStatus, resolve_interval};
 
 /// The finalizer that holds a cache until no node uses or reports it.
 pub const FINALIZER: &str = "gkm.io/cleanup";
@@ -520,7 +518,7 @@ async fn publish<K: CacheObject>(
 mod tests {
     use super::*;
     use crate::report_index::Entry;
-    use gkm_k8s_api::crd::NodeCacheStatus;
+    use gkm_k8s_api::crd::{CacheState, NodeCacheStatus};
 
     #[test]
     fn claims_go_to_the_nodes_that_serve_the_digest() {

@@ -9,14 +9,17 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use anyhow::Context as _;
 use gkm_core::cache::Summary;
 use gkm_core::compat::{NODE_CHECK, check_summary};
 use gkm_core::{CacheKey, Gpu, Vendor};
 use gkm_k8s_api::crd::{CacheRelease, ImageVariant};
 use gkm_k8s_operator::cache::device_class::device_class;
-use gkm_testenv::{ControlPlane, Scheduler, service_account_groups, service_account_user};
+use gkm_testenv::{
+    ControlPlane, Scheduler, eventually, service_account_groups, service_account_user,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -149,23 +152,16 @@ async fn schedulable_node(plane: &ControlPlane, name: &str) -> anyhow::Result<()
 
 /// The devices the scheduler allocated to the claim `name`, once it has.
 async fn allocated(claims: &Api<ResourceClaim>, name: &str) -> anyhow::Result<BTreeSet<String>> {
-    let began = Instant::now();
-    loop {
+    eventually(&format!("the claim {name} allocated"), TIMEOUT, || async {
         let claim = claims.get(name).await?;
-        if let Some(results) = claim
+        Ok(claim
             .status
             .and_then(|s| s.allocation)
             .and_then(|a| a.devices)
             .and_then(|d| d.results)
-        {
-            return Ok(results.into_iter().map(|r| r.device).collect());
-        }
-        anyhow::ensure!(
-            began.elapsed() < TIMEOUT,
-            "the claim {name} is not allocated after {TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            .map(|results| results.into_iter().map(|r| r.device).collect()))
+    })
+    .await
 }
 
 #[tokio::test]
@@ -261,7 +257,7 @@ async fn a_caches_class_selects_exactly_the_gpus_its_targets_fit() -> anyhow::Re
 /// The chart's operator RBAC and policies with dra.enabled, rendered into
 /// `dir`.
 fn render_chart(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/gkm");
+    let chart = gkm_testenv::repo_root().join("deploy/helm/gkm");
     let out = Command::new(gkm_testenv::find_binary(gkm_testenv::Component::Helm)?)
         .args(["template", "gkm"])
         .arg(&chart)
@@ -293,7 +289,7 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
 async fn the_operator_writes_and_deletes_only_its_own_device_classes() -> anyhow::Result<()> {
     let plane = ControlPlane::shared().await?;
     plane
-        .apply_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/namespace.yaml"))
+        .apply_file(&gkm_testenv::repo_root().join("deploy/namespace.yaml"))
         .await?;
     let work = gkm_testenv::temp_dir()?;
     plane.apply_file(&render_chart(work.path())?).await?;
@@ -313,21 +309,31 @@ async fn the_operator_writes_and_deletes_only_its_own_device_classes() -> anyhow
     let name = own.metadata.name.clone().unwrap_or_default();
     let mut hijack = own.clone();
     hijack.spec.extended_resource_name = Some("nvidia.com/gpu".into());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match operator.patch(&name, &params, &Patch::Apply(&hijack)).await {
-            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("gkm-operator may") => {
-                break;
+    let last = std::cell::RefCell::new(String::new());
+    eventually(
+        "the operator-scope policy's refusal",
+        Duration::from_secs(20),
+        || async {
+            match operator.patch(&name, &params, &Patch::Apply(&hijack)).await {
+                Err(kube::Error::Api(s))
+                    if s.code == 403 && s.message.contains("gkm-operator may") =>
+                {
+                    Ok(Some(()))
+                }
+                other => {
+                    *last.borrow_mut() = format!("{other:?}");
+                    Ok(None)
+                }
             }
-            other => {
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "the operator's identity wrote a class with an extended resource: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "the operator's identity wrote a class with an extended resource: {}",
+            last.borrow()
+        )
+    })?;
 
     // Its own class: written, changed, deleted.
     operator.patch(&name, &params, &Patch::Apply(&own)).await?;

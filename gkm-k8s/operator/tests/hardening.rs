@@ -24,11 +24,11 @@ use gkm_k8s_operator::{
     ImageVerifier, OperatorConfig, PolicyFloor, RegistryVerifier, TenantSigners,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_testenv::{ControlPlane, Registry};
+use gkm_testenv::{ControlPlane, Registry, eventually};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use operator_support::{
-    OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, spawn_operator, until,
+    OPERATOR_NAMESPACE, WAIT, cache, pem, push, put_secret, registry_options, spawn_operator,
 };
 use serde_json::json;
 
@@ -144,7 +144,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
             async move { Ok(caches.get(name).await?.status.and_then(|s| s.verification)) }
         }
     };
-    let good = until("the good cache verified", || async {
+    let good = eventually("the good cache verified", WAIT, || async {
         Ok(verification("good")().await?.filter(|v| v.verified))
     })
     .await?;
@@ -153,7 +153,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
     assert_eq!(good.digest.as_deref(), Some(digest.as_str()));
     let fingerprint = good.policy.clone().expect("a policy fingerprint");
 
-    let off = until("the Off cache judged", verification("off")).await?;
+    let off = eventually("the Off cache judged", WAIT, verification("off")).await?;
     assert_eq!(off.mode, Some(SignatureMode::Enforce), "{off:?}");
     assert_eq!(off.deliverable, Some(false), "{off:?}");
     assert!(
@@ -166,14 +166,14 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
 
     // Class 5: the key in the Secret is rotated; the recorded verdict goes.
     put_secret(&client, ns, "signer", &pem(second.public_key())).await?;
-    let rotated = until("the verdict after the key rotation", || async {
+    let rotated = eventually("the verdict after the key rotation", WAIT, || async {
         Ok(verification("good")().await?.filter(|v| !v.verified))
     })
     .await?;
     assert_eq!(rotated.deliverable, Some(false));
     assert_ne!(rotated.policy.as_deref(), Some(fingerprint.as_str()));
     put_secret(&client, ns, "signer", &pem(first.public_key())).await?;
-    until("verified again with the first key", || async {
+    eventually("verified again with the first key", WAIT, || async {
         Ok(verification("good")().await?.filter(|v| v.verified))
     })
     .await?;
@@ -189,7 +189,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
             json!({"image": image, "resolveInterval": interval}),
         )?;
         // The apiserver takes the relaxed schema up a moment later.
-        until("the relaxed schema in effect", || async {
+        eventually("the relaxed schema in effect", WAIT, || async {
             match caches.patch(name, &apply, &Patch::Apply(&object)).await {
                 Ok(_) => Ok(Some(())),
                 Err(kube::Error::Api(s)) if s.code == 422 => Ok(None),
@@ -199,7 +199,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         .await?;
     }
     for name in ["overflow", "spin"] {
-        let reason = until("the hostile interval reported", || async {
+        let reason = eventually("the hostile interval reported", WAIT, || async {
             let conditions = caches
                 .get(name)
                 .await?
@@ -215,7 +215,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         assert!(reason.contains("resolveInterval"), "{name}: {reason}");
     }
     put_secret(&client, ns, "signer", &pem(second.public_key())).await?;
-    until("the good cache still reconciled", || async {
+    eventually("the good cache still reconciled", WAIT, || async {
         Ok(verification("good")().await?.filter(|v| !v.verified))
     })
     .await?;
@@ -241,7 +241,7 @@ async fn the_operator_holds_its_floor_and_outlives_hostile_caches() -> anyhow::R
         .patch_status("scaled-down-node", &apply, &Patch::Apply(&status))
         .await?;
     caches.delete("good", &DeleteParams::default()).await?;
-    until("the cache deleted", || async {
+    eventually("the cache deleted", WAIT, || async {
         Ok(caches.get_opt("good").await?.is_none().then_some(()))
     })
     .await?;

@@ -33,16 +33,13 @@ async fn holder(client: &kube::Client, namespace: &str) -> anyhow::Result<Option
     Ok(lease.spec.and_then(|s| s.holder_identity))
 }
 
-/// Polls until `candidate`'s flag is set, up to `limit`; returns how long it took.
+/// Waits until `candidate`'s flag is set, up to `limit`; returns how long it took.
 async fn until_leading(flag: &AtomicBool, limit: Duration) -> Option<Duration> {
     let began = Instant::now();
-    while began.elapsed() < limit {
-        if flag.load(Ordering::Acquire) {
-            return Some(began.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
+    gkm_testenv::until("leading", limit, || flag.load(Ordering::Acquire))
+        .await
+        .ok()?;
+    Some(began.elapsed())
 }
 
 #[tokio::test]
@@ -56,15 +53,10 @@ async fn one_leader_and_takeover_within_the_lease_duration() -> anyhow::Result<(
     let a_task = tokio::spawn(a.run(std::future::pending(), std::future::pending::<()>()));
     let b_task = tokio::spawn(b.run(std::future::pending(), std::future::pending::<()>()));
 
-    let both = async {
-        loop {
-            if a_leads.load(Ordering::Acquire) || b_leads.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), both).await?;
+    gkm_testenv::until("a leader", Duration::from_secs(10), || {
+        a_leads.load(Ordering::Acquire) || b_leads.load(Ordering::Acquire)
+    })
+    .await?;
 
     // For two whole lease durations, exactly one leads and the lease says so.
     let first = if a_leads.load(Ordering::Acquire) {

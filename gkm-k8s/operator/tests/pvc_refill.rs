@@ -20,9 +20,10 @@ use gkm_k8s_operator::cache::pvc::objects::{self, PvcOptions};
 use gkm_k8s_operator::cache::pvc::plan::ClaimPlan;
 use gkm_oci::{BuildOptions, ImageRef, build};
 use gkm_testenv::{ControlPlane, Registry};
+use gkm_testenv::{copy_tree, fixture_cache};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use operator_support::{fixture, registry_options};
+use operator_support::registry_options;
 use serde_json::json;
 
 const KERNEL: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ/add_kernel.cubin";
@@ -45,25 +46,11 @@ async fn push(registry: &Registry, tree: &Path, repo: &str, tag: &str) -> anyhow
 
 /// The fixture without [`UTILS_DIR`], as a moved tag might publish it.
 fn smaller_tree(dir: &Path) -> anyhow::Result<PathBuf> {
-    let from = fixture("triton-vector-add-cuda-sm75");
+    let from = fixture_cache("triton-vector-add-cuda-sm75");
     let to = dir.join("smaller");
     copy_tree(&from, &to)?;
     std::fs::remove_dir_all(to.join(UTILS_DIR))?;
     Ok(to)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
 }
 
 /// The names a reader listing the claim sees (hidden ones left out, as `ls`
@@ -86,7 +73,7 @@ async fn a_refill_never_shows_readers_a_missing_or_mixed_tree() -> anyhow::Resul
     let scratch = tempfile::tempdir()?;
     let full = push(
         registry,
-        &fixture("triton-vector-add-cuda-sm75"),
+        &fixture_cache("triton-vector-add-cuda-sm75"),
         "pvc-refill/cache",
         "full",
     )

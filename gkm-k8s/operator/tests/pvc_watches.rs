@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use gkm_k8s_api::crd::{ClusterGKMCache, GKMCache};
 use gkm_k8s_operator::OperatorConfig;
-use gkm_testenv::{ControlPlane, ControlPlaneOptions, Registry};
+use gkm_testenv::{ControlPlane, ControlPlaneOptions, Registry, eventually};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use operator_support::{push, registry_options, spawn_operator, until};
+use operator_support::{WAIT, push, registry_options, spawn_operator};
 use serde_json::json;
 
 const OPERATOR_USER: &str = "system:serviceaccount:gkm-system:gkm-operator";
@@ -38,7 +38,7 @@ const LATER: &str = "watched-later";
 const SHARED: &str = "shared-add-named-longer-than-the-63-characters-a-label-value-may-hold";
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 /// The operator's requests logged after byte `from` of the audit log, as
@@ -147,7 +147,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
             false,
         )
         .await?;
-    until("the cache's claim, in its status", || async {
+    eventually("the cache's claim, in its status", WAIT, || async {
         let cache = caches.get("vector-add").await?;
         let named = cache
             .status
@@ -167,8 +167,9 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
             .unwrap_or_default();
         anyhow::Ok(namespaces)
     };
-    until(
+    eventually(
         "the cluster cache's claim where its namespace exists",
+        WAIT,
         || async {
             let made = claims.get_opt(SHARED).await?.is_some();
             Ok((made && served().await? == [TEAM]).then_some(()))
@@ -188,8 +189,9 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     );
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(admin.clone(), TEAM);
-    until(
+    eventually(
         "the namespace's default ServiceAccount, for pods",
+        WAIT,
         || async { Ok(accounts.get_opt("default").await?.map(drop)) },
     )
     .await?;
@@ -198,7 +200,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     let mark = std::fs::metadata(&audit)?.len();
     pods.create(&PostParams::default(), &reader("reader", "vector-add")?)
         .await?;
-    until("the pod using the claim is counted", || async {
+    eventually("the pod using the claim is counted", WAIT, || async {
         let cache = caches.get("vector-add").await?;
         Ok(cache
             .status
@@ -207,7 +209,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     })
     .await?;
     claims.delete(SHARED, &DeleteParams::default()).await?;
-    until("a deleted claim is made again", || async {
+    eventually("a deleted claim is made again", WAIT, || async {
         let claim = claims.get_opt(SHARED).await?;
         Ok(claim
             .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -215,7 +217,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     })
     .await?;
     plane.ensure_namespace(LATER).await?;
-    until("a namespace that appears gets its claim", || async {
+    eventually("a namespace that appears gets its claim", WAIT, || async {
         let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
         let made = later.get_opt(SHARED).await?.is_some();
         Ok((made && served().await? == [LATER, TEAM]).then_some(()))
@@ -223,7 +225,7 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
     .await?;
     pods.delete("reader", &DeleteParams::default().grace_period(0))
         .await?;
-    until("the pod that went is no longer counted", || async {
+    eventually("the pod that went is no longer counted", WAIT, || async {
         let cache = caches.get("vector-add").await?;
         Ok(cache
             .status
@@ -246,8 +248,9 @@ async fn pvc_reconciles_follow_watches_and_list_nothing() -> anyhow::Result<()> 
 
     // Deleting a cache still removes what it made.
     clusters.delete(SHARED, &DeleteParams::default()).await?;
-    until(
+    eventually(
         "the deleted cluster cache and its claims are gone",
+        WAIT,
         || async {
             let later: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), LATER);
             let gone = clusters.get_opt(SHARED).await?.is_none()

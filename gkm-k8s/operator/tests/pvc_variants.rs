@@ -14,11 +14,11 @@ use gkm_k8s_operator::names;
 use gkm_k8s_operator::{OperatorConfig, TenantSigners};
 use gkm_oci::BuildOptions;
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_testenv::{ControlPlane, Registry};
+use gkm_testenv::{ControlPlane, Registry, eventually, fixture_cache};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
 use operator_support::{
-    OPERATOR_NAMESPACE, cache, fixture, pem, put_secret, registry_options, spawn_operator, until,
+    OPERATOR_NAMESPACE, WAIT, cache, pem, put_secret, registry_options, spawn_operator,
 };
 use serde_json::json;
 
@@ -38,8 +38,8 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     let image = format!("{repository}:v1");
     let multi = gkm_oci::build::build_multi(
         &[
-            fixture("triton-vector-add-cuda-sm75"),
-            fixture("triton-vector-add-rocm-gfx90a"),
+            fixture_cache("triton-vector-add-cuda-sm75"),
+            fixture_cache("triton-vector-add-rocm-gfx90a"),
         ],
         &image.parse()?,
         &BuildOptions::default(),
@@ -109,7 +109,7 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     for (node, variant) in nodes.iter().zip(&variants) {
         let claim = names::node_claim("per-node", node);
         let name = names::job(&claim, variant, None);
-        let job = until(&format!("{node}'s fill Job"), || async {
+        let job = eventually(&format!("{node}'s fill Job"), WAIT, || async {
             Ok(jobs.get_opt(&name).await?)
         })
         .await?;
@@ -129,7 +129,7 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     }
 
     // ReadOnlyMany: no Job, and the claim's status names the variants.
-    let message = until("the shared claim withheld", || async {
+    let message = eventually("the shared claim withheld", WAIT, || async {
         let status = caches.get("shared").await?.status.unwrap_or_default();
         let message = status
             .pvc_status
@@ -170,7 +170,8 @@ async fn each_rwo_fill_is_pinned_to_its_nodes_variant_and_a_mixed_rox_claim_is_w
     }
     assert!(!claim.join(".gkm/current").exists(), "nothing served");
     let stats =
-        gkm_k8s_operator::cache::pvc::fill(&pinned(&variants[0])?, &claim, &registry_options()).await?;
+        gkm_k8s_operator::cache::pvc::fill(&pinned(&variants[0])?, &claim, &registry_options())
+            .await?;
     assert!(stats.files > 0, "{stats:?}");
     Ok(())
 }

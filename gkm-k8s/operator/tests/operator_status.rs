@@ -26,13 +26,13 @@ use gkm_k8s_operator::{
     ImageVerifier, Metrics, OperatorCollector, OperatorConfig, RegistryVerifier, TenantSigners,
 };
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
-use gkm_testenv::{ControlPlane, Registry, field_managers, promlint, samples};
+use gkm_testenv::{ControlPlane, Registry, eventually, field_managers, promlint, samples};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
-use operator_support::{OPERATOR_NAMESPACE, cache, pem, push, put_secret, registry_options, until};
+use operator_support::{OPERATOR_NAMESPACE, WAIT, cache, pem, push, put_secret, registry_options};
 use serde_json::json;
 
 const MANAGER: &str = "gkm-operator";
@@ -140,7 +140,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         let object = cache(ns, name, json!({"image": image, "signature": signature}))?;
         caches.patch(name, &apply, &Patch::Apply(&object)).await?;
     }
-    let steady = until("the signed cache verified", || async {
+    let steady = eventually("the signed cache verified", WAIT, || async {
         let cache = caches.get("steady").await?;
         let verified = cache
             .status
@@ -185,7 +185,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
 
     // After the upgrade the operator took over what the old writer owned,
     // and dropped the pvcStatus it no longer writes.
-    let upgraded = until("the old pvcStatus removed", || async {
+    let upgraded = eventually("the old pvcStatus removed", WAIT, || async {
         let cache = caches.get("upgraded").await?;
         let done = cache
             .status
@@ -207,7 +207,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
 
     // A steady cache is reconciled again and again but not written again.
     let reconciles = metrics.reconciles(Scope::Namespaced);
-    until("more reconciles", || async {
+    eventually("more reconciles", WAIT, || async {
         Ok((metrics.reconciles(Scope::Namespaced) >= reconciles + 4).then_some(()))
     })
     .await?;
@@ -246,7 +246,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         .await?;
     let seeded = caches.get("steady").await?.status.unwrap_or_default();
     assert!(seeded.pvc_status.is_some(), "the seed took: {seeded:?}");
-    let cleared = until("pvcStatus removed", || async {
+    let cleared = eventually("pvcStatus removed", WAIT, || async {
         let status = caches.get("steady").await?.status.unwrap_or_default();
         Ok((status.pvc_status.is_none()).then_some(status))
     })
@@ -255,7 +255,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     assert_eq!(cleared.resolved_digest.as_deref(), Some(digest.as_str()));
 
     // The refused cache is checked at every requeue, and announced once.
-    until("the unsigned cache refused", || async {
+    eventually("the unsigned cache refused", WAIT, || async {
         let status = caches.get("refused").await?.status.unwrap_or_default();
         Ok((status.state == Some(CacheState::Error)).then_some(()))
     })
@@ -264,7 +264,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         metrics.reconciles(Scope::Namespaced),
         metrics.status_writes(),
     );
-    until("the refused cache checked again", || async {
+    eventually("the refused cache checked again", WAIT, || async {
         Ok((metrics.reconciles(Scope::Namespaced) >= reconciles + 6).then_some(()))
     })
     .await?;
@@ -397,7 +397,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     // variant with the sm75 target; the refused cache's says why, with no
     // variant.
     let releases: Api<GKMCacheRelease> = Api::namespaced(client.clone(), ns);
-    let release = until("the steady cache's release", || async {
+    let release = eventually("the steady cache's release", WAIT, || async {
         Ok(releases.get_opt("steady").await?)
     })
     .await?;
@@ -458,7 +458,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     );
     // From here on, a watch of the namespace's three releases, as an
     // agent's.
-    let listed = until("the three caches' releases", || async {
+    let listed = eventually("the three caches' releases", WAIT, || async {
         let listed = releases.list(&ListParams::default()).await?;
         Ok((listed.items.len() == 3).then_some(listed))
     })
@@ -501,15 +501,15 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
             }
         }
     };
-    until("the node's report counted", counted(1)).await?;
+    eventually("the node's report counted", WAIT, counted(1)).await?;
     Api::<Node>::all(client.clone())
         .delete(node, &DeleteParams::default())
         .await?;
-    until("the gone node's report removed", || async {
+    eventually("the gone node's report removed", WAIT, || async {
         Ok(reports.get_opt(node).await?.is_none().then_some(()))
     })
     .await?;
-    until("the gone node no longer counted", counted(0)).await?;
+    eventually("the gone node no longer counted", WAIT, counted(0)).await?;
 
     // The counts changed twice (status written), the releases not at all:
     // the watch of the releases saw no event.
@@ -531,7 +531,7 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         Some(WatchEvent::Deleted(_)) => {}
         other => anyhow::bail!("expected the release marked deleting, got {other:?}"),
     }
-    until("the deleted cache's release removed", || async {
+    eventually("the deleted cache's release removed", WAIT, || async {
         Ok(releases.get_opt("steady").await?.is_none().then_some(()))
     })
     .await?;
@@ -544,13 +544,13 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
     releases
         .patch("refused", &PatchParams::default(), &Patch::Merge(&forged))
         .await?;
-    until("the changed release restored", || async {
+    eventually("the changed release restored", WAIT, || async {
         let now = releases.get("refused").await?;
         Ok((now.spec.release == written.spec.release).then_some(()))
     })
     .await?;
     releases.delete("refused", &DeleteParams::default()).await?;
-    let restored = until("the deleted release restored", || async {
+    let restored = eventually("the deleted release restored", WAIT, || async {
         let now = releases.get_opt("refused").await?;
         Ok(now.filter(|r| r.uid() != written.uid()))
     })

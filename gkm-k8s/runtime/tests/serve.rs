@@ -4,11 +4,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use std::time::Duration;
-
-use gkm_k8s_api::cache_object::Scope;
-use gkm_k8s_operator::Error;
-use gkm_k8s_operator::{Metrics, OperatorCollector};
 use gkm_k8s_runtime::endpoints::Endpoints;
 use gkm_k8s_runtime::metrics::{SampleKind, Sampled, register_build_info};
 use gkm_k8s_runtime::readiness::Readiness;
@@ -136,10 +131,8 @@ async fn health_and_readiness_follow_the_checks() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn metrics_are_openmetrics_text_with_current_values() -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
     let leading = Arc::new(AtomicBool::new(false));
     let mut registry = Registry::with_prefix("gkm");
-    registry.register_collector(Box::new(OperatorCollector(metrics.clone())));
     registry.register_collector(Box::new(Sampled::flag(
         "leader",
         "1 while this replica leads",
@@ -165,11 +158,6 @@ async fn metrics_are_openmetrics_text_with_current_values() -> anyhow::Result<()
     );
     let lines: Vec<&str> = before.body.lines().collect();
     for expected in [
-        "# TYPE gkm_operator_reconciles counter",
-        "gkm_operator_reconciles_total{controller=\"gkmcache\"} 0",
-        "gkm_operator_reconciles_total{controller=\"clustergkmcache\"} 0",
-        "gkm_operator_status_writes_total 0",
-        "gkm_operator_caches{state=\"Running\"} 0",
         "# TYPE gkm_leader gauge",
         "gkm_leader 0",
         "gkm_store_bytes 4096",
@@ -183,21 +171,10 @@ async fn metrics_are_openmetrics_text_with_current_values() -> anyhow::Result<()
     }
     assert_eq!(lines.last(), Some(&"# EOF"));
 
-    for error in [None, None, Some(Error::InvalidSpec("no image".into()))] {
-        metrics.reconciled(Scope::Namespaced, Duration::from_millis(30), error.as_ref());
-    }
-    metrics.status_written();
-    metrics.status_written();
     leading.store(true, Ordering::Relaxed);
     let after = request(server.addr, "GET", "/metrics").await?;
     let lines: Vec<&str> = after.body.lines().collect();
-    for expected in [
-        "gkm_operator_reconciles_total{controller=\"gkmcache\"} 3",
-        "gkm_operator_reconcile_errors_total{controller=\"gkmcache\",error=\"invalid_spec\"} 1",
-        "gkm_operator_reconcile_duration_seconds_count{controller=\"gkmcache\"} 3",
-        "gkm_operator_status_writes_total 2",
-        "gkm_leader 1",
-    ] {
+    for expected in ["gkm_leader 1"] {
         assert!(
             lines.contains(&expected),
             "missing {expected:?} in\n{}",

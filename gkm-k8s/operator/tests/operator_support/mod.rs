@@ -3,8 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_core::policy::PublicKey;
 use gkm_k8s_api::crd::GKMCache;
@@ -24,18 +23,12 @@ pub fn registry_options() -> RegistryOptions {
     }
 }
 
-pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/caches")
-        .join(name)
-}
-
 /// Builds a fixture into the registry as `repo:v1`; its reference and digest.
 pub async fn push(registry: &Registry, repo: &str) -> anyhow::Result<(String, String)> {
     let image = format!("{}/{repo}:v1", registry.addr());
     let reference: ImageRef = image.parse()?;
     let built = build(
-        &fixture("triton-vector-add-cuda-sm75"),
+        &gkm_testenv::fixture_cache("triton-vector-add-cuda-sm75"),
         &reference,
         &BuildOptions::default(),
         &registry_options(),
@@ -68,21 +61,8 @@ pub async fn put_secret(
     Ok(())
 }
 
-/// Polls `probe` every 200 ms until it returns `Some`, failing after 60 s.
-pub async fn until<T, F, Fut>(what: &str, mut probe: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = probe().await? {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{what}: not within 60s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+/// How long the operator's tests wait for the operator to act.
+pub const WAIT: Duration = Duration::from_secs(60);
 
 pub fn cache(ns: &str, name: &str, spec: serde_json::Value) -> anyhow::Result<GKMCache> {
     Ok(serde_json::from_value(json!({
