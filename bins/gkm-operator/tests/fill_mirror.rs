@@ -5,40 +5,12 @@
 //! from the mirror, refuses its layer by digest, takes the layer from the
 //! origin, and serves the fixture's tree.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gkm_oci::{BuildOptions, Image, ImageRef, RegistryOptions, Repo, build, copy_image};
-use gkm_testenv::Registry;
+use gkm_testenv::{Registry, fixture_cache, tree_files};
 
 const FIXTURE: &str = "triton-vector-add-cuda-sm75";
-
-fn fixture() -> PathBuf {
-    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    while !dir.join("Cargo.lock").exists() {
-        assert!(dir.pop(), "no workspace root");
-    }
-    dir.join("../shared/fixtures/caches").join(FIXTURE)
-}
-
-/// Every file below `root`, with its bytes.
-fn files(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path.strip_prefix(root).expect("below").to_path_buf();
-                out.push((rel, std::fs::read(&path).expect("read")));
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 /// How many GETs of a path holding `needle` `registry` answered after its
 /// first `since` requests.
@@ -63,9 +35,14 @@ async fn a_fill_reads_through_the_mirror_and_refuses_its_wrong_bytes() {
     let tagged: ImageRef = format!("{}/caches/fill:v1", origin.addr())
         .parse()
         .expect("ref");
-    let built = build(&fixture(), &tagged, &BuildOptions::default(), &plain)
-        .await
-        .expect("build and push");
+    let built = build(
+        &fixture_cache(FIXTURE),
+        &tagged,
+        &BuildOptions::default(),
+        &plain,
+    )
+    .await
+    .expect("build and push");
     let copy: ImageRef = format!("{}/caches/fill:v1", mirror.addr())
         .parse()
         .expect("ref");
@@ -111,7 +88,10 @@ async fn a_fill_reads_through_the_mirror_and_refuses_its_wrong_bytes() {
         "fill failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(files(&into.join(".gkm/current")), files(&fixture()));
+    assert_eq!(
+        tree_files(&into.join(".gkm/current")).expect("the filled tree"),
+        tree_files(&fixture_cache(FIXTURE)).expect("the fixture")
+    );
 
     let blob = |d: &gkm_oci::Digest| format!("/blobs/{d}");
     assert_eq!(gets(&mirror, setup.1, &blob(&config)), 1);

@@ -6,9 +6,9 @@
 //! namespace past its quota of a GPU model.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_operator::admission::Endpoint;
 use gkm_k8s_operator::admission::quota::{
@@ -31,7 +31,7 @@ const MODEL_LABEL: &str = "gkm.io/gpu.product";
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 /// A running operator serving the webhooks, and the admin's client.
@@ -86,28 +86,31 @@ async fn ground() -> anyhow::Result<Ground> {
         .arg(format!("--webhook-url={url}"))
         .env("GKM_LOG", "info");
     let mut operator = Process::spawn("operator", cmd, &dir.path().join("operator.log"))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
     let configs = Api::<ValidatingWebhookConfiguration>::all(admin.clone());
-    loop {
-        operator.check_running()?;
-        let ready = get(metrics_port, "/readyz")
-            .await
-            .is_some_and(|(s, _)| s == 200);
-        let bundle = configs
-            .get_opt(QUOTA_CONFIGURATION_NAME)
-            .await?
-            .and_then(|c| c.webhooks?.into_iter().next())
-            .and_then(|w| w.client_config.ca_bundle)
-            .is_some();
-        if ready && bundle {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the operator never got ready with the quota webhook's caBundle written; log:\n{}",
-            operator.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let waited = gkm_testenv::eventually(
+        "the operator ready with the quota webhook's caBundle written",
+        Duration::from_secs(30),
+        || {
+            let running = operator.check_running();
+            let configs = &configs;
+            async move {
+                running?;
+                let ready = get(metrics_port, "/readyz")
+                    .await
+                    .is_some_and(|(s, _)| s == 200);
+                let bundle = configs
+                    .get_opt(QUOTA_CONFIGURATION_NAME)
+                    .await?
+                    .and_then(|c| c.webhooks?.into_iter().next())
+                    .and_then(|w| w.client_config.ca_bundle)
+                    .is_some();
+                Ok((ready && bundle).then_some(()))
+            }
+        },
+    )
+    .await;
+    if let Err(e) = waited {
+        anyhow::bail!("{e}; log:\n{}", operator.log_tail(30));
     }
     // The apiserver's own view of webhook configurations follows a watch.
     tokio::time::sleep(Duration::from_secs(1)).await;

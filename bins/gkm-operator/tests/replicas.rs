@@ -23,7 +23,7 @@ use serde_json::json;
 const SYSTEM: &str = "gkm-system";
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 /// The sum of the samples `name` (with any labels) on `/metrics`; `None`
@@ -42,8 +42,8 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
-/// Polls `probe` every 100 ms until it holds, failing after `limit` or when
-/// `process` exits; returns how long it took.
+/// Waits until `probe` holds, failing after `limit` or when `process`
+/// exits; returns how long it took.
 async fn until<F, Fut>(
     process: &mut Process,
     what: &str,
@@ -55,18 +55,21 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     let began = Instant::now();
-    loop {
-        process.check_running()?;
-        if probe().await {
-            return Ok(began.elapsed());
+    let waited = gkm_testenv::eventually(what, limit, || {
+        let running = process.check_running();
+        let holds = probe();
+        async move {
+            running?;
+            Ok(holds.await.then_some(()))
         }
-        if began.elapsed() > limit {
-            anyhow::bail!(
-                "{what}: not within {limit:?}; log:\n{}",
-                process.log_tail(30)
-            );
+    })
+    .await;
+    match waited {
+        Ok(()) => Ok(began.elapsed()),
+        Err(e) if e.is::<gkm_testenv::TimedOut>() => {
+            Err(e.context(format!("log:\n{}", process.log_tail(30))))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        Err(e) => Err(e),
     }
 }
 
@@ -326,13 +329,16 @@ async fn webhook_ground(plane: &ControlPlane) -> anyhow::Result<(kube::Client, P
     let _ = secrets
         .delete(shared_ca::SECRET_NAME, &DeleteParams::default())
         .await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while configs.get_opt(CONFIGURATION_NAME).await?.is_some()
-        || secrets.get_opt(shared_ca::SECRET_NAME).await?.is_some()
-    {
-        anyhow::ensure!(Instant::now() < deadline, "the last test's webhook stays");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    gkm_testenv::eventually(
+        "the last test's webhook gone",
+        Duration::from_secs(15),
+        || async {
+            let gone = configs.get_opt(CONFIGURATION_NAME).await?.is_none()
+                && secrets.get_opt(shared_ca::SECRET_NAME).await?.is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
     let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-operator")?;
     Ok((admin, kubeconfig))
 }
@@ -436,14 +442,19 @@ async fn every_replica_admits(
 
 /// Waits until the configuration's bundle holds `cert`.
 async fn bundle_holds(admin: &kube::Client, cert: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !ca_bundle(admin).await?.is_some_and(|b| b.contains(cert)) {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the webhook configuration's caBundle never held the CA: {:?}",
-            ca_bundle(admin).await?
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let waited = gkm_testenv::eventually(
+        "the webhook configuration's caBundle holding the CA",
+        Duration::from_secs(15),
+        || async {
+            Ok(ca_bundle(admin)
+                .await?
+                .is_some_and(|b| b.contains(cert))
+                .then_some(()))
+        },
+    )
+    .await;
+    if let Err(e) = waited {
+        anyhow::bail!("{e}: {:?}", ca_bundle(admin).await?);
     }
     // The apiserver's own view of webhook configurations follows a watch.
     tokio::time::sleep(Duration::from_secs(1)).await;

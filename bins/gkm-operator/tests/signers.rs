@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{CacheStatus, GKMCache};
 use gkm_oci::sign::{SignFormat, SigningKey, sign};
@@ -27,8 +27,11 @@ const SYSTEM: &str = "gkm-system";
 /// with its own administrator's key.
 static OPERATORS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// How long a cache's status may take.
+const WAIT: Duration = Duration::from_secs(60);
+
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 fn registry_options() -> RegistryOptions {
@@ -41,8 +44,7 @@ fn registry_options() -> RegistryOptions {
 /// Builds the fixture into `image` (a tag), titled `title` so that each
 /// title is its own digest; the tag then points at it.
 async fn push(image: &str, title: &str) -> anyhow::Result<Built> {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches/triton-vector-add-cuda-sm75");
+    let fixture = gkm_testenv::fixture_cache("triton-vector-add-cuda-sm75");
     let options = BuildOptions {
         title: Some(title.into()),
         ..BuildOptions::default()
@@ -121,7 +123,7 @@ async fn put_cache(
     Ok(api)
 }
 
-/// Polls the cache's status until `done` holds, failing after 60 s (or
+/// Waits until the cache's status holds `done`, failing after [`WAIT`] (or
 /// when the operator exits) with the last status seen.
 async fn until_status(
     operator: &mut Process,
@@ -130,20 +132,28 @@ async fn until_status(
     what: &str,
     done: impl Fn(&CacheStatus) -> bool,
 ) -> anyhow::Result<CacheStatus> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        operator.check_running()?;
-        let status = caches.get(name).await?.status.unwrap_or_default();
-        if done(&status) {
-            return Ok(status);
+    let last = std::cell::RefCell::new(CacheStatus::default());
+    let waited = gkm_testenv::eventually(&format!("{name}: {what}"), WAIT, || {
+        let running = operator.check_running();
+        let (last, done) = (&last, &done);
+        async move {
+            running?;
+            let status = caches.get(name).await?.status.unwrap_or_default();
+            if done(&status) {
+                return Ok(Some(status));
+            }
+            *last.borrow_mut() = status;
+            Ok(None)
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{name}: {what}: not within 60s; status: {status:#?}\noperator log:\n{}",
+    })
+    .await;
+    waited.map_err(|e| {
+        anyhow::anyhow!(
+            "{e}; status: {:#?}\noperator log:\n{}",
+            last.borrow(),
             operator.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        )
+    })
 }
 
 /// Whether a node would deliver `digest` on this status: what the agents read.
