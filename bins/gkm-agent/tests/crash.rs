@@ -26,18 +26,13 @@ use serde_json::json;
 
 mod support;
 
-use support::{build_layout, fixture, push, registry_options, until};
+use support::{build_layout, fixture, push, registry_options, until, until_some};
 
 /// A copy of the sm75 fixture with `extra` more 1 KiB files, so extracting
 /// it takes a while.
 fn cache_tree(dir: &Path, extra: usize) -> anyhow::Result<PathBuf> {
     let root = dir.join("cache");
-    let copy = Command::new("cp")
-        .arg("-r")
-        .arg(fixture("triton-vector-add-cuda-sm75"))
-        .arg(&root)
-        .status()?;
-    anyhow::ensure!(copy.success(), "copying the fixture");
+    gkm_testenv::copy_tree(&fixture("triton-vector-add-cuda-sm75"), &root)?;
     let launcher = root.join("Q4KTBUSJ2LEGOHKSPJA2BG4BDURWUGYX7YU6TXZ7DZBKCDBQVGZQ");
     for i in 0..extra {
         let body: Vec<u8> = (0..1024u32).map(|b| (b as usize * 31 + i) as u8).collect();
@@ -248,25 +243,26 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
             .sum();
         (digests.len() as f64, bytes as f64)
     };
-    let began = Instant::now();
-    let metrics = loop {
-        agent.check_running()?;
-        let last = gkm_testenv::http_get(port, "/metrics").await;
-        let (images, bytes) = stored();
-        if let Some((200, text)) = &last
-            && value(text, "gkm_agent_store_images") == Some(images)
-            && value(text, "gkm_agent_store_bytes") == Some(bytes)
-        {
-            break text.clone();
-        }
-        anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(60),
-            "/metrics never matched the store ({images} images, {bytes} bytes); last answer \
-             {last:?}; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let stored = &stored;
+    let metrics = until_some(
+        &mut agent,
+        "/metrics matching the store's images and bytes",
+        Duration::from_secs(60),
+        || async move {
+            let last = gkm_testenv::http_get(port, "/metrics").await;
+            let (images, bytes) = stored();
+            Ok(match last {
+                Some((200, text))
+                    if value(&text, "gkm_agent_store_images") == Some(images)
+                        && value(&text, "gkm_agent_store_bytes") == Some(bytes) =>
+                {
+                    Some(text)
+                }
+                _ => None,
+            })
+        },
+    )
+    .await?;
     gkm_testenv::promlint(&metrics)?;
     let value = |name: &str| -> f64 {
         value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
@@ -433,17 +429,19 @@ async fn an_agent_killed_while_extracting_never_shows_a_partial_tree() -> anyhow
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             group.add(child.id())?;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            let status = loop {
-                if let Some(status) = child.try_wait()? {
-                    break status;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    anyhow::bail!("the agent outlived its memory limit");
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let exited = gkm_testenv::eventually(
+                "the agent killed at its memory limit",
+                Duration::from_secs(120),
+                || {
+                    let status = child.try_wait();
+                    async move { Ok(status?) }
+                },
+            )
+            .await;
+            if exited.is_err() {
+                let _ = child.kill();
+            }
+            let status = exited?;
             use std::os::unix::process::ExitStatusExt as _;
             assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
             assert!(group.failures() > 0, "the limit was never hit");

@@ -6,7 +6,7 @@
 //! once the apiserver answers again.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::cache_object::CacheKey;
 use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
@@ -17,6 +17,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 mod support;
+
+use support::{until, until_some};
 
 /// Sends SIGSTOP to a process, and SIGCONT when dropped (or on `resume`).
 struct Frozen(u32);
@@ -90,16 +92,11 @@ async fn health_fails_when_passes_stop_and_recovers_when_they_resume() -> anyhow
         .arg("--stall-after=4s");
     let mut agent = Process::spawn("agent-liveness", cmd, &dir.path().join("agent.log"))?;
     let reports: Api<GKMCacheNode> = Api::namespaced(client.clone(), namespace);
-    let began = Instant::now();
-    while reports.get_opt(node).await?.is_none() {
-        agent.check_running()?;
-        anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(60),
-            "no report; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(&mut agent, "the node's report", Duration::from_secs(60), || {
+        let reports = reports.clone();
+        async move { Ok(reports.get_opt(node).await?.is_some()) }
+    })
+    .await?;
     assert_eq!(health(port).await, Some((200, "ok\n".into())));
 
     // The apiserver stops answering, and a pod starts using an older digest
@@ -118,34 +115,29 @@ async fn health_fails_when_passes_stop_and_recovers_when_they_resume() -> anyhow
         target_path: dir.path().join("target"),
         published: jiff::Timestamp::now(),
     })?;
-    let began = Instant::now();
-    let stalled = loop {
-        agent.check_running()?;
-        let answer = health(port).await;
-        if let Some((503, body)) = &answer {
-            break body.clone();
-        }
-        anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(30),
-            "/healthz still answers {answer:?} with the apiserver frozen; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let stalled = until_some(
+        &mut agent,
+        "/healthz failing with the apiserver frozen",
+        Duration::from_secs(30),
+        || async move {
+            Ok(match health(port).await {
+                Some((503, body)) => Some(body),
+                _ => None,
+            })
+        },
+    )
+    .await?;
     assert!(stalled.contains("no agent pass has ended"), "{stalled}");
 
     // The apiserver answers again: passes resume, and so does health.
     drop(frozen);
-    let began = Instant::now();
-    while health(port).await != Some((200, "ok\n".into())) {
-        agent.check_running()?;
-        anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(60),
-            "/healthz did not recover; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    until(
+        &mut agent,
+        "/healthz recovering",
+        Duration::from_secs(60),
+        || async move { Ok(health(port).await == Some((200, "ok\n".into()))) },
+    )
+    .await?;
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
 }

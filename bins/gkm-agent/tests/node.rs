@@ -6,7 +6,7 @@
 //! bad flags.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_testenv::{ControlPlane, Process, samples};
 use k8s_openapi::api::core::v1::Node;
@@ -16,7 +16,7 @@ use serde_json::json;
 mod support;
 
 use gkm_testenv::{free_port, http_get as get};
-use support::deploy_dir;
+use support::{deploy_dir, until, until_some};
 
 const SYSTEM: &str = "gkm-system";
 
@@ -52,26 +52,25 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
         .arg("--resync=1h");
     let mut agent = Process::spawn("gkm-agent", cmd, &dir.path().join("gkm-agent.log"))?;
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let labels = loop {
-        agent.check_running()?;
-        let ready = get(port, "/readyz").await.is_some_and(|(s, _)| s == 200);
-        let labels = nodes
-            .get(node_name)
-            .await?
-            .metadata
-            .labels
-            .unwrap_or_default();
-        if ready && labels.contains_key("gkm.io/gpu.count") {
-            break labels;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "agent not ready or node not labelled (labels {labels:?}); log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let labels = until_some(
+        &mut agent,
+        "the agent ready and its Node labelled",
+        Duration::from_secs(30),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let ready = get(port, "/readyz").await.is_some_and(|(s, _)| s == 200);
+                let labels = nodes
+                    .get(node_name)
+                    .await?
+                    .metadata
+                    .labels
+                    .unwrap_or_default();
+                Ok((ready && labels.contains_key("gkm.io/gpu.count")).then_some(labels))
+            }
+        },
+    )
+    .await?;
     assert_eq!(
         labels.get("gkm.io/gpu.count").map(String::as_str),
         Some("2")
@@ -131,15 +130,13 @@ async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Re
             &merge(json!({"metadata": {"labels": {"team": "ml"}}})),
         )
         .await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while passes(port).await? <= settled {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "relabelling the Node did not wake the agent; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(
+        &mut agent,
+        "relabelling the Node waking the agent",
+        Duration::from_secs(10),
+        || async move { Ok(passes(port).await? > settled) },
+    )
+    .await?;
 
     let exit = agent.terminate(Duration::from_secs(15))?;
     assert!(exit.success(), "the agent exited with {exit}");

@@ -4,7 +4,7 @@
 //! the apiserver at once.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::ClusterGKMCacheNode;
 use gkm_testenv::{ControlPlane, Process};
@@ -42,29 +42,27 @@ async fn agents_started_together_spread_their_first_writes() -> anyhow::Result<(
 
     // Each agent's first pass creates its node's cluster report.
     let reports: Api<ClusterGKMCacheNode> = Api::all(client);
-    let began = Instant::now();
-    let created = loop {
-        for agent in &mut agents {
-            agent.check_running()?;
-        }
-        let mut created = Vec::new();
-        for node in &nodes {
-            if let Some(report) = reports.get_opt(node).await? {
-                created.extend(report.metadata.creation_timestamp.map(|t| t.0));
+    let waited = gkm_testenv::eventually(
+        "every agent's first report",
+        Duration::from_secs(60),
+        || {
+            let running: anyhow::Result<()> =
+                agents.iter_mut().try_for_each(Process::check_running);
+            let (reports, nodes) = (reports.clone(), nodes.clone());
+            async move {
+                running?;
+                let mut created = Vec::new();
+                for node in &nodes {
+                    if let Some(report) = reports.get_opt(node).await? {
+                        created.extend(report.metadata.creation_timestamp.map(|t| t.0));
+                    }
+                }
+                Ok((created.len() == nodes.len()).then_some(created))
             }
-        }
-        if created.len() == nodes.len() {
-            break created;
-        }
-        anyhow::ensure!(
-            began.elapsed() < Duration::from_secs(60),
-            "only {} of {} agents reported within 60s; log:\n{}",
-            created.len(),
-            nodes.len(),
-            agents[0].log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        },
+    )
+    .await;
+    let created = waited.map_err(|e| e.context(format!("log:\n{}", agents[0].log_tail(20))))?;
     let first = created.iter().min().copied().unwrap_or_default();
     let last = created.iter().max().copied().unwrap_or_default();
     let spread = last.duration_since(first);

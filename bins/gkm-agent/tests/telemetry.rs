@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_gpu::labels::{LabelOptions, node_labels};
 use gkm_testenv::{ControlPlane, Process, RealNode, RealNodeOptions, promlint, samples};
@@ -68,20 +68,17 @@ async fn labels_when(
     agent: &mut Process,
     done: impl Fn(&BTreeMap<String, String>) -> bool,
 ) -> anyhow::Result<BTreeMap<String, String>> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        agent.check_running()?;
-        let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
-        if done(&labels) {
-            return Ok(labels);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the Node's labels never got there: {labels:?}; log:\n{}",
-            agent.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let done = &done;
+    support::until_some(
+        agent,
+        "the Node's labels",
+        Duration::from_secs(30),
+        || async move {
+            let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+            Ok(done(&labels).then_some(labels))
+        },
+    )
+    .await
 }
 
 /// What the Node should carry: the labels it had before the agent came (the
@@ -207,8 +204,7 @@ async fn without_nvml_the_agent_serves_every_other_metric_and_says_why_once() ->
     plane.ensure_node(node).await?;
     let dir = gkm_testenv::temp_dir()?;
     // Two H100s on the nvidia driver, as a captured sysfs tree shows them.
-    let sysfs =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../gkm-gpu/testdata/sysfs/nvidia-h100");
+    let sysfs = gkm_testenv::repo_root().join("gkm-gpu/testdata/sysfs/nvidia-h100");
     let (mut running, port) = agent(
         &kubeconfig,
         node,

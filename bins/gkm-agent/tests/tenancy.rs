@@ -302,25 +302,11 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
 /// pushes it to `remote`; returns its digest.
 async fn push_padded(dir: &Path, remote: &str, padding: usize, fill: u8) -> anyhow::Result<Digest> {
     let tree = dir.join(format!("tree-{fill}"));
-    copy_tree(&fixture("triton-vector-add-cuda-sm75"), &tree)?;
+    gkm_testenv::copy_tree(&fixture("triton-vector-add-cuda-sm75"), &tree)?;
     std::fs::write(tree.join("padding.bin"), vec![fill; padding])?;
     let (layout, digest) = build_layout(&tree, &dir.join(format!("layout-{fill}"))).await?;
     push(&layout, remote).await?;
     Ok(digest)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), target)?;
-        }
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]

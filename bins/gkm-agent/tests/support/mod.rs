@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::{CacheRelease, GKMCache, GKMCacheNode, GKMCacheRelease, ImageVariant};
 use gkm_oci::{BuildOptions, Compression, Digest, Image, ImageRef, RegistryOptions, Repo, build};
@@ -15,7 +15,7 @@ use serde_json::json;
 
 /// The repository's `deploy/` directory.
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    gkm_testenv::repo_root().join("deploy")
 }
 
 /// The variants of `digest` of `image` (a registry or an OCI layout), read
@@ -200,8 +200,8 @@ impl Node {
     }
 }
 
-/// Polls `probe` every 200 ms until it holds, failing after `limit` or when
-/// `agent` exits.
+/// Waits ([`gkm_testenv::eventually`]) until `probe` holds, failing after
+/// `limit` or when `agent` exits, with the agent's log.
 pub async fn until<F, Fut>(
     agent: &mut Process,
     what: &str,
@@ -212,19 +212,36 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<bool>>,
 {
-    let began = Instant::now();
-    loop {
-        agent.check_running()?;
-        if probe().await? {
-            return Ok(());
+    until_some(agent, what, limit, || {
+        let holds = probe();
+        async move { Ok(holds.await?.then_some(())) }
+    })
+    .await
+}
+
+/// Waits ([`gkm_testenv::eventually`]) until `probe` finds something, and
+/// returns it; fails after `limit` or when `agent` exits, with the agent's
+/// log.
+pub async fn until_some<T, F, Fut>(
+    agent: &mut Process,
+    what: &str,
+    limit: Duration,
+    mut probe: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let waited = gkm_testenv::eventually(what, limit, || {
+        let running = agent.check_running();
+        let found = probe();
+        async move {
+            running?;
+            found.await
         }
-        anyhow::ensure!(
-            began.elapsed() < limit,
-            "{what}: not within {limit:?}; log:\n{}",
-            agent.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
+    waited.map_err(|e| e.context(format!("{what}; log:\n{}", agent.log_tail(40))))
 }
 
 /// The tests' registries serve plain HTTP.
@@ -237,9 +254,7 @@ pub fn registry_options() -> RegistryOptions {
 
 /// The fixture cache `name`, a directory of `shared/fixtures/caches`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/caches")
-        .join(name)
+    gkm_testenv::fixture_cache(name)
 }
 
 /// Builds `tree` (uncompressed) into an OCI layout at `layout`; returns the
