@@ -14,6 +14,10 @@ const FIXTURE: &str = "triton-vector-add-cuda-sm75";
 
 /// How many GETs of a path holding `needle` `registry` answered after its
 /// first `since` requests.
+#[allow(
+    clippy::expect_used,
+    reason = "a test's helper: a missing access log fails the test"
+)]
 fn gets(registry: &Registry, since: usize, needle: &str) -> usize {
     registry
         .gets_since(since, needle)
