@@ -110,15 +110,16 @@ async fn serves_registers_refuses_and_stops() {
     let pid = libc::pid_t::try_from(driver.0.id()).expect("pid");
     // SAFETY: sending a signal to the child this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let mut exited = None;
-    for _ in 0..100 {
-        if let Some(status) = driver.0.try_wait().expect("wait") {
-            exited = Some(status);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let status = exited.expect("gkm-csi stopped within 5 s of SIGTERM");
+    let status = gkm_testenv::eventually(
+        "gkm-csi stopping on SIGTERM",
+        Duration::from_secs(5),
+        || {
+            let status = driver.0.try_wait();
+            async move { Ok(status?) }
+        },
+    )
+    .await
+    .expect("gkm-csi stopped within 5 s of SIGTERM");
     let mut log = String::new();
     if let Some(mut stderr) = driver.0.stderr.take() {
         use std::io::Read;
