@@ -7,13 +7,14 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::cell::RefCell;
+use std::time::Duration;
 
 use gkm_k8s_agent::{AgentConfig, GpuMetrics, TelemetryConfig};
 use gkm_k8s_device_plugin::node_tree::{NodeTree, Pci};
 use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Sample, samples,
-    wait_for_pod,
+    BUSYBOX_IMAGE, ControlPlane, ControlPlaneOptions, RealNode, RealNodeOptions, Sample,
+    eventually, samples, settle, wait_for_pod,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -42,21 +43,19 @@ async fn temperatures_when(
     metrics: &GpuMetrics,
     done: impl Fn(&[Sample]) -> bool,
 ) -> anyhow::Result<Vec<Sample>> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let series: Vec<Sample> = scrape(metrics)?
-            .into_iter()
-            .filter(|s| s.name == "gkm_gpu_temperature_celsius")
-            .collect();
-        if done(&series) {
-            return Ok(series);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "GPU series never got there: {series:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let series = settle(
+        TIMEOUT,
+        || async {
+            Ok(scrape(metrics)?
+                .into_iter()
+                .filter(|s| s.name == "gkm_gpu_temperature_celsius")
+                .collect::<Vec<Sample>>())
+        },
+        |series| done(series),
+    )
+    .await?;
+    anyhow::ensure!(done(&series), "GPU series never got there: {series:?}");
+    Ok(series)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -92,25 +91,25 @@ async fn a_gpu_held_by_a_pod_carries_its_namespace_pod_and_container() -> anyhow
         &work.path().join("plugin.log"),
     )?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        plugin.check_running()?;
-        let allocatable = nodes
-            .get(NODE)
-            .await?
-            .status
-            .and_then(|s| s.allocatable)
-            .and_then(|a| a.get(GPU).map(|q| q.0.clone()));
-        if allocatable.as_deref() == Some("2") {
-            break;
+    let offered = RefCell::new(None);
+    eventually(&format!("the kubelet offering {GPU}"), TIMEOUT, || {
+        let running = plugin.check_running();
+        let (nodes, offered) = (&nodes, &offered);
+        async move {
+            running?;
+            let allocatable = nodes
+                .get(NODE)
+                .await?
+                .status
+                .and_then(|s| s.allocatable)
+                .and_then(|a| a.get(GPU).map(|q| q.0.clone()));
+            let done = allocatable.as_deref() == Some("2");
+            *offered.borrow_mut() = allocatable;
+            Ok(done.then_some(()))
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the kubelet never offered {GPU}: {allocatable:?}\n{}",
-            plugin.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {:?}\n{}", offered.borrow(), plugin.log_tail(30)))?;
 
     // The agent of this node, its simulated inventory naming the same GPUs.
     let dir = gkm_testenv::temp_dir()?;

@@ -419,14 +419,12 @@ async fn fifty_pods_at_once_against_a_quota_of_eight() -> anyhow::Result<()> {
         pods.delete(name, &DeleteParams::default().grace_period(0))
             .await?;
     }
-    let deadline = std::time::Instant::now() + support::SETTLE;
-    let (list, bound) = loop {
-        let (list, bound) = settle(&pods, reason).await?;
-        if (list.len() == 48 && bound == 8) || std::time::Instant::now() > deadline {
-            break (list, bound);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    };
+    let (list, bound) = gkm_testenv::settle(
+        support::SETTLE,
+        || settle(&pods, reason),
+        |(list, bound)| list.len() == 48 && *bound == 8,
+    )
+    .await?;
     assert_eq!((list.len(), bound), (48, 8), "{}", cluster.logs());
     let quotas: Api<GKMGPUQuota> = Api::namespaced(cluster.client.clone(), "burst");
     let status = quotas.get("a100").await?.status.unwrap_or_default();

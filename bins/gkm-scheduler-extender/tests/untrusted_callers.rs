@@ -183,17 +183,15 @@ async fn calls_beyond_the_concurrency_limit_are_shed_with_503() -> anyhow::Resul
 
     // The limit frees as the calls end.
     drop(stalled);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, body) = post(&addr, "/scheduler/bind", BIND).await?;
-        if status.starts_with("HTTP/1.1 200") {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "still refused after the stalled calls closed: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (status, body) = gkm_testenv::settle(
+        Duration::from_secs(10),
+        || post(&addr, "/scheduler/bind", BIND),
+        |(status, _)| status.starts_with("HTTP/1.1 200"),
+    )
+    .await?;
+    anyhow::ensure!(
+        status.starts_with("HTTP/1.1 200"),
+        "still refused after the stalled calls closed: {status} {body}"
+    );
     Ok(())
 }
