@@ -140,30 +140,20 @@ async fn kwok_nodes_become_ready_and_run_pods() -> anyhow::Result<()> {
     // The controller manager creates the namespace's default ServiceAccount.
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(client, "default");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while accounts.get_opt("default").await?.is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no default ServiceAccount: is kube-controller-manager running?"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    gkm_testenv::eventually(
+        "the default ServiceAccount (made by kube-controller-manager)",
+        std::time::Duration::from_secs(30),
+        || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
+    )
+    .await?;
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "on-kwok"},
         "spec": {"nodeName": "kwok-gpu-1", "containers": [{"name": "c", "image": "busybox"}]},
     }))?;
     pods.create(&Default::default(), &pod).await?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let phase = pods.get("on-kwok").await?.status.and_then(|s| s.phase);
-        if phase.as_deref() == Some("Running") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pod not Running on the kwok node: {phase:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    gkm_testenv::wait_for_pod(&pods, "on-kwok", std::time::Duration::from_secs(30), |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await?;
     Ok(())
 }

@@ -119,11 +119,10 @@ async fn a_pod_runs_in_a_real_container_and_nothing_is_left() -> anyhow::Result<
 
     pods.delete("hello", &DeleteParams::default().grace_period(0))
         .await?;
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while pods.get_opt("hello").await?.is_some() {
-        assert!(std::time::Instant::now() < deadline, "pod not deleted");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    gkm_testenv::eventually("the pod deleted", TIMEOUT, || async {
+        Ok(pods.get_opt("hello").await?.is_none().then_some(()))
+    })
+    .await?;
     drop(node);
     assert!(
         mounts_under(&dir).is_empty(),
