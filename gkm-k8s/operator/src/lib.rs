@@ -15,7 +15,7 @@
 //!   and configurations they share.
 //! - Shared by them: [`names`] (object names, labels, the field manager),
 //!   [`job_pod`] (the one restricted pod every Job runs), the controller
-//!   runner (panic containment, metrics, retries), [`report_index`] (the
+//!   runner (panic containment, metrics, retries), `report_index` (the
 //!   node reports, indexed by cache), [`Metrics`] and [`Error`].
 //!
 //! A new controller gets a module of its own next to [`cache`] and
@@ -31,7 +31,7 @@ mod error;
 pub mod job_pod;
 mod metrics;
 pub mod names;
-pub mod report_index;
+mod report_index;
 mod runner;
 
 use std::sync::Arc;

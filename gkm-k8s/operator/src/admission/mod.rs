@@ -1,15 +1,15 @@
 //! The operator's admission webhooks, each with its decision (pure) and its
 //! server together, on one HTTPS server with one certificate:
 //!
-//! - [`pvc_mutation`]: the `gkm.io/pvc-mutation` pod webhook for
+//! - `pvc_mutation`: the `gkm.io/pvc-mutation` pod webhook for
 //!   ReadWriteOnce caches: a labelled pod whose claim names the cache is
 //!   pointed at the claim of its node;
-//! - [`image_volume`]: the `image-volume.gkm.io` pod webhook;
+//! - `image_volume`: the `image-volume.gkm.io` pod webhook;
 //! - [`quota`]: the `gpu-quota.gkm.io` validating webhook.
 //!
-//! What they share: the AdmissionReview envelope ([`review`]), the
+//! What they share: the AdmissionReview envelope (`review`), the
 //! certificates ([`certs`], [`shared_ca`]) and the configurations
-//! ([`config`]).
+//! (`config`).
 //!
 //! Without cert-manager every replica serves a certificate signed by one CA
 //! they share through a Secret ([`shared_ca`]: created once, rotated in the
@@ -26,7 +26,7 @@
 //! operator outside a chart) the operator creates it when it is missing.
 //!
 //! The same server answers the `image-volume.gkm.io` pod webhook
-//! ([`image_volume`]), whose configuration is owned the same way.
+//! (`image_volume`), whose configuration is owned the same way.
 //!
 //! The same server answers the GPU-quota webhook ([`quota`]) at its own
 //! path, with the same certificate: its ValidatingWebhookConfiguration is
@@ -34,11 +34,11 @@
 //! the operator keeps only its `caBundle` to the same bundle.
 
 pub mod certs;
-pub mod config;
-pub mod image_volume;
-pub mod pvc_mutation;
+mod config;
+mod image_volume;
+pub(crate) mod pvc_mutation;
 pub mod quota;
-pub mod review;
+mod review;
 pub mod shared_ca;
 
 use std::net::SocketAddr;
@@ -578,7 +578,7 @@ async fn keep_current(
 
 /// The operator's admission routes: the pvc-mutation webhook and the quota
 /// webhook on one server, one certificate.
-pub struct AdmissionRoutes {
+pub(crate) struct AdmissionRoutes {
     mutation: pvc_mutation::MutationRoutes,
     quota: quota::QuotaRoutes,
     image_volume: image_volume::ImageVolumeRoutes,
@@ -586,7 +586,7 @@ pub struct AdmissionRoutes {
 
 impl AdmissionRoutes {
     /// The operator's webhooks, reading with `client`.
-    pub fn new(client: Client, options: quota::QuotaOptions) -> AdmissionRoutes {
+    pub(crate) fn new(client: Client, options: quota::QuotaOptions) -> AdmissionRoutes {
         AdmissionRoutes {
             mutation: pvc_mutation::MutationRoutes::new(client.clone()),
             image_volume: image_volume::ImageVolumeRoutes::new(client.clone()),

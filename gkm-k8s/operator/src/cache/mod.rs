@@ -2,7 +2,7 @@
 //! `ClusterGKMCache`.
 //!
 //! For each cache it resolves `spec.image` to a digest (again every
-//! `resolveInterval`, so a moved tag rolls out unless [`tag_follow`] holds
+//! `resolveInterval`, so a moved tag rolls out unless `tag_follow` holds
 //! it back), verifies the signature against the administrator's signers
 //! (a cache's own only where [`TenantSigners`] lets them count) as the
 //! operator's [`PolicyFloor`] allows, records the verdict the agents act on
@@ -43,8 +43,8 @@ mod resolutions;
 pub mod rollup;
 mod status;
 mod status_owners;
-pub mod tag_follow;
-pub mod tenant_signers;
+mod tag_follow;
+mod tenant_signers;
 mod variants;
 mod verdict;
 mod verifier;
@@ -61,7 +61,7 @@ use kube::{Api, Client};
 use tracing::warn;
 
 pub use reconcile::FINALIZER;
-pub use tenant_signers::TenantSigners;
+pub use tenant_signers::{NotANamespace, TenantSigners};
 pub use verdict::PolicyFloor;
 pub use verifier::{ImageVerifier, RegistryVerifier};
 

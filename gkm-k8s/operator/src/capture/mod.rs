@@ -1,5 +1,5 @@
 //! The on-cluster capture: what to do next for a `GKMCacheCapture`
-//! ([`decide`], pure), read from the cluster ([`observe`], pure), the Job
+//! ([`decide`], pure), read from the cluster (`observe`, pure), the Job
 //! that runs `gkm capture` for it ([`job`]), and the controller carrying
 //! the decisions out ([`controller`], thin glue).
 //!
@@ -15,6 +15,6 @@
 mod controller;
 pub mod decide;
 pub mod job;
-pub mod observe;
+mod observe;
 
 pub use controller::{CaptureControllerOptions, FIELD_MANAGER, run};

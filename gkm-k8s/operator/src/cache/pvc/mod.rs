@@ -18,7 +18,7 @@
 mod apply;
 mod facts;
 mod fill;
-pub mod layout;
+mod layout;
 pub mod objects;
 pub mod plan;
 mod status;
