@@ -30,7 +30,7 @@ pub struct CacheInput<'a> {
     /// What the agent reads of the cache: its release, where the operator
     /// publishes the digest, its verdict and the image's variants.
     pub release: &'a CacheRelease,
-    /// Whether the digest this node holds ([`held_digest`]) is in the
+    /// Whether the digest this node holds (`held_digest`) is in the
     /// store, or why extracting it failed.
     pub stored: Result<bool, &'a str>,
     /// Bytes of the stored tree, when known.
