@@ -1,5 +1,7 @@
-//! `gkm-operator`: resolves, verifies and rolls out GKMCache and ClusterGKMCache.
-//! Flag parsing and wiring only; the controllers are `gkm_k8s_operator`.
+//! `gkm-operator`: gkm's controller manager (the cache and capture
+//! controllers and the admission webhooks). Flag parsing and wiring only;
+//! the controllers, webhooks and the rules for their settings are
+//! `gkm_k8s_operator`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,8 +34,6 @@ use gkm_oci::RegistryOptions;
 use gkm_oci::mirrors::HostsConfig;
 use prometheus_client::registry::Registry;
 
-/// How often a running capture Job's pod is looked at.
-const CAPTURE_POLL: Duration = Duration::from_secs(5);
 /// How long the controllers get to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -336,7 +336,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_attempts: cli.capture_attempts,
             ..Retry::default()
         },
-        poll: CAPTURE_POLL,
+        poll: CaptureControllerOptions::DEFAULT_POLL,
     });
     let config = OperatorConfig {
         registry: RegistryOptions {

@@ -52,6 +52,12 @@ pub struct CaptureControllerOptions {
     pub poll: Duration,
 }
 
+impl CaptureControllerOptions {
+    /// How often a running capture Job's pod is looked at, unless said
+    /// otherwise.
+    pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
+}
+
 struct Context {
     client: Client,
     options: CaptureControllerOptions,

@@ -13,7 +13,7 @@
 //! - `layout`: how a claim holds its trees so a refill switches atomically.
 //!
 //! The `gkm.io/pvc-mutation` pod webhook pointing pods at their node's
-//! claim is in [`crate::admission::pvc_mutation`].
+//! claim is in `crate::admission`.
 
 mod apply;
 mod facts;
