@@ -224,11 +224,42 @@ fn bad_flags_are_named() -> anyhow::Result<()> {
             "--allowed-signature-modes=Enforce,Sometimes",
             "\"Sometimes\" is not a signature mode: use Enforce, Audit or Off",
         ),
+        (
+            "--job-image-pull-policy=Sometimes",
+            "\"Sometimes\" is not an imagePullPolicy (Always, IfNotPresent or Never)",
+        ),
     ] {
         let (ok, err) = run(&[flag])?;
         assert!(!ok, "{flag}");
         assert!(err.contains(says), "{flag}: {err}");
         assert!(!err.contains("panicked"), "{flag}: {err}");
+    }
+    for (flags, says) in [
+        (
+            [
+                "--webhook-cert-validity=1h",
+                "--webhook-service=gkm-system/gkm-operator-webhook:443",
+            ],
+            "--webhook-cert-validity must be at least",
+        ),
+        (
+            [
+                "--webhook-ca-check-interval=48h",
+                "--webhook-service=gkm-system/gkm-operator-webhook:443",
+            ],
+            "--webhook-ca-check-interval must be from",
+        ),
+        (
+            [
+                "--webhook-service=gkm-operator-webhook",
+                "--webhook-ca-check-interval=1m",
+            ],
+            "--webhook-service: \"gkm-operator-webhook\": not NAMESPACE/NAME:PORT",
+        ),
+    ] {
+        let (ok, err) = run(&[&["--webhook-listen=127.0.0.1:0"], &flags[..]].concat())?;
+        assert!(!ok, "{flags:?}");
+        assert!(err.contains(says), "{flags:?}: {err}");
     }
     let (ok, err) = run(&["--tenant-signer-namespaces=team-a,Team B"])?;
     assert!(!ok);
