@@ -11,6 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// volumes, fill Jobs, releases, DeviceClasses, webhook configurations).
 pub const FIELD_MANAGER: &str = "gkm-operator";
 
+/// The field manager of the capture controller's writes (capture status,
+/// the cache a capture points at).
+pub const CAPTURE_FIELD_MANAGER: &str = "gkm-capture";
+
 /// The user and group the operator's Jobs run as (and the `fsGroup` a
 /// fill Job's claim is given): not root, so they pass Pod Security
 /// `restricted`.

@@ -34,10 +34,9 @@ use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
 use super::observe::{captures_named, is_transition, job_state, workload};
 use crate::error::{Error, Result};
 use crate::metrics::{ControllerKind, Metrics};
+use crate::names::CAPTURE_FIELD_MANAGER;
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 
-/// The field manager of the capture controller's writes.
-pub const FIELD_MANAGER: &str = "gkm-capture";
 /// Pods that ended: the only workload pods a capture acts on.
 const ENDED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
@@ -296,7 +295,7 @@ async fn point_cache(
     caches
         .patch(
             cache,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(CAPTURE_FIELD_MANAGER).force(),
             &Patch::Apply(applied),
         )
         .await?;
@@ -328,7 +327,7 @@ async fn write_status(
     captures
         .patch_status(
             name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(CAPTURE_FIELD_MANAGER).force(),
             &Patch::Apply(applied),
         )
         .await?;

@@ -17,4 +17,4 @@ pub mod decide;
 pub mod job;
 mod observe;
 
-pub use controller::{CaptureControllerOptions, FIELD_MANAGER, run};
+pub use controller::{CaptureControllerOptions, run};
