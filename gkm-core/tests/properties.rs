@@ -1,6 +1,9 @@
 //! Property tests: the parsers never panic on any input, what gkm writes it
 //! reads back, and the compatibility rules hold for any target and GPU.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gkm_core::cache::{CacheEntry, CacheManifest, Summary, Target, VllmFormat, ptx_isa_version};
 use gkm_core::compat::{self, CheckOptions, CudaArchRule, Reason};
 use gkm_core::{Arch, Backend, Gpu};

@@ -2,6 +2,9 @@
 //! and aot_compile layouts), built from the real fixtures' kernels, and what
 //! scanning says about trees that are not caches.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -1,6 +1,9 @@
 //! Node labels as a table: for each inventory, every label gkm writes, with
 //! and without the vendors' names.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 
 use gkm_gpu::labels::{KEYS, LabelOptions, node_labels};

@@ -6,7 +6,7 @@
 //! labels the agent writes, the Grafana dashboard asks only for metrics the
 //! agent serves.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use gkm_gpu::telemetry::{Telemetry, TelemetryOptions};
 use gkm_k8s_agent::allocations::Allocations;
@@ -23,12 +23,12 @@ const MIXED: &str = "gpus:
   - profile: Gaudi2
 ";
 
-fn collector(inventory: &str) -> GpuCollector {
-    let inventory = gkm_gpu::simulate::parse(inventory, "gpus.yaml".as_ref()).unwrap();
-    GpuCollector::new(
+fn collector(inventory: &str) -> anyhow::Result<GpuCollector> {
+    let inventory = gkm_gpu::simulate::parse(inventory, "gpus.yaml".as_ref())?;
+    Ok(GpuCollector::new(
         Telemetry::open(&inventory, &TelemetryOptions::default()),
         "node-1",
-    )
+    ))
 }
 
 fn gpus_with(series: &[Sample], name: &str) -> Vec<String> {
@@ -43,7 +43,7 @@ fn gpus_with(series: &[Sample], name: &str) -> Vec<String> {
 
 #[test]
 fn simulated_gpu_metrics_pass_the_prometheus_parser_and_promlint() -> anyhow::Result<()> {
-    let text = metrics_text(collector(MIXED));
+    let text = metrics_text(collector(MIXED)?);
     promlint(&text)?;
     let series = samples(&text)?;
 
@@ -99,14 +99,14 @@ fn simulated_gpu_metrics_pass_the_prometheus_parser_and_promlint() -> anyhow::Re
         assert!((0.0..=1.0).contains(&s.value), "{s:?}");
     }
     // The same inventory reads the same.
-    assert_eq!(text, metrics_text(collector(MIXED)));
+    assert_eq!(text, metrics_text(collector(MIXED)?));
     Ok(())
 }
 
 #[test]
 fn gpus_held_by_a_container_carry_its_namespace_pod_and_container() -> anyhow::Result<()> {
     let allocations = Allocations::default();
-    let collector = collector(MIXED).with_allocations(allocations.clone());
+    let collector = collector(MIXED)?.with_allocations(allocations.clone());
     let text = || metrics_text(collector.clone());
     let held = |ids: &[&str]| proto::ListPodResourcesResponse {
         pod_resources: vec![proto::PodResources {
@@ -151,7 +151,7 @@ fn gpus_held_by_a_container_carry_its_namespace_pod_and_container() -> anyhow::R
 }
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gkm-gpu/tests/fixtures/nvml-h100")
+    gkm_testenv::repo_root().join("gkm-gpu/tests/fixtures/nvml-h100")
 }
 
 /// What `gkm gpus --metrics` printed through real NVML on an NVIDIA H100
@@ -227,9 +227,7 @@ fn real_nvml_metrics_from_an_h100_parse_and_carry_every_reading() -> anyhow::Res
 }
 
 fn deploy_file(name: &str) -> anyhow::Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(name);
+    let path = gkm_testenv::repo_root().join("deploy").join(name);
     Ok(std::fs::read_to_string(path)?)
 }
 

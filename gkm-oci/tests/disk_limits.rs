@@ -4,6 +4,9 @@
 //! ENOSPC. Either way nothing is kept: no staging, no destination, no store
 //! entry.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 

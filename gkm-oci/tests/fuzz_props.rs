@@ -1,5 +1,8 @@
 //! The fuzz targets' bodies (`fuzz/`), run on stable as property tests.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gkm_oci::fuzzing;
 use proptest::prelude::*;
 

@@ -3,12 +3,12 @@
 //! fuzz targets run, so the fuzzers' findings stay fixed without nightly or
 //! libFuzzer. `hack/fuzz.sh` grows both directories.
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use gkm_oci::fuzzing::{TARGETS, replay};
 
-fn fuzz_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz"))
+fn fuzz_dir() -> PathBuf {
+    gkm_testenv::repo_root().join("fuzz")
 }
 
 #[test]
@@ -35,7 +35,7 @@ fn every_target_of_the_fuzz_crate_replays_here_or_in_gkm_k8s_csi() {
 fn corpus_and_regressions_replay_without_panics() {
     let mut replayed = 0;
     for (target, body) in TARGETS {
-        let files = replay(fuzz_dir(), target, *body).expect("reading the corpus");
+        let files = replay(&fuzz_dir(), target, *body).expect("reading the corpus");
         println!("{target}: {} inputs", files.len());
         replayed += files.len();
     }

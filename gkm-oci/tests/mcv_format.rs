@@ -59,6 +59,9 @@
 //! rules and decoding the summary and `manifest.json` into structs with
 //! MCV's field types. What it extracts must equal the source cache too.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

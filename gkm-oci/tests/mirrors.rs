@@ -2,6 +2,9 @@
 //! against two real Distribution registries: the origin an image names and
 //! a mirror holding a copy. What each was asked comes from its access log.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,9 @@
 //! What a progress receiver hears from build, push, pull and extract, on a
 //! real registry: the steps in order, and byte counts that end at the total.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};

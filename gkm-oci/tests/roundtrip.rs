@@ -1,6 +1,9 @@
 //! Build → push → inspect → pull → extract gives back the same tree, on an
 //! OCI layout and on a real registry, for every fixture cache.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{FIXTURES, assert_same_tree};

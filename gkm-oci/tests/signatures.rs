@@ -3,6 +3,9 @@
 //! signatures from a local certificate authority; and every refusal with its
 //! reason.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -2,6 +2,9 @@
 //! world-writable under umask 000, still readable by pods under umask 077.
 //! One test in its own binary, as the umask belongs to the whole process.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::PermissionsExt;

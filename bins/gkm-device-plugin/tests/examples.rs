@@ -2,7 +2,6 @@
 //! gives the example node's GPUs, so the examples work as written.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use gkm_gpu::pci_ids::PciIds;
 use gkm_k8s_device_plugin::node_tree::NodeTree;
@@ -33,7 +32,7 @@ fn names(value: &Value, out: &mut BTreeSet<String>) {
 
 #[test]
 fn the_examples_request_resources_the_plugin_offers() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/device-plugin");
+    let dir = gkm_testenv::repo_root().join("examples/device-plugin");
     let mut requested = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).expect("examples/device-plugin") {
         let path = entry.expect("entry").path();

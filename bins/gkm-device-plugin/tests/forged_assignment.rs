@@ -137,7 +137,7 @@ async fn a_forged_assignment_never_gets_a_gpu_another_pod_holds() -> anyhow::Res
     .await?;
     plane.ensure_pod_namespace(NS).await?;
     let client = plane.client().await?;
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let deploy = gkm_testenv::repo_root().join("deploy");
     for file in ["namespace.yaml", "rbac/device-plugin.yaml"] {
         plane.apply_file(&deploy.join(file)).await?;
     }

@@ -10,6 +10,9 @@
 //! every resource back registered on fresh sockets, and that SIGTERM stops
 //! the plugin and removes its sockets.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

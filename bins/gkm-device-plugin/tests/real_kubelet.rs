@@ -185,7 +185,7 @@ async fn a_real_kubelet_hands_out_passthrough_gpus_vgpus_and_container_gpus() ->
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
 
     // The plugin reads pods with the RBAC deploy/ ships, as its account.
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let deploy = gkm_testenv::repo_root().join("deploy");
     for file in ["namespace.yaml", "rbac/device-plugin.yaml"] {
         plane.apply_file(&deploy.join(file)).await?;
     }

@@ -24,7 +24,6 @@ mod support;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gkm_k8s_devices::node_tree::{NodeTree, Pci};
@@ -862,8 +861,8 @@ async fn claims_through_a_caches_class_land_on_the_gpus_it_fits(
     let publish = |target: &'static str| {
         let (image, options, key) = (image.clone(), options.clone(), &key);
         async move {
-            let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../fixtures/triton")
+            let fixture = gkm_testenv::repo_root()
+                .join("fixtures/triton")
                 .join(target);
             let reference: gkm_oci::ImageRef = image.parse()?;
             let built = gkm_oci::build(

@@ -3,6 +3,9 @@
 //! gkm accept, tagged only once verified; unsafe trees, trees that are not
 //! caches and unreachable registries fail with a reason and push nothing.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -34,7 +37,7 @@ fn capture(cache: &Path, target: &str, extra: &[&str], dir: &Path) -> Output {
 /// A copy of the real Triton 3.6 sm75 cache (`fixtures/triton/cuda-75-32`)
 /// at `dest`, as a workload would leave it.
 fn triton_cache(dest: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/triton/cuda-75-32");
+    let src = gkm_testenv::repo_root().join("fixtures/triton/cuda-75-32");
     let out = Command::new("cp")
         .arg("-r")
         .arg(&src)

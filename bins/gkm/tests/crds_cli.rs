@@ -1,7 +1,9 @@
 //! `gkm crds` prints exactly the CRDs shipped in `deploy/crds/`, as YAML
 //! or, with `--json`, as one JSON array.
 
-use std::path::Path;
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 /// Runs `gkm ARGS`, which must succeed; its standard output.
@@ -21,7 +23,7 @@ fn gkm(args: &[&str]) -> String {
 #[test]
 fn gkm_crds_prints_the_shipped_crds() {
     let printed = gkm(&["crds"]);
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    let deploy = gkm_testenv::repo_root().join("deploy/crds");
     let mut names = Vec::new();
     for doc in printed.split("---\n").filter(|d| !d.trim().is_empty()) {
         let crd: serde_yaml::Value = serde_yaml::from_str(doc).expect("each document is YAML");
@@ -42,7 +44,7 @@ fn gkm_crds_prints_the_shipped_crds() {
 
 /// The names of the CRDs in deploy/crds, sorted.
 fn shipped_names() -> Vec<String> {
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    let deploy = gkm_testenv::repo_root().join("deploy/crds");
     let mut names: Vec<String> = std::fs::read_dir(deploy)
         .expect("deploy/crds")
         .map(|entry| {

@@ -1,10 +1,13 @@
 //! `gkm gpus`, run as a user would run it.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    gkm_testenv::repo_root()
 }
 
 fn sysfs(name: &str) -> String {

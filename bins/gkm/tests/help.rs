@@ -1,6 +1,9 @@
 //! `gkm --help`, each command's `--help` and the completion scripts, as a
 //! user sees them.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Command, Output};
 
 const COMMANDS: [&str; 13] = [

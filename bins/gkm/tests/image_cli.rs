@@ -2,6 +2,9 @@
 //! runs them: on OCI layouts, on a real registry, and on images laid out as
 //! GKM/MCV builds them.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

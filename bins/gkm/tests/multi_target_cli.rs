@@ -6,6 +6,9 @@
 //! `gkm index` assembling existing images, and `gkm sign`/`verify` covering
 //! the index, so that moving one variant under the same tag is refused.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use gkm_testenv::Registry;
@@ -16,8 +19,8 @@ use support::{gkm_in as gkm, key_pair, text};
 
 /// The real Triton caches of `fixtures/triton`, one per target.
 fn triton(target: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/triton")
+    gkm_testenv::repo_root()
+        .join("fixtures/triton")
         .join(target)
         .display()
         .to_string()

@@ -7,6 +7,9 @@
 //! recording (`fixtures/cold-start-h100/`, `hack/gpu/cold-start.sh`) keeps
 //! the tree gkm delivered there, which Triton reused without compiling.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,7 +2,6 @@
 //! and the real cosign: what gkm signs cosign accepts, a stranger's key is
 //! refused with exit code 4, and `--json` says what was proven.
 
-
 use gkm_testenv::{Component, Registry};
 
 mod support;

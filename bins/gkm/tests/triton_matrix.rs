@@ -4,6 +4,9 @@
 //! CUDA's minor version compatibility, on older drivers of the same CUDA
 //! major version, never on an older major.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +17,7 @@ use gkm_gpu::simulate::PROFILES;
 use gkm_testenv::triton::FLEET_PROFILES as FLEET;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/triton")
+    gkm_testenv::repo_root().join("fixtures/triton")
 }
 
 /// The fixture directories, sorted.

@@ -10,6 +10,9 @@
 //! reused only there. A cache Triton warms is captured with `gkm capture`
 //! and reused from the captured image.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Command;
 

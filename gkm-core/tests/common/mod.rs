@@ -1,5 +1,7 @@
 //! Trees and fixture bytes shared by the integration tests.
 #![allow(dead_code)]
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::Path;

@@ -1,5 +1,7 @@
 //! Helpers shared by gkm-oci's integration tests.
 #![allow(dead_code)]
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

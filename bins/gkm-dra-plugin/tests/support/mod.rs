@@ -7,7 +7,7 @@ use std::process::Command;
 /// `dra.enabled=true` and a DeviceClass for H100s (`gkm-model-h100`) for
 /// the namespace gkm-system into `dir/<name>`.
 fn render_chart(dir: &Path, name: &str, templates: &[&str]) -> anyhow::Result<PathBuf> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/gkm");
+    let chart = gkm_testenv::repo_root().join("deploy/helm/gkm");
     let mut cmd = Command::new(gkm_testenv::find_binary(gkm_testenv::Component::Helm)?);
     cmd.args(["template", "gkm"]).arg(&chart).args([
         "--namespace",
@@ -38,7 +38,7 @@ pub async fn install(
     dir: &Path,
     templates: &[&str],
 ) -> anyhow::Result<PathBuf> {
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let deploy = gkm_testenv::repo_root().join("deploy");
     plane.apply_file(&deploy.join("namespace.yaml")).await?;
     plane
         .apply_file(&render_chart(dir, "dra.yaml", templates)?)

@@ -35,7 +35,7 @@ pub struct Cluster {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    gkm_testenv::repo_root()
 }
 
 /// Where the shipped example scheduler configuration calls the extender.

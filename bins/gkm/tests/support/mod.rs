@@ -1,5 +1,7 @@
 //! Helpers the CLI tests share: redacting what varies between runs.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
