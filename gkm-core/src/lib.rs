@@ -40,9 +40,11 @@ pub mod duration;
 pub mod gpu;
 pub mod image_layout;
 pub mod policy;
+mod refusal;
 pub mod store_layout;
 pub mod variant;
 
 pub use cache_key::{CacheKey, Scope};
 pub use digest::Digest;
 pub use gpu::{Arch, Backend, Gpu, Vendor};
+pub use refusal::Refusal;

@@ -58,7 +58,7 @@ impl PublicKey {
     /// assert!(PublicKey::from_pem("not a key").is_err());
     /// ```
     pub fn from_pem(pem: &str) -> Result<PublicKey, PolicyError> {
-        let der = pem_block(pem, "PUBLIC KEY").map_err(PolicyError::PublicKey)?;
+        let der = pem_block(pem, "PUBLIC KEY").map_err(|e| PolicyError::PublicKey(e.to_string()))?;
         PublicKey::from_der(der)
     }
 
@@ -113,16 +113,43 @@ pub fn to_pem(label: &str, der: &[u8]) -> String {
     out
 }
 
+/// Why PEM text did not yield the blocks asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PemError {
+    /// No block with the label.
+    #[error("no -----BEGIN {label}----- block")]
+    NoBlock {
+        /// The label looked for.
+        label: String,
+    },
+    /// A block begins but never ends.
+    #[error("-----BEGIN {label}----- without -----END {label}-----")]
+    Unterminated {
+        /// The block's label.
+        label: String,
+    },
+    /// A block's body is not base64.
+    #[error("{label} block is not base64: {reason}")]
+    NotBase64 {
+        /// The block's label.
+        label: String,
+        /// What the decoder said.
+        reason: String,
+    },
+}
+
 /// The DER bytes of the first PEM block labelled `label` in `text`.
-pub fn pem_block(text: &str, label: &str) -> Result<Vec<u8>, String> {
+pub fn pem_block(text: &str, label: &str) -> Result<Vec<u8>, PemError> {
     pem_blocks(text, label)?
         .into_iter()
         .next()
-        .ok_or_else(|| format!("no -----BEGIN {label}----- block"))
+        .ok_or_else(|| PemError::NoBlock {
+            label: label.to_string(),
+        })
 }
 
 /// The DER bytes of every PEM block labelled `label` in `text`, in order.
-pub fn pem_blocks(text: &str, label: &str) -> Result<Vec<Vec<u8>>, String> {
+pub fn pem_blocks(text: &str, label: &str) -> Result<Vec<Vec<u8>>, PemError> {
     let begin = format!("-----BEGIN {label}-----");
     let end = format!("-----END {label}-----");
     let mut out = Vec::new();
@@ -131,7 +158,9 @@ pub fn pem_blocks(text: &str, label: &str) -> Result<Vec<Vec<u8>>, String> {
         let body_start = start + begin.len();
         let stop = rest[body_start..]
             .find(&end)
-            .ok_or_else(|| format!("{begin} without {end}"))?;
+            .ok_or_else(|| PemError::Unterminated {
+                label: label.to_string(),
+            })?;
         let body: String = rest[body_start..body_start + stop]
             .chars()
             .filter(|c| !c.is_ascii_whitespace())
@@ -139,7 +168,10 @@ pub fn pem_blocks(text: &str, label: &str) -> Result<Vec<Vec<u8>>, String> {
         out.push(
             BASE64
                 .decode(body.as_bytes())
-                .map_err(|e| format!("{label} block is not base64: {e}"))?,
+                .map_err(|e| PemError::NotBase64 {
+                    label: label.to_string(),
+                    reason: e.to_string(),
+                })?,
         );
         rest = &rest[body_start + stop + end.len()..];
     }

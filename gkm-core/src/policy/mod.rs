@@ -35,7 +35,7 @@ mod outcome;
 mod trusted_root;
 
 pub use identity::{Identity, Signer, SubjectMatch};
-pub use keys::{KeyAlgorithm, PublicKey, fingerprint, pem_block, pem_blocks, to_pem};
+pub use keys::{KeyAlgorithm, PemError, PublicKey, fingerprint, pem_block, pem_blocks, to_pem};
 pub use outcome::{Format, Rejection, SignedBy, Verified};
 pub use trusted_root::{Authority, LogKey, TrustedRoot, Validity, parse_rfc3339};
 
