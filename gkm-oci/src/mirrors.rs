@@ -99,8 +99,14 @@ impl HostsConfig {
     pub fn hosts_for(&self, registry: &str, origin: &str, insecure: bool) -> Result<Vec<Host>> {
         match self.file_for(registry)? {
             None => Ok(vec![Host::origin(origin, insecure)]),
-            Some((path, text)) => parse_hosts(&text, registry, origin, insecure)
-                .map_err(|reason| Error::HostsConfig { path, reason }),
+            Some((path, text)) => {
+                parse_hosts(&text, registry, origin, insecure).map_err(|reason| {
+                    Error::HostsConfig {
+                        path,
+                        reason: reason.to_string(),
+                    }
+                })
+            }
         }
     }
 
@@ -119,7 +125,7 @@ impl HostsConfig {
                     .err()
                     .map(|reason| Error::HostsConfig {
                         path: "the registry hosts text".into(),
-                        reason,
+                        reason: reason.to_string(),
                     })
                     .into_iter()
                     .collect();
@@ -162,7 +168,7 @@ impl HostsConfig {
             if let Err(reason) = parse_hosts(&text, &name, &name, false) {
                 problems.push(Error::HostsConfig {
                     path: path.display().to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 });
             }
         }
@@ -330,10 +336,25 @@ struct HostEntry {
     proxy: Option<toml::Value>,
 }
 
+/// Why a `hosts.toml` is unusable: which key is wrong and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidHosts(String);
+
 /// The hosts a `hosts.toml` for `registry` lists: mirrors in file order,
 /// then the server (`origin`, over plain HTTP when `insecure`, unless the
 /// file names one). Errors say which key is wrong and why.
 pub fn parse_hosts(
+    text: &str,
+    registry: &str,
+    origin: &str,
+    insecure: bool,
+) -> std::result::Result<Vec<Host>, InvalidHosts> {
+    hosts_in(text, registry, origin, insecure).map_err(InvalidHosts)
+}
+
+/// [`parse_hosts`], its error the bare reason.
+fn hosts_in(
     text: &str,
     registry: &str,
     origin: &str,
@@ -663,7 +684,9 @@ mod tests {
             ("server = 1\n", "server"),
             ("not toml", ""),
         ] {
-            let err = parse_hosts(text, "r", "r", false).expect_err(text);
+            let err = parse_hosts(text, "r", "r", false)
+                .expect_err(text)
+                .to_string();
             assert!(err.contains(needle), "{text:?}: {err}");
         }
     }
