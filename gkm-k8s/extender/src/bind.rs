@@ -49,7 +49,8 @@ pub(super) async fn bind(
         .map_err(|e| format!("gkm: {e}"))?;
     let shares = extender
         .write()
-        .reserve(&args.pod_uid, name, namespace, &request, node)?;
+        .reserve(&args.pod_uid, name, namespace, &request, node)
+        .map_err(gkm_core::Refusal::into_reason)?;
     let written = write_assignment(&api, &pod, &request, &shares).await;
     let bound = match written {
         Ok(()) => create_binding(&api, &pod, node).await,

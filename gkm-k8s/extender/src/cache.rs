@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use gkm_k8s_api::crd::{CacheNodeStatus, CacheState, NodeCacheStatus};
+use gkm_k8s_api::NodeFit;
+use gkm_k8s_api::crd::{CacheNodeStatus, NodeCacheStatus};
 
 /// One cache on one node, from the node's report.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -55,27 +56,23 @@ pub fn claims(status: &CacheNodeStatus) -> Vec<(String, String, String)> {
     out
 }
 
+/// One cache's digests on one node, each judged by [`NodeFit`]: the node
+/// fits the cache when it fits any digest, does not when it fits none and
+/// some digest does not fit; a served digest is extracted.
 fn summarize_cache(digests: &BTreeMap<String, NodeCacheStatus>) -> CacheOnNode {
     let mut summary = CacheOnNode::default();
     let mut reasons = Vec::new();
     for (digest, entry) in digests {
-        let compatible = entry
-            .compatible_gpus
-            .as_ref()
-            .is_some_and(|g| !g.is_empty());
-        let incompatible = entry
-            .incompatible_gpus
-            .as_ref()
-            .is_some_and(|g| !g.is_empty());
-        if compatible {
+        let fit = NodeFit::of(entry);
+        if fit.fits() {
             summary.fits = Some(true);
-        } else if incompatible && summary.fits.is_none() {
+        } else if fit == NodeFit::DoesNotFit && summary.fits.is_none() {
             summary.fits = Some(false);
         }
         for gpu in entry.incompatible_reasons.iter().flatten() {
             reasons.push(format!("GPU {}: {}", gpu.id, gpu.reasons.join(", ")));
         }
-        if compatible && entry.state.is_some_and(CacheState::is_on_node) {
+        if fit.serves() {
             summary.extracted.push(digest.clone());
         }
     }
@@ -89,7 +86,7 @@ fn summarize_cache(digests: &BTreeMap<String, NodeCacheStatus>) -> CacheOnNode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_k8s_api::crd::IncompatibleGpu;
+    use gkm_k8s_api::crd::{CacheState, IncompatibleGpu};
 
     fn entry(state: CacheState, compatible: &[i32], incompatible: &[i32]) -> NodeCacheStatus {
         NodeCacheStatus {
@@ -156,5 +153,38 @@ mod tests {
         assert_eq!(c.fits, Some(false));
         assert_eq!(c.reasons, "GPU 0: arch gfx90a is not sm_75");
         assert!(c.extracted.is_empty());
+    }
+
+    #[test]
+    fn an_extracted_digest_without_compatible_gpus_listed_is_ready() {
+        // The agent extracts only what a GPU of its node fits: on the node
+        // is enough, whatever the GPU lists say.
+        for incompatible in [&[][..], &[1]] {
+            let s = summarize(&report(&[(
+                "sha256:a",
+                entry(CacheState::Extracted, &[], incompatible),
+            )]));
+            let c = &s["vector-add"];
+            assert_eq!(c.fits, Some(true), "incompatible {incompatible:?}");
+            assert_eq!(c.extracted, vec!["sha256:a".to_string()]);
+        }
+    }
+
+    #[test]
+    fn an_incompatible_digest_does_not_fit_without_gpu_lists() {
+        let bare = NodeCacheStatus {
+            state: Some(CacheState::Incompatible),
+            ..NodeCacheStatus::default()
+        };
+        let s = summarize(&report(&[("sha256:a", bare)]));
+        let c = &s["vector-add"];
+        assert_eq!(c.fits, Some(false));
+        assert!(c.extracted.is_empty());
+        // Incompatible wins over GPUs listed as compatible.
+        let s = summarize(&report(&[(
+            "sha256:a",
+            entry(CacheState::Incompatible, &[0], &[]),
+        )]));
+        assert_eq!(s["vector-add"].fits, Some(false));
     }
 }

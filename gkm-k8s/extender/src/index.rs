@@ -12,6 +12,7 @@ use super::cache::{self, CacheFit, CacheOnNode};
 use super::hold::{Amount, Hold, Share, amount_of, split_shares};
 use super::node::NodeGpus;
 use super::request::{CacheUse, GpuRequest};
+use gkm_core::Refusal;
 use gkm_k8s_api::cache_object::{CacheKey, Scope};
 use gkm_k8s_api::crd::{CacheNodeStatus, GpuModelLimit, GpuModelUse};
 
@@ -208,7 +209,7 @@ impl Index {
         namespace: &str,
         request: &GpuRequest,
         node: &str,
-    ) -> Result<Choice, String> {
+    ) -> Result<Choice, Refusal> {
         self.placer(uid, namespace, request).check(node)
     }
 
@@ -242,13 +243,13 @@ impl Index {
         namespace: &str,
         request: &GpuRequest,
         node: &str,
-    ) -> Result<Vec<Share>, String> {
+    ) -> Result<Vec<Share>, Refusal> {
         if let Some(hold) = self.holds.get(uid) {
             if hold.node == node {
                 return Ok(hold.shares.clone());
             }
             if !hold.reserved {
-                return Err(format!("the pod is already bound to {}", hold.node));
+                return Err(format!("the pod is already bound to {}", hold.node).into());
             }
             self.remove_hold(uid);
         }
@@ -429,13 +430,13 @@ pub struct Placer<'a> {
 impl Placer<'_> {
     /// Whether the pod fits `node`, and how; or why not, in words for the
     /// pod's events.
-    pub fn check(&self, node: &str) -> Result<Choice, String> {
+    pub fn check(&self, node: &str) -> Result<Choice, Refusal> {
         let index = self.index;
         let request = self.request;
         let gpus = index
             .nodes
             .get(node)
-            .ok_or_else(|| "gkm: the extender has not seen this node yet".to_string())?;
+            .ok_or_else(|| Refusal::new("gkm: the extender has not seen this node yet"))?;
         let empty = NodeUse::default();
         let used = index.node_use.get(node).unwrap_or(&empty);
         let cache = index.cache_fit(node, request)?;
@@ -451,10 +452,10 @@ impl Placer<'_> {
             let allocatable = gpus.whole.get(resource).copied().unwrap_or(0);
             let taken = used.whole.get(resource).copied().unwrap_or(0);
             if taken + asked > allocatable {
-                return Err(format!(
+                return Err(Refusal::new(format!(
                     "gkm: {} of {allocatable} {resource} free, the pod asks {asked}",
                     (allocatable - taken).max(0)
-                ));
+                )));
             }
         }
         let shares = if request.is_shared() {

@@ -59,6 +59,7 @@ mod watch;
 mod tests;
 
 pub use cache::CacheFit;
+pub use gkm_core::Refusal;
 pub use gkm_k8s_api::quota::amount_of;
 pub use hold::Share;
 pub use index::{Choice, Index, IndexConfig};

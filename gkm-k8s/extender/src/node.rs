@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::request::whole_number;
 use super::{DEVICES_ANNOTATION, GPU_CORES};
+use gkm_core::assignment::AssignmentError;
 use k8s_openapi::api::core::v1::Node;
 
 /// One GPU that shared-GPU pods get a share of, under the ID the device
@@ -63,7 +64,7 @@ impl NodeGpus {
             .and_then(|a| a.get(DEVICES_ANNOTATION));
         let (devices, devices_error) = match annotation.map(|a| parse_devices(a)) {
             Some(Ok(devices)) => (devices, None),
-            Some(Err(e)) => (Vec::new(), Some(e)),
+            Some(Err(e)) => (Vec::new(), Some(e.to_string())),
             None if amount(GPU_CORES) > 0 => (
                 Vec::new(),
                 Some(format!(
@@ -82,8 +83,8 @@ impl NodeGpus {
 }
 
 /// Reads the devices annotation.
-pub fn parse_devices(value: &str) -> Result<Vec<Device>, String> {
-    gkm_core::assignment::parse_node_gpus(value).map_err(|e| e.to_string())
+pub fn parse_devices(value: &str) -> Result<Vec<Device>, AssignmentError> {
+    gkm_core::assignment::parse_node_gpus(value)
 }
 
 #[cfg(test)]

@@ -54,8 +54,8 @@ pub fn filter(index: &Index, args: &ExtenderArgs) -> ExtenderFilterResult {
             for node in candidates {
                 match placer.check(&node) {
                     Ok(_) => passed.push(node),
-                    Err(reason) => {
-                        failed.insert(node, reason);
+                    Err(refusal) => {
+                        failed.insert(node, refusal.into_reason());
                     }
                 }
             }
