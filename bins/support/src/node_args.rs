@@ -31,6 +31,7 @@ pub struct NodeDeviceArgs {
     /// or memory from it.
     #[arg(long)]
     pub no_nvml: bool,
+    /// The flags every daemon takes.
     #[command(flatten)]
     pub daemon: DaemonArgs,
 }

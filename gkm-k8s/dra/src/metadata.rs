@@ -142,14 +142,14 @@ pub fn claim_metadata(
     for (device, request_names) in devices {
         for request in *request_names {
             let base = base_request(request);
-            let entry = match requests.iter_mut().position(|r| r.0 == base) {
-                Some(i) => &mut requests[i],
+            let i = match requests.iter().position(|r| r.0 == base) {
+                Some(i) => i,
                 None => {
                     requests.push((base.to_string(), request.clone(), Vec::new()));
-                    requests.last_mut().expect("just pushed")
+                    requests.len() - 1
                 }
             };
-            entry.2.push(MetadataDevice {
+            requests[i].2.push(MetadataDevice {
                 driver: driver.to_string(),
                 pool: pool.to_string(),
                 name: device.name.clone(),
