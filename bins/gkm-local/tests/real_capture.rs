@@ -219,8 +219,10 @@ async fn a_real_pods_capture_volume_is_kept_bounded_private_and_captured() -> an
     stack
         .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
         .await?;
-    // Only the CSI driver: capture volumes need nothing else of gkm.
+    // The CSI driver, and the agent that tells it which captured trees may
+    // go: capture volumes need nothing else of gkm.
     stack.start_csi(NODE)?;
+    stack.start_agent(NODE)?;
     let client = stack.plane.client().await?;
     for ns in ["team-a", "team-b"] {
         stack.plane.ensure_namespace(ns).await?;
@@ -676,7 +678,9 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
     assert_eq!(down.reason.as_deref(), Some("RegistryError"), "{down:?}");
     assert_eq!(down.attempts, 2, "{down:?}");
 
-    // Every capture is over: the node removed every tree on its own.
+    // Every capture is over: the node (its agent telling its CSI driver)
+    // removed every tree on its own.
+    stack.start_agent(NODE)?;
     for (name, uid) in &uids {
         released(&store.join("captures/team-a").join(name).join(uid)).await?;
     }
