@@ -58,7 +58,8 @@ impl PublicKey {
     /// assert!(PublicKey::from_pem("not a key").is_err());
     /// ```
     pub fn from_pem(pem: &str) -> Result<PublicKey, PolicyError> {
-        let der = pem_block(pem, "PUBLIC KEY").map_err(|e| PolicyError::PublicKey(e.to_string()))?;
+        let der =
+            pem_block(pem, "PUBLIC KEY").map_err(|e| PolicyError::PublicKey(e.to_string()))?;
         PublicKey::from_der(der)
     }
 
