@@ -18,6 +18,9 @@
 //!   cuda/75/32: architecture mismatch: the cache targets sm_75, the GPU is sm_80 (…)
 //! ```
 
+// An example may unwrap: a panic is how a short program reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;

@@ -7,6 +7,9 @@
 //! cargo run -p gkm-examples --example list_gpus -- --simulate gpus.yaml
 //! ```
 
+// An example may unwrap: a panic is how a short program reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::ExitCode;
 
 use gkm_gpu::labels::{LabelOptions, node_labels};

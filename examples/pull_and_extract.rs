@@ -9,6 +9,9 @@
 //! image's targets and where its cache tree is. Running it twice does no
 //! extraction the second time.
 
+// An example may unwrap: a panic is how a short program reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gkm_oci::labels::KindLayout;
 use gkm_oci::{ExtractPolicy, Image, ImageRef, RegistryOptions, Repo, Store};
 
