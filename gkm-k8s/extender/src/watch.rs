@@ -22,6 +22,7 @@ use super::server::Extender;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, NodeReport};
 use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode, GKMGPUQuota};
 use gkm_k8s_runtime::readiness::{Readiness, ReadyCheck};
+use gkm_k8s_runtime::relist::Relist;
 
 /// An object the index follows.
 pub trait Indexed:
@@ -148,7 +149,7 @@ pub async fn follow<K: Indexed>(
     extender: &Extender,
     synced: ReadyCheck,
 ) {
-    let mut listing: Option<HashSet<K::Key>> = None;
+    let mut relist = Relist::<HashSet<K::Key>>::default();
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let event = match event {
@@ -158,16 +159,14 @@ pub async fn follow<K: Indexed>(
                 continue;
             }
         };
+        let shown = relist.observe(&event, |keys, object| {
+            keys.insert(object.key());
+        });
         match event {
-            watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(object) => {
-                object.upsert(&mut extender.write());
-                if let Some(keys) = listing.as_mut() {
-                    keys.insert(object.key());
-                }
-            }
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(object) => object.upsert(&mut extender.write()),
             watcher::Event::InitDone => {
-                if let Some(keys) = listing.take() {
+                if let Some(keys) = shown {
                     K::retain(&mut extender.write(), &keys);
                 }
                 synced.set(true);
