@@ -1,15 +1,16 @@
 //! The operator's admission webhooks, each with its decision (pure) and its
-//! server together, on one HTTPS server with one certificate:
+//! server and configuration together, on one HTTPS server with one
+//! certificate:
 //!
-//! - `pvc_mutation`: the `gkm.io/pvc-mutation` pod webhook for
+//! - `pvc_mutation` ([`configuration`]): the `gkm.io/pvc-mutation` pod webhook for
 //!   ReadWriteOnce caches: a labelled pod whose claim names the cache is
 //!   pointed at the claim of its node;
 //! - `image_volume`: the `image-volume.gkm.io` pod webhook;
 //! - [`quota`]: the `gpu-quota.gkm.io` validating webhook.
 //!
 //! What they share: the AdmissionReview envelope (`review`), the
-//! certificates ([`certs`], [`shared_ca`]) and the configurations
-//! (`config`).
+//! certificates ([`certs`], [`shared_ca`]) and how the apiserver reaches
+//! them ([`Endpoint`]).
 //!
 //! Without cert-manager every replica serves a certificate signed by one CA
 //! they share through a Secret ([`shared_ca`]: created once, rotated in the
@@ -34,7 +35,7 @@
 //! the operator keeps only its `caBundle` to the same bundle.
 
 pub mod certs;
-mod config;
+mod endpoint;
 mod image_volume;
 pub(crate) mod pvc_mutation;
 pub mod quota;
@@ -59,7 +60,8 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-pub use config::{BadEndpoint, CONFIGURATION_NAME, Endpoint, MUTATE_PATH, configuration};
+pub use endpoint::{BadEndpoint, Endpoint};
+pub use pvc_mutation::{CONFIGURATION_NAME, MUTATE_PATH, configuration};
 
 use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes};
 use gkm_k8s_runtime::readiness::Readiness;
@@ -477,7 +479,7 @@ struct Mutating {
 /// The `gkm.io/pvc-mutation` webhook's configuration.
 const PVC_MUTATION: Mutating = Mutating {
     name: CONFIGURATION_NAME,
-    webhook: config::WEBHOOK_NAME,
+    webhook: pvc_mutation::WEBHOOK_NAME,
     body: configuration,
 };
 

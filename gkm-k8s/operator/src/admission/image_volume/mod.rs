@@ -22,7 +22,7 @@ use kube::Client;
 use serde_json::{Value, json};
 
 use self::decide::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
-use super::config::{Endpoint, client_config};
+use super::endpoint::{Endpoint, client_config};
 use super::review::{Answer, answer_review, log_answer, pod_review, response};
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};

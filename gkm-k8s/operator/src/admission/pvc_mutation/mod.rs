@@ -2,6 +2,14 @@
 //! ReadWriteOnce caches: a labelled pod whose claim names the cache is
 //! pointed at the claim of its node ([`decide`], pure).
 //!
+//! Its MutatingWebhookConfiguration ([`configuration`]): only pods labelled
+//! `gkm.io/pvc-mutation: "true"` are sent to the webhook
+//! (`objectSelector`), so no other pod ever waits on it. For those pods the
+//! failure policy is `Fail`: a labelled pod admitted unchanged would name a
+//! claim that does not exist and never start, so refusing it with the
+//! webhook's error is the clearer outcome, and the DaemonSet controller
+//! retries once the webhook is back.
+//!
 //! Serving it: an AdmissionReview in, the [`mutate`] answer out,
 //! with the per-node claims read from a watched index of gkm's node claims
 //! (started by the first pod, which waits for its first list), not a list
@@ -19,10 +27,11 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use self::decide::MUTATION_LABEL;
 use self::decide::{NodeClaims, mutate};
-use super::config::MUTATE_PATH;
+use super::endpoint::{Endpoint, client_config};
 use super::review::{Answer, answer_review, log_answer, pod_review, response};
 use crate::names::{
     CACHE_LABEL, CACHE_NAME_ANNOTATION, KIND_LABEL, MANAGED_BY, NODE_LABEL, NODE_NAME_ANNOTATION,
@@ -30,6 +39,38 @@ use crate::names::{
 };
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 use gkm_k8s_runtime::watched_index::{self, Entry, Indexed, ObjectId};
+
+/// The configuration's name.
+pub const CONFIGURATION_NAME: &str = "gkm-pvc-mutation";
+/// The webhook's name within it.
+pub const WEBHOOK_NAME: &str = "pvc-mutation.gkm.io";
+/// The path the webhook serves.
+pub const MUTATE_PATH: &str = "/mutate-pods";
+
+/// The server-side apply body of the configuration; `ca_bundle` is the PEM
+/// the apiserver trusts for the webhook (none when cert-manager injects it).
+pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
+    let client = client_config(endpoint, MUTATE_PATH, ca_bundle);
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION_NAME,
+                     "labels": {"app.kubernetes.io/name": "gkm-operator",
+                                "app.kubernetes.io/part-of": "gkm"}},
+        "webhooks": [{
+            "name": WEBHOOK_NAME,
+            "clientConfig": client,
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "objectSelector": {"matchLabels": {MUTATION_LABEL: "true"}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "Never",
+        }],
+    })
+}
 
 /// What is kept of one of gkm's ReadWriteOnce node claims, found by its
 /// namespace.
@@ -166,7 +207,6 @@ impl Routes for MutationRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn claim(name: &str, labels: Value) -> PersistentVolumeClaim {
         serde_json::from_value(json!({
@@ -209,5 +249,41 @@ mod tests {
             ])
         );
         assert!(node_claims(index.under(&"elsewhere".to_string())).is_empty());
+    }
+
+    #[test]
+    fn only_labelled_pods_reach_the_webhook() {
+        let body = configuration(
+            &Endpoint::Url("https://127.0.0.1:9443/".into()),
+            Some("PEM"),
+        );
+        let hook = &body["webhooks"][0];
+        assert_eq!(
+            hook["objectSelector"]["matchLabels"][MUTATION_LABEL],
+            "true"
+        );
+        assert_eq!(
+            hook["clientConfig"]["url"],
+            "https://127.0.0.1:9443/mutate-pods"
+        );
+        assert_eq!(hook["clientConfig"]["caBundle"], "UEVN");
+        assert_eq!(hook["failurePolicy"], "Fail");
+        let _: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
+            serde_json::from_value(body).expect("a valid object");
+        let service = Endpoint::Service {
+            namespace: "gkm-system".into(),
+            name: "gkm-operator-webhook".into(),
+            port: 443,
+        };
+        let body = configuration(&service, None);
+        assert_eq!(
+            body["webhooks"][0]["clientConfig"]["service"]["path"],
+            MUTATE_PATH
+        );
+        assert!(
+            body["webhooks"][0]["clientConfig"]
+                .get("caBundle")
+                .is_none()
+        );
     }
 }

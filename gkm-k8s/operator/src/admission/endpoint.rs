@@ -1,26 +1,10 @@
-//! The MutatingWebhookConfiguration of the `gkm.io/pvc-mutation` webhook.
-//! Pure: the body is built here, the operator applies it.
-//!
-//! Only pods labelled `gkm.io/pvc-mutation: "true"` are sent to the webhook
-//! (`objectSelector`), so no other pod ever waits on it. For those pods the
-//! failure policy is `Fail`: a labelled pod admitted unchanged would name a
-//! claim that does not exist and never start, so refusing it with the
-//! webhook's error is the clearer outcome, and the DaemonSet controller
-//! retries once the webhook is back.
+//! How the apiserver reaches the operator's webhooks ([`Endpoint`]), and
+//! the `clientConfig` every webhook configuration carries. Pure.
 
 use std::str::FromStr;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
-
-use super::pvc_mutation::decide::MUTATION_LABEL;
-
-/// The configuration's name.
-pub const CONFIGURATION_NAME: &str = "gkm-pvc-mutation";
-/// The webhook's name within it.
-pub const WEBHOOK_NAME: &str = "pvc-mutation.gkm.io";
-/// The path the webhook serves.
-pub const MUTATE_PATH: &str = "/mutate-pods";
 
 /// How the apiserver reaches the webhook.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,31 +112,6 @@ pub fn client_config(endpoint: &Endpoint, path: &str, ca_bundle: Option<&str>) -
     client
 }
 
-/// The server-side apply body of the configuration; `ca_bundle` is the PEM
-/// the apiserver trusts for the webhook (none when cert-manager injects it).
-pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
-    let client = client_config(endpoint, MUTATE_PATH, ca_bundle);
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": CONFIGURATION_NAME,
-                     "labels": {"app.kubernetes.io/name": "gkm-operator",
-                                "app.kubernetes.io/part-of": "gkm"}},
-        "webhooks": [{
-            "name": WEBHOOK_NAME,
-            "clientConfig": client,
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "objectSelector": {"matchLabels": {MUTATION_LABEL: "true"}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
-            "reinvocationPolicy": "Never",
-        }],
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,41 +149,5 @@ mod tests {
         for bad in ["https://", "https://:443", "http://host:443"] {
             assert!(Endpoint::parse_url(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn only_labelled_pods_reach_the_webhook() {
-        let body = configuration(
-            &Endpoint::Url("https://127.0.0.1:9443/".into()),
-            Some("PEM"),
-        );
-        let hook = &body["webhooks"][0];
-        assert_eq!(
-            hook["objectSelector"]["matchLabels"][MUTATION_LABEL],
-            "true"
-        );
-        assert_eq!(
-            hook["clientConfig"]["url"],
-            "https://127.0.0.1:9443/mutate-pods"
-        );
-        assert_eq!(hook["clientConfig"]["caBundle"], "UEVN");
-        assert_eq!(hook["failurePolicy"], "Fail");
-        let _: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
-            serde_json::from_value(body).expect("a valid object");
-        let service = Endpoint::Service {
-            namespace: "gkm-system".into(),
-            name: "gkm-operator-webhook".into(),
-            port: 443,
-        };
-        let body = configuration(&service, None);
-        assert_eq!(
-            body["webhooks"][0]["clientConfig"]["service"]["path"],
-            MUTATE_PATH
-        );
-        assert!(
-            body["webhooks"][0]["clientConfig"]
-                .get("caBundle")
-                .is_none()
-        );
     }
 }

@@ -13,25 +13,28 @@
 //!
 //! The decision is [`gkm_k8s_api::quota::check`], the one the extender
 //! makes; what a pod asks is read as the extender reads it
-//! ([`GpuRequest`]), and what the namespace holds is every pod of it bound
+//! ([`GpuRequest`](gkm_k8s_api::gpu_request::GpuRequest)), and what the namespace holds is every pod of it bound
 //! (and not finished) to a node of the same GPU model, as the apiserver
 //! lists them now. Two pods admitted at the same instant can each see the
 //! other not yet there: the webhook closes the bypass, the extender's
 //! reservations keep its own binds exact.
 
+pub mod decide;
+
 use std::collections::{BTreeSet, HashSet};
 
-use k8s_openapi::api::core::v1::{Binding, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::config::{Endpoint, client_config};
+use self::decide::{Subject, decide, subject};
+use super::endpoint::{Endpoint, client_config};
 use super::review::{Answer, response};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
-use gkm_k8s_api::gpu_request::{GpuReading, GpuRequest};
-use gkm_k8s_api::quota::{Amount, check, holds_on};
+use gkm_k8s_api::gpu_request::GpuReading;
+use gkm_k8s_api::quota::QuotaExceeded;
 
 /// The configuration's name (the chart renders it; the operator writes
 /// only its `caBundle`).
@@ -44,88 +47,6 @@ pub const QUOTA_PATH: &str = "/validate-gpu-quota";
 /// What the webhook reads pods and nodes by: the scheduler extender's
 /// settings, which must be the same.
 pub type QuotaOptions = GpuReading;
-
-/// Whether `pod` fits its namespace's `quotas` on a node of `model`, given
-/// the namespace's `pods` and the names of the nodes of that model
-/// (`model_nodes`); the refusal names the quota, the model, the limit and
-/// the use. A pod whose GPU request cannot be read is the scheduler's and
-/// the device plugin's to refuse, not a quota's.
-pub fn decide(
-    pod: &Pod,
-    model: &str,
-    quotas: &[(String, Vec<GpuModelLimit>)],
-    pods: &[Pod],
-    model_nodes: &HashSet<String>,
-    whole_resources: &[String],
-) -> Result<(), String> {
-    let amount = |pod: &Pod| {
-        GpuRequest::from_pod(pod, whole_resources)
-            .ok()
-            .map(|r| gkm_k8s_api::quota::amount_of(&r))
-            .unwrap_or_default()
-    };
-    let asked = amount(pod);
-    if asked == Amount::default() {
-        return Ok(());
-    }
-    let namespace = pod.namespace().unwrap_or_default();
-    let mut used = Amount::default();
-    for other in pods {
-        if other.name_any() == pod.name_any() {
-            continue;
-        }
-        if holds_on(other).is_some_and(|node| model_nodes.contains(node)) {
-            used += amount(other);
-        }
-    }
-    let quotas = quotas.iter().map(|(n, l)| (n.as_str(), l.as_slice()));
-    check(&namespace, model, quotas, used, asked).map_err(|e| e.to_string())
-}
-
-/// What one admission request is about: the pod and the node it would run on.
-#[derive(Debug)]
-enum Subject {
-    /// A pod created already naming its node.
-    Created(Box<Pod>),
-    /// A bind of the pod `name` to a node.
-    Bound {
-        /// The pod.
-        name: String,
-        /// The node.
-        node: String,
-    },
-    /// Nothing for a quota (a pod that names no node).
-    Nothing,
-}
-
-/// Reads the subject of the AdmissionReview `request`.
-fn subject(request: &Value) -> Result<Subject, String> {
-    if request["subResource"].as_str() == Some("binding") {
-        let binding: Binding = serde_json::from_value(request["object"].clone())
-            .map_err(|e| format!("request.object is not a Binding: {e}"))?;
-        let name = request["name"]
-            .as_str()
-            .map(String::from)
-            .or(binding.metadata.name)
-            .unwrap_or_default();
-        return Ok(Subject::Bound {
-            name,
-            node: binding.target.name.unwrap_or_default(),
-        });
-    }
-    let pod: Pod = serde_json::from_value(request["object"].clone())
-        .map_err(|e| format!("request.object is not a Pod: {e}"))?;
-    let names_node = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_some_and(|n| !n.is_empty());
-    Ok(if names_node {
-        Subject::Created(Box::new(pod))
-    } else {
-        Subject::Nothing
-    })
-}
 
 /// The quota webhook's answers, with what it reads from the apiserver.
 pub struct QuotaRoutes {
@@ -141,7 +62,11 @@ impl QuotaRoutes {
 
     /// Whether the subject fits its namespace's quotas (it does when there
     /// is nothing to judge); `Err` when the apiserver could not be read.
-    async fn judge(&self, namespace: &str, subject: Subject) -> kube::Result<Result<(), String>> {
+    async fn judge(
+        &self,
+        namespace: &str,
+        subject: Subject,
+    ) -> kube::Result<Result<(), QuotaExceeded>> {
         let quotas = Api::<GKMGPUQuota>::namespaced(self.client.clone(), namespace)
             .list(&ListParams::default())
             .await?;
@@ -218,6 +143,7 @@ impl QuotaRoutes {
         let answer = match self.judge(&namespace, subject(request)?).await {
             Ok(Ok(())) => Answer::Untouched,
             Ok(Err(why)) => {
+                let why = why.to_string();
                 info!(pod = %format!("{namespace}/{name}"), %why, "refused a pod over its GPU quota");
                 Answer::Refuse(why)
             }
@@ -292,69 +218,6 @@ pub const MATCH_CONDITIONS: &[(&str, &str)] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pod(name: &str, node: Option<&str>, gpus: i64, phase: &str) -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ml"},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
-                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
-            "status": {"phase": phase},
-        }))
-        .unwrap_or_default()
-    }
-
-    #[test]
-    fn pods_on_nodes_of_the_model_count_and_the_refusal_names_the_quota() {
-        let quotas = vec![(
-            "a100".to_string(),
-            vec![GpuModelLimit {
-                model: "A100".into(),
-                gpus: Some(2),
-                ..GpuModelLimit::default()
-            }],
-        )];
-        let nodes: HashSet<String> = ["a1".to_string(), "a2".to_string()].into();
-        let resources = QuotaOptions::default().whole_resources;
-        let pods = vec![
-            pod("one", Some("a1"), 1, "Running"),
-            pod("other-model", Some("h1"), 4, "Running"),
-            pod("done", Some("a2"), 4, "Succeeded"),
-            pod("pending", None, 4, "Pending"),
-        ];
-        let new = pod("two", Some("a2"), 1, "Pending");
-        assert_eq!(
-            decide(&new, "A100", &quotas, &pods, &nodes, &resources),
-            Ok(())
-        );
-        let mut pods = pods;
-        pods.push(new);
-        let third = pod("three", Some("a1"), 1, "Pending");
-        assert_eq!(
-            decide(&third, "A100", &quotas, &pods, &nodes, &resources),
-            Err("gkm: quota ml/a100 reached: namespace ml holds 2 of 2 GPUs of model A100, the pod asks 1".into())
-        );
-        // The pod being bound is not counted twice.
-        let bound = pod("two", None, 1, "Pending");
-        assert_eq!(
-            decide(&bound, "A100", &quotas, &pods, &nodes, &resources),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn only_binds_and_pods_naming_a_node_are_judged() {
-        let binding = json!({"subResource": "binding", "name": "p", "object": {
-            "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}});
-        assert!(matches!(
-            subject(&binding),
-            Ok(Subject::Bound { name, node }) if name == "p" && node == "n1"
-        ));
-        let unbound = json!({"object": {"metadata": {"name": "p"}, "spec": {"containers": []}}});
-        assert!(matches!(subject(&unbound), Ok(Subject::Nothing)));
-        let named = json!({"object": {"metadata": {"name": "p"},
-                                      "spec": {"nodeName": "n1", "containers": []}}});
-        assert!(matches!(subject(&named), Ok(Subject::Created(_))));
-    }
 
     #[test]
     fn the_configuration_is_a_valid_object_that_spares_the_operators_namespace() {
