@@ -7,6 +7,8 @@
 //! missing or corrupt index, nor while the capture is open), and then
 //! nothing is left on the node.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod csi_support;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,8 @@
 //! every other case is refused with a status that says why; unpublish undoes
 //! it all. These tests mount for real, so they run as root.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod csi_support;
 
 use std::collections::HashMap;

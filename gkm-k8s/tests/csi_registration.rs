@@ -1,6 +1,8 @@
 //! The kubelet's plugin-registration handshake, as the kubelet performs it on
 //! the socket gkm-csi serves in its `plugins_registry` directory.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod csi_support;
 
 use gkm_k8s_csi::{PLUGIN, RegistrationService, serve_registration};

@@ -14,6 +14,8 @@
 //! would. The Identity suite asks every endpoint it is given for the
 //! driver's identity, so it runs on its own against the driver's socket.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod csi_support;
 
 use std::collections::HashMap;

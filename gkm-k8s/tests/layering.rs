@@ -3,6 +3,8 @@
 //! what they never use. Read from `cargo metadata` and `cargo tree`, as an
 //! embedder would read them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::process::Command;
 

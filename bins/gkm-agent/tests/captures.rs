@@ -37,10 +37,7 @@ async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyho
     plane.ensure_namespace(namespace).await?;
     let dir = gkm_testenv::temp_dir()?;
     let store = dir.path().join("store");
-    std::fs::write(
-        dir.path().join("gpus.yaml"),
-        "gpus:\n  - profile: T4\n",
-    )?;
+    std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
 
     // Trees the CSI driver made for two captures' workloads: one capture
     // is being captured on this node, the other never existed.

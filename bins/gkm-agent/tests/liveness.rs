@@ -92,10 +92,15 @@ async fn health_fails_when_passes_stop_and_recovers_when_they_resume() -> anyhow
         .arg("--stall-after=4s");
     let mut agent = Process::spawn("agent-liveness", cmd, &dir.path().join("agent.log"))?;
     let reports: Api<GKMCacheNode> = Api::namespaced(client.clone(), namespace);
-    until(&mut agent, "the node's report", Duration::from_secs(60), || {
-        let reports = reports.clone();
-        async move { Ok(reports.get_opt(node).await?.is_some()) }
-    })
+    until(
+        &mut agent,
+        "the node's report",
+        Duration::from_secs(60),
+        || {
+            let reports = reports.clone();
+            async move { Ok(reports.get_opt(node).await?.is_some()) }
+        },
+    )
     .await?;
     assert_eq!(health(port).await, Some((200, "ok\n".into())));
 

@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use gkm_k8s_api::crd::GKMCacheCapture;
-use gkm_k8s_node::captures::{
-    CaptureIndex, CaptureName, CaptureState, Captures, captured_trees,
-};
+use gkm_k8s_node::captures::{CaptureIndex, CaptureName, CaptureState, Captures, captured_trees};
 use jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -30,7 +28,6 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 use crate::error::{Error, Result};
-
 
 /// What the cluster says of `capture`.
 pub(crate) fn capture_state(capture: &GKMCacheCapture) -> CaptureState {

@@ -17,9 +17,7 @@
 use std::io;
 use std::time::{Duration, SystemTime};
 
-use gkm_k8s_node::captures::{
-    CaptureIndex, CaptureState, CapturedTree, Captures, captured_trees,
-};
+use gkm_k8s_node::captures::{CaptureIndex, CaptureState, CapturedTree, Captures, captured_trees};
 use tracing::{info, warn};
 
 use crate::NodeService;
@@ -228,7 +226,10 @@ mod tests {
     fn a_tree_newer_than_the_index_stays() {
         // The agent looked 60s ago: a tree made since (a capture re-created
         // under the same name) is not what that look saw.
-        let trees = vec![tree("team", "warm", "old", 600), tree("team", "warm", "new", 10)];
+        let trees = vec![
+            tree("team", "warm", "old", 600),
+            tree("team", "warm", "new", 10),
+        ];
         let over = captures(NOW - 60, &[("team", "warm", CaptureState::Over)]);
         assert_eq!(released(&trees, &over), ["old"]);
         let gone = captures(NOW - 60, &[("team", "warm", CaptureState::Gone)]);

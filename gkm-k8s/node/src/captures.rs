@@ -305,10 +305,7 @@ mod tests {
 
         // Replaced, not appended; no temporary file left behind.
         index.publish(&Captures::new(observed())).expect("publish");
-        assert_eq!(
-            index.read().expect("read"),
-            Some(Captures::new(observed()))
-        );
+        assert_eq!(index.read().expect("read"), Some(Captures::new(observed())));
         let names: Vec<_> = fs::read_dir(store.path().join("delivery"))
             .expect("ls")
             .map(|e| e.expect("entry").file_name())
@@ -335,10 +332,7 @@ mod tests {
             ("not json".to_string(), "expected"),
             (whole[..whole.len() / 2].to_string(), "EOF"),
             (file(&[entry("team", "warm", "done")]), "unknown variant"),
-            (
-                r#"{"captures":[]}"#.to_string(),
-                "missing field `observed`",
-            ),
+            (r#"{"captures":[]}"#.to_string(), "missing field `observed`"),
             (file(&[entry("../x", "warm", "over")]), "does not name"),
             (file(&[entry("team", "a/b", "over")]), "does not name"),
             (

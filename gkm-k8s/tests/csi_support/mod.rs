@@ -14,7 +14,6 @@ use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Re
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-
 /// Build the fixture cache `name` into an OCI layout under `work` and
 /// extract it into the store at `store_root`, as the agent does; its digest.
 pub async fn extract_fixture(work: &Path, store_root: &Path, name: &str) -> Digest {
