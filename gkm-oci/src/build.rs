@@ -257,7 +257,7 @@ async fn build_via(
 }
 
 /// Builds one image per cache directory of `cache_dirs` and assembles them
-/// into one multi-target image at `dest` ([`crate::multi::assemble`]), the
+/// into one multi-target image at `dest` ([`crate::assemble`]), the
 /// variants in the order given. Nothing is written to `dest` when a
 /// directory cannot be built or the variants cannot be one image (two of
 /// them sharing a target, say).

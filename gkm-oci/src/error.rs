@@ -90,7 +90,7 @@ pub enum Error {
         reason: String,
     },
     /// The reference names a multi-target image where one variant must be
-    /// read: the caller chooses it ([`crate::multi`]).
+    /// read: the caller chooses it ([`crate::MultiTarget`]).
     #[error(
         "{location} is a multi-target image of {variants} variant(s): read one by its digest, or choose one for GPUs"
     )]

@@ -17,7 +17,7 @@
 //!   hardened [`ExtractPolicy`], within a byte budget and a free-space
 //!   reserve ([`disk`]).
 //! - [`extract_to_dir`]: extract a cache tree into a directory.
-//! - [`multi`]: multi-target images, an index of single-target variants
+//! - Multi-target images: an index of single-target variants
 //!   annotated with their targets ([`assemble`], [`MultiTarget`]).
 //! - [`capture::capture`]: a warmed cache directory, checked against the
 //!   extraction rules ([`tree_check`]), built, pushed, signed and verified.
@@ -28,30 +28,30 @@
 pub mod auth;
 pub mod build;
 pub mod capture;
-pub mod copy;
+mod copy;
 pub mod disk;
-pub mod error;
-pub mod extract;
+mod error;
+mod extract;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod host_reader;
-pub mod image;
-pub mod json;
+mod image;
+mod json;
 pub mod labels;
-pub mod layer;
-pub mod layout;
+mod layer;
+mod layout;
 pub mod mirrors;
-pub mod multi;
-pub mod pipeline;
+mod multi;
+mod pipeline;
 pub mod progress;
 pub mod reference;
 pub mod repo;
 pub mod seal;
 pub mod sign;
-pub mod store;
+mod store;
 mod tar_guard;
 pub mod tree_check;
-pub mod unpack;
+mod unpack;
 pub mod verify;
 
 pub use auth::Credentials;
@@ -63,7 +63,8 @@ pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use gkm_core::digest::{Digest, InvalidDigest};
 pub use image::{Image, Layer, Manifest, Resolution};
 pub use labels::{CacheLabels, Compression};
-pub use layout::Layout;
+pub use layer::LayerInfo;
+pub use layout::{BlobWriter, Layout};
 pub use multi::{MultiTarget, Variant, assemble};
 pub use progress::{Progress, Report};
 pub use reference::{ImageRef, Selector};
