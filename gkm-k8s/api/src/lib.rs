@@ -8,7 +8,7 @@
 //! - [`cache_object`]: what both cache kinds share, so one generic
 //!   controller serves both, and their key ([`CacheKey`]).
 //! - [`conditions`]: status conditions that keep their transition time.
-//! - [`node_fit`]: whether a node serves or fits a digest, by its report.
+//! - [`NodeFit`]: whether a node serves or fits a digest, by its report.
 //! - [`served`]: waiting until the apiserver serves the cache kinds.
 //! - [`quota`]: the GPU-model quota decision, for the extender and the
 //!   operator's admission webhook alike.
@@ -31,7 +31,7 @@ pub mod conditions;
 pub mod crd;
 pub mod dra;
 pub mod gpu_request;
-pub mod node_fit;
+mod node_fit;
 pub mod quota;
 pub mod served;
 

@@ -7,16 +7,17 @@
 //! The device plugin (`gkm-k8s-device-plugin`) and the DRA plugin
 //! (`gkm-k8s-dra`) both read the node through this crate, so a device is
 //! the same device whichever path offers it. With the `testing` feature,
-//! [`node_tree`] builds a simulated node's trees for tests. [`fingerprint`]
+//! `node_tree` builds a simulated node's trees for tests. [`fingerprint()`]
 //! tells cheaply whether the node may have changed since it was last read,
 //! and [`rescan`] decides from it when a polling plugin reads it again.
 #![deny(missing_docs)]
 
-pub mod fingerprint;
+mod fingerprint;
 pub mod naming;
 #[cfg(feature = "testing")]
 pub mod node_tree;
 pub mod rescan;
 pub mod resources;
 
+pub use fingerprint::{Fingerprint, fingerprint};
 pub use resources::{NodePaths, Resource, ResourceKind, Snapshot, scan};
