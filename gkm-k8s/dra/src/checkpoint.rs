@@ -96,6 +96,7 @@ impl ClaimStore {
     }
 
     /// The UIDs of the prepared claims.
+    #[cfg(test)]
     pub fn uids(&self) -> impl Iterator<Item = &str> {
         self.claims.keys().map(String::as_str)
     }

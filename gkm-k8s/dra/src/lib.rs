@@ -9,25 +9,25 @@
 //!   versions and memory; GPUs bound to VFIO with their IOMMU group; mdev
 //!   vGPUs with their type and parent ([`devices`]). Republished when the
 //!   devices change or the slices go (the kubelet wipes them when it
-//!   starts), deleted when the plugin stops ([`publish`]).
+//!   starts), deleted when the plugin stops (`publish`).
 //! - **Prepares** claims: the kubelet calls `NodePrepareResources` with
 //!   the claims of a pod; the plugin reads each ResourceClaim's allocation,
-//!   picks its own devices ([`prepare`]) and writes a CDI spec per claim
-//!   ([`cdi`]) naming what a container gets: `/dev/nvidia<N>`,
+//!   picks its own devices (`prepare`) and writes a CDI spec per claim
+//!   (`cdi`) naming what a container gets: `/dev/nvidia<N>`,
 //!   `/dev/nvidiactl`, `/dev/nvidia-uvm*` and `NVIDIA_VISIBLE_DEVICES`;
 //!   `/dev/kfd` and the render node; `/dev/vfio/<group>` and
 //!   `/dev/vfio/vfio`. The kubelet hands the CDI names to the runtime.
-//!   Each request also gets a device metadata file ([`metadata`], the DRA
+//!   Each request also gets a device metadata file (`metadata`, the DRA
 //!   device attributes downward API) that virtual machine launchers read
 //!   the PCI address or mdev UUID from. A claim taking part of an IOMMU
 //!   group is refused.
-//! - **Reports health** to the kubelet ([`health`]): a published device
+//! - **Reports health** to the kubelet (`health`): a published device
 //!   that goes or fails is reported unhealthy, so pods using it show it in
 //!   their status, as it leaves the slice.
 //! - **Selects** for others: [`selector`] turns what a cache's targets
 //!   require of a GPU into CEL over these attributes, for the operator's
 //!   per-cache DeviceClasses.
-//! - **Remembers** prepared claims in a checkpoint ([`checkpoint`]), so a
+//! - **Remembers** prepared claims in a checkpoint (`checkpoint`), so a
 //!   claim prepared before a kubelet or plugin restart is answered with the
 //!   same devices, and its CDI spec is there for the runtime.
 //!
@@ -43,20 +43,20 @@
 //! ([`gkm_k8s_devices`]), so a device is the same device either way.
 #![deny(missing_docs)]
 
-pub mod cdi;
-pub mod checkpoint;
+mod cdi;
+mod checkpoint;
 pub mod devices;
 mod error;
-pub mod health;
-pub mod metadata;
+mod health;
+mod metadata;
 mod plugin;
-pub mod prepare;
-pub mod publish;
+mod prepare;
+mod publish;
 pub use gkm_k8s_api::dra::selector;
 pub use gkm_k8s_devices::rescan;
-pub mod service;
+mod service;
 pub mod slices;
-pub mod version;
+mod version;
 
 #[cfg(test)]
 mod tests;

@@ -4,16 +4,8 @@
 
 /// `value` as a semantic version: its first three dot-separated numbers
 /// (missing ones are 0, leading zeros dropped); `None` when it does not
-/// start with a number or a part is not one.
-///
-/// ```
-/// use gkm_k8s_dra::version::semver;
-/// assert_eq!(semver("12.4").as_deref(), Some("12.4.0"));
-/// assert_eq!(semver("580.65.06").as_deref(), Some("580.65.6"));
-/// assert_eq!(semver("9.0").as_deref(), Some("9.0.0"));
-/// assert_eq!(semver("6.8.5.1").as_deref(), Some("6.8.5"));
-/// assert_eq!(semver("unknown"), None);
-/// ```
+/// start with a number or a part is not one: `12.4` is `12.4.0`,
+/// `580.65.06` is `580.65.6`, `6.8.5.1` is `6.8.5`.
 pub fn semver(value: &str) -> Option<String> {
     let mut parts = [0u64; 3];
     let mut seen = 0;
@@ -30,6 +22,15 @@ pub fn semver(value: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::semver;
+
+    #[test]
+    fn drivers_and_toolkits_versions_become_semantic_versions() {
+        assert_eq!(semver("12.4").as_deref(), Some("12.4.0"));
+        assert_eq!(semver("580.65.06").as_deref(), Some("580.65.6"));
+        assert_eq!(semver("9.0").as_deref(), Some("9.0.0"));
+        assert_eq!(semver("6.8.5.1").as_deref(), Some("6.8.5"));
+        assert_eq!(semver("unknown"), None);
+    }
 
     #[test]
     fn odd_versions_are_left_out_rather_than_refused_by_the_apiserver() {
