@@ -77,8 +77,26 @@ fn names_signature(body: &serde_json::Value, sig_b64: &str) -> bool {
         })
 }
 
+/// Why a transparency log entry could not be read: what it lacks or what
+/// is malformed in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct MalformedEntry(String);
+
+impl From<String> for MalformedEntry {
+    fn from(reason: String) -> Self {
+        MalformedEntry(reason)
+    }
+}
+
+impl From<&str> for MalformedEntry {
+    fn from(reason: &str) -> Self {
+        MalformedEntry(reason.to_string())
+    }
+}
+
 /// The entry of cosign v2's `dev.sigstore.cosign/bundle` annotation.
-pub(crate) fn from_cosign_annotation(text: &str) -> Result<Entry, String> {
+pub(crate) fn from_cosign_annotation(text: &str) -> Result<Entry, MalformedEntry> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("the Rekor bundle is not JSON: {e}"))?;
     let set = v
@@ -112,7 +130,7 @@ pub(crate) fn from_cosign_annotation(text: &str) -> Result<Entry, String> {
 }
 
 /// The entry of a sigstore bundle's `verificationMaterial.tlogEntries[]`.
-pub(crate) fn from_bundle_entry(v: &serde_json::Value) -> Result<Entry, String> {
+pub(crate) fn from_bundle_entry(v: &serde_json::Value) -> Result<Entry, MalformedEntry> {
     let int = |name: &str| -> Result<i64, String> {
         match v.get(name) {
             Some(serde_json::Value::String(s)) => s
