@@ -11,6 +11,9 @@
 //! `name` for a file. What `ls` shows is what git tracks or would track (not
 //! ignored), that exists, with no leading dot.
 
+// A test panics with what went wrong: its helpers unwrap as its body does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
