@@ -29,7 +29,6 @@
 //! print!("{report}");
 //! # Ok(()) }
 //! ```
-#![deny(missing_docs)]
 
 pub mod assignment;
 pub mod cache;

@@ -21,7 +21,6 @@
 //! let yaml = gkm_k8s::crd::crds_yaml().unwrap();
 //! assert!(yaml.contains("name: gkmcaches.gkm.io"));
 //! ```
-#![deny(missing_docs)]
 
 pub use gkm_k8s_api as api;
 pub use gkm_k8s_api::{cache_object, crd};

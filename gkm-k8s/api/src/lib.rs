@@ -24,7 +24,6 @@
 //! assert_eq!(cache.spec.cache.image, "registry.example/caches/vector-add:sm90");
 //! assert!(crds_yaml().unwrap().contains("name: gkmcaches.gkm.io"));
 //! ```
-#![deny(missing_docs)]
 
 pub mod cache_object;
 pub mod conditions;

@@ -10,7 +10,6 @@
 //! `node_tree` builds a simulated node's trees for tests. [`fingerprint()`]
 //! tells cheaply whether the node may have changed since it was last read,
 //! and [`rescan`] decides from it when a polling plugin reads it again.
-#![deny(missing_docs)]
 
 mod fingerprint;
 pub mod naming;

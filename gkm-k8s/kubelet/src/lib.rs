@@ -20,7 +20,6 @@
 //! }
 //! # Ok(()) }
 //! ```
-#![deny(missing_docs)]
 
 pub mod authority;
 pub mod podresources;
