@@ -39,7 +39,7 @@ import triton.runtime.build  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
 from triton_calls import count_calls  # noqa: E402
 
 COUNTS = {"compiled": 0, "host_modules_built": 0, "autotune_benchmarks": 0}

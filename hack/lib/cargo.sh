@@ -1,9 +1,11 @@
 # shellcheck shell=bash
-# What the benchmark scripts share about building with cargo. Source it
-# after setting ROOT (the workspace root).
+# The one place gkm's scripts learn where cargo builds. Source it; it sets
+# ROOT (the workspace root) from its own place unless ROOT is set.
 
-# The target directory cargo itself uses (it may be set by configuration
-# or by a wrapper), printed.
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+
+# The target directory cargo itself uses (CARGO_TARGET_DIR, build.target-dir
+# in a configuration file, or the workspace's target/), printed.
 cargo_target_dir() {
   (cd "$ROOT" && cargo metadata --no-deps --format-version 1) |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'

@@ -1,4 +1,4 @@
-//! The operator and agents at scale (run by `hack/bench-operator.sh`): a
+//! The operator and agents at scale (run by `hack/bench/operator.sh`): a
 //! real control plane (etcd, kube-apiserver with an audit log), kwok nodes
 //! with simulated GPUs, a real Distribution registry with its access log on,
 //! signed cache images, one gkm operator process and one process running

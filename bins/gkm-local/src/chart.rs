@@ -1,5 +1,5 @@
 //! gkm installed the way users install it: its images, built by
-//! `hack/images.sh` from binaries already built and imported into a real
+//! `hack/images/build.sh` from binaries already built and imported into a real
 //! node's containerd, and the chart `deploy/helm/gkm`, installed with `helm`.
 //!
 //! [`SandboxChart`] holds the flags that the machine this runs on forces on
@@ -12,6 +12,9 @@ use std::process::Command;
 use anyhow::Context as _;
 use gkm_testenv::{Component, ControlPlane, RealNode, find_binary, free_port, workspace_binary};
 
+use gkm_k8s_devices::NodePaths;
+
+use crate::dra::GpuPath;
 use crate::{SYSTEM_NAMESPACE, repo_root};
 
 /// The release name gkm's chart is installed under.
@@ -19,6 +22,19 @@ pub const RELEASE: &str = "gkm";
 
 /// The components the chart runs by default, by their image names.
 pub const COMPONENTS: [&str; 4] = ["gkm-agent", "gkm-csi", "gkm-device-plugin", "gkm-operator"];
+
+/// The components the chart runs with DRA instead of the device plugin
+/// (`dra.enabled`, `devicePlugin.enabled=false`), by their image names.
+pub const DRA_COMPONENTS: [&str; 4] = ["gkm-agent", "gkm-csi", "gkm-dra-plugin", "gkm-operator"];
+
+/// The components the chart runs when the real node's GPUs reach pods by
+/// `gpu_path`.
+pub fn components(gpu_path: GpuPath) -> [&'static str; 4] {
+    match gpu_path {
+        GpuPath::DevicePlugin => COMPONENTS,
+        GpuPath::Dra => DRA_COMPONENTS,
+    }
+}
 
 /// The chart, in the repository.
 pub fn chart_dir() -> PathBuf {
@@ -42,15 +58,26 @@ pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Builds the [`COMPONENTS`]' images with `hack/images.sh` into `out`, from
-/// the binaries built beside this program (debug builds, stripped), and
-/// imports them into the containerd of each of `nodes`.
+/// Builds the [`COMPONENTS`]' images with `hack/images/build.sh` into
+/// `out`, from the binaries built beside this program (debug builds,
+/// stripped), and imports them into the containerd of each of `nodes`.
 pub fn build_and_import_images(out: &Path, nodes: &[&RealNode]) -> anyhow::Result<()> {
+    build_and_import(out, nodes, COMPONENTS)
+}
+
+/// Builds the images of `components` with `hack/images/build.sh` into
+/// `out`, from the binaries built beside this program (debug builds,
+/// stripped), and imports them into the containerd of each of `nodes`.
+pub fn build_and_import(
+    out: &Path,
+    nodes: &[&RealNode],
+    components: [&str; 4],
+) -> anyhow::Result<()> {
     let bin_dir = workspace_binary("gkm-operator")?
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let mut cmd = Command::new(repo_root().join("hack/images.sh"));
+    let mut cmd = Command::new(repo_root().join(IMAGES_SCRIPT));
     cmd.args(["--profile", "dev", "--bin-dir"])
         .arg(&bin_dir)
         .arg("--out")
@@ -58,14 +85,17 @@ pub fn build_and_import_images(out: &Path, nodes: &[&RealNode]) -> anyhow::Resul
     for node in nodes {
         cmd.arg("--import").arg(node.containerd_socket());
     }
-    let run = cmd.args(COMPONENTS).output()?;
+    let run = cmd.args(components).output()?;
     anyhow::ensure!(
         run.status.success(),
-        "hack/images.sh: {}",
+        "{IMAGES_SCRIPT}: {}",
         String::from_utf8_lossy(&run.stderr)
     );
     Ok(())
 }
+
+/// The script that builds gkm's images, in the repository.
+const IMAGES_SCRIPT: &str = "hack/images/build.sh";
 
 /// The apiserver's port, from its URL.
 fn apiserver_port(plane: &ControlPlane) -> anyhow::Result<u16> {
@@ -101,13 +131,28 @@ impl SandboxChart {
         work_dir: &Path,
         gpus_dir: &Path,
     ) -> anyhow::Result<SandboxChart> {
+        SandboxChart::for_node_with(plane, node, work_dir, gpus_dir, None)
+    }
+
+    /// Like [`SandboxChart::for_node`]; with `dra_tree` (the chart's
+    /// `dra.enabled`), its DRA plugin reads the simulated node tree at those
+    /// paths, without NVML, and writes its CDI specs where the node's
+    /// containerd reads them.
+    pub fn for_node_with(
+        plane: &ControlPlane,
+        node: &RealNode,
+        work_dir: &Path,
+        gpus_dir: &Path,
+        dra_tree: Option<&NodePaths>,
+    ) -> anyhow::Result<SandboxChart> {
         let post_renderer = sandbox_post_renderer(
             &work_dir.join("post-render"),
             apiserver_port(plane)?,
             gpus_dir,
+            dra_tree,
         )?;
         let store = node.kubelet_dir().join("gkm");
-        let args = vec![
+        let mut args = vec![
             "--namespace".into(),
             SYSTEM_NAMESPACE.into(),
             "--set".into(),
@@ -126,6 +171,20 @@ impl SandboxChart {
             "--wait".into(),
             "--timeout=4m".into(),
         ];
+        if dra_tree.is_some() {
+            args.extend([
+                "--set".into(),
+                format!("dra.cdiDir={}", node.cdi_spec_dir().display()),
+                "--set-json".into(),
+                r#"dra.extraArgs=["--no-nvml"]"#.into(),
+                // The apiserver cannot reach a Service here (no
+                // kube-proxy), so it cannot call the operator's webhook,
+                // which checks the binds of pods that kube-scheduler places
+                // (as it places pods with claims).
+                "--set".into(),
+                "webhook.enabled=false".into(),
+            ]);
+        }
         Ok(SandboxChart {
             args,
             store: store.join("store"),
@@ -143,6 +202,41 @@ impl SandboxChart {
     }
 }
 
+/// JSON patch operations pointing the chart's DRA plugin at the simulated
+/// node tree `tree`: each root mounted read-only at its own path, and the
+/// plugin's root flags (which the `test` operations check are where the
+/// chart puts them) naming those paths.
+fn dra_tree_ops(tree: &NodePaths) -> Vec<String> {
+    let mut ops = Vec::new();
+    for (index, (flag, chart_path, path)) in [
+        ("sysfs-root", "/host/sys", &tree.sysfs_root),
+        ("proc-root", "/host/proc", &tree.proc_root),
+        ("dev-root", "/dev", &tree.dev_root),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let arg = format!("/spec/template/spec/containers/0/args/{}", index + 3);
+        ops.push(format!(
+            r#"{{"op": "test", "path": "{arg}", "value": "--{flag}={chart_path}"}}"#
+        ));
+        ops.push(format!(
+            r#"{{"op": "replace", "path": "{arg}", "value": "--{flag}={}"}}"#,
+            path.display()
+        ));
+        let volume = format!("simulated-{flag}");
+        ops.push(format!(
+            r#"{{"op": "add", "path": "/spec/template/spec/volumes/-", "value": {{"name": "{volume}", "hostPath": {{"path": "{}", "type": "Directory"}}}}}}"#,
+            path.display()
+        ));
+        ops.push(format!(
+            r#"{{"op": "add", "path": "/spec/template/spec/containers/0/volumeMounts/-", "value": {{"name": "{volume}", "mountPath": "{}", "readOnly": true}}}}"#,
+            path.display()
+        ));
+    }
+    ops
+}
+
 /// Writes a Helm post-renderer (kustomize, through `kubectl kustomize`) into
 /// `dir` and returns its path.
 ///
@@ -153,11 +247,15 @@ impl SandboxChart {
 /// and allow an insecure registry; on the host network the operator's and
 /// the agent's metrics need ports of their own (and a new operator pod
 /// cannot start beside the old one); the machine has no GPU, so the agent
-/// reads the simulated inventory `<gpus_dir>/<its node>/gpus.yaml`.
+/// reads the simulated inventory `<gpus_dir>/<its node>/gpus.yaml`, and the
+/// DRA plugin (with `dra_tree`) the simulated node tree at those paths,
+/// mounted at the same paths (the device paths in its CDI specs are host
+/// paths).
 fn sandbox_post_renderer(
     dir: &Path,
     apiserver_port: u16,
     gpus_dir: &Path,
+    dra_tree: Option<&NodePaths>,
 ) -> anyhow::Result<String> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let api_env = [
@@ -165,10 +263,15 @@ fn sandbox_post_renderer(
         format!(r#"{{"name": "KUBERNETES_SERVICE_PORT", "value": "{apiserver_port}"}}"#),
     ];
     let mut patches = String::new();
+    let gpu_plugin = if dra_tree.is_some() {
+        "gkm-dra-plugin"
+    } else {
+        "gkm-device-plugin"
+    };
     for (kind, name, metrics_port) in [
         ("Deployment", "gkm-operator", Some(free_port()?)),
         ("DaemonSet", "gkm-agent", Some(free_port()?)),
-        ("DaemonSet", "gkm-device-plugin", None),
+        ("DaemonSet", gpu_plugin, None),
     ] {
         let mut ops = vec![
             r#"{"op": "add", "path": "/spec/template/spec/hostNetwork", "value": true}"#
@@ -187,7 +290,7 @@ fn sandbox_post_renderer(
                     .to_string(),
             );
         }
-        if name != "gkm-device-plugin" {
+        if name != gpu_plugin {
             // The local registry speaks plain HTTP.
             ops.push(
                 r#"{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "GKM_INSECURE_REGISTRY", "value": "true"}}"#
@@ -215,6 +318,9 @@ fn sandbox_post_renderer(
                 r#"{{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "{}"}}"#,
                 gkm_testenv::AGENT_KEEP_FREE_ARG
             ));
+        }
+        if let (Some(tree), "gkm-dra-plugin") = (dra_tree, name) {
+            ops.extend(dra_tree_ops(tree));
         }
         if let Some(port) = metrics_port {
             ops.push(format!(

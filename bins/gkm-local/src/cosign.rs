@@ -1,5 +1,5 @@
 //! Signing images with the real cosign (v3, and v2 for its legacy `.sig`
-//! signatures; built by `hack/components.sh cosign`).
+//! signatures; built by `hack/ci/components.sh cosign`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,6 +11,7 @@
 
 pub mod chart;
 pub mod cosign;
+pub mod dra;
 pub mod kubelet;
 pub mod node_token;
 
@@ -56,15 +57,9 @@ pub fn default_nodes() -> Vec<SimulatedNode> {
     ]
 }
 
-/// The repository root (for `deploy/` and the fixtures beside it).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The fixture caches shipped beside the repository (`../shared/fixtures/caches`).
-pub fn fixture(name: &str) -> PathBuf {
-    repo_root().join("../shared/fixtures/caches").join(name)
-}
+/// The repository root (for `deploy/`), and the fixture caches shipped
+/// beside it (`../shared/fixtures/caches`), as the test kit finds them.
+pub use gkm_testenv::{fixture_cache as fixture, repo_root};
 
 /// A busybox pod on `node` (container `triton`) mounting the cache that
 /// `attributes` name (`csi.gkm.io` volume attributes) read-only at
@@ -143,6 +138,8 @@ pub struct Stack {
     drivers: BTreeMap<String, Process>,
     scheduler: Option<Scheduler>,
     chart: Option<chart::SandboxChart>,
+    gpu_path: dra::GpuPath,
+    dra_trees: BTreeMap<String, gkm_k8s_devices::NodePaths>,
     real_nodes: BTreeMap<String, RealNode>,
     /// Simulated nodes.
     pub kwok: Kwok,
@@ -204,12 +201,31 @@ impl Stack {
     /// is installed: [`Stack::install_chart`] installs it all (CRDs, RBAC,
     /// its components) once a real node is added.
     pub async fn start_for_chart(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
+        Stack::start_for_chart_with(dir, nodes, dra::GpuPath::DevicePlugin).await
+    }
+
+    /// Like [`Stack::start_for_chart`], with the real node's GPUs reaching
+    /// pods by `gpu_path`. With [`dra::GpuPath::Dra`] the resource claim
+    /// controller also runs (it makes the claims of pods' claim templates),
+    /// and each real node gets a simulated T4 for the DRA plugin to read
+    /// ([`dra::simulated_t4`]).
+    pub async fn start_for_chart_with(
+        dir: &Path,
+        nodes: Vec<SimulatedNode>,
+        gpu_path: dra::GpuPath,
+    ) -> anyhow::Result<Stack> {
+        let mut extra_controllers = Vec::new();
+        if gpu_path == dra::GpuPath::Dra {
+            extra_controllers.push("resourceclaim-controller".to_string());
+        }
         let options = ControlPlaneOptions {
             controller_manager: true,
             workload_controllers: true,
+            extra_controllers,
             ..ControlPlaneOptions::default()
         };
         let mut stack = Stack::start_plane(dir, nodes, options).await?;
+        stack.gpu_path = gpu_path;
         stack.scheduler = Some(Scheduler::start(
             &stack.plane,
             "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
@@ -246,6 +262,8 @@ impl Stack {
             drivers: BTreeMap::new(),
             scheduler: None,
             chart: None,
+            gpu_path: dra::GpuPath::DevicePlugin,
+            dra_trees: BTreeMap::new(),
             real_nodes: BTreeMap::new(),
             kwok,
             registry,
@@ -273,6 +291,8 @@ impl Stack {
 
     /// Adds a real node (kubelet, containerd, runc) named like `node`, whose
     /// agent reads `node`'s simulated inventory, and waits until it is Ready.
+    /// On the DRA path its DRA plugin reads a simulated T4 (whatever the
+    /// inventory says; the chart's agent still reads the inventory).
     /// Its CSI driver registers with its kubelet, which then calls it for
     /// pods' `csi.gkm.io` volumes.
     pub async fn add_real_node(&mut self, node: SimulatedNode) -> anyhow::Result<()> {
@@ -289,6 +309,11 @@ impl Stack {
         let node_dir = self.dir.join("nodes").join(&node.name);
         std::fs::create_dir_all(node_dir.join("store"))?;
         std::fs::write(node_dir.join("gpus.yaml"), &node.inventory)?;
+        if self.gpu_path == dra::GpuPath::Dra {
+            let tree = dra::simulated_t4(&node_dir.join("tree"))?;
+            self.dra_trees
+                .insert(node.name.clone(), tree.paths().clone());
+        }
         self.real_nodes.insert(node.name.clone(), real);
         self.nodes.push(node);
         Ok(())
@@ -458,12 +483,16 @@ impl Stack {
         Ok(())
     }
 
-    /// Builds gkm's images with `hack/images.sh` (into `<dir>/images`) from
+    /// Builds gkm's images with `hack/images/build.sh` (into `<dir>/images`) from
     /// the binaries already built, and imports them into every real node's
     /// containerd.
     pub fn import_images(&self) -> anyhow::Result<()> {
         let nodes: Vec<&RealNode> = self.real_nodes.values().collect();
-        chart::build_and_import_images(&self.dir.join("images"), &nodes)
+        chart::build_and_import(
+            &self.dir.join("images"),
+            &nodes,
+            chart::components(self.gpu_path),
+        )
     }
 
     /// Installs gkm's chart (`helm install`) onto the one real node, with
@@ -471,7 +500,9 @@ impl Stack {
     /// are Ready: the CRDs, RBAC, the operator (with the operator's extra
     /// flags of [`Stack::set_args`]) and, on the real node only
     /// ([`REAL_NODE_LABEL`]), the agent (with the agents' extra flags), the
-    /// CSI driver and the device plugin. Its agent reads the node's simulated
+    /// CSI driver and the device plugin, or on the DRA path the DRA plugin
+    /// (reading the node's simulated tree), the chart's DeviceClasses and
+    /// the operator's per-cache ones. Its agent reads the node's simulated
     /// inventory. Returns helm's output.
     ///
     /// The agents [`Stack::start_gkm`] then starts for the simulated nodes
@@ -489,16 +520,25 @@ impl Stack {
         let Some(node) = self.real_nodes.values().next() else {
             anyhow::bail!("no real node to install the chart onto");
         };
-        let sandbox = chart::SandboxChart::for_node(
+        let sandbox = chart::SandboxChart::for_node_with(
             &self.plane,
             node,
             &self.dir.join("chart"),
             &self.dir.join("nodes"),
+            self.dra_trees.get(node.name()),
         )?;
         let real_nodes = serde_json::json!({ REAL_NODE_LABEL: "true" }).to_string();
+        let gpu_plugin = match self.gpu_path {
+            dra::GpuPath::DevicePlugin => "devicePlugin",
+            dra::GpuPath::Dra => "dra",
+        };
         let mut values = Vec::new();
-        for component in ["operator", "agent", "csi", "devicePlugin"] {
+        for component in ["operator", "agent", "csi", gpu_plugin] {
             values.push(format!("{component}.nodeSelector={real_nodes}"));
+        }
+        if self.gpu_path == dra::GpuPath::Dra {
+            values.push("devicePlugin.enabled=false".to_string());
+            values.push("dra.enabled=true".to_string());
         }
         values.push(format!(
             "operator.extraArgs={}",
@@ -594,31 +634,27 @@ impl Stack {
         Ok((key, image, digest))
     }
 
-    /// Polls `check` every half second until it returns `Some`, or fails
-    /// after `timeout` with `what` and the operator's last log lines.
+    /// [`gkm_testenv::eventually`]: polls `check` until it returns `Some`;
+    /// an error (`check`'s, or `what` not holding after `timeout`) carries
+    /// the operator's last log lines.
     pub async fn eventually<T, F, Fut>(
         &self,
         what: &str,
         timeout: std::time::Duration,
-        mut check: F,
+        check: F,
     ) -> anyhow::Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
     {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            if let Some(v) = check().await? {
-                return Ok(v);
-            }
-            if std::time::Instant::now() > deadline {
-                anyhow::bail!(
-                    "{what}: not after {timeout:?}; operator log:\n{}",
+        gkm_testenv::eventually(what, timeout, check)
+            .await
+            .with_context(|| {
+                format!(
+                    "{what}; operator log:\n{}",
                     self.log_tail("operator", None, 30)
-                );
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+                )
+            })
     }
 
     /// The last lines of a gkm process's log (`operator`, or `agent`/`csi` of a node).

@@ -2,9 +2,9 @@
 //!
 //! Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 //! kwok and an OCI registry on loopback (the real components
-//! `hack/components.sh` builds), three simulated nodes (NVIDIA T4, AMD
+//! `hack/ci/components.sh` builds), three simulated nodes (NVIDIA T4, AMD
 //! MI210, no GPU) and one real node (kubelet, containerd, runc). It builds
-//! gkm's images with `hack/images.sh`, imports them into the real node's
+//! gkm's images with `hack/images/build.sh`, imports them into the real node's
 //! containerd and installs gkm's Helm chart: the operator, and on the real
 //! node the agent (reading a simulated T4), the CSI driver and the device
 //! plugin, run as pods. The simulated nodes run no containers, so their
@@ -13,6 +13,12 @@
 //! converge with kubectl, and runs a pod on the real node whose container
 //! reads the cache through gkm's CSI driver. Then it runs until interrupted,
 //! printing how to reach it.
+//!
+//! `--dra`: on the real node the chart runs gkm's DRA kubelet plugin
+//! instead of the device plugin (reading a simulated T4's sysfs, `/dev` and
+//! `/proc`), with the chart's DeviceClasses and the operator's one per
+//! cache; a pod gets a GPU through a claim template of the cache's class,
+//! and the claim's allocated device is printed.
 //!
 //! `--no-real-node` needs no root: no kubelet, so no chart; gkm's operator,
 //! agents and CSI drivers run as processes for the simulated nodes.
@@ -23,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gkm_k8s_api::crd::{CacheState, GKMCache};
+use gkm_local::dra::{self, GpuPath};
 use gkm_local::{SimulatedNode, Stack, cache_pod, cosign, default_nodes, fixture};
 use gkm_testenv::{Component, find_binary, pod_log, tools_bin_dir, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
@@ -44,8 +51,14 @@ struct Cli {
     timeout_secs: u64,
     /// Run only simulated nodes (no kubelet, containerd or runc, so no
     /// chart: gkm runs as processes; no root needed).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dra")]
     no_real_node: bool,
+    /// On the real node, offer its GPU through Dynamic Resource Allocation
+    /// (gkm's DRA kubelet plugin, the chart's and the cache's DeviceClasses)
+    /// instead of the device plugin, and run a pod that claims it through
+    /// the cache's class.
+    #[arg(long)]
+    dra: bool,
 }
 
 /// The real node: a kubelet with containerd and runc, where the chart runs
@@ -69,6 +82,11 @@ fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<String
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let began = Instant::now();
+    let gpu_path = if cli.dra {
+        GpuPath::Dra
+    } else {
+        GpuPath::DevicePlugin
+    };
     if cli.dir.exists() {
         std::fs::remove_dir_all(&cli.dir)?;
     }
@@ -84,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
         eprintln!(
             "==> starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and a registry"
         );
-        Stack::start_for_chart(&dir, default_nodes()).await?
+        Stack::start_for_chart_with(&dir, default_nodes(), gpu_path).await?
     };
     eprintln!(
         "    control plane ready in {:.1?} at {}",
@@ -131,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
     } else {
         let step = Instant::now();
         eprintln!(
-            "==> building gkm's images (hack/images.sh) and importing them into {REAL_NODE}'s containerd"
+            "==> building gkm's images (hack/images/build.sh) and importing them into {REAL_NODE}'s containerd"
         );
         stack.import_images()?;
         eprintln!("    built and imported in {:.1?}", step.elapsed());
@@ -231,6 +249,27 @@ async fn main() -> anyhow::Result<()> {
             "$ kubectl logs triton-reader\n{}",
             pod_log(&pods, "triton-reader", "triton").await?
         );
+    }
+    if cli.dra {
+        eprintln!("==> a pod claims a GPU through the DeviceClass of GKMCache default/vector-add");
+        let claimed = dra::claim_cache_gpu(
+            &client,
+            "default",
+            "vector-add",
+            Duration::from_secs(cli.timeout_secs),
+        )
+        .await?;
+        println!(
+            "$ kubectl get resourceslices,resourceclaims -A\n{}",
+            kubectl(&kubeconfig, &["get", "resourceslices,resourceclaims", "-A"])?
+        );
+        for device in &claimed.devices {
+            println!(
+                "claim default/{} (class {}) allocated driver={} pool={} device={}",
+                claimed.claim, claimed.class, device.driver, device.pool, device.device
+            );
+        }
+        println!();
     }
     let logs = if cli.no_real_node {
         format!("{}/gkm-operator.log, ", dir.display())

@@ -1,4 +1,4 @@
-//! The extender's benchmark (run by `hack/bench-extender.sh`): kube-scheduler
+//! The extender's benchmark (run by `hack/bench/extender.sh`): kube-scheduler
 //! places the same GPU pods on the same kwok nodes without and then with
 //! the extender; prints pods per second, the ratio, the extender's exact
 //! filter, prioritize and bind answer times (p50, p99, max, read from its

@@ -1,5 +1,5 @@
 //! GPU pods through DRA against through gkm's device plugin resources and
-//! extender (run by `hack/bench-dra.sh`): on the same kwok nodes, each with
+//! extender (run by `hack/bench/dra.sh`): on the same kwok nodes, each with
 //! [`GPUS_PER_NODE`] GPUs both ways, kube-scheduler alone places pods that
 //! each claim one GPU from a ResourceClaimTemplate (driver `gpu.gkm.io`,
 //! the chart's DeviceClass `gkm-gpu`), then kube-scheduler with gkm's

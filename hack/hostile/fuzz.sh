@@ -4,8 +4,8 @@
 # fuzz/regressions/<target>/ (replayed on stable by
 # `cargo test -p gkm-oci --test fuzz_replay`).
 #
-#   hack/fuzz.sh [SECONDS] [TARGET...]     # default: 60 seconds, every target
-#   hack/fuzz.sh --install                 # only install cargo-fuzz
+#   hack/hostile/fuzz.sh [SECONDS] [TARGET...]     # default: 60 seconds, every target
+#   hack/hostile/fuzz.sh --install                 # only install cargo-fuzz
 #
 # cargo-fuzz is installed pinned into $GKM_TOOLS_DIR/cargo-fuzz-$VERSION
 # (default ~/.cache/gkm-tools); a second run installs nothing. It needs the
@@ -13,7 +13,7 @@
 set -euo pipefail
 
 CARGO_FUZZ_VERSION=0.13.2
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tools="${GKM_TOOLS_DIR:-$HOME/.cache/gkm-tools}/cargo-fuzz-$CARGO_FUZZ_VERSION"
 
 if [[ ! -x "$tools/bin/cargo-fuzz" ]]; then

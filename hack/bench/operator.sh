@@ -80,13 +80,13 @@
 # keeps every node reading, checking and reporting every cache, and
 # extracts 5,000.
 #
-#   hack/bench-operator.sh                            # 1000 nodes, 50 caches, 600 s idle
-#   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench-operator.sh
-#   T4_PER_TEN=1 PROFILE=release hack/bench-operator.sh   # 100 of 1000 nodes fit the caches
-#   T4_PER_TEN=0 SIGNATURES=v2 PROFILE=release hack/bench-operator.sh  # none does; cosign v2
-#   BASELINE=766230b PROFILE=release hack/bench-operator.sh
+#   hack/bench/operator.sh                            # 1000 nodes, 50 caches, 600 s idle
+#   NODES=50 CACHES=5 IDLE_SECS=30 hack/bench/operator.sh
+#   T4_PER_TEN=1 PROFILE=release hack/bench/operator.sh   # 100 of 1000 nodes fit the caches
+#   T4_PER_TEN=0 SIGNATURES=v2 PROFILE=release hack/bench/operator.sh  # none does; cosign v2
+#   BASELINE=766230b PROFILE=release hack/bench/operator.sh
 #
-# Needs the real components (hack/components.sh: etcd, kubernetes, kwok,
+# Needs the real components (hack/ci/components.sh: etcd, kubernetes, kwok,
 # debian for the registry, cosign) and the fixture caches.
 set -euo pipefail
 
@@ -105,7 +105,7 @@ case $REVISIONS in
   *) echo "REVISIONS must be \"baseline after\" or after, not $REVISIONS" >&2; exit 2 ;;
 esac
 PROFILE=${PROFILE:-debug}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=hack/lib/cargo.sh
 . "$ROOT/hack/lib/cargo.sh"
 CARGO_TARGET_DIR=$(cargo_target_dir)

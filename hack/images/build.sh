@@ -2,12 +2,12 @@
 # Builds gkm's container images without Docker or any other daemon, as OCI
 # image layouts, and optionally pushes them or imports them into containerd.
 #
-#   hack/images.sh                          # release builds, into target/images
-#   hack/images.sh --profile dev            # debug builds (stripped), faster
-#   hack/images.sh --push registry.example.com/gkm
-#   hack/images.sh --import /run/containerd/containerd.sock   # repeatable
-#   hack/images.sh gkm-operator gkm-agent   # only these
-#   hack/images.sh --bin-dir DIR            # binaries already built in DIR
+#   hack/images/build.sh                          # release builds, into target/images
+#   hack/images/build.sh --profile dev            # debug builds (stripped), faster
+#   hack/images/build.sh --push registry.example.com/gkm
+#   hack/images/build.sh --import /run/containerd/containerd.sock   # repeatable
+#   hack/images/build.sh gkm-operator gkm-agent   # only these
+#   hack/images/build.sh --bin-dir DIR            # binaries already built in DIR
 #
 # Each image is two layers:
 #   1. a base of the files the binaries need at run time, taken from pinned
@@ -34,8 +34,10 @@
 # k8s.io.
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
+# shellcheck source=hack/lib/cargo.sh
+. "$root/hack/lib/cargo.sh"
 
 ALL=(gkm-operator gkm-agent gkm-csi gkm-device-plugin gkm-dra-plugin gkm-scheduler-extender gkm)
 # Components that need root in their pod (the chart's securityContexts say
@@ -78,7 +80,7 @@ done
 gzip_level=9
 [[ $profile == dev ]] && gzip_level=1
 
-target_dir=${CARGO_TARGET_DIR:-$root/target}
+target_dir=$(cargo_target_dir)
 out=${out:-$target_dir/images}
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
 log() { printf '==> %s\n' "$*" >&2; }
@@ -202,8 +204,8 @@ for c in "${components[@]}"; do
       config: {User: $u, Entrypoint: ["/usr/bin/\($c)"], Env: ["PATH=/usr/bin"],
                WorkingDir: "/", Labels: $labels},
       rootfs: {type: "layers", diff_ids: [$b, $a]},
-      history: [{created: $t, created_by: "hack/images.sh: base from Debian \($debs)"},
-                {created: $t, created_by: "hack/images.sh: /usr/bin/\($c)"}]}' \
+      history: [{created: $t, created_by: "hack/images/build.sh: base from Debian \($debs)"},
+                {created: $t, created_by: "hack/images/build.sh: /usr/bin/\($c)"}]}' \
     > "$work/config.json"
   config_size=$(stat -c %s "$work/config.json")
   config_blob=$(add_blob "$layout" "$work/config.json")

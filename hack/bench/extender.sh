@@ -7,16 +7,16 @@
 # times and serves their quantiles at GET /scheduler/latency; filter p99
 # target < 5 ms) and its resident memory.
 #
-#   hack/bench-extender.sh                  # 1000 nodes, 2000 pods
-#   NODES=200 PODS=400 hack/bench-extender.sh
+#   hack/bench/extender.sh                  # 1000 nodes, 2000 pods
+#   NODES=200 PODS=400 hack/bench/extender.sh
 #
-# Needs the real components (hack/components.sh: etcd, kubernetes, kwok) and
+# Needs the real components (hack/ci/components.sh: etcd, kubernetes, kwok) and
 # builds the extender in release mode unless EXTENDER names a binary.
 set -euo pipefail
 
 NODES=${NODES:-1000}
 PODS=${PODS:-2000}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=hack/lib/cargo.sh
 . "$ROOT/hack/lib/cargo.sh"
 

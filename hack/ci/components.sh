@@ -2,15 +2,15 @@
 # Builds or installs, at pinned versions, the real components gkm's tests run
 # against, into a cache keyed by version. A second run rebuilds nothing.
 #
-#   hack/components.sh            # everything
-#   hack/components.sh etcd kwok  # only these
+#   hack/ci/components.sh            # everything
+#   hack/ci/components.sh etcd kwok  # only these
 #
 # Binaries land in $GKM_TOOLS_DIR/<component>-<version>/ and are linked into
 # $GKM_TOOLS_DIR/bin, which the test support reads (GKM_TOOLS_DIR defaults to
 # ~/.cache/gkm-tools). Pinned versions live in hack/tools/*/go.mod and below.
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
 bin_dir=$tools_dir/bin
 mkdir -p "$bin_dir"
@@ -90,7 +90,7 @@ debian_packages() {
 # triton_component VERSION
 # Real Triton, which compiles GPU kernels ahead of time for any target without
 # a GPU: a virtualenv of Debian's python3 in triton-VERSION/ with the pinned
-# wheels from PyPI (hack/triton-requirements.txt), run by
+# wheels from PyPI (hack/fixtures/triton-requirements.txt), run by
 # $GKM_TOOLS_DIR/bin/triton-python. Keyed by the requirements and the Python
 # version, so a warm run installs nothing.
 triton_component() {
@@ -105,7 +105,7 @@ triton_component() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
   fi
   local key
-  key="$("$python" --version) $(sha256sum "$root/hack/triton-requirements.txt" | cut -d' ' -f1)"
+  key="$("$python" --version) $(sha256sum "$root/hack/fixtures/triton-requirements.txt" | cut -d' ' -f1)"
   if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
     log "triton $version: cached in $dest"
   else
@@ -113,7 +113,7 @@ triton_component() {
     rm -rf "$dest"
     "$python" -m venv "$dest"
     "$dest/bin/python" -m pip install --quiet --no-input --require-hashes --only-binary=:all: \
-      -r "$root/hack/triton-requirements.txt"
+      -r "$root/hack/fixtures/triton-requirements.txt"
     printf '%s' "$key" > "$dest/.stamp"
   fi
   # The script that runs it. A virtualenv's python finds its packages only
@@ -125,7 +125,7 @@ triton_component() {
   rm -f "$bin_dir/triton-python"
   cat > "$bin_dir/triton-python" <<EOF
 #!/bin/sh
-# Real Triton $version (hack/components.sh triton), run from $link.
+# Real Triton $version (hack/ci/components.sh triton), run from $link.
 if [ "\$(readlink $link)" != "$dest" ]; then
   ln -sfn "$dest" $link || { echo "triton-python: cannot link $link to $dest" >&2; exit 1; }
 fi

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite, as README.md gives it and CI runs it:
-#   1. the pinned real components (hack/components.sh; cached, a warm run builds nothing),
+#   1. the pinned real components (hack/ci/components.sh; cached, a warm run builds nothing),
 #   2. formatting, lints, and every test (unit, integration against the real
 #      components, doc tests, examples),
 #   3. a check that no process started by the tests outlived them.
 #
-#   hack/test.sh          # everything (CI)
-#   hack/test.sh --fast   # formatting, lints, and every test that starts no
+#   hack/ci/test.sh          # everything (CI)
+#   hack/ci/test.sh --fast   # formatting, lints, and every test that starts no
 #                         # real component (no apiserver, registry, kubelet,
 #                         # cosign, helm): unit, property and doc tests, and
 #                         # the integration tests that do not use gkm-testenv
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 # Each step says when it began, in seconds since the script started.
 step() { printf '\n==> %s (at %ss)\n' "$*" "$SECONDS"; }
@@ -107,7 +107,7 @@ if [[ ${1:-} == --fast ]]; then
   exit 0
 fi
 
-hack/components.sh
+hack/ci/components.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -127,28 +127,8 @@ step "cargo test --no-run (every test target and binary, built once)"
 # `testing` features differ), and would build part of the workspace again.
 test_binaries=$(mktemp)
 cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics |
-  python3 -c '
-import json, os, sys, tomllib
-for line in sys.stdin:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        continue
-    if message.get("reason") == "compiler-message":
-        print(message["message"]["rendered"], end="", file=sys.stderr)
-    elif (message.get("reason") == "compiler-artifact" and message.get("executable")
-            and message["profile"]["test"] and message["target"]["kind"] == ["test"]):
-        manifest = message["manifest_path"]
-        with open(manifest, "rb") as f:
-            package = tomllib.load(f)["package"]["name"]
-        print(package, message["target"]["name"], os.path.dirname(manifest), message["executable"])
-' > "$test_binaries"
-untested_bins=$(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
-import json, sys
-for package in json.load(sys.stdin)["packages"]:
-    kinds = {kind for target in package["targets"] for kind in target["kind"]}
-    if "bin" in kinds and "test" not in kinds:
-        print("-p", package["name"])')
+  python3 hack/ci/test_binaries.py > "$test_binaries"
+untested_bins=$(cargo metadata --no-deps --format-version 1 --locked | python3 hack/ci/untested_bins.py)
 if [[ -n $untested_bins ]]; then
   # shellcheck disable=SC2086 # one word per flag
   cargo build --locked --bins $untested_bins

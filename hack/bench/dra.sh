@@ -18,17 +18,17 @@
 # /proc/<pid>/stat; also since its start) and the extender's, and writes
 # them as JSON to $OUT/summary.json (its path is printed).
 #
-#   hack/bench-dra.sh                       # 1000 nodes, 2000 pods
-#   NODES=50 PODS=100 hack/bench-dra.sh     # a quick smoke run
+#   hack/bench/dra.sh                       # 1000 nodes, 2000 pods
+#   NODES=50 PODS=100 hack/bench/dra.sh     # a quick smoke run
 #
-# Needs the real components (hack/components.sh: etcd, kubernetes, kwok,
+# Needs the real components (hack/ci/components.sh: etcd, kubernetes, kwok,
 # helm) and builds the extender in release mode unless EXTENDER names a
 # binary.
 set -euo pipefail
 
 NODES=${NODES:-1000}
 PODS=${PODS:-2000}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/gkm-bench-dra.XXXXXX)}
 # shellcheck source=hack/lib/cargo.sh
 . "$ROOT/hack/lib/cargo.sh"
