@@ -1,19 +1,19 @@
 #!/bin/sh
 # Renders deploy/ from its one source, the Helm chart deploy/helm/gkm:
 #   1. the chart's CRDs (deploy/helm/gkm/crds/) from deploy/crds/, which
-#      `gkm crds` writes and gkm-k8s/tests/crd_files.rs keeps current;
+#      `gkm crds` writes and gkm-k8s/api/tests/crd_files.rs keeps current;
 #   2. every other file deploy/kustomization.yaml lists, from the chart
 #      template of the same path (helm template --show-only), rendered for
 #      the namespace gkm-system with the namespace and the scheduler extender
 #      included;
 #   3. install.yaml, those files in the kustomization's order.
-# Helm is the pinned build from hack/components.sh (or $HELM).
+# Helm is the pinned build from hack/ci/components.sh (or $HELM).
 # bins/gkm-local/tests/chart.rs fails when any of these is stale.
 set -eu
 cd "$(dirname "$0")"
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
 helm=${HELM:-$tools_dir/bin/helm}
-[ -x "$helm" ] || { echo "no helm at $helm: run hack/components.sh helm" >&2; exit 1; }
+[ -x "$helm" ] || { echo "no helm at $helm: run hack/ci/components.sh helm" >&2; exit 1; }
 
 rm -rf helm/gkm/crds
 mkdir helm/gkm/crds

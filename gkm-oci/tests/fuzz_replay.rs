@@ -1,7 +1,7 @@
 //! Replays every fuzz target's corpus (`fuzz/corpus/<target>/`) and crash
 //! regressions (`fuzz/regressions/<target>/`) through the same bodies the
 //! fuzz targets run, so the fuzzers' findings stay fixed without nightly or
-//! libFuzzer. `hack/fuzz.sh` grows both directories.
+//! libFuzzer. `hack/hostile/fuzz.sh` grows both directories.
 
 use std::path::PathBuf;
 

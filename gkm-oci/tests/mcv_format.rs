@@ -52,7 +52,7 @@
 //! GKM's extractor is not published as a Go module that builds from the
 //! module proxy (the proxy refuses `github.com/redhat-et/GKM/mcv`), so it is
 //! not run itself. Instead each image is also read by `mcv-extract`
-//! (`hack/tools/mcv-extract`, built by `hack/components.sh mcv-extract`): a
+//! (`hack/tools/mcv-extract`, built by `hack/ci/components.sh mcv-extract`): a
 //! small Go program on the stack MCV extracts with, the registry client
 //! `go-containerregistry` at the version MCV pins (v0.20.7) with Go's
 //! `compress/gzip`, `archive/tar` and `encoding/json`, applying the same
@@ -411,7 +411,7 @@ fn mcv_extract(image: &str, source: &Path) -> Value {
     let bin = gkm_testenv::tools_bin_dir().join("mcv-extract");
     assert!(
         bin.exists(),
-        "{} is missing: run hack/components.sh mcv-extract",
+        "{} is missing: run hack/ci/components.sh mcv-extract",
         bin.display()
     );
     let out = tempfile::tempdir().expect("tempdir");

@@ -70,21 +70,21 @@ impl Component {
     /// The command that installs it, from the repository root.
     pub fn install_command(self) -> &'static str {
         match self {
-            Component::Etcd => "hack/components.sh etcd",
+            Component::Etcd => "hack/ci/components.sh etcd",
             Component::KubeApiserver
             | Component::KubeControllerManager
             | Component::KubeScheduler
             | Component::Kubectl
-            | Component::Kubelet => "hack/components.sh kubernetes",
-            Component::Containerd => "hack/components.sh containerd",
-            Component::Runc => "hack/components.sh runc",
-            Component::Kwok => "hack/components.sh kwok",
-            Component::Registry => "hack/components.sh debian",
-            Component::CosignV2 | Component::CosignV3 => "hack/components.sh cosign",
-            Component::CsiSanity => "hack/components.sh csi-sanity",
-            Component::Promlint => "hack/components.sh promlint",
-            Component::Helm => "hack/components.sh helm",
-            Component::Triton => "hack/components.sh triton",
+            | Component::Kubelet => "hack/ci/components.sh kubernetes",
+            Component::Containerd => "hack/ci/components.sh containerd",
+            Component::Runc => "hack/ci/components.sh runc",
+            Component::Kwok => "hack/ci/components.sh kwok",
+            Component::Registry => "hack/ci/components.sh debian",
+            Component::CosignV2 | Component::CosignV3 => "hack/ci/components.sh cosign",
+            Component::CsiSanity => "hack/ci/components.sh csi-sanity",
+            Component::Promlint => "hack/ci/components.sh promlint",
+            Component::Helm => "hack/ci/components.sh helm",
+            Component::Triton => "hack/ci/components.sh triton",
         }
     }
 
@@ -97,7 +97,7 @@ impl Component {
     }
 }
 
-/// The directory `hack/components.sh` links every binary into.
+/// The directory `hack/ci/components.sh` links every binary into.
 pub fn tools_bin_dir() -> PathBuf {
     let base = std::env::var_os("GKM_TOOLS_DIR")
         .map(PathBuf::from)
@@ -149,7 +149,7 @@ pub fn find_binary_in(component: Component, dirs: &[PathBuf]) -> anyhow::Result<
 /// A binary of this workspace (`gkm-operator`, `gkm-agent`, `gkm-csi`, …),
 /// built into the same target directory as the running test or program.
 ///
-/// `hack/test.sh` builds them first (`cargo build --workspace --bins`); a
+/// `hack/ci/test.sh` builds them first (`cargo build --workspace --bins`); a
 /// missing one is an error saying so.
 pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;

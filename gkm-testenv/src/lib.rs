@@ -14,7 +14,7 @@
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` (the envtest convention) when it is
 //! set, else from `$GKM_TOOLS_DIR/bin` (default `~/.cache/gkm-tools/bin`),
-//! which `hack/components.sh` fills. A missing binary is an error that names
+//! which `hack/ci/components.sh` fills. A missing binary is an error that names
 //! the command installing it; nothing is ever faked.
 //!
 //! Every process is started with `PR_SET_PDEATHSIG` from a thread that lives

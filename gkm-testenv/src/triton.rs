@@ -2,8 +2,8 @@
 //!
 //! The fleet is `fixtures/triton`: real Triton caches of the same kernels,
 //! one `TRITON_CACHE_DIR` tree per GPU target, compiled without a GPU by
-//! `hack/triton-fixtures.sh`. [`triton_check`] runs `hack/triton-fleet.py
-//! check` (Triton 3.6, installed by `hack/components.sh triton`), which
+//! `hack/fixtures/triton.sh`. [`triton_check`] runs `hack/fixtures/triton_fleet.py
+//! check` (Triton 3.6, installed by `hack/ci/components.sh triton`), which
 //! compiles those kernels again against a tree and reports, by Triton's own
 //! last compile stage, whether it compiled anything, and from which directory
 //! it read each kernel.
@@ -41,7 +41,7 @@ pub const FLEET_PROFILES: [(&str, &[&str]); 11] = [
     ("hip-gfx950-64", &["MI355X"]),
 ];
 
-/// Where `hack/triton-fixtures.sh` compiles each target; trees are placed
+/// Where `hack/fixtures/triton.sh` compiles each target; trees are placed
 /// and removed only below it.
 pub const FIXTURE_HOME: &str = "/tmp/gkm-triton-fixtures";
 
@@ -83,7 +83,7 @@ pub fn fleet() -> anyhow::Result<Vec<FleetTarget>> {
     let root = repo_root().join("fixtures/triton");
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&root)
-        .with_context(|| format!("{} (hack/triton-fixtures.sh writes it)", root.display()))?
+        .with_context(|| format!("{} (hack/fixtures/triton.sh writes it)", root.display()))?
     {
         let fixture = entry?.path();
         if fixture.is_dir() {
@@ -136,7 +136,7 @@ fn fleet_target(fixture: &Path) -> anyhow::Result<FleetTarget> {
     let compiled_at = compiled_at.ok_or_else(|| missing("group file"))?;
     anyhow::ensure!(
         compiled_at.starts_with(FIXTURE_HOME),
-        "{name} was compiled at {}, not below {FIXTURE_HOME}: write it again with hack/triton-fixtures.sh",
+        "{name} was compiled at {}, not below {FIXTURE_HOME}: write it again with hack/fixtures/triton.sh",
         compiled_at.display()
     );
     Ok(FleetTarget {
@@ -149,7 +149,7 @@ fn fleet_target(fixture: &Path) -> anyhow::Result<FleetTarget> {
 }
 
 /// What Triton did compiling the fleet's kernels for one target against one
-/// cache tree (a report of `hack/triton-fleet.py check`).
+/// cache tree (a report of `hack/fixtures/triton_fleet.py check`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct TritonReport {
     /// The target, `backend/arch/warp_size`.
@@ -191,14 +191,14 @@ impl TritonReport {
     }
 }
 
-/// Runs real Triton (`hack/triton-fleet.py check`) once over every
+/// Runs real Triton (`hack/fixtures/triton_fleet.py check`) once over every
 /// `(target, cache tree)` pair, in order; its environment holds nothing of
 /// Triton's but the cache directory it sets for each pair.
 pub fn triton_check(pairs: &[(&str, &Path)]) -> anyhow::Result<Vec<TritonReport>> {
     let home = crate::temp_dir()?;
     let mut command = Command::new(find_binary(Component::Triton)?);
     command
-        .arg(repo_root().join("hack/triton-fleet.py"))
+        .arg(repo_root().join("hack/fixtures/triton_fleet.py"))
         .arg("check")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -210,14 +210,14 @@ pub fn triton_check(pairs: &[(&str, &Path)]) -> anyhow::Result<Vec<TritonReport>
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
-        "hack/triton-fleet.py check {pairs:?} failed:\n{stdout}{}",
+        "hack/fixtures/triton_fleet.py check {pairs:?} failed:\n{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let reports = stdout
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<Vec<TritonReport>, _>>()
-        .with_context(|| format!("hack/triton-fleet.py check printed:\n{stdout}"))?;
+        .with_context(|| format!("hack/fixtures/triton_fleet.py check printed:\n{stdout}"))?;
     anyhow::ensure!(
         reports.len() == pairs.len(),
         "{} reports for {} trees",
@@ -228,7 +228,7 @@ pub fn triton_check(pairs: &[(&str, &Path)]) -> anyhow::Result<Vec<TritonReport>
 }
 
 /// The fixtures' compile paths, held under the machine-wide lock that
-/// `hack/triton-fixtures.sh` takes too, so runs side by side never check
+/// `hack/fixtures/triton.sh` takes too, so runs side by side never check
 /// one another's trees. Every tree placed is removed on drop.
 pub struct CompilePaths {
     _lock: File,

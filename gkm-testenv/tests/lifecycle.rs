@@ -91,14 +91,14 @@ fn a_missing_component_names_the_command_that_installs_it() -> anyhow::Result<()
     let err = find_binary_in(Component::Kwok, &[empty.path().to_path_buf()]).unwrap_err();
     let message = err.to_string();
     assert!(message.contains("kwok is not installed"), "{message}");
-    assert!(message.contains("hack/components.sh kwok"), "{message}");
+    assert!(message.contains("hack/ci/components.sh kwok"), "{message}");
     let err = find_binary_in(
         Component::KubeApiserver,
         &[Path::new("/nonexistent").into()],
     )
     .unwrap_err();
     assert!(
-        err.to_string().contains("hack/components.sh kubernetes"),
+        err.to_string().contains("hack/ci/components.sh kubernetes"),
         "{err}"
     );
     Ok(())

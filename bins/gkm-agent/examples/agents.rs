@@ -1,7 +1,7 @@
 //! Many node agents in one process: the real agent library
 //! (`gkm_k8s_agent::run`), one instance per node, each with a client of its
 //! own, as the `gkm-agent` binary would run it on every node. Used by
-//! `hack/bench-operator.sh`, where a thousand agent processes would not fit
+//! `hack/bench/operator.sh`, where a thousand agent processes would not fit
 //! one machine.
 //!
 //! Every directory under `NODES_DIR` is one node, named after it, holding

@@ -1,5 +1,5 @@
 //! The Helm chart `deploy/helm/gkm`, as `helm` (the pinned build from
-//! `hack/components.sh helm`) sees it: lint-clean, its rendering pinned by
+//! `hack/ci/components.sh helm`) sees it: lint-clean, its rendering pinned by
 //! snapshots for the default values and two variants, wrong values refused
 //! by `values.schema.json`, and every flat file under `deploy/` (the
 //! kustomize parts, `install.yaml`, the chart's CRDs) exactly what

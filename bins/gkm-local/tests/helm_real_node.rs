@@ -1,5 +1,5 @@
 //! gkm installed the way users install it: its images, built by
-//! `hack/images.sh` and imported into a real node's containerd, and the chart
+//! `hack/images/build.sh` and imported into a real node's containerd, and the chart
 //! `deploy/helm/gkm`, installed, upgraded and uninstalled with `helm` on a
 //! control plane whose controllers and scheduler turn the chart's Deployment
 //! and DaemonSets into pods on a real kubelet.
@@ -144,7 +144,7 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
     .await?;
     let work = gkm_testenv::temp_dir()?;
 
-    // gkm's images, as hack/images.sh builds them for users (debug builds
+    // gkm's images, as hack/images/build.sh builds them for users (debug builds
     // here: the tests have built them already), imported into the node.
     chart::build_and_import_images(&work.path().join("images"), &[&node])?;
 

@@ -1,4 +1,4 @@
-//! `hack/images.sh`: the same binaries give the same image digests, and an
+//! `hack/images/build.sh`: the same binaries give the same image digests, and an
 //! image carries what its users look at (user, entrypoint, OCI labels, a
 //! small base).
 
@@ -16,7 +16,7 @@ fn build(out: &Path) -> anyhow::Result<String> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let run = Command::new(repo_root().join("hack/images.sh"))
+    let run = Command::new(repo_root().join("hack/images/build.sh"))
         .args(["--profile", "dev", "--bin-dir"])
         .arg(&bin_dir)
         .arg("--out")
@@ -25,7 +25,7 @@ fn build(out: &Path) -> anyhow::Result<String> {
         .output()?;
     anyhow::ensure!(
         run.status.success(),
-        "hack/images.sh: {}",
+        "hack/images/build.sh: {}",
         String::from_utf8_lossy(&run.stderr)
     );
     Ok(std::fs::read_to_string(out.join("digests"))?)

@@ -491,14 +491,14 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
         .await?;
     stack.start_csi(NODE)?;
-    // The gkm command line's image, as hack/images.sh builds it, in the
+    // The gkm command line's image, as hack/images/build.sh builds it, in the
     // node's containerd.
     let gkm = gkm_testenv::workspace_binary("gkm")?;
     let socket = stack
         .real_node(NODE)
         .ok_or_else(|| anyhow::anyhow!("no real node"))?
         .containerd_socket();
-    let images = std::process::Command::new(repo_root().join("hack/images.sh"))
+    let images = std::process::Command::new(repo_root().join("hack/images/build.sh"))
         .args(["--profile", "dev", "--bin-dir"])
         .arg(gkm.parent().unwrap_or(Path::new(".")))
         .arg("--out")
@@ -509,7 +509,7 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         .output()?;
     anyhow::ensure!(
         images.status.success(),
-        "hack/images.sh gkm: {}",
+        "hack/images/build.sh gkm: {}",
         String::from_utf8_lossy(&images.stderr)
     );
     let store = stack.store_dir(NODE);
@@ -727,11 +727,11 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
     Ok(())
 }
 
-/// A pod running real Triton 3.6 (`hack/components.sh triton`: the host's
+/// A pod running real Triton 3.6 (`hack/ci/components.sh triton`: the host's
 /// Python and the Triton virtualenv, mounted read-only) over the cache
 /// `cache` delivered through the CSI volume at the path `fixture`'s kernels
 /// were compiled at (inside the pod only: nothing is placed on the host):
-/// `hack/triton-fleet.py check` compiles the fixture's kernels again and
+/// `hack/fixtures/triton_fleet.py check` compiles the fixture's kernels again and
 /// says which Triton had to compile and where it read each.
 fn triton_reuse_pod(
     ns: &str,
@@ -743,7 +743,7 @@ fn triton_reuse_pod(
     let venv = std::fs::canonicalize(gkm_testenv::tools_bin_dir().join("../triton-3.6.0"))
         .map_err(|e| {
             anyhow::anyhow!(
-                "Triton is not installed ({e}); install it with `hack/components.sh triton`"
+                "Triton is not installed ({e}); install it with `hack/ci/components.sh triton`"
             )
         })?;
     let hack = repo_root().join("hack").canonicalize()?;
@@ -755,7 +755,7 @@ fn triton_reuse_pod(
         name,
         json!([
             "/tmp/gkm-triton-3.6.0/bin/python",
-            format!("{hack}/triton-fleet.py"),
+            format!("{hack}/fixtures/triton_fleet.py"),
             "check",
             "--target",
             &fixture.target,

@@ -1,7 +1,7 @@
 //! The `--json` documents of the commands that had none of their own
 //! library type to print: one struct per command, camelCase keys, printed
 //! as one pretty JSON document on standard output. Their shapes are listed
-//! in the README's CLI section; fields are only ever added.
+//! in docs/cli.md (`--json`); fields are only ever added.
 
 use serde::Serialize;
 

@@ -23,7 +23,7 @@ fn fixtures() -> PathBuf {
 /// The fixture directories, sorted.
 fn fixture_dirs() -> Vec<String> {
     let mut dirs: Vec<String> = std::fs::read_dir(fixtures())
-        .expect("fixtures/triton (hack/triton-fixtures.sh writes it)")
+        .expect("fixtures/triton (hack/fixtures/triton.sh writes it)")
         .map(|e| e.expect("fixture entry"))
         .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())

@@ -1,8 +1,8 @@
 //! Real Triton reuses the caches gkm delivers: for every target of the fleet
 //! (`fixtures/triton`), the real Triton cache is built into an OCI layout
 //! with `gkm build`, extracted with `gkm extract` at the directory it was
-//! compiled in, and Triton 3.6 (`hack/components.sh triton`) compiles the
-//! same kernels against the extracted trees (`hack/triton-fleet.py check`,
+//! compiled in, and Triton 3.6 (`hack/ci/components.sh triton`) compiles the
+//! same kernels against the extracted trees (`hack/fixtures/triton_fleet.py check`,
 //! one run for the whole fleet): it compiles nothing and reads every kernel
 //! from the extracted tree. The same check compiles every kernel against an
 //! empty tree, and against the delivered tree at another path: Triton's group

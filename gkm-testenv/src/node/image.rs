@@ -107,7 +107,7 @@ impl TestImage {
     /// (so the same image serves as the pod sandbox's pause image).
     pub fn busybox(names: &[&str]) -> anyhow::Result<TestImage> {
         let busybox = std::fs::read(BUSYBOX).with_context(|| {
-            format!("reading {BUSYBOX}: install Debian's busybox-static with `hack/components.sh debian`")
+            format!("reading {BUSYBOX}: install Debian's busybox-static with `hack/ci/components.sh debian`")
         })?;
         let mut image = TestImage::new(names).with_contents("bin/busybox", busybox, 0o755);
         for applet in APPLETS {
