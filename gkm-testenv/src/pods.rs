@@ -93,14 +93,18 @@ pub async fn running_pod_log(
     let last = std::cell::RefCell::new(String::new());
     let last = &last;
     let what = format!("pod {name} printing {marker}");
-    crate::eventually(&what, timeout.saturating_sub(began.elapsed()), || async move {
-        let log = pod_log(pods, name, container).await.unwrap_or_default();
-        if log.contains(marker) {
-            return Ok(Some(log));
-        }
-        *last.borrow_mut() = log;
-        Ok(None)
-    })
+    crate::eventually(
+        &what,
+        timeout.saturating_sub(began.elapsed()),
+        || async move {
+            let log = pod_log(pods, name, container).await.unwrap_or_default();
+            if log.contains(marker) {
+                return Ok(Some(log));
+            }
+            *last.borrow_mut() = log;
+            Ok(None)
+        },
+    )
     .await
     .map_err(|e| anyhow::anyhow!("{e}: {}", last.borrow()))
 }

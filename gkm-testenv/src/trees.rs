@@ -112,7 +112,11 @@ mod tests {
             copy_tree_in_order(from.path(), &copy, reverse).unwrap();
             assert_eq!(tree_files(&copy).unwrap(), tree_files(from.path()).unwrap());
             let mode = |p: &str| {
-                std::fs::metadata(copy.join(p)).unwrap().permissions().mode() & 0o777
+                std::fs::metadata(copy.join(p))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o777
             };
             assert_eq!((mode("a.txt"), mode("run.sh")), (0o600, 0o700));
         }

@@ -84,7 +84,10 @@ async fn wait_for_failed_mount(
 }
 
 /// The pod's volume mounts on its node (under the kubelet's pods directory).
-#[allow(clippy::expect_used, reason = "a test helper: callers pass a real node")]
+#[allow(
+    clippy::expect_used,
+    reason = "a test helper: callers pass a real node"
+)]
 fn pod_mounts(stack: &Stack, node: &str, pod: &Pod) -> Vec<std::path::PathBuf> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let real = stack.real_node(node).expect("real node");
