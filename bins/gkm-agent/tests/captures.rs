@@ -9,27 +9,15 @@ use std::time::Duration;
 
 use gkm_k8s_api::crd::{CaptureSigning, GKMCacheCapture, GKMCacheCaptureSpec};
 use gkm_k8s_node::captures::{CaptureIndex, CaptureName, CaptureState};
-use gkm_testenv::{ControlPlane, Process, free_port};
+use gkm_testenv::{Process, free_port};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 mod support;
 
-use support::deploy_dir;
-
-const SYSTEM: &str = "gkm-system";
-
 #[tokio::test]
 async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyhow::Result<()> {
-    let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
-    plane
-        .apply_file(&deploy_dir().join("namespace.yaml"))
-        .await?;
-    plane
-        .apply_file(&deploy_dir().join("rbac/agent.yaml"))
-        .await?;
-    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-agent")?;
+    let (plane, kubeconfig) = support::agent_plane().await?;
     let admin = plane.client().await?;
     let node = "agent-node-captures";
     let namespace = "capture-team";

@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use gkm_testenv::{ControlPlane, Process, samples};
+use gkm_testenv::{Process, samples};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -16,21 +16,11 @@ use serde_json::json;
 mod support;
 
 use gkm_testenv::{free_port, http_get as get};
-use support::{deploy_dir, until, until_some};
-
-const SYSTEM: &str = "gkm-system";
+use support::{until, until_some};
 
 #[tokio::test]
 async fn the_agent_labels_its_node_and_serves_health_and_metrics() -> anyhow::Result<()> {
-    let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
-    plane
-        .apply_file(&deploy_dir().join("namespace.yaml"))
-        .await?;
-    plane
-        .apply_file(&deploy_dir().join("rbac/agent.yaml"))
-        .await?;
-    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-agent")?;
+    let (plane, kubeconfig) = support::agent_plane().await?;
     let admin = plane.client().await?;
     let dir = gkm_testenv::temp_dir()?;
 

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use gkm_gpu::labels::{LabelOptions, node_labels};
-use gkm_testenv::{ControlPlane, Process, RealNode, RealNodeOptions, promlint, samples};
+use gkm_testenv::{Process, RealNode, RealNodeOptions, promlint, samples};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -21,24 +21,9 @@ use serde_json::json;
 mod support;
 
 use gkm_testenv::{free_port, http_get as get};
-use support::deploy_dir;
-
-const SYSTEM: &str = "gkm-system";
 
 /// Labels a person (or another daemon) set on the Node.
 const HAND_SET: &[(&str, &str)] = &[("team", "ml"), ("nvidia.com/gpu.deploy.driver", "true")];
-
-/// A control plane with gkm's CRDs and the agent's RBAC, and the agent's
-/// kubeconfig.
-async fn plane() -> anyhow::Result<(&'static ControlPlane, PathBuf)> {
-    let plane = ControlPlane::shared().await?;
-    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
-    for file in ["namespace.yaml", "rbac/agent.yaml"] {
-        plane.apply_file(&deploy_dir().join(file)).await?;
-    }
-    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-agent")?;
-    Ok((plane, kubeconfig))
-}
 
 /// Starts the agent for `node` with `args`; returns it and its metrics port.
 fn agent(
@@ -96,7 +81,7 @@ fn expected(
 
 #[tokio::test]
 async fn node_labels_follow_the_inventory_and_leave_other_labels_alone() -> anyhow::Result<()> {
-    let (plane, kubeconfig) = plane().await?;
+    let (plane, kubeconfig) = support::agent_plane().await?;
     let nodes: Api<Node> = Api::all(plane.client().await?);
     let node = "agent-node-labels";
     let _kubelet = RealNode::start(
@@ -198,7 +183,7 @@ async fn without_nvml_the_agent_serves_every_other_metric_and_says_why_once() ->
         eprintln!("skipped: this machine has NVML");
         return Ok(());
     }
-    let (plane, kubeconfig) = plane().await?;
+    let (plane, kubeconfig) = support::agent_plane().await?;
     let nodes: Api<Node> = Api::all(plane.client().await?);
     let node = "agent-node-no-nvml";
     plane.ensure_node(node).await?;

@@ -18,6 +18,22 @@ pub fn deploy_dir() -> PathBuf {
     gkm_testenv::repo_root().join("deploy")
 }
 
+/// The namespace gkm's components run in, as `deploy/` installs them.
+pub const SYSTEM: &str = "gkm-system";
+
+/// The shared control plane with gkm's CRDs, its namespace and the agent's
+/// RBAC as `deploy/` ships them, and a kubeconfig of the agent's
+/// ServiceAccount.
+pub async fn agent_plane() -> anyhow::Result<(&'static ControlPlane, PathBuf)> {
+    let plane = ControlPlane::shared().await?;
+    plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
+    for file in ["namespace.yaml", "rbac/agent.yaml"] {
+        plane.apply_file(&deploy_dir().join(file)).await?;
+    }
+    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-agent")?;
+    Ok((plane, kubeconfig))
+}
+
 /// The variants of `digest` of `image` (a registry or an OCI layout), read
 /// as the operator reads them (the manifest, the config only when the
 /// manifest lacks the cache labels).
