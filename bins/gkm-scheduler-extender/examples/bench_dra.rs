@@ -131,22 +131,19 @@ async fn install_device_class(cluster: &Cluster) -> anyhow::Result<()> {
 /// pods in `ns`.
 async fn wait_for_claims(cluster: &Cluster, ns: &str, count: usize) -> anyhow::Result<()> {
     let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let made = claims
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
-        if made >= count {
-            return Ok(());
+    let what = format!("{count} ResourceClaims made from the template");
+    gkm_testenv::eventually(&what, Duration::from_secs(600), || {
+        let claims = claims.clone();
+        async move {
+            let made = claims
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            Ok((made >= count).then_some(()))
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {made} of {count} ResourceClaims were made from the template"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    })
+    .await
 }
 
 /// How many claims in `ns` are allocated a device of [`DRIVER`].

@@ -623,22 +623,27 @@ impl Gkm {
         counts: &mut Counts,
         scale: &Scale,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + scale.converge_timeout;
-        loop {
-            self.check_running()?;
-            meter.take(counts)?;
-            let labelled = counts.writes("agents", Some("nodes"));
-            if labelled >= scale.nodes as u64 {
-                return Ok(());
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "only {labelled} Node label writes by the agents in {:?}:\n{}",
-                scale.converge_timeout,
+        let waited = gkm_testenv::eventually(
+            "every node's agent labelling its Node",
+            scale.converge_timeout,
+            || {
+                let step = (|| -> anyhow::Result<Option<()>> {
+                    self.check_running()?;
+                    meter.take(counts)?;
+                    let labelled = counts.writes("agents", Some("nodes"));
+                    Ok((labelled >= scale.nodes as u64).then_some(()))
+                })();
+                async move { step }
+            },
+        )
+        .await;
+        waited.map_err(|e| {
+            e.context(format!(
+                "only {} Node label writes by the agents:\n{}",
+                counts.writes("agents", Some("nodes")),
                 self.agents.log_tail(20)
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+            ))
+        })
     }
 
     /// Counts into `counts` for `how_long`, nothing changing.
