@@ -26,6 +26,7 @@
 mod apply;
 mod binaries;
 mod certs;
+mod claims;
 mod control_plane;
 mod fixtures;
 mod kwok;
@@ -44,6 +45,7 @@ mod usage;
 
 pub use apply::{describe_object, field_managers, yaml_documents};
 pub use binaries::{Component, find_binary, find_binary_in, tools_bin_dir, workspace_binary};
+pub use claims::{AllocatedDevice, allocated_devices, pod_claim_name};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use fixtures::{fixture_cache, fixture_caches, repo_root};
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};

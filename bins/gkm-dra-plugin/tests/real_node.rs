@@ -199,15 +199,10 @@ async fn allocated(
     claims: &Api<ResourceClaim>,
     claim: &str,
 ) -> anyhow::Result<Vec<(String, String, String)>> {
-    let claim = claims.get(claim).await?;
-    Ok(claim
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results)
-        .unwrap_or_default()
+    Ok(gkm_testenv::allocated_devices(claims, claim)
+        .await?
         .into_iter()
-        .map(|r| (r.driver, r.pool, r.device))
+        .map(|d| (d.driver, d.pool, d.device))
         .collect())
 }
 
