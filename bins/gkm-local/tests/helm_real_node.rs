@@ -268,9 +268,14 @@ async fn the_chart_installs_upgrades_and_uninstalls_on_a_real_node() -> anyhow::
         "{:?}",
         cache.metadata.managed_fields
     );
-    let report = Api::<GKMCacheNode>::namespaced(client.clone(), "team")
-        .get(NODE)
-        .await?;
+    // The agent writes its report after the pass that extracted the
+    // cache, which the workload may have read already.
+    let reports = Api::<GKMCacheNode>::namespaced(client.clone(), "team");
+    let report = eventually("the agent's report of the node", TIMEOUT, || {
+        let reports = reports.clone();
+        async move { Ok(reports.get_opt(NODE).await?) }
+    })
+    .await?;
     assert_eq!(
         field_managers(&report),
         ["gkm-agent"],
