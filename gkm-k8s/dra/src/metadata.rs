@@ -130,13 +130,7 @@ pub fn claim_metadata(
 ) -> Vec<MetadataFile> {
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let pod_claim_name = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
-        .filter(|n| !n.is_empty())
-        .cloned();
+    let pod_claim_name = pod_claim_name(claim).map(str::to_string);
     // Base request → (request as allocated, devices), in first-seen order.
     let mut requests: Vec<(String, String, Vec<MetadataDevice>)> = Vec::new();
     for (device, request_names) in devices {
@@ -193,6 +187,21 @@ pub fn claim_metadata(
         .collect()
 }
 
+/// The pod's name for `claim` (its [`POD_CLAIM_NAME_ANNOTATION`]), when it
+/// is a DNS-1123 subdomain as the pod's claim names are. Anyone who may
+/// write a claim may write the annotation, and it becomes a directory of a
+/// path in the container: a value that is not a name (`../x`, `a/b`, empty)
+/// is left out, and the file goes under the claim's own name instead.
+pub fn pod_claim_name(claim: &ResourceClaim) -> Option<&str> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
+        .map(String::as_str)
+        .filter(|n| gkm_k8s_node::names::is_dns1123_subdomain(n))
+}
+
 /// `gpu/h100` → `gpu`: a subrequest's request.
 pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(base, _)| base)
@@ -201,6 +210,74 @@ pub fn base_request(request: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim_with_pod_claim_name(value: &str) -> ResourceClaim {
+        let mut claim = ResourceClaim::default();
+        claim.metadata.name = Some("pod-gpu-x7k2p".into());
+        claim.metadata.namespace = Some("ml".into());
+        claim.metadata.annotations = Some(BTreeMap::from([(
+            POD_CLAIM_NAME_ANNOTATION.to_string(),
+            value.to_string(),
+        )]));
+        claim
+    }
+
+    #[test]
+    fn a_pod_claim_name_that_is_not_a_name_never_reaches_a_container_path() {
+        let device = DraDevice {
+            name: "gpu-0".into(),
+            kind: crate::devices::DeviceType::Gpu,
+            attributes: BTreeMap::new(),
+            memory_bytes: None,
+            access: gkm_k8s_devices::resources::Access::Amd { render_minor: None },
+            id: "0000:6e:00.0".into(),
+        };
+        let requests = ["gpu".to_string()];
+        for hostile in [
+            "../../../etc",
+            "..",
+            "a/../../b",
+            "a/b",
+            "/abs",
+            "",
+            "UPPER",
+            "a..b",
+            "name\0",
+        ] {
+            let claim = claim_with_pod_claim_name(hostile);
+            assert_eq!(pod_claim_name(&claim), None, "{hostile:?}");
+            let files = claim_metadata(
+                "uid-1",
+                &claim,
+                "gpu.gkm.io",
+                "node-1",
+                &[(&device, &requests[..])],
+                Path::new("/state/meta"),
+            );
+            assert_eq!(files.len(), 1);
+            assert_eq!(
+                files[0].container_path,
+                format!(
+                    "{CONTAINER_DIR}/resourceclaims/pod-gpu-x7k2p/gpu/gpu.gkm.io-metadata.json"
+                ),
+                "{hostile:?}"
+            );
+            assert_eq!(files[0].document.pod_claim_name, None);
+        }
+        let claim = claim_with_pod_claim_name("gpu");
+        let files = claim_metadata(
+            "uid-1",
+            &claim,
+            "gpu.gkm.io",
+            "node-1",
+            &[(&device, &requests[..])],
+            Path::new("/state/meta"),
+        );
+        assert_eq!(
+            files[0].container_path,
+            format!("{CONTAINER_DIR}/resourceclaimtemplates/gpu/gpu/gpu.gkm.io-metadata.json")
+        );
+    }
 
     #[test]
     fn subrequests_share_their_request_file() {
