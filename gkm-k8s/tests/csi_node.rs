@@ -69,7 +69,9 @@ fn pod_uid(pod: &str) -> String {
 const CUBIN: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ/add_kernel.cubin";
 
 /// A publish request as the kubelet sends it for an inline volume of pod
-/// `pod` in namespace `ml`, with `attrs` as the volume attributes.
+/// `pod` in namespace `ml` mounted `readOnly: true`, with `attrs` as the
+/// volume attributes. (A volume not mounted read-only is writable
+/// copy-on-write: `csi_writable.rs`.)
 fn publish_request(
     volume_id: &str,
     target: &Path,
@@ -98,6 +100,7 @@ fn publish_request(
             }),
         }),
         volume_context: ctx,
+        readonly: true,
         ..Default::default()
     }
 }
@@ -207,7 +210,16 @@ async fn identity_and_node_info() {
         .await
         .expect("node caps")
         .into_inner();
-    assert!(caps.capabilities.is_empty(), "no staging: {caps:?}");
+    // Only VOLUME_MOUNT_GROUP: the kubelet passes the pod's fsGroup and
+    // changes no ownership itself; no staging.
+    use gkm_k8s_kubelet::proto::csi::node_service_capability::{Rpc, Type, rpc};
+    let types: Vec<Option<Type>> = caps.capabilities.into_iter().map(|c| c.r#type).collect();
+    assert_eq!(
+        types,
+        [Some(Type::Rpc(Rpc {
+            r#type: rpc::Type::VolumeMountGroup as i32
+        }))]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -595,9 +607,9 @@ impl Drop for DetachAll {
 
 /// The driver in its container and the kubelet on the host share the pods
 /// directory through `Bidirectional` propagation: two views of one peer
-/// group. The copy of a published cache that reaches the kubelet's view is
-/// read-only too, and stays so when the container runtime binds it into a
-/// pod that did not ask for `readOnly` and remounts that bind `rw`. A
+/// group. The copy of a cache published read-only that reaches the
+/// kubelet's view is read-only too, and stays so when the container runtime
+/// binds it into a container and remounts that bind `rw`. A
 /// driver that remounted a bind read-only after attaching it gave the
 /// kubelet a writable copy of the node store, and a read-only bind alone is
 /// made writable by the runtime's remount.

@@ -125,6 +125,7 @@ mod tests {
                 name: "infer-0".into(),
                 uid: uid.map(str::to_string),
             },
+            view: crate::volume::View::ReadOnly,
         }
     }
 

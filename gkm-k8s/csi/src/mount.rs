@@ -1,5 +1,6 @@
 //! Read-only views of a tree that stay read-only wherever their mount is
-//! copied, and finding what is mounted where (read from
+//! copied, writable copy-on-write views whose writes go to a private upper
+//! layer ([`mount_writable_view`]), and finding what is mounted where (read from
 //! `/proc/self/mountinfo` with [`gkm_k8s_node::mountinfo`]).
 
 use std::fs;
@@ -261,6 +262,130 @@ pub fn mount_read_only_view(
 /// Whether `mount` is the read-only view named `name`.
 pub fn is_view(mount: &MountInfo, name: &str) -> bool {
     mount.fs_type == "overlay" && mount.source == name && mount.is_read_only()
+}
+
+/// Whether `mount` is the writable view named `name`.
+pub fn is_writable_view(mount: &MountInfo, name: &str) -> bool {
+    mount.fs_type == "overlay" && mount.source == name && !mount.is_read_only()
+}
+
+/// Mounts a writable, copy-on-write view of the directory `tree` (a path
+/// that names it, such as [`CacheTree::mount_source`]) at `target`, named
+/// `name`: an overlay whose only lower layer is `tree`, never written, and
+/// whose upper and work directories are `upper`'s, private to this view.
+///
+/// The options are pinned, whatever the kernel's defaults: `index=off`,
+/// `metacopy=off` (a changed file is copied up whole, so the upper alone
+/// holds everything the pod wrote), `redirect_dir=off` (a renamed lower
+/// directory is copied, not redirected), `xino=off` (upper and lower are on
+/// different filesystems, see [`crate::upper`]); `userxattr` is not set (the
+/// driver is privileged, the overlay keeps its attributes in `trusted.*`).
+/// The mount is `nosuid`, `nodev`.
+///
+/// With `group` (the pod's fsGroup), every directory of `tree` is made
+/// `root:group`, mode `2775`, in the view before it is attached, so that a
+/// pod running as any user of that group writes anywhere in it: each such
+/// change copies the directory (not its files) up. The store's files stay
+/// `0644 root` in the view: a pod replaces one (unlink, create, rename in a
+/// directory it writes), it does not write into it. Returns how many
+/// directories were made writable.
+///
+/// Like [`mount_read_only_view`], the view is made detached and attached
+/// whole: nothing is mounted at `target` but the finished view.
+pub fn mount_writable_view(
+    tree: &Path,
+    upper: &crate::upper::Upper,
+    group: Option<u32>,
+    name: &str,
+    target: &Path,
+) -> io::Result<usize> {
+    use rustix::mount::{
+        FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, fsconfig_create,
+        fsconfig_set_string, fsmount, fsopen, move_mount,
+    };
+    let tree = OpenDir::open(tree)?;
+    let upper_dir = OpenDir::open(&upper.upper())?;
+    let work_dir = OpenDir::open(&upper.work())?;
+    let what = |step: &str| {
+        format!(
+            "mounting the writable view {name} at {} ({step})",
+            target.display()
+        )
+    };
+    let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(|e| context(e, what("fsopen overlay: is overlayfs available?")))?;
+    let lower = tree.source().display().to_string();
+    let upper_path = upper_dir.source().display().to_string();
+    let work_path = work_dir.source().display().to_string();
+    for (key, value) in [
+        ("source", name),
+        ("lowerdir", lower.as_str()),
+        ("upperdir", upper_path.as_str()),
+        ("workdir", work_path.as_str()),
+        ("index", "off"),
+        ("metacopy", "off"),
+        ("redirect_dir", "off"),
+        ("xino", "off"),
+    ] {
+        fsconfig_set_string(&fs, key, value)
+            .map_err(|e| context(e, what(&format!("{key}={value}"))))?;
+    }
+    fsconfig_create(&fs).map_err(|e| context(e, what("creating the overlay")))?;
+    let attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+    let view = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
+        .map_err(|e| context(e, what("fsmount")))?;
+    let made_writable = match group {
+        Some(gid) => open_directories_to_group(&tree.source(), &view, gid).map_err(|e| {
+            io::Error::new(e.kind(), what(&format!("directories for group {gid}: {e}")))
+        })?,
+        None => 0,
+    };
+    move_mount(
+        &view,
+        c"",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| context(e, what("move_mount")))?;
+    Ok(made_writable)
+}
+
+/// Makes every directory below the lower tree `lower` (not the root, which
+/// is the upper's own) `root:gid`, mode [`crate::upper::GROUP_WRITABLE_DIR`],
+/// in the detached view `view`; how many. Only directories are walked and
+/// changed, no symbolic link is followed.
+fn open_directories_to_group(
+    lower: &Path,
+    view: &std::os::fd::OwnedFd,
+    gid: u32,
+) -> io::Result<usize> {
+    use rustix::fs::{AtFlags, Gid, Mode, Uid, chmodat, chownat};
+    let mode = Mode::from_raw_mode(crate::upper::GROUP_WRITABLE_DIR as rustix::fs::RawMode);
+    let mut pending = vec![PathBuf::new()];
+    let mut changed = 0;
+    while let Some(rel) = pending.pop() {
+        for entry in fs::read_dir(lower.join(&rel))? {
+            let entry = entry?;
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            let rel = rel.join(entry.file_name());
+            chownat(
+                view,
+                &rel,
+                Some(Uid::ROOT),
+                Some(Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| context(e, format!("chown {}", rel.display())))?;
+            chmodat(view, &rel, mode, AtFlags::empty())
+                .map_err(|e| context(e, format!("chmod {}", rel.display())))?;
+            changed += 1;
+            pending.push(rel);
+        }
+    }
+    Ok(changed)
 }
 
 /// Bind-mounts `source` onto `target`, with the flags `source`'s mount has

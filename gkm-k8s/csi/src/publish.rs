@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use tonic::Status;
 
 use crate::access::{check_pod, check_workload_namespace};
-use crate::volume::PublishRequest;
+use crate::volume::{PublishRequest, View};
 
 /// The store entry of the digest the agent decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +46,8 @@ pub struct TargetMount {
     pub root: PathBuf,
     /// Whether it is read-only.
     pub read_only: bool,
-    /// Whether it is the cache tree this publish would mount.
+    /// Whether it is the view this publish would mount: the read-only view
+    /// of the digest, or the writable view of the digest for this volume.
     pub ours: bool,
 }
 
@@ -84,7 +85,7 @@ pub struct Observed {
 pub enum Decision {
     /// Published already: only make sure the record is there.
     AlreadyPublished(MountRecord),
-    /// Record, then bind-mount the cache tree read-only at the target.
+    /// Record, then mount the view the request asks for at the target.
     Mount(MountRecord),
 }
 
@@ -168,11 +169,9 @@ pub fn decide(
     };
     match &observed.at_target {
         None => Ok(Decision::Mount(record)),
-        Some(existing) if existing.ours && existing.read_only => {
-            Ok(Decision::AlreadyPublished(record))
-        }
+        Some(existing) if existing.ours => Ok(Decision::AlreadyPublished(record)),
         Some(existing) => Err(Status::failed_precondition(format!(
-            "target path {} is already a mount point ({} {}{}), not the read-only {what}",
+            "target path {} is already a mount point ({} {}{}), not the {} view of {what}",
             req.target_path.display(),
             existing.fs_type,
             existing.root.display(),
@@ -180,6 +179,10 @@ pub fn decide(
                 ", read-only"
             } else {
                 ""
+            },
+            match req.view {
+                View::ReadOnly => "read-only",
+                View::Writable { .. } => "writable",
             },
         ))),
     }
@@ -205,6 +208,7 @@ mod tests {
                 name: "infer-0".into(),
                 uid: Some("0c1d".into()),
             },
+            view: View::ReadOnly,
         }
     }
 
@@ -335,7 +339,7 @@ mod tests {
                     ..observed(Some(Delivery::deliverable(digest())))
                 },
                 Code::FailedPrecondition,
-                "is already a mount point (tmpfs /), not the read-only",
+                "is already a mount point (tmpfs /), not the read-only view of",
             ),
             (
                 Observed {
@@ -343,12 +347,13 @@ mod tests {
                         fs_type: "ext4".into(),
                         root: "/store".into(),
                         read_only: false,
-                        ours: true,
+                        // A writable mount is never the read-only view.
+                        ours: false,
                     }),
                     ..observed(Some(Delivery::deliverable(digest())))
                 },
                 Code::FailedPrecondition,
-                "is already a mount point (ext4 /store), not the read-only",
+                "is already a mount point (ext4 /store), not the read-only view of",
             ),
         ];
         for (observed, code, says) in refusals {

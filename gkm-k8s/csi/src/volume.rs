@@ -8,6 +8,7 @@ use tonic::Status;
 
 use crate::proto::NodePublishVolumeRequest;
 use crate::proto::volume_capability::AccessType;
+use crate::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
 use crate::{
     ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE,
     CTX_POD_UID,
@@ -15,6 +16,7 @@ use crate::{
 use gkm_core::CacheKey;
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
+use gkm_k8s_node::volume::ATTR_WRITABLE_MAX_BYTES;
 
 /// A checked publish request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,25 @@ pub struct PublishRequest {
     pub cache: CacheKey,
     /// The pod asking.
     pub pod: PodRef,
+    /// The view the pod gets.
+    pub view: View,
+}
+
+/// The view of the cache a publish mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// The request asked for a read-only volume (the pod's `readOnly:
+    /// true`): the read-only view, no upper layer.
+    ReadOnly,
+    /// Copy-on-write: the store's tree under a private, bounded upper layer
+    /// ([`crate::upper`]).
+    Writable {
+        /// The pod's fsGroup (`volume_mount_group`), which may write
+        /// anywhere in the view; without one only root may.
+        group: Option<u32>,
+        /// The upper layer's bound, in bytes.
+        max_bytes: u64,
+    },
 }
 
 /// A required, non-empty string field.
@@ -168,12 +189,59 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
         }
     };
     check_key(&cache).map_err(|e| Status::invalid_argument(format!("volume attributes: {e}")))?;
+    let view = parse_view(req)?;
+    if matches!(view, View::Writable { .. }) && !crate::upper::is_upper_name(&volume_id) {
+        return Err(Status::invalid_argument(format!(
+            "volume_id {volume_id:?} cannot name the writable volume's upper directory \
+             (letters, digits, '-', '_', '.'; at most 128)"
+        )));
+    }
     Ok(PublishRequest {
         volume_id,
         target_path,
         cache,
         pod,
+        view,
     })
+}
+
+/// The view `req` asks for: read-only when the request says `readonly`,
+/// else writable, for the request's `volume_mount_group` (the pod's
+/// fsGroup, a number), bounded to [`WRITABLE_MAX_BYTES`] or the less the
+/// volume's [`ATTR_WRITABLE_MAX_BYTES`] asks for.
+fn parse_view(req: &NodePublishVolumeRequest) -> Result<View, Status> {
+    if req.readonly {
+        return Ok(View::ReadOnly);
+    }
+    let group = match req
+        .volume_capability
+        .as_ref()
+        .and_then(|c| c.access_type.as_ref())
+    {
+        Some(AccessType::Mount(mount)) if !mount.volume_mount_group.is_empty() => {
+            let text = &mount.volume_mount_group;
+            Some(text.parse::<u32>().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "volume_mount_group {text:?} is not a group id (the pod's fsGroup)"
+                ))
+            })?)
+        }
+        _ => None,
+    };
+    let max_bytes = match get(&req.volume_context, ATTR_WRITABLE_MAX_BYTES) {
+        None => WRITABLE_MAX_BYTES,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{ATTR_WRITABLE_MAX_BYTES} {text:?} is not a number of bytes"
+                ))
+            })?
+            .min(WRITABLE_MAX_BYTES_LIMIT),
+    };
+    Ok(View::Writable { group, max_bytes })
 }
 
 /// A non-empty value of `key`.
@@ -253,6 +321,74 @@ mod tests {
     fn cluster_cache() {
         let p = parse_publish(&with(&[(ATTR_CLUSTER_CACHE, "vector-add")])).expect("ok");
         assert_eq!(p.cache, CacheKey::cluster("vector-add"));
+    }
+
+    #[test]
+    fn a_volume_not_asked_read_only_is_writable_for_the_pods_fs_group() {
+        let cache = [(ATTR_CACHE, "vector-add")];
+        let mut read_only = with(&cache);
+        read_only.readonly = true;
+        assert_eq!(parse_publish(&read_only).expect("ok").view, View::ReadOnly);
+        assert_eq!(
+            parse_publish(&with(&cache)).expect("ok").view,
+            View::Writable {
+                group: None,
+                max_bytes: WRITABLE_MAX_BYTES
+            }
+        );
+        let mut grouped = with(&[
+            (ATTR_CACHE, "vector-add"),
+            (ATTR_WRITABLE_MAX_BYTES, "4096"),
+        ]);
+        grouped.volume_capability = Some(VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                volume_mount_group: "1000".into(),
+                ..Default::default()
+            })),
+            access_mode: None,
+        });
+        assert_eq!(
+            parse_publish(&grouped).expect("ok").view,
+            View::Writable {
+                group: Some(1000),
+                max_bytes: 4096
+            }
+        );
+        let huge = with(&[
+            (ATTR_CACHE, "c"),
+            (ATTR_WRITABLE_MAX_BYTES, "99999999999999"),
+        ]);
+        assert_eq!(
+            parse_publish(&huge).expect("ok").view,
+            View::Writable {
+                group: None,
+                max_bytes: WRITABLE_MAX_BYTES_LIMIT
+            }
+        );
+        assert!(
+            refusal(&with(&[
+                (ATTR_CACHE, "c"),
+                (ATTR_WRITABLE_MAX_BYTES, "1GiB")
+            ]))
+            .contains("not a number of bytes")
+        );
+        let mut bad_group = grouped.clone();
+        if let Some(AccessType::Mount(m)) = bad_group
+            .volume_capability
+            .as_mut()
+            .and_then(|c| c.access_type.as_mut())
+        {
+            m.volume_mount_group = "staff".into();
+        }
+        assert!(refusal(&bad_group).contains("not a group id"));
+        let mut odd_id = with(&cache);
+        odd_id.volume_id = "../x".into();
+        assert!(refusal(&odd_id).contains("cannot name the writable volume's upper"));
+        odd_id.readonly = true;
+        assert!(
+            parse_publish(&odd_id).is_ok(),
+            "a read-only view has no upper"
+        );
     }
 
     #[test]

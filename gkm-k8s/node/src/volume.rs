@@ -21,6 +21,10 @@ pub const ATTR_CAPTURED_POD: &str = "csi.gkm.io/capturedPodUID";
 /// The volume attribute lowering the bound of a workload's capture volume
 /// (bytes; the driver's own bound is the most it may be).
 pub const ATTR_CAPTURE_MAX_BYTES: &str = "csi.gkm.io/captureMaxBytes";
+/// The volume attribute lowering the bound of a writable cache volume's
+/// private upper layer (bytes; the driver's own bound is the most it may
+/// be). A volume the pod mounts `readOnly` has no upper layer.
+pub const ATTR_WRITABLE_MAX_BYTES: &str = "csi.gkm.io/writableMaxBytes";
 /// The kubelet's marker of an inline ephemeral volume (`"true"`).
 pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 /// The pod's namespace, as the kubelet passes it.
