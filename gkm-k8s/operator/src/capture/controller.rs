@@ -1,11 +1,13 @@
 //! Thin glue: the capture controller carries out [`decide`]'s decisions.
 //!
-//! It watches `GKMCacheCapture`s, the ended pods (a field selector on
-//! their phase: running pods are never watched) whose `csi.gkm.io` volumes
-//! name a capture, and the capture Jobs it made (by [`CAPTURE_LABEL`]).
-//! While a capture Job runs, it reads the Job's pod and its events every
+//! It watches `GKMCacheCapture`s, the ended pods whose `csi.gkm.io`
+//! volumes name a capture in the namespaces with a capture under way (see
+//! [`workloads`](super::workloads) for why and how that stays small), and
+//! the capture Jobs it made (by [`CAPTURE_LABEL`]). While a capture Job
+//! runs, it reads the Job's pod and its events every
 //! [`CaptureControllerOptions::poll`] (a pod blocked on a missing Secret
-//! changes nothing the watches see). It writes a capture's status only
+//! changes nothing the watches see); the Job's pod is only one the Job
+//! controls ([`job_pod`]), never one that merely carries its labels. It writes a capture's status only
 //! when it changed, stamping `lastTransition` when the phase, the Job or
 //! the attempt changed, and points the `GKMCache` a complete capture names
 //! at the pushed digest.
@@ -17,28 +19,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
 use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
-use super::observe::{captures_named, is_transition, job_state, workload};
+use super::observe::{is_transition, job_pod, job_state, namespaces_under_way};
+use super::workloads::Workloads;
 use crate::error::{Error, Result};
 use crate::metrics::{ControllerKind, Metrics};
 use crate::names::CAPTURE_FIELD_MANAGER;
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 
-/// Pods that ended: the only workload pods a capture acts on.
-const ENDED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
+/// How often the watched namespaces are brought in line with the captures
+/// under way besides each reconcile (a deleted capture wakes none).
+const NAMESPACES_RESYNC: Duration = Duration::from_secs(30);
 
 /// How the capture controller runs.
 #[derive(Debug, Clone)]
@@ -60,52 +63,54 @@ impl CaptureControllerOptions {
 struct Context {
     client: Client,
     options: CaptureControllerOptions,
-    ended_pods: Store<Pod>,
+    captures: Store<GKMCacheCapture>,
+    workloads: Workloads,
+}
+
+impl Context {
+    /// Watches the ended pods of exactly the namespaces with a capture
+    /// under way.
+    fn sync_namespaces(&self) {
+        let captures = self.captures.state();
+        self.workloads
+            .watch_only(&namespaces_under_way(captures.iter().map(|c| &**c)));
+    }
 }
 
 /// Runs the capture controller until the process is asked to stop,
 /// recording its reconciles in `metrics`.
 pub async fn run(client: Client, options: CaptureControllerOptions, metrics: Arc<Metrics>) {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let (ended_pods, writer) = reflector::store();
-    let workloads_changed = reflector::reflector(
-        writer,
-        watcher(pods, watcher::Config::default().fields(ENDED_PODS)).default_backoff(),
-    )
-    .touched_objects()
-    .filter_map(|pod| async move {
-        match pod {
-            Ok(pod) => Some(pod),
-            Err(e) => {
-                warn!(error = %e, "watching ended pods for captures");
-                None
-            }
-        }
-    })
-    .flat_map(|pod| {
-        let namespace = pod.namespace().unwrap_or_default();
-        futures::stream::iter(
-            captures_named(&pod)
-                .into_iter()
-                .map(move |name| ObjectRef::<GKMCacheCapture>::new(&name).within(&namespace)),
-        )
-    });
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        options,
-        ended_pods,
-    });
+    let (workloads, workloads_changed) = Workloads::new(client.clone());
     let controller = Controller::new(
         Api::<GKMCacheCapture>::all(client.clone()),
         watcher::Config::default(),
     )
     .owns(
-        Api::<Job>::all(client),
+        Api::<Job>::all(client.clone()),
         watcher::Config::default().labels(CAPTURE_LABEL),
     )
     .reconcile_on(workloads_changed)
     .shutdown_on_signal();
-    crate::runner::run(controller, ControllerKind::Capture, metrics, ctx, reconcile).await;
+    let ctx = Arc::new(Context {
+        client,
+        options,
+        captures: controller.store(),
+        workloads,
+    });
+    let resync = {
+        let ctx = ctx.clone();
+        async move {
+            let mut every = tokio::time::interval(NAMESPACES_RESYNC);
+            loop {
+                every.tick().await;
+                ctx.sync_namespaces();
+            }
+        }
+    };
+    tokio::select! {
+        () = crate::runner::run(controller, ControllerKind::Capture, metrics, ctx, reconcile) => {}
+        () = resync => {}
+    }
 }
 
 async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Requeue> {
@@ -123,6 +128,7 @@ async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Re
     else {
         return Ok(Requeue::await_change());
     };
+    ctx.sync_namespaces();
     let status = capture.status.clone().unwrap_or_default();
     let observed = observe(&ctx, &namespace, &name, &status).await?;
     let decision = decide(&name, &status, &observed, &ctx.options.retry);
@@ -154,14 +160,7 @@ async fn observe(
     name: &str,
     status: &CaptureStatus,
 ) -> Result<Observed> {
-    let workloads = ctx
-        .ended_pods
-        .state()
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(namespace))
-        .filter(|p| captures_named(p).iter().any(|c| c == name))
-        .filter_map(|p| workload(p))
-        .collect();
+    let workloads = ctx.workloads.named(namespace, name);
     let job = match (&status.job, status.phase.is_final()) {
         (Some(job), false) => job_observed(&ctx.client, namespace, job).await?,
         _ => None,
@@ -189,11 +188,12 @@ async fn job_observed(client: &Client, namespace: &str, name: &str) -> Result<Op
     else {
         return Ok(None);
     };
+    let job_uid = job.metadata.uid.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let listed = pods
         .list(&ListParams::default().labels(&format!("job-name={name}")))
         .await?;
-    let Some(pod) = listed.items.first() else {
+    let Some(pod) = job_pod(&listed.items, &job_uid) else {
         let failed = job
             .status
             .and_then(|s| s.failed)
@@ -230,21 +230,13 @@ async fn carry_out(
     match &decision.action {
         Action::CreateJob(name) => {
             let pod_name = decision.status.pod.as_deref().unwrap_or_default();
-            let pod = ctx
-                .ended_pods
-                .get(&ObjectRef::new(pod_name).within(namespace))
-                .ok_or_else(|| {
-                    Error::NotWatched(format!("the workload pod {namespace}/{pod_name}"))
-                })?;
-            let tolerations = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.tolerations.clone())
-                .unwrap_or_default();
+            let pod = ctx.workloads.get(namespace, pod_name).ok_or_else(|| {
+                Error::NotWatched(format!("the workload pod {namespace}/{pod_name}"))
+            })?;
             let captured = CapturedPod {
-                uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+                uid: &pod.workload.uid,
                 node: decision.status.node.as_deref().unwrap_or_default(),
-                tolerations: serde_json::to_value(tolerations)?,
+                tolerations: serde_json::to_value(&pod.tolerations)?,
             };
             let made = job(capture, name, &captured, &ctx.options.job).ok_or_else(|| {
                 Error::InvalidSpec(format!(

@@ -5,8 +5,9 @@
 //!
 //! - `Pending`: waiting for a workload pod that mounted the capture volume
 //!   to end. One that succeeded is captured (a Job in the capture's
-//!   namespace, pinned to its node: `Capturing`); one that failed fails the
-//!   capture (`WorkloadFailed`: its cache may be partial).
+//!   namespace, pinned to its node: `Capturing`), the first by uid
+//!   ([`captured_workload`]); one that failed, with none succeeded, fails
+//!   the capture (`WorkloadFailed`: its cache may be partial).
 //! - `Capturing`: the Job runs `gkm capture`; its termination message is the
 //!   outcome. Captured: `Complete`, with the digest. A registry failure is
 //!   retried with exponential backoff up to a number of attempts, then
@@ -191,14 +192,23 @@ pub fn decide(name: &str, status: &CaptureStatus, observed: &Observed, retry: &R
     }
 }
 
-fn pending(name: &str, status: &CaptureStatus, observed: &Observed) -> Decision {
-    let mut ended: Vec<&Workload> = observed
-        .workloads
+/// The workload a capture acts on, among those that ended on a node: the
+/// first by uid that succeeded (its tree is captured), else the first by
+/// uid that failed (it fails the capture). The apiserver gives the uid, so
+/// no pod creator chooses where its pod sorts, as it would with a name; and
+/// a failed pod does not fail a capture whose succeeded workload is seen.
+pub fn captured_workload(workloads: &[Workload]) -> Option<&Workload> {
+    workloads
         .iter()
         .filter(|w| w.state != WorkloadState::Running && w.node.is_some())
-        .collect();
-    ended.sort_by(|a, b| a.name.cmp(&b.name));
-    let Some(workload) = ended.first() else {
+        .min_by(|a, b| {
+            let key = |w: &&Workload| (w.state != WorkloadState::Succeeded, w.uid.clone());
+            key(a).cmp(&key(b))
+        })
+}
+
+fn pending(name: &str, status: &CaptureStatus, observed: &Observed) -> Decision {
+    let Some(workload) = captured_workload(&observed.workloads) else {
         return to(status.clone(), Action::None);
     };
     let mut next = status.clone();
@@ -349,6 +359,38 @@ mod tests {
         assert_eq!(d.status.pod.as_deref(), Some("w"));
         assert_eq!(d.action, Action::CreateJob(job_name("warm", 1)));
         assert!(!d.release_tree);
+    }
+
+    #[test]
+    fn the_first_succeeded_workload_by_uid_is_captured_whatever_the_names() {
+        let named = |name: &str, uid: &str, state| Workload {
+            uid: uid.into(),
+            ..workload(name, state)
+        };
+        let workloads = vec![
+            named("a-failed", "uid-1", WorkloadState::Failed),
+            named("b-running", "uid-0", WorkloadState::Running),
+            named("c-later", "uid-3", WorkloadState::Succeeded),
+            named("z-first", "uid-2", WorkloadState::Succeeded),
+            Workload {
+                node: None,
+                ..named("unscheduled", "uid-00", WorkloadState::Succeeded)
+            },
+        ];
+        let chosen = captured_workload(&workloads).expect("a workload");
+        assert_eq!(chosen.name, "z-first");
+        let d = step(&CaptureStatus::default(), &observed(workloads, None));
+        assert_eq!(d.status.phase, CapturePhase::Capturing);
+        assert_eq!(d.status.pod.as_deref(), Some("z-first"));
+        let failed_only = vec![
+            named("b", "uid-5", WorkloadState::Failed),
+            named("a", "uid-4", WorkloadState::Failed),
+        ];
+        assert_eq!(
+            captured_workload(&failed_only).map(|w| w.name.as_str()),
+            Some("a")
+        );
+        assert!(captured_workload(&[named("r", "u", WorkloadState::Running)]).is_none());
     }
 
     #[test]

@@ -16,5 +16,6 @@ mod controller;
 pub mod decide;
 pub mod job;
 mod observe;
+mod workloads;
 
 pub use controller::{CaptureControllerOptions, run};

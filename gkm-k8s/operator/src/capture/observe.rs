@@ -1,11 +1,14 @@
 //! Reading the cluster into [`decide`](super::decide)'s terms, pure: which
-//! captures a pod's volumes name, a workload pod's state, what a capture
-//! Job's pod shows, and when a status changed enough to stamp its
-//! transition time.
+//! captures a pod's volumes name, what the controller keeps of an ended
+//! workload pod, which namespaces' pods it watches, which pod is a capture
+//! Job's own and what it shows, and when a status changed enough to stamp
+//! its transition time.
 
-use gkm_k8s_api::crd::CaptureStatus;
+use std::collections::BTreeSet;
+
+use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 
 use super::decide::{JobState, Outcome, Workload, WorkloadState};
 
@@ -42,6 +45,71 @@ pub fn workload(pod: &Pod) -> Option<Workload> {
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         state,
     })
+}
+
+/// What the controller keeps of an ended pod whose volumes name a capture:
+/// what [`decide`](super::decide::decide) needs and the tolerations its
+/// capture Job copies. The pod itself (its annotations, its status) is
+/// dropped once read, so what the controller holds does not grow with the
+/// size of the pods it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedPod {
+    /// The pod, as `decide` sees it.
+    pub workload: Workload,
+    /// The captures its volumes name (see [`captures_named`]).
+    pub captures: Vec<String>,
+    /// Its tolerations.
+    pub tolerations: Vec<Toleration>,
+}
+
+/// What the controller keeps of `pod`; `None` when it names no capture or
+/// has no name or uid.
+pub fn ended_pod(pod: &Pod) -> Option<EndedPod> {
+    let captures = captures_named(pod);
+    if captures.is_empty() {
+        return None;
+    }
+    Some(EndedPod {
+        workload: workload(pod)?,
+        captures,
+        tolerations: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default(),
+    })
+}
+
+/// The namespaces whose ended pods the controller watches: those holding a
+/// capture that is not over (a workload to wait for, or a Job to make again
+/// from its workload's tolerations).
+pub fn namespaces_under_way<'a>(
+    captures: impl IntoIterator<Item = &'a GKMCacheCapture>,
+) -> BTreeSet<String> {
+    captures
+        .into_iter()
+        .filter(|c| !c.status.as_ref().is_some_and(|s| s.phase.is_final()))
+        .filter_map(|c| c.metadata.namespace.clone())
+        .collect()
+}
+
+/// The capture Job's own pod among `pods` (listed by the Job's label): one
+/// whose controller is the Job of uid `job_uid`, the first by name. Anyone
+/// who may create pods in the namespace can give a pod the Job's labels
+/// and a terminated container's message; only the Job controller makes the
+/// pods the Job owns.
+pub fn job_pod<'a>(pods: &'a [Pod], job_uid: &str) -> Option<&'a Pod> {
+    let owned = |pod: &&Pod| {
+        pod.metadata.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true)
+                && o.api_version == "batch/v1"
+                && o.kind == "Job"
+                && o.uid == job_uid
+        })
+    };
+    pods.iter()
+        .filter(owned)
+        .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
 }
 
 /// What the capture Job's pod shows: its outcome once its container ended
@@ -120,6 +188,74 @@ mod tests {
                     "volumeAttributes": {ATTR_CAPTURE: "warm", ATTR_CAPTURED_POD: "u1"}}}]},
         }));
         assert!(captures_named(&reader).is_empty());
+    }
+
+    #[test]
+    fn only_an_ended_pod_naming_a_capture_is_kept_and_without_its_bulk() {
+        let named = pod(json!({
+            "metadata": {"name": "w", "uid": "u1", "namespace": "ns",
+                         "annotations": {"big": "x".repeat(1024)}},
+            "spec": {"nodeName": "n", "containers": [],
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                "volumes": [{"name": "a", "csi": {"driver": "csi.gkm.io",
+                    "volumeAttributes": {ATTR_CAPTURE: "warm"}}}]},
+            "status": {"phase": "Succeeded"},
+        }));
+        let kept = ended_pod(&named).expect("kept");
+        assert_eq!(kept.captures, vec!["warm".to_string()]);
+        assert_eq!(kept.workload.uid, "u1");
+        assert_eq!(kept.tolerations.len(), 1);
+        let other = pod(json!({
+            "metadata": {"name": "o", "uid": "u2"},
+            "spec": {"containers": []},
+            "status": {"phase": "Succeeded"},
+        }));
+        assert_eq!(ended_pod(&other), None);
+    }
+
+    #[test]
+    fn only_namespaces_with_a_capture_under_way_are_watched() {
+        let capture = |ns: &str, phase: Option<&str>| -> GKMCacheCapture {
+            let mut value = json!({
+                "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+                "metadata": {"name": "c", "namespace": ns},
+                "spec": {"targetImage": "r/i:v1", "signing": {"secretName": "s"}},
+            });
+            if let Some(phase) = phase {
+                value["status"] = json!({"phase": phase});
+            }
+            serde_json::from_value(value).expect("a capture")
+        };
+        let captures = [
+            capture("new", None),
+            capture("pending", Some("Pending")),
+            capture("capturing", Some("Capturing")),
+            capture("done", Some("Complete")),
+            capture("failed", Some("Failed")),
+        ];
+        let watched: Vec<String> = namespaces_under_way(&captures).into_iter().collect();
+        assert_eq!(watched, ["capturing", "new", "pending"]);
+    }
+
+    #[test]
+    fn only_a_pod_the_job_controls_is_the_jobs_pod() {
+        let owned_by = |name: &str, uid: &str, controller: bool| {
+            pod(json!({
+                "metadata": {"name": name, "labels": {"job-name": "capture-warm-1"},
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                        "name": "capture-warm-1", "uid": uid, "controller": controller}]},
+            }))
+        };
+        let unowned = pod(json!({
+            "metadata": {"name": "a-forged", "labels": {"job-name": "capture-warm-1"}},
+        }));
+        let other_job = owned_by("b-other", "other-uid", true);
+        let not_controller = owned_by("c-shared", "job-uid", false);
+        let own = owned_by("d-own", "job-uid", true);
+        let pods = [unowned, other_job, not_controller, own];
+        let found = job_pod(&pods, "job-uid").expect("the Job's pod");
+        assert_eq!(found.metadata.name.as_deref(), Some("d-own"));
+        assert!(job_pod(&pods[..3], "job-uid").is_none());
     }
 
     #[test]
