@@ -48,12 +48,14 @@ use crate::gpu::{Arch, Backend};
 mod artefacts;
 mod blob;
 mod files;
+mod group;
 mod kernel;
 mod manifest_json;
 mod triton;
 mod vllm;
 
 pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
+pub use group::{build_path, relocate_group};
 pub use kernel::ptx_isa_version;
 
 /// What produced a cache.
@@ -310,7 +312,7 @@ impl CacheManifest {
     /// # let key = dir.path().join("torch_compile_cache/d4ec7c2a7d/rank_0_0/triton_cache/KEY");
     /// # std::fs::create_dir_all(&key)?;
     /// # std::fs::write(key.join("k.json"), br#"{"hash":"h","target":{"backend":"hip","arch":"gfx90a","warp_size":64}}"#)?;
-    /// # std::fs::write(key.join("__grp__k.json"), b"{}")?;
+    /// # std::fs::write(key.join("__grp__k.json"), br#"{"child_paths": {}}"#)?;
     /// let manifest = gkm_core::cache::scan(dir.path())?;
     /// assert_eq!(manifest.format_label().as_deref(), Some("triton"));
     /// # Ok(()) }
@@ -468,6 +470,17 @@ pub enum CacheError {
         /// What was wrong.
         reason: String,
     },
+    /// A Triton group file names a child that is missing, empty, or
+    /// recorded outside the group's directory: the tree is torn.
+    #[error("{group}: entry {entry}: {reason}")]
+    TornGroup {
+        /// The group file (`__grp__<kernel>.json`).
+        group: PathBuf,
+        /// The child entry, as the group names it.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A kernel's metadata could not be parsed.
     #[error("{path}: invalid kernel metadata: {reason}")]
     BadMetadata {
@@ -504,6 +517,36 @@ pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> 
     vllm::offset_from_root(dir)
 }
 
+/// The path the cache in `dir` was built at, as an image lays it out: the
+/// Triton cache directory (`TRITON_CACHE_DIR`), or a vLLM cache's root
+/// (`VLLM_CACHE_ROOT`) whichever of its directories `dir` is (see
+/// [`vllm_offset_from_root`]). Read from the group files
+/// ([`build_path`]); `None` when the tree holds none. A torn group, or
+/// groups built at different paths, are refused naming the group.
+pub fn tree_build_path(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+    let Some(built) = build_path(dir)? else {
+        return Ok(None);
+    };
+    let Some(offset) = vllm_offset_from_root(dir)? else {
+        return Ok(Some(built));
+    };
+    let depth = offset.components().count();
+    let root = built
+        .ancestors()
+        .nth(depth)
+        .filter(|root| root.join(&offset) == built);
+    root.map(|r| Some(r.to_path_buf()))
+        .ok_or_else(|| CacheError::Invalid {
+            what: "vLLM cache build path",
+            reason: format!(
+                "{} was built at {}, which does not end in {}",
+                dir.display(),
+                built.display(),
+                offset.display()
+            ),
+        })
+}
+
 /// Scan a cache directory (Triton or vLLM) into its manifest.
 ///
 /// See [the layouts](self#layouts-scan-reads). `dir` may be:
@@ -526,7 +569,7 @@ pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> 
 /// std::fs::create_dir(&key)?;
 /// std::fs::write(key.join("add_kernel.json"), br#"{"hash":"edbe","name":"add_kernel",
 ///     "target":{"backend":"cuda","arch":75,"warp_size":32},"num_warps":4,"num_stages":3}"#)?;
-/// std::fs::write(key.join("__grp__add_kernel.json"), b"{}")?;
+/// std::fs::write(key.join("__grp__add_kernel.json"), br#"{"child_paths": {}}"#)?;
 /// std::fs::write(key.join("add_kernel.ptx"), b".version 8.4\n.target sm_75\n")?;
 ///
 /// let manifest = gkm_core::cache::scan(dir.path())?;

@@ -88,6 +88,7 @@ pub fn build_scanned_into_layout(
     compression: Compression,
     extra_labels: &BTreeMap<String, String>,
 ) -> Result<Built> {
+    let build_path = gkm_core::cache::tree_build_path(cache_dir)?;
     let tmp = layout.temp_path();
     let layer = match write_layer(cache_dir, &cache, compression, &tmp) {
         Ok(layer) => layer,
@@ -99,7 +100,12 @@ pub fn build_scanned_into_layout(
     layout.commit_file(&tmp, &layer.digest)?;
 
     let mut labels = extra_labels.clone();
-    labels.extend(cache_labels(title, &cache, layer.cache_size_bytes));
+    labels.extend(cache_labels(
+        title,
+        &cache,
+        layer.cache_size_bytes,
+        build_path.as_deref(),
+    ));
     let hash_labels: HashMap<String, String> = labels.clone().into_iter().collect();
     let config = ImageConfigurationBuilder::default()
         .architecture(Arch::Amd64)
@@ -206,8 +212,18 @@ pub async fn build_with_progress(
             };
             let path = path.clone();
             tokio::task::spawn_blocking(move || {
+                // Scanned first, so that a tree refused leaves no layout.
+                let cache = gkm_core::cache::scan(&cache_dir)?;
                 let layout = Layout::create(&path)?;
-                build_into_layout(&cache_dir, &layout, Some(&tag), &title, compression)
+                build_scanned_into_layout(
+                    &cache_dir,
+                    cache,
+                    &layout,
+                    Some(&tag),
+                    &title,
+                    compression,
+                    &BTreeMap::new(),
+                )
             })
             .await?
         }

@@ -102,7 +102,8 @@ pub struct Captured {
 pub enum FailureReason {
     /// The target is not a registry repository with a tag.
     InvalidTarget,
-    /// The tree broke a safety rule.
+    /// The tree broke a safety rule, or is torn (a Triton group naming a
+    /// missing, empty or misplaced file).
     UnsafeTree,
     /// The tree is not a Triton or vLLM cache.
     NotACache,
@@ -191,7 +192,9 @@ impl CaptureError {
             CaptureError::Image(Error::Cache(
                 CacheError::NotACache { .. } | CacheError::BadMetadata { .. },
             )) => FailureReason::NotACache,
-            CaptureError::Image(Error::Unpackable { .. }) => FailureReason::UnsafeTree,
+            CaptureError::Image(
+                Error::Unpackable { .. } | Error::Cache(CacheError::TornGroup { .. }),
+            ) => FailureReason::UnsafeTree,
             CaptureError::Image(Error::Registry { .. } | Error::NotFound { .. }) => {
                 FailureReason::RegistryError
             }

@@ -1,6 +1,7 @@
 //! The GKM/MCV image format: media types, layer paths and label keys.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use gkm_core::cache::{CacheKind, CacheManifest, Summary, VllmFormat};
 
@@ -79,11 +80,14 @@ impl Compression {
     }
 }
 
-/// The labels (and manifest annotations) of a cache image.
+/// The labels (and manifest annotations) of a cache image. `build_path`
+/// is where the tree was compiled ([`gkm_core::cache::tree_build_path`]),
+/// labelled `<prefix>/build-path` when known.
 pub fn cache_labels(
     title: &str,
     manifest: &CacheManifest,
     cache_size_bytes: u64,
+    build_path: Option<&Path>,
 ) -> BTreeMap<String, String> {
     let layout = KindLayout::of(manifest.kind());
     let mut labels = BTreeMap::new();
@@ -97,9 +101,15 @@ pub fn cache_labels(
     if let Some(format) = manifest.format_label() {
         labels.insert(layout.key("format"), format);
     }
+    if let Some(path) = build_path {
+        labels.insert(layout.key(BUILD_PATH), path.display().to_string());
+    }
     labels.extend(kserve_labels(manifest));
     labels
 }
+
+/// The label (after the kind's prefix) naming where a cache was compiled.
+pub const BUILD_PATH: &str = "build-path";
 
 /// The prefix of the labels that tell KServe's kernel manager how to mount
 /// a vLLM cache.
@@ -167,6 +177,9 @@ pub struct CacheLabels {
     pub summary: Summary,
     /// The vLLM format label, if any.
     pub format: Option<String>,
+    /// Where the tree was compiled (`build-path`), if labelled: the path
+    /// its Triton group files record.
+    pub build_path: Option<String>,
 }
 
 impl CacheLabels {
@@ -203,6 +216,7 @@ impl CacheLabels {
             cache_size_bytes: number("cache-size-bytes")?,
             summary,
             format: labels.get(&layout.key("format")).cloned(),
+            build_path: labels.get(&layout.key(BUILD_PATH)).cloned(),
         })
     }
 }

@@ -46,6 +46,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "entryCount": cache.entry_count,
             "cacheSizeBytes": cache.cache_size_bytes,
             "format": cache.format,
+            "buildPath": cache.build_path,
             "targets": cache.summary.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "summary": cache.summary,
             "layers": image.manifest.layers,
@@ -69,6 +70,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!("Title:       {}", cache.title.as_deref().unwrap_or("-"));
     if let Some(format) = &cache.format {
         println!("Format:      {format}");
+    }
+    if let Some(path) = &cache.build_path {
+        println!("Built at:    {path}");
     }
     println!("Entries:     {}", opt(cache.entry_count));
     println!("Cache size:  {} bytes", opt(cache.cache_size_bytes));

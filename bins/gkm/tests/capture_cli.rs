@@ -207,6 +207,29 @@ fn a_symbolic_link_to_etc_is_refused_before_packing() {
 }
 
 #[test]
+fn a_torn_triton_group_is_refused_before_packing_naming_the_entry() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    let cache = triton_cache(&dir.join("cache"));
+    let cubin = gkm_testenv::tree_files(&cache)
+        .expect("the cache")
+        .into_iter()
+        .map(|(path, _)| path)
+        .find(|p| p.extension().is_some_and(|e| e == "cubin"))
+        .expect("a compiled kernel");
+    std::fs::remove_file(cache.join(&cubin)).expect("remove");
+    let doc = refused(registry, &cache, "capture/torn", &[], 4, dir);
+    assert_eq!(doc["reason"], "UnsafeTree", "{doc}");
+    let message = doc["message"].as_str().expect("message");
+    let name = cubin.file_name().expect("name").to_string_lossy();
+    assert!(
+        message.contains("__grp__") && message.contains(&*name) && message.contains("missing"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_tree_over_the_size_limit_is_refused_before_packing() {
     let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
     let work = tempfile::tempdir().expect("tempdir");

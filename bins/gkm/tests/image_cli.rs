@@ -436,6 +436,64 @@ fn check_a_directory() {
 }
 
 #[test]
+fn a_torn_triton_group_is_refused_by_build_naming_the_entry() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let src = w.join("cache");
+    gkm_testenv::copy_tree(&fixture_cache(FIXTURES[0]), &src).expect("copy");
+    let (group, _) = gkm_testenv::tree_files(&src)
+        .expect("the cache")
+        .into_iter()
+        .find(|(p, _)| p.to_string_lossy().contains("__grp__"))
+        .expect("a group file");
+    let key = src.join(group.parent().expect("a key directory"));
+    let layout_dir = w.join("layout");
+    let build = |what: &str| {
+        let out = gkm(
+            &[
+                "build",
+                &src.display().to_string(),
+                "-t",
+                &format!("oci:{}:torn", layout_dir.display()),
+            ],
+            &[],
+            None,
+        );
+        assert_eq!(out.code, 1, "{what}: {}", out.stderr);
+        assert!(!layout_dir.exists(), "{what}: nothing is written");
+        out.stderr
+    };
+
+    let ptx = key.join("add_kernel.ptx");
+    let kept = std::fs::read(&ptx).expect("ptx");
+    std::fs::remove_file(&ptx).expect("remove");
+    let err = build("a missing child");
+    assert!(
+        err.contains("__grp__add_kernel.json")
+            && err.contains("entry add_kernel.ptx: missing from the tree"),
+        "{err}"
+    );
+
+    std::fs::write(&ptx, b"").expect("truncate");
+    let err = build("an empty child");
+    assert!(err.contains("entry add_kernel.ptx: empty"), "{err}");
+
+    std::fs::write(&ptx, kept).expect("restore");
+    let grp = key.join("__grp__add_kernel.json");
+    let doc = std::fs::read_to_string(&grp).expect("group");
+    std::fs::write(
+        &grp,
+        doc.replace("/add_kernel.ptx\"", "/../../etc/add_kernel.ptx\""),
+    )
+    .expect("write");
+    let err = build("a child recorded outside its directory");
+    assert!(
+        err.contains("entry add_kernel.ptx: recorded at") && err.contains("outside"),
+        "{err}"
+    );
+}
+
+#[test]
 fn exit_codes_and_messages() {
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();

@@ -4,11 +4,9 @@
 use std::path::Path;
 
 use super::files::{files, read_head, subdirs};
+use super::group::{GROUP_PREFIX, check_group, groups_in};
 use super::{CacheEntry, CacheError, ptx_isa_version};
 use crate::gpu::Backend;
-
-/// Prefix of Triton's group files.
-const GROUP_PREFIX: &str = "__grp__";
 
 /// Extensions of the compiled binaries Triton stores next to a kernel's
 /// metadata; one of them marks a `<kernel>.json` as kernel metadata even
@@ -40,9 +38,13 @@ pub(crate) fn scan_root(root: &Path) -> Result<Option<Vec<CacheEntry>>, CacheErr
 }
 
 /// The kernels in one cache-key directory, sorted by name; none for a
-/// directory that holds no kernel metadata.
+/// directory that holds no kernel metadata. A torn group file (see
+/// [`super::group`]) refuses the directory.
 pub(crate) fn scan_key_dir(dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
     let files = files(dir)?;
+    for group in groups_in(dir, &files) {
+        check_group(dir, &group, &files)?;
+    }
     let key = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
