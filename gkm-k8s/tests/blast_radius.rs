@@ -303,6 +303,171 @@ async fn only_the_scheduler_extender_may_set_a_pods_gpu_assignment() -> anyhow::
     Ok(())
 }
 
+#[tokio::test]
+async fn the_scheduler_extenders_identity_may_change_only_a_pods_gpu_assignment()
+-> anyhow::Result<()> {
+    let (_plane, admin) = install(&[
+        "scheduler-extender/rbac.yaml",
+        "policies/gpu-assignment.yaml",
+    ])
+    .await?;
+    let extender = Who::Account("gkm-scheduler-extender");
+    let mut pod = node_pod("extender-scope", json!({"team.example/owner": "ml"}));
+    pod["metadata"]["labels"] = json!({"app": "train"});
+    as_who(&admin, Who::Admin, create(&pods_path(TEAM), &pod)?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("creating the pod was refused: {}", s.message))?;
+    let refused_naming_extender =
+        |what: &str, result: Result<Value, kube::core::Status>| match result {
+            Err(status)
+                if status.code == 403
+                    && status
+                        .message
+                        .contains("gkm-scheduler-extender may change only") => {}
+            other => panic!("{what}: expected the extender-scope policy's refusal, got {other:?}"),
+        };
+
+    // Relabelling the pod (into another Service's selector, say) with the
+    // extender's token: refused once the policy is loaded.
+    let relabel = json!({"metadata": {"labels": {"app": "payments"}}});
+    let got_through = RefCell::new(String::new());
+    eventually(
+        "the extender's identity refused relabelling a pod",
+        Duration::from_secs(20),
+        || async {
+            match as_who(
+                &admin,
+                extender,
+                merge(&pods_path(TEAM), "extender-scope", &relabel)?,
+            )
+            .await?
+            {
+                Err(status)
+                    if status.code == 403
+                        && status
+                            .message
+                            .contains("gkm-scheduler-extender may change only") =>
+                {
+                    Ok(Some(()))
+                }
+                other => {
+                    if other.is_ok() {
+                        let back = json!({"metadata": {"labels": {"app": "train"}}});
+                        as_who(
+                            &admin,
+                            Who::Admin,
+                            merge(&pods_path(TEAM), "extender-scope", &back)?,
+                        )
+                        .await?
+                        .map_err(|s| anyhow::anyhow!("relabelling back: {}", s.message))?;
+                    }
+                    *got_through.borrow_mut() = format!("{other:?}");
+                    Ok(None)
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: it was relabelled: {}", got_through.borrow()))?;
+
+    // What the extender writes at bind: the assignment, by a merge patch.
+    let written = json!({ASSIGNMENT: r#"{"gkm.io/gpu-shares":["GPU-a"]}"#});
+    as_who(
+        &admin,
+        extender,
+        merge(
+            &pods_path(TEAM),
+            "extender-scope",
+            &json!({"metadata": {"annotations": written}}),
+        )?,
+    )
+    .await?
+    .map_err(|s| anyhow::anyhow!("the extender's assignment was refused: {}", s.message))?;
+
+    // Anything else: refused.
+    for (what, patch) in [
+        (
+            "another annotation changed",
+            json!({"metadata": {"annotations": {"team.example/owner": "someone-else"}}}),
+        ),
+        (
+            "an annotation added",
+            json!({"metadata": {"annotations": {"prometheus.io/scrape": "true"}}}),
+        ),
+        (
+            "an annotation removed",
+            json!({"metadata": {"annotations": {"team.example/owner": null}}}),
+        ),
+        (
+            "a label removed",
+            json!({"metadata": {"labels": {"app": null}}}),
+        ),
+        (
+            "a finalizer added",
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+        (
+            "the spec changed",
+            json!({"spec": {"activeDeadlineSeconds": 1}}),
+        ),
+        (
+            "the assignment with another annotation",
+            json!({"metadata": {"annotations": {
+                ASSIGNMENT: r#"{"gkm.io/gpu-shares":["GPU-b"]}"#,
+                "team.example/owner": "someone-else"}}}),
+        ),
+    ] {
+        refused_naming_extender(
+            what,
+            as_who(
+                &admin,
+                extender,
+                merge(&pods_path(TEAM), "extender-scope", &patch)?,
+            )
+            .await?,
+        );
+    }
+
+    // A Binding carrying annotations (copied onto the pod): refused.
+    let mut unbound = node_pod("extender-scope-unbound", json!({}));
+    unbound["spec"]
+        .as_object_mut()
+        .map(|s| s.remove("nodeName"));
+    as_who(&admin, Who::Admin, create(&pods_path(TEAM), &unbound)?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("creating an unbound pod was refused: {}", s.message))?;
+    let mut binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "extender-scope-unbound",
+                     "annotations": {"team.example/owner": "someone-else"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"},
+    });
+    let binding_path = format!("{}/extender-scope-unbound/binding", pods_path(TEAM));
+    refused_naming_extender(
+        "a Binding carrying another annotation",
+        as_who(&admin, extender, create(&binding_path, &binding)?).await?,
+    );
+    // Its own Binding, as it makes them: bound.
+    binding["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("annotations"));
+    as_who(&admin, extender, create(&binding_path, &binding)?)
+        .await?
+        .map_err(|s| anyhow::anyhow!("the extender's Binding was refused: {}", s.message))?;
+
+    let current = Api::<Pod>::namespaced(admin.clone(), TEAM)
+        .get("extender-scope")
+        .await?;
+    let labels = current.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("app").map(String::as_str), Some("train"));
+    let annotations = current.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("team.example/owner").map(String::as_str),
+        Some("ml")
+    );
+    Ok(())
+}
+
 /// Creates (or replaces) Nodes `names`, each labelled `team: a`.
 async fn nodes(admin: &kube::Client, names: &[&str]) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(admin.clone());
@@ -581,8 +746,49 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
         "name": "GKM_REGISTRY_HOSTS",
         "valueFrom": {"secretKeyRef": {"name": "someone-elses", "key": "token"}},
     }]);
+    let mut host_network = fill.clone();
+    host_network["metadata"]["name"] = json!("fill-host-network");
+    host_network["spec"]["template"]["spec"]["hostNetwork"] = json!(true);
+    let mut extra_mount = fill.clone();
+    extra_mount["metadata"]["name"] = json!("fill-extra-mount");
+    extra_mount["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "cache", "mountPath": "/other", "subPath": "other-cache"},
+    ]);
+    let mut sub_path = fill.clone();
+    sub_path["metadata"]["name"] = json!("fill-sub-path");
+    sub_path["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "cache", "mountPath": "/cache", "subPath": "another-caches-tree"}]);
+    let mut other_claim = fill.clone();
+    other_claim["metadata"]["name"] = json!("fill-two-claims");
+    other_claim["spec"]["template"]["spec"]["volumes"] = json!([
+        {"name": "cache", "persistentVolumeClaim": {"claimName": "vector-add-node-1"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "someone-elses-data"}},
+    ]);
+    let mut extra_args = fill.clone();
+    extra_args["metadata"]["name"] = json!("fill-extra-args");
+    extra_args["spec"]["template"]["spec"]["containers"][0]["args"] = json!([
+        "fill",
+        "--image=registry.example.com/evil@sha256:00",
+        "--into=/cache",
+        "--into=/other"
+    ]);
+    let mut other_into = fill.clone();
+    other_into["metadata"]["name"] = json!("fill-other-into");
+    other_into["spec"]["template"]["spec"]["containers"][0]["args"][2] = json!("--into=/tmp");
+    let mut host_port = fill.clone();
+    host_port["metadata"]["name"] = json!("fill-host-port");
+    host_port["spec"]["template"]["spec"]["containers"][0]["ports"] =
+        json!([{"containerPort": 22, "hostPort": 22}]);
     for (what, body) in [
         ("a privileged hostPath Job", escape("escape")),
+        ("a fill Job in the host's network", host_network),
+        ("a fill Job mounting its claim twice", extra_mount),
+        ("a fill Job mounting a subPath", sub_path),
+        ("a fill Job mounting another claim", other_claim),
+        ("a fill Job with extra arguments", extra_args),
+        ("a fill Job filling elsewhere", other_into),
+        ("a fill Job with a host port", host_port),
         ("a fill Job with a shell", shell),
         ("a Job of another image", other_image),
         ("a Job with a ServiceAccount token", with_token),
@@ -831,6 +1037,44 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
             changed("capture-capability", &|p| {
                 p["containers"][0]["securityContext"]["capabilities"] =
                     json!({"add": ["SYS_ADMIN"]})
+            })?,
+        ),
+        (
+            "a capture Job in the host's network",
+            changed("capture-host-network", &|p| p["hostNetwork"] = json!(true))?,
+        ),
+        (
+            "a capture Job mounting the signing key where it writes",
+            changed("capture-extra-mount", &|p| {
+                if let Some(m) = p["containers"][0]["volumeMounts"].as_array_mut() {
+                    m.push(json!({"name": "signing", "mountPath": "/tmp/key"}));
+                }
+            })?,
+        ),
+        (
+            "a capture Job mounting its tree writable",
+            changed("capture-tree-writable", &|p| {
+                p["containers"][0]["volumeMounts"][0]["readOnly"] = json!(false)
+            })?,
+        ),
+        (
+            "a capture Job with an extra argument",
+            changed("capture-extra-args", &|p| {
+                if let Some(a) = p["containers"][0]["args"].as_array_mut() {
+                    a.push(json!("--key=/capture/stolen.key"));
+                }
+            })?,
+        ),
+        (
+            "a capture Job reading its key from the captured tree",
+            changed("capture-other-key", &|p| {
+                p["containers"][0]["args"][3] = json!("--key=/capture/key")
+            })?,
+        ),
+        (
+            "a capture Job with a host port",
+            changed("capture-host-port", &|p| {
+                p["containers"][0]["ports"] = json!([{"containerPort": 80, "hostPort": 80}])
             })?,
         ),
         ("a capture Job owned by nothing", {
