@@ -55,7 +55,7 @@ mod triton;
 mod vllm;
 
 pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
-pub use group::{build_path, relocate_group};
+pub use group::{build_path, relocate_group, relocated_groups};
 pub use kernel::ptx_isa_version;
 
 /// What produced a cache.

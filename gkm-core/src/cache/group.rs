@@ -170,7 +170,22 @@ pub(crate) fn groups_in(dir: &Path, files: &[String]) -> Vec<PathBuf> {
 /// # Ok(()) }
 /// ```
 pub fn build_path(root: &Path) -> Result<Option<PathBuf>, CacheError> {
-    let mut found: Option<(PathBuf, PathBuf)> = None;
+    Ok(placed_groups(root)?.into_iter().next().map(|g| g.base))
+}
+
+/// A group file of a tree, where its tree was built.
+struct PlacedGroup {
+    /// The group file.
+    group: PathBuf,
+    /// The tree's build path, by this group.
+    base: PathBuf,
+}
+
+/// Every group file below `root` (within [`MAX_DEPTH`]) with children,
+/// each checked ([`check_group`]) and placed: all must agree on the tree's
+/// build path, or the second that does not is refused.
+fn placed_groups(root: &Path) -> Result<Vec<PlacedGroup>, CacheError> {
+    let mut placed: Vec<PlacedGroup> = Vec::new();
     let mut pending = vec![(root.to_path_buf(), 0usize)];
     while let Some((dir, depth)) = pending.pop() {
         let names = files(&dir)?;
@@ -190,28 +205,46 @@ pub fn build_path(root: &Path) -> Result<Option<PathBuf>, CacheError> {
                     ),
                 )
             })?;
-            match &found {
-                Some((first, first_group)) if *first != base => {
-                    return Err(torn(
-                        &group,
-                        "child_paths",
-                        format!(
-                            "built at {} but {} was built at {}",
-                            base.display(),
-                            first_group.display(),
-                            first.display()
-                        ),
-                    ));
-                }
-                Some(_) => {}
-                None => found = Some((base, group)),
+            if let Some(first) = placed.first().filter(|first| first.base != base) {
+                return Err(torn(
+                    &group,
+                    "child_paths",
+                    format!(
+                        "built at {} but {} was built at {}",
+                        base.display(),
+                        first.group.display(),
+                        first.base.display()
+                    ),
+                ));
             }
+            placed.push(PlacedGroup { group, base });
         }
         if depth < MAX_DEPTH {
             pending.extend(subdirs(&dir)?.into_iter().map(|d| (d, depth + 1)));
         }
     }
-    Ok(found.map(|(base, _)| base))
+    Ok(placed)
+}
+
+/// The group files of the tree at `root` as they read with the tree moved
+/// to `to`: each group's path relative to `root` and its relocated bytes
+/// ([`relocate_group`]). Empty when the tree holds no group with children,
+/// or was built at `to`. Refused as [`build_path`] refuses.
+pub fn relocated_groups(root: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
+    let mut out = Vec::new();
+    for placed in placed_groups(root)? {
+        if placed.base == to {
+            return Ok(Vec::new());
+        }
+        let bytes = read_head(&placed.group, MAX_GROUP_BYTES)?;
+        let relative = placed
+            .group
+            .strip_prefix(root)
+            .unwrap_or(&placed.group)
+            .to_path_buf();
+        out.push((relative, relocate_group(&bytes, &placed.base, to)?));
+    }
+    Ok(out)
 }
 
 /// `path` without `suffix` at its end, component by component.
@@ -344,6 +377,33 @@ mod tests {
         .unwrap();
         let err = build_path(tmp.path()).unwrap_err().to_string();
         assert!(err.contains("/other") && err.contains(BUILT), "{err}");
+    }
+
+    #[test]
+    fn a_trees_groups_relocate_to_a_new_path_and_not_to_their_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        key_dir(tmp.path(), "A", &[("k.json", "{}")]);
+        key_dir(tmp.path(), "B", &[("k.json", "{}"), ("k.ptx", "x")]);
+        let moved = relocated_groups(tmp.path(), Path::new("/mnt/cache")).unwrap();
+        let names: Vec<_> = moved.iter().map(|(p, _)| p.clone()).collect();
+        assert_eq!(names.len(), 2);
+        assert!(
+            names.contains(&PathBuf::from("A/__grp__k.json")),
+            "{names:?}"
+        );
+        for (path, bytes) in &moved {
+            let doc: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+            let key = path.parent().unwrap().display().to_string();
+            assert_eq!(
+                doc["child_paths"]["k.json"],
+                format!("/mnt/cache/{key}/k.json")
+            );
+        }
+        assert!(
+            relocated_groups(tmp.path(), Path::new(BUILT))
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub mod mount_records;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod names;
+pub mod relocation;
 pub mod volume;
 
 pub use error::{Error, Result};
