@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use gkm_k8s_csi::capture_admission::CaptureConfig;
 use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
 use gkm_k8s_csi::{
     Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
@@ -37,16 +38,35 @@ struct Cli {
     /// The kubelet's plugin registry directory as mounted in this container.
     #[arg(long, default_value = "/registration")]
     plugin_registration_dir: PathBuf,
-    /// Remove each captured tree (a GKMCacheCapture's volume) from this node
-    /// once its capture is over, or once its capture no longer exists and
-    /// the tree is older than --capture-orphan-grace, as the capture index
-    /// the agent writes in the store says (<store>/delivery/captures.json;
-    /// without it, trees are kept).
+    /// Publish capture volumes (csi.gkm.io/GKMCacheCapture): a workload's
+    /// own tree only for a pending GKMCacheCapture of its namespace, as the
+    /// capture index the agent writes in the store says
+    /// (<store>/delivery/captures.json). The chart sets it from
+    /// capture.enabled; when false every capture volume is refused and
+    /// every tree no pod has mounted is removed.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    capture_volumes: bool,
+    /// The most bytes one namespace's capture trees may be granted on this
+    /// node (the sum of their tmpfs sizes, whether their pods run or
+    /// ended); a capture volume past it is refused (e.g. 20Gi).
+    #[arg(long, default_value = "20Gi", value_parser = parse_cap)]
+    capture_namespace_max_bytes: u64,
+    /// The most bytes all capture trees may be granted on this node.
+    #[arg(long, default_value = "40Gi", value_parser = parse_cap)]
+    capture_node_max_bytes: u64,
+    /// How long a tree of a pending capture stays once no pod has it
+    /// mounted (its workload ended and no capture Job read it since).
+    #[arg(long, default_value = "30m", value_parser = gkm_bin_support::duration)]
+    capture_unread_grace: Duration,
+    /// Remove each capture tree from this node once nothing will capture
+    /// it: its capture is over, deleted, or pending but unread for
+    /// --capture-unread-grace, as the capture index says (without it,
+    /// trees are kept, but with --capture-volumes=false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     release_captures: bool,
-    /// How old a captured tree whose GKMCacheCapture does not exist must be
-    /// before it goes (a workload may start before its capture is made).
-    #[arg(long, default_value = "10m", value_parser = gkm_bin_support::duration)]
+    /// How old a capture tree whose GKMCacheCapture does not exist must be
+    /// before it goes.
+    #[arg(long, default_value = "1m", value_parser = gkm_bin_support::duration)]
     capture_orphan_grace: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long)]
@@ -58,6 +78,16 @@ struct Cli {
 const MOUNT_RECORD_CHECK: Duration = Duration::from_secs(60);
 /// How often the capture index and the captured trees are looked at.
 const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(5);
+
+/// Parses a cap on capture tree bytes: bytes, more than none.
+fn parse_cap(text: &str) -> Result<u64, String> {
+    match gkm_k8s_csi::capture_admission::parse_bytes(text)? {
+        0 => Err(format!(
+            "{text:?}: a cap of 0 bytes would refuse every capture volume"
+        )),
+        bytes => Ok(bytes),
+    }
+}
 
 /// The socket path of a CSI endpoint.
 fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
@@ -79,9 +109,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = DriverConfig {
         node_name: cli.node_name,
         store_root: cli.store,
+        capture: CaptureConfig {
+            enabled: cli.capture_volumes,
+            namespace_max_bytes: cli.capture_namespace_max_bytes,
+            node_max_bytes: cli.capture_node_max_bytes,
+            unread_grace: cli.capture_unread_grace,
+        },
     };
     let driver = Driver::new(&config)
         .with_context(|| format!("opening the store {}", config.store_root.display()))?;
+    gkm_k8s_csi::capture_release::report_trees_at_start(&config.store_root);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -1,18 +1,22 @@
-//! The capture index: what the cluster says of the `GKMCacheCapture`s whose
-//! trees are on this node, written for the CSI driver, which reads no
-//! cluster object ([`gkm_k8s_node::captures`]).
+//! The capture index: what the cluster says of the `GKMCacheCapture`s, written
+//! for the CSI driver, which reads no cluster object
+//! ([`gkm_k8s_node::captures`]).
 //!
-//! The agent watches only the captures of this node (the field selector
-//! `status.node=<node>`, a `selectableField` of the CRD), and reads by name
-//! only a capture that a tree on the node names and that watch does not
-//! hold: one not captured yet, captured on another node, or deleted. It
-//! writes the index after each change to this node's captures and every
+//! The driver publishes a workload's capture volume only for a pending
+//! capture of the pod's namespace, and releases a tree once nothing will
+//! capture it, so the index names every pending (`open`) capture of the
+//! cluster, and the state (`over`, `gone`) of each capture a tree on the
+//! node names. The agent watches every capture (one reflector of the
+//! captures, small objects) and reads nothing by name; it writes nothing
+//! until that watch has listed them all, so a capture it has not seen yet
+//! is never said to be gone. The index holds one short entry per pending
+//! capture: its size follows the number of pending captures, which a
+//! `ResourceQuota` on `count/gkmcachecaptures.gkm.io` bounds per namespace.
+//! It writes the index after each change to a capture and every
 //! [`AgentConfig::capture_index_every`](crate::AgentConfig::capture_index_every)
-//! while trees are on the node, so that what the index says is never much
-//! older than the trees. A capture that cannot be read is left out of the
-//! index: the driver keeps its trees.
+//! while there is anything to say, so that what the index says is never
+//! much older than the trees.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -22,7 +26,7 @@ use gkm_k8s_node::captures::{CaptureIndex, CaptureName, CaptureState, Captures, 
 use jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tracing::warn;
@@ -47,22 +51,26 @@ fn capture_view(capture: &GKMCacheCapture) -> Value {
     json!(capture_state(capture) == CaptureState::Over)
 }
 
-/// Keeps the capture index of the store at `store_dir` for node `node`
-/// until the task is dropped: after each change to the node's captures and
-/// every `every` while captured trees are on the node.
+/// Keeps the capture index of the store at `store_dir` until the task is
+/// dropped: after each change to a capture and every `every` while there is
+/// anything to say.
 pub(crate) fn start(
     client: Client,
-    node: &str,
     store_dir: PathBuf,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
     let changed = Arc::new(Notify::new());
     let events = watcher(
-        Api::<GKMCacheCapture>::all(client.clone()),
-        watcher::Config::default().fields(&format!("status.node={node}")),
+        Api::<GKMCacheCapture>::all(client),
+        watcher::Config::default(),
     );
     let watched = crate::watch(events, &changed, capture_view);
     tokio::spawn(async move {
+        // Nothing is said of a capture before every capture was listed.
+        if let Err(e) = watched.wait_until_ready().await {
+            warn!(error = %e, "watching GKMCacheCaptures: no capture index");
+            return;
+        }
         let index = CaptureIndex::new(&store_dir);
         let mut written: Option<Captures> = None;
         let mut tick = tokio::time::interval(every);
@@ -72,9 +80,9 @@ pub(crate) fn start(
                 _ = changed.notified() => {}
                 _ = tick.tick() => {}
             }
-            match look(&client, &store_dir, &watched).await {
+            match look(&store_dir, &watched).await {
                 Ok(captures) => {
-                    // Nothing on the node and nothing said before: no news.
+                    // Nothing to say, and nothing said before: no news.
                     let idle = captures.states.is_empty()
                         && written.as_ref().is_some_and(|w| w.states.is_empty());
                     if idle {
@@ -91,12 +99,9 @@ pub(crate) fn start(
     })
 }
 
-/// The states of the captures the trees below `store_dir` name, as of now.
-async fn look(
-    client: &Client,
-    store_dir: &Path,
-    watched: &Store<GKMCacheCapture>,
-) -> Result<Captures> {
+/// The index as of now: every pending capture of the cluster, and the
+/// state of each capture the trees below `store_dir` name.
+async fn look(store_dir: &Path, watched: &Store<GKMCacheCapture>) -> Result<Captures> {
     let observed = Timestamp::now();
     let root = store_dir.to_path_buf();
     let trees = crate::error::blocking("listing captured trees", move || {
@@ -106,26 +111,30 @@ async fn look(
         })
     })
     .await?;
-    let names: BTreeSet<CaptureName> = trees.into_iter().map(|t| t.capture).collect();
-    let mut captures = Captures::new(observed);
-    for name in names {
+    let mut captures = pending(&watched.state());
+    for tree in trees {
+        let name = tree.capture;
         let held = watched.get(&ObjectRef::new(&name.name).within(&name.namespace));
-        let state = match held {
-            Some(capture) => capture_state(&capture),
-            None => match Api::<GKMCacheCapture>::namespaced(client.clone(), &name.namespace)
-                .get_opt(&name.name)
-                .await
-            {
-                Ok(found) => found.as_ref().map_or(CaptureState::Gone, capture_state),
-                Err(e) => {
-                    warn!(capture = %name, error = %e, "reading a captured tree's capture; its trees stay");
-                    continue;
-                }
-            },
-        };
-        captures.states.insert(name, state);
+        let state = held.map_or(CaptureState::Gone, |c| capture_state(&c));
+        captures.insert(name, state);
     }
-    Ok(captures)
+    let mut index = Captures::new(observed);
+    index.states = captures;
+    Ok(index)
+}
+
+/// The pending captures among `all`, by name.
+fn pending(all: &[Arc<GKMCacheCapture>]) -> std::collections::BTreeMap<CaptureName, CaptureState> {
+    all.iter()
+        .filter(|c| capture_state(c) == CaptureState::Open)
+        .filter_map(|c| {
+            let namespace = c.namespace()?;
+            Some((
+                CaptureName::new(namespace, c.name_any()),
+                CaptureState::Open,
+            ))
+        })
+        .collect()
 }
 
 /// Writes `captures` to `index`, off the async threads.
@@ -141,6 +150,27 @@ async fn publish(index: &CaptureIndex, captures: Captures) -> Result<()> {
 mod tests {
     use super::*;
     use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCacheCaptureSpec};
+
+    #[test]
+    fn every_pending_capture_is_listed_and_none_that_is_over() {
+        let with_phase = |ns: &str, name: &str, phase: Option<CapturePhase>| {
+            let mut capture = GKMCacheCapture::new(name, GKMCacheCaptureSpec::default());
+            capture.metadata.namespace = Some(ns.into());
+            capture.status = phase.map(|phase| CaptureStatus {
+                phase,
+                ..CaptureStatus::default()
+            });
+            Arc::new(capture)
+        };
+        let all = [
+            with_phase("team", "new", None),
+            with_phase("team", "running", Some(CapturePhase::Capturing)),
+            with_phase("other", "done", Some(CapturePhase::Complete)),
+            with_phase("other", "failed", Some(CapturePhase::Failed)),
+        ];
+        let listed: Vec<String> = pending(&all).keys().map(|n| n.to_string()).collect();
+        assert_eq!(listed, ["team/new", "team/running"]);
+    }
 
     #[test]
     fn a_capture_is_over_once_complete_or_failed() {

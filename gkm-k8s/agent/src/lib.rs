@@ -233,7 +233,6 @@ pub async fn run(
     let _capture_index = config.capture_index_every.map(|every| {
         AbortOnDrop(captures::start(
             client.clone(),
-            &config.node_name,
             config.store_dir.clone(),
             every,
         ))

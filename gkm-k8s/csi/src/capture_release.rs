@@ -1,50 +1,118 @@
-//! Removing captured trees from the node once nothing needs them.
+//! Removing capture trees from the node once nothing will capture them, so
+//! that their memory comes back.
 //!
 //! A workload's capture tree (see [`crate::capture`]) outlives the pod so
-//! that its capture Job can read it. It goes when its `GKMCacheCapture` is
-//! over (`Complete` or `Failed`), or when that capture no longer exists and
-//! the tree is older than a grace period (a workload may start before its
-//! capture is created; a capture deleted mid-way leaves its tree behind).
+//! that its capture Job can read it, and only so long:
+//!
+//! - **At the pod's end.** When `NodeUnpublishVolume` takes a tree's last
+//!   mount out of a pod (its workload's bind, or a capture Job's view) and
+//!   the agent's capture index says the tree's capture is not pending (over,
+//!   deleted, not named), or capture volumes are disabled, the tree goes at
+//!   once ([`unmounted`]).
+//! - **Over.** A tree whose capture is `Complete` or `Failed` goes at the
+//!   next look, mounted in a pod or not (a pod's bind keeps the memory only
+//!   until that pod ends).
+//! - **Gone.** A tree whose capture the index says does not exist, or does
+//!   not name (the index lists every pending capture), goes once it is
+//!   [`ReleaseOptions::grace`] old.
+//! - **Pending, never read.** A tree of a pending capture that no pod has
+//!   had mounted for [`CaptureConfig::unread_grace`] (30 minutes by default:
+//!   its workload ended and no capture Job read it since) goes, so a
+//!   capture that never runs does not pin the node's memory. The time a
+//!   tree's last mount went is kept in an idle marker,
+//!   `<store>/csi/capture-idle/<namespace>/<capture>/<uid>` (its mtime), so
+//!   it survives a driver restart; a tree found unmounted without one is
+//!   marked when found.
+//! - **Disabled.** With capture volumes disabled nothing will capture a
+//!   tree: each goes once no pod has it mounted.
 //!
 //! The driver reads no cluster object: the agent writes what the cluster
-//! says of the captures the node's trees name in the node-local
-//! [capture index](gkm_k8s_node::captures), and [`release_captures`] reads
-//! it every [`ReleaseOptions::interval`], as the driver reads the delivery
-//! index before each mount. Which trees may go is [`releasable`] (pure);
-//! the driver unmounts and removes them itself, as the trees are mounted in
-//! its mount namespace. A missing or unreadable index releases nothing.
+//! says of the captures in the node-local [capture
+//! index](gkm_k8s_node::captures), and [`release_captures`] reads it every
+//! [`ReleaseOptions::interval`]. Which trees may go is [`releasable`]
+//! (pure); the driver unmounts and removes them. A missing or unreadable
+//! index releases nothing but the trees of a node with capture volumes
+//! disabled.
 
+use std::fs;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use gkm_k8s_node::captures::{CaptureIndex, CaptureState, CapturedTree, Captures, captured_trees};
+use gkm_k8s_node::captures::{
+    CaptureIndex, CaptureName, CaptureState, CapturedTree, Captures, captured_trees,
+};
 use tracing::{info, warn};
 
 use crate::NodeService;
+use crate::capture::{self, mounted_trees};
+use crate::capture_admission::CaptureConfig;
 
-/// The trees that may go, as of `now`, by what the capture index says of
-/// their captures: those whose capture is [`Over`](CaptureState::Over),
-/// and those whose capture is [`Gone`](CaptureState::Gone) and that are at
-/// least `grace` old. A tree whose capture the index does not name, or that
-/// changed after the agent observed what the index says, stays.
+/// What the driver knows of a tree when it decides whether it goes.
+#[derive(Debug, Clone)]
+pub struct TreeFacts {
+    /// Its capture, pod and last change.
+    pub tree: CapturedTree,
+    /// Whether a pod has it mounted.
+    pub in_use: bool,
+    /// Since when no pod has had it mounted, if known.
+    pub idle_since: Option<SystemTime>,
+}
+
+/// The trees that may go, as of `now`, by what the capture index (`None`
+/// when there is none yet, or it cannot be read) says of their captures
+/// (see the [module docs](self)).
 pub fn releasable<'a>(
-    trees: &'a [CapturedTree],
-    captures: &Captures,
+    trees: &'a [TreeFacts],
+    captures: Option<&Captures>,
+    config: &CaptureConfig,
     grace: Duration,
     now: SystemTime,
-) -> Vec<&'a CapturedTree> {
-    let observed = SystemTime::from(captures.observed);
+) -> Vec<&'a TreeFacts> {
+    let age = |since: SystemTime| now.duration_since(since).unwrap_or_default();
     trees
         .iter()
-        .filter(|tree| tree.modified <= observed)
-        .filter(|tree| match captures.state(&tree.capture) {
-            Some(CaptureState::Over) => true,
-            Some(CaptureState::Gone) => {
-                now.duration_since(tree.modified).unwrap_or_default() >= grace
+        .filter(|facts| {
+            if !config.enabled {
+                return !facts.in_use;
             }
-            Some(CaptureState::Open) | None => false,
+            let Some(captures) = captures else {
+                return false;
+            };
+            let tree = &facts.tree;
+            // What the index says is of an older look than this tree.
+            if tree.modified > SystemTime::from(captures.observed) {
+                return false;
+            }
+            match captures.state(&tree.capture) {
+                Some(CaptureState::Over) => true,
+                Some(CaptureState::Gone) | None => age(tree.modified) >= grace,
+                Some(CaptureState::Open) => {
+                    !facts.in_use
+                        && facts
+                            .idle_since
+                            .is_some_and(|since| age(since) >= config.unread_grace)
+                }
+            }
         })
         .collect()
+}
+
+/// Whether a tree whose last mount in a pod just went is kept: only when
+/// capture volumes are enabled and its capture is pending, or when there is
+/// no index to tell.
+pub fn kept_at_its_end(
+    capture: &CaptureName,
+    captures: Option<&Captures>,
+    config: &CaptureConfig,
+) -> bool {
+    if !config.enabled {
+        return false;
+    }
+    match captures {
+        None => true,
+        Some(captures) => captures.state(capture) == Some(CaptureState::Open),
+    }
 }
 
 /// How [`release_captures`] runs.
@@ -56,7 +124,7 @@ pub struct ReleaseOptions {
     pub grace: Duration,
 }
 
-/// Removes captured trees from the node as [`releasable`] says, every
+/// Removes capture trees from the node as [`releasable`] says, every
 /// `options.interval` until `shutdown` completes.
 pub async fn release_captures(
     node: NodeService,
@@ -74,9 +142,83 @@ pub async fn release_captures(
             _ = tick.tick() => {}
         }
         if let Err(e) = sweep(&node, &index, &options, &mut complaint).await {
-            warn!(error = %e, "releasing captured trees");
+            warn!(error = %e, "releasing capture trees");
         }
     }
+}
+
+/// After `NodeUnpublishVolume` took a capture volume of `capture`'s tree of
+/// pod `uid` out of a pod: releases the tree at once when nothing will
+/// capture it and no other pod has it mounted, or marks it idle from now.
+/// Blocking; failures are logged, as the unpublish itself succeeded.
+pub fn unmounted(node: &NodeService, capture: &CaptureName, uid: &str) {
+    let root = node.store_root();
+    let in_use = match mounted_trees(root) {
+        Ok(trees) => trees
+            .iter()
+            .any(|t| t.in_use && t.granted.capture == *capture && t.granted.uid == uid),
+        Err(e) => {
+            warn!(error = %e, "reading the capture trees' mounts: the tree stays");
+            return;
+        }
+    };
+    if in_use {
+        return;
+    }
+    let captures = CaptureIndex::new(root).read().unwrap_or_else(|e| {
+        warn!(error = %e, "the capture index cannot be read");
+        None
+    });
+    if kept_at_its_end(capture, captures.as_ref(), node.capture_config()) {
+        if let Err(e) = mark_idle(root, capture, uid) {
+            warn!(error = %e, capture = %capture, pod = %uid, "marking a capture tree idle");
+        }
+        return;
+    }
+    release(node, capture, uid, "nothing will capture it");
+}
+
+/// Unmounts and removes a tree and its idle marker, and says so.
+fn release(node: &NodeService, capture: &CaptureName, uid: &str, why: &str) {
+    match node.release_capture(&capture.namespace, &capture.name, uid) {
+        Ok(()) => {
+            let marker = idle_marker(node.store_root(), capture, uid);
+            if let Err(e) = fs::remove_file(&marker)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                warn!(error = %e, marker = %marker.display(), "removing an idle marker");
+            }
+            info!(capture = %capture, pod = %uid, why, "released a capture tree");
+        }
+        Err(status) => warn!(error = %status.message(), "releasing a capture tree"),
+    }
+}
+
+/// The directory below the store root holding idle markers.
+const IDLE_DIR: &str = "csi/capture-idle";
+
+/// The idle marker of pod `uid`'s tree of `capture`.
+fn idle_marker(root: &Path, capture: &CaptureName, uid: &str) -> PathBuf {
+    root.join(IDLE_DIR)
+        .join(&capture.namespace)
+        .join(&capture.name)
+        .join(uid)
+}
+
+/// Marks pod `uid`'s tree of `capture` idle from now.
+fn mark_idle(root: &Path, capture: &CaptureName, uid: &str) -> io::Result<()> {
+    let marker = idle_marker(root, capture, uid);
+    if let Some(dir) = marker.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::File::create(&marker)?.set_modified(SystemTime::now())
+}
+
+/// Since when pod `uid`'s tree of `capture` is idle: its marker's mtime.
+fn idle_since(root: &Path, capture: &CaptureName, uid: &str) -> Option<SystemTime> {
+    fs::metadata(idle_marker(root, capture, uid))
+        .and_then(|m| m.modified())
+        .ok()
 }
 
 /// What was last said of an index that could not be used, so that it is
@@ -98,6 +240,30 @@ impl Complaint {
     }
 }
 
+/// The trees below `root` with what the driver knows of them; a tree no
+/// pod has mounted and that has no idle marker is marked idle from now.
+fn tree_facts(root: &Path) -> io::Result<Vec<TreeFacts>> {
+    let now = SystemTime::now();
+    let mounted = mounted_trees(root)?;
+    let mut facts = Vec::new();
+    for tree in captured_trees(root, now)? {
+        let in_use = mounted
+            .iter()
+            .any(|m| m.in_use && m.granted.capture == tree.capture && m.granted.uid == tree.uid);
+        let mut since = idle_since(root, &tree.capture, &tree.uid);
+        if !in_use && since.is_none() {
+            mark_idle(root, &tree.capture, &tree.uid)?;
+            since = Some(now);
+        }
+        facts.push(TreeFacts {
+            tree,
+            in_use,
+            idle_since: if in_use { None } else { since },
+        });
+    }
+    Ok(facts)
+}
+
 /// One look at the trees and the index, and the release of the trees that
 /// may go.
 async fn sweep(
@@ -109,8 +275,7 @@ async fn sweep(
     let root = node.store_root().to_path_buf();
     let read_index = index.clone();
     let (trees, captures) = tokio::task::spawn_blocking(move || {
-        let trees = captured_trees(&root, SystemTime::now())?;
-        Ok::<_, io::Error>((trees, read_index.read()))
+        Ok::<_, io::Error>((tree_facts(&root)?, read_index.read()))
     })
     .await
     .map_err(io::Error::other)??;
@@ -122,46 +287,72 @@ async fn sweep(
             if complaint.clear() {
                 info!(index = %index.path().display(), "the capture index reads again");
             }
-            captures
+            Some(captures)
         }
         Ok(None) => {
             if complaint.is_new("missing".into()) {
                 info!(index = %index.path().display(), trees = trees.len(),
-                    "no capture index yet: captured trees stay until the agent writes it");
+                    "no capture index yet: capture trees stay until the agent writes it");
             }
-            return Ok(());
+            None
         }
         Err(e) => {
             if complaint.is_new(e.to_string()) {
                 warn!(error = %e,
-                    "the capture index cannot be read: captured trees stay until it can");
+                    "the capture index cannot be read: capture trees stay until it can");
             }
-            return Ok(());
+            None
         }
     };
-    for tree in releasable(&trees, &captures, options.grace, SystemTime::now()) {
-        let (node, tree) = (node.clone(), tree.clone());
-        let released = tokio::task::spawn_blocking(move || {
-            node.release_capture(&tree.capture.namespace, &tree.capture.name, &tree.uid)
-                .map(|()| tree)
+    let config = node.capture_config().clone();
+    let now = SystemTime::now();
+    let going: Vec<TreeFacts> = releasable(&trees, captures.as_ref(), &config, options.grace, now)
+        .into_iter()
+        .cloned()
+        .collect();
+    for facts in going {
+        let node = node.clone();
+        tokio::task::spawn_blocking(move || {
+            let tree = &facts.tree;
+            release(
+                &node,
+                &tree.capture,
+                &tree.uid,
+                "its capture is over, gone or idle",
+            );
         })
         .await
         .map_err(io::Error::other)?;
-        match released {
-            Ok(tree) => {
-                info!(capture = %tree.capture, pod = %tree.uid, "released a captured tree")
-            }
-            Err(status) => warn!(error = %status.message(), "releasing a captured tree"),
-        }
     }
     Ok(())
+}
+
+/// Says, at the driver's start, which capture trees it found mounted (a
+/// driver restarted finds those it made before) and whether new ones will
+/// outlive it.
+pub fn report_trees_at_start(root: &Path) {
+    match mounted_trees(root) {
+        Ok(trees) if !trees.is_empty() => {
+            let bytes: u64 = trees.iter().map(|t| t.granted.bytes).sum();
+            info!(trees = trees.len(), bytes, "found capture trees mounted");
+        }
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "reading the capture trees' mounts"),
+    }
+    match capture::trees_propagate(root) {
+        Ok(true) => {}
+        Ok(false) => warn!(
+            dir = %root.join(capture::CAPTURES_DIR).display(),
+            "the capture tree directory is not a shared mount: trees would go with this driver's mount namespace (mount it with mountPropagation: Bidirectional)"
+        ),
+        Err(e) => warn!(error = %e, "checking the capture tree directory's propagation"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
-    use gkm_k8s_node::captures::CaptureName;
     use jiff::Timestamp;
 
     use super::*;
@@ -172,67 +363,126 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
     }
 
-    fn tree(namespace: &str, capture: &str, uid: &str, age: u64) -> CapturedTree {
-        CapturedTree {
-            capture: CaptureName::new(namespace, capture),
-            uid: uid.into(),
-            modified: at(NOW - age),
+    fn tree(capture: &str, uid: &str, age: u64) -> TreeFacts {
+        TreeFacts {
+            tree: CapturedTree {
+                capture: CaptureName::new("team", capture),
+                uid: uid.into(),
+                modified: at(NOW - age),
+            },
+            in_use: false,
+            idle_since: Some(at(NOW - age)),
         }
     }
 
-    fn captures(observed: u64, states: &[(&str, &str, CaptureState)]) -> Captures {
+    fn in_use(mut facts: TreeFacts) -> TreeFacts {
+        facts.in_use = true;
+        facts.idle_since = None;
+        facts
+    }
+
+    fn captures(observed: u64, states: &[(&str, CaptureState)]) -> Captures {
         Captures {
             observed: Timestamp::try_from(at(observed)).expect("timestamp"),
             states: states
                 .iter()
-                .map(|(ns, name, state)| (CaptureName::new(*ns, *name), *state))
+                .map(|(name, state)| (CaptureName::new("team", *name), *state))
                 .collect::<BTreeMap<_, _>>(),
         }
     }
 
-    fn released(trees: &[CapturedTree], captures: &Captures) -> Vec<String> {
-        releasable(trees, captures, Duration::from_secs(300), at(NOW))
+    fn config() -> CaptureConfig {
+        CaptureConfig {
+            unread_grace: Duration::from_secs(1800),
+            ..CaptureConfig::default()
+        }
+    }
+
+    fn released(
+        trees: &[TreeFacts],
+        index: Option<&Captures>,
+        config: &CaptureConfig,
+    ) -> Vec<String> {
+        releasable(trees, index, config, Duration::from_secs(60), at(NOW))
             .into_iter()
-            .map(|t| t.uid.clone())
+            .map(|t| t.tree.uid.clone())
             .collect()
     }
 
     #[test]
-    fn trees_of_captures_that_are_over_or_long_gone_go_the_rest_stay() {
+    fn trees_of_captures_over_gone_or_unnamed_go_pending_ones_stay_a_while() {
         let trees = vec![
-            tree("team", "done", "u1", 1),
-            tree("team", "done", "u2", 1),
-            tree("team", "open", "u3", 9999),
-            tree("team", "deleted", "u4", 600),
-            tree("team", "deleted-now", "u5", 10),
-            tree("team", "unknown", "u6", 9999),
-            tree("other", "done", "u7", 9999),
+            tree("done", "over", 1),
+            in_use(tree("done", "over-in-use", 1)),
+            tree("deleted", "gone", 120),
+            tree("deleted", "gone-just-now", 10),
+            tree("unnamed", "unnamed", 120),
+            tree("open", "idle-long", 3600),
+            tree("open", "idle-briefly", 600),
+            in_use(tree("open", "running", 3600)),
         ];
         let index = captures(
             NOW,
             &[
-                ("team", "done", CaptureState::Over),
-                ("team", "open", CaptureState::Open),
-                ("team", "deleted", CaptureState::Gone),
-                ("team", "deleted-now", CaptureState::Gone),
-                ("other", "done", CaptureState::Open),
+                ("done", CaptureState::Over),
+                ("deleted", CaptureState::Gone),
+                ("open", CaptureState::Open),
             ],
         );
-        assert_eq!(released(&trees, &index), ["u1", "u2", "u4"]);
-        assert!(released(&trees, &captures(NOW, &[])).is_empty());
+        assert_eq!(
+            released(&trees, Some(&index), &config()),
+            ["over", "over-in-use", "gone", "unnamed", "idle-long"]
+        );
+        assert!(released(&trees, None, &config()).is_empty(), "no index");
+    }
+
+    #[test]
+    fn with_capture_volumes_disabled_every_tree_no_pod_holds_goes() {
+        let trees = vec![tree("open", "idle", 1), in_use(tree("open", "running", 1))];
+        let disabled = CaptureConfig {
+            enabled: false,
+            ..config()
+        };
+        let index = captures(NOW, &[("open", CaptureState::Open)]);
+        assert_eq!(released(&trees, Some(&index), &disabled), ["idle"]);
+        assert_eq!(released(&trees, None, &disabled), ["idle"]);
     }
 
     #[test]
     fn a_tree_newer_than_the_index_stays() {
-        // The agent looked 60s ago: a tree made since (a capture re-created
-        // under the same name) is not what that look saw.
-        let trees = vec![
-            tree("team", "warm", "old", 600),
-            tree("team", "warm", "new", 10),
-        ];
-        let over = captures(NOW - 60, &[("team", "warm", CaptureState::Over)]);
-        assert_eq!(released(&trees, &over), ["old"]);
-        let gone = captures(NOW - 60, &[("team", "warm", CaptureState::Gone)]);
-        assert_eq!(released(&trees, &gone), ["old"]);
+        // The agent looked 60s ago: a tree changed since is not what that
+        // look saw.
+        let trees = vec![tree("warm", "old", 600), tree("warm", "new", 10)];
+        let over = captures(NOW - 60, &[("warm", CaptureState::Over)]);
+        assert_eq!(released(&trees, Some(&over), &config()), ["old"]);
+    }
+
+    #[test]
+    fn at_its_pods_end_a_tree_stays_only_for_a_pending_capture() {
+        let warm = CaptureName::new("team", "warm");
+        let says = |state| captures(NOW, &[("warm", state)]);
+        assert!(kept_at_its_end(
+            &warm,
+            Some(&says(CaptureState::Open)),
+            &config()
+        ));
+        assert!(kept_at_its_end(&warm, None, &config()), "no index to tell");
+        for state in [CaptureState::Over, CaptureState::Gone] {
+            assert!(!kept_at_its_end(&warm, Some(&says(state)), &config()));
+        }
+        assert!(!kept_at_its_end(
+            &warm,
+            Some(&captures(NOW, &[])),
+            &config()
+        ));
+        let disabled = CaptureConfig {
+            enabled: false,
+            ..config()
+        };
+        assert!(!kept_at_its_end(
+            &warm,
+            Some(&says(CaptureState::Open)),
+            &disabled
+        ));
     }
 }

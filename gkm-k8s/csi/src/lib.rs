@@ -85,6 +85,7 @@
 
 mod access;
 pub mod capture;
+pub mod capture_admission;
 pub mod capture_release;
 #[cfg(feature = "testing")]
 pub mod fuzzing;

@@ -39,6 +39,8 @@ struct Inner {
     store: StoreLayout,
     index: DeliveryIndex,
     mounts: MountRecords,
+    /// What is allowed of capture volumes.
+    capture: crate::capture_admission::CaptureConfig,
     /// The empty layer of the read-only views, once prepared.
     empty: std::sync::OnceLock<EmptyLayer>,
     /// Publish and unpublish run one at a time: they are rare, and this
@@ -48,14 +50,20 @@ struct Inner {
 
 impl NodeService {
     /// The service for node `node_name`, delivering from `store` (whose root
-    /// also holds the delivery index and the mount records).
-    pub fn new(node_name: impl Into<String>, store: StoreLayout) -> NodeService {
+    /// also holds the delivery index and the mount records), allowing
+    /// `capture` of capture volumes.
+    pub fn new(
+        node_name: impl Into<String>,
+        store: StoreLayout,
+        capture: crate::capture_admission::CaptureConfig,
+    ) -> NodeService {
         let root = store.root().to_path_buf();
         NodeService {
             inner: Arc::new(Inner {
                 node_name: node_name.into(),
                 index: DeliveryIndex::new(&root),
                 mounts: MountRecords::new(&root),
+                capture,
                 empty: std::sync::OnceLock::new(),
                 store,
                 lock: Mutex::new(()),
@@ -66,6 +74,11 @@ impl NodeService {
     /// The node's name (the CSI node id).
     pub fn node_name(&self) -> &str {
         &self.inner.node_name
+    }
+
+    /// What is allowed of capture volumes.
+    pub fn capture_config(&self) -> &crate::capture_admission::CaptureConfig {
+        &self.inner.capture
     }
 
     /// Publish a checked request: the blocking part of `NodePublishVolume`.
@@ -213,6 +226,7 @@ impl NodeService {
             .lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        crate::capture_admission::check(inner.store.root(), &inner.capture, req)?;
         let tree = req.tree(inner.store.root());
         let target = &req.volume.target_path;
         let own = matches!(req.tree_of, TreeOf::Own { .. });
@@ -351,10 +365,7 @@ fn captured_view_name(req: &CaptureRequest) -> String {
     let uid = match &req.tree_of {
         TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
     };
-    format!(
-        "gkm-capture:{}/{}/{uid}",
-        req.volume.pod.namespace, req.capture
-    )
+    capture::view_name(&req.volume.pod.namespace, &req.capture, uid)
 }
 
 /// Create the target directory; whether it was created.
@@ -409,7 +420,16 @@ impl Node for NodeService {
         let volume_id = required(&req.volume_id, "volume_id")?.to_string();
         let target: PathBuf = absolute_path(&req.target_path, "target_path")?;
         let svc = self.clone();
-        blocking(move || svc.unpublish(&volume_id, &target)).await?;
+        blocking(move || {
+            // A capture volume's tree may go once it leaves its last pod.
+            let tree = capture::tree_behind(svc.store_root(), &target).unwrap_or(None);
+            svc.unpublish(&volume_id, &target)?;
+            if let Some((capture, uid)) = tree {
+                crate::capture_release::unmounted(&svc, &capture, &uid);
+            }
+            Ok(())
+        })
+        .await?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 

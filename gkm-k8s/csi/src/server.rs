@@ -20,6 +20,8 @@ pub struct DriverConfig {
     pub node_name: String,
     /// The node store's root (the agent's `--store`).
     pub store_root: PathBuf,
+    /// What is allowed of capture volumes.
+    pub capture: crate::capture_admission::CaptureConfig,
 }
 
 /// The driver's CSI services.
@@ -39,7 +41,7 @@ impl Driver {
         store.create()?;
         Ok(Driver {
             identity: IdentityService::new(config.store_root.clone()),
-            node: NodeService::new(config.node_name.clone(), store),
+            node: NodeService::new(config.node_name.clone(), store, config.capture.clone()),
         })
     }
 }

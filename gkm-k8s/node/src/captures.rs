@@ -15,11 +15,13 @@
 //!  "captures": [{"namespace": "team", "name": "warm", "state": "over"}]}
 //! ```
 //!
-//! one entry per capture a tree on the node names, its state one of
-//! `open` (it exists and is not over), `over` (`Complete` or `Failed`) or
-//! `gone` (it does not exist); `observed` is when the agent began the look
-//! the file records (listing the trees, then reading their captures).
-//! A capture the index does not name is unknown: its trees stay. The file
+//! one entry per pending capture of the cluster (`open`: it exists and is
+//! not over) and per capture a tree on the node names, its state one of
+//! `open`, `over` (`Complete` or `Failed`) or `gone` (it does not exist);
+//! `observed` is when the agent began the look the file records (listing
+//! the trees, then reading the captures it watches). The driver publishes
+//! a workload's capture volume only for a capture the index says is
+//! `open`, so a capture the index does not name is not pending. The file
 //! is written atomically; readers ignore fields they do not know.
 
 use std::collections::BTreeMap;

@@ -70,6 +70,7 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
     let config = DriverConfig {
         node_name: node.into(),
         store_root: store_root.to_path_buf(),
+        capture: gkm_k8s_csi::capture_admission::CaptureConfig::default(),
     };
     let driver = Driver::new(&config).expect("driver");
     let (stop, stopped) = oneshot::channel::<()>();
