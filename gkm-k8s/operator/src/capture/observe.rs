@@ -94,10 +94,11 @@ pub fn namespaces_under_way<'a>(
 }
 
 /// The capture Job's own pod among `pods` (listed by the Job's label): one
-/// whose controller is the Job of uid `job_uid`, the first by name. Anyone
-/// who may create pods in the namespace can give a pod the Job's labels
-/// and a terminated container's message; only the Job controller makes the
-/// pods the Job owns.
+/// whose controller owner reference is the Job of uid `job_uid` (as the Job
+/// controller sets on the pods it makes), the first by name. Anyone who
+/// may create pods in the namespace can give a pod the Job's labels and
+/// have it end with a message of its choosing; labels say nothing of who
+/// made a pod.
 pub fn job_pod<'a>(pods: &'a [Pod], job_uid: &str) -> Option<&'a Pod> {
     let owned = |pod: &&Pod| {
         pod.metadata.owner_references.iter().flatten().any(|o| {
