@@ -148,6 +148,78 @@ fn fleet_target(fixture: &Path) -> anyhow::Result<FleetTarget> {
     })
 }
 
+/// The fleet's target whose fixture directory is `name` (`cuda-75-32`).
+pub fn fleet_target_named(name: &str) -> anyhow::Result<FleetTarget> {
+    fleet()?
+        .into_iter()
+        .find(|t| t.name == name)
+        .with_context(|| format!("no fleet target {name} in fixtures/triton"))
+}
+
+/// The version of Triton the fleet was compiled with, the one
+/// `hack/ci/components.sh triton` installs.
+pub const TRITON_VERSION: &str = "3.6.0";
+
+/// Where `triton-python` runs Triton's virtualenv from (a link to
+/// [`virtualenv`]), as the fixtures were compiled: `<this>/bin/python`.
+pub const VIRTUALENV_LINK: &str = "/tmp/gkm-triton-3.6.0";
+
+/// The directory of Triton's virtualenv (`hack/ci/components.sh triton`):
+/// beside the tools' `bin/`, holding `pyvenv.cfg`. Its interpreter is the
+/// host's Python (`/usr/bin/python3`), so running it elsewhere (in a
+/// container) needs the host's `/usr` and its libraries too.
+pub fn virtualenv() -> anyhow::Result<PathBuf> {
+    let bin = crate::binaries::tools_bin_dir();
+    let dir = bin
+        .parent()
+        .map(|tools| tools.join(format!("triton-{TRITON_VERSION}")))
+        .with_context(|| format!("{} has no parent", bin.display()))?;
+    anyhow::ensure!(
+        dir.join("pyvenv.cfg").is_file(),
+        "no Triton virtualenv at {}: run {}",
+        dir.display(),
+        Component::Triton.install_command()
+    );
+    Ok(dir)
+}
+
+/// The directory of the fleet's checker, `hack/fixtures`: `triton_fleet.py`
+/// and the `triton_calls.py` it imports.
+pub fn checker_dir() -> PathBuf {
+    repo_root().join("hack/fixtures")
+}
+
+/// The name of the directory under `TRITON_CACHE_DIR` that holds the kernel
+/// whose hash (a [`KernelReport::hash`], hex SHA-256) is `hash`: Triton's
+/// `_base32` of its bytes, RFC 4648 base32 without padding.
+pub fn key_dir(hash: &str) -> anyhow::Result<String> {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    anyhow::ensure!(
+        hash.len() % 2 == 0 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "kernel hash {hash:?} is not hex"
+    );
+    let bytes: Vec<u8> = (0..hash.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hash[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("kernel hash {hash:?} is not hex"))?;
+    let mut out = String::new();
+    let (mut buffer, mut bits) = (0u32, 0u32);
+    for byte in bytes {
+        buffer = (buffer << 8) | u32::from(byte);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(char::from(ALPHABET[((buffer >> bits) & 31) as usize]));
+        }
+        buffer &= (1 << bits) - 1;
+    }
+    if bits > 0 {
+        out.push(char::from(ALPHABET[((buffer << (5 - bits)) & 31) as usize]));
+    }
+    Ok(out)
+}
+
 /// What Triton did compiling the fleet's kernels for one target against one
 /// cache tree (a report of `hack/fixtures/triton_fleet.py check`).
 #[derive(Debug, Clone, Deserialize)]
@@ -338,6 +410,33 @@ mod tests {
                 && message.contains("compiled: 1,"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_kernels_key_directory_is_the_base32_of_its_hash() {
+        // Python: base64.b32encode(bytes.fromhex(h)).decode().rstrip("=")
+        assert_eq!(key_dir("").expect("empty"), "");
+        assert_eq!(key_dir("66").expect("f"), "MY");
+        assert_eq!(key_dir("666f6f626172").expect("foobar"), "MZXW6YTBOI");
+        let fixture = fleet_target_named("cuda-75-32").expect("cuda-75-32");
+        for key in std::fs::read_dir(&fixture.fixture).expect("read") {
+            let key = key.expect("entry").path();
+            for file in std::fs::read_dir(&key).expect("read") {
+                let file = file.expect("entry").path();
+                let name = file.file_name().unwrap_or_default().to_string_lossy();
+                if name.ends_with(".json") && !name.starts_with("__grp__") {
+                    let json: serde_json::Value =
+                        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+                    let hash = json["hash"].as_str().expect("hash");
+                    assert_eq!(
+                        key_dir(hash).expect("hex"),
+                        key.file_name().unwrap_or_default().to_string_lossy()
+                    );
+                }
+            }
+        }
+        assert!(key_dir("6g").is_err());
+        assert!(key_dir("abc").is_err());
     }
 
     #[test]
