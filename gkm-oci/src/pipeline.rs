@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -263,9 +263,14 @@ impl Attempt<'_> {
             BlobSource::Stream(_) => "fetching and extracting the layer",
         };
         step(progress.as_ref(), what, Some(self.layer.size));
+        let mut abandoned = Abandoned::armed();
         let raw: Box<dyn Read + Send> = match source {
             BlobSource::File(path) => Box::new(File::open(&path).map_err(|e| Error::io(&path, e))?),
-            BlobSource::Stream(stream) => Box::new(channel_reader(stream, self.from.label.clone())),
+            BlobSource::Stream(stream) => {
+                let (reader, pump) = channel_reader(stream, self.from.label.clone());
+                abandoned.pump = Some(pump);
+                Box::new(reader)
+            }
         };
         let check = Check {
             expected: self.layer.digest.clone(),
@@ -276,21 +281,60 @@ impl Attempt<'_> {
         let dest = self.dest.to_path_buf();
         let mapping = self.mapping;
         let policy = self.policy.clone();
-        tokio::task::spawn_blocking(move || {
-            run(raw, compression, &check, &dest, mapping, &policy, progress)
+        let given_up = abandoned.flag.clone();
+        let extracted = tokio::task::spawn_blocking(move || {
+            let extracted = run(raw, compression, &check, &dest, mapping, &policy, progress);
+            // Written while the caller was giving up: nothing of it stays.
+            if given_up.load(Ordering::SeqCst) {
+                let _ = std::fs::remove_dir_all(&dest);
+            }
+            extracted
         })
-        .await?
+        .await?;
+        abandoned.armed = false;
+        extracted
     }
 }
 
-/// A blocking reader of `stream`, pumped by an async task; a read error
-/// names `what`.
+/// Set when an extraction's caller gives up on it (drops its future, as a
+/// deadline does): the pump stops, closing the connection, so the
+/// extraction thread reads an end and stops, then empties the destination
+/// it may have written to after the caller removed it.
+struct Abandoned {
+    armed: bool,
+    flag: Arc<AtomicBool>,
+    pump: Option<tokio::task::AbortHandle>,
+}
+
+impl Abandoned {
+    fn armed() -> Abandoned {
+        Abandoned {
+            armed: true,
+            flag: Arc::default(),
+            pump: None,
+        }
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.armed {
+            self.flag.store(true, Ordering::SeqCst);
+            if let Some(pump) = self.pump.take() {
+                pump.abort();
+            }
+        }
+    }
+}
+
+/// A blocking reader of `stream`, pumped by an async task (aborted with
+/// the handle returned); a read error names `what`.
 fn channel_reader(
     mut stream: futures::stream::BoxStream<'static, io::Result<Bytes>>,
     what: String,
-) -> ChannelReader {
+) -> (ChannelReader, tokio::task::AbortHandle) {
     let (tx, rx) = tokio::sync::mpsc::channel(32);
-    tokio::spawn(async move {
+    let pump = tokio::spawn(async move {
         // Network chunks are small; batch them so the extractor
         // wakes once per BATCH bytes, not once per packet.
         const BATCH: usize = 256 << 10;
@@ -314,10 +358,11 @@ fn channel_reader(
             let _ = tx.send(Ok(batch.freeze())).await;
         }
     });
-    ChannelReader {
+    let reader = ChannelReader {
         rx,
         current: Bytes::new(),
-    }
+    };
+    (reader, pump.abort_handle())
 }
 
 /// What the bytes read must be.

@@ -12,7 +12,7 @@ use clap::Parser;
 use gkm_bin_support::daemon_args::DaemonArgs;
 use gkm_bin_support::shutdown::until_signal;
 use gkm_gpu::{DiscoveryOptions, LabelOptions};
-use gkm_k8s_agent::{AgentConfig, GpuMetrics, Liveness, TelemetryConfig};
+use gkm_k8s_agent::{AgentConfig, GpuMetrics, Liveness, SlowExtraction, TelemetryConfig};
 use gkm_k8s_api::served::ready_when_releases_listable;
 use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes, text};
 use gkm_k8s_runtime::metrics::register_build_info;
@@ -79,6 +79,19 @@ struct Cli {
     /// How long pulling and extracting one image may take in all (e.g. 30m).
     #[arg(long, default_value = "30m", value_parser = gkm_bin_support::duration)]
     extract_deadline: Duration,
+    /// The fewest bytes per second (KiB, MiB or GiB, as in 1MiB) an
+    /// extraction must fetch over --extract-rate-window to keep its slot
+    /// while other extractions wait for one (two run at once, one per
+    /// namespace); a slower one gives its slot up to them, is cancelled
+    /// keeping nothing, and is tried again with backoff, so that one
+    /// tenant's slow registries do not hold every namespace's caches. 0:
+    /// extractions keep their slot until --extract-deadline.
+    #[arg(long, value_name = "BYTES", default_value = "1MiB", value_parser = parse_rate)]
+    extract_min_rate: u64,
+    /// How long an extraction's rate is measured over against
+    /// --extract-min-rate (and so the least time it keeps its slot).
+    #[arg(long, default_value = "30s", value_parser = gkm_bin_support::duration)]
+    extract_rate_window: Duration,
     /// How long without an agent pass ending before /healthz fails, so the
     /// kubelet restarts a stuck agent (e.g. 5m); longer than --resync.
     /// Default: 5m, or three resyncs if that is longer.
@@ -131,6 +144,11 @@ struct Cli {
     capture_index: bool,
 }
 
+/// Parses `--extract-min-rate`: bytes per second, 0 for none.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    gkm_oci::disk::parse_bytes(s).map_err(|e| e.to_string())
+}
+
 /// Parses `--store-max-bytes` and `--namespace-max-bytes`: bytes, more
 /// than none.
 fn parse_cap(s: &str) -> Result<u64, String> {
@@ -149,6 +167,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.extract_deadline.is_zero() {
         bail!("--extract-deadline must be longer than 0s");
+    }
+    if cli.extract_min_rate > 0 && cli.extract_rate_window.is_zero() {
+        bail!("--extract-rate-window must be longer than 0s (or --extract-min-rate 0)");
     }
     let stall_after = cli
         .stall_after
@@ -187,6 +208,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     config.report_batch_window = cli.report_batch_window;
     config.start_jitter = cli.start_jitter;
     config.extract_deadline = cli.extract_deadline;
+    config.slow_extraction = SlowExtraction {
+        min_bytes_per_second: cli.extract_min_rate,
+        window: cli.extract_rate_window,
+    };
     config.liveness = Liveness::new(stall_after);
     config.gc_grace = cli.gc_grace;
     config.extract_policy.free_space_reserve = cli.keep_free;

@@ -4,7 +4,9 @@
 //! agent from reporting other namespaces or collecting garbage, and a
 //! tenant's registry that trickles its layer does not hold the other
 //! namespaces' extractions (a small TCP server in this file plays that
-//! hostile registry; the healthy caches come from a real `docker-registry`), and a
+//! hostile registry; the healthy caches come from a real `docker-registry`),
+//! nor, from two namespaces holding both extraction slots, a third
+//! namespace's cache (the trickling extractions give their slots up), and a
 //! tenant whose caches exceed its namespace's byte cap does not take the
 //! node's store from the others, whose caches stop at the store's cap.
 
@@ -14,11 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use gkm_k8s_api::crd::{GKMCache, GKMCacheNode};
+use gkm_k8s_api::crd::{GKMCache, GKMCacheNode, GKMCacheRelease};
 use gkm_oci::Digest;
 use gkm_testenv::{Registry, samples};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -136,6 +138,8 @@ struct TricklingRegistry {
     digest: Digest,
     /// Requests for blobs it trickles.
     trickled: Arc<AtomicUsize>,
+    /// Of those, the ones whose client hung up.
+    hung_up: Arc<AtomicUsize>,
 }
 
 impl TricklingRegistry {
@@ -148,10 +152,12 @@ impl TricklingRegistry {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let trickled = Arc::new(AtomicUsize::new(0));
+        let hung_up = Arc::new(AtomicUsize::new(0));
         let served = Arc::new(Served {
             manifest,
             whole,
             trickled: trickled.clone(),
+            hung_up: hung_up.clone(),
         });
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
@@ -162,12 +168,33 @@ impl TricklingRegistry {
             addr,
             digest,
             trickled,
+            hung_up,
         })
+    }
+
+    /// Serves the image of `layout` (its manifest and config, so the same
+    /// digest), trickling its layer.
+    async fn serving(layout: &Path, digest: &Digest) -> anyhow::Result<TricklingRegistry> {
+        let blobs = layout.join("blobs/sha256");
+        let manifest = std::fs::read(blobs.join(digest.hex()))?;
+        let parsed: serde_json::Value = serde_json::from_slice(&manifest)?;
+        let config_digest = parsed["config"]["digest"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let config_hex = config_digest.trim_start_matches("sha256:");
+        let config = std::fs::read(blobs.join(config_hex))?;
+        TricklingRegistry::start(manifest, HashMap::from([(config_digest, config)])).await
     }
 
     /// Requests for blobs it trickled so far.
     fn trickled(&self) -> usize {
         self.trickled.load(Ordering::SeqCst)
+    }
+
+    /// Trickled requests whose client hung up.
+    fn hung_up(&self) -> usize {
+        self.hung_up.load(Ordering::SeqCst)
     }
 }
 
@@ -177,6 +204,7 @@ struct Served {
     /// Blobs served whole, by digest.
     whole: HashMap<String, Vec<u8>>,
     trickled: Arc<AtomicUsize>,
+    hung_up: Arc<AtomicUsize>,
 }
 
 /// Answers requests on one connection: the manifest and whole blobs at
@@ -206,15 +234,11 @@ async fn serve_trickling(
                 Some(bytes) => ("application/octet-stream", bytes),
                 None => {
                     served.trickled.fetch_add(1, Ordering::SeqCst);
-                    socket
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n",
-                        )
-                        .await?;
-                    for _ in 0..1_048_576 {
-                        socket.write_all(b"{").await?;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    let sent = trickle(&mut socket).await;
+                    if sent.is_err() {
+                        served.hung_up.fetch_add(1, Ordering::SeqCst);
                     }
+                    sent?;
                     continue;
                 }
             },
@@ -236,6 +260,20 @@ async fn serve_trickling(
     }
 }
 
+/// Sends a 1 MiB blob a byte every 200 ms.
+async fn trickle(socket: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    socket
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n",
+        )
+        .await?;
+    for _ in 0..1_048_576 {
+        socket.write_all(b"{").await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyhow::Result<()> {
     let node = Node::new("tenancy-trickle-layer-node").await?;
@@ -248,17 +286,7 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     let (_, good) = push_fixture("triton-vector-add-cuda-sm75", &layout, &remote).await?;
     // The hostile registry serves the very same image (its manifest and
     // config, so the same digest) but trickles its layer.
-    let blobs = node.dir.path().join("layout/blobs/sha256");
-    let manifest = std::fs::read(blobs.join(good.hex()))?;
-    let parsed: serde_json::Value = serde_json::from_slice(&manifest)?;
-    let config_digest = parsed["config"]["digest"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let config_hex = config_digest.trim_start_matches("sha256:");
-    let config = std::fs::read(blobs.join(config_hex))?;
-    let trickling =
-        TricklingRegistry::start(manifest, HashMap::from([(config_digest, config)])).await?;
+    let trickling = TricklingRegistry::serving(&layout, &good).await?;
     assert_eq!(trickling.digest, good);
 
     // The hostile tenant's cache first: the agent starts pulling its layer.
@@ -293,6 +321,111 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     )
     .await?;
     assert!(digest_dir(&node.store(), good.hex()).is_dir());
+    agent.terminate(Duration::from_secs(15))?;
+    Ok(())
+}
+
+/// The agent's extractions that gave their slot up so far, from its
+/// metrics.
+async fn slot_yields(port: u16) -> f64 {
+    let (_, metrics) = gkm_testenv::http_get(port, "/metrics")
+        .await
+        .unwrap_or_default();
+    samples(&metrics)
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s.name == "gkm_agent_extraction_slot_yields_total")
+        .map(|s| s.value)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_trickling_namespaces_do_not_delay_a_third_namespaces_cache() -> anyhow::Result<()> {
+    let node = Node::new("tenancy-two-trickling-node").await?;
+    let hostile = ["tenant-trickling-first", "tenant-trickling-second"];
+    let waiting = "tenant-after-two-trickling";
+    for namespace in hostile.iter().chain([&waiting]) {
+        node.plane.ensure_namespace(namespace).await?;
+        // Nothing left from an earlier run on the shared control plane.
+        let params = (DeleteParams::default(), ListParams::default());
+        Api::<GKMCacheRelease>::namespaced(node.client.clone(), namespace)
+            .delete_collection(&params.0, &params.1)
+            .await?;
+        Api::<GKMCache>::namespaced(node.client.clone(), namespace)
+            .delete_collection(&params.0, &params.1)
+            .await?;
+    }
+    // Images of their own (no other test's cache names their digests): one
+    // served trickling, the waiting namespace's on a real registry.
+    let registry = Registry::shared()?;
+    let slow = push_padded(
+        node.dir.path(),
+        &format!("{}/tenancy/two-trickling:v1", registry.addr()),
+        4096,
+        8,
+    )
+    .await?;
+    let trickling = TricklingRegistry::serving(&node.dir.path().join("layout-8"), &slow).await?;
+    let remote = format!("{}/tenancy/after-two-trickling:v1", registry.addr());
+    let good = push_padded(node.dir.path(), &remote, 4096, 7).await?;
+
+    // Two namespaces' caches behind trickling layers take both extraction
+    // slots (the agent runs with its defaults).
+    for namespace in hostile {
+        let image = format!("{}/{namespace}/layer:v1", trickling.addr);
+        node.cache(namespace, "slow", &image, slow.as_str(), true)
+            .await?;
+    }
+    let port = gkm_testenv::free_port()?;
+    let mut agent = node.agent(port, &[])?;
+    until(
+        &mut agent,
+        "both trickling layers requested",
+        Duration::from_secs(60),
+        || async { Ok(trickling.trickled() >= 2) },
+    )
+    .await?;
+
+    // A third namespace's cache is extracted and reported within two
+    // minutes, not after the extraction deadline (30 minutes).
+    let asked = std::time::Instant::now();
+    node.cache(waiting, "waiting", &remote, good.as_str(), true)
+        .await?;
+    until(
+        &mut agent,
+        "the third namespace's cache extracted",
+        Duration::from_secs(120),
+        || async {
+            Ok(node
+                .state(waiting, "waiting", good.as_str())
+                .await?
+                .as_deref()
+                == Some("Extracted"))
+        },
+    )
+    .await?;
+    println!(
+        "the third namespace's cache was extracted {:?} after it was created",
+        asked.elapsed()
+    );
+    // The agent says why: a slot given up, counted...
+    let yields = slot_yields(port).await;
+    assert!(yields >= 1.0, "{yields} slot yields counted");
+    // ...and the yielded extractions cancelled: their connections closed,
+    // nothing of them kept.
+    until(
+        &mut agent,
+        "the yielded extractions' connections closed",
+        Duration::from_secs(30),
+        || async { Ok(trickling.hung_up() as f64 >= yields) },
+    )
+    .await?;
+    assert!(!digest_dir(&node.store(), slow.hex()).exists());
+    let staging = std::fs::read_dir(node.store().join("staging"))?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .count();
+    assert!(staging <= 2, "{staging} staging trees for two slots");
     agent.terminate(Duration::from_secs(15))?;
     Ok(())
 }

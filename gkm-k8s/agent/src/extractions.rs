@@ -2,13 +2,17 @@
 //! loop: few at a time (so their memory does not add up), at most one per
 //! namespace so that one tenant's slow registry cannot hold them all
 //! ([`FairSlots`]), each within a total deadline and a byte budget its
-//! namespace's and the node's caps leave it ([`Ledger`]), each failure
-//! tried again with backoff, the loop woken when one ends.
+//! namespace's and the node's caps leave it ([`Ledger`]), one that fetches
+//! too slowly while others wait giving its slot up to them, cancelled
+//! ([`crate::slot_yield`]), each failure tried again with backoff, the
+//! loop woken when one ends.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use gkm_oci::progress::Report;
 use gkm_oci::{ExtractPolicy, Repo, Store};
 use tokio::sync::Notify;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -19,6 +23,7 @@ use crate::budget::{Caps, Decision, Grant, Ledger};
 use crate::ended::take_ended;
 use crate::metrics::AgentMetrics;
 use crate::retry::Backoff;
+use crate::slot_yield::{Pace, Slow, SlowExtraction};
 use crate::slots::{FairSlots, Scope};
 use gkm_core::Digest;
 
@@ -111,18 +116,22 @@ pub(crate) struct Extractions {
     budgets: Arc<Budgets>,
     /// How long one pull and extraction may take in all.
     deadline: Duration,
+    /// When one gives its slot up to waiting ones.
+    slow: SlowExtraction,
     /// Wakes the agent's loop when an extraction ends.
     changed: Arc<Notify>,
 }
 
 impl Extractions {
-    /// Extractions into `store` under `policy` and `caps`, waking
-    /// `changed` as each ends.
+    /// Extractions into `store` under `policy` and `caps`, each within
+    /// `deadline` and yielding its slot when `slow`, waking `changed` as
+    /// each ends.
     pub(crate) fn new(
         store: Store,
         policy: ExtractPolicy,
         caps: Caps,
         deadline: Duration,
+        slow: SlowExtraction,
         metrics: AgentMetrics,
         changed: Arc<Notify>,
     ) -> Extractions {
@@ -139,6 +148,7 @@ impl Extractions {
                 released: Notify::new(),
             }),
             deadline,
+            slow,
             changed,
         }
     }
@@ -199,12 +209,15 @@ impl Extractions {
         let metrics = self.metrics.clone();
         let what = key.1.clone();
         let (deadline, ended, task_key) = (self.deadline, self.ended.0.clone(), key.clone());
+        let slow = self.slow;
         let task = tokio::spawn(async move {
             let slot = slots.acquire(&task_key.0).await;
             // Granted with the slot, so that a namespace's queued
             // extractions each see what the one before stored.
             let held = budgets.grant(&task_key.0).await;
             let started = Instant::now();
+            let fetched = Arc::new(Fetched::default());
+            let progress: gkm_oci::Progress = fetched.clone();
             let work = async {
                 let held = held?;
                 let mut policy = policy;
@@ -213,7 +226,7 @@ impl Extractions {
                     (a, b) => a.or(b),
                 };
                 let stored = store
-                    .ensure(&repo, &policy, None)
+                    .ensure(&repo, &policy, Some(progress))
                     .await
                     .map_err(|e| over_budget(&e, &held.grant))?;
                 // What extraction wrote it counted; a digest another
@@ -236,14 +249,26 @@ impl Extractions {
                 info!(digest = %what, bytes = size, elapsed = ?started.elapsed(), "extracted");
                 Ok(size)
             };
-            let outcome = tokio::time::timeout(deadline, work)
-                .await
-                .unwrap_or_else(|_| {
+            // Either ending drops the other: a yield cancels the extraction
+            // (nothing of it is kept), its grant given back.
+            let outcome = tokio::select! {
+                biased;
+                outcome = tokio::time::timeout(deadline, work) => outcome.unwrap_or_else(|_| {
                     Err(format!(
                         "pulling and extracting took longer than {}s",
                         deadline.as_secs_f64()
                     ))
-                });
+                }),
+                why = until_slow(slow, &fetched, &slots) => {
+                    let namespace = task_key.0.as_deref().unwrap_or("");
+                    warn!(
+                        digest = %task_key.1, namespace, reason = Slow::REASON, %why,
+                        "gave the extraction slot up to waiting extractions; trying again later"
+                    );
+                    metrics.slot_yielded(Slow::REASON);
+                    Err(format!("gave its extraction slot up: {why}"))
+                }
+            };
             drop(slot);
             metrics.extraction(outcome.is_ok(), started.elapsed());
             // The receiver lives as long as the agent.
@@ -277,6 +302,58 @@ impl Extractions {
             }
         }
         extracted
+    }
+}
+
+/// The bytes an extraction fetched so far, from its progress: the layer's
+/// compressed bytes, over each try (a mirror that failed, then the next).
+#[derive(Default)]
+struct Fetched {
+    /// Bytes of the steps before the current one.
+    before: AtomicU64,
+    /// Bytes of the current step.
+    current: AtomicU64,
+    /// Whether the current step fetches nothing (storing the tree).
+    fetched_all: AtomicBool,
+}
+
+impl Fetched {
+    fn total(&self) -> u64 {
+        self.before
+            .load(Ordering::Relaxed)
+            .saturating_add(self.current.load(Ordering::Relaxed))
+    }
+}
+
+impl Report for Fetched {
+    fn step(&self, _: &str, total: Option<u64>) {
+        let done = self.current.swap(0, Ordering::Relaxed);
+        self.before.fetch_add(done, Ordering::Relaxed);
+        self.fetched_all.store(total.is_none(), Ordering::Relaxed);
+    }
+
+    fn bytes(&self, done: u64) {
+        self.current.store(done, Ordering::Relaxed);
+    }
+}
+
+/// Samples `fetched` until the extraction is too slow to keep its slot
+/// while others wait for one ([`Pace`]); never returns when it is not.
+async fn until_slow(rule: SlowExtraction, fetched: &Fetched, slots: &FairSlots) -> Slow {
+    let mut pace = Pace::new(rule, Instant::now());
+    let mut ticks = tokio::time::interval(pace.every());
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let now = Instant::now();
+        pace.sample(
+            now,
+            fetched.total(),
+            fetched.fetched_all.load(Ordering::Relaxed),
+        );
+        if let Some(slow) = pace.check(now, slots.waiting()) {
+            return slow;
+        }
     }
 }
 

@@ -63,6 +63,7 @@ mod plan;
 mod reports;
 mod retry;
 mod seals;
+mod slot_yield;
 mod slots;
 mod sync;
 pub mod telemetry;
@@ -95,6 +96,7 @@ pub use metrics::AgentMetrics;
 pub use pacing::start_delay;
 pub use plan::{CacheInput, NodeView, plan_cache};
 pub use reports::ReportFailure;
+pub use slot_yield::SlowExtraction;
 pub use telemetry::{GpuMetrics, TelemetryConfig};
 
 /// The default cap on what one namespace's caches may hold in a node's
@@ -132,6 +134,9 @@ pub struct AgentConfig {
     pub namespace_max_bytes: Option<u64>,
     /// How long pulling and extracting one image may take in all.
     pub extract_deadline: Duration,
+    /// When an extraction gives its slot up to waiting ones, cancelled and
+    /// tried again later ([`SlowExtraction`]).
+    pub slow_extraction: SlowExtraction,
     /// How long an unreferenced digest stays in the store.
     pub gc_grace: Duration,
     /// How often everything is checked even without a change.
@@ -177,6 +182,7 @@ impl AgentConfig {
             store_max_bytes: None,
             namespace_max_bytes: Some(DEFAULT_NAMESPACE_MAX_BYTES),
             extract_deadline: Duration::from_secs(30 * 60),
+            slow_extraction: SlowExtraction::DEFAULT,
             gc_grace: Duration::from_secs(600),
             resync: Duration::from_secs(30),
             report_batch_window: Duration::from_secs(1),

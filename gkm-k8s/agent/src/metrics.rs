@@ -34,6 +34,12 @@ const SUCCEEDED: Outcome = Outcome {
 };
 const FAILED: Outcome = Outcome { outcome: "failed" };
 
+/// Why an extraction gave its slot up.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
 fn outcome(ok: bool) -> Outcome {
     if ok { SUCCEEDED } else { FAILED }
 }
@@ -53,6 +59,7 @@ fn pass_histogram() -> Histogram {
 pub struct AgentMetrics {
     extractions: Family<Outcome, Counter>,
     extraction_seconds: Histogram,
+    slot_yields: Family<Reason, Counter>,
     passes: Family<Outcome, Counter>,
     pass_seconds: Histogram,
     store_bytes: Gauge<i64, AtomicI64>,
@@ -65,6 +72,7 @@ impl Default for AgentMetrics {
         AgentMetrics {
             extractions: Family::default(),
             extraction_seconds: extraction_histogram(),
+            slot_yields: Family::default(),
             passes: Family::default(),
             pass_seconds: pass_histogram(),
             store_bytes: Gauge::default(),
@@ -78,6 +86,7 @@ impl AgentMetrics {
     /// Adds every metric to `registry` (names below assume its `gkm` prefix):
     /// `gkm_agent_extractions_total{outcome}`,
     /// `gkm_agent_extraction_duration_seconds`,
+    /// `gkm_agent_extraction_slot_yields_total{reason}`,
     /// `gkm_agent_sync_passes_total{outcome}`,
     /// `gkm_agent_sync_duration_seconds`, `gkm_agent_store_bytes`,
     /// `gkm_agent_store_images` and `gkm_agent_store_quarantined_total`.
@@ -93,6 +102,11 @@ impl AgentMetrics {
             "Time to pull and extract one image, successful or not",
             Unit::Seconds,
             self.extraction_seconds.clone(),
+        );
+        agent.register(
+            "extraction_slot_yields",
+            "Extractions that gave their slot up to waiting ones, cancelled to be tried again later, by reason",
+            self.slot_yields.clone(),
         );
         agent.register(
             "sync_passes",
@@ -127,6 +141,11 @@ impl AgentMetrics {
     pub(super) fn extraction(&self, ok: bool, took: Duration) {
         self.extractions.get_or_create(&outcome(ok)).inc();
         self.extraction_seconds.observe(took.as_secs_f64());
+    }
+
+    /// One extraction gave its slot up for `reason`.
+    pub(super) fn slot_yielded(&self, reason: &'static str) {
+        self.slot_yields.get_or_create(&Reason { reason }).inc();
     }
 
     /// One pass ended after `took`.
@@ -167,11 +186,13 @@ mod tests {
         metrics.pass(true, Duration::from_millis(3));
         metrics.store(2, 4096);
         metrics.quarantined(1);
+        metrics.slot_yielded("slower_than_min_rate");
         let out = text(&metrics);
         for line in [
             "gkm_agent_extractions_total{outcome=\"succeeded\"} 1",
             "gkm_agent_extractions_total{outcome=\"failed\"} 1",
             "gkm_agent_extraction_duration_seconds_count 2",
+            "gkm_agent_extraction_slot_yields_total{reason=\"slower_than_min_rate\"} 1",
             "gkm_agent_sync_passes_total{outcome=\"succeeded\"} 1",
             "gkm_agent_sync_duration_seconds_count 1",
             "gkm_agent_store_bytes 4096",

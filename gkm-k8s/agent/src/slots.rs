@@ -2,9 +2,12 @@
 //! (or extractions) at once, and at most one per namespace, so that one
 //! tenant's slow registry holds one slot, never all of them. Waiters are
 //! served first come, first served, so a namespace with many caches queues
-//! behind the others' instead of before them.
+//! behind the others' instead of before them; how many wait is known, so
+//! that slow work can give its slot up to them
+//! ([`crate::slot_yield`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -16,6 +19,24 @@ pub(crate) type Scope = Option<String>;
 pub(crate) struct FairSlots {
     total: Arc<Semaphore>,
     per_scope: Mutex<HashMap<Scope, Arc<Semaphore>>>,
+    /// Callers of [`FairSlots::acquire`] not served yet.
+    waiting: AtomicUsize,
+}
+
+/// Counts a caller of [`FairSlots::acquire`] as waiting while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Waiting<'a> {
+        count.fetch_add(1, Ordering::SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A held slot: released when dropped.
@@ -30,7 +51,13 @@ impl FairSlots {
         FairSlots {
             total: Arc::new(Semaphore::new(total.max(1))),
             per_scope: Mutex::new(HashMap::new()),
+            waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// How many callers wait for a slot, of any scope.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Waits for `scope`'s slot, then for one of the shared ones.
@@ -39,6 +66,7 @@ impl FairSlots {
         reason = "the semaphores are never closed, so acquiring cannot fail"
     )]
     pub(crate) async fn acquire(&self, scope: &Scope) -> Slot {
+        let _waiting = Waiting::new(&self.waiting);
         let own = self
             .per_scope
             .lock()
@@ -79,6 +107,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!again.is_finished());
+        assert_eq!(slots.waiting(), 1);
         // ...while another namespace gets the other slot at once.
         let other =
             tokio::time::timeout(Duration::from_secs(1), slots.acquire(&Some("other".into())))
@@ -88,5 +117,7 @@ mod tests {
             "another namespace waited for the hostile one"
         );
         again.abort();
+        let _ = again.await;
+        assert_eq!(slots.waiting(), 0);
     }
 }

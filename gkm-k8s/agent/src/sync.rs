@@ -98,6 +98,7 @@ impl Agent {
                 namespace: config.namespace_max_bytes,
             },
             config.extract_deadline,
+            config.slow_extraction,
             config.metrics.clone(),
             changed,
         );
