@@ -136,10 +136,11 @@ struct Cli {
     /// How often the kubelet is asked which containers hold which GPUs.
     #[arg(long, default_value = "10s", value_parser = gkm_bin_support::duration)]
     pod_resources_interval: Duration,
-    /// Write the capture index (<store>/delivery/captures.json): whether
-    /// the GKMCacheCapture of each captured tree on this node is over or
-    /// gone, from which the CSI driver removes those trees. Watches this
-    /// node's captures and reads a tree's capture by name.
+    /// Write the capture index (<store>/delivery/captures.json): every
+    /// pending GKMCacheCapture (the CSI driver publishes capture volumes
+    /// only for those) and whether the capture of each captured tree on
+    /// this node is over or gone (the driver then removes the tree).
+    /// Watches every GKMCacheCapture.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     capture_index: bool,
 }

@@ -26,9 +26,10 @@
 //! 6. removes store directories no cache or pod references, after a grace
 //!    period.
 //!
-//! Beside the passes, it writes what the cluster says of the captures whose
-//! trees are on the node in the capture index the CSI driver reads to
-//! release those trees ([`gkm_k8s_node::captures`]).
+//! Beside the passes, it writes what the cluster says of the captures (every
+//! pending one, and those whose trees are on the node) in the capture index
+//! the CSI driver reads to publish and release capture trees
+//! ([`gkm_k8s_node::captures`]).
 //!
 //! One namespace's failure stays in that namespace: a report that cannot
 //! be written fails alone (one in a namespace being terminated is not
