@@ -3,9 +3,12 @@
 //! whose mounts reach the host through `Bidirectional` propagation), a
 //! tenant's busybox pod on the real node mounting the `vector-add` cache
 //! through `csi.gkm.io` without `readOnly` on the volume or its mount, as
-//! nothing requires it. Every write it tries is refused with `EROFS`, the
-//! published target is read-only in the host's mount table (`findmnt`), and
-//! the store entry holds the same files before and after, its seal intact. The same holds for a
+//! nothing requires it. Its volume is a copy-on-write view: every write it
+//! tries succeeds in the view, into an upper layer private to that pod, and
+//! the store entry holds the same files before and after, its seal intact.
+//! A pod whose volume says `readOnly: true` gets the read-only view: every
+//! write it tries is refused with `EROFS` and the published target is
+//! read-only in the host's mount table (`findmnt`). The same holds for a
 //! captured tree mounted for reading (`csi.gkm.io/capturedPodUID`), whose
 //! mount in the pod does not say `readOnly`.
 
@@ -59,6 +62,12 @@ fn pod_running(name: &str, script: &str, volume: Value) -> anyhow::Result<Pod> {
         json!([{"name": "kernels", "mountPath": "/cache"}]),
         json!([volume]),
     )
+}
+
+/// Checks that every write in `log` landed (in the pod's own view).
+fn assert_all_written(pod: &str, log: &str) {
+    let wrote = log.lines().filter(|l| l.starts_with("WROTE")).count();
+    assert_eq!(wrote, 6, "{pod}:\n{log}");
 }
 
 /// Checks that every write in `log` was refused as a read-only file system.
@@ -182,7 +191,8 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
         "the store holds the verified tree"
     );
 
-    // A tenant's pod asking for a writable cache volume.
+    // A tenant's pod asking for a writable cache volume gets a
+    // copy-on-write view: its writes land in its own upper layer.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let writer = tenant_pod(
         "store-writer",
@@ -197,10 +207,29 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
         .ok_or_else(|| anyhow::anyhow!("{NODE} is not a real node"))?;
     let options = host_mount_options(&kubelet_dir, &uid(&writer), "kernels")?;
     assert!(
-        options.split(',').any(|o| o == "ro"),
-        "the host's mount of the cache volume is {options}"
+        options.split(',').any(|o| o == "rw"),
+        "the host's mount of the writable cache volume is {options}"
     );
-    assert_all_refused("store-writer", &log);
+    assert_all_written("store-writer", &log);
+    assert!(
+        tree_files(&entry)? == before,
+        "the node store's files changed under a tenant's pod"
+    );
+
+    // A tenant's pod whose volume says readOnly gets the read-only view.
+    let reader = tenant_pod(
+        "store-reader",
+        json!({"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+               "volumeAttributes": {"csi.gkm.io/GKMCache": "vector-add"}}}),
+    )?;
+    let reader = pods.create(&PostParams::default(), &reader).await?;
+    let log = running_pod_log(&pods, "store-reader", "main", "DONE", TIMEOUT).await?;
+    let options = host_mount_options(&kubelet_dir, &uid(&reader), "kernels")?;
+    assert!(
+        options.split(',').any(|o| o == "ro"),
+        "the host's mount of the read-only cache volume is {options}"
+    );
+    assert_all_refused("store-reader", &log);
     assert!(
         tree_files(&entry)? == before,
         "the node store's files changed under a tenant's pod"
