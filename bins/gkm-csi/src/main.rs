@@ -1,5 +1,6 @@
-//! `gkm-csi`: the CSI node plugin that mounts extracted caches read-only into
-//! pods. Flag parsing and wiring only; the driver is `gkm_k8s_csi`. It reads
+//! `gkm-csi`: the CSI node plugin that mounts extracted caches into pods
+//! (read-only, or copy-on-write over a private upper). Flag parsing and
+//! wiring only; the driver is `gkm_k8s_csi`. It reads
 //! no cluster object: what it needs of the cluster, the agent writes beside
 //! the store.
 
@@ -16,8 +17,9 @@ use gkm_k8s_csi::{
 };
 use tokio::sync::watch;
 
-/// gkm CSI driver (`csi.gkm.io`): bind-mounts a verified, compatible cache
-/// from the node store read-only into pods.
+/// gkm CSI driver (`csi.gkm.io`): mounts a verified, compatible cache from
+/// the node store into pods, read-only or copy-on-write (the store is never
+/// written).
 #[derive(Parser)]
 #[command(name = "gkm-csi", version)]
 struct Cli {
