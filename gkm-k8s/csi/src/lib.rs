@@ -41,15 +41,17 @@
 //!   GPU of this node, extracted) and the digest's store directory
 //!   `<store>/sha256/<hex>` exists ([`gkm_core::store_layout::StoreLayout::get`])
 //!   and carries its seal (the agent checks seals and quarantines a tree that
-//!   changed), it records the mount and mounts a read-only view of the
-//!   entry's cache tree (`io.triton.cache/` or `io.vllm.cache/`, a real
-//!   directory, never a symbolic link: [`mount::CacheTree`]) at the target
-//!   path: an overlay whose only layers are the tree and an empty directory,
-//!   so a read-only filesystem, mounted `ro`, `nosuid`, `nodev`. It stays
-//!   read-only in the copies the host and the container runtime see, and in
-//!   a pod that did not ask for `readOnly` (whose runtime remounts its bind
-//!   `rw`): no pod can write into the store, whatever it asks
-//!   ([`mount::mount_read_only_view`]). The pod sees the cache at its volume root, as GKM's
+//!   changed), it records the mount and mounts a view of the entry's cache
+//!   tree (`io.triton.cache/` or `io.vllm.cache/`, a real directory, never a
+//!   symbolic link: [`mount::CacheTree`]) at the target path. A volume the
+//!   pod mounts `readOnly` gets the read-only view: an overlay whose only
+//!   layers are the tree and an empty directory, so a read-only filesystem,
+//!   mounted `ro`, `nosuid`, `nodev`, read-only in the copies the host and
+//!   the container runtime see ([`mount::mount_read_only_view`]). Any other
+//!   gets a copy-on-write view whose writes go to an upper layer private to
+//!   that publish, bounded, writable by the pod's fsGroup
+//!   ([`upper`], [`mount::mount_writable_view`]). No pod can write into the
+//!   store, whatever it asks. The pod sees the cache at its volume root, as GKM's
 //!   pods do: a Triton cache's hash directories (what `TRITON_CACHE_DIR`
 //!   points at), a vLLM cache's `torch_compile_cache/`. One store copy per
 //!   digest serves every pod. Otherwise it fails, and the message (shown in
@@ -63,10 +65,11 @@
 //!   - `INVALID_ARGUMENT`: missing or malformed attributes, not an ephemeral
 //!     volume, block access.
 //! - Publishing again with the same volume id and target is a no-op once the
-//!   target is that digest's read-only view (its mount source names the
-//!   digest: `gkm-cache:sha256:<hex>`).
+//!   target is that view (its mount source names the digest:
+//!   `gkm-cache:sha256:<hex>`, or `gkm-cache-rw:<volume id>:sha256:<hex>`).
 //! - `NodeUnpublishVolume` unmounts the target (tolerating one already
-//!   unmounted or gone), removes the directory, then removes the record.
+//!   unmounted or gone), removes the directory and the volume's upper, then
+//!   removes the record.
 //!
 //! # Registration with the kubelet
 //!
@@ -94,6 +97,7 @@ pub mod mount;
 mod node;
 pub mod publish;
 pub mod server;
+pub mod upper;
 pub mod volume;
 
 pub use gkm_k8s_kubelet::proto::csi as proto;

@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status};
 
 use crate::capture::{self, CaptureRequest, TreeOf, is_capture, parse_capture};
 use crate::mount::{
-    CacheTree, EmptyLayer, bind, is_view, mount_at, mount_read_only_view, same_directory,
-    unmount_all,
+    CacheTree, EmptyLayer, bind, is_view, is_writable_view, mount_at, mount_read_only_view,
+    mount_writable_view, same_directory, unmount_all,
 };
 use crate::proto::node_server::Node;
 use crate::proto::{
@@ -23,7 +23,8 @@ use crate::proto::{
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
 use crate::publish::{Decision, Entry, Observed, Recorded, TargetMount, decide};
-use crate::volume::{PublishRequest, absolute_path, parse_publish, required};
+use crate::upper::{self, Upper, writable_view_name};
+use crate::volume::{PublishRequest, View, absolute_path, parse_publish, required};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
 
@@ -100,7 +101,7 @@ impl NodeService {
             Decision::Mount(record) => {
                 // Ready entries always come with their open tree.
                 let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
-                self.mount(&record, &tree)
+                self.mount(&record, &tree, req.view)
             }
         }
     }
@@ -150,11 +151,17 @@ impl NodeService {
             None => None,
             Some(existing) => Some(TargetMount {
                 read_only: existing.is_read_only(),
-                ours: match &recorded {
-                    Recorded::Decision { delivery, .. } => {
+                ours: match (&recorded, req.view) {
+                    (Recorded::Decision { delivery, .. }, View::ReadOnly) => {
                         is_view(&existing, &cache_view_name(&delivery.digest))
                     }
-                    Recorded::Nothing { .. } => false,
+                    (Recorded::Decision { delivery, .. }, View::Writable { .. }) => {
+                        is_writable_view(
+                            &existing,
+                            &writable_view_name(&req.volume_id, &delivery.digest),
+                        )
+                    }
+                    (Recorded::Nothing { .. }, _) => false,
                 },
                 fs_type: existing.fs_type,
                 root: existing.root,
@@ -168,9 +175,10 @@ impl NodeService {
         Ok((observed, tree))
     }
 
-    /// Records `record`, then mounts the read-only view of `tree` at its
-    /// target; undoes both if the mount fails.
-    fn mount(&self, record: &MountRecord, tree: &CacheTree) -> Result<(), Status> {
+    /// Records `record`, then mounts the `view` of `tree` at its target
+    /// (for a writable view, on a fresh upper); undoes it all if the mount
+    /// fails.
+    fn mount(&self, record: &MountRecord, tree: &CacheTree, view: View) -> Result<(), Status> {
         let inner = &*self.inner;
         let node = &inner.node_name;
         let target = &record.target_path;
@@ -187,34 +195,94 @@ impl NodeService {
                 )));
             }
         };
-        let mounted = self.empty_layer().and_then(|empty| {
-            mount_read_only_view(
-                &tree.mount_source(),
-                empty,
-                &cache_view_name(&record.digest),
-                target,
-            )
-        });
-        if let Err(e) = mounted {
-            if created {
-                let _ = fs::remove_dir(target);
+        let mounted = match view {
+            View::ReadOnly => self
+                .empty_layer()
+                .and_then(|empty| {
+                    mount_read_only_view(
+                        &tree.mount_source(),
+                        empty,
+                        &cache_view_name(&record.digest),
+                        target,
+                    )
+                })
+                .map(|()| 0),
+            View::Writable { group, max_bytes } => {
+                self.mount_writable(record, tree, group, max_bytes)
             }
-            let _ = inner.mounts.remove(&record.volume_id);
-            return Err(Status::internal(format!(
-                "mounting {} read-only onto {} on node {node}: {e}",
-                tree.path.display(),
-                target.display()
-            )));
-        }
+        };
+        let writable_dirs = match mounted {
+            Ok(dirs) => dirs,
+            Err(e) => {
+                if created {
+                    let _ = fs::remove_dir(target);
+                }
+                let _ = inner.mounts.remove(&record.volume_id);
+                let how = match view {
+                    View::ReadOnly => "read-only",
+                    View::Writable { .. } => "writable",
+                };
+                return Err(Status::internal(format!(
+                    "mounting {} ({how}) onto {} on node {node}: {e}",
+                    tree.path.display(),
+                    target.display()
+                )));
+            }
+        };
         tracing::info!(
             volume = %record.volume_id,
             pod = %format!("{}/{}", record.pod.namespace, record.pod.name),
             cache = %record.cache,
             digest = %record.digest,
             target = %target.display(),
+            writable = matches!(view, View::Writable { .. }),
+            writable_dirs,
             "published"
         );
         Ok(())
+    }
+
+    /// Makes `record`'s upper and mounts the writable view of `tree` on it
+    /// at the target; removes the upper if the view is not mounted. How
+    /// many directories were made writable by `group`.
+    fn mount_writable(
+        &self,
+        record: &MountRecord,
+        tree: &CacheTree,
+        group: Option<u32>,
+        max_bytes: u64,
+    ) -> io::Result<usize> {
+        let root = self.inner.store.root();
+        let upper = Upper::make(root, &record.volume_id, max_bytes, group)?;
+        let name = writable_view_name(&record.volume_id, &record.digest);
+        let mounted = mount_writable_view(
+            &tree.mount_source(),
+            &upper,
+            group,
+            &name,
+            &record.target_path,
+        );
+        if mounted.is_err() {
+            let _ = upper::remove(&upper.dir);
+        }
+        mounted
+    }
+
+    /// Removes every upper no mounted writable view names (see
+    /// [`crate::upper::sweep`]): what a driver killed during a publish, or
+    /// a node restarted under its pods, left. The driver calls it when it
+    /// starts; the volume ids removed.
+    pub fn sweep_uppers(&self) -> io::Result<Vec<String>> {
+        let _guard = self
+            .inner
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let removed = upper::sweep(self.inner.store.root())?;
+        for volume in &removed {
+            tracing::info!(volume = %volume, "swept an upper no mounted view names");
+        }
+        Ok(removed)
     }
 
     /// Publish a capture volume (see [`crate::capture`]): the workload's own
@@ -343,10 +411,18 @@ impl NodeService {
             }
             _ => false,
         };
+        let mut upper_bytes = 0;
         if !keep {
+            // The view is gone: so is its upper, and what the pod wrote.
+            if let Some(dir) = Upper::path(inner.store.root(), volume_id)
+                && dir.exists()
+            {
+                upper_bytes = upper::used_bytes(&dir);
+                upper::remove(&dir).map_err(internal)?;
+            }
             inner.mounts.remove(volume_id).map_err(internal)?;
         }
-        tracing::info!(volume = %volume_id, target = %target.display(), unmounted, "unpublished");
+        tracing::info!(volume = %volume_id, target = %target.display(), unmounted, upper_bytes, "unpublished");
         Ok(())
     }
 }
@@ -433,13 +509,20 @@ impl Node for NodeService {
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
-    /// None of the optional RPCs: no staging, no stats, no expansion.
+    /// `VOLUME_MOUNT_GROUP` only (the kubelet passes the pod's fsGroup,
+    /// which may write in a writable view, and changes no ownership
+    /// itself): no staging, no stats, no expansion.
     async fn node_get_capabilities(
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        use crate::proto::node_service_capability::{Rpc, Type, rpc};
         Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: Vec::new(),
+            capabilities: vec![crate::proto::NodeServiceCapability {
+                r#type: Some(Type::Rpc(Rpc {
+                    r#type: rpc::Type::VolumeMountGroup as i32,
+                })),
+            }],
         }))
     }
 

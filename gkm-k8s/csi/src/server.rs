@@ -35,14 +35,20 @@ pub struct Driver {
 
 impl Driver {
     /// The driver for `config`, creating the store's entries directory if
-    /// the agent has not yet (the driver only reads the store).
+    /// the agent has not yet (the driver only reads the store), and sweeping
+    /// the uppers no mounted writable view names
+    /// ([`NodeService::sweep_uppers`]).
     pub fn new(config: &DriverConfig) -> std::io::Result<Driver> {
         let store = StoreLayout::new(&config.store_root);
         store.create()?;
-        Ok(Driver {
+        let driver = Driver {
             identity: IdentityService::new(config.store_root.clone()),
             node: NodeService::new(config.node_name.clone(), store, config.capture.clone()),
-        })
+        };
+        if let Err(e) = driver.node.sweep_uppers() {
+            tracing::warn!(error = %e, "sweeping the uppers of writable views");
+        }
+        Ok(driver)
     }
 }
 
