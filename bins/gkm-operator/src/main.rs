@@ -171,6 +171,12 @@ struct Cli {
     /// The key of --webhook-cert-file (tls.key).
     #[arg(long, requires = "webhook_cert_file")]
     webhook_key_file: Option<PathBuf>,
+    /// Answer the webhooks only over TLS connections presenting a client
+    /// certificate that a CA in this PEM file signed: the apiserver's, from
+    /// its admission configuration (docs/security.md, "Admission
+    /// webhooks"). Without it any client reaching --webhook-listen may ask.
+    #[arg(long, value_name = "PEM")]
+    webhook_client_ca: Option<PathBuf>,
     /// For the GPU-quota webhook: an extended resource counted as whole
     /// GPUs (repeat for several); the scheduler extender's list.
     #[arg(long = "whole-gpu-resource", default_values = ["nvidia.com/gpu", "amd.com/gpu"])]
@@ -235,6 +241,7 @@ fn webhook_options(cli: &Cli) -> anyhow::Result<Option<WebhookOptions>> {
             whole_resources: cli.whole_gpu_resources.clone(),
             model_label: cli.model_label.clone(),
         },
+        client_ca: cli.webhook_client_ca.clone(),
     };
     options.validate().map_err(|e| {
         let flag = match e {

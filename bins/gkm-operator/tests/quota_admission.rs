@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use gkm_k8s_operator::admission::Endpoint;
 use gkm_k8s_operator::admission::quota::{
-    QUOTA_CONFIGURATION_NAME, QUOTA_WEBHOOK_NAME, quota_configuration,
+    ENFORCED_LABEL, QUOTA_BINDING_WEBHOOK_NAME, QUOTA_CONFIGURATION_NAME, QUOTA_WEBHOOK_NAME,
+    quota_configuration,
 };
 use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -123,11 +124,15 @@ async fn ground() -> anyhow::Result<Ground> {
 
 /// A namespace (with its `default` ServiceAccount, as the controller
 /// manager would make it) and, with `gpus`, a quota `a100-gpus` of that
-/// many GPUs of [`A100`].
+/// many GPUs of [`A100`], enforced at admission (the administrator's label).
 async fn namespace(admin: &kube::Client, name: &str, gpus: Option<i64>) -> anyhow::Result<()> {
     let apply = PatchParams::apply("gkm-test").force();
+    let labels = match gpus {
+        Some(_) => json!({ENFORCED_LABEL.0: ENFORCED_LABEL.1}),
+        None => json!({}),
+    };
     let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))?;
     Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .patch(name, &apply, &Patch::Apply(&ns))
         .await?;
@@ -325,12 +330,16 @@ fn the_chart_renders_the_quota_webhook_the_operator_answers() -> anyhow::Result<
         v
     };
     let ours = quota_configuration(&service, SYSTEM, None);
-    assert_eq!(
-        words(&rendered["webhooks"][0]),
-        words(&ours["webhooks"][0]),
-        "the chart's quota webhook differs from the operator's"
-    );
+    for i in 0..2 {
+        assert_eq!(
+            words(&rendered["webhooks"][i]),
+            words(&ours["webhooks"][i]),
+            "the chart's quota webhook {i} differs from the operator's"
+        );
+    }
     assert_eq!(rendered["webhooks"][0]["name"], QUOTA_WEBHOOK_NAME);
+    assert_eq!(rendered["webhooks"][1]["name"], QUOTA_BINDING_WEBHOOK_NAME);
+    assert_eq!(rendered["webhooks"].as_array().map(Vec::len), Some(2));
     let names: HashSet<&str> = ours["webhooks"][0]["matchConditions"]
         .as_array()
         .into_iter()

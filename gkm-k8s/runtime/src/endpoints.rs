@@ -48,6 +48,13 @@ pub trait Routes: Send + Sync {
     fn max_body_bytes(&self) -> usize {
         MAX_BODY_BYTES
     }
+    /// The largest request body `path` accepts ([`Routes::max_body_bytes`]
+    /// unless a path says less); a larger one is answered `413` without
+    /// being read whole.
+    fn max_body_bytes_of(&self, path: &str) -> usize {
+        let _ = path;
+        self.max_body_bytes()
+    }
     /// How many requests these routes answer at once, body reading
     /// included; one more is answered `503` with `Retry-After` at once.
     /// `None`: no limit.
@@ -110,7 +117,7 @@ impl Endpoints {
                 Err(_) => return busy(served.routes.max_in_flight().unwrap_or_default()),
             },
         };
-        let limit = served.routes.max_body_bytes();
+        let limit = served.routes.max_body_bytes_of(request.uri().path());
         let declared = request
             .headers()
             .get(CONTENT_LENGTH)

@@ -126,7 +126,6 @@ fn acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Result<TlsAcce
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use tokio_rustls::rustls::server::WebPkiClientVerifier;
 
     let chain = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
@@ -142,22 +141,7 @@ fn acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Result<TlsAcce
         .map_err(|e| TlsError(format!("no TLS protocol version to serve: {e}")))?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
-        Some(client_ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for ca in CertificateDer::pem_slice_iter(client_ca) {
-                let ca = ca.map_err(|e| TlsError(format!("the client CA is not PEM: {e}")))?;
-                roots.add(ca).map_err(|e| {
-                    TlsError(format!("the client CA is not a usable certificate: {e}"))
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(TlsError::new("the client CA file holds no certificate"));
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| TlsError(format!("the client CA cannot verify clients: {e}")))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(client_ca) => builder.with_client_cert_verifier(client_verifier(client_ca)?),
     };
     let config = builder.with_single_cert(chain, key).map_err(|e| {
         TlsError(format!(
@@ -165,6 +149,34 @@ fn acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Result<TlsAcce
         ))
     })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// A verifier of client certificates that the PEM CA certificates
+/// `client_ca` signed: a client without one, or with another CA's, fails
+/// the TLS handshake ([`mtls_acceptor`] and any server with a certificate
+/// of its own use it).
+pub fn client_verifier(
+    client_ca: &[u8],
+) -> Result<Arc<dyn tokio_rustls::rustls::server::danger::ClientCertVerifier>, TlsError> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::server::WebPkiClientVerifier;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(client_ca) {
+        let ca = ca.map_err(|e| TlsError(format!("the client CA is not PEM: {e}")))?;
+        roots
+            .add(ca)
+            .map_err(|e| TlsError(format!("the client CA is not a usable certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::new("the client CA file holds no certificate"));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| TlsError(format!("the client CA cannot verify clients: {e}")))
 }
 
 /// The endpoints server of a gkm daemon, running in the background.

@@ -173,14 +173,24 @@ impl RotatingCert {
         Ok(())
     }
 
-    /// A TLS acceptor presenting the current certificate.
-    pub fn acceptor(self: &Arc<Self>) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+    /// A TLS acceptor presenting the current certificate; with
+    /// `client_ca` (PEM), only to clients presenting a certificate it
+    /// signed (the others fail the handshake and send no request).
+    pub fn acceptor(
+        self: &Arc<Self>,
+        client_ca: Option<&[u8]>,
+    ) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::new(format!("TLS configuration: {e}")))?
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
+            .map_err(|e| TlsError::new(format!("TLS configuration: {e}")))?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                builder.with_client_cert_verifier(gkm_k8s_runtime::server::client_verifier(ca)?)
+            }
+        };
+        let config = builder.with_cert_resolver(self.clone());
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
 }
@@ -245,7 +255,10 @@ mod tests {
         ];
         let leaf = issue_leaf(&ca, &hosts).expect("a leaf");
         let cert = RotatingCert::new(&leaf.cert_pem, &leaf.key_pem).expect("usable");
-        cert.acceptor().expect("an acceptor");
+        cert.acceptor(None).expect("an acceptor");
+        cert.acceptor(Some(ca.cert_pem.as_bytes()))
+            .expect("an acceptor of clients the CA signed");
+        assert!(cert.acceptor(Some(b"not PEM")).is_err());
         let again = issue_ca(Duration::from_secs(86_400)).expect("a CA");
         let next = issue_leaf(&again, &hosts).expect("a leaf");
         cert.replace(&next.cert_pem, &next.key_pem)

@@ -91,6 +91,12 @@ pub struct WebhookOptions {
     pub check_interval: Duration,
     /// How the GPU-quota webhook reads pods and nodes.
     pub quota: quota::QuotaOptions,
+    /// A PEM file of the CA that signed the apiserver's webhook client
+    /// certificate (its admission configuration's `kubeConfigFile`): with
+    /// it, only clients presenting a certificate it signed complete the TLS
+    /// handshake, so nothing but the apiserver can ask the webhooks about
+    /// a namespace. Without it, any client that reaches the port may.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// [`WebhookOptions`] the webhook cannot run with, naming the setting.
@@ -219,6 +225,13 @@ impl Webhook {
     /// publishes its bundle and starts serving.
     pub async fn start(client: Client, options: WebhookOptions) -> Result<Webhook, WebhookError> {
         options.validate()?;
+        let client_ca = match &options.client_ca {
+            Some(path) => Some(std::fs::read(path).map_err(|source| WebhookError::Read {
+                path: path.clone(),
+                source,
+            })?),
+            None => None,
+        };
         let (cert, shared) = match &options.cert_files {
             Some((cert, key)) => {
                 let read = |p: &PathBuf| {
@@ -241,14 +254,19 @@ impl Webhook {
         let endpoints = Endpoints::new(Registry::default(), Readiness::default()).with_routes(
             Arc::new(AdmissionRoutes::new(client.clone(), options.quota.clone())),
         );
-        let server =
-            EndpointServer::start_endpoints(options.listen, endpoints, Some(cert.acceptor()?))
-                .await
-                .map_err(|source| WebhookError::Listen {
-                    addr: options.listen,
-                    source,
-                })?;
-        info!(listen = %options.listen, endpoint = ?options.endpoint, "serving the pvc-mutation, image-volume and GPU-quota webhooks");
+        let server = EndpointServer::start_endpoints(
+            options.listen,
+            endpoints,
+            Some(cert.acceptor(client_ca.as_deref())?),
+        )
+        .await
+        .map_err(|source| WebhookError::Listen {
+            addr: options.listen,
+            source,
+        })?;
+        info!(listen = %options.listen, endpoint = ?options.endpoint,
+              client_certificates = if client_ca.is_some() { "required" } else { "not asked for" },
+              "serving the pvc-mutation, image-volume and GPU-quota webhooks");
         let rotation = shared.map(|(store, shared)| {
             tokio::spawn(keep_current(client, options.clone(), store, cert, shared))
         });
@@ -443,6 +461,7 @@ async fn publish_quota_bundle(client: &Client, bundle: &str) -> Result<(), Webho
     let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
     let patch = serde_json::json!({"webhooks": [
         {"name": quota::QUOTA_WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
+        {"name": quota::QUOTA_BINDING_WEBHOOK_NAME, "clientConfig": {"caBundle": encoded}},
     ]});
     let params = PatchParams {
         field_manager: Some(crate::names::FIELD_MANAGER.into()),
@@ -597,9 +616,43 @@ impl AdmissionRoutes {
     }
 }
 
+/// The largest AdmissionReview about a pod: its `object` and `oldObject`
+/// (an update's) are each at most the apiserver's 1.5 MiB object limit,
+/// with room for the envelope.
+pub const POD_REVIEW_MAX_BYTES: usize = 7 << 19;
+
+/// The largest AdmissionReview about a Binding (a few hundred bytes in
+/// practice).
+pub const BINDING_REVIEW_MAX_BYTES: usize = 64 << 10;
+
+/// How many reviews one replica answers at once, reading their bodies
+/// included; one more is answered `503` (the apiserver counts it as the
+/// webhook failing, and retries binds). At most this many pod-review
+/// bodies are held at a time.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
+
 impl Routes for AdmissionRoutes {
     fn serves(&self, path: &str) -> bool {
-        path == MUTATE_PATH || path == quota::QUOTA_PATH || self.image_volume.serves(path)
+        path == MUTATE_PATH
+            || path == quota::QUOTA_PATH
+            || path == quota::QUOTA_BINDING_PATH
+            || self.image_volume.serves(path)
+    }
+
+    fn max_body_bytes(&self) -> usize {
+        POD_REVIEW_MAX_BYTES
+    }
+
+    fn max_body_bytes_of(&self, path: &str) -> usize {
+        if path == quota::QUOTA_BINDING_PATH {
+            BINDING_REVIEW_MAX_BYTES
+        } else {
+            POD_REVIEW_MAX_BYTES
+        }
+    }
+
+    fn max_in_flight(&self) -> Option<usize> {
+        Some(MAX_REVIEWS_IN_FLIGHT)
     }
 
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
@@ -609,6 +662,12 @@ impl Routes for AdmissionRoutes {
         if self.image_volume.serves(path) {
             return self.image_volume.respond(method, path, body);
         }
-        review::answer_review(method, async move { self.quota.review(&body).await })
+        if path == quota::QUOTA_BINDING_PATH {
+            return review::answer_review(
+                method,
+                async move { self.quota.review_binding(&body).await },
+            );
+        }
+        review::answer_review(method, async move { self.quota.review_pod(&body).await })
     }
 }

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use http::{Method, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -22,9 +23,56 @@ pub enum Answer {
     Refuse(String),
 }
 
-/// The AdmissionReview response for the request `review` and `answer`.
-pub fn response(review: &Value, answer: &Answer) -> Value {
-    let uid = review["request"]["uid"].clone();
+/// An AdmissionReview (`admission.k8s.io/v1`) about an object of type
+/// `T`, decoded into the fields the webhooks read: the others, `oldObject`
+/// included, are skipped as they are read, never kept.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Review<T> {
+    /// `admission.k8s.io/v1`.
+    api_version: String,
+    /// `AdmissionReview`.
+    kind: String,
+    /// What is asked.
+    pub(crate) request: Request<T>,
+}
+
+/// The `request` of a [`Review`].
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Request<T> {
+    /// Echoed in the response.
+    pub(crate) uid: String,
+    /// The namespace of the object (the apiserver's word).
+    #[serde(default)]
+    pub(crate) namespace: Option<String>,
+    /// The object's name (none for a pod named by `generateName`).
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+    /// The subresource (`binding`), if any.
+    #[serde(default)]
+    pub(crate) sub_resource: Option<String>,
+    /// The object being admitted.
+    pub(crate) object: T,
+}
+
+impl<T: serde::de::DeserializeOwned> Review<T> {
+    /// The AdmissionReview in `body`, or what is wrong with it.
+    pub(crate) fn decode(body: &[u8]) -> Result<Review<T>, String> {
+        let review: Review<T> =
+            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+        if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+            return Err(format!(
+                "not an admission.k8s.io/v1 AdmissionReview: {}/{}",
+                review.api_version, review.kind
+            ));
+        }
+        Ok(review)
+    }
+}
+
+/// The AdmissionReview response with `answer` to the request `uid`.
+pub fn response(uid: &str, answer: &Answer) -> Value {
     let mut response = json!({"uid": uid, "allowed": true});
     match answer {
         Answer::Untouched => {}
@@ -41,20 +89,16 @@ pub fn response(review: &Value, answer: &Answer) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
 
-/// The AdmissionReview in `body` about a pod: the review, the pod and the
-/// pod's namespace; or what is wrong with the request.
-pub(crate) fn pod_review(body: &[u8]) -> Result<(Value, Pod, String), String> {
-    let review: Value =
-        serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
-    let request = &review["request"];
-    let pod: Pod = serde_json::from_value(request["object"].clone())
-        .map_err(|e| format!("request.object is not a Pod: {e}"))?;
-    let namespace = request["namespace"]
-        .as_str()
-        .map(String::from)
+/// The AdmissionReview in `body` about a pod: the request's uid, the pod
+/// and the pod's namespace; or what is wrong with the request.
+pub(crate) fn pod_review(body: &[u8]) -> Result<(String, Pod, String), String> {
+    let request = Review::<Pod>::decode(body)?.request;
+    let pod = request.object;
+    let namespace = request
+        .namespace
         .or_else(|| pod.namespace())
         .unwrap_or_default();
-    Ok((review, pod, namespace))
+    Ok((request.uid, pod, namespace))
 }
 
 /// Logs a pod webhook's `answer` for `pod` in `namespace`; `patched` says
@@ -111,12 +155,11 @@ mod tests {
 
     #[test]
     fn responses_carry_the_uid_the_patch_and_the_refusal() {
-        let review = json!({"request": {"uid": "u-1"}});
-        let r = response(&review, &Answer::Untouched);
+        let r = response("u-1", &Answer::Untouched);
         assert_eq!(r["response"]["uid"], "u-1");
         assert_eq!(r["response"]["allowed"], true);
         let r = response(
-            &review,
+            "u-1",
             &Answer::Patch(json!([{"op": "replace", "path": "/x", "value": 1}])),
         );
         assert_eq!(r["response"]["patchType"], "JSONPatch");
@@ -124,8 +167,26 @@ mod tests {
             .decode(r["response"]["patch"].as_str().expect("patch"))
             .expect("base64");
         assert!(String::from_utf8_lossy(&patch).contains("replace"));
-        let r = response(&review, &Answer::Refuse("no node".into()));
+        let r = response("u-1", &Answer::Refuse("no node".into()));
         assert_eq!(r["response"]["allowed"], false);
         assert_eq!(r["response"]["status"]["message"], "no node");
+    }
+
+    #[test]
+    fn reviews_decode_into_their_object_type_or_say_what_is_wrong() {
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-2", "namespace": "a", "object": {"metadata": {"name": "p"}},
+                        "oldObject": {"metadata": {"name": "p"}}, "userInfo": {"username": "x"}}});
+        let (uid, pod, namespace) = pod_review(body.to_string().as_bytes()).expect("a pod review");
+        assert_eq!((uid.as_str(), namespace.as_str()), ("u-2", "a"));
+        assert_eq!(pod.name_any(), "p");
+        let other = json!({"apiVersion": "v1", "kind": "Pod",
+            "request": {"uid": "u", "object": {}}});
+        let err = pod_review(other.to_string().as_bytes()).expect_err("not a review");
+        assert!(err.contains("v1/Pod"), "{err}");
+        let not_a_pod = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "object": {"metadata": 3}}});
+        assert!(pod_review(not_a_pod.to_string().as_bytes()).is_err());
+        assert!(pod_review(b"[").is_err());
     }
 }

@@ -101,6 +101,20 @@ fn requirements(release: &CacheRelease) -> std::result::Result<Vec<Requirement>,
     Ok(found)
 }
 
+/// What a class says about why it selects nothing. DeviceClasses are
+/// cluster-scoped and every user may read them, so a namespaced cache's
+/// class only points at the cache, whose status (readable in its namespace)
+/// holds `why`: a refusal names registries, signers and errors of that
+/// namespace. A ClusterGKMCache's reason is the cluster's, and published.
+fn published_why(cache: &CacheKey, why: String) -> String {
+    match cache {
+        CacheKey::Cluster { .. } => why,
+        CacheKey::Namespaced { .. } => {
+            format!("the cache cannot be delivered now; the status of {cache} says why")
+        }
+    }
+}
+
 /// The DeviceClass of `cache` for its `release`.
 pub fn device_class(cache: &CacheKey, release: &CacheRelease) -> DeviceClass {
     let mut annotations = BTreeMap::from([(CACHE_ANNOTATION.to_string(), cache.to_string())]);
@@ -110,7 +124,7 @@ pub fn device_class(cache: &CacheKey, release: &CacheRelease) -> DeviceClass {
     let expression = match requirements(release) {
         Ok(found) => gkm_k8s_api::dra::selector::fits(&found),
         Err(why) => {
-            annotations.insert(NOTHING_ANNOTATION.to_string(), why);
+            annotations.insert(NOTHING_ANNOTATION.to_string(), published_why(cache, why));
             gkm_k8s_api::dra::selector::NOTHING.to_string()
         }
     };
@@ -291,6 +305,13 @@ mod tests {
             class.metadata.annotations.unwrap()[NOTHING_ANNOTATION],
             format!("the digest {DIGEST} may not be delivered: no signature")
         );
+        let namespaced = device_class(&CacheKey::named(Some("team-b"), "llama"), &refused);
+        let said = &namespaced.metadata.annotations.unwrap()[NOTHING_ANNOTATION];
+        assert_eq!(
+            said,
+            "the cache cannot be delivered now; the status of GKMCache team-b/llama says why"
+        );
+        assert!(!said.contains("no signature") && !said.contains(DIGEST));
         let mut unread = release(&[]);
         unread.variants = None;
         unread.variants_error = Some("unreachable".into());

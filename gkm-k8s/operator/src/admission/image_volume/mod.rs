@@ -180,17 +180,17 @@ impl ImageVolumeRoutes {
 
     /// The AdmissionReview answering `body`.
     pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
-        let (review, pod, namespace) = pod_review(body)?;
+        let (uid, pod, namespace) = pod_review(body)?;
         let requested = requests(&pod);
         if requested.is_empty() {
-            return Ok(response(&review, &Answer::Untouched));
+            return Ok(response(&uid, &Answer::Untouched));
         }
         let reports = match self.reports().await {
             Ok(reports) => reports,
             Err(why) => {
                 let answer = Answer::Refuse(why);
                 log_answer(&namespace, &pod, &answer, "");
-                return Ok(response(&review, &answer));
+                return Ok(response(&uid, &answer));
             }
         };
         let mut caches = BTreeMap::new();
@@ -221,7 +221,7 @@ impl ImageVolumeRoutes {
             &answer,
             "pinned a pod's cache image volumes",
         );
-        Ok(response(&review, &answer))
+        Ok(response(&uid, &answer))
     }
 }
 

@@ -172,7 +172,7 @@ impl MutationRoutes {
     }
 
     async fn review(&self, body: &[u8]) -> Result<Value, String> {
-        let (review, pod, namespace) = pod_review(body)?;
+        let (uid, pod, namespace) = pod_review(body)?;
         let answer = match self.node_claims(&namespace).await {
             Ok(claims) => mutate(&pod, &claims),
             Err(e) => Answer::Refuse(format!(
@@ -185,7 +185,7 @@ impl MutationRoutes {
             &answer,
             "pointed a pod at its node's claim",
         );
-        Ok(response(&review, &answer))
+        Ok(response(&uid, &answer))
     }
 }
 

@@ -1,22 +1,22 @@
 //! The quota webhook's decision, pure: whether a pod fits its namespace's
 //! GPU-model quotas ([`decide`]), and what an admission request is about
-//! (`subject`).
+//! (`bound`, `created`).
 
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{Binding, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
-use serde_json::Value;
 
 use gkm_k8s_api::crd::GpuModelLimit;
-use gkm_k8s_api::gpu_request::GpuRequest;
-use gkm_k8s_api::quota::{Amount, QuotaExceeded, check, holds_on};
+use gkm_k8s_api::quota::{Amount, QuotaExceeded, check, usage};
 
 /// Whether `pod` fits its namespace's `quotas` on a node of `model`, given
 /// the namespace's `pods` and the names of the nodes of that model
 /// (`model_nodes`); the refusal names the quota, the model, the limit and
 /// the use. A pod whose GPU request cannot be read is the scheduler's and
-/// the device plugin's to refuse, not a quota's.
+/// the device plugin's to refuse, not a quota's. GPUs allocated through
+/// DRA claims are not counted: [`decide_with_claims`] counts them.
 pub fn decide(
     pod: &Pod,
     model: &str,
@@ -25,26 +25,27 @@ pub fn decide(
     model_nodes: &HashSet<String>,
     whole_resources: &[String],
 ) -> Result<(), QuotaExceeded> {
-    let amount = |pod: &Pod| {
-        GpuRequest::from_pod(pod, whole_resources)
-            .ok()
-            .map(|r| gkm_k8s_api::quota::amount_of(&r))
-            .unwrap_or_default()
-    };
-    let asked = amount(pod);
+    decide_with_claims(pod, model, quotas, pods, &[], model_nodes, whole_resources)
+}
+
+/// [`decide`], with the namespace's ResourceClaims (`claims`): every GPU
+/// on a node of `model` allocated to one of them counts once, whatever
+/// DeviceClass asked for it, to `pod` when the claim is the pod's and to
+/// the namespace's use otherwise ([`gkm_k8s_api::quota::usage`]).
+pub fn decide_with_claims(
+    pod: &Pod,
+    model: &str,
+    quotas: &[(String, Vec<GpuModelLimit>)],
+    pods: &[Pod],
+    claims: &[ResourceClaim],
+    model_nodes: &HashSet<String>,
+    whole_resources: &[String],
+) -> Result<(), QuotaExceeded> {
+    let (used, asked) = usage(pod, pods, claims, model_nodes, whole_resources);
     if asked == Amount::default() {
         return Ok(());
     }
     let namespace = pod.namespace().unwrap_or_default();
-    let mut used = Amount::default();
-    for other in pods {
-        if other.name_any() == pod.name_any() {
-            continue;
-        }
-        if holds_on(other).is_some_and(|node| model_nodes.contains(node)) {
-            used += amount(other);
-        }
-    }
     let quotas = quotas.iter().map(|(n, l)| (n.as_str(), l.as_slice()));
     check(&namespace, model, quotas, used, asked)
 }
@@ -65,33 +66,27 @@ pub(super) enum Subject {
     Nothing,
 }
 
-/// Reads the subject of the AdmissionReview `request`.
-pub(super) fn subject(request: &Value) -> Result<Subject, String> {
-    if request["subResource"].as_str() == Some("binding") {
-        let binding: Binding = serde_json::from_value(request["object"].clone())
-            .map_err(|e| format!("request.object is not a Binding: {e}"))?;
-        let name = request["name"]
-            .as_str()
-            .map(String::from)
-            .or(binding.metadata.name)
-            .unwrap_or_default();
-        return Ok(Subject::Bound {
-            name,
-            node: binding.target.name.unwrap_or_default(),
-        });
+/// The subject of a bind of the pod `name` (the request's, else the
+/// Binding's own) by `binding`.
+pub(super) fn bound(name: Option<String>, binding: Binding) -> Subject {
+    Subject::Bound {
+        name: name.or(binding.metadata.name).unwrap_or_default(),
+        node: binding.target.name.unwrap_or_default(),
     }
-    let pod: Pod = serde_json::from_value(request["object"].clone())
-        .map_err(|e| format!("request.object is not a Pod: {e}"))?;
+}
+
+/// The subject of the creation of `pod`: judged only when it names its node.
+pub(super) fn created(pod: Pod) -> Subject {
     let names_node = pod
         .spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
-    Ok(if names_node {
+    if names_node {
         Subject::Created(Box::new(pod))
     } else {
         Subject::Nothing
-    })
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +102,93 @@ mod tests {
             "status": {"phase": phase},
         }))
         .unwrap_or_default()
+    }
+
+    fn claim(name: &str, node: &str, device: &str) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.gkm.io", "pool": node, "device": device}]}}},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_gpu_allocated_through_any_class_counts_once_against_the_quota() {
+        let quotas = vec![(
+            "h100".to_string(),
+            vec![GpuModelLimit {
+                model: "H100".into(),
+                gpus: Some(1),
+                ..GpuModelLimit::default()
+            }],
+        )];
+        let nodes: HashSet<String> = ["h1".to_string()].into();
+        let resources = gkm_k8s_api::gpu_request::GpuReading::default().whole_resources;
+        // One H100 held through the model class, the same one shared by a
+        // claim through a cache class: one GPU held.
+        let claims = vec![
+            claim("through-the-model-class", "h1", "gpu-0"),
+            claim("through-a-cache-class", "h1", "gpu-0"),
+        ];
+        let holder = pod("holder", Some("h1"), 0, "Running");
+        let plain = pod("plain", Some("h1"), 1, "Pending");
+        assert_eq!(
+            decide_with_claims(&plain, "H100", &quotas, std::slice::from_ref(&holder), &claims, &nodes, &resources)
+                .map_err(|e| e.to_string()),
+            Err("gkm: quota ml/h100 reached: namespace ml holds 1 of 1 GPUs of model H100, the pod asks 1".to_string())
+        );
+        // A pod being bound with a claim allocated a second H100 through a
+        // cache class, no GPU in its resources: refused.
+        let mut second: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "second", "namespace": "ml"},
+            "spec": {"nodeName": "h1", "containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "cached"}]},
+            "status": {"phase": "Pending", "resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "second-gpu-x7k2p"}]},
+        }))
+        .unwrap_or_default();
+        let mut with_second = claims.clone();
+        with_second.push(claim("second-gpu-x7k2p", "h1", "gpu-1"));
+        assert!(
+            decide_with_claims(
+                &second,
+                "H100",
+                &quotas,
+                std::slice::from_ref(&holder),
+                &with_second,
+                &nodes,
+                &resources
+            )
+            .is_err()
+        );
+        // Alone, its claim's GPU is the namespace's one: it fits, and the
+        // claim is not counted again as held.
+        let alone = vec![claim("second-gpu-x7k2p", "h1", "gpu-1")];
+        assert_eq!(
+            decide_with_claims(&second, "H100", &quotas, &[], &alone, &nodes, &resources),
+            Ok(())
+        );
+        // An nvidia.com/gpu a DeviceClass serves through DRA counts from its
+        // claim, not twice.
+        if let Some(spec) = second.spec.as_mut() {
+            spec.containers[0] = serde_json::from_value(json!(
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+            .unwrap_or_default();
+        }
+        if let Some(status) = second.status.as_mut() {
+            status.resource_claim_statuses = None;
+            status.extended_resource_claim_status = serde_json::from_value(json!({
+                "resourceClaimName": "second-gpu-x7k2p",
+                "requestMappings": [{"containerName": "c", "resourceName": "nvidia.com/gpu",
+                                     "requestName": "container-0-request-0"}]}))
+            .ok();
+        }
+        assert_eq!(
+            decide_with_claims(&second, "H100", &quotas, &[], &alone, &nodes, &resources),
+            Ok(())
+        );
     }
 
     #[test]
@@ -149,16 +231,23 @@ mod tests {
 
     #[test]
     fn only_binds_and_pods_naming_a_node_are_judged() {
-        let binding = json!({"subResource": "binding", "name": "p", "object": {
-            "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}});
+        let binding: Binding = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n1"}}))
+        .expect("a Binding");
         assert!(matches!(
-            subject(&binding),
-            Ok(Subject::Bound { name, node }) if name == "p" && node == "n1"
+            bound(None, binding),
+            Subject::Bound { name, node } if name == "p" && node == "n1"
         ));
-        let unbound = json!({"object": {"metadata": {"name": "p"}, "spec": {"containers": []}}});
-        assert!(matches!(subject(&unbound), Ok(Subject::Nothing)));
-        let named = json!({"object": {"metadata": {"name": "p"},
-                                      "spec": {"nodeName": "n1", "containers": []}}});
-        assert!(matches!(subject(&named), Ok(Subject::Created(_))));
+        let pod = |spec| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).expect("a Pod")
+        };
+        assert!(matches!(
+            created(pod(json!({"containers": []}))),
+            Subject::Nothing
+        ));
+        assert!(matches!(
+            created(pod(json!({"nodeName": "n1", "containers": []}))),
+            Subject::Created(_)
+        ));
     }
 }

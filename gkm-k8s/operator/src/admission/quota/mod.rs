@@ -23,15 +23,16 @@ pub mod decide;
 
 use std::collections::{BTreeSet, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Binding, Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use self::decide::{Subject, decide, subject};
+use self::decide::{Subject, bound, created, decide_with_claims};
 use super::endpoint::{Endpoint, client_config};
-use super::review::{Answer, response};
+use super::review::{Answer, Review, response};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
 use gkm_k8s_api::gpu_request::GpuReading;
 use gkm_k8s_api::quota::QuotaExceeded;
@@ -39,10 +40,19 @@ use gkm_k8s_api::quota::QuotaExceeded;
 /// The configuration's name (the chart renders it; the operator writes
 /// only its `caBundle`).
 pub const QUOTA_CONFIGURATION_NAME: &str = "gkm-gpu-quota";
-/// The webhook's name within it.
+/// The name within it of the webhook judging pods created naming a node.
 pub const QUOTA_WEBHOOK_NAME: &str = "gpu-quota.gkm.io";
-/// The path the webhook serves.
+/// The path that webhook serves.
 pub const QUOTA_PATH: &str = "/validate-gpu-quota";
+/// The name within it of the webhook judging binds (`pods/binding`).
+pub const QUOTA_BINDING_WEBHOOK_NAME: &str = "gpu-quota-binding.gkm.io";
+/// The path that webhook serves.
+pub const QUOTA_BINDING_PATH: &str = "/validate-gpu-quota-binding";
+/// The namespace label (set by an administrator) under which pods are
+/// judged: only namespaces labelled `gkm.io/gpu-quota: enforced` are sent
+/// to the webhook, so a namespace without it binds and creates pods
+/// whether the operator is up or not.
+pub const ENFORCED_LABEL: (&str, &str) = ("gkm.io/gpu-quota", "enforced");
 
 /// What the webhook reads pods and nodes by: the scheduler extender's
 /// settings, which must be the same.
@@ -116,31 +126,68 @@ impl QuotaRoutes {
             .into_iter()
             .map(|q| (q.name_any(), q.spec.limits))
             .collect();
-        Ok(decide(
+        // GPUs allocated through DRA count too, whatever class asked for
+        // them; a cluster that serves no DRA API has none.
+        let claims = match Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(decide_with_claims(
             &pod,
             &model,
             &quotas,
             &pods,
+            &claims,
             &model_nodes,
             &self.options.whole_resources,
         ))
     }
 
-    pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
-        let review: Value =
-            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
-        let request = &review["request"];
-        let namespace = request["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = request["name"]
-            .as_str()
-            .or(request["object"]["metadata"]["name"].as_str())
-            .or(request["object"]["metadata"]["generateName"].as_str())
-            .unwrap_or_default()
-            .to_string();
-        let answer = match self.judge(&namespace, subject(request)?).await {
+    /// The answer to a pod created in `namespace` (already naming its
+    /// node, or it is not judged).
+    pub(super) async fn review_pod(&self, body: &[u8]) -> Result<Value, String> {
+        let request = Review::<Pod>::decode(body)?.request;
+        let namespace = request.namespace.unwrap_or_default();
+        let name = request
+            .name
+            .or(request.object.metadata.name.clone())
+            .or(request.object.metadata.generate_name.clone())
+            .unwrap_or_default();
+        let subject = created(request.object);
+        Ok(response(
+            &request.uid,
+            &self.answer(&namespace, &name, subject).await,
+        ))
+    }
+
+    /// The answer to a bind (`pods/binding`) in `namespace`.
+    pub(super) async fn review_binding(&self, body: &[u8]) -> Result<Value, String> {
+        let request = Review::<Binding>::decode(body)?.request;
+        if request.sub_resource.as_deref() != Some("binding") {
+            return Err(format!(
+                "{QUOTA_BINDING_PATH} judges pods/binding, not subresource {:?}",
+                request.sub_resource.unwrap_or_default()
+            ));
+        }
+        let namespace = request.namespace.unwrap_or_default();
+        let subject = bound(request.name, request.object);
+        let name = match &subject {
+            Subject::Bound { name, .. } => name.clone(),
+            _ => String::new(),
+        };
+        Ok(response(
+            &request.uid,
+            &self.answer(&namespace, &name, subject).await,
+        ))
+    }
+
+    /// The answer for `subject`, the pod `name` of `namespace`.
+    async fn answer(&self, namespace: &str, name: &str, subject: Subject) -> Answer {
+        match self.judge(namespace, subject).await {
             Ok(Ok(())) => Answer::Untouched,
             Ok(Err(why)) => {
                 let why = why.to_string();
@@ -153,65 +200,77 @@ impl QuotaRoutes {
                     "gkm could not check the GPU quotas of namespace {namespace}: {e}"
                 ))
             }
-        };
-        Ok(response(&review, &answer))
+        }
     }
 }
 
-/// The configuration of the quota webhook, as the chart renders it
+/// The configuration of the quota webhooks, as the chart renders it
 /// (`deploy/helm/gkm/templates/manifests/operator.yaml`), for an operator
 /// reached at `endpoint` in `namespace`; `ca_bundle` is the PEM the
-/// apiserver trusts for it.
+/// apiserver trusts for it. Two webhooks, one per request kind, so each
+/// path takes only bodies of its size ([`QUOTA_PATH`]: pods,
+/// [`QUOTA_BINDING_PATH`]: Bindings).
 ///
-/// - Only pods that name a node, ask for some extended resource and are
-///   not mirror pods are sent (`matchConditions`), and every bind.
+/// - Only namespaces labelled [`ENFORCED_LABEL`] are sent
+///   (`namespaceSelector`): the label is the administrator's, never the
+///   operator's; elsewhere pods are created and bound without gkm, even
+///   while it is down. The operator's own namespace and `kube-system` are
+///   left out even when labelled, so the operator and the control plane
+///   can always be scheduled.
+/// - Of pods, only those that name a node, ask for some extended resource
+///   and are not mirror pods (`matchConditions`); every bind.
 /// - `failurePolicy: Fail`: a quota that gives way whenever the operator
-///   is away is no quota. An operator outage delays binds (the scheduler
-///   retries them) and refuses `nodeName` GPU pods, but nothing exceeds a
-///   quota. The operator's own namespace and `kube-system` are left out
-///   (`namespaceSelector`), so the operator and the control plane can
-///   always be scheduled, the webhook's own pods included.
+///   is away is no quota. An operator outage delays binds in the enforced
+///   namespaces (the scheduler retries them) and refuses their `nodeName`
+///   GPU pods, but nothing exceeds a quota.
 pub fn quota_configuration(endpoint: &Endpoint, namespace: &str, ca_bundle: Option<&str>) -> Value {
-    let client = client_config(endpoint, QUOTA_PATH, ca_bundle);
     let excluded: BTreeSet<&str> = ["kube-system", namespace].into_iter().collect();
+    let selector = json!({
+        "matchLabels": {ENFORCED_LABEL.0: ENFORCED_LABEL.1},
+        "matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": excluded.into_iter().collect::<Vec<_>>()}]});
+    let hook = |name: &str, path: &str, resource: &str| {
+        json!({
+            "name": name,
+            "clientConfig": client_config(endpoint, path, ca_bundle),
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": [resource], "scope": "Namespaced"}],
+            "namespaceSelector": selector,
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        })
+    };
+    let mut pods = hook(QUOTA_WEBHOOK_NAME, QUOTA_PATH, "pods");
+    pods["matchConditions"] = MATCH_CONDITIONS
+        .iter()
+        .map(|(name, expression)| json!({"name": name, "expression": expression}))
+        .collect();
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": QUOTA_CONFIGURATION_NAME,
                      "labels": {"app.kubernetes.io/name": "gkm-operator",
                                 "app.kubernetes.io/part-of": "gkm"}},
-        "webhooks": [{
-            "name": QUOTA_WEBHOOK_NAME,
-            "clientConfig": client,
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods", "pods/binding"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchExpressions": [{
-                "key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                "values": excluded.into_iter().collect::<Vec<_>>()}]},
-            "matchConditions": MATCH_CONDITIONS.iter()
-                .map(|(name, expression)| json!({"name": name, "expression": expression}))
-                .collect::<Vec<_>>(),
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
-        }],
+        "webhooks": [pods, hook(QUOTA_BINDING_WEBHOOK_NAME, QUOTA_BINDING_PATH, "pods/binding")],
     })
 }
 
-/// The CEL conditions a request must meet to be sent; a bind always is.
+/// The CEL conditions a created pod must meet to be sent.
 pub const MATCH_CONDITIONS: &[(&str, &str)] = &[
     (
-        "binds-or-names-a-node",
-        "(has(request.subResource) && request.subResource == 'binding') || (has(object.spec.nodeName) && object.spec.nodeName != '')",
+        "names-a-node",
+        "has(object.spec.nodeName) && object.spec.nodeName != ''",
     ),
     (
-        "binds-or-asks-for-extended-resources",
-        "(has(request.subResource) && request.subResource == 'binding') || object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))))",
+        "asks-for-extended-resources",
+        "object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.contains('/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.contains('/'))))))",
     ),
     (
-        "binds-or-is-not-a-mirror-pod",
-        "(has(request.subResource) && request.subResource == 'binding') || !has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
+        "is-not-a-mirror-pod",
+        "!has(object.metadata.annotations) || !('kubernetes.io/config.mirror' in object.metadata.annotations)",
     ),
 ];
 
@@ -236,6 +295,17 @@ mod tests {
             hook["namespaceSelector"]["matchExpressions"][0]["values"],
             json!(["gkm-system", "kube-system"])
         );
+        assert_eq!(
+            hook["namespaceSelector"]["matchLabels"],
+            json!({"gkm.io/gpu-quota": "enforced"})
+        );
+        let binds = &body["webhooks"][1];
+        assert_eq!(binds["rules"][0]["resources"], json!(["pods/binding"]));
+        assert_eq!(
+            binds["clientConfig"]["url"],
+            "https://127.0.0.1:9443/validate-gpu-quota-binding"
+        );
+        assert_eq!(binds["namespaceSelector"], hook["namespaceSelector"]);
         let _: k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration =
             serde_json::from_value(body).expect("a valid object");
     }
