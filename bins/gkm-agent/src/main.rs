@@ -81,8 +81,8 @@ struct Cli {
     extract_deadline: Duration,
     /// The fewest bytes per second (KiB, MiB or GiB, as in 1MiB) an
     /// extraction must fetch over --extract-rate-window to keep its slot
-    /// while other extractions wait for one (two run at once, one per
-    /// namespace); a slower one gives its slot up to them, is cancelled
+    /// while other namespaces' extractions wait for one (two run at once,
+    /// one per namespace); a slower one gives its slot up to them, is cancelled
     /// keeping nothing, and is tried again with backoff, so that one
     /// tenant's slow registries do not hold every namespace's caches. 0:
     /// extractions keep their slot until --extract-deadline.

@@ -3,7 +3,7 @@
 //! namespace so that one tenant's slow registry cannot hold them all
 //! ([`FairSlots`]), each within a total deadline and a byte budget its
 //! namespace's and the node's caps leave it ([`Ledger`]), one that fetches
-//! too slowly while others wait giving its slot up to them, cancelled
+//! too slowly while other namespaces wait giving its slot up, cancelled
 //! ([`crate::slot_yield`]), each failure tried again with backoff, the
 //! loop woken when one ends.
 
@@ -338,7 +338,8 @@ impl Report for Fetched {
 }
 
 /// Samples `fetched` until the extraction is too slow to keep its slot
-/// while others wait for one ([`Pace`]); never returns when it is not.
+/// while other namespaces' extractions wait for one ([`Pace`]); never
+/// returns when it is not.
 async fn until_slow(rule: SlowExtraction, fetched: &Fetched, slots: &FairSlots) -> Slow {
     let mut pace = Pace::new(rule, Instant::now());
     let mut ticks = tokio::time::interval(pace.every());

@@ -1,11 +1,11 @@
 //! When an extraction gives its slot up: one that fetched less than a
-//! minimum rate over a window while other extractions wait for a slot, so
-//! that a tenant's slow or trickling registries hold the node's few
-//! extraction slots for a window, not for the whole extraction deadline.
-//! The extraction is then cancelled, keeping nothing, and tried again with
-//! backoff, behind the extractions that waited.
+//! minimum rate over a window while other namespaces' extractions wait for
+//! a slot, so that a tenant's slow or trickling registries hold the node's
+//! few extraction slots for a window, not for the whole extraction
+//! deadline. The extraction is then cancelled, keeping nothing, and tried
+//! again with backoff, behind the extractions that waited.
 //!
-//! An extraction that is slow while no other waits keeps its slot: a slow
+//! An extraction that is slow while none waits keeps its slot: a slow
 //! network alone does not stop a large image from being extracted. Nor
 //! does one whose bytes are all fetched (it is storing its tree).
 //!
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlowExtraction {
     /// The fewest bytes per second an extraction must fetch, over
-    /// [`SlowExtraction::window`], to keep its slot while others wait; `0`
+    /// [`SlowExtraction::window`], to keep its slot while other namespaces' extractions wait; `0`
     /// for never yielding.
     pub min_bytes_per_second: u64,
     /// How long the rate is measured over (and how long an extraction
@@ -65,7 +65,7 @@ impl fmt::Display for Slow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "fetched {} bytes in the last {}s, slower than {} bytes/s, while other extractions waited for a slot",
+            "fetched {} bytes in the last {}s, slower than {} bytes/s, while other namespaces' extractions waited for a slot",
             self.fetched,
             self.rule.window.as_secs_f64(),
             self.rule.min_bytes_per_second
@@ -168,7 +168,7 @@ mod tests {
         assert_eq!(slow.fetched, 150);
         assert_eq!(
             slow.to_string(),
-            "fetched 150 bytes in the last 30s, slower than 1048576 bytes/s, while other extractions waited for a slot"
+            "fetched 150 bytes in the last 30s, slower than 1048576 bytes/s, while other namespaces' extractions waited for a slot"
         );
     }
 

@@ -2,8 +2,8 @@
 //! (or extractions) at once, and at most one per namespace, so that one
 //! tenant's slow registry holds one slot, never all of them. Waiters are
 //! served first come, first served, so a namespace with many caches queues
-//! behind the others' instead of before them; how many wait is known, so
-//! that slow work can give its slot up to them
+//! behind the others' instead of before them; how many namespaces wait for
+//! a shared slot is known, so that slow work can give its slot up to them
 //! ([`crate::slot_yield`]).
 
 use std::collections::HashMap;
@@ -19,11 +19,13 @@ pub(crate) type Scope = Option<String>;
 pub(crate) struct FairSlots {
     total: Arc<Semaphore>,
     per_scope: Mutex<HashMap<Scope, Arc<Semaphore>>>,
-    /// Callers of [`FairSlots::acquire`] not served yet.
+    /// Callers of [`FairSlots::acquire`] that hold their scope's slot and
+    /// wait for a shared one.
     waiting: AtomicUsize,
 }
 
-/// Counts a caller of [`FairSlots::acquire`] as waiting while it lives.
+/// Counts a caller of [`FairSlots::acquire`] as waiting for a shared slot
+/// while it lives.
 struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
@@ -55,7 +57,9 @@ impl FairSlots {
         }
     }
 
-    /// How many callers wait for a slot, of any scope.
+    /// How many scopes wait for a shared slot, holding none: those a slot
+    /// given up would go to (a scope's further callers wait behind its
+    /// first, and are not counted).
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)
     }
@@ -66,7 +70,6 @@ impl FairSlots {
         reason = "the semaphores are never closed, so acquiring cannot fail"
     )]
     pub(crate) async fn acquire(&self, scope: &Scope) -> Slot {
-        let _waiting = Waiting::new(&self.waiting);
         let own = self
             .per_scope
             .lock()
@@ -76,6 +79,7 @@ impl FairSlots {
             .clone();
         // Neither semaphore is ever closed.
         let scope = own.acquire_owned().await.expect("never closed");
+        let _waiting = Waiting::new(&self.waiting);
         let total = self
             .total
             .clone()
@@ -107,7 +111,8 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!again.is_finished());
-        assert_eq!(slots.waiting(), 1);
+        // (behind its own first, not waiting for a shared slot)
+        assert_eq!(slots.waiting(), 0);
         // ...while another namespace gets the other slot at once.
         let other =
             tokio::time::timeout(Duration::from_secs(1), slots.acquire(&Some("other".into())))
@@ -116,8 +121,16 @@ mod tests {
             other.is_ok(),
             "another namespace waited for the hostile one"
         );
-        again.abort();
-        let _ = again.await;
+        // A third namespace waits for a shared slot, and is counted.
+        let third = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire(&Some("third".into())).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(slots.waiting(), 1);
+        third.abort();
+        let _ = third.await;
         assert_eq!(slots.waiting(), 0);
+        again.abort();
     }
 }
