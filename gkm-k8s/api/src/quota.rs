@@ -4,12 +4,17 @@
 //! by any scheduler.
 //!
 //! Pure: callers count what a namespace holds on nodes of one model (each
-//! pod that [`holds_on`] a node of it, by what it asks) and ask [`check`]
-//! whether one more pod fits.
+//! pod that [`holds_on`] a node of it, by what it asks, and each GPU its
+//! DRA claims were allocated there: [`usage`]) and ask [`check`] whether
+//! one more pod fits.
 
+pub mod claims;
+
+use std::collections::HashSet;
 use std::ops::{AddAssign, SubAssign};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::crd::GpuModelLimit;
 use crate::gpu_request::GpuRequest;
@@ -48,6 +53,48 @@ impl SubAssign for Amount {
         self.cores -= other.cores;
         self.memory -= other.memory;
     }
+}
+
+/// What `pod` asks for as a quota counts it: its GPU resources (`whole`
+/// names the whole-GPU extended resources), less those a DRA claim serves
+/// (counted from the claim instead). A request that cannot be read counts
+/// nothing: it is the scheduler's and the device plugin's to refuse.
+pub fn amount_of_pod(pod: &Pod, whole: &[String]) -> Amount {
+    let served = claims::served_by_claims(pod);
+    let whole: Vec<String> = whole
+        .iter()
+        .filter(|r| !served.contains(*r))
+        .cloned()
+        .collect();
+    GpuRequest::from_pod(pod, &whole)
+        .map(|r| amount_of(&r))
+        .unwrap_or_default()
+}
+
+/// What `pod` would add on a node of one model (`model_nodes` are that
+/// model's nodes), and what its namespace holds there besides (`pods` and
+/// `claims` are the namespace's): `(used, asked)`. Each GPU a DRA claim was
+/// allocated counts once, whatever DeviceClass asked for it, to the pod
+/// whose claim it is or to the namespace's use otherwise.
+pub fn usage(
+    pod: &Pod,
+    pods: &[Pod],
+    claims: &[ResourceClaim],
+    model_nodes: &HashSet<String>,
+    whole: &[String],
+) -> (Amount, Amount) {
+    let name = pod.metadata.name.as_deref();
+    let mut used = Amount::default();
+    for other in pods.iter().filter(|p| p.metadata.name.as_deref() != name) {
+        if holds_on(other).is_some_and(|node| model_nodes.contains(node)) {
+            used += amount_of_pod(other, whole);
+        }
+    }
+    let (claimed, held) = claims::split(pod, claims, model_nodes);
+    used.gpus += held;
+    let mut asked = amount_of_pod(pod, whole);
+    asked.gpus += claimed;
+    (used, asked)
 }
 
 /// The node whose GPUs `pod` holds against its namespace's quotas: the node
