@@ -33,7 +33,7 @@ use tracing::info;
 use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
 use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
 use super::observe::{is_transition, job_pod, job_state, namespaces_under_way};
-use super::workloads::Workloads;
+use super::workloads::{PAGE_SIZE, Workloads};
 use crate::error::{Error, Result};
 use crate::metrics::{ControllerKind, Metrics};
 use crate::names::CAPTURE_FIELD_MANAGER;
@@ -189,11 +189,7 @@ async fn job_observed(client: &Client, namespace: &str, name: &str) -> Result<Op
         return Ok(None);
     };
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("job-name={name}")))
-        .await?;
-    let Some(pod) = job_pod(&listed.items, &job_uid) else {
+    let Some(pod) = owned_job_pod(client, namespace, name, &job_uid).await? else {
         let failed = job
             .status
             .and_then(|s| s.failed)
@@ -216,7 +212,34 @@ async fn job_observed(client: &Client, namespace: &str, name: &str) -> Result<Op
         .into_iter()
         .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
         .collect();
-    Ok(Some(job_state(pod, &events)))
+    Ok(Some(job_state(&pod, &events)))
+}
+
+/// The Job `name`'s own pod ([`job_pod`]), listed by the Job's label in
+/// pages of [`PAGE_SIZE`] keeping only the best so far: pods carrying the
+/// label, which anyone creating pods in the namespace can make, never
+/// weigh more than a page in the operator.
+async fn owned_job_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    job_uid: &str,
+) -> Result<Option<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut params = ListParams::default()
+        .labels(&format!("job-name={name}"))
+        .limit(PAGE_SIZE);
+    let mut found: Option<Pod> = None;
+    loop {
+        let page = pods.list(&params).await?;
+        let mut candidates: Vec<Pod> = found.take().into_iter().collect();
+        candidates.extend(job_pod(&page.items, job_uid).cloned());
+        found = job_pod(&candidates, job_uid).cloned();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(found),
+        }
+    }
 }
 
 /// Creates or deletes the capture Job the decision names.

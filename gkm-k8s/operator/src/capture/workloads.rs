@@ -39,9 +39,9 @@ use gkm_k8s_api::crd::GKMCacheCapture;
 /// selector, so running pods are never sent).
 const ENDED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
-/// Pods per page of a (re)list: what the operator holds at most of whole
-/// pods at once (a pod is at most about 1.5 MiB, the apiserver's request
-/// limit; 256 KiB of annotations at most).
+/// Pods per page of a (re)list, here and of a capture Job's pods: what the
+/// operator holds at most of whole pods at once (a pod is at most about
+/// 1.5 MiB, the apiserver's request limit; 256 KiB of annotations at most).
 pub const PAGE_SIZE: u32 = 20;
 
 /// The ended pods naming a capture, by namespace then pod name.
