@@ -216,7 +216,7 @@ fn mounts_naming(names: &[String]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_writable_cache_volume_gives_each_pod_a_private_upper_and_never_writes_the_store() {
+async fn each_writable_publish_gets_a_private_upper_and_the_store_is_never_written() {
     let mut n = Node::new().await;
     let verified = gkm_testenv::tree_files(&n.entry()).expect("the store's tree");
     let pods = ["writer-a", "writer-b"];
