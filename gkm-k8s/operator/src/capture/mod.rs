@@ -1,7 +1,9 @@
 //! The on-cluster capture: what to do next for a `GKMCacheCapture`
 //! ([`decide`], pure), read from the cluster (`observe`, pure), the Job
-//! that runs `gkm capture` for it ([`job`]), and the controller carrying
-//! the decisions out (`controller`, thin glue, started by [`run`]).
+//! that runs `gkm capture` for it ([`job`]), the ended workload pods it
+//! acts on, watched only where a capture is under way (`workloads`), and
+//! the controller carrying the decisions out (`controller`, thin glue,
+//! started by [`run`]).
 //!
 //! Its reconciles run as every controller's do (the crate's runner: a panic
 //! contained, metrics under `gkmcachecapture`, the same retries).
