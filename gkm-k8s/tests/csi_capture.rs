@@ -506,6 +506,8 @@ async fn a_capture_tree_is_released_within_a_minute_of_its_pods_end_when_nothing
     .await
     .expect("a pending capture's tree no Job read goes after --capture-unread-grace");
     assert!(no_tree(&store), "nothing left on the node");
+    let markers = gkm_testenv::tree_files(&store.join("csi/capture-idle")).unwrap_or_default();
+    assert!(markers.is_empty(), "idle markers left: {markers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

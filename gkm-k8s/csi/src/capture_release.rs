@@ -188,6 +188,16 @@ fn release(node: &NodeService, capture: &CaptureName, uid: &str, why: &str) {
             {
                 warn!(error = %e, marker = %marker.display(), "removing an idle marker");
             }
+            // Its capture's and namespace's directories, once empty.
+            let capture_dir = marker.parent();
+            for dir in [capture_dir, capture_dir.and_then(Path::parent)]
+                .into_iter()
+                .flatten()
+            {
+                if fs::remove_dir(dir).is_err() {
+                    break;
+                }
+            }
             info!(capture = %capture, pod = %uid, why, "released a capture tree");
         }
         Err(status) => warn!(error = %status.message(), "releasing a capture tree"),
