@@ -430,6 +430,7 @@ const OPERATOR_RULES: &[&str] = &[
     "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation,gkm-image-volume",
     "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
     "gkm.io gkmgpuquotas list",
+    "resource.k8s.io resourceclaims list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",
     // On-cluster capture.
     "gkm.io gkmcachecaptures get,list,watch",
