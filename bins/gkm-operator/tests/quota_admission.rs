@@ -289,6 +289,75 @@ async fn binding_a_pod_beyond_its_namespaces_gpu_model_quota_is_refused() -> any
     Ok(())
 }
 
+/// The `EnforcedAtAdmission` condition of quota `name` in `namespace`
+/// once it is `status`: its message.
+async fn enforced_condition(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    status: &str,
+) -> anyhow::Result<String> {
+    let quotas = Api::<gkm_k8s_api::crd::GKMGPUQuota>::namespaced(admin.clone(), namespace);
+    gkm_testenv::eventually(
+        &format!("quota {namespace}/{name} EnforcedAtAdmission={status}"),
+        Duration::from_secs(30),
+        || {
+            let quotas = &quotas;
+            async move {
+                let quota = quotas.get(name).await?;
+                Ok(quota
+                    .status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.type_ == "EnforcedAtAdmission" && c.status == status)
+                    .map(|c| c.message))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_quota_in_a_namespace_without_the_label_says_it_is_not_enforced_and_how_to_enforce_it()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ground = ground().await?;
+    let admin = ground.admin.clone();
+    namespace(&admin, "quota-unlabelled", None).await?;
+    let quota: gkm_k8s_api::crd::GKMGPUQuota = serde_json::from_value(json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMGPUQuota",
+        "metadata": {"name": "a100-gpus", "namespace": "quota-unlabelled"},
+        "spec": {"limits": [{"model": A100, "gpus": 1}]},
+    }))?;
+    Api::<gkm_k8s_api::crd::GKMGPUQuota>::namespaced(admin.clone(), "quota-unlabelled")
+        .create(&PostParams::default(), &quota)
+        .await?;
+    let message = enforced_condition(&admin, "quota-unlabelled", "a100-gpus", "False").await?;
+    assert!(
+        message.contains("kubectl label namespace quota-unlabelled gkm.io/gpu-quota=enforced"),
+        "the condition does not say how to enforce the quota: {message}"
+    );
+    // Unlabelled, a pod naming its node goes past the quota unjudged...
+    for name in ["free-1", "free-2"] {
+        let pod = gpu_pod(name, Some("a100-1"))?;
+        assert_eq!(create(&admin, "quota-unlabelled", &pod).await?, None);
+    }
+    // ...and once the administrator labels the namespace, the quota says so.
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
+        "metadata": {"name": "quota-unlabelled",
+                     "labels": {ENFORCED_LABEL.0: ENFORCED_LABEL.1}}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(
+            "quota-unlabelled",
+            &PatchParams::apply("gkm-test").force(),
+            &Patch::Apply(&ns),
+        )
+        .await?;
+    enforced_condition(&admin, "quota-unlabelled", "a100-gpus", "True").await?;
+    Ok(())
+}
+
 /// The chart's configuration is the one the operator's crate describes
 /// (CEL expressions compared word by word: YAML folds them over lines).
 #[test]

@@ -60,12 +60,18 @@ pub struct GpuModelLimit {
 }
 
 /// What the namespace holds now, per model the quota names.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuQuotaStatus {
     /// Use per model, in the order of `spec.limits`.
     #[serde(default)]
     pub used: Vec<GpuModelUse>,
+    /// `EnforcedAtAdmission` (the operator's): whether the admission
+    /// webhooks judge the namespace's pods too, and if not, how to make
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
 }
 
 /// What the pods of the namespace hold on nodes of one model: bound pods and

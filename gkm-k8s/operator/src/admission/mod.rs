@@ -156,6 +156,7 @@ impl WebhookOptions {
 pub struct Webhook {
     server: EndpointServer,
     rotation: Option<tokio::task::JoinHandle<()>>,
+    enforcement: tokio::task::JoinHandle<()>,
 }
 
 /// Why the webhook could not start.
@@ -267,10 +268,20 @@ impl Webhook {
         info!(listen = %options.listen, endpoint = ?options.endpoint,
               client_certificates = if client_ca.is_some() { "required" } else { "not asked for" },
               "serving the pvc-mutation, image-volume and GPU-quota webhooks");
+        // Each GKMGPUQuota says whether these webhooks judge its namespace.
+        let enforcement = tokio::spawn(quota::enforcement::keep(
+            client.clone(),
+            options.namespace.clone(),
+            options.check_interval,
+        ));
         let rotation = shared.map(|(store, shared)| {
             tokio::spawn(keep_current(client, options.clone(), store, cert, shared))
         });
-        Ok(Webhook { server, rotation })
+        Ok(Webhook {
+            server,
+            rotation,
+            enforcement,
+        })
     }
 
     /// Stops serving.
@@ -278,6 +289,7 @@ impl Webhook {
         if let Some(task) = self.rotation {
             task.abort();
         }
+        self.enforcement.abort();
         if let Err(e) = self.server.stop().await {
             warn!(error = %e, "stopping the webhook server");
         }

@@ -20,6 +20,7 @@
 //! reservations keep its own binds exact.
 
 pub mod decide;
+pub mod enforcement;
 
 use std::collections::{BTreeSet, HashSet};
 
