@@ -491,6 +491,9 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
         .await?;
     stack.start_csi(NODE)?;
+    // Its agent writes the capture index, without which the driver
+    // publishes no capture volume.
+    stack.start_agent(NODE)?;
     // The gkm command line's image, as hack/images/build.sh builds it, in the
     // node's containerd.
     let gkm = gkm_testenv::workspace_binary("gkm")?;
