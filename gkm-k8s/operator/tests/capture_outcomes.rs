@@ -4,7 +4,8 @@
 //!
 //! - a pod carrying a capture Job's labels and a terminated container's
 //!   message, but not made by that Job, does not set the capture's outcome
-//!   nor the cache it points; the Job's own pod does;
+//!   nor the cache it points; the Job's own pod does; a Job made under the
+//!   capture Job's name by someone else is not read at all;
 //! - the workload captured is the one that succeeded, whatever the names of
 //!   the pods that failed;
 //! - a thousand finished pods with 250 KiB of annotations each, most in a
@@ -122,10 +123,12 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
         )
         .await?;
 
-    // Workloads that ended before their captures were made: "warm"'s
-    // succeeded; of "chosen"'s, the one that failed sorts first by name.
+    // Workloads that ended before their captures were made: "warm"'s and
+    // "squatted"'s succeeded; of "chosen"'s, the one that failed sorts
+    // first by name.
     for (name, capture, phase) in [
         ("warm-workload", "warm", "Succeeded"),
+        ("squatted-workload", "squatted", "Succeeded"),
         ("a-failed", "chosen", "Failed"),
         ("b-succeeded", "chosen", "Succeeded"),
     ] {
@@ -136,6 +139,32 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
         .await?;
         set_status(&pods, name, json!({ "phase": phase })).await?;
     }
+    // A Job under the name "squatted"'s first capture Job will have, made
+    // by someone else, and a pod it controls ending with an outcome.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let squatter: Job = serde_json::from_value(json!({
+        "metadata": {"name": "capture-squatted-1", "namespace": ns},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox"}]}}},
+    }))?;
+    let squatter = jobs.create(&PostParams::default(), &squatter).await?;
+    let squatter_pod = json!({
+        "labels": {"job-name": "capture-squatted-1"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+            "name": "capture-squatted-1", "uid": squatter.metadata.uid, "controller": true}]});
+    pods.create(
+        &PostParams::default(),
+        &pod(ns, "squatter", None, squatter_pod)?,
+    )
+    .await?;
+    let forged_digest = format!("sha256:{}", "e".repeat(64));
+    set_status(
+        &pods,
+        "squatter",
+        terminated(&captured("evil.invalid/squatted", &forged_digest)),
+    )
+    .await?;
+
     let options = CaptureControllerOptions {
         job: JobOptions {
             image: "gkm:test".into(),
@@ -153,7 +182,7 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
             ..OperatorConfig::default()
         },
     );
-    for name in ["warm", "chosen"] {
+    for name in ["warm", "chosen", "squatted"] {
         captures
             .create(&PostParams::default(), &capture(ns, name)?)
             .await?;
@@ -172,7 +201,6 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
 
     // Another pod of the namespace, with the Job's labels and an outcome of
     // its own: not the Job's.
-    let forged_digest = format!("sha256:{}", "e".repeat(64));
     let labels = json!({"labels": {
         "job-name": job_name, "batch.kubernetes.io/job-name": job_name,
         "controller-uid": job_uid, "batch.kubernetes.io/controller-uid": job_uid}});
@@ -230,6 +258,23 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
     .await?;
     assert_eq!(chosen.phase, CapturePhase::Capturing, "{chosen:?}");
     assert_eq!(chosen.pod.as_deref(), Some("b-succeeded"), "{chosen:?}");
+
+    // "squatted" reads nothing of the Job it did not make: it waits, and
+    // names why; no cache is pointed.
+    let squatted = settle(
+        Duration::from_secs(5),
+        || async { Ok(captures.get("squatted").await?.status.unwrap_or_default()) },
+        |status| status.phase.is_final(),
+    )
+    .await?;
+    assert_eq!(squatted.phase, CapturePhase::Capturing, "{squatted:?}");
+    assert_eq!(
+        squatted.reason.as_deref(),
+        Some("JobNotOwned"),
+        "{squatted:?}"
+    );
+    assert_eq!(squatted.digest, None, "{squatted:?}");
+    assert!(caches.get_opt("squatted").await?.is_none());
     operator.abort();
     Ok(())
 }

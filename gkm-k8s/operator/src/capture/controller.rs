@@ -32,7 +32,7 @@ use tracing::info;
 
 use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
 use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
-use super::observe::{is_transition, job_pod, job_state, namespaces_under_way};
+use super::observe::{is_capture_job, is_transition, job_pod, job_state, namespaces_under_way};
 use super::workloads::{PAGE_SIZE, Workloads};
 use crate::error::{Error, Result};
 use crate::metrics::{ControllerKind, Metrics};
@@ -130,7 +130,7 @@ async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Re
     };
     ctx.sync_namespaces();
     let status = capture.status.clone().unwrap_or_default();
-    let observed = observe(&ctx, &namespace, &name, &status).await?;
+    let observed = observe(&ctx, &capture, &namespace, &status).await?;
     let decision = decide(&name, &status, &observed, &ctx.options.retry);
     carry_out(&ctx, &capture, &namespace, &decision).await?;
     if let Some(image) = &decision.point_cache_at {
@@ -156,13 +156,14 @@ async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Re
 /// What the cluster shows of the capture `name`.
 async fn observe(
     ctx: &Context,
+    capture: &GKMCacheCapture,
     namespace: &str,
-    name: &str,
     status: &CaptureStatus,
 ) -> Result<Observed> {
-    let workloads = ctx.workloads.named(namespace, name);
+    let workloads = ctx.workloads.named(namespace, &capture.name_any());
+    let capture_uid = capture.metadata.uid.as_deref().unwrap_or_default();
     let job = match (&status.job, status.phase.is_final()) {
-        (Some(job), false) => job_observed(&ctx.client, namespace, job).await?,
+        (Some(job), false) => job_observed(&ctx.client, namespace, job, capture_uid).await?,
         _ => None,
     };
     let since_transition = status
@@ -180,14 +181,24 @@ async fn observe(
     })
 }
 
-/// The capture Job `name`'s state, or `None` when it does not exist.
-async fn job_observed(client: &Client, namespace: &str, name: &str) -> Result<Option<JobState>> {
+/// The capture Job `name`'s state, or `None` when it does not exist; a
+/// Job of that name the capture of uid `capture_uid` does not control is
+/// not read.
+async fn job_observed(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    capture_uid: &str,
+) -> Result<Option<JobState>> {
     let Some(job) = Api::<Job>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await?
     else {
         return Ok(None);
     };
+    if !is_capture_job(&job, capture_uid) {
+        return Ok(Some(JobState::NotTheCaptures));
+    }
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
     let Some(pod) = owned_job_pod(client, namespace, name, &job_uid).await? else {
         let failed = job

@@ -15,7 +15,9 @@
 //!   did not verify, a Job that cannot start because a Secret is missing)
 //!   is `Failed` at once. A Job that went missing (deleted by hand) is made
 //!   again under the same name, so an operator restarted mid-capture
-//!   carries on with the Job it made.
+//!   carries on with the Job it made. A Job of that name the capture does
+//!   not control is never read: the capture waits for it to go
+//!   (`JobNotOwned`).
 //! - `Complete` / `Failed`: nothing more, and the node's captured tree may
 //!   be removed.
 
@@ -93,6 +95,9 @@ pub enum JobState {
     },
     /// It finished; the outcome its container wrote, when it wrote one.
     Finished(Option<Outcome>),
+    /// A Job of that name exists that the capture does not control (made
+    /// by someone else): nothing of it is read.
+    NotTheCaptures,
 }
 
 /// What the cluster shows of a capture.
@@ -185,6 +190,19 @@ pub fn decide(name: &str, status: &CaptureStatus, observed: &Observed, retry: &R
             },
             (Some(JobState::Blocked { reason, message }), None) => failed(status, reason, message),
             (Some(JobState::Finished(outcome)), _) => finished(status, outcome.as_ref(), retry),
+            // Wait for it to go (a deleted capture's Job, not yet collected,
+            // or one made to pass for the capture's): then the capture's own
+            // is made under that name.
+            (Some(JobState::NotTheCaptures), _) => {
+                let mut next = status.clone();
+                next.reason = Some("JobNotOwned".into());
+                next.message = Some(format!(
+                    "a Job named {} exists that this capture did not make; nothing of it is \
+                     read, and the capture's own Job is made once it is gone",
+                    status.job.as_deref().unwrap_or_default()
+                ));
+                to(next, Action::None)
+            }
             // Waiting out a retry's backoff, or the Job went missing.
             (None, None) => retry_due(name, status, observed, retry),
             (None, Some(job)) => keep(Action::CreateJob(job.clone())),
@@ -508,6 +526,15 @@ mod tests {
         assert_eq!(d.status.phase, CapturePhase::Failed);
         assert_eq!(d.status.reason.as_deref(), Some("SecretNotFound"));
         assert_eq!(d.action, Action::DeleteJob(job_name("warm", 1)));
+        // A Job of that name the capture does not control: nothing of it
+        // is read, and the capture waits.
+        let d = step(
+            &capturing,
+            &observed(vec![], Some(JobState::NotTheCaptures)),
+        );
+        assert_eq!(d.status.phase, CapturePhase::Capturing);
+        assert_eq!(d.status.reason.as_deref(), Some("JobNotOwned"));
+        assert_eq!((d.action, d.status.digest), (Action::None, None));
         // A Job killed before it wrote an outcome.
         let d = step(
             &capturing,

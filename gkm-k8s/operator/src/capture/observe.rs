@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::decide::{JobState, Outcome, Workload, WorkloadState};
 
@@ -93,6 +95,31 @@ pub fn namespaces_under_way<'a>(
         .collect()
 }
 
+/// Whether `job` is the capture Job of the capture of uid `capture_uid`:
+/// its controller owner reference is that `GKMCacheCapture`, as on every
+/// Job the operator makes. A Job of the same name made by anyone who may
+/// create Jobs in the namespace is not.
+pub fn is_capture_job(job: &Job, capture_uid: &str) -> bool {
+    controlled_by(
+        &job.metadata.owner_references,
+        "gkm.io/v1alpha1",
+        "GKMCacheCapture",
+        capture_uid,
+    )
+}
+
+/// Whether `owners` name `api_version` `kind` of uid `uid` as controller.
+fn controlled_by(
+    owners: &Option<Vec<OwnerReference>>,
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+) -> bool {
+    owners.iter().flatten().any(|o| {
+        o.controller == Some(true) && o.api_version == api_version && o.kind == kind && o.uid == uid
+    })
+}
+
 /// The capture Job's own pod among `pods` (listed by the Job's label): one
 /// whose controller owner reference is the Job of uid `job_uid` (as the Job
 /// controller sets on the pods it makes), the first by name. Anyone who
@@ -100,14 +127,8 @@ pub fn namespaces_under_way<'a>(
 /// have it end with a message of its choosing; labels say nothing of who
 /// made a pod.
 pub fn job_pod<'a>(pods: &'a [Pod], job_uid: &str) -> Option<&'a Pod> {
-    let owned = |pod: &&Pod| {
-        pod.metadata.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true)
-                && o.api_version == "batch/v1"
-                && o.kind == "Job"
-                && o.uid == job_uid
-        })
-    };
+    let owned =
+        |pod: &&Pod| controlled_by(&pod.metadata.owner_references, "batch/v1", "Job", job_uid);
     pods.iter()
         .filter(owned)
         .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
@@ -236,6 +257,24 @@ mod tests {
         ];
         let watched: Vec<String> = namespaces_under_way(&captures).into_iter().collect();
         assert_eq!(watched, ["capturing", "new", "pending"]);
+    }
+
+    #[test]
+    fn only_a_job_the_capture_controls_is_its_job() {
+        let job = |owner_uid: &str, controller: bool| -> Job {
+            serde_json::from_value(json!({
+                "metadata": {"name": "capture-warm-1", "ownerReferences": [{
+                    "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+                    "name": "warm", "uid": owner_uid, "controller": controller}]},
+            }))
+            .expect("a Job")
+        };
+        assert!(is_capture_job(&job("capture-uid", true), "capture-uid"));
+        assert!(!is_capture_job(&job("capture-uid", false), "capture-uid"));
+        assert!(!is_capture_job(&job("other-uid", true), "capture-uid"));
+        let squatted: Job =
+            serde_json::from_value(json!({"metadata": {"name": "capture-warm-1"}})).expect("a Job");
+        assert!(!is_capture_job(&squatted, "capture-uid"));
     }
 
     #[test]
