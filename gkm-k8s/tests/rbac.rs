@@ -102,6 +102,7 @@ fn deploy_yaml_parses_into_known_kinds_and_install_yaml_is_its_parts() -> anyhow
         kind_of::<MutatingWebhookConfiguration>(),
         kind_of::<ValidatingWebhookConfiguration>(),
         kind_of::<NetworkPolicy>(),
+        kind_of::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
         (
             "kubescheduler.config.k8s.io/v1",
@@ -429,7 +430,8 @@ const OPERATOR_RULES: &[&str] = &[
     "admissionregistration.k8s.io mutatingwebhookconfigurations create",
     "admissionregistration.k8s.io mutatingwebhookconfigurations get,patch gkm-pvc-mutation,gkm-image-volume",
     "admissionregistration.k8s.io validatingwebhookconfigurations patch gkm-gpu-quota",
-    "gkm.io gkmgpuquotas list",
+    "gkm.io gkmgpuquotas list,watch",
+    "gkm.io gkmgpuquotas/status patch",
     "resource.k8s.io resourceclaims list",
     "rbac.authorization.k8s.io clusterroles get gkm-operator",
     // On-cluster capture.
