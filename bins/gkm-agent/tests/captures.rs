@@ -1,8 +1,9 @@
 //! The capture index, as the agent writes it for the CSI driver (which
 //! reads no cluster object): `gkm-agent`, as its ServiceAccount with the
-//! shipped RBAC against a real kube-apiserver, says of each captured tree's
-//! capture whether it is open, over or gone, and says it again as the
-//! capture ends.
+//! shipped RBAC against a real kube-apiserver, names every pending capture
+//! of the cluster (the driver publishes capture volumes only for those),
+//! says of each captured tree's capture whether it is open, over or gone,
+//! and says it again as the capture ends.
 
 use std::process::Command;
 use std::time::Duration;
@@ -23,6 +24,8 @@ async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyho
     let namespace = "capture-team";
     plane.ensure_node(node).await?;
     plane.ensure_namespace(namespace).await?;
+    let elsewhere = "capture-elsewhere";
+    plane.ensure_namespace(elsewhere).await?;
     let dir = gkm_testenv::temp_dir()?;
     let store = dir.path().join("store");
     std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
@@ -61,6 +64,12 @@ async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyho
         }
     };
     set_phase("Capturing").await?;
+    // A capture of another namespace, pending, no tree on this node yet.
+    let mut pending = capture.clone();
+    pending.metadata.namespace = Some(elsewhere.into());
+    Api::<GKMCacheCapture>::namespaced(admin.clone(), elsewhere)
+        .patch("warm", &apply, &Patch::Apply(&pending))
+        .await?;
 
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-agent"));
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -77,19 +86,22 @@ async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyho
     let agent = Process::spawn("gkm-agent", cmd, &dir.path().join("gkm-agent.log"))?;
 
     let index = CaptureIndex::new(&store);
-    let (warm, deleted) = (
+    let (warm, deleted, other) = (
         CaptureName::new(namespace, "warm"),
         CaptureName::new(namespace, "deleted"),
+        CaptureName::new(elsewhere, "warm"),
     );
     let says = |warm_state: CaptureState| {
-        let (index, warm, deleted) = (index.clone(), warm.clone(), deleted.clone());
+        let (index, warm, deleted, other) =
+            (index.clone(), warm.clone(), deleted.clone(), other.clone());
         move || {
             let index = index.clone();
-            let (warm, deleted) = (warm.clone(), deleted.clone());
+            let (warm, deleted, other) = (warm.clone(), deleted.clone(), other.clone());
             async move {
                 Ok(index.read()?.filter(|captures| {
                     captures.state(&warm) == Some(warm_state)
                         && captures.state(&deleted) == Some(CaptureState::Gone)
+                        && captures.state(&other) == Some(CaptureState::Open)
                 }))
             }
         }
@@ -97,7 +109,7 @@ async fn the_agent_writes_what_the_cluster_says_of_the_captured_trees() -> anyho
     let with_log = |e: anyhow::Error| e.context(format!("agent log:\n{}", agent.log_tail(40)));
 
     gkm_testenv::eventually(
-        "the index says warm is open and deleted gone",
+        "the index says warm is open, deleted gone, the other pending",
         Duration::from_secs(30),
         says(CaptureState::Open),
     )
