@@ -186,7 +186,7 @@ pub fn virtualenv() -> anyhow::Result<PathBuf> {
 /// The directory of the fleet's checker, `hack/fixtures`: `triton_fleet.py`
 /// and the `triton_calls.py` it imports.
 pub fn checker_dir() -> PathBuf {
-    repo_root().join("hack/fixtures")
+    crate::repo_root().join("hack/fixtures")
 }
 
 /// The name of the directory under `TRITON_CACHE_DIR` that holds the kernel
@@ -195,7 +195,7 @@ pub fn checker_dir() -> PathBuf {
 pub fn key_dir(hash: &str) -> anyhow::Result<String> {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     anyhow::ensure!(
-        hash.len() % 2 == 0 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        hash.len().is_multiple_of(2) && hash.bytes().all(|b| b.is_ascii_hexdigit()),
         "kernel hash {hash:?} is not hex"
     );
     let bytes: Vec<u8> = (0..hash.len())

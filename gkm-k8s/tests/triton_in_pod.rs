@@ -1,0 +1,401 @@
+//! Real Triton inside a pod on a real node, against a `csi.gkm.io` cache
+//! volume, as a workload meets it: the pod runs as uid 1000 (fsGroup 1000),
+//! sets `TRITON_CACHE_DIR` to its cache volume, mounted at the path the
+//! cache was built at, and runs the fleet's checker
+//! (`hack/fixtures/triton_fleet.py check`): the kernels the cache holds for
+//! `cuda/75/32`, then the same kernels for a target the cache never saw,
+//! reporting for each whether Triton's last compile stage ran.
+//!
+//! A writable cache volume (not `readOnly`) reuses every delivered kernel
+//! and takes the new ones into the pod's own upper: a second pod on the
+//! node at the same time sees none of them, and once both end no upper is
+//! left and the store's tree is byte for byte the verified one. A read-only
+//! cache volume makes Triton fail on its first miss.
+//!
+//! The node is a real kubelet with containerd and runc; the driver is
+//! gkm-csi's, served by this process and registered with that kubelet
+//! (`triton_pod_support`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod csi_support;
+mod triton_pod_support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gkm_oci::Digest;
+use gkm_testenv::triton::{TritonReport, VIRTUALENV_LINK, checker_dir, key_dir, virtualenv};
+use gkm_testenv::{
+    BUSYBOX_IMAGE, ControlPlane, pod_log, running_pod_log, tree_files, wait_for_pod,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use triton_pod_support::{CACHE, NS, TritonNode, node};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+/// A target the delivered cache holds no kernel for.
+const NEW_TARGET: &str = "cuda/80/32";
+/// Where the pod sees the fleet's checker.
+const CHECKER: &str = "/checks";
+/// The pod's own scratch space: its `HOME` and `TMPDIR` (Triton's backend
+/// writes its temporary files there).
+const SCRATCH: &str = "/scratch";
+
+/// What the host's Python needs from the host, mounted read-only at the
+/// same paths. A property of this test ground (Triton's virtualenv there is
+/// Debian's `python3` with the wheels beside it; `/lib` and `/lib64` are
+/// links into `/usr`), not of gkm: a real workload brings its own image.
+const HOST_SYSTEM_DIRS: [(&str, &str); 3] = [
+    ("host-usr", "/usr"),
+    ("host-lib", "/lib"),
+    ("host-lib64", "/lib64"),
+];
+
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+fn ended(pod: &Pod) -> bool {
+    matches!(phase(pod), Some("Succeeded" | "Failed"))
+}
+
+/// The exit code of `pod`'s (single) container, once it has ended.
+fn exit_code(pod: &Pod) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+/// The non-root security context every test pod runs with.
+fn non_root() -> Value {
+    json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": true})
+}
+
+/// The cache volume, mounted read-only or not, with `attrs` as volume
+/// attributes besides the cache's name.
+fn cache_volume(read_only: bool, attrs: &[(&str, &str)]) -> Value {
+    let mut attributes = serde_json::Map::new();
+    attributes.insert("csi.gkm.io/GKMCache".into(), CACHE.into());
+    for (k, v) in attrs {
+        attributes.insert((*k).into(), (*v).into());
+    }
+    json!({"name": "kernels", "csi": {
+        "driver": "csi.gkm.io",
+        "readOnly": read_only,
+        "volumeAttributes": attributes,
+    }})
+}
+
+/// A pod running real Triton from the host's virtualenv against its cache
+/// volume at `mount`: the fleet's checker compiles the fixture's kernels for
+/// its target, then for [`NEW_TARGET`], and prints a JSON report a target.
+fn triton_pod(
+    n: &TritonNode,
+    name: &str,
+    mount: &Path,
+    read_only: bool,
+    attrs: &[(&str, &str)],
+) -> anyhow::Result<Pod> {
+    let mount = mount.display().to_string();
+    let venv = virtualenv()?.display().to_string();
+    let mut volumes = vec![
+        cache_volume(read_only, attrs),
+        json!({"name": "venv", "hostPath": {"path": venv, "type": "Directory"}}),
+        json!({"name": "checker", "hostPath": {
+            "path": checker_dir().display().to_string(), "type": "Directory"}}),
+        json!({"name": "scratch", "emptyDir": {}}),
+    ];
+    let mut mounts = vec![
+        json!({"name": "kernels", "mountPath": mount, "readOnly": read_only}),
+        json!({"name": "venv", "mountPath": VIRTUALENV_LINK, "readOnly": true}),
+        json!({"name": "checker", "mountPath": CHECKER, "readOnly": true}),
+        json!({"name": "scratch", "mountPath": SCRATCH}),
+    ];
+    for (volume, path) in HOST_SYSTEM_DIRS {
+        volumes.push(json!({"name": volume, "hostPath": {"path": path}}));
+        mounts.push(json!({"name": volume, "mountPath": path, "readOnly": true}));
+    }
+    let command = [
+        format!("{VIRTUALENV_LINK}/bin/python"),
+        format!("{CHECKER}/triton_fleet.py"),
+        "check".into(),
+        "--target".into(),
+        n.fixture.target.clone(),
+        "--cache".into(),
+        mount.clone(),
+        "--target".into(),
+        NEW_TARGET.into(),
+        "--cache".into(),
+        mount.clone(),
+    ];
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": n.name,
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": non_root(),
+            "containers": [{
+                "name": "triton", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": command,
+                "env": [
+                    {"name": "TRITON_CACHE_DIR", "value": mount},
+                    {"name": "HOME", "value": SCRATCH},
+                    {"name": "TMPDIR", "value": SCRATCH},
+                    {"name": "PATH", "value": "/usr/bin:/bin"},
+                ],
+                "volumeMounts": mounts,
+            }],
+            "volumes": volumes,
+        }
+    }))?)
+}
+
+/// A busybox pod with a writable cache volume at `mount`, waiting.
+fn idle_pod(
+    n: &TritonNode,
+    name: &str,
+    mount: &Path,
+    attrs: &[(&str, &str)],
+) -> anyhow::Result<Pod> {
+    let mount = mount.display().to_string();
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": n.name,
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": non_root(),
+            "containers": [{
+                "name": "idle", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "ls \"$1\" >/dev/null && echo READY; exec sleep 100000", "sh", mount],
+                "volumeMounts": [{"name": "kernels", "mountPath": mount}],
+            }],
+            "volumes": [cache_volume(false, attrs)],
+        }
+    }))?)
+}
+
+/// The checker's reports in a pod's log (Python's warnings may share it).
+fn reports_in(log: &str) -> anyhow::Result<Vec<TritonReport>> {
+    Ok(log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?)
+}
+
+/// Deletes the pods `names` and waits until they are gone.
+async fn delete_all(pods: &Api<Pod>, names: &[&str]) -> anyhow::Result<()> {
+    for name in names {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    gkm_testenv::eventually("the pods are gone", TIMEOUT, || async move {
+        for name in names {
+            if pods.get_opt(name).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The kubelet's volume id of an inline CSI volume named `kernels` of the
+/// pod with uid `uid` (`csi-` and the SHA-256 of the two): the name of its
+/// upper in the store.
+fn volume_handle(uid: &str) -> String {
+    format!(
+        "csi-{}",
+        Digest::of(format!("{uid}kernels").as_bytes()).hex()
+    )
+}
+
+async fn pods_api() -> anyhow::Result<Api<Pod>> {
+    let plane = ControlPlane::shared().await?;
+    Ok(Api::namespaced(plane.client().await?, NS))
+}
+
+/// Real Triton in a non-root pod with a writable cache volume at `mount`
+/// (with `attrs` as volume attributes besides the cache's name), and
+/// another pod of the same cache beside it (pods `triton-<name>` and
+/// `idle-<name>`): every delivered kernel is a hit, every kernel for
+/// [`NEW_TARGET`] is compiled into the first pod's view only, and once both
+/// pods end no upper is left and the store's tree is the verified one.
+async fn hits_every_delivered_kernel_and_compiles_new_ones(
+    name: &str,
+    mount: &Path,
+    attrs: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let n = node();
+    let (triton, idle_name) = (format!("triton-{name}"), format!("idle-{name}"));
+    let (triton, idle_name) = (triton.as_str(), idle_name.as_str());
+    let verified = tree_files(&n.entry)?;
+    let pods = pods_api().await?;
+
+    // A second pod of the same cache, up before Triton starts and after it ends.
+    let idle = pods
+        .create(
+            &PostParams::default(),
+            &idle_pod(n, idle_name, mount, attrs)?,
+        )
+        .await?;
+    running_pod_log(&pods, idle_name, "idle", "READY", TIMEOUT).await?;
+
+    let triton_uid = pods
+        .create(
+            &PostParams::default(),
+            &triton_pod(n, triton, mount, false, attrs)?,
+        )
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let idle_uid = idle.metadata.uid.clone().unwrap_or_default();
+    // Each view is writable: the driver gave it an upper of its own.
+    let uppers = [
+        n.uppers().join(volume_handle(&idle_uid)),
+        n.uppers().join(volume_handle(&triton_uid)),
+    ];
+    assert!(uppers[0].is_dir(), "{idle_name} has no upper");
+    let done = wait_for_pod(&pods, triton, TIMEOUT, ended).await?;
+    let log = pod_log(&pods, triton, "triton").await?;
+    eprintln!("{triton}:\n{log}");
+    assert_eq!(phase(&done), Some("Succeeded"), "{log}");
+    assert_eq!(exit_code(&done), Some(0), "{log}");
+
+    let reports = reports_in(&log)?;
+    assert_eq!(reports.len(), 2, "{log}");
+    let (delivered, new) = (&reports[0], &reports[1]);
+    // Every delivered kernel is a hit, read from the volume.
+    assert_eq!(delivered.target, n.fixture.target);
+    assert_eq!(delivered.cache, mount);
+    assert_eq!(delivered.kernels.len(), n.fixture.kernels, "{delivered:#?}");
+    assert!(
+        delivered.reused_whole(),
+        "Triton compiled a delivered kernel:\n{delivered:#?}"
+    );
+    // Every kernel the cache never saw is compiled, into the volume.
+    assert_eq!(new.target, NEW_TARGET);
+    assert_eq!(new.kernels.len(), n.fixture.kernels, "{new:#?}");
+    assert_eq!(new.compiled, new.kernels.len(), "{new:#?}");
+    assert!(
+        new.kernels
+            .iter()
+            .all(|k| k.read_from == [mount.to_path_buf()]),
+        "{new:#?}"
+    );
+
+    // The other pod, still running, sees the delivered kernels and none of
+    // the new ones; the store's tree holds none of them either.
+    let idle_now = pods.get(idle_name).await?;
+    assert_eq!(phase(&idle_now), Some("Running"));
+    let view = n.view(&idle_uid, "kernels");
+    for kernel in &delivered.kernels {
+        let key = key_dir(&kernel.hash)?;
+        assert!(
+            view.join(&key).is_dir(),
+            "{idle_name} lacks delivered {key}"
+        );
+    }
+    for kernel in &new.kernels {
+        let key = key_dir(&kernel.hash)?;
+        assert!(
+            !view.join(&key).exists(),
+            "{idle_name} sees {key}, which {triton} compiled"
+        );
+        assert!(
+            !verified
+                .iter()
+                .any(|(p, _)| p.components().any(|c| c.as_os_str() == key.as_str())),
+            "the store holds {key}"
+        );
+    }
+
+    // Once both pods end, neither upper is left and the store is untouched.
+    delete_all(&pods, &[triton, idle_name]).await?;
+    let uppers = &uppers;
+    gkm_testenv::eventually("no upper is left", TIMEOUT, || async move {
+        Ok(uppers.iter().all(|u| !u.exists()).then_some(()))
+    })
+    .await?;
+    assert!(
+        tree_files(&n.entry)? == verified,
+        "the store changed under a writable cache volume"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_triton_in_a_non_root_pod_hits_every_delivered_kernel_and_compiles_a_new_one()
+-> anyhow::Result<()> {
+    // Where the pod mounts its cache: where it was built (its group files
+    // name the files there).
+    let mount: PathBuf = node().fixture.compiled_at.clone();
+    hits_every_delivered_kernel_and_compiles_new_ones("rw", &mount, &[]).await
+}
+
+/// The same at a path the cache was not built at, named to the driver by
+/// `csi.gkm.io/mountPath`: without a layer that rewrites the group files
+/// for that path, Triton misses every delivered kernel there.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the relocation layer in the CSI driver"]
+async fn real_triton_in_a_non_root_pod_hits_every_delivered_kernel_and_compiles_a_new_one_at_another_mount_path()
+-> anyhow::Result<()> {
+    let mount = Path::new("/models/kernels/triton");
+    let at = mount.display().to_string();
+    hits_every_delivered_kernel_and_compiles_new_ones(
+        "moved",
+        mount,
+        &[("csi.gkm.io/mountPath", at.as_str())],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_cache_volume_makes_triton_fail_on_its_first_miss() -> anyhow::Result<()> {
+    let n = node();
+    let mount: PathBuf = n.fixture.compiled_at.clone();
+    let verified = tree_files(&n.entry)?;
+    let pods = pods_api().await?;
+    pods.create(
+        &PostParams::default(),
+        &triton_pod(n, "triton-ro", &mount, true, &[])?,
+    )
+    .await?;
+    let done = wait_for_pod(&pods, "triton-ro", TIMEOUT, ended).await?;
+    let log = pod_log(&pods, "triton-ro", "triton").await?;
+    eprintln!("triton-ro:\n{log}");
+    assert_eq!(phase(&done), Some("Failed"), "{log}");
+    assert_ne!(exit_code(&done), Some(0), "{log}");
+    // It failed writing the key directory of a kernel the cache does not
+    // hold (its first miss), having printed no report.
+    let refused = format!("Read-only file system: '{}/", mount.display());
+    let key = log
+        .split_once(&refused)
+        .and_then(|(_, rest)| rest.split(['\'', '/']).next())
+        .unwrap_or_else(|| panic!("Triton did not fail on a read-only write:\n{log}"));
+    assert!(
+        !verified
+            .iter()
+            .any(|(p, _)| p.components().any(|c| c.as_os_str() == key)),
+        "Triton failed on {key}, a kernel the cache holds:\n{log}"
+    );
+    assert!(reports_in(&log)?.is_empty(), "{log}");
+    delete_all(&pods, &["triton-ro"]).await?;
+    assert!(tree_files(&n.entry)? == verified);
+    Ok(())
+}

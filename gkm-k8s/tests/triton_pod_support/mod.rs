@@ -1,0 +1,185 @@
+//! One real node for the Triton-in-a-pod tests: a kubelet with its own
+//! containerd and runc, gkm's CSI driver (`csi.gkm.io`, served by this
+//! process, registered with the kubelet through its plugin registry as the
+//! driver's own pod does), and a node store holding the fleet's real Triton
+//! cache for `cuda/75/32`, built into an image and extracted as the agent
+//! does, deliverable as `ml/vector-add`. It is started once per test binary
+//! on a thread and runtime of its own (the driver must outlive every
+//! test's runtime), and torn down at exit.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gkm_k8s_csi::{PLUGIN, RegistrationService, serve_registration};
+use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
+use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
+use gkm_testenv::triton::{FleetTarget, fleet_target_named};
+use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root, yaml_documents};
+
+use crate::csi_support::{gkmcache, start_driver};
+
+/// The namespace of the test pods, and of their cache.
+pub const NS: &str = "ml";
+/// The `GKMCache` the pods' volumes name.
+pub const CACHE: &str = "vector-add";
+/// The fleet fixture the cache is built from.
+pub const FIXTURE: &str = "cuda-75-32";
+
+/// The running node, as the tests see it.
+pub struct TritonNode {
+    /// The Node's name.
+    pub name: String,
+    /// The kubelet's `--root-dir`.
+    pub kubelet_dir: PathBuf,
+    /// The node store's root.
+    pub store: PathBuf,
+    /// The delivered cache's verified tree in the store.
+    pub entry: PathBuf,
+    /// The Triton fixture the cache was built from.
+    pub fixture: FleetTarget,
+}
+
+impl TritonNode {
+    /// The host's path of the cache volume `volume` of the pod with uid
+    /// `uid`: what that pod sees.
+    pub fn view(&self, uid: &str, volume: &str) -> PathBuf {
+        self.kubelet_dir
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~csi")
+            .join(volume)
+            .join("mount")
+    }
+
+    /// The writable views' uppers in the store.
+    pub fn uppers(&self) -> PathBuf {
+        self.store.join("csi/uppers")
+    }
+}
+
+static NODE: OnceLock<Result<TritonNode, String>> = OnceLock::new();
+
+/// The node of this test binary, started by the first caller (the others
+/// wait for it).
+pub fn node() -> &'static TritonNode {
+    match NODE.get_or_init(start_in_background) {
+        Ok(node) => node,
+        Err(e) => panic!("the real node did not start: {e}"),
+    }
+}
+
+/// Starts the node on a thread that keeps it (and the driver) running until
+/// the test binary exits.
+fn start_in_background() -> Result<TritonNode, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("triton-node".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match start().await {
+                    Ok((node, kept)) => {
+                        let _ = tx.send(Ok(node));
+                        let _kept = kept;
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{e:#}")));
+                    }
+                }
+            });
+        })
+        .map_err(|e| format!("spawning the node's thread: {e}"))?;
+    rx.recv()
+        .map_err(|_| "the node's thread ended".to_string())?
+}
+
+/// What must live as long as the node.
+type Kept = (RealNode, crate::csi_support::RunningDriver);
+
+async fn start() -> anyhow::Result<(TritonNode, Kept)> {
+    let plane = ControlPlane::shared().await?;
+    // The CSIDriver object, as deploy/ ships it (the kubelet reads it).
+    for doc in yaml_documents(&repo_root().join("deploy/manifests/csi.yaml"))? {
+        if doc["kind"] == "CSIDriver" {
+            plane.apply_object(&doc, false).await?;
+        }
+    }
+    plane.ensure_pod_namespace(NS).await?;
+    let name = "triton-node".to_string();
+    let real = RealNode::start(
+        plane,
+        RealNodeOptions {
+            name: name.clone(),
+            ..RealNodeOptions::default()
+        },
+    )
+    .await?;
+
+    // The store lives in the node's directory, removed with it at exit.
+    let store = real.paths().dir.join("gkm-store");
+    let fixture = fleet_target_named(FIXTURE)?;
+    let digest = store_tree(&real.paths().dir, &store, &fixture.fixture).await?;
+    DeliveryIndex::new(&store)
+        .publish(&gkmcache(NS, CACHE), &Delivery::deliverable(digest.clone()))
+        .context("publishing the delivery")?;
+
+    // The driver, where the kubelet's CSI client dials it, and its
+    // registration socket in the kubelet's plugin registry.
+    let socket = real.plugins_dir().join("csi.gkm.io/csi.sock");
+    let driver = start_driver(&socket, &name, &store).await;
+    let registration = RegistrationService::new(PLUGIN, socket.clone());
+    let registry_socket = real.plugins_registry_dir().join(PLUGIN.socket_name());
+    tokio::spawn({
+        let service = registration.clone();
+        async move {
+            if let Err(e) =
+                serve_registration(&registry_socket, service, std::future::pending()).await
+            {
+                eprintln!("serve_registration: {e}");
+            }
+        }
+    });
+    let registration = &registration;
+    eventually(
+        "the kubelet registers csi.gkm.io",
+        Duration::from_secs(120),
+        || async move { Ok(registration.is_registered().then_some(())) },
+    )
+    .await?;
+
+    let node = TritonNode {
+        kubelet_dir: real.kubelet_dir(),
+        entry: store.join("sha256").join(digest.hex()),
+        store,
+        fixture,
+        name,
+    };
+    Ok((node, (real, driver)))
+}
+
+/// Builds the cache tree `source` into an OCI layout under `work` and
+/// extracts it into the store at `store_root`, as the agent does; its digest.
+async fn store_tree(work: &Path, store_root: &Path, source: &Path) -> anyhow::Result<Digest> {
+    let dest: ImageRef = format!("oci:{}/layout:{CACHE}", work.display()).parse()?;
+    let opts = RegistryOptions::default();
+    let built = build(source, &dest, &BuildOptions::default(), &opts)
+        .await
+        .with_context(|| format!("building {}", source.display()))?;
+    let store = Store::open(store_root)?.with_durability(false);
+    let repo = Repo::open(&dest, &opts)?;
+    let stored = store.ensure(&repo, &ExtractPolicy::default(), None).await?;
+    anyhow::ensure!(stored.digest == built.digest, "extracted another image");
+    Ok(stored.digest)
+}
