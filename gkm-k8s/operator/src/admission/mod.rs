@@ -29,10 +29,19 @@
 //! The same server answers the `image-volume.gkm.io` pod webhook
 //! (`image_volume`), whose configuration is owned the same way.
 //!
-//! The same server answers the GPU-quota webhook ([`quota`]) at its own
-//! path, with the same certificate: its ValidatingWebhookConfiguration is
+//! The same server answers the GPU-quota webhooks ([`quota`]) at their own
+//! paths, with the same certificate: their ValidatingWebhookConfiguration is
 //! always someone else's (the chart's, or an administrator's at a URL), and
 //! the operator keeps only its `caBundle` to the same bundle.
+//!
+//! Who may ask, and what asking may cost: with
+//! [`WebhookOptions::client_ca`] only a client presenting a certificate
+//! that CA signed (the apiserver, from its admission configuration)
+//! completes the TLS handshake, since the answers describe whatever
+//! namespace a request names. Every path caps its body before decoding it
+//! ([`POD_REVIEW_MAX_BYTES`], [`BINDING_REVIEW_MAX_BYTES`]), decodes it into
+//! the review of its object type, and a replica answers at most
+//! [`MAX_REVIEWS_IN_FLIGHT`] at once.
 
 pub mod certs;
 mod endpoint;

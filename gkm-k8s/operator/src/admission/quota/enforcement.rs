@@ -1,8 +1,8 @@
 //! Whether each `GKMGPUQuota` is enforced at admission, said in its status:
 //! the quota webhooks judge only namespaces an administrator labelled
-//! [`ENFORCED_LABEL`](super::ENFORCED_LABEL), so a quota elsewhere is held
-//! at bind by the scheduler extender alone. Its condition
-//! `EnforcedAtAdmission` says which, and how to enforce it.
+//! [`ENFORCED_LABEL`], so a quota elsewhere is held at bind by the
+//! scheduler extender alone. Its condition `EnforcedAtAdmission` says
+//! which, and how to enforce it.
 //!
 //! [`condition`] decides (pure); [`keep`] follows quotas and namespaces by
 //! watches and writes the condition where it changed. Every replica runs

@@ -9,7 +9,12 @@
 //! - `pods` `CREATE` with `spec.nodeName` set (mirror pods of static pods
 //!   excepted: the kubelet runs them whatever the apiserver says);
 //! - `pods/binding` `CREATE`: a bind by any scheduler, the extender's
-//!   included (the same decision, so it agrees with it).
+//!   included (the same decision, so it agrees with it), at its own path
+//!   ([`QUOTA_BINDING_PATH`]).
+//!
+//! Only in namespaces an administrator labelled [`ENFORCED_LABEL`]: the
+//! others never wait on the operator, and their quotas say so
+//! ([`enforcement`]).
 //!
 //! The decision is [`gkm_k8s_api::quota::check`], the one the extender
 //! makes; what a pod asks is read as the extender reads it
