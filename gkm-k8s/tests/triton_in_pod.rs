@@ -349,10 +349,10 @@ async fn real_triton_in_a_non_root_pod_hits_every_delivered_kernel_and_compiles_
 }
 
 /// The same at a path the cache was not built at, named to the driver by
-/// `csi.gkm.io/mountPath`: without a layer that rewrites the group files
-/// for that path, Triton misses every delivered kernel there.
+/// `csi.gkm.io/mountPath`: the driver stacks the tree's group files
+/// rewritten for that path above it (without them Triton misses every
+/// delivered kernel there).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the relocation layer in the CSI driver"]
 async fn real_triton_in_a_non_root_pod_hits_every_delivered_kernel_and_compiles_a_new_one_at_another_mount_path()
 -> anyhow::Result<()> {
     let mount = Path::new("/models/kernels/triton");

@@ -59,6 +59,7 @@ fn request(target: &Path, n: usize, view: View) -> PublishRequest {
             uid: None,
         },
         view,
+        mount_path: None,
     }
 }
 

@@ -126,6 +126,7 @@ mod tests {
                 uid: uid.map(str::to_string),
             },
             view: crate::volume::View::ReadOnly,
+            mount_path: None,
         }
     }
 

@@ -212,6 +212,7 @@ fn fd_path(fd: &std::os::fd::OwnedFd) -> PathBuf {
 /// no redirect or metacopy attribute of the tree.
 pub fn mount_read_only_view(
     tree: &Path,
+    relocation: Option<&Path>,
     empty: &EmptyLayer,
     name: &str,
     target: &Path,
@@ -225,6 +226,7 @@ pub fn mount_read_only_view(
     // swapped between here and the mount, and no character of a path
     // (`:`, `,`) can be read as an overlay option.
     let tree = OpenDir::open(tree)?;
+    let relocation = relocation.map(OpenDir::open).transpose()?;
     let what = |step: &str| {
         format!(
             "mounting the read-only view {name} at {} ({step})",
@@ -233,7 +235,7 @@ pub fn mount_read_only_view(
     };
     let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| context(e, what("fsopen overlay: is overlayfs available?")))?;
-    let lower = format!("{}:{}", tree.source().display(), empty.source().display());
+    let lower = lower_dirs(relocation.as_ref(), &tree, Some(&empty.source()));
     for (key, value) in [
         ("source", name),
         ("lowerdir", lower.as_str()),
@@ -257,6 +259,20 @@ pub fn mount_read_only_view(
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
     .map_err(|e| context(e, what("move_mount")))
+}
+
+/// An overlay's `lowerdir`, topmost first: the relocation layer when there
+/// is one (its rewritten group files hide the tree's), the tree, and the
+/// empty layer a view without an upper needs.
+fn lower_dirs(relocation: Option<&OpenDir>, tree: &OpenDir, empty: Option<&Path>) -> String {
+    relocation
+        .map(OpenDir::source)
+        .into_iter()
+        .chain([tree.source()])
+        .chain(empty.map(Path::to_path_buf))
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Whether `mount` is the read-only view named `name`.
@@ -294,6 +310,7 @@ pub fn is_writable_view(mount: &MountInfo, name: &str) -> bool {
 /// whole: nothing is mounted at `target` but the finished view.
 pub fn mount_writable_view(
     tree: &Path,
+    relocation: Option<&Path>,
     upper: &crate::upper::Upper,
     group: Option<u32>,
     name: &str,
@@ -304,6 +321,7 @@ pub fn mount_writable_view(
         fsconfig_set_string, fsmount, fsopen, move_mount,
     };
     let tree = OpenDir::open(tree)?;
+    let relocation = relocation.map(OpenDir::open).transpose()?;
     let upper_dir = OpenDir::open(&upper.upper())?;
     let work_dir = OpenDir::open(&upper.work())?;
     let what = |step: &str| {
@@ -314,7 +332,7 @@ pub fn mount_writable_view(
     };
     let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| context(e, what("fsopen overlay: is overlayfs available?")))?;
-    let lower = tree.source().display().to_string();
+    let lower = lower_dirs(relocation.as_ref(), &tree, None);
     let upper_path = upper_dir.source().display().to_string();
     let work_path = work_dir.source().display().to_string();
     for (key, value) in [

@@ -27,6 +27,7 @@ use crate::upper::{self, Upper, writable_view_name};
 use crate::volume::{PublishRequest, View, absolute_path, parse_publish, required};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
+use gkm_k8s_node::relocation::{self, Relocation};
 
 /// The Node service of `csi.gkm.io` on one node.
 #[derive(Debug, Clone)]
@@ -101,7 +102,7 @@ impl NodeService {
             Decision::Mount(record) => {
                 // Ready entries always come with their open tree.
                 let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
-                self.mount(&record, &tree, req.view)
+                self.mount(&record, &tree, req.view, req.mount_path.as_deref())
             }
         }
     }
@@ -176,12 +177,35 @@ impl NodeService {
     }
 
     /// Records `record`, then mounts the `view` of `tree` at its target
-    /// (for a writable view, on a fresh upper); undoes it all if the mount
-    /// fails.
-    fn mount(&self, record: &MountRecord, tree: &CacheTree, view: View) -> Result<(), Status> {
+    /// (for a writable view, on a fresh upper), relocated to `mount_path`
+    /// when the volume names the path the pod mounts it at; undoes it all
+    /// if the mount fails.
+    fn mount(
+        &self,
+        record: &MountRecord,
+        tree: &CacheTree,
+        view: View,
+        mount_path: Option<&str>,
+    ) -> Result<(), Status> {
         let inner = &*self.inner;
         let node = &inner.node_name;
         let target = &record.target_path;
+        let relocation = match mount_path {
+            None => Relocation::NotNeeded,
+            Some(path) => {
+                relocation::ensure_layer(inner.store.root(), &record.digest, &tree.path, path)
+                    .map_err(|e| {
+                        Status::failed_precondition(format!(
+                            "relocating {} to the pod's mount path {path}: {e}",
+                            record.digest
+                        ))
+                    })?
+            }
+        };
+        let relocation = match &relocation {
+            Relocation::Layer(dir) => Some(dir.as_path()),
+            Relocation::NotNeeded => None,
+        };
         // Record first: the records are always a superset of the mounts, so
         // the agent never frees a digest that is mounted.
         inner.mounts.record(record).map_err(internal)?;
@@ -201,6 +225,7 @@ impl NodeService {
                 .and_then(|empty| {
                     mount_read_only_view(
                         &tree.mount_source(),
+                        relocation,
                         empty,
                         &cache_view_name(&record.digest),
                         target,
@@ -208,7 +233,7 @@ impl NodeService {
                 })
                 .map(|()| 0),
             View::Writable { group, max_bytes } => {
-                self.mount_writable(record, tree, group, max_bytes)
+                self.mount_writable(record, tree, relocation, group, max_bytes)
             }
         };
         let writable_dirs = match mounted {
@@ -249,6 +274,7 @@ impl NodeService {
         &self,
         record: &MountRecord,
         tree: &CacheTree,
+        relocation: Option<&Path>,
         group: Option<u32>,
         max_bytes: u64,
     ) -> io::Result<usize> {
@@ -257,6 +283,7 @@ impl NodeService {
         let name = writable_view_name(&record.volume_id, &record.digest);
         let mounted = mount_writable_view(
             &tree.mount_source(),
+            relocation,
             &upper,
             group,
             &name,
@@ -327,7 +354,7 @@ impl NodeService {
             bind(&tree, target)
         } else {
             self.empty_layer()
-                .and_then(|empty| mount_read_only_view(&tree, empty, &view, target))
+                .and_then(|empty| mount_read_only_view(&tree, None, empty, &view, target))
         };
         if let Err(e) = mounted {
             if created {

@@ -209,6 +209,7 @@ mod tests {
                 uid: Some("0c1d".into()),
             },
             view: View::ReadOnly,
+            mount_path: None,
         }
     }
 

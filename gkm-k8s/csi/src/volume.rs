@@ -16,7 +16,8 @@ use crate::{
 use gkm_core::CacheKey;
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
-use gkm_k8s_node::volume::ATTR_WRITABLE_MAX_BYTES;
+use gkm_k8s_node::relocation::is_mount_path;
+use gkm_k8s_node::volume::{ATTR_MOUNT_PATH, ATTR_WRITABLE_MAX_BYTES};
 
 /// A checked publish request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +32,10 @@ pub struct PublishRequest {
     pub pod: PodRef,
     /// The view the pod gets.
     pub view: View,
+    /// The path the pod mounts the volume at, when the volume says
+    /// ([`ATTR_MOUNT_PATH`]): the view then shows a tree built elsewhere
+    /// relocated there.
+    pub mount_path: Option<String>,
 }
 
 /// The view of the cache a publish mounts.
@@ -196,12 +201,20 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
              (letters, digits, '-', '_', '.'; at most 128)"
         )));
     }
+    let mount_path = req.volume_context.get(ATTR_MOUNT_PATH).cloned();
+    if let Some(path) = mount_path.as_deref().filter(|p| !is_mount_path(p)) {
+        return Err(Status::invalid_argument(format!(
+            "volume attribute {ATTR_MOUNT_PATH} {path:?} must be an absolute path without \
+             `.`, `..`, empty components or a trailing `/`"
+        )));
+    }
     Ok(PublishRequest {
         volume_id,
         target_path,
         cache,
         pod,
         view,
+        mount_path,
     })
 }
 
@@ -428,5 +441,18 @@ mod tests {
             refusal(&with(&[(ATTR_CACHE, "c"), (ATTR_NAMESPACE, "a/b")]))
                 .contains("not a valid namespace")
         );
+        for path in ["cache", "/a/../etc", "/a/", "/a//b"] {
+            assert!(
+                refusal(&with(&[(ATTR_CACHE, "c"), (ATTR_MOUNT_PATH, path)]))
+                    .contains(ATTR_MOUNT_PATH),
+                "{path}"
+            );
+        }
+        let p = parse_publish(&with(&[
+            (ATTR_CACHE, "c"),
+            (ATTR_MOUNT_PATH, "/root/.triton"),
+        ]))
+        .expect("ok");
+        assert_eq!(p.mount_path.as_deref(), Some("/root/.triton"));
     }
 }

@@ -25,6 +25,13 @@ pub const ATTR_CAPTURE_MAX_BYTES: &str = "csi.gkm.io/captureMaxBytes";
 /// private upper layer (bytes; the driver's own bound is the most it may
 /// be). A volume the pod mounts `readOnly` has no upper layer.
 pub const ATTR_WRITABLE_MAX_BYTES: &str = "csi.gkm.io/writableMaxBytes";
+/// The volume attribute naming the path the pod mounts a cache volume at
+/// (its `volumeMount.mountPath`, which the CSI driver is not told): a
+/// Triton tree built at another path is then shown with its group files
+/// rewritten for this one ([`crate::relocation`]), so every kernel is a hit
+/// there. Admission checks that every mount of the volume is at this path,
+/// without `subPath`.
+pub const ATTR_MOUNT_PATH: &str = "csi.gkm.io/mountPath";
 /// The kubelet's marker of an inline ephemeral volume (`"true"`).
 pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 /// The pod's namespace, as the kubelet passes it.
