@@ -27,6 +27,7 @@ use gkm_k8s_api::cache_object::{CacheKey, ReleaseObject};
 use gkm_k8s_api::crd::{CacheRelease, ClusterGKMCacheRelease, GKMCacheRelease, NodeCacheStatus};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecords, PodRef};
+use gkm_k8s_node::relocation;
 
 /// What the agent knows of one image digest. A digest's content never
 /// changes, so each fact is measured once.
@@ -436,6 +437,11 @@ impl Agent {
             let mut removed = Vec::new();
             for digest in expired {
                 if store.remove(&digest)? {
+                    let root = store.root();
+                    relocation::remove_layers(root, &digest).map_err(|source| Error::Io {
+                        path: relocation::layers_of(root, &digest),
+                        source,
+                    })?;
                     removed.push(digest);
                 }
             }

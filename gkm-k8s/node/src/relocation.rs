@@ -67,14 +67,28 @@ pub fn is_mount_path(path: &str) -> bool {
         })
 }
 
+/// The directory holding every relocation layer of the store entry
+/// `digest`.
+pub fn layers_of(store: &Path, digest: &Digest) -> PathBuf {
+    store.join(RELOCATIONS_DIR).join(digest.hex())
+}
+
 /// Where the relocation layer of the store entry `digest` for
 /// `mount_path` lives.
 pub fn layer_dir(store: &Path, digest: &Digest, mount_path: &Path) -> PathBuf {
     let key = Digest::of(mount_path.as_os_str().as_bytes());
-    store
-        .join(RELOCATIONS_DIR)
-        .join(digest.hex())
-        .join(&key.hex()[..16])
+    layers_of(store, digest).join(&key.hex()[..16])
+}
+
+/// Removes every relocation layer of the store entry `digest`: the
+/// agent's garbage collection calls it when it removes the entry, which
+/// happens only once no mount record names the digest, so no mounted view
+/// stacks one of them.
+pub fn remove_layers(store: &Path, digest: &Digest) -> io::Result<()> {
+    match fs::remove_dir_all(layers_of(store, digest)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// The relocation layer that makes the verified `tree` of the store entry
@@ -188,6 +202,10 @@ mod tests {
             Relocation::Layer(layer.clone())
         );
         assert_eq!(fs::read_dir(layer.parent().unwrap()).unwrap().count(), 1);
+        // They go with their entry.
+        remove_layers(&store, &digest).unwrap();
+        assert!(!layer.exists());
+        remove_layers(&store, &digest).unwrap();
         // At its build path, or for a bad path, none.
         assert_eq!(
             ensure_layer(&store, &digest, &tree, BUILT).unwrap(),
