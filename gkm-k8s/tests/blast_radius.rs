@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gkm_testenv::{ControlPlane, eventually, service_account_groups, service_account_user};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const SYSTEM: &str = "gkm-system";
@@ -1208,5 +1208,117 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
         "tenant access differs:\n{}",
         wrong.join("\n")
     );
+    Ok(())
+}
+
+/// A pod in the tenant's namespace mounting a `csi.gkm.io` cache volume
+/// that names `mount_path` at `mounts` (container name, path, subPath).
+fn cache_mount_pod(
+    name: &str,
+    mount_path: Option<&str>,
+    mounts: &[(&str, &str, Option<&str>)],
+) -> Value {
+    let mut attributes = json!({"csi.gkm.io/GKMCache": "vector-add"});
+    if let Some(path) = mount_path {
+        attributes["csi.gkm.io/mountPath"] = json!(path);
+    }
+    let containers: Vec<Value> = mounts
+        .iter()
+        .map(|(container, path, sub_path)| {
+            let mut mount = json!({"name": "kernels", "mountPath": path});
+            if let Some(sub) = sub_path {
+                mount["subPath"] = json!(sub);
+            }
+            json!({"name": container, "image": "busybox", "volumeMounts": [mount]})
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TEAM},
+        "spec": {
+            "nodeName": "gpu-node-1",
+            "automountServiceAccountToken": false,
+            "containers": containers,
+            "volumes": [{"name": "kernels", "csi": {"driver": "csi.gkm.io",
+                                                    "volumeAttributes": attributes}}],
+        },
+    })
+}
+
+#[tokio::test]
+async fn a_pod_cannot_tell_the_csi_driver_a_mount_path_it_does_not_mount_its_cache_at()
+-> anyhow::Result<()> {
+    let (_plane, admin) = install(&["policies/cache-mount-path.yaml"]).await?;
+    let tenant = Who::User(TENANT);
+    let path = pods_path(TEAM);
+    let at = "/root/.triton/cache";
+    let delete = |name: &str| -> anyhow::Result<http::Request<Vec<u8>>> {
+        Ok(kube::core::Request::new(pods_path(TEAM)).delete(name, &DeleteParams::default())?)
+    };
+    // The policy takes effect once the apiserver has loaded it: wait for
+    // the first refusal, removing any pod that got through before.
+    let tries = Cell::new(0);
+    eventually(
+        "a pod mounting its cache away from its csi.gkm.io/mountPath refused",
+        Duration::from_secs(20),
+        || async {
+            let name = format!("mount-path-moved-{}", tries.replace(tries.get() + 1));
+            let pod = cache_mount_pod(&name, Some(at), &[("a", "/elsewhere", None)]);
+            match as_who(&admin, tenant, create(&path, &pod)?).await? {
+                Err(status) if status.message.contains("gkm-cache-mount-path") => Ok(Some(())),
+                Err(status) => anyhow::bail!("refused for another reason: {}", status.message),
+                Ok(_) => {
+                    as_who(&admin, Who::Admin, delete(&name)?).await?.ok();
+                    Ok(None)
+                }
+            }
+        },
+    )
+    .await?;
+    let admitted = [
+        (
+            "mount-path-kept",
+            cache_mount_pod(
+                "mount-path-kept",
+                Some(at),
+                &[("a", at, None), ("b", at, None)],
+            ),
+        ),
+        (
+            "mount-path-none",
+            cache_mount_pod("mount-path-none", None, &[("a", "/anywhere", None)]),
+        ),
+    ];
+    for (name, pod) in admitted {
+        let made = as_who(&admin, tenant, create(&path, &pod)?).await?;
+        assert!(made.is_ok(), "{name} must be admitted: {made:?}");
+        as_who(&admin, Who::Admin, delete(name)?).await?.ok();
+    }
+    let refused = [
+        (
+            "a second container elsewhere",
+            cache_mount_pod(
+                "mount-path-second",
+                Some(at),
+                &[("a", at, None), ("b", "/tmp/c", None)],
+            ),
+        ),
+        (
+            "a subPath",
+            cache_mount_pod("mount-path-sub", Some(at), &[("a", at, Some("KEY"))]),
+        ),
+    ];
+    for (what, pod) in refused {
+        let result = as_who(&admin, tenant, create(&path, &pod)?).await?;
+        let status = result
+            .err()
+            .unwrap_or_else(|| panic!("{what} must be refused"));
+        assert!(
+            status.message.contains("csi.gkm.io/mountPath")
+                && status.message.contains("gkm-cache-mount-path"),
+            "{what}: {}",
+            status.message
+        );
+    }
     Ok(())
 }
