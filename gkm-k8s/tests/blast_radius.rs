@@ -1322,3 +1322,97 @@ async fn a_pod_cannot_tell_the_csi_driver_a_mount_path_it_does_not_mount_its_cac
     }
     Ok(())
 }
+
+/// A pod of the tenant's namespace that a Job named `job` (uid `uid`)
+/// controls, as its owner reference says.
+fn job_pod(name: &str, job: Option<(&str, &str)>) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TEAM},
+        "spec": {"nodeName": "gpu-node-1", "automountServiceAccountToken": false,
+                 "containers": [{"name": "main", "image": "busybox"}]},
+    });
+    if let Some((job, uid)) = job {
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
+            "name": job, "uid": uid, "controller": true}]);
+    }
+    pod
+}
+
+#[tokio::test]
+async fn only_the_job_controller_may_make_a_pod_a_capture_job_controls() -> anyhow::Result<()> {
+    let (_plane, admin) = install(&["policies/capture-job-pods.yaml"]).await?;
+    let tenant = Who::User(TENANT);
+    let path = pods_path(TEAM);
+    let job = ("capture-warm-1", "5b2c3d4e-0000-4000-8000-000000000001");
+    let delete = |name: &str| -> anyhow::Result<http::Request<Vec<u8>>> {
+        Ok(kube::core::Request::new(pods_path(TEAM)).delete(name, &DeleteParams::default())?)
+    };
+    // The policy takes effect once the apiserver has loaded it.
+    let tries = Cell::new(0);
+    eventually(
+        "a tenant's pod claiming a capture Job as its controller refused",
+        Duration::from_secs(20),
+        || async {
+            let name = format!("forged-job-pod-{}", tries.replace(tries.get() + 1));
+            match as_who(&admin, tenant, create(&path, &job_pod(&name, Some(job)))?).await? {
+                Err(status) if status.message.contains("gkm-capture-job-pods") => {
+                    assert!(status.message.contains(TENANT), "{}", status.message);
+                    Ok(Some(()))
+                }
+                Err(status) => anyhow::bail!("refused for another reason: {}", status.message),
+                Ok(_) => {
+                    as_who(&admin, Who::Admin, delete(&name)?).await?.ok();
+                    Ok(None)
+                }
+            }
+        },
+    )
+    .await?;
+    // Nor may it give one of its pods that owner afterwards.
+    let plain = as_who(&admin, tenant, create(&path, &job_pod("plain-pod", None))?).await?;
+    assert!(
+        plain.is_ok(),
+        "a pod without such an owner is the tenant's: {plain:?}"
+    );
+    let owners = job_pod("plain-pod", Some(job))["metadata"].clone();
+    let given = as_who(
+        &admin,
+        tenant,
+        merge(&path, "plain-pod", &json!({"metadata": owners}))?,
+    )
+    .await?;
+    let status = given
+        .err()
+        .expect("giving a pod a capture Job as controller is refused");
+    assert!(
+        status.message.contains("gkm-capture-job-pods"),
+        "{}",
+        status.message
+    );
+    // A Job of another name is not the policy's business.
+    let other = as_who(
+        &admin,
+        tenant,
+        create(&path, &job_pod("own-job-pod", Some(("nightly-1", job.1))))?,
+    )
+    .await?;
+    assert!(other.is_ok(), "{other:?}");
+    // The Job controller (kube-controller-manager's identity) may.
+    let mut by_controller = create(&path, &job_pod("job-made-pod", Some(job)))?;
+    let headers = by_controller.headers_mut();
+    headers.insert(
+        "Impersonate-User",
+        "system:kube-controller-manager".parse()?,
+    );
+    headers.append("Impersonate-Group", "system:masters".parse()?);
+    let made = admin.request::<Value>(by_controller).await;
+    assert!(
+        made.is_ok(),
+        "the Job controller makes the pods of capture Jobs: {made:?}"
+    );
+    for name in ["plain-pod", "own-job-pod", "job-made-pod"] {
+        as_who(&admin, Who::Admin, delete(name)?).await?.ok();
+    }
+    Ok(())
+}

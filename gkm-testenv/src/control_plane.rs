@@ -198,8 +198,13 @@ impl ControlPlane {
                 controllers.push(',');
                 controllers.push_str(extra);
             }
+            // kube-controller-manager's own user name, as on a cluster
+            // whose controllers share one identity (policies may name it:
+            // only the Job controller makes pods a capture Job controls).
+            let kcm_kubeconfig =
+                plane.kubeconfig_for("system:kube-controller-manager", &["system:masters"])?;
             kcm.args([
-                format!("--kubeconfig={}", plane.kubeconfig.display()),
+                format!("--kubeconfig={}", kcm_kubeconfig.display()),
                 format!("--controllers={controllers}"),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),
