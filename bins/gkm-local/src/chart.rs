@@ -166,6 +166,10 @@ impl SandboxChart {
             ),
             "--set".into(),
             format!("storeDir={}", store.display()),
+            // On the host network (below) two operator replicas on one
+            // node would bind the same ports: one is enough here.
+            "--set".into(),
+            "operator.replicas=1".into(),
             "--post-renderer".into(),
             post_renderer,
             "--wait".into(),
