@@ -1382,9 +1382,7 @@ async fn only_the_job_controller_may_make_a_pod_a_capture_job_controls() -> anyh
         merge(&path, "plain-pod", &json!({"metadata": owners}))?,
     )
     .await?;
-    let status = given
-        .err()
-        .expect("giving a pod a capture Job as controller is refused");
+    let status = given.expect_err("giving a pod a capture Job as controller is refused");
     assert!(
         status.message.contains("gkm-capture-job-pods"),
         "{}",
