@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gkm_k8s_api::crd::{CacheState, GKMCache};
+use gkm_k8s_api::crd::{CacheState, GKMCache, GKMCacheCapture};
 use gkm_local::{SimulatedNode, Stack, fixture};
 use gkm_oci::seal::SealCheck;
 use gkm_testenv::{running_pod_log, tree_files, wait_for_pod};
@@ -242,7 +242,22 @@ async fn no_pod_writes_the_node_store_or_a_captured_tree_whatever_its_volume_ask
 
     // A capture volume is the workload's own and writable; the captured
     // tree, mounted for reading by the capture's Job, is read-only even
-    // where the pod's mount does not say so.
+    // where the pod's mount does not say so. The driver publishes one only
+    // for a pending capture; this one names a signing Secret that does not
+    // exist, so its Job never reads the tree and the capture stays pending.
+    let probe = json!({
+        "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+        "metadata": {"name": "probe", "namespace": NS},
+        "spec": {"targetImage": "registry.invalid/probe:v1",
+                 "signing": {"secretName": "no-such-secret"}, "cacheName": "probe"},
+    });
+    Api::<GKMCacheCapture>::namespaced(client.clone(), NS)
+        .patch(
+            "probe",
+            &PatchParams::apply("store-read-only").force(),
+            &Patch::Apply(&probe),
+        )
+        .await?;
     let compiler = pod_running(
         "compiler",
         "mkdir /cache/KEY && echo kernel > /cache/KEY/k.cubin && echo COMPILED",
