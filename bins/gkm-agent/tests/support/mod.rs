@@ -10,8 +10,12 @@ use std::time::Duration;
 use gkm_k8s_api::crd::{CacheRelease, GKMCache, GKMCacheNode, GKMCacheRelease, ImageVariant};
 use gkm_oci::{BuildOptions, Compression, Digest, Image, ImageRef, RegistryOptions, Repo, build};
 use gkm_testenv::{ControlPlane, Process};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
+
+/// The label naming a test's Node, which its caches select.
+const NODE_LABEL: &str = "gkm.test/node";
 
 /// The repository's `deploy/` directory.
 pub fn deploy_dir() -> PathBuf {
@@ -62,6 +66,19 @@ pub async fn publish_release(
     digest: &str,
     verdict: Result<Vec<ImageVariant>, &str>,
 ) -> anyhow::Result<()> {
+    publish_release_for(client, namespace, name, image, digest, verdict, None).await
+}
+
+/// [`publish_release`] for the nodes `node_selector` selects only.
+async fn publish_release_for(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    image: &str,
+    digest: &str,
+    verdict: Result<Vec<ImageVariant>, &str>,
+    node_selector: Option<LabelSelector>,
+) -> anyhow::Result<()> {
     let (deliverable, refusal, variants) = match verdict {
         Ok(variants) => (true, None, Some(variants)),
         Err(why) => (false, Some(why.to_string()), None),
@@ -75,6 +92,7 @@ pub async fn publish_release(
                 deliverable,
                 refusal,
                 variants,
+                node_selector,
                 ..CacheRelease::default()
             },
         },
@@ -108,6 +126,18 @@ impl Node {
         let plane = ControlPlane::shared().await?;
         plane.install_crds(&gkm_k8s_api::crd::crds()).await?;
         plane.ensure_node(name).await?;
+        // Labelled so that the caches of this node's test select it alone:
+        // tests sharing the control plane do not fill each other's stores.
+        let labelled: k8s_openapi::api::core::v1::Node = serde_json::from_value(
+            json!({"metadata": {"name": name, "labels": {NODE_LABEL: name}}}),
+        )?;
+        Api::<k8s_openapi::api::core::v1::Node>::all(plane.client().await?)
+            .patch(
+                name,
+                &PatchParams::apply("gkm-agent-test"),
+                &Patch::Apply(&labelled),
+            )
+            .await?;
         let dir = gkm_testenv::temp_dir()?;
         std::fs::write(dir.path().join("gpus.yaml"), "gpus:\n  - profile: T4\n")?;
         Ok(Node {
@@ -191,7 +221,20 @@ impl Node {
         }))?;
         let apply = PatchParams::apply("gkm-test").force();
         api.patch(name, &apply, &Patch::Apply(&object)).await?;
-        publish_release(&self.client, namespace, name, image, digest, verdict).await
+        let selector = LabelSelector {
+            match_labels: Some([(NODE_LABEL.to_string(), self.name.clone())].into()),
+            ..LabelSelector::default()
+        };
+        publish_release_for(
+            &self.client,
+            namespace,
+            name,
+            image,
+            digest,
+            verdict,
+            Some(selector),
+        )
+        .await
     }
 
     /// This node's report entry in `namespace` for `cache` at `digest`: its
