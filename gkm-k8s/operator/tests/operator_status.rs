@@ -237,14 +237,17 @@ async fn status_is_applied_by_the_operator_and_counted() -> anyhow::Result<()> {
         "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
         "status": with_claims,
     });
-    caches
+    // What the write stored (the operator may clear it right after, before
+    // a read here would see it).
+    let seeded = caches
         .patch_status(
             "steady",
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&body),
         )
-        .await?;
-    let seeded = caches.get("steady").await?.status.unwrap_or_default();
+        .await?
+        .status
+        .unwrap_or_default();
     assert!(seeded.pvc_status.is_some(), "the seed took: {seeded:?}");
     let cleared = eventually("pvcStatus removed", WAIT, || async {
         let status = caches.get("steady").await?.status.unwrap_or_default();
