@@ -8,18 +8,15 @@
 //! `gkm-operator` running as its ServiceAccount with the shipped RBAC, and a
 //! real kube-apiserver started with `--admission-control-config-file`.
 
+mod support;
+
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use gkm_k8s_operator::admission::Endpoint;
-use gkm_k8s_operator::admission::quota::{
-    ENFORCED_LABEL, QUOTA_BINDING_PATH, QUOTA_CONFIGURATION_NAME, QUOTA_PATH, quota_configuration,
-};
+use gkm_k8s_operator::admission::quota::{ENFORCED_LABEL, QUOTA_BINDING_PATH, QUOTA_PATH};
 use gkm_testenv::{ControlPlane, ControlPlaneOptions, Process, free_port, http_get};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer};
@@ -29,7 +26,6 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-const SYSTEM: &str = "gkm-system";
 const MODEL: &str = "NVIDIA-A100-SXM4-80GB";
 /// Every path the operator's webhooks serve.
 const ROUTES: [&str; 4] = [
@@ -123,7 +119,7 @@ struct Ground {
 
 async fn ground() -> anyhow::Result<Ground> {
     let dir = gkm_testenv::temp_dir()?;
-    let (metrics_port, hook_port) = (free_port()?, free_port()?);
+    let hook_port = free_port()?;
     let addr = format!("127.0.0.1:{hook_port}");
     let (ca_pem, apiserver) = client_ca("webhook client CA")?;
     let ca_file = dir.path().join("webhook-client-ca.crt");
@@ -145,53 +141,20 @@ async fn ground() -> anyhow::Result<Ground> {
     Api::<Node>::all(admin.clone())
         .patch("a100-1", &apply, &Patch::Apply(&node))
         .await?;
-    let url = format!("https://{addr}");
-    plane
-        .apply_object(
-            &quota_configuration(&Endpoint::Url(url.clone()), SYSTEM, None),
-            false,
-        )
-        .await?;
-
-    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-operator")?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-operator"));
-    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--leader-elect")
-        .arg("--leader-identity=callers")
-        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
-        .arg(format!("--webhook-listen={addr}"))
-        .arg(format!("--webhook-url={url}"))
-        .arg(format!("--webhook-client-ca={}", ca_file.display()))
-        .env("GKM_LOG", "info");
-    let mut operator = Process::spawn("operator", cmd, &dir.path().join("operator.log"))?;
-    let configs = Api::<ValidatingWebhookConfiguration>::all(admin.clone());
-    let waited = gkm_testenv::eventually(
-        "the operator ready with the quota webhook's caBundle written",
-        Duration::from_secs(30),
-        || {
-            let running = operator.check_running();
-            let configs = &configs;
-            async move {
-                running?;
-                let ready = http_get(metrics_port, "/readyz")
-                    .await
-                    .is_some_and(|(s, _)| s == 200);
-                let bundle = configs
-                    .get_opt(QUOTA_CONFIGURATION_NAME)
-                    .await?
-                    .and_then(|c| c.webhooks?.into_iter().next())
-                    .and_then(|w| w.client_config.ca_bundle);
-                Ok(bundle.filter(|_| ready))
-            }
-        },
+    let operator = support::start_operator(
+        &plane,
+        &admin,
+        "callers",
+        &addr,
+        &[format!("--webhook-client-ca={}", ca_file.display())],
+        dir.path(),
     )
-    .await;
-    let serving_ca = match waited {
-        Ok(bundle) => String::from_utf8(bundle.0)?,
-        Err(e) => anyhow::bail!("{e}; log:\n{}", operator.log_tail(30)),
-    };
-    // The apiserver's own view of webhook configurations follows a watch.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    .await?;
+    let (metrics_port, serving_ca) = (
+        operator.metrics_port,
+        String::from_utf8(operator.ca_bundle)?,
+    );
+    let operator = operator.process;
     Ok(Ground {
         plane,
         admin,

@@ -4,22 +4,17 @@
 //! the `gpu.gkm.io` devices a namespace's ResourceClaims were allocated,
 //! each once, whatever DeviceClass asked for it.
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
+mod support;
 
-use gkm_k8s_operator::admission::Endpoint;
-use gkm_k8s_operator::admission::quota::{
-    ENFORCED_LABEL, QUOTA_CONFIGURATION_NAME, quota_configuration,
-};
-use gkm_testenv::{ControlPlane, Process, free_port, http_get as get};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use std::path::PathBuf;
+
+use gkm_k8s_operator::admission::quota::ENFORCED_LABEL;
+use gkm_testenv::{ControlPlane, Process, free_port};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const SYSTEM: &str = "gkm-system";
 /// The GPU model of the nodes `dra-a100-*`, as gkm's agent labels it.
 const A100: &str = "NVIDIA-A100-SXM4-80GB";
 const MODEL_LABEL: &str = "gkm.io/gpu.product";
@@ -67,49 +62,11 @@ async fn ground() -> anyhow::Result<(kube::Client, Process, tempfile::TempDir)> 
     });
     plane.apply_object(&quota, false).await?;
 
-    let (metrics_port, hook_port) = (free_port()?, free_port()?);
-    let url = format!("https://127.0.0.1:{hook_port}");
-    let config = quota_configuration(&Endpoint::Url(url.clone()), SYSTEM, None);
-    plane.apply_object(&config, false).await?;
     let dir = gkm_testenv::temp_dir()?;
-    let kubeconfig = plane.kubeconfig_for_service_account(SYSTEM, "gkm-operator")?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gkm-operator"));
-    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--leader-elect")
-        .arg("--leader-identity=quota-dra")
-        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
-        .arg(format!("--webhook-listen=127.0.0.1:{hook_port}"))
-        .arg(format!("--webhook-url={url}"))
-        .env("GKM_LOG", "info");
-    let mut operator = Process::spawn("operator", cmd, &dir.path().join("operator.log"))?;
-    let configs = Api::<ValidatingWebhookConfiguration>::all(admin.clone());
-    let waited = gkm_testenv::eventually(
-        "the operator ready with the quota webhook's caBundle written",
-        Duration::from_secs(30),
-        || {
-            let running = operator.check_running();
-            let configs = &configs;
-            async move {
-                running?;
-                let ready = get(metrics_port, "/readyz")
-                    .await
-                    .is_some_and(|(s, _)| s == 200);
-                let bundle = configs
-                    .get_opt(QUOTA_CONFIGURATION_NAME)
-                    .await?
-                    .and_then(|c| c.webhooks?.into_iter().next())
-                    .and_then(|w| w.client_config.ca_bundle)
-                    .is_some();
-                Ok((ready && bundle).then_some(()))
-            }
-        },
-    )
-    .await;
-    if let Err(e) = waited {
-        anyhow::bail!("{e}; log:\n{}", operator.log_tail(30));
-    }
-    // The apiserver's own view of webhook configurations follows a watch.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let listen = format!("127.0.0.1:{}", free_port()?);
+    let operator = support::start_operator(plane, &admin, "quota-dra", &listen, &[], dir.path())
+        .await?
+        .process;
     Ok((admin, operator, dir))
 }
 
