@@ -31,6 +31,7 @@
 //! ```
 
 pub mod assignment;
+pub mod bytes;
 pub mod cache;
 pub mod cache_key;
 pub mod compat;

@@ -17,6 +17,8 @@ use std::io;
 use std::path::Path;
 use std::str::FromStr;
 
+use gkm_core::bytes::InvalidBytes;
+
 use crate::error::{Error, Result};
 use crate::extract::ExtractPolicy;
 use crate::image::Image;
@@ -95,9 +97,6 @@ impl Default for FreeSpaceReserve {
     }
 }
 
-/// Binary size suffixes, largest first.
-const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
-
 /// Why a size or a free-space reserve did not parse; each names the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -119,8 +118,8 @@ pub enum InvalidSize {
     BadPercentage(String),
 }
 
-/// Parses a number of bytes, with an optional `KiB`, `MiB`, `GiB` or `TiB`
-/// suffix: `1073741824`, `1GiB`, `512 KiB`.
+/// Parses a number of bytes ([`gkm_core::bytes::parse_bytes`]): `1073741824`,
+/// `1GiB`, `512 KiB`, `20Gi`.
 ///
 /// ```
 /// assert_eq!(gkm_oci::disk::parse_bytes("64GiB"), Ok(64 << 30));
@@ -128,29 +127,19 @@ pub enum InvalidSize {
 /// assert!(gkm_oci::disk::parse_bytes("64GB").is_err());
 /// ```
 pub fn parse_bytes(s: &str) -> Result<u64, InvalidSize> {
-    let term = s.trim();
-    let (digits, shift) = UNITS
-        .iter()
-        .find_map(|(unit, shift)| term.strip_suffix(unit).map(|d| (d.trim(), *shift)))
-        .unwrap_or((term, 0));
-    let n = digits
-        .parse::<u64>()
-        .map_err(|_| InvalidSize::NotBytes(s.to_string()))?;
-    if n.leading_zeros() < shift {
-        return Err(InvalidSize::TooLarge(s.to_string()));
-    }
-    Ok(n << shift)
+    gkm_core::bytes::parse_bytes(s).map_err(InvalidSize::from)
 }
 
-/// `bytes` as [`parse_bytes`] reads it: in the largest binary unit that
-/// divides it (`64GiB`), or plain (`1048577`).
-pub fn format_bytes(bytes: u64) -> String {
-    match UNITS
-        .iter()
-        .find(|(_, shift)| bytes >= 1 << shift && bytes.is_multiple_of(1 << shift))
-    {
-        Some((unit, shift)) => format!("{}{unit}", bytes >> shift),
-        None => bytes.to_string(),
+pub use gkm_core::bytes::format_bytes;
+
+impl From<InvalidBytes> for InvalidSize {
+    fn from(e: InvalidBytes) -> InvalidSize {
+        match e {
+            InvalidBytes::TooLarge(s) => InvalidSize::TooLarge(s),
+            InvalidBytes::NotBytes(s) => InvalidSize::NotBytes(s),
+            // A kind gkm-core adds later reads as not bytes.
+            _ => InvalidSize::NotBytes(e.to_string()),
+        }
     }
 }
 

@@ -83,7 +83,7 @@ const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(5);
 
 /// Parses a cap on capture tree bytes: bytes, more than none.
 fn parse_cap(text: &str) -> Result<u64, String> {
-    match gkm_k8s_csi::capture_admission::parse_bytes(text)? {
+    match gkm_core::bytes::parse_bytes(text).map_err(|e| e.to_string())? {
         0 => Err(format!(
             "{text:?}: a cap of 0 bytes would refuse every capture volume"
         )),

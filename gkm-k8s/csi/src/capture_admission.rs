@@ -193,20 +193,6 @@ pub fn check(
     admit(config, asked, captures.as_ref(), &granted)
 }
 
-/// Parses a byte count: a number, or a number with `Ki`, `Mi`, `Gi` or `Ti`.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)]
-        .iter()
-        .find_map(|(unit, shift)| t.strip_suffix(unit).map(|d| (d.trim(), *shift)))
-        .unwrap_or((t, 0));
-    let n = digits
-        .parse::<u64>()
-        .map_err(|_| format!("{text:?} is not a number of bytes (e.g. 20Gi)"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,14 +301,5 @@ mod tests {
         let node = admit(&config, ask(&other, 6), Some(&open), &granted).expect_err("node cap");
         assert_eq!(node.code(), Code::ResourceExhausted);
         assert!(node.message().contains(NODE_CAP_FLAG), "{node:?}");
-    }
-
-    #[test]
-    fn byte_counts_parse_with_binary_units() {
-        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
-        assert_eq!(parse_bytes("20Gi"), Ok(20 << 30));
-        assert_eq!(parse_bytes("3 Mi"), Ok(3 << 20));
-        assert!(parse_bytes("20GB").is_err());
-        assert!(parse_bytes("99999999999Ti").is_err());
     }
 }
