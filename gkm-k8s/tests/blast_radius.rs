@@ -1211,6 +1211,46 @@ async fn tenants_edit_their_caches_but_not_quotas_reports_or_status() -> anyhow:
     Ok(())
 }
 
+/// Deleting the tenant's pod `name`.
+fn delete_pod(name: &str) -> anyhow::Result<http::Request<Vec<u8>>> {
+    Ok(kube::core::Request::new(pods_path(TEAM)).delete(name, &DeleteParams::default())?)
+}
+
+/// The tenant's first pod made by `pod` (named after `policy`) that `policy`
+/// refuses: a policy takes effect once the apiserver has loaded it, so
+/// pods that got through before are removed and another is tried. A
+/// refusal by anything else fails.
+async fn first_refusal_by(
+    admin: &kube::Client,
+    policy: &str,
+    what: &str,
+    pod: impl Fn(&str) -> Value,
+) -> anyhow::Result<kube::core::Status> {
+    let tries = Cell::new(0);
+    eventually(
+        &format!("{what} refused by {policy}"),
+        Duration::from_secs(20),
+        || async {
+            let name = format!("{policy}-{}", tries.replace(tries.get() + 1));
+            match as_who(
+                admin,
+                Who::User(TENANT),
+                create(&pods_path(TEAM), &pod(&name))?,
+            )
+            .await?
+            {
+                Err(status) if status.message.contains(policy) => Ok(Some(status)),
+                Err(status) => anyhow::bail!("refused for another reason: {}", status.message),
+                Ok(_) => {
+                    as_who(admin, Who::Admin, delete_pod(&name)?).await?.ok();
+                    Ok(None)
+                }
+            }
+        },
+    )
+    .await
+}
+
 /// A pod in the tenant's namespace mounting a `csi.gkm.io` cache volume
 /// that names `mount_path` at `mounts` (container name, path, subPath).
 fn cache_mount_pod(
@@ -1252,27 +1292,11 @@ async fn a_pod_cannot_tell_the_csi_driver_a_mount_path_it_does_not_mount_its_cac
     let tenant = Who::User(TENANT);
     let path = pods_path(TEAM);
     let at = "/root/.triton/cache";
-    let delete = |name: &str| -> anyhow::Result<http::Request<Vec<u8>>> {
-        Ok(kube::core::Request::new(pods_path(TEAM)).delete(name, &DeleteParams::default())?)
-    };
-    // The policy takes effect once the apiserver has loaded it: wait for
-    // the first refusal, removing any pod that got through before.
-    let tries = Cell::new(0);
-    eventually(
-        "a pod mounting its cache away from its csi.gkm.io/mountPath refused",
-        Duration::from_secs(20),
-        || async {
-            let name = format!("mount-path-moved-{}", tries.replace(tries.get() + 1));
-            let pod = cache_mount_pod(&name, Some(at), &[("a", "/elsewhere", None)]);
-            match as_who(&admin, tenant, create(&path, &pod)?).await? {
-                Err(status) if status.message.contains("gkm-cache-mount-path") => Ok(Some(())),
-                Err(status) => anyhow::bail!("refused for another reason: {}", status.message),
-                Ok(_) => {
-                    as_who(&admin, Who::Admin, delete(&name)?).await?.ok();
-                    Ok(None)
-                }
-            }
-        },
+    first_refusal_by(
+        &admin,
+        "gkm-cache-mount-path",
+        "a pod mounting its cache away from its csi.gkm.io/mountPath",
+        |name| cache_mount_pod(name, Some(at), &[("a", "/elsewhere", None)]),
     )
     .await?;
     let admitted = [
@@ -1292,7 +1316,7 @@ async fn a_pod_cannot_tell_the_csi_driver_a_mount_path_it_does_not_mount_its_cac
     for (name, pod) in admitted {
         let made = as_who(&admin, tenant, create(&path, &pod)?).await?;
         assert!(made.is_ok(), "{name} must be admitted: {made:?}");
-        as_who(&admin, Who::Admin, delete(name)?).await?.ok();
+        as_who(&admin, Who::Admin, delete_pod(name)?).await?.ok();
     }
     let refused = [
         (
@@ -1345,30 +1369,14 @@ async fn only_the_job_controller_may_make_a_pod_a_capture_job_controls() -> anyh
     let tenant = Who::User(TENANT);
     let path = pods_path(TEAM);
     let job = ("capture-warm-1", "5b2c3d4e-0000-4000-8000-000000000001");
-    let delete = |name: &str| -> anyhow::Result<http::Request<Vec<u8>>> {
-        Ok(kube::core::Request::new(pods_path(TEAM)).delete(name, &DeleteParams::default())?)
-    };
-    // The policy takes effect once the apiserver has loaded it.
-    let tries = Cell::new(0);
-    eventually(
-        "a tenant's pod claiming a capture Job as its controller refused",
-        Duration::from_secs(20),
-        || async {
-            let name = format!("forged-job-pod-{}", tries.replace(tries.get() + 1));
-            match as_who(&admin, tenant, create(&path, &job_pod(&name, Some(job)))?).await? {
-                Err(status) if status.message.contains("gkm-capture-job-pods") => {
-                    assert!(status.message.contains(TENANT), "{}", status.message);
-                    Ok(Some(()))
-                }
-                Err(status) => anyhow::bail!("refused for another reason: {}", status.message),
-                Ok(_) => {
-                    as_who(&admin, Who::Admin, delete(&name)?).await?.ok();
-                    Ok(None)
-                }
-            }
-        },
+    let status = first_refusal_by(
+        &admin,
+        "gkm-capture-job-pods",
+        "a tenant's pod claiming a capture Job as its controller",
+        |name| job_pod(name, Some(job)),
     )
     .await?;
+    assert!(status.message.contains(TENANT), "{}", status.message);
     // Nor may it give one of its pods that owner afterwards.
     let plain = as_who(&admin, tenant, create(&path, &job_pod("plain-pod", None))?).await?;
     assert!(
@@ -1410,7 +1418,7 @@ async fn only_the_job_controller_may_make_a_pod_a_capture_job_controls() -> anyh
         "the Job controller makes the pods of capture Jobs: {made:?}"
     );
     for name in ["plain-pod", "own-job-pod", "job-made-pod"] {
-        as_who(&admin, Who::Admin, delete(name)?).await?.ok();
+        as_who(&admin, Who::Admin, delete_pod(name)?).await?.ok();
     }
     Ok(())
 }
