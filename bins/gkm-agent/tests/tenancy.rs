@@ -307,17 +307,12 @@ async fn a_trickling_layer_does_not_hold_other_namespaces_extractions() -> anyho
     // extraction neither waits for the hostile one nor is taken for it.
     node.cache(healthy, "beside", &remote, good.as_str(), true)
         .await?;
-    until(
+    node.until_extracted(
         &mut agent,
-        "the other namespace's cache extracted",
+        healthy,
+        "beside",
+        good.as_str(),
         Duration::from_secs(90),
-        || async {
-            Ok(node
-                .state(healthy, "beside", good.as_str())
-                .await?
-                .as_deref()
-                == Some("Extracted"))
-        },
     )
     .await?;
     assert!(digest_dir(&node.store(), good.hex()).is_dir());
@@ -391,17 +386,12 @@ async fn two_trickling_namespaces_do_not_delay_a_third_namespaces_cache() -> any
     let asked = std::time::Instant::now();
     node.cache(waiting, "waiting", &remote, good.as_str(), true)
         .await?;
-    until(
+    node.until_extracted(
         &mut agent,
-        "the third namespace's cache extracted",
+        waiting,
+        "waiting",
+        good.as_str(),
         Duration::from_secs(120),
-        || async {
-            Ok(node
-                .state(waiting, "waiting", good.as_str())
-                .await?
-                .as_deref()
-                == Some("Extracted"))
-        },
     )
     .await?;
     println!(

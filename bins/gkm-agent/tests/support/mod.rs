@@ -237,6 +237,27 @@ impl Node {
         .await
     }
 
+    /// Waits, while `agent` runs, at most `limit` for this node's report to
+    /// say `cache` of `namespace` at `digest` is `Extracted`.
+    pub async fn until_extracted(
+        &self,
+        agent: &mut Process,
+        namespace: &str,
+        cache: &str,
+        digest: &str,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        until(
+            agent,
+            &format!("{namespace}/{cache} extracted"),
+            limit,
+            || async {
+                Ok(self.state(namespace, cache, digest).await?.as_deref() == Some("Extracted"))
+            },
+        )
+        .await
+    }
+
     /// This node's report entry in `namespace` for `cache` at `digest`: its
     /// state.
     pub async fn state(
