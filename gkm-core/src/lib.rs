@@ -16,6 +16,8 @@
 //! - [`image_layout`] and [`store_layout`]: where a cache sits in its image
 //!   layer, and where a node store keeps each extracted image.
 //! - [`cache_key`]: naming a `GKMCache` or `ClusterGKMCache`.
+//! - [`delta`]: which entries of a writable view's overlay upper make a
+//!   delta image of its base, and the [`delta::DeltaBase`] record.
 //! - [`duration`]: durations as cache specs and flags write them (`90s`,
 //!   `1h30m`).
 //!
@@ -35,6 +37,7 @@ pub mod bytes;
 pub mod cache;
 pub mod cache_key;
 pub mod compat;
+pub mod delta;
 pub mod digest;
 pub mod duration;
 pub mod gpu;
