@@ -46,6 +46,7 @@ pub mod policy;
 mod refusal;
 pub mod store_layout;
 pub mod variant;
+pub mod view;
 
 pub use cache_key::{CacheKey, Scope};
 pub use digest::Digest;

@@ -23,6 +23,7 @@ mod push;
 mod sign;
 mod variant;
 mod verify;
+mod view;
 
 /// GPU kernel cache manager.
 #[derive(Parser)]
@@ -60,6 +61,9 @@ enum Command {
     Sign(sign::Args),
     /// Verify an image's signature against keys or a keyless identity.
     Verify(verify::Args),
+    /// Lay a writable view of a read-only cache tree into a directory:
+    /// directories made, files linked, Triton group files relocated.
+    View(view::Args),
     /// List this node's GPUs.
     Gpus(gpus::Args),
     /// Print gkm's CustomResourceDefinitions (YAML, or JSON with --json).
@@ -87,7 +91,10 @@ impl Command {
             Command::Extract(a) => Some(&a.registry),
             Command::Sign(a) => Some(&a.registry),
             Command::Verify(a) => Some(&a.registry),
-            Command::Gpus(_) | Command::Crds(_) | Command::Completions { .. } => None,
+            Command::Gpus(_)
+            | Command::View(_)
+            | Command::Crds(_)
+            | Command::Completions { .. } => None,
         }
     }
 }
@@ -108,6 +115,7 @@ async fn main() -> ExitCode {
         Command::Extract(args) => extract::run(args).await,
         Command::Sign(args) => sign::run(args).await,
         Command::Verify(args) => verify::run(args).await,
+        Command::View(args) => view::run(args),
         Command::Gpus(args) => gpus::run(args).await,
         Command::Crds(args) => crds::run(args),
         Command::Completions { shell } => {
