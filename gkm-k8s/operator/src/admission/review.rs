@@ -73,7 +73,16 @@ impl<T: serde::de::DeserializeOwned> Review<T> {
 
 /// The AdmissionReview response with `answer` to the request `uid`.
 pub fn response(uid: &str, answer: &Answer) -> Value {
+    response_warning(uid, answer, &[])
+}
+
+/// The AdmissionReview response with `answer` to the request `uid`, and
+/// `warnings` for the client (kubectl prints each as `Warning: …`).
+pub fn response_warning(uid: &str, answer: &Answer, warnings: &[String]) -> Value {
     let mut response = json!({"uid": uid, "allowed": true});
+    if !warnings.is_empty() {
+        response["warnings"] = json!(warnings);
+    }
     match answer {
         Answer::Untouched => {}
         Answer::Patch(patch) => {
@@ -167,6 +176,9 @@ mod tests {
             .decode(r["response"]["patch"].as_str().expect("patch"))
             .expect("base64");
         assert!(String::from_utf8_lossy(&patch).contains("replace"));
+        assert!(r["response"].get("warnings").is_none());
+        let r = response_warning("u-1", &Answer::Untouched, &["mind it".to_string()]);
+        assert_eq!(r["response"]["warnings"], json!(["mind it"]));
         let r = response("u-1", &Answer::Refuse("no node".into()));
         assert_eq!(r["response"]["allowed"], false);
         assert_eq!(r["response"]["status"]["message"], "no node");

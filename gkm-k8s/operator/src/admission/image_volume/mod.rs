@@ -10,8 +10,12 @@
 //! for the placeholder, so no other pod waits on gkm. For those pods the
 //! failure policy is `Fail`: admitted unchanged, the placeholder could not
 //! be pulled anyway.
+//!
+//! An admitted pod whose containers mount a cache image volume as it is
+//! (read-only) with no `gkm view` of it is warned ([`read_only`]).
 
 pub mod decide;
+pub mod read_only;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,7 +27,7 @@ use serde_json::{Value, json};
 
 use self::decide::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use super::endpoint::{Endpoint, client_config};
-use super::review::{Answer, answer_review, log_answer, pod_review, response};
+use super::review::{Answer, answer_review, log_answer, pod_review, response, response_warning};
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
 use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode};
@@ -221,7 +225,11 @@ impl ImageVolumeRoutes {
             &answer,
             "pinned a pod's cache image volumes",
         );
-        Ok(response(&uid, &answer))
+        let warnings = match answer {
+            Answer::Refuse(_) => Vec::new(),
+            _ => read_only::warnings(&pod),
+        };
+        Ok(response_warning(&uid, &answer, &warnings))
     }
 }
 

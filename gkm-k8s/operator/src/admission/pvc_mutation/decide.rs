@@ -7,6 +7,11 @@
 //! from the node affinity a DaemonSet gives its pods (a single
 //! `metadata.name` in a required term); a pod whose node cannot be
 //! determined, or whose node has no claim, is refused with the reason.
+//!
+//! The volume is also made `readOnly: true`: a node's claim is shared by
+//! every pod on the node, so a pod writing into it would write into all
+//! their caches. A pod that writes lays a `gkm view` of the claim into an
+//! `emptyDir` (docs/delivery.md, "What a write does").
 
 use std::collections::BTreeMap;
 
@@ -108,6 +113,12 @@ pub fn mutate(pod: &Pod, claims: &NodeClaims) -> Answer {
             "path": format!("/spec/volumes/{index}/persistentVolumeClaim/claimName"),
             "value": claim,
         }));
+        // The node's claim is shared by every pod on the node: none writes it.
+        ops.push(json!({
+            "op": "add",
+            "path": format!("/spec/volumes/{index}/persistentVolumeClaim/readOnly"),
+            "value": true,
+        }));
     }
     if ops.is_empty() {
         Answer::Untouched
@@ -161,7 +172,9 @@ mod tests {
         )]);
         let patched = |claim: &str| {
             Answer::Patch(json!([{"op": "replace",
-                "path": "/spec/volumes/1/persistentVolumeClaim/claimName", "value": claim}]))
+                "path": "/spec/volumes/1/persistentVolumeClaim/claimName", "value": claim},
+                {"op": "add", "path": "/spec/volumes/1/persistentVolumeClaim/readOnly",
+                 "value": true}]))
         };
         let cases: Vec<(&str, Pod, Result<Answer, &str>)> = vec![
             (
