@@ -134,7 +134,56 @@ EOF
   chmod +x "$bin_dir/triton-python"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton)
+# torch_component VERSION
+# Real PyTorch, whose torch.compile (Inductor) compiles and caches C++ kernels
+# on the CPU: a virtualenv of Debian's python3 in torch-VERSION/ with the
+# pinned wheels from PyPI (hack/fixtures/torch-requirements.txt: torch, the
+# Triton it pins, its CUDA wheels; about 4.7 GB installed), run by
+# $GKM_TOOLS_DIR/bin/torch-python. Keyed by the requirements and the Python
+# version, so a warm run installs nothing. A fresh install takes about a
+# minute and a half (downloads of about 2.7 GB).
+torch_component() {
+  local version=$1
+  local dest=$tools_dir/torch-$version
+  local python=/usr/bin/python3
+  local requirements=$root/hack/fixtures/torch-requirements.txt
+  # Inductor builds its CPU kernels with the host's C++ compiler.
+  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null || ! command -v g++ >/dev/null; then
+    log "apt-get install python3 python3-venv g++ (for the PyTorch virtualenv)"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv g++ >/dev/null
+  fi
+  local key
+  key="$("$python" --version) $(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
+    log "torch $version: cached in $dest"
+  else
+    log "torch $version: installing into $dest"
+    rm -rf "$dest"
+    "$python" -m venv "$dest"
+    "$dest/bin/python" -m pip install --quiet --no-input --no-cache-dir --require-hashes \
+      --only-binary=:all: -r "$requirements"
+    printf '%s' "$key" > "$dest/.stamp"
+  fi
+  # The script that runs it, through one fixed path on every machine (a
+  # virtualenv's python finds its packages only when run by the
+  # virtualenv's own path), which pods mount the virtualenv at too.
+  local link=/tmp/gkm-torch-$version
+  rm -f "$bin_dir/torch-python"
+  cat > "$bin_dir/torch-python" <<EOF
+#!/bin/sh
+# Real PyTorch $version (hack/ci/components.sh torch), run from $link.
+if [ "\$(readlink $link)" != "$dest" ]; then
+  ln -sfn "$dest" $link || { echo "torch-python: cannot link $link to $dest" >&2; exit 1; }
+fi
+exec $link/bin/python "\$@"
+EOF
+  chmod +x "$bin_dir/torch-python"
+}
+
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -181,6 +230,9 @@ for c in "${wanted[@]}"; do
     # Real Triton, for the fixtures under fixtures/triton and the test that
     # real Triton reuses the caches gkm delivers (bins/gkm/tests/triton_reuse.rs).
     triton) triton_component 3.6.0 ;;
+    # Real PyTorch, for the fixtures under fixtures/torch and the tests that
+    # torch.compile reuses the Inductor and Mega-Cache caches gkm delivers.
+    torch) torch_component 2.11.0 ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done
