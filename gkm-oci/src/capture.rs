@@ -94,6 +94,10 @@ pub struct Captured {
     pub verified: Verified,
     /// The GPU recorded, when known.
     pub gpu: Option<String>,
+    /// For a delta image ([`crate::delta::capture_delta`]): its base, and
+    /// what the upper held. `tree` and `layer` are then the delta layer's,
+    /// `cache` the whole image's.
+    pub delta: Option<crate::delta::DeltaOf>,
 }
 
 /// The step a capture failed in, as a stable reason (the on-cluster
@@ -111,8 +115,12 @@ pub enum FailureReason {
     LocalError,
     /// The registry could not be reached, or refused a request.
     RegistryError,
-    /// The pushed image did not verify (digest or signature).
+    /// The pushed image did not verify (digest or signature), or the base
+    /// of a delta did not.
     NotVerified,
+    /// The upper of a delta deletes or changes something of its base (a
+    /// whiteout, an opaque directory, a changed copy-up).
+    DeltaChangesBase,
 }
 
 impl FailureReason {
@@ -125,6 +133,7 @@ impl FailureReason {
             FailureReason::LocalError => "LocalError",
             FailureReason::RegistryError => "RegistryError",
             FailureReason::NotVerified => "NotVerified",
+            FailureReason::DeltaChangesBase => "DeltaChangesBase",
         }
     }
 
@@ -172,6 +181,18 @@ pub enum CaptureError {
         /// Why.
         source: VerifyError,
     },
+    /// The base of a delta did not verify; nothing was packed or pushed.
+    #[error("the base image {base} did not verify: {source}")]
+    BaseNotVerified {
+        /// The base, by digest.
+        base: String,
+        /// Why.
+        source: VerifyError,
+    },
+    /// The upper of a delta cannot be harvested; nothing was packed or
+    /// pushed.
+    #[error("refused before packing: {0}")]
+    Delta(gkm_core::delta::DeltaRefusal),
 }
 
 impl From<Error> for CaptureError {
@@ -205,6 +226,15 @@ impl CaptureError {
                 ..
             } => FailureReason::RegistryError,
             CaptureError::NotVerified { .. } => FailureReason::NotVerified,
+            CaptureError::BaseNotVerified {
+                source: VerifyError::Image(_),
+                ..
+            } => FailureReason::RegistryError,
+            CaptureError::BaseNotVerified { .. } => FailureReason::NotVerified,
+            CaptureError::Delta(refusal) => match refusal.kind {
+                gkm_core::delta::RefusalKind::ChangesBase => FailureReason::DeltaChangesBase,
+                gkm_core::delta::RefusalKind::Unsafe => FailureReason::UnsafeTree,
+            },
         }
     }
 }
@@ -320,48 +350,88 @@ pub async fn capture(
                 .map_err(Error::from)??
         };
         let digest = built.digest.clone();
-        let pinned = target.with_digest(&digest);
-
-        let source = Repo::open(
-            &ImageRef::Layout {
-                path: work.clone(),
-                selector: Selector::Digest(digest.clone()),
-            },
+        let published = publish(
+            &work,
+            &built.manifest,
+            target,
+            key,
+            options,
             registry,
-        )?;
-        copy_image(&source, &Repo::create(&pinned, registry)?, progress.clone()).await?;
-
-        step(p, &format!("signing {digest}"), None);
-        let signed = sign(&pinned, registry, &digest, key, options.format).await?;
-
-        step(p, &format!("verifying {pinned}"), None);
-        let served = Repo::open(&pinned, registry)?.fetch_manifest().await?;
-        let policy = Policy::keys(vec![key.public_key().clone()])
-            .map_err(|e| Error::format("signing key", e))?;
-        let verified = verify(&pinned, registry, &served.digest, &policy)
-            .await
-            .map_err(|source| CaptureError::NotVerified {
-                pinned: pinned.to_string(),
-                source,
-            })?;
-
-        step(p, &format!("tagging {target}"), None);
-        tag(target, registry, &built.manifest).await?;
+            progress.clone(),
+        )
+        .await?;
         Ok(Captured {
             target: target.clone(),
-            pinned,
+            pinned: published.pinned,
             digest,
             tree,
             cache: built.cache,
             layer: built.layer,
-            signature: signed.location,
-            verified,
+            signature: published.signature,
+            verified: published.verified,
             gpu,
+            delta: None,
         })
     }
     .await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     result
+}
+
+/// What publishing an image built into a layout did.
+pub(crate) struct Published {
+    /// The target pinned to the image's digest.
+    pub(crate) pinned: ImageRef,
+    /// Where the signature was stored.
+    pub(crate) signature: String,
+    /// What verifying the pushed image proved.
+    pub(crate) verified: Verified,
+}
+
+/// Steps 4-7: push the image `manifest` names from the layout at `work` to
+/// `target` by digest, sign it, verify what the registry serves, then tag.
+pub(crate) async fn publish(
+    work: &Path,
+    manifest: &RawManifest,
+    target: &ImageRef,
+    key: &SigningKey,
+    options: &CaptureOptions,
+    registry: &RegistryOptions,
+    progress: Option<Progress>,
+) -> Result<Published, CaptureError> {
+    let p = progress.as_ref();
+    let digest = &manifest.digest;
+    let pinned = target.with_digest(digest);
+    let source = Repo::open(
+        &ImageRef::Layout {
+            path: work.to_path_buf(),
+            selector: Selector::Digest(digest.clone()),
+        },
+        registry,
+    )?;
+    copy_image(&source, &Repo::create(&pinned, registry)?, progress.clone()).await?;
+
+    step(p, &format!("signing {digest}"), None);
+    let signed = sign(&pinned, registry, digest, key, options.format).await?;
+
+    step(p, &format!("verifying {pinned}"), None);
+    let served = Repo::open(&pinned, registry)?.fetch_manifest().await?;
+    let policy = Policy::keys(vec![key.public_key().clone()])
+        .map_err(|e| Error::format("signing key", e))?;
+    let verified = verify(&pinned, registry, &served.digest, &policy)
+        .await
+        .map_err(|source| CaptureError::NotVerified {
+            pinned: pinned.to_string(),
+            source,
+        })?;
+
+    step(p, &format!("tagging {target}"), None);
+    tag(target, registry, manifest).await?;
+    Ok(Published {
+        pinned,
+        signature: signed.location,
+        verified,
+    })
 }
 
 /// Steps 1-2: check and scan. Blocking.

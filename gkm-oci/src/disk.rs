@@ -329,7 +329,7 @@ pub fn tree_usage(root: &Path) -> Result<u64> {
 /// exceeds the policy's byte budget or would leave less than the reserve
 /// free. See the module docs for why this estimate is only a first check.
 pub(crate) fn check_free_space(dir: &Path, image: &Image, policy: &ExtractPolicy) -> Result<()> {
-    let layer = image.cache_layer()?.size;
+    let layer: u64 = image.cache_layers()?.iter().map(|l| l.size).sum();
     let label = image
         .cache()
         .ok()

@@ -135,6 +135,12 @@ pub enum Rule {
     OversizedHeader,
     /// The archive is corrupt or truncated, or its headers contradict each other.
     Malformed,
+    /// A layer after the first would overwrite an entry of an earlier one
+    /// (a later layer may only add files).
+    OverwritesEarlierLayer,
+    /// A layer after the first holds a whiteout (`.wh.*`): it would delete
+    /// an entry of an earlier one.
+    DeletesEarlierLayer,
 }
 
 impl Rule {
@@ -158,6 +164,8 @@ impl Rule {
             Rule::CompressionRatio => "compression-ratio",
             Rule::OversizedHeader => "oversized-header",
             Rule::Malformed => "malformed",
+            Rule::OverwritesEarlierLayer => "overwrites-earlier-layer",
+            Rule::DeletesEarlierLayer => "deletes-earlier-layer",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Reading an image: its manifest (OCI or Docker schema2, through an index
-//! if need be), its config labels and its cache layer.
+//! if need be), its config labels and its cache layers.
 
 use std::collections::BTreeMap;
 
@@ -253,13 +253,27 @@ impl Image {
             .or_else(|e| CacheLabels::read(&self.manifest.annotations).map_err(|_| e))
     }
 
-    /// The one layer of a cache image.
+    /// The layers of a cache image, in the order they are applied: its one
+    /// layer, or a base image's layers followed by the delta layers that
+    /// add files to them (see [`crate::delta`]).
+    pub fn cache_layers(&self) -> Result<&[Layer]> {
+        if self.manifest.layers.is_empty() {
+            return Err(Error::format(
+                format!("manifest of {}", self.reference),
+                "no layers: a cache image has at least one",
+            ));
+        }
+        Ok(&self.manifest.layers)
+    }
+
+    /// The one layer of a single-layer cache image (a delta image has
+    /// more: [`Image::cache_layers`]).
     pub fn cache_layer(&self) -> Result<&Layer> {
         match self.manifest.layers.as_slice() {
             [layer] => Ok(layer),
             layers => Err(Error::format(
                 format!("manifest of {}", self.reference),
-                format!("{} layers: a cache image has exactly one", layers.len()),
+                format!("{} layers: expected exactly one", layers.len()),
             )),
         }
     }

@@ -163,19 +163,59 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
     let entries = list_tree(cache_dir)?;
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Deterministic);
-    let tar_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: io::Error| Error::io(path, e)
-    };
-    let append_dir = |b: &mut tar::Builder<W>, name: String| {
-        b.append_data(
-            &mut header(tar::EntryType::Directory, DIR_MODE, 0),
-            format!("{name}/"),
-            io::empty(),
-        )
-        .map_err(tar_err(Path::new(&name)))
-    };
     let root = tree_root(cache_dir, manifest)?;
+    let total = append_tree(&mut b, cache_dir, &root, entries)?;
+    append_dir(&mut b, layout.manifest_dir)?;
+    let json = manifest.to_json();
+    let manifest_path = layout.manifest_path();
+    b.append_data(
+        &mut header(tar::EntryType::Regular, FILE_MODE, json.len() as u64),
+        &manifest_path,
+        json.as_slice(),
+    )
+    .map_err(|e| Error::io(Path::new(&manifest_path), e))?;
+    let out = b.into_inner().map_err(|e| Error::io(cache_dir, e))?;
+    Ok((out, total))
+}
+
+/// What a layer tar holds.
+#[derive(Clone, Copy)]
+enum Content<'a> {
+    /// A whole cache: its tree under the kind's cache directory, and its
+    /// manifest.
+    Cache(&'a CacheManifest),
+    /// The files a delta adds, under `root` (the kind's cache directory),
+    /// without a manifest (the base layer's stays the image's).
+    Delta { root: &'a str },
+}
+
+/// Write the uncompressed tar of `content` from `dir`.
+fn write_content<W: Write>(dir: &Path, content: Content<'_>, out: W) -> Result<(W, u64)> {
+    match content {
+        Content::Cache(manifest) => write_tar(dir, manifest, out),
+        Content::Delta { root } => write_delta_tar(dir, root, out),
+    }
+}
+
+/// Write the uncompressed delta layer tar of `delta_dir`, its files under
+/// `root` (`io.triton.cache`): the directories and files of the tree, no
+/// manifest. Returns the sum of the files' sizes.
+pub fn write_delta_tar<W: Write>(delta_dir: &Path, root: &str, out: W) -> Result<(W, u64)> {
+    let entries = list_tree(delta_dir)?;
+    let mut b = tar::Builder::new(out);
+    b.mode(tar::HeaderMode::Deterministic);
+    let total = append_tree(&mut b, delta_dir, root, entries)?;
+    let out = b.into_inner().map_err(|e| Error::io(delta_dir, e))?;
+    Ok((out, total))
+}
+
+/// Appends the `root` directory and each of `entries` of `dir` below it.
+fn append_tree<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: &Path,
+    root: &str,
+    entries: Vec<TreeEntry>,
+) -> Result<u64> {
     let mut parent = String::new();
     for component in root.split('/') {
         parent = if parent.is_empty() {
@@ -183,7 +223,7 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
         } else {
             format!("{parent}/{component}")
         };
-        append_dir(&mut b, parent.clone())?;
+        append_dir(b, &parent)?;
     }
     let mut total = 0u64;
     for entry in entries {
@@ -191,40 +231,51 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
         let rel = entry.rel.to_string_lossy();
         let name = format!("{root}/{rel}");
         match entry.kind {
-            TreeKind::Dir => append_dir(&mut b, name)?,
+            TreeKind::Dir => append_dir(b, &name)?,
             TreeKind::File { size, exec } => {
-                let path = cache_dir.join(&entry.rel);
-                // Not through a link that replaced the file since listing.
-                let file = fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, e))?;
-                let reader = Exact {
-                    inner: file.take(size),
-                    path: path.clone(),
-                };
-                let mode = if exec { EXEC_MODE } else { FILE_MODE };
-                b.append_data(
-                    &mut header(tar::EntryType::Regular, mode, size),
-                    &name,
-                    reader,
-                )
-                .map_err(tar_err(&path))?;
+                append_file(b, &dir.join(&entry.rel), &name, size, exec)?;
                 total += size;
             }
         }
     }
-    append_dir(&mut b, layout.manifest_dir.to_string())?;
-    let json = manifest.to_json();
+    Ok(total)
+}
+
+/// Appends the directory `name`.
+fn append_dir<W: Write>(b: &mut tar::Builder<W>, name: &str) -> Result<()> {
     b.append_data(
-        &mut header(tar::EntryType::Regular, FILE_MODE, json.len() as u64),
-        layout.manifest_path(),
-        json.as_slice(),
+        &mut header(tar::EntryType::Directory, DIR_MODE, 0),
+        format!("{name}/"),
+        io::empty(),
     )
-    .map_err(tar_err(Path::new(&layout.manifest_path())))?;
-    let out = b.into_inner().map_err(tar_err(cache_dir))?;
-    Ok((out, total))
+    .map_err(|e| Error::io(Path::new(name), e))
+}
+
+/// Appends the file at `path` as `name`: exactly `size` bytes, not through
+/// a link that replaced it since it was listed.
+fn append_file<W: Write>(
+    b: &mut tar::Builder<W>,
+    path: &Path,
+    name: &str,
+    size: u64,
+    exec: bool,
+) -> Result<()> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let reader = Exact {
+        inner: file.take(size),
+        path: path.to_path_buf(),
+    };
+    let mode = if exec { EXEC_MODE } else { FILE_MODE };
+    b.append_data(
+        &mut header(tar::EntryType::Regular, mode, size),
+        name,
+        reader,
+    )
+    .map_err(|e| Error::io(path, e))
 }
 
 /// Write the compressed layer of `cache_dir` to the file `blob`.
@@ -234,24 +285,44 @@ pub fn write_layer(
     compression: Compression,
     blob: &Path,
 ) -> Result<LayerInfo> {
+    write_compressed(cache_dir, Content::Cache(manifest), compression, blob)
+}
+
+/// Write the compressed delta layer of `delta_dir` (its files under
+/// `root`, no manifest: [`write_delta_tar`]) to the file `blob`.
+pub fn write_delta_layer(
+    delta_dir: &Path,
+    root: &str,
+    compression: Compression,
+    blob: &Path,
+) -> Result<LayerInfo> {
+    write_compressed(delta_dir, Content::Delta { root }, compression, blob)
+}
+
+fn write_compressed(
+    dir: &Path,
+    content: Content<'_>,
+    compression: Compression,
+    blob: &Path,
+) -> Result<LayerInfo> {
     let file = File::create(blob).map_err(|e| Error::io(blob, e))?;
     let io_err = |e: io::Error| Error::io(blob, e);
     let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
     let (compressed, diff_id, cache_size_bytes) = match compression {
         Compression::Zstd => {
             let enc = zstd::Encoder::new(compressed, 3).map_err(io_err)?;
-            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(enc))?;
+            let (plain, total) = write_content(dir, content, HashingWriter::new(enc))?;
             let (enc, diff_id, _) = plain.finish();
             (enc.finish().map_err(io_err)?, diff_id, total)
         }
         Compression::Gzip => {
             let enc = flate2::write::GzEncoder::new(compressed, flate2::Compression::default());
-            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(enc))?;
+            let (plain, total) = write_content(dir, content, HashingWriter::new(enc))?;
             let (enc, diff_id, _) = plain.finish();
             (enc.finish().map_err(io_err)?, diff_id, total)
         }
         Compression::None => {
-            let (plain, total) = write_tar(cache_dir, manifest, HashingWriter::new(compressed))?;
+            let (plain, total) = write_content(dir, content, HashingWriter::new(compressed))?;
             let (inner, diff_id, _) = plain.finish();
             (inner, diff_id, total)
         }

@@ -1,6 +1,7 @@
 //! OCI images of GPU kernel caches: build, push, pull, extract, store.
 //!
-//! The image format is GKM/MCV's: one layer holding `io.triton.cache/<tree>`
+//! The image format is GKM/MCV's: one layer (a delta image: its base's
+//! layers, then one layer of added files, [`delta`]) holding `io.triton.cache/<tree>`
 //! and `io.triton.manifest/manifest.json` (vLLM: `io.vllm.cache/`,
 //! `io.vllm.manifest/`), config labels `cache.triton.image/*` (or
 //! `cache.vllm.image/*`) with the target summary, which gkm also writes into
@@ -21,6 +22,10 @@
 //!   annotated with their targets ([`assemble`], [`MultiTarget`]).
 //! - [`capture::capture`]: a warmed cache directory, checked against the
 //!   extraction rules ([`tree_check`]), built, pushed, signed and verified.
+//! - [`delta::capture_delta`]: the upper of a writable view, harvested into
+//!   a delta image: the base image's layers plus one layer of new files.
+//!   Every reader applies a multi-layer image's layers in order, each later
+//!   one only adding files.
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
 //!   as property tests.
 
@@ -28,6 +33,7 @@ pub mod auth;
 pub mod build;
 pub mod capture;
 mod copy;
+pub mod delta;
 pub mod disk;
 mod error;
 mod extract;

@@ -1,9 +1,12 @@
 //! Streaming a layer from its source to disk: read → hash → decompress (in
 //! its own thread) → policy-checked extraction, with the digest verified
-//! before anything is kept.
+//! before anything is kept; and the layers of a multi-layer image (a delta
+//! image: [`crate::delta`]) applied in order into one tree, each later one
+//! only adding files.
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -169,6 +172,139 @@ fn decompress<R: Read>(
     drop(tx);
     io::copy(&mut raw, &mut io::sink())?;
     Ok(raw.hasher.finish().0)
+}
+
+/// Extract the `layers` of `repo`, in order, into `dest` (an empty
+/// directory the caller owns and removes on error) as one tree, verifying
+/// each layer's digest ([`extract_layer`]).
+///
+/// The first layer is extracted into `dest`; each later one into a private
+/// directory inside it, then moved into the tree entry by entry: a later
+/// layer may only add files, so an entry that would overwrite a file (or
+/// replace a directory) of an earlier layer, or a whiteout (`.wh.*`) that
+/// would delete one, is refused naming it. The policy's limits (sum of
+/// file sizes, entry count, byte budget) hold for the whole tree.
+pub async fn extract_layers(
+    repo: &Repo,
+    layers: &[Layer],
+    dest: &Path,
+    mapping: Mapping,
+    policy: &ExtractPolicy,
+    progress: Option<Progress>,
+) -> Result<ExtractStats> {
+    let mut total = ExtractStats::default();
+    for (index, layer) in layers.iter().enumerate() {
+        if layers.len() > 1 {
+            step(
+                progress.as_ref(),
+                &format!("layer {} of {}: {}", index + 1, layers.len(), layer.digest),
+                None,
+            );
+        }
+        if index == 0 {
+            total = extract_layer(repo, layer, dest, mapping, policy, progress.clone()).await?;
+            continue;
+        }
+        let apart = dest.join(crate::layout::tmp_name(".gkm-layer-"));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&apart)
+            .map_err(|e| Error::io(&apart, e))?;
+        let left = what_is_left(policy, &total);
+        let added = async {
+            let stats =
+                extract_layer(repo, layer, &apart, mapping, &left, progress.clone()).await?;
+            let (from, into) = (apart.clone(), dest.to_path_buf());
+            tokio::task::spawn_blocking(move || add_layer(&from, &into, Path::new(""))).await??;
+            Ok::<_, Error>(stats)
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&apart);
+        let stats = added?;
+        total.entries += stats.entries;
+        total.files += stats.files;
+        total.bytes += stats.bytes;
+        total.disk_bytes += stats.disk_bytes;
+    }
+    Ok(total)
+}
+
+/// The policy for a later layer: the limits of the whole tree less what the
+/// earlier layers took.
+fn what_is_left(policy: &ExtractPolicy, so_far: &ExtractStats) -> ExtractPolicy {
+    ExtractPolicy {
+        max_total_size: policy.max_total_size.saturating_sub(so_far.bytes),
+        max_entries: policy.max_entries.saturating_sub(so_far.entries),
+        byte_budget: policy
+            .byte_budget
+            .map(|b| b.saturating_sub(so_far.disk_bytes)),
+        ..policy.clone()
+    }
+}
+
+/// Moves what a later layer extracted into `from` into the tree `into`,
+/// below `rel`: new entries only. Blocking.
+pub(crate) fn add_layer(from: &Path, into: &Path, rel: &Path) -> Result<()> {
+    let dir = from.join(rel);
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
+        .map(|e| e.map(|e| e.file_name()).map_err(|e| Error::io(&dir, e)))
+        .collect::<Result<_>>()?;
+    names.sort();
+    for name in names {
+        let rel = rel.join(&name);
+        let shown = rel.to_string_lossy().into_owned();
+        if name.to_string_lossy().starts_with(".wh.") {
+            return Err(Error::Rejected(Rejection::new(
+                &shown,
+                Rule::DeletesEarlierLayer,
+                "a whiteout: a later layer may only add files, not delete them",
+            )));
+        }
+        let src = from.join(&rel);
+        let dst = into.join(&rel);
+        let is_dir = std::fs::symlink_metadata(&src)
+            .map_err(|e| Error::io(&src, e))?
+            .is_dir();
+        match std::fs::symlink_metadata(&dst) {
+            Ok(there) if is_dir && there.is_dir() => add_layer(from, into, &rel)?,
+            Ok(there) => {
+                let what = if there.is_dir() {
+                    "a directory"
+                } else {
+                    "a file"
+                };
+                return Err(Error::Rejected(Rejection::new(
+                    &shown,
+                    Rule::OverwritesEarlierLayer,
+                    format!(
+                        "an earlier layer already has {what} here: a later layer may only add files"
+                    ),
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if is_dir {
+                    std::fs::DirBuilder::new()
+                        .mode(crate::layer::DIR_MODE)
+                        .create(&dst)
+                        .and_then(|()| {
+                            std::fs::set_permissions(
+                                &dst,
+                                std::os::unix::fs::PermissionsExt::from_mode(
+                                    crate::layer::DIR_MODE,
+                                ),
+                            )
+                        })
+                        .map_err(|e| Error::io(&dst, e))?;
+                    add_layer(from, into, &rel)?;
+                } else {
+                    std::fs::rename(&src, &dst).map_err(|e| Error::io(&dst, e))?;
+                }
+            }
+            Err(e) => return Err(Error::io(&dst, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Extract `layer` of `repo` into `dest` (an empty directory the caller

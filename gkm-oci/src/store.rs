@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{extract_layers, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
 use crate::seal::SealCheck;
@@ -247,12 +247,12 @@ impl Store {
                 extracted: None,
             });
         }
-        let layer = image.cache_layer()?.clone();
+        let layers = image.cache_layers()?.to_vec();
         check_free_space(&self.root().join("staging"), image, policy)?;
         let staging = self.staging(&digest)?;
-        let mut stats = extract_layer(
+        let mut stats = extract_layers(
             repo,
-            &layer,
+            &layers,
             &staging.dir,
             Mapping::Layer,
             policy,

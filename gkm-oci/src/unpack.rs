@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
 use crate::layout::tmp_name;
-use crate::pipeline::{extract_layer, sync_dir, sync_filesystem};
+use crate::pipeline::{extract_layers, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
 use crate::repo::Repo;
 
@@ -36,7 +36,7 @@ impl Drop for Cleanup {
 }
 
 /// Extract the cache tree of `image` (without its `io.*.cache/` prefix and
-/// manifest) into `out`, within the policy's byte budget and free-space
+/// manifest; every layer, in order, for a delta image) into `out`, within the policy's byte budget and free-space
 /// reserve; on any error nothing of the tree is left in or next to `out`.
 ///
 /// When `out` does not exist the tree is built next to it and renamed into
@@ -49,7 +49,7 @@ pub async fn extract_to_dir(
     out: &Path,
     options: &UnpackOptions,
 ) -> Result<ExtractStats> {
-    let layer = image.cache_layer()?.clone();
+    let layers = image.cache_layers()?.to_vec();
     let exists = match fs::read_dir(out) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -80,9 +80,9 @@ pub async fn extract_to_dir(
         .create(&staging)
         .map_err(|e| Error::io(&staging, e))?;
     let mut cleanup = Cleanup(Some(staging.clone()));
-    let stats = extract_layer(
+    let stats = extract_layers(
         repo,
-        &layer,
+        &layers,
         &staging,
         Mapping::CacheOnly,
         &options.policy,

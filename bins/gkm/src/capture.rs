@@ -1,12 +1,15 @@
 //! `gkm capture`: a warmed cache directory becomes a signed, verified image
-//! (the flow is `gkm_oci::capture`).
+//! (the flow is `gkm_oci::capture`); with `--delta-of`, the upper of a
+//! writable view becomes a delta image of its base (`gkm_oci::delta`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use gkm_core::delta::DeltaBase;
 use gkm_oci::capture::{CaptureError, CaptureOptions, Captured, FailureReason, capture};
+use gkm_oci::delta::capture_delta;
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ExtractPolicy, ImageRef, Progress, Report};
 use serde::Serialize;
@@ -22,8 +25,24 @@ use crate::sign::{FormatArg, KeyArgs};
 #[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
     /// The directory the workload compiled into (a Triton cache or a vLLM
-    /// cache).
+    /// cache); with --delta-of or --delta-base-record, the upper directory
+    /// of the writable view the workload compiled into.
     dir: PathBuf,
+    /// Capture a delta image of this base (`REGISTRY/REPO@sha256:…`, the
+    /// image the view was made of): the base's layers plus one layer of
+    /// the files DIR adds. The base must verify with the signing key (or a
+    /// --base-key).
+    #[arg(long, value_name = "REF", value_parser = parse_ref, conflicts_with = "delta_base_record")]
+    delta_of: Option<ImageRef>,
+    /// Like --delta-of, the base (and its build path) read from this JSON
+    /// record (`{"image": "REPO@sha256:…", "buildPath": "…"}`), as the CSI
+    /// driver writes it beside a kept upper.
+    #[arg(long, value_name = "FILE")]
+    delta_base_record: Option<PathBuf>,
+    /// A PEM public key whose signature on the base is accepted too
+    /// (repeatable; the signing key's always is).
+    #[arg(long, value_name = "FILE")]
+    base_key: Vec<PathBuf>,
     /// The registry repository and tag to push to (`REGISTRY/REPO[:TAG]`).
     #[arg(short = 't', long = "target", value_name = "REF", value_parser = parse_ref)]
     target: ImageRef,
@@ -94,6 +113,28 @@ struct CapturedDoc {
     layer: output::Blob,
     signature: String,
     verified: gkm_core::policy::Verified,
+    /// A delta's base, pinned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<String>,
+    /// A delta's own layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<DeltaDoc>,
+}
+
+/// The delta layer of `gkm capture --delta-of --json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeltaDoc {
+    /// The delta layer's digest.
+    digest: String,
+    /// Its files, relative to the cache root.
+    files: Vec<String>,
+    /// The sum of their sizes.
+    bytes: u64,
+    /// How many of the image's layers are the base's.
+    base_layers: usize,
+    /// The upper's scratch left out.
+    dropped: Vec<String>,
 }
 
 /// `gkm capture --json` when it failed.
@@ -199,15 +240,43 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(bar) => bar,
         None => Arc::new(StepLines),
     };
-    let result = capture(
-        &args.dir,
-        &args.target,
-        &key,
-        &options,
-        &registry,
-        Some(progress),
-    )
-    .await;
+    let result = match delta_base(&args)? {
+        Some((base, build_path)) => {
+            let mut keys = vec![key.public_key().clone()];
+            for path in &args.base_key {
+                let pem = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the base key {}", path.display()))?;
+                keys.push(
+                    gkm_core::policy::PublicKey::from_pem(&pem)
+                        .with_context(|| format!("the base key {}", path.display()))?,
+                );
+            }
+            let policy = gkm_core::policy::Policy::keys(keys)?;
+            capture_delta(
+                &args.dir,
+                &base,
+                build_path.as_deref(),
+                &policy,
+                &args.target,
+                &key,
+                &options,
+                &registry,
+                Some(progress),
+            )
+            .await
+        }
+        None => {
+            capture(
+                &args.dir,
+                &args.target,
+                &key,
+                &options,
+                &registry,
+                Some(progress),
+            )
+            .await
+        }
+    };
     drop(bar);
     if let Some(path) = &args.termination_log {
         let outcome = match &result {
@@ -238,6 +307,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The base of a delta capture, from --delta-of or --delta-base-record,
+/// with the record's build path.
+fn delta_base(args: &Args) -> anyhow::Result<Option<(ImageRef, Option<PathBuf>)>> {
+    if let Some(base) = &args.delta_of {
+        return Ok(Some((base.clone(), None)));
+    }
+    let Some(path) = &args.delta_base_record else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let record: DeltaBase = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{}: not a delta base record", path.display()))?;
+    let base = parse_ref(&record.image)
+        .map_err(|e| anyhow::anyhow!("{}: image {:?}: {e}", path.display(), record.image))?;
+    Ok(Some((base, record.build_path)))
+}
+
 /// Prints a capture that succeeded.
 fn report(args: &Args, key: &SigningKey, c: &Captured) -> anyhow::Result<()> {
     let targets: Vec<String> = c
@@ -265,6 +351,14 @@ fn report(args: &Args, key: &SigningKey, c: &Captured) -> anyhow::Result<()> {
             },
             signature: c.signature.clone(),
             verified: c.verified.clone(),
+            base: c.delta.as_ref().map(|d| d.base.clone()),
+            delta: c.delta.as_ref().map(|d| DeltaDoc {
+                digest: c.layer.digest.to_string(),
+                files: d.files.clone(),
+                bytes: c.tree.bytes,
+                base_layers: d.base_layers,
+                dropped: d.dropped.clone(),
+            }),
         });
     }
     eprintln!(
@@ -280,6 +374,15 @@ fn report(args: &Args, key: &SigningKey, c: &Captured) -> anyhow::Result<()> {
             .map(|g| format!(", compiled on {g}"))
             .unwrap_or_default(),
     );
+    if let Some(delta) = &c.delta {
+        eprintln!(
+            "a delta of {}: its {} layer(s), then one layer of {} new files ({} bytes)",
+            delta.base,
+            delta.base_layers,
+            delta.files.len(),
+            c.tree.bytes
+        );
+    }
     let public = key.public_key();
     eprintln!(
         "signed with {} key {}; verified: {}",
@@ -304,7 +407,9 @@ fn failed(args: &Args, err: CaptureError) -> anyhow::Result<ExitCode> {
         })?;
     }
     match reason {
-        FailureReason::UnsafeTree | FailureReason::NotVerified => {
+        FailureReason::UnsafeTree
+        | FailureReason::NotVerified
+        | FailureReason::DeltaChangesBase => {
             eprintln!("gkm: rejected: {reason}: {err}");
             Ok(ExitCode::from(EXIT_REJECTED))
         }
