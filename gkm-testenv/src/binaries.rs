@@ -42,6 +42,9 @@ pub enum Component {
     /// Real Triton (the pinned PyPI wheels in a virtualenv), run by its
     /// `triton-python`: compiles kernels for any GPU target without a GPU.
     Triton,
+    /// Real PyTorch (the pinned PyPI wheels in a virtualenv), run by its
+    /// `torch-python`: `torch.compile` builds Inductor's C++ kernels on the CPU.
+    Torch,
 }
 
 impl Component {
@@ -64,6 +67,7 @@ impl Component {
             Component::Runc => "runc",
             Component::Helm => "helm",
             Component::Triton => "triton-python",
+            Component::Torch => "torch-python",
         }
     }
 
@@ -85,6 +89,7 @@ impl Component {
             Component::Promlint => "hack/ci/components.sh promlint",
             Component::Helm => "hack/ci/components.sh helm",
             Component::Triton => "hack/ci/components.sh triton",
+            Component::Torch => "hack/ci/components.sh torch",
         }
     }
 

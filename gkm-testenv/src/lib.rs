@@ -40,6 +40,7 @@ mod registry;
 mod scheduler;
 mod service_account;
 mod trees;
+pub mod torch;
 pub mod triton;
 mod usage;
 
