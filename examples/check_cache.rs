@@ -56,6 +56,8 @@ fn run(dir: &Path, specs: &[String]) -> Result<bool, String> {
     let kind = match manifest.kind() {
         CacheKind::Triton => "triton",
         CacheKind::Vllm => "vllm",
+        CacheKind::Inductor => "inductor",
+        CacheKind::MegaCache => "megacache",
     };
     let report = check_manifest(&manifest, &gpus, &CheckOptions::default());
     let mut out = std::io::stdout().lock();

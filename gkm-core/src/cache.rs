@@ -37,6 +37,20 @@
 //! directory and, in single-file artefacts (`artifact_*`, `model`), by the
 //! kernel metadata JSON they embed verbatim (Triton writes it starting with
 //! `{"hash": `); such a kernel is filed under the artefact's path.
+//!
+//! **Inductor** (`TORCHINDUCTOR_CACHE_DIR`, `/tmp/torchinductor_<user>`),
+//! what `torch.compile` writes: `fxgraph/<k[1:3]>/<key>/<entry>` and
+//! `aotautograd/<key>/<entry>` (pickles, counted, never read),
+//! generated code in two-character directories (`<h[1:3]>/c<hash>.py`,
+//! `.cpp`, `.so`…), Triton cache directories `triton/<device>/<key>/`
+//! (scanned as Triton's) and `locks/`. See [`inductor`](self::inductor).
+//!
+//! **Mega-Cache**: the blob `torch.compiler.save_cache_artifacts()`
+//! returns, read as PyTorch's container (checksum, version, artefact type
+//! and key of each entry) and searched for the Triton kernel metadata its
+//! entries embed; its pickled contents are never unpickled. A directory
+//! holding only such blobs is a Mega-Cache cache. See
+//! [`megacache`](self::megacache).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -49,14 +63,18 @@ mod artefacts;
 mod blob;
 mod files;
 mod group;
+pub mod inductor;
 mod kernel;
 mod manifest_json;
+pub mod megacache;
+mod torch_facts;
 mod triton;
 mod vllm;
 
 pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
 pub use group::{build_path, relocate_group, relocated_groups};
 pub use kernel::ptx_isa_version;
+pub use torch_facts::{CPU_ISAS, Declared, TorchFacts};
 
 /// What produced a cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -66,6 +84,19 @@ pub enum CacheKind {
     Triton,
     /// A vLLM `torch_compile_cache`.
     Vllm,
+    /// A PyTorch Inductor cache (`TORCHINDUCTOR_CACHE_DIR`).
+    Inductor,
+    /// PyTorch Mega-Cache blobs (`torch.compiler.save_cache_artifacts()`).
+    #[serde(rename = "megacache")]
+    MegaCache,
+}
+
+impl CacheKind {
+    /// Whether caches of this kind are PyTorch's (Inductor, Mega-Cache),
+    /// which carry [`TorchFacts`].
+    pub fn is_torch(self) -> bool {
+        matches!(self, CacheKind::Inductor | CacheKind::MegaCache)
+    }
 }
 
 /// The layout of a vLLM cache (see [the layouts](self#layouts-scan-reads)).
@@ -219,6 +250,15 @@ pub struct CacheManifest {
     /// `aot_compile`, `binary`, `triton` it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<VllmFormat>,
+    /// Triton kernels of an Inductor cache (its `triton/` directories).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inductor: Option<Vec<CacheEntry>>,
+    /// Triton kernels embedded in Mega-Cache blobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub megacache: Option<Vec<CacheEntry>>,
+    /// Inductor and Mega-Cache only: entry counts and declared facts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<TorchFacts>,
     /// vLLM only: the artefact records of each hash directory that has
     /// any, written into the groups of `"vllm"`.
     #[serde(skip)]
@@ -238,6 +278,15 @@ impl Serialize for CacheManifest {
         if let Some(format) = &self.format {
             map.serialize_entry("format", format)?;
         }
+        if let Some(inductor) = &self.inductor {
+            map.serialize_entry("inductor", inductor)?;
+        }
+        if let Some(megacache) = &self.megacache {
+            map.serialize_entry("megacache", megacache)?;
+        }
+        if let Some(torch) = &self.torch {
+            map.serialize_entry("torch", torch)?;
+        }
         map.end()
     }
 }
@@ -247,6 +296,10 @@ impl CacheManifest {
     pub fn kind(&self) -> CacheKind {
         if self.vllm.is_some() {
             CacheKind::Vllm
+        } else if self.inductor.is_some() {
+            CacheKind::Inductor
+        } else if self.megacache.is_some() {
+            CacheKind::MegaCache
         } else {
             CacheKind::Triton
         }
@@ -257,7 +310,69 @@ impl CacheManifest {
         self.triton
             .as_deref()
             .or(self.vllm.as_deref())
+            .or(self.inductor.as_deref())
+            .or(self.megacache.as_deref())
             .unwrap_or(&[])
+    }
+
+    /// A manifest of `kind` listing `entries`; `torch` for PyTorch's kinds.
+    fn of_kind(kind: CacheKind, entries: Vec<CacheEntry>, torch: Option<TorchFacts>) -> Self {
+        let mut manifest = CacheManifest {
+            triton: None,
+            vllm: None,
+            format: None,
+            inductor: None,
+            megacache: None,
+            torch,
+            artefacts: Vec::new(),
+        };
+        let list = match kind {
+            CacheKind::Triton => &mut manifest.triton,
+            CacheKind::Vllm => &mut manifest.vllm,
+            CacheKind::Inductor => &mut manifest.inductor,
+            CacheKind::MegaCache => &mut manifest.megacache,
+        };
+        *list = Some(entries);
+        manifest.normalise();
+        manifest
+    }
+
+    /// Records what the builder declares about a PyTorch cache (Inductor,
+    /// Mega-Cache): facts the tree does not state. Refused for other kinds
+    /// and for values that are not well formed, naming them.
+    pub fn declare(&mut self, declared: &Declared) -> Result<(), CacheError> {
+        if declared.is_empty() {
+            return Ok(());
+        }
+        let torch_kind = self.kind().is_torch();
+        let Some(torch) = self.torch.as_mut().filter(|_| torch_kind) else {
+            return Err(CacheError::Invalid {
+                what: "declared PyTorch facts",
+                reason:
+                    "--torch-version and --cpu-isa describe Inductor and Mega-Cache caches only"
+                        .into(),
+            });
+        };
+        declared.validate()?;
+        if declared.torch_version.is_some() {
+            torch
+                .declared_torch_version
+                .clone_from(&declared.torch_version);
+        }
+        if declared.cpu_isa.is_some() {
+            torch.declared_cpu_isa.clone_from(&declared.cpu_isa);
+        }
+        Ok(())
+    }
+
+    /// The distinct Triton versions its kernels record, sorted.
+    pub fn triton_versions(&self) -> Vec<String> {
+        let versions: BTreeSet<String> = self
+            .entries()
+            .iter()
+            .filter_map(|e| e.triton_version.clone())
+            .collect();
+        versions.into_iter().collect()
     }
 
     /// The distinct targets of its kernels.
@@ -343,10 +458,16 @@ impl CacheManifest {
                 what: "manifest.json",
                 reason: e.to_string(),
             })?;
-        if manifest.triton.is_some() && manifest.vllm.is_some() {
+        let kinds = [
+            manifest.triton.is_some(),
+            manifest.vllm.is_some(),
+            manifest.inductor.is_some(),
+            manifest.megacache.is_some(),
+        ];
+        if kinds.into_iter().filter(|k| *k).count() > 1 {
             return Err(CacheError::Invalid {
                 what: "manifest.json",
-                reason: "lists both \"triton\" and \"vllm\" kernels; expected one kind".into(),
+                reason: "lists kernels of more than one of \"triton\", \"vllm\", \"inductor\", \"megacache\"; expected one kind".into(),
             });
         }
         if manifest.vllm.is_some() {
@@ -366,7 +487,15 @@ impl CacheManifest {
 
     /// Sort the entries so equal caches give equal manifests.
     fn normalise(&mut self) {
-        for list in [&mut self.triton, &mut self.vllm].into_iter().flatten() {
+        for list in [
+            &mut self.triton,
+            &mut self.vllm,
+            &mut self.inductor,
+            &mut self.megacache,
+        ]
+        .into_iter()
+        .flatten()
+        {
             list.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         }
         self.artefacts.retain(|a| !a.is_empty());
@@ -481,6 +610,17 @@ pub enum CacheError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A file or directory inside a cache tree that the tool that writes
+    /// such caches does not write (or a blob that is not one of its).
+    #[error("{path} is not part of {kind} cache: {reason}")]
+    Foreign {
+        /// The entry.
+        path: PathBuf,
+        /// The kind of cache, with its article (`an Inductor`).
+        kind: &'static str,
+        /// Why it is not.
+        reason: String,
+    },
     /// A kernel's metadata could not be parsed.
     #[error("{path}: invalid kernel metadata: {reason}")]
     BadMetadata {
@@ -492,7 +632,12 @@ pub enum CacheError {
 }
 
 /// Directories an extracted GKM/MCV image holds its cache tree in.
-const IMAGE_CACHE_DIRS: [&str; 2] = ["io.triton.cache", "io.vllm.cache"];
+const IMAGE_CACHE_DIRS: [&str; 4] = [
+    "io.triton.cache",
+    "io.vllm.cache",
+    "io.inductor.cache",
+    "io.megacache.cache",
+];
 
 /// Where the vLLM cache directory `dir` sits below its cache root
 /// (`VLLM_CACHE_ROOT`, which holds `torch_compile_cache/`): empty for the
@@ -547,7 +692,8 @@ pub fn tree_build_path(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
         })
 }
 
-/// Scan a cache directory (Triton or vLLM) into its manifest.
+/// Scan a cache directory (Triton, vLLM, Inductor or Mega-Cache) into its
+/// manifest; `dir` may also be one Mega-Cache blob.
 ///
 /// See [the layouts](self#layouts-scan-reads). `dir` may be:
 /// - a Triton cache (`~/.triton/cache`): hash directories holding compiled
@@ -586,6 +732,20 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
         path: dir.to_path_buf(),
         source,
     })?;
+    if meta.is_file() {
+        let (entries, torch) = megacache::scan_file(dir).map_err(|e| match e {
+            CacheError::Foreign { reason, .. } => CacheError::NotACache {
+                path: dir.to_path_buf(),
+                expected: format!("a directory or {} ({reason})", megacache::EXPECTED),
+            },
+            other => other,
+        })?;
+        return Ok(CacheManifest::of_kind(
+            CacheKind::MegaCache,
+            entries,
+            Some(torch),
+        ));
+    }
     if !meta.is_dir() {
         return Err(CacheError::NotACache {
             path: dir.to_path_buf(),
@@ -601,16 +761,31 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
     if let Some(manifest) = vllm::scan(dir)? {
         return Ok(manifest);
     }
+    if let Some((entries, torch)) = inductor::scan(dir)? {
+        return Ok(CacheManifest::of_kind(
+            CacheKind::Inductor,
+            entries,
+            Some(torch),
+        ));
+    }
+    if let Some((entries, torch)) = megacache::scan_dir(dir)? {
+        return Ok(CacheManifest::of_kind(
+            CacheKind::MegaCache,
+            entries,
+            Some(torch),
+        ));
+    }
     if let Some(entries) = triton::scan_root(dir)? {
-        return Ok(CacheManifest {
-            triton: Some(entries),
-            vllm: None,
-            format: None,
-            artefacts: Vec::new(),
-        });
+        return Ok(CacheManifest::of_kind(CacheKind::Triton, entries, None));
     }
     Err(CacheError::NotACache {
         path: dir.to_path_buf(),
-        expected: format!("{} or {}", triton::EXPECTED, vllm::EXPECTED),
+        expected: format!(
+            "{}, {}, {} or {}",
+            triton::EXPECTED,
+            vllm::EXPECTED,
+            inductor::EXPECTED,
+            megacache::EXPECTED
+        ),
     })
 }

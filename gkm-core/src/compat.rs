@@ -30,6 +30,9 @@
 //!   [`CheckOptions::triton_version`]): equal. Triton's cache key hashes its
 //!   own version, so a kernel compiled by another Triton is never found.
 //!
+//! PyTorch caches whose kernels are all C++ (no GPU target) are judged by
+//! the CPU instead: see [`cpu_mismatch`].
+//!
 //! A GPU without a backend (bound to `vfio-pci`, say) or without a known
 //! architecture is incompatible with a reason of its own and no per-target
 //! detail. An incompatible GPU lists, per target, every reason it failed;
@@ -37,6 +40,7 @@
 //! or of a cache without targets, is incompatible with a reason in
 //! [`Report::reasons`].
 
+mod cpu;
 mod driver;
 mod ptx;
 mod requirement;
@@ -49,6 +53,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{CacheManifest, Summary, Target};
 use crate::gpu::{Arch, Backend, Gpu};
 
+pub use cpu::{cpu_isa_from_flags, cpu_mismatch};
 pub use ptx::max_ptx_version;
 use ptx::ptx_display;
 pub use requirement::{ArchRequirement, Requirement, VersionRange, requirement};

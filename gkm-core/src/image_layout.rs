@@ -35,6 +35,25 @@ pub const VLLM: KindLayout = KindLayout {
     label_prefix: "cache.vllm.image",
 };
 
+/// The PyTorch Inductor layout.
+pub const INDUCTOR: KindLayout = KindLayout {
+    kind: CacheKind::Inductor,
+    cache_dir: "io.inductor.cache",
+    manifest_dir: "io.inductor.manifest",
+    label_prefix: "cache.inductor.image",
+};
+
+/// The PyTorch Mega-Cache layout.
+pub const MEGACACHE: KindLayout = KindLayout {
+    kind: CacheKind::MegaCache,
+    cache_dir: "io.megacache.cache",
+    manifest_dir: "io.megacache.manifest",
+    label_prefix: "cache.megacache.image",
+};
+
+/// Every layout.
+pub const ALL: [KindLayout; 4] = [TRITON, VLLM, INDUCTOR, MEGACACHE];
+
 /// The name of the manifest file in the manifest directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -44,21 +63,21 @@ impl KindLayout {
         match kind {
             CacheKind::Triton => TRITON,
             CacheKind::Vllm => VLLM,
+            CacheKind::Inductor => INDUCTOR,
+            CacheKind::MegaCache => MEGACACHE,
         }
     }
 
     /// The layout whose cache or manifest directory is the first path
     /// component `top`.
     pub fn for_top_dir(top: &str) -> Option<KindLayout> {
-        [TRITON, VLLM]
-            .into_iter()
+        ALL.into_iter()
             .find(|l| l.cache_dir == top || l.manifest_dir == top)
     }
 
     /// The layout whose labels `labels` carries, if any.
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Option<KindLayout> {
-        [TRITON, VLLM]
-            .into_iter()
+        ALL.into_iter()
             .find(|l| labels.contains_key(&l.key("summary")))
     }
 

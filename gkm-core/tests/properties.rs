@@ -114,6 +114,9 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
             triton: Some(entries),
             vllm: None,
             format: None,
+            inductor: None,
+            megacache: None,
+            torch: None,
             artefacts: Vec::new(),
         }
     });
@@ -125,6 +128,9 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
             triton: None,
             vllm: Some(entries),
             format,
+            inductor: None,
+            megacache: None,
+            torch: None,
             artefacts: Vec::new(),
         });
     prop_oneof![triton, vllm]

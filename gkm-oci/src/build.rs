@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use gkm_core::cache::CacheManifest;
+use gkm_core::cache::{CacheManifest, Declared};
 use oci_spec::image::{
     Arch, ConfigBuilder, Descriptor, ImageConfigurationBuilder, ImageManifestBuilder, MediaType,
     Os, RootFsBuilder,
@@ -30,6 +30,9 @@ pub struct BuildOptions {
     /// The `org.opencontainers.image.title` label; defaults to the last
     /// component of the destination's repository or layout directory.
     pub title: Option<String>,
+    /// What the builder declares about a PyTorch cache (Inductor,
+    /// Mega-Cache) that its tree does not state: labelled `declared-*`.
+    pub declared: Declared,
 }
 
 /// What a build produced.
@@ -64,7 +67,35 @@ pub fn build_into_layout(
     title: &str,
     compression: Compression,
 ) -> Result<Built> {
-    let cache = gkm_core::cache::scan(cache_dir)?;
+    build_declared_into_layout(
+        cache_dir,
+        &Declared::default(),
+        layout,
+        tag,
+        title,
+        compression,
+    )
+}
+
+/// The manifest of the cache at `cache_dir` (a directory, or one
+/// Mega-Cache blob) with what its builder declared.
+fn scan_declared(cache_dir: &Path, declared: &Declared) -> Result<CacheManifest> {
+    let mut cache = gkm_core::cache::scan(cache_dir)?;
+    cache.declare(declared)?;
+    Ok(cache)
+}
+
+/// [`build_into_layout`] with what the builder declares about a PyTorch
+/// cache. Blocking: call from a blocking thread.
+fn build_declared_into_layout(
+    cache_dir: &Path,
+    declared: &Declared,
+    layout: &Layout,
+    tag: Option<&str>,
+    title: &str,
+    compression: Compression,
+) -> Result<Built> {
+    let cache = scan_declared(cache_dir, declared)?;
     build_scanned_into_layout(
         cache_dir,
         cache,
@@ -88,6 +119,17 @@ pub fn build_scanned_into_layout(
     compression: Compression,
     extra_labels: &BTreeMap<String, String>,
 ) -> Result<Built> {
+    if cache_dir.is_file() {
+        return build_staged_file(
+            cache_dir,
+            cache,
+            layout,
+            tag,
+            title,
+            compression,
+            extra_labels,
+        );
+    }
     let build_path = gkm_core::cache::tree_build_path(cache_dir)?;
     let tmp = layout.temp_path();
     let layer = match write_layer(cache_dir, &cache, compression, &tmp) {
@@ -168,6 +210,43 @@ pub fn build_scanned_into_layout(
     })
 }
 
+/// Builds a cache that is one file (a Mega-Cache blob): the file is staged
+/// alone in a directory of the layout, so the image holds it under its
+/// own name (`io.megacache.cache/<name>`).
+fn build_staged_file(
+    file: &Path,
+    cache: CacheManifest,
+    layout: &Layout,
+    tag: Option<&str>,
+    title: &str,
+    compression: Compression,
+    extra_labels: &BTreeMap<String, String>,
+) -> Result<Built> {
+    let name = file.file_name().ok_or_else(|| Error::Unpackable {
+        path: file.to_path_buf(),
+        reason: "a cache file needs a name".into(),
+    })?;
+    let staged = layout.temp_path();
+    std::fs::create_dir(&staged).map_err(|e| Error::io(&staged, e))?;
+    let inside = staged.join(name);
+    let linked = std::fs::hard_link(file, &inside)
+        .or_else(|_| std::fs::copy(file, &inside).map(drop))
+        .map_err(|e| Error::io(&inside, e));
+    let result = linked.and_then(|()| {
+        build_scanned_into_layout(
+            &staged,
+            cache,
+            layout,
+            tag,
+            title,
+            compression,
+            extra_labels,
+        )
+    });
+    let _ = std::fs::remove_dir_all(&staged);
+    result
+}
+
 /// Build the image of `cache_dir` and write it to `dest`: an OCI layout
 /// directly, a registry through a temporary layout.
 pub async fn build(
@@ -199,6 +278,7 @@ pub async fn build_with_progress(
         .unwrap_or_else(|| dest.default_title());
     let cache_dir = cache_dir.to_path_buf();
     let compression = options.compression;
+    let declared = options.declared.clone();
     match dest {
         ImageRef::Layout { path, selector } => {
             let tag = match selector {
@@ -213,7 +293,7 @@ pub async fn build_with_progress(
             let path = path.clone();
             tokio::task::spawn_blocking(move || {
                 // Scanned first, so that a tree refused leaves no layout.
-                let cache = gkm_core::cache::scan(&cache_dir)?;
+                let cache = scan_declared(&cache_dir, &declared)?;
                 let layout = Layout::create(&path)?;
                 build_scanned_into_layout(
                     &cache_dir,
@@ -232,6 +312,7 @@ pub async fn build_with_progress(
             let result = build_via(
                 &tmp,
                 cache_dir,
+                declared,
                 title,
                 compression,
                 dest,
@@ -245,9 +326,11 @@ pub async fn build_with_progress(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn build_via(
     tmp: &Path,
     cache_dir: PathBuf,
+    declared: Declared,
     title: String,
     compression: Compression,
     dest: &ImageRef,
@@ -257,7 +340,14 @@ async fn build_via(
     let tmp_path = tmp.to_path_buf();
     let built = tokio::task::spawn_blocking(move || {
         let layout = Layout::create(&tmp_path)?;
-        build_into_layout(&cache_dir, &layout, Some("build"), &title, compression)
+        build_declared_into_layout(
+            &cache_dir,
+            &declared,
+            &layout,
+            Some("build"),
+            &title,
+            compression,
+        )
     })
     .await??;
     let src = Repo::open(
@@ -309,17 +399,25 @@ async fn build_multi_via(
             &format!("scanning and compressing {}", dir.display()),
             None,
         );
-        let (path, dir, title, compression) = (
+        let (path, dir, title, compression, declared) = (
             tmp.to_path_buf(),
             dir.clone(),
             title.clone(),
             options.compression,
+            options.declared.clone(),
         );
         let tag = format!("variant-{n}");
         let built_tag = tag.clone();
         tokio::task::spawn_blocking(move || {
             let layout = Layout::create(&path)?;
-            build_into_layout(&dir, &layout, Some(&built_tag), &title, compression)
+            build_declared_into_layout(
+                &dir,
+                &declared,
+                &layout,
+                Some(&built_tag),
+                &title,
+                compression,
+            )
         })
         .await??;
         sources.push(ImageRef::Layout {

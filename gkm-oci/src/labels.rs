@@ -6,7 +6,7 @@ use std::path::Path;
 use gkm_core::cache::{CacheKind, CacheManifest, Summary, VllmFormat};
 
 use crate::error::{Error, Result};
-pub use gkm_core::image_layout::{KindLayout, MANIFEST_FILE, TRITON, VLLM};
+pub use gkm_core::image_layout::{INDUCTOR, KindLayout, MANIFEST_FILE, MEGACACHE, TRITON, VLLM};
 
 /// OCI image manifest media type.
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -104,7 +104,45 @@ pub fn cache_labels(
     if let Some(path) = build_path {
         labels.insert(layout.key(BUILD_PATH), path.display().to_string());
     }
+    labels.extend(torch_labels(manifest));
     labels.extend(kserve_labels(manifest));
+    labels
+}
+
+/// The label (after the kind's prefix) with the Triton versions a PyTorch
+/// cache's kernels state, comma-separated.
+pub const TRITON_VERSION: &str = "triton-version";
+/// The label with the torch version the builder declared.
+pub const DECLARED_TORCH_VERSION: &str = "declared-torch-version";
+/// The label with the CPU ISA the builder declared.
+pub const DECLARED_CPU_ISA: &str = "declared-cpu-isa";
+/// The label with a PyTorch cache's entries per part, as compact JSON.
+pub const ENTRY_COUNTS: &str = "entry-counts";
+
+/// The labels only PyTorch's caches (Inductor, Mega-Cache) carry: the
+/// Triton versions read from the kernels' metadata, the entries per part,
+/// and what the builder declared (`declared-*`: gkm did not read it).
+pub fn torch_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let Some(torch) = manifest
+        .torch
+        .as_ref()
+        .filter(|_| manifest.kind().is_torch())
+    else {
+        return labels;
+    };
+    let layout = KindLayout::of(manifest.kind());
+    let versions = manifest.triton_versions();
+    if !versions.is_empty() {
+        labels.insert(layout.key(TRITON_VERSION), versions.join(","));
+    }
+    labels.insert(layout.key(ENTRY_COUNTS), torch.counts_label());
+    if let Some(version) = &torch.declared_torch_version {
+        labels.insert(layout.key(DECLARED_TORCH_VERSION), version.clone());
+    }
+    if let Some(isa) = &torch.declared_cpu_isa {
+        labels.insert(layout.key(DECLARED_CPU_ISA), isa.clone());
+    }
     labels
 }
 
@@ -180,6 +218,20 @@ pub struct CacheLabels {
     /// Where the tree was compiled (`build-path`), if labelled: the path
     /// its Triton group files record.
     pub build_path: Option<String>,
+    /// PyTorch caches: the Triton versions the kernels state
+    /// (`triton-version`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub triton_version: Option<String>,
+    /// PyTorch caches: the declared torch version
+    /// (`declared-torch-version`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub declared_torch_version: Option<String>,
+    /// PyTorch caches: the declared CPU ISA (`declared-cpu-isa`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub declared_cpu_isa: Option<String>,
+    /// PyTorch caches: entries per part (`entry-counts`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entry_counts: Option<BTreeMap<String, u64>>,
 }
 
 impl CacheLabels {
@@ -191,7 +243,7 @@ impl CacheLabels {
         let layout = KindLayout::from_labels(labels).ok_or_else(|| {
             Error::format(
                 "image labels",
-                "no cache.triton.image/summary or cache.vllm.image/summary label: not a kernel cache image",
+                "no cache.triton.image/summary, cache.vllm.image/summary, cache.inductor.image/summary or cache.megacache.image/summary label: not a kernel cache image",
             )
         })?;
         let summary_key = layout.key("summary");
@@ -217,6 +269,17 @@ impl CacheLabels {
             summary,
             format: labels.get(&layout.key("format")).cloned(),
             build_path: labels.get(&layout.key(BUILD_PATH)).cloned(),
+            triton_version: labels.get(&layout.key(TRITON_VERSION)).cloned(),
+            declared_torch_version: labels.get(&layout.key(DECLARED_TORCH_VERSION)).cloned(),
+            declared_cpu_isa: labels.get(&layout.key(DECLARED_CPU_ISA)).cloned(),
+            entry_counts: labels
+                .get(&layout.key(ENTRY_COUNTS))
+                .map(|v| {
+                    serde_json::from_str(v).map_err(|e| {
+                        Error::format(format!("label {}", layout.key(ENTRY_COUNTS)), e)
+                    })
+                })
+                .transpose()?,
         })
     }
 }

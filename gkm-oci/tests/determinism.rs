@@ -37,6 +37,7 @@ async fn same_tree_same_digest() {
             let options = BuildOptions {
                 compression,
                 title: Some(name.to_string()),
+                ..BuildOptions::default()
             };
             let mut digests = Vec::new();
             for (dir, layout) in [(&a, "one"), (&b, "two")] {

@@ -93,6 +93,7 @@ async fn layout_round_trip() {
                 &BuildOptions {
                     compression,
                     title: None,
+                    ..BuildOptions::default()
                 },
                 &opts,
             )

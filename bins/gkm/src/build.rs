@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use gkm_core::cache::Declared;
 use gkm_oci::build::build_multi;
 use gkm_oci::{BuildOptions, Compression, ImageRef, build_with_progress};
 
@@ -33,8 +34,9 @@ impl From<CompressionArg> for Compression {
 #[derive(clap::Args)]
 #[command(after_help = crate::image_args::EXIT_CODES_HELP)]
 pub struct Args {
-    /// The cache directory (a Triton cache or a vLLM torch_compile_cache);
-    /// several make a multi-target image, one variant each, in this order.
+    /// The cache directory (a Triton cache, a vLLM torch_compile_cache, an
+    /// Inductor cache) or Mega-Cache blob; several make a multi-target
+    /// image, one variant each, in this order.
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
     /// Where to write the image: `REGISTRY/REPO[:TAG]` or `oci:PATH[:TAG]`.
@@ -48,6 +50,15 @@ pub struct Args {
     /// repository's or layout directory's last path component).
     #[arg(long)]
     title: Option<String>,
+    /// Inductor and Mega-Cache: the torch version that compiled the cache
+    /// (the tree does not state it), labelled `declared-torch-version`.
+    #[arg(long, value_name = "VERSION")]
+    torch_version: Option<String>,
+    /// Inductor and Mega-Cache: the CPU ISA Inductor picked for the C++
+    /// kernels (`amx_tile`, `avx512_vnni`, `avx512`, `avx2`, `asimd`,
+    /// `neon`, `zvector`, `vsx`), labelled `declared-cpu-isa`.
+    #[arg(long, value_name = "ISA")]
+    cpu_isa: Option<String>,
     /// Print the result as JSON (no progress display).
     #[arg(long)]
     json: bool,
@@ -60,6 +71,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = BuildOptions {
         compression: args.compression.into(),
         title: args.title,
+        declared: Declared {
+            torch_version: args.torch_version,
+            cpu_isa: args.cpu_isa,
+        },
     };
     let registry = args.registry.options()?;
     let bar = Bar::start("build", args.json);

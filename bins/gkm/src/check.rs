@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gkm_core::cache::Summary;
-use gkm_core::compat::{CheckOptions, check_summary};
+use gkm_core::cache::{CacheKind, Summary};
+use gkm_core::compat::{CheckOptions, check_summary, cpu_isa_from_flags, cpu_mismatch};
 use gkm_core::variant::VariantChoice;
 use gkm_gpu::DiscoveryOptions;
 use gkm_oci::{Image, ImageRef, Repo};
@@ -25,6 +25,11 @@ pub struct Args {
     /// The Triton version the workload runs.
     #[arg(long)]
     triton_version: Option<String>,
+    /// The node's CPU ISA as Inductor picks it (`avx2`, `avx512`…), for
+    /// PyTorch caches of C++ kernels only (default: read from
+    /// /proc/cpuinfo).
+    #[arg(long, value_name = "ISA")]
+    cpu_isa: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -35,8 +40,18 @@ pub struct Args {
 /// What `gkm check` checks: the targets of a cache, or the variants of a
 /// multi-target image.
 enum Checked {
-    Targets(Summary),
+    Targets(Summary, CpuOnly),
     Variants(gkm_oci::MultiTarget),
+}
+
+/// For a PyTorch cache without GPU targets: the CPU ISA its builder
+/// declared, if any; `None` for any other cache.
+type CpuOnly = Option<Option<String>>;
+
+/// Whether a cache of `kind` with `summary` is judged by the CPU: a
+/// PyTorch cache without GPU targets.
+fn cpu_only(kind: CacheKind, summary: &Summary, declared: Option<String>) -> CpuOnly {
+    (kind.is_torch() && summary.targets.is_empty()).then_some(declared)
 }
 
 /// Runs `gkm check`: exit 0 when at least one GPU fits (a multi-target
@@ -47,13 +62,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         let dir = PathBuf::from(&args.target);
         let manifest = tokio::task::spawn_blocking(move || gkm_core::cache::scan(&dir)).await??;
-        Checked::Targets(manifest.summary())
+        let summary = manifest.summary();
+        let declared = manifest
+            .torch
+            .as_ref()
+            .and_then(|t| t.declared_cpu_isa.clone());
+        let cpu = cpu_only(manifest.kind(), &summary, declared);
+        Checked::Targets(summary, cpu)
     } else {
         let image: ImageRef = args.target.parse()?;
         let registry = args.registry.options()?;
         let repo = Repo::open(&image, &registry)?;
         match Image::fetch(&repo).await {
-            Ok(image) => Checked::Targets(image.cache()?.summary),
+            Ok(image) => {
+                let cache = image.cache()?;
+                let cpu = cpu_only(cache.kind, &cache.summary, cache.declared_cpu_isa);
+                Checked::Targets(cache.summary, cpu)
+            }
             Err(gkm_oci::Error::MultiTarget { .. }) => match multi_target(&repo, &registry).await {
                 Ok(multi) => Checked::Variants(multi),
                 Err(e) => return finish(e),
@@ -73,7 +98,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let compatible = match checked {
-        Checked::Targets(summary) => {
+        Checked::Targets(_, Some(declared)) => {
+            check_cpu(declared.as_deref(), args.cpu_isa.as_deref(), args.json)?
+        }
+        Checked::Targets(summary, None) => {
             let report = check_summary(&Summary::new(summary.targets), &inventory.gpus, &options);
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -101,6 +129,60 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(EXIT_INCOMPATIBLE)
     })
+}
+
+/// Checks a PyTorch cache of C++ kernels against this node's CPU (or the
+/// ISA given): prints the verdict, returns whether it fits.
+fn check_cpu(declared: Option<&str>, node: Option<&str>, json: bool) -> anyhow::Result<bool> {
+    let node = match node {
+        Some(isa) => Some(isa.to_string()),
+        None => std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| host_cpu_isa(&info)),
+    };
+    let reason = match declared {
+        Some(declared) => cpu_mismatch(declared, node.as_deref()),
+        None => Some(
+            "the cache holds no GPU kernel and no declared CPU ISA (gkm build --cpu-isa)".into(),
+        ),
+    };
+    if json {
+        let doc = serde_json::json!({
+            "compatible": reason.is_none(),
+            "cpuIsa": node,
+            "declaredCpuIsa": declared,
+            "reason": reason,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        let node = node.as_deref().unwrap_or("unknown");
+        match &reason {
+            None => println!("CPU {node}: compatible (C++ kernels declared built for {node})"),
+            Some(reason) => println!("CPU {node}: incompatible\n  {reason}"),
+        }
+        println!(
+            "{}",
+            if reason.is_none() {
+                "compatible"
+            } else {
+                "incompatible"
+            }
+        );
+    }
+    Ok(reason.is_none())
+}
+
+/// The ISA Inductor would pick on this host, from `/proc/cpuinfo`'s first
+/// `flags` (x86) or `Features` (Arm) line.
+fn host_cpu_isa(cpuinfo: &str) -> Option<String> {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            matches!(key.trim(), "flags" | "Features").then_some(value)
+        })
+        .and_then(cpu_isa_from_flags)
+        .map(str::to_string)
 }
 
 /// Prints which variant each GPU gets and why, then the node's choice.

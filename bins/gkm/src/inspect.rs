@@ -47,6 +47,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "cacheSizeBytes": cache.cache_size_bytes,
             "format": cache.format,
             "buildPath": cache.build_path,
+            "tritonVersion": cache.triton_version,
+            "declaredTorchVersion": cache.declared_torch_version,
+            "declaredCpuIsa": cache.declared_cpu_isa,
+            "entryCounts": cache.entry_counts,
             "targets": cache.summary.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "summary": cache.summary,
             "layers": image.manifest.layers,
@@ -74,7 +78,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &cache.build_path {
         println!("Built at:    {path}");
     }
+    if let Some(version) = &cache.declared_torch_version {
+        println!("Torch:       {version} (declared)");
+    }
+    if let Some(version) = &cache.triton_version {
+        println!("Triton:      {version}");
+    }
+    if let Some(isa) = &cache.declared_cpu_isa {
+        println!("CPU ISA:     {isa} (declared)");
+    }
     println!("Entries:     {}", opt(cache.entry_count));
+    if let Some(counts) = &cache.entry_counts {
+        let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("Parts:       {}", parts.join(", "));
+    }
     println!("Cache size:  {} bytes", opt(cache.cache_size_bytes));
     println!("Targets:     {}", cache.summary);
     let mut text = String::from("\n");

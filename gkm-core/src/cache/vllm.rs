@@ -116,6 +116,9 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         triton: None,
         vllm: Some(entries),
         format,
+        inductor: None,
+        megacache: None,
+        torch: None,
         artefacts: records,
     };
     manifest.normalise();

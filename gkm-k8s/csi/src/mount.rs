@@ -80,7 +80,7 @@ impl CacheTree {
         let entry_fd =
             rustix::fs::open(entry, flags, Mode::empty()).map_err(|e| not_a_directory(entry, e))?;
         let mut found = None;
-        for layout in [gkm_core::image_layout::TRITON, gkm_core::image_layout::VLLM] {
+        for layout in gkm_core::image_layout::ALL {
             let path = entry.join(layout.cache_dir);
             match rustix::fs::openat(&entry_fd, layout.cache_dir, flags, Mode::empty()) {
                 Ok(fd) if found.is_none() => found = Some(CacheTree { fd, path }),

@@ -1,0 +1,187 @@
+//! Scanning a PyTorch Inductor cache (`TORCHINDUCTOR_CACHE_DIR`, by default
+//! `/tmp/torchinductor_<user>`), laid out as torch 2.11 writes it:
+//!
+//! - `fxgraph/<key[1:3]>/<key>/<entry>`: FX graph cache entries
+//!   (`FxGraphCache._get_tmp_dir_for_key`, `torch/_inductor/codecache.py`);
+//! - `aotautograd/<key>/<entry>`: AOTAutograd cache entries
+//!   (`AOTAutogradCache._get_tmp_dir_for_key`,
+//!   `torch/_functorch/_aot_autograd/autograd_cache.py`);
+//! - `<hash[1:3]>/c<hash>.<ext>`: generated code (`get_path` and `write`,
+//!   `codecache.py`): Python modules (`.py`), C++ kernels (`.cpp` compiled
+//!   to `.so`, and the small programs Inductor builds to probe the CPU's
+//!   ISA);
+//! - `triton/<device>/<key>/`: Triton cache directories
+//!   (`triton_cache_dir`, `torch/_inductor/runtime/cache_dir_utils.py`),
+//!   scanned as Triton's, group files checked;
+//! - `locks/`, and what other parts of torch keep under the same root
+//!   (`dynamo/`, `cache/`, `gcc/`, `aoti_eager/`, `torch_cutlass/`,
+//!   `unhashed_kernel_inputs/`, `precompiled_headers/`,
+//!   `memoizer_cache.json`).
+//!
+//! FX graph and AOTAutograd entries are pickles: they are counted by file
+//! name and never read. Anything else at the root is not Inductor's and
+//! refuses the tree, naming it.
+
+use std::path::Path;
+
+use super::files::{files, subdirs};
+use super::{CacheEntry, CacheError, TorchFacts, triton};
+
+/// What an Inductor cache is expected to hold, for error messages.
+pub(crate) const EXPECTED: &str = "an Inductor cache (TORCHINDUCTOR_CACHE_DIR): fxgraph/, \
+    aotautograd/, triton/<device>/, locks/ and two-character directories of generated code";
+
+/// The FX graph cache directory.
+pub const FXGRAPH: &str = "fxgraph";
+/// The AOTAutograd cache directory.
+pub const AOTAUTOGRAD: &str = "aotautograd";
+/// The directory of per-device Triton caches.
+pub const TRITON: &str = "triton";
+/// Inductor's lock files.
+const LOCKS: &str = "locks";
+
+/// Other directories torch keeps under its cache root: kept in the image,
+/// neither counted nor read.
+const OTHER_DIRS: [&str; 7] = [
+    "dynamo",
+    "cache",
+    "gcc",
+    "aoti_eager",
+    "torch_cutlass",
+    "unhashed_kernel_inputs",
+    "precompiled_headers",
+];
+
+/// Files torch keeps at the root of its cache.
+const ROOT_FILES: [&str; 2] = ["memoizer_cache.json", "memoizer_cache.lock"];
+
+/// Prefix of the directories Inductor's Triton bundler writes a kernel
+/// into before moving it in place (`tmp.<uuid>`): not part of the cache.
+const TEMP_PREFIX: &str = "tmp.";
+
+/// Whether `dir` is laid out as an Inductor cache: it holds `fxgraph/`,
+/// `aotautograd/`, `locks/` or `triton/<device>/`.
+pub fn is_inductor_tree(dir: &Path) -> Result<bool, CacheError> {
+    for sub in subdirs(dir)? {
+        let name = file_name(&sub);
+        if [FXGRAPH, AOTAUTOGRAD, LOCKS].contains(&name.as_str()) {
+            return Ok(true);
+        }
+        if name == TRITON && subdirs(&sub)?.iter().any(|d| is_device(&file_name(d))) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The Triton kernels and facts of the Inductor cache at `dir`, or `None`
+/// when `dir` is not laid out as one. A foreign entry at its root, a file
+/// where Inductor keeps directories, or a torn Triton group refuses it.
+pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<CacheEntry>, TorchFacts)>, CacheError> {
+    if !is_inductor_tree(dir)? {
+        return Ok(None);
+    }
+    let mut facts = TorchFacts::default();
+    let mut entries = Vec::new();
+    for name in files(dir)? {
+        if !ROOT_FILES.contains(&name.as_str()) {
+            return Err(foreign(&dir.join(&name), "a file at the root"));
+        }
+    }
+    for sub in subdirs(dir)? {
+        let name = file_name(&sub);
+        match name.as_str() {
+            FXGRAPH => facts.add(FXGRAPH, count_entries(&sub, 2)?),
+            AOTAUTOGRAD => facts.add(AOTAUTOGRAD, count_entries(&sub, 1)?),
+            TRITON => entries.extend(scan_triton(&sub)?),
+            LOCKS => {}
+            other if OTHER_DIRS.contains(&other) => {}
+            other if is_code_dir(other) => {
+                for file in files(&sub)? {
+                    if file.ends_with(".so") {
+                        facts.add("cpp", 1);
+                    } else if file.ends_with(".py") {
+                        facts.add("python", 1);
+                    }
+                }
+            }
+            _ => return Err(foreign(&sub, "a directory Inductor does not write")),
+        }
+    }
+    facts.add(TRITON, entries.len() as u64);
+    for part in [FXGRAPH, AOTAUTOGRAD, "cpp", "python"] {
+        facts.add(part, 0);
+    }
+    Ok(Some((entries, facts)))
+}
+
+/// Entries of a cache directory whose entry files sit `depth` directories
+/// below it (`fxgraph/<k[1:3]>/<key>/<entry>`: 2). A file above that
+/// depth is not Inductor's.
+fn count_entries(dir: &Path, depth: usize) -> Result<u64, CacheError> {
+    if depth == 0 {
+        return Ok(files(dir)?.len() as u64);
+    }
+    if let Some(file) = files(dir)?.first() {
+        return Err(foreign(
+            &dir.join(file),
+            "a file where Inductor keeps key directories",
+        ));
+    }
+    let mut n = 0;
+    for sub in subdirs(dir)? {
+        n += count_entries(&sub, depth - 1)?;
+    }
+    Ok(n)
+}
+
+/// The kernels of `triton/<device>/<key>/`, filed under
+/// `triton/<device>/<key>`.
+fn scan_triton(triton_dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
+    let mut entries = Vec::new();
+    for device in subdirs(triton_dir)? {
+        let device_name = file_name(&device);
+        if !is_device(&device_name) {
+            return Err(foreign(&device, "not a device index directory of triton/"));
+        }
+        for key in subdirs(&device)? {
+            let key_name = file_name(&key);
+            if key_name.starts_with(TEMP_PREFIX) {
+                continue;
+            }
+            for mut entry in triton::scan_key_dir(&key)? {
+                entry.dummy_key = format!("{TRITON}/{device_name}/{key_name}");
+                entries.push(entry);
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// A device index (`0`, `1`…).
+fn is_device(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Two lowercase letters or digits: where `get_path` files generated code
+/// (`hash[1:3]` of a base32 hash).
+fn is_code_dir(name: &str) -> bool {
+    name.len() == 2
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn foreign(path: &Path, what: &str) -> CacheError {
+    CacheError::Foreign {
+        path: path.to_path_buf(),
+        kind: "an Inductor",
+        reason: format!("{what}; expected {EXPECTED}"),
+    }
+}

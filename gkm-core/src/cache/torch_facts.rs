@@ -1,0 +1,116 @@
+//! What a PyTorch cache (Inductor, Mega-Cache) says about itself beyond its
+//! Triton kernels: how many entries of each part it holds, counted from
+//! file names or Mega-Cache's container, and what its builder declared
+//! because the tree does not state it (the torch version, the CPU ISA of
+//! its C++ kernels).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::CacheError;
+
+/// The CPU ISAs Inductor names (`str(torch._inductor.cpu_vec_isa.pick_vec_isa())`,
+/// its last word): what `--cpu-isa` accepts.
+pub const CPU_ISAS: [&str; 8] = [
+    "amx_tile",
+    "avx512_vnni",
+    "avx512",
+    "avx2",
+    "asimd",
+    "neon",
+    "zvector",
+    "vsx",
+];
+
+/// The longest declared value accepted.
+const MAX_DECLARED: usize = 64;
+
+/// Facts of an Inductor or Mega-Cache cache (`"torch"` in `manifest.json`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TorchFacts {
+    /// Entries of each part: for Inductor `fxgraph`, `aotautograd`,
+    /// `cpp` (compiled C++ libraries), `python` (generated modules),
+    /// `triton` (kernels); for Mega-Cache, artefacts per PyTorch type
+    /// (`inductor`, `aot_autograd`, `autotune`, `pgo`, `precompile`…).
+    #[serde(default)]
+    pub counts: BTreeMap<String, u64>,
+    /// The torch version the builder declared (the tree does not state it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_torch_version: Option<String>,
+    /// The CPU ISA Inductor picked for the C++ kernels, as the builder
+    /// declared it (one of [`CPU_ISAS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_cpu_isa: Option<String>,
+}
+
+impl TorchFacts {
+    /// Adds `n` to the count of `part`.
+    pub(crate) fn add(&mut self, part: &str, n: u64) {
+        *self.counts.entry(part.to_string()).or_default() += n;
+    }
+
+    /// The counts as the `entry-counts` label writes them: compact JSON.
+    pub fn counts_label(&self) -> String {
+        serde_json::to_string(&self.counts).unwrap_or_default()
+    }
+}
+
+/// What `gkm build` (or a capturing pod) declares about a PyTorch cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Declared {
+    /// The torch version that compiled the cache (`torch.__version__`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_version: Option<String>,
+    /// The CPU ISA Inductor picked (one of [`CPU_ISAS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_isa: Option<String>,
+}
+
+impl Declared {
+    /// Whether nothing is declared.
+    pub fn is_empty(&self) -> bool {
+        self.torch_version.is_none() && self.cpu_isa.is_none()
+    }
+
+    /// Refuses a torch version that is not a version string
+    /// (`2.11.0`, `2.11.0+cu128`) and a CPU ISA Inductor does not name.
+    ///
+    /// ```
+    /// use gkm_core::cache::Declared;
+    /// let ok = Declared { torch_version: Some("2.11.0+cu128".into()), cpu_isa: Some("avx2".into()) };
+    /// assert!(ok.validate().is_ok());
+    /// let bad = Declared { cpu_isa: Some("avx3".into()), ..Default::default() };
+    /// assert!(bad.validate().unwrap_err().to_string().contains("avx3"));
+    /// ```
+    pub fn validate(&self) -> Result<(), CacheError> {
+        if let Some(version) = &self.torch_version {
+            let well_formed = !version.is_empty()
+                && version.len() <= MAX_DECLARED
+                && version.starts_with(|c: char| c.is_ascii_digit())
+                && version
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-' | '_'));
+            if !well_formed {
+                return Err(CacheError::Invalid {
+                    what: "declared torch version",
+                    reason: format!("{version:?} is not a version such as 2.11.0 or 2.11.0+cu128"),
+                });
+            }
+        }
+        if let Some(isa) = &self.cpu_isa
+            && !CPU_ISAS.contains(&isa.as_str())
+        {
+            return Err(CacheError::Invalid {
+                what: "declared CPU ISA",
+                reason: format!(
+                    "{isa:?} is not an ISA Inductor picks; expected one of {}",
+                    CPU_ISAS.join(", ")
+                ),
+            });
+        }
+        Ok(())
+    }
+}

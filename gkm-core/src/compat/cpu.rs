@@ -1,0 +1,63 @@
+//! Whether a PyTorch cache's C++ kernels fit a node's CPU.
+//!
+//! Inductor compiles its C++ kernels for the vector ISA it picks on the
+//! machine it runs on (`pick_vec_isa`, `torch/_inductor/cpu_vec_isa.py`:
+//! the first of `amx_tile`, `avx512_vnni`, `avx512`, `avx2` the CPU
+//! supports on x86, `asimd` on Arm), and the ISA is part of the kernels'
+//! cache keys: on a node where Inductor picks another ISA it never looks
+//! the kernels up. So a CPU-only cache fits a node exactly when the node's
+//! CPU ISA, as Inductor would pick it, is the one its builder declared.
+//! The tree does not state the ISA: it is declared at build time
+//! (`gkm build --cpu-isa`).
+
+/// The ISA Inductor would pick on a CPU with these `/proc/cpuinfo` flags
+/// (x86 `flags`, Arm `Features`), `None` when it would pick none gkm knows.
+///
+/// ```
+/// use gkm_core::compat::cpu_isa_from_flags;
+/// assert_eq!(cpu_isa_from_flags("fpu sse2 avx avx2 fma"), Some("avx2"));
+/// assert_eq!(cpu_isa_from_flags("avx2 fma avx512f avx512dq avx512bw avx512vl"), Some("avx512"));
+/// assert_eq!(cpu_isa_from_flags("fp asimd evtstrm"), Some("asimd"));
+/// assert_eq!(cpu_isa_from_flags("sse2"), None);
+/// ```
+pub fn cpu_isa_from_flags(flags: &str) -> Option<&'static str> {
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let avx512 = ["avx512f", "avx512dq", "avx512bw", "avx512vl"]
+        .iter()
+        .all(|f| has(f));
+    if avx512 && has("avx512_vnni") && has("amx_tile") && has("amx_bf16") && has("amx_int8") {
+        Some("amx_tile")
+    } else if avx512 && has("avx512_vnni") {
+        Some("avx512_vnni")
+    } else if avx512 {
+        Some("avx512")
+    } else if has("avx2") && has("fma") {
+        Some("avx2")
+    } else if has("asimd") {
+        Some("asimd")
+    } else {
+        None
+    }
+}
+
+/// Why a cache whose C++ kernels were declared built for `declared` does
+/// not fit a node whose CPU ISA is `node`; `None` when it fits.
+///
+/// ```
+/// use gkm_core::compat::cpu_mismatch;
+/// assert_eq!(cpu_mismatch("avx2", Some("avx2")), None);
+/// assert!(cpu_mismatch("avx2", Some("avx512")).unwrap().contains("avx512"));
+/// assert!(cpu_mismatch("avx2", None).is_some());
+/// ```
+pub fn cpu_mismatch(declared: &str, node: Option<&str>) -> Option<String> {
+    match node {
+        Some(node) if node == declared => None,
+        Some(node) => Some(format!(
+            "the C++ kernels were declared built for {declared}; Inductor picks {node} on this \
+             CPU, so their cache keys differ"
+        )),
+        None => Some(format!(
+            "the C++ kernels were declared built for {declared}; this CPU's ISA is unknown"
+        )),
+    }
+}
