@@ -142,7 +142,7 @@ pub(crate) fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<St
     let layout = KindLayout::of(manifest.kind());
     let offset = match manifest.kind() {
         CacheKind::Vllm => gkm_core::cache::vllm_offset_from_root(cache_dir)?,
-        CacheKind::Triton => None,
+        CacheKind::Triton | CacheKind::Inductor | CacheKind::MegaCache => None,
     };
     let offset = offset.unwrap_or_default();
     let offset = offset.to_str().ok_or_else(|| Error::Unpackable {
