@@ -509,24 +509,27 @@ async fn publish_quota_bundle(client: &Client, bundle: &str) -> Result<(), Webho
 }
 
 /// A MutatingWebhookConfiguration of the operator's: its name, its
-/// webhook's name and its whole body.
+/// webhooks' names and its whole body.
 struct Mutating {
     name: &'static str,
-    webhook: &'static str,
+    webhooks: &'static [&'static str],
     body: fn(&Endpoint, Option<&str>) -> serde_json::Value,
 }
 
 /// The `gkm.io/pvc-mutation` webhook's configuration.
 const PVC_MUTATION: Mutating = Mutating {
     name: CONFIGURATION_NAME,
-    webhook: pvc_mutation::WEBHOOK_NAME,
+    webhooks: &[
+        pvc_mutation::WEBHOOK_NAME,
+        pvc_mutation::READ_ONLY_WEBHOOK_NAME,
+    ],
     body: configuration,
 };
 
 /// The `image-volume.gkm.io` webhook's configuration.
 const IMAGE_VOLUME: Mutating = Mutating {
     name: image_volume::IMAGE_VOLUME_CONFIGURATION_NAME,
-    webhook: image_volume::IMAGE_VOLUME_WEBHOOK_NAME,
+    webhooks: &[image_volume::IMAGE_VOLUME_WEBHOOK_NAME],
     body: image_volume::configuration,
 };
 
@@ -542,12 +545,15 @@ async fn publish_mutation_bundle(
 ) -> Result<(), kube::Error> {
     let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
     let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
-    // Strategic merge: the webhook is matched by name, so nothing but its
+    // Strategic merge: each webhook is matched by name, so nothing but its
     // caBundle changes (and a configuration without it is refused, not
     // given a webhook of ours).
-    let patch = serde_json::json!({"webhooks": [
-        {"name": which.webhook, "clientConfig": {"caBundle": encoded}},
-    ]});
+    let webhooks: Vec<_> = which
+        .webhooks
+        .iter()
+        .map(|name| serde_json::json!({"name": name, "clientConfig": {"caBundle": encoded}}))
+        .collect();
+    let patch = serde_json::json!({ "webhooks": webhooks });
     let params = PatchParams {
         field_manager: Some(crate::names::FIELD_MANAGER.into()),
         ..PatchParams::default()

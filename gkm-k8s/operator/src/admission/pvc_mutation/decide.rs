@@ -13,11 +13,12 @@
 //! their caches. A pod that writes lays a `gkm view` of the claim into an
 //! `emptyDir` (docs/delivery.md, "What a write does").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+use super::read_only::{gkm_pod, read_only_ops};
 use crate::admission::review::Answer;
 
 /// The label a pod opts in with.
@@ -63,17 +64,43 @@ pub fn pinned_node(pod: &Pod) -> Option<String> {
     found
 }
 
-/// The answer for `pod`.
-pub fn mutate(pod: &Pod, claims: &NodeClaims) -> Answer {
+/// The answer for `pod`, given the ReadWriteOnce caches' node claims
+/// `claims` and the names of every claim gkm filled in the pod's namespace
+/// (`shared`, of both modes), which the pod mounts read-only
+/// ([`read_only_ops`]).
+pub fn mutate(pod: &Pod, claims: &NodeClaims, shared: &BTreeSet<String>) -> Answer {
+    if gkm_pod(pod) {
+        return Answer::Untouched;
+    }
     let labelled = pod
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(MUTATION_LABEL))
         .is_some_and(|v| v == "true");
-    if !labelled {
-        return Answer::Untouched;
+    let mut ops = Vec::new();
+    let mut pointed = Vec::new();
+    if labelled {
+        match node_claim_ops(pod, claims) {
+            Ok((node_ops, indices)) => {
+                ops = node_ops;
+                pointed = indices;
+            }
+            Err(why) => return Answer::Refuse(why),
+        }
     }
+    ops.extend(read_only_ops(pod, shared, &pointed));
+    if ops.is_empty() {
+        Answer::Untouched
+    } else {
+        Answer::Patch(Value::Array(ops))
+    }
+}
+
+/// For a labelled pod: the operations pointing each volume that claims a
+/// ReadWriteOnce cache by name at its node's claim, read-only, and those
+/// volumes' indices; or why the pod is refused.
+fn node_claim_ops(pod: &Pod, claims: &NodeClaims) -> Result<(Vec<Value>, Vec<usize>), String> {
     let pod_name = pod
         .metadata
         .name
@@ -87,6 +114,7 @@ pub fn mutate(pod: &Pod, claims: &NodeClaims) -> Answer {
         .cloned()
         .unwrap_or_default();
     let mut ops = Vec::new();
+    let mut pointed = Vec::new();
     for (index, volume) in volumes.iter().enumerate() {
         let Some(source) = &volume.persistent_volume_claim else {
             continue;
@@ -96,14 +124,14 @@ pub fn mutate(pod: &Pod, claims: &NodeClaims) -> Answer {
         };
         let cache = &source.claim_name;
         let Some(node) = pinned_node(pod) else {
-            return Answer::Refuse(format!(
+            return Err(format!(
                 "pod {pod_name} is labelled {MUTATION_LABEL}: \"true\" and mounts cache {cache}, \
                  but its node cannot be determined: ReadWriteOnce caches have a claim per node, \
                  so the pod must be pinned to one node (a DaemonSet pod, or spec.nodeName)"
             ));
         };
         let Some(claim) = by_node.get(&node) else {
-            return Answer::Refuse(format!(
+            return Err(format!(
                 "node {node} has no claim of cache {cache}: its GPUs do not fit the cache, \
                  or the cache is not verified or not yet resolved there"
             ));
@@ -119,12 +147,9 @@ pub fn mutate(pod: &Pod, claims: &NodeClaims) -> Answer {
             "path": format!("/spec/volumes/{index}/persistentVolumeClaim/readOnly"),
             "value": true,
         }));
+        pointed.push(index);
     }
-    if ops.is_empty() {
-        Answer::Untouched
-    } else {
-        Answer::Patch(Value::Array(ops))
-    }
+    Ok((ops, pointed))
 }
 
 #[cfg(test)]
@@ -213,13 +238,20 @@ mod tests {
                 Err("cannot be determined"),
             ),
             (
+                "an unlabelled pod naming a node's claim mounts it read-only",
+                pod(false, Some("n1"), &[], "cache-aaa"),
+                Ok(Answer::Patch(json!([{"op": "add",
+                    "path": "/spec/volumes/1/persistentVolumeClaim/readOnly", "value": true}]))),
+            ),
+            (
                 "a node without a claim: refused",
                 pod(true, Some("n3"), &[], "cache"),
                 Err("node n3 has no claim of cache cache"),
             ),
         ];
+        let shared = BTreeSet::from(["cache-aaa".to_string(), "cache-bbb".to_string()]);
         for (what, pod, want) in cases {
-            let got = mutate(&pod, &claims);
+            let got = mutate(&pod, &claims, &shared);
             match want {
                 Ok(answer) => assert_eq!(got, answer, "{what}"),
                 Err(needle) => match got {

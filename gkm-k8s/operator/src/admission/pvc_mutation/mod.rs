@@ -1,6 +1,8 @@
 //! The `gkm.io/pvc-mutation` pod webhook the operator serves for
 //! ReadWriteOnce caches: a labelled pod whose claim names the cache is
-//! pointed at the claim of its node ([`decide`], pure).
+//! pointed at the claim of its node ([`decide`], pure). Every pod mounting
+//! a claim gkm filled, of either mode, mounts it read-only
+//! ([`read_only`], pure): the tree is shared, never the pod's to write.
 //!
 //! Its MutatingWebhookConfiguration ([`configuration`]): only pods labelled
 //! `gkm.io/pvc-mutation: "true"` are sent to the webhook
@@ -10,14 +12,23 @@
 //! webhook's error is the clearer outcome, and the DaemonSet controller
 //! retries once the webhook is back.
 //!
+//! Its second webhook, [`READ_ONLY_WEBHOOK_NAME`], gets every other pod
+//! with a claim volume (CEL `matchConditions`), but gkm's own fill pods,
+//! and makes its gkm claim volumes read-only. Its failure policy is
+//! `Ignore`: it sees pods that may have nothing to do with gkm, and they
+//! must not wait on gkm; a pod admitted past it still finds the filled
+//! tree owned by the fill user and not writable by its own (see
+//! docs/delivery.md, "What a write does").
+//!
 //! Serving it: an AdmissionReview in, the [`mutate`] answer out,
 //! with the per-node claims read from a watched index of gkm's node claims
 //! (started by the first pod, which waits for its first list), not a list
 //! of them per pod.
 
 pub mod decide;
+pub mod read_only;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +57,16 @@ pub const CONFIGURATION_NAME: &str = "gkm-pvc-mutation";
 pub const WEBHOOK_NAME: &str = "pvc-mutation.gkm.io";
 /// The path the webhook serves.
 pub const MUTATE_PATH: &str = "/mutate-pods";
+/// The webhook, in the same configuration, that makes every other pod's
+/// gkm claim volumes read-only.
+pub const READ_ONLY_WEBHOOK_NAME: &str = "claim-read-only.gkm.io";
+
+/// The CEL condition that sends a pod to [`READ_ONLY_WEBHOOK_NAME`]: one of
+/// its volumes is a claim.
+pub fn claim_condition() -> String {
+    "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.persistentVolumeClaim))"
+        .to_string()
+}
 
 /// The server-side apply body of the configuration; `ca_bundle` is the PEM
 /// the apiserver trusts for the webhook (none when cert-manager injects it).
@@ -68,18 +89,32 @@ pub fn configuration(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 5,
             "reinvocationPolicy": "Never",
+        }, {
+            "name": READ_ONLY_WEBHOOK_NAME,
+            "clientConfig": client,
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "objectSelector": {"matchExpressions": [
+                {"key": MUTATION_LABEL, "operator": "NotIn", "values": ["true"]},
+                {"key": MANAGED_BY.0, "operator": "NotIn", "values": [MANAGED_BY.1]}]},
+            "matchConditions": [{"name": "mounts-a-claim", "expression": claim_condition()}],
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "Never",
         }],
     })
 }
 
-/// What is kept of one of gkm's ReadWriteOnce node claims, found by its
-/// namespace.
+/// What is kept of one of gkm's claims, found by its namespace.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NodeClaim {
     /// The cache it holds.
     cache: String,
-    /// The node it is for.
-    node: String,
+    /// The node it is for (a ReadWriteOnce claim's); `None`: a
+    /// ReadOnlyMany claim.
+    node: Option<String>,
     /// Whether a `GKMCache` (not a `ClusterGKMCache`) made it.
     namespaced: bool,
 }
@@ -94,7 +129,7 @@ pub(crate) fn node_claim(claim: &PersistentVolumeClaim) -> Option<Entry<String, 
         claim.namespace()?,
         NodeClaim {
             cache: labelled_name(claim.meta(), CACHE_LABEL, CACHE_NAME_ANNOTATION)?,
-            node: labelled_name(claim.meta(), NODE_LABEL, NODE_NAME_ANNOTATION)?,
+            node: labelled_name(claim.meta(), NODE_LABEL, NODE_NAME_ANNOTATION),
             namespaced: labels.get(KIND_LABEL).map(String::as_str) == Some("GKMCache"),
         },
     ))
@@ -107,14 +142,22 @@ pub(crate) fn node_claims(claims: Vec<(ObjectId, NodeClaim)>) -> NodeClaims {
     let mut out: NodeClaims = BTreeMap::new();
     let mut namespaced: BTreeMap<(String, String), bool> = BTreeMap::new();
     for ((_, name), claim) in claims {
-        let id = (claim.cache.clone(), claim.node.clone());
+        let Some(node) = claim.node else {
+            continue;
+        };
+        let id = (claim.cache.clone(), node.clone());
         if namespaced.get(&id) == Some(&true) && !claim.namespaced {
             continue;
         }
         namespaced.insert(id, claim.namespaced);
-        out.entry(claim.cache).or_default().insert(claim.node, name);
+        out.entry(claim.cache).or_default().insert(node, name);
     }
     out
+}
+
+/// The names of gkm's claims of one namespace, of both modes.
+pub(crate) fn claim_names(claims: &[(ObjectId, NodeClaim)]) -> BTreeSet<String> {
+    claims.iter().map(|((_, name), _)| name.clone()).collect()
 }
 
 /// How long a pod waits for the first list of the claims.
@@ -148,16 +191,13 @@ impl MutationRoutes {
         }
     }
 
-    /// The ReadWriteOnce claims gkm made in `namespace`: cache → node →
-    /// claim; the watch starts on the first call.
-    async fn node_claims(&self, namespace: &str) -> Result<NodeClaims, String> {
+    /// The claims gkm made in `namespace`: the ReadWriteOnce ones by cache
+    /// and node, and the names of all; the watch starts on the first call.
+    async fn node_claims(&self, namespace: &str) -> Result<(NodeClaims, BTreeSet<String>), String> {
         let watched = self
             .claims
             .get_or_init(|| async {
-                let selector = format!(
-                    "{NODE_LABEL},{CACHE_LABEL},{}={}",
-                    MANAGED_BY.0, MANAGED_BY.1
-                );
+                let selector = format!("{CACHE_LABEL},{}={}", MANAGED_BY.0, MANAGED_BY.1);
                 let api = Api::<PersistentVolumeClaim>::all(self.client.clone());
                 let config = watcher::Config::default().labels(&selector);
                 let claims = Arc::new(Indexed::default());
@@ -168,13 +208,15 @@ impl MutationRoutes {
         tokio::time::timeout(FIRST_LIST, watched.claims.wait_until_listed())
             .await
             .map_err(|_| format!("no list of the cache claims in {FIRST_LIST:?}"))?;
-        Ok(node_claims(watched.claims.under(&namespace.to_string())))
+        let claims = watched.claims.under(&namespace.to_string());
+        let names = claim_names(&claims);
+        Ok((node_claims(claims), names))
     }
 
     async fn review(&self, body: &[u8]) -> Result<Value, String> {
         let (uid, pod, namespace) = pod_review(body)?;
         let answer = match self.node_claims(&namespace).await {
-            Ok(claims) => mutate(&pod, &claims),
+            Ok((claims, names)) => mutate(&pod, &claims, &names),
             Err(e) => Answer::Refuse(format!(
                 "gkm could not read the cache claims of {namespace}: {e}"
             )),
@@ -228,9 +270,18 @@ mod tests {
             ("cluster-n2", gkm("c", "n2", "ClusterGKMCache")),
             ("other-n1", gkm("d", "n1", "ClusterGKMCache")),
             ("foreign", json!({CACHE_LABEL: "c", NODE_LABEL: "n3"})),
+            (
+                "shared",
+                json!({CACHE_LABEL: "e", KIND_LABEL: "GKMCache", MANAGED_BY.0: MANAGED_BY.1}),
+            ),
         ] {
             index.observe(&watcher::Event::Apply(claim(name, labels)), node_claim);
         }
+        let names = claim_names(&index.under(&"team".to_string()));
+        assert_eq!(
+            names.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["cluster-n1", "cluster-n2", "other-n1", "own-n1", "shared"]
+        );
         let claims = node_claims(index.under(&"team".to_string()));
         assert_eq!(
             claims,
@@ -252,6 +303,19 @@ mod tests {
     }
 
     #[test]
+    fn the_chart_sends_the_same_pods() {
+        let chart =
+            include_str!("../../../../../deploy/helm/gkm/templates/manifests/operator.yaml");
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words(chart).contains(&words(&claim_condition())),
+            "the chart's {READ_ONLY_WEBHOOK_NAME} matchConditions differ from {}",
+            claim_condition()
+        );
+        assert!(chart.contains(READ_ONLY_WEBHOOK_NAME));
+    }
+
+    #[test]
     fn only_labelled_pods_reach_the_webhook() {
         let body = configuration(
             &Endpoint::Url("https://127.0.0.1:9443/".into()),
@@ -268,6 +332,15 @@ mod tests {
         );
         assert_eq!(hook["clientConfig"]["caBundle"], "UEVN");
         assert_eq!(hook["failurePolicy"], "Fail");
+        // Every other pod with a claim, but gkm's own, for read-only claims.
+        let read_only = &body["webhooks"][1];
+        assert_eq!(read_only["name"], READ_ONLY_WEBHOOK_NAME);
+        assert_eq!(read_only["failurePolicy"], "Ignore");
+        assert_eq!(read_only["clientConfig"], hook["clientConfig"]);
+        assert_eq!(
+            read_only["objectSelector"]["matchExpressions"][1],
+            json!({"key": MANAGED_BY.0, "operator": "NotIn", "values": [MANAGED_BY.1]})
+        );
         let _: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration =
             serde_json::from_value(body).expect("a valid object");
         let service = Endpoint::Service {
