@@ -268,7 +268,10 @@ mod tests {
     fn a_report_is_the_last_json_line_of_the_output() {
         let line = r#"{"torch": "2.11.0+cu130", "vec_isa": "avx2", "cache": "/c", "mega_cache_loaded": null, "fxgraph_cache_hit": 2, "fxgraph_cache_miss": 0, "fxgraph_cache_bypass": 0, "autograd_cache_hit": 2, "autograd_cache_miss": 0, "autograd_cache_bypass": 0, "cpp_kernels_compiled": 0, "cpp_built": [], "graphs": 2, "outputs": {"4x64": {"digest": "a", "equals_cold_run": true, "close_to_eager": true}, "8x64": {"digest": "b", "equals_cold_run": true, "close_to_eager": true}}}"#;
         let report = parse_report(&format!("UserWarning: something\n{line}\n")).expect("report");
-        assert!(report.all_hits() && report.outputs_as_cold_run(), "{report:#?}");
+        assert!(
+            report.all_hits() && report.outputs_as_cold_run(),
+            "{report:#?}"
+        );
         let err = parse_report("Traceback (most recent call last):\n").expect_err("no report");
         assert!(format!("{err:#}").contains("no report"), "{err:#}");
     }
