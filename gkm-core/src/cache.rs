@@ -92,6 +92,17 @@ pub enum CacheKind {
 }
 
 impl CacheKind {
+    /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
+    /// `inductor`, `megacache`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheKind::Triton => "triton",
+            CacheKind::Vllm => "vllm",
+            CacheKind::Inductor => "inductor",
+            CacheKind::MegaCache => "megacache",
+        }
+    }
+
     /// Whether caches of this kind are PyTorch's (Inductor, Mega-Cache),
     /// which carry [`TorchFacts`].
     pub fn is_torch(self) -> bool {

@@ -263,10 +263,25 @@ pub async fn assemble(
 /// Refuses variants that cannot make one multi-target image: different
 /// cache kinds, the same image twice, a target in two variants.
 fn check_variants(variants: &[(&ImageRef, &Digest, &CacheLabels)]) -> Result<()> {
-    if variants.windows(2).any(|w| w[0].2.kind != w[1].2.kind) {
+    if let Some(w) = variants.windows(2).find(|w| w[0].2.kind != w[1].2.kind) {
         return Err(Error::format(
             "multi-target image",
-            "the variants are caches of different kinds (Triton and vLLM): one image holds one kind",
+            format!(
+                "the variants are caches of different kinds ({} and {}): one image holds one kind",
+                w[0].2.kind.as_str(),
+                w[1].2.kind.as_str()
+            ),
+        ));
+    }
+    if let Some((source, _, _)) = variants
+        .iter()
+        .find(|(_, _, cache)| cache.kind.is_torch() && cache.summary.targets.is_empty())
+    {
+        return Err(Error::format(
+            "multi-target image",
+            format!(
+                "{source} holds no GPU kernel (C++ kernels only): a node gets a variant by its                  GPUs, so a CPU-only cache is built as an image of its own"
+            ),
         ));
     }
     let mut digests: BTreeMap<&Digest, &ImageRef> = BTreeMap::new();

@@ -1,0 +1,196 @@
+//! `gkm build`, `inspect`, `check` and `extract` on PyTorch's caches as a
+//! user runs them: the real Inductor cache and Mega-Cache blob in
+//! `fixtures/torch/` (compiled by torch 2.11.0 on the CPU, AVX2 kernels;
+//! see its PROVENANCE).
+
+// A test panics with what went wrong.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gkm_testenv::tree_files;
+
+/// `fixtures/torch/` of this repository.
+fn torch_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/torch")
+}
+
+fn gkm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gkm"))
+        .args(args)
+        .env("DOCKER_CONFIG", "/nonexistent-gkm-test-docker-config")
+        .output()
+        .expect("run gkm")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = gkm(args);
+    assert!(
+        out.status.success(),
+        "gkm {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn inspect_json(image: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&["inspect", "--json", image])).expect("inspect prints JSON")
+}
+
+#[test]
+fn an_inductor_cache_builds_into_an_image_inspect_shows_with_its_parts_and_declared_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("oci:{}:v1", dir.path().join("layout").display());
+    let cache = torch_fixture().join("inductor");
+    ok(&[
+        "build",
+        cache.to_str().unwrap(),
+        "-t",
+        &image,
+        "--torch-version",
+        "2.11.0+cu130",
+        "--cpu-isa",
+        "avx2",
+    ]);
+    let doc = inspect_json(&image);
+    assert_eq!(doc["kind"], "inductor");
+    assert_eq!(doc["declaredTorchVersion"], "2.11.0+cu130");
+    assert_eq!(doc["declaredCpuIsa"], "avx2");
+    // Two input shapes, two FX graphs (PROVENANCE: 2 FX graph and 2
+    // AOTAutograd misses, 12 C++ kernels built, ISA probes included).
+    assert_eq!(doc["entryCounts"]["fxgraph"], 2);
+    assert_eq!(doc["entryCounts"]["aotautograd"], 2);
+    assert_eq!(doc["entryCounts"]["cpp"], 12);
+    assert_eq!(
+        doc["labels"]["cache.inductor.image/declared-cpu-isa"],
+        "avx2"
+    );
+    let text = ok(&["inspect", &image]);
+    assert!(
+        text.contains("Torch:       2.11.0+cu130 (declared)"),
+        "{text}"
+    );
+    assert!(text.contains("CPU ISA:     avx2 (declared)"), "{text}");
+
+    // What extract gives back is the tree, byte for byte.
+    let out = dir.path().join("extracted");
+    ok(&["extract", &image, "-o", out.to_str().unwrap()]);
+    assert_eq!(tree_files(&out).unwrap(), tree_files(&cache).unwrap());
+}
+
+#[test]
+fn a_mega_cache_blob_builds_into_an_image_whose_extract_gives_the_blob_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("oci:{}:v1", dir.path().join("layout").display());
+    let blob = torch_fixture().join("mega-cache.bin");
+    ok(&[
+        "build",
+        blob.to_str().unwrap(),
+        "-t",
+        &image,
+        "--cpu-isa",
+        "avx2",
+    ]);
+    let doc = inspect_json(&image);
+    assert_eq!(doc["kind"], "megacache");
+    assert_eq!(doc["entryCounts"]["inductor"], 2);
+    assert_eq!(doc["entryCounts"]["aot_autograd"], 2);
+    assert_eq!(doc["declaredTorchVersion"], serde_json::Value::Null);
+    let out = dir.path().join("extracted");
+    ok(&["extract", &image, "-o", out.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(out.join("mega-cache.bin")).unwrap(),
+        std::fs::read(&blob).unwrap()
+    );
+}
+
+#[test]
+fn a_cpu_only_cache_fits_a_node_whose_cpu_isa_is_the_declared_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("oci:{}:v1", dir.path().join("layout").display());
+    let blob = torch_fixture().join("mega-cache.bin");
+    ok(&[
+        "build",
+        blob.to_str().unwrap(),
+        "-t",
+        &image,
+        "--cpu-isa",
+        "avx2",
+    ]);
+
+    let fits = ok(&["check", &image, "--cpu-isa", "avx2"]);
+    assert!(fits.contains("CPU avx2: compatible"), "{fits}");
+
+    let other = gkm(&["check", &image, "--cpu-isa", "avx512"]);
+    assert_eq!(other.status.code(), Some(3), "an incompatible node exits 3");
+    let text = String::from_utf8_lossy(&other.stdout);
+    assert!(
+        text.contains("declared built for avx2; Inductor picks avx512"),
+        "{text}"
+    );
+
+    // Without a declared ISA, no node is known to fit.
+    let undeclared = format!("oci:{}:v2", dir.path().join("layout").display());
+    ok(&["build", blob.to_str().unwrap(), "-t", &undeclared]);
+    let out = gkm(&["check", &undeclared, "--cpu-isa", "avx2"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no declared CPU ISA"));
+}
+
+#[test]
+fn a_declared_cpu_isa_inductor_does_not_name_or_a_foreign_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("oci:{}:v1", dir.path().join("layout").display());
+    let cache = torch_fixture().join("inductor");
+    let out = gkm(&[
+        "build",
+        cache.to_str().unwrap(),
+        "-t",
+        &image,
+        "--cpu-isa",
+        "avx3",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"avx3\" is not an ISA Inductor picks"),
+        "{err}"
+    );
+
+    // An Inductor tree with a file Inductor does not write is refused,
+    // naming it, and no image is written.
+    let tree = dir.path().join("inductor");
+    gkm_testenv::copy_tree(&cache, &tree).unwrap();
+    std::fs::write(tree.join("fxgraph/notes.txt"), b"x").unwrap();
+    let out = gkm(&["build", tree.to_str().unwrap(), "-t", &image]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fxgraph/notes.txt") && err.contains("not part of an Inductor cache"),
+        "{err}"
+    );
+    assert!(!dir.path().join("layout").exists());
+}
+
+#[test]
+fn a_cpu_only_cache_is_not_a_variant_of_a_multi_target_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("oci:{}:v1", dir.path().join("layout").display());
+    let blob = torch_fixture().join("mega-cache.bin");
+    let copy = dir.path().join("other/mega-cache.bin");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(&blob, &copy).unwrap();
+    let out = gkm(&[
+        "build",
+        blob.to_str().unwrap(),
+        copy.to_str().unwrap(),
+        "-t",
+        &image,
+        "--cpu-isa",
+        "avx2",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no GPU kernel"), "{err}");
+}
