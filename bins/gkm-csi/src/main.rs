@@ -4,6 +4,7 @@
 //! no cluster object: what it needs of the cluster, the agent writes beside
 //! the store.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -70,6 +71,11 @@ struct Cli {
     /// before it goes.
     #[arg(long, default_value = "1m", value_parser = gkm_bin_support::duration)]
     capture_orphan_grace: Duration,
+    /// Where to serve /healthz, /readyz and /metrics (the bytes of pods'
+    /// writable views, writable publishes, swept uppers; port 0 picks a
+    /// free one). Without it, nothing is served.
+    #[arg(long, env = "GKM_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -121,6 +127,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let driver = Driver::new(&config)
         .with_context(|| format!("opening the store {}", config.store_root.display()))?;
     gkm_k8s_csi::capture_release::report_trees_at_start(&config.store_root);
+    let metrics = match cli.metrics_addr {
+        None => None,
+        Some(addr) => Some(serve_metrics(addr, &driver, &config.store_root).await?),
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -163,12 +173,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     serve_csi(&socket, driver, stopped(stop_rx))
         .await
         .context("serving CSI")?;
+    if let Some(server) = metrics {
+        server.stop().await.context("the metrics server")?;
+    }
     if let Some(task) = registration {
         task.await
             .context("registration task")?
             .context("serving plugin registration")?;
     }
     Ok(())
+}
+
+/// Serves the driver's metrics ([`gkm_k8s_csi::metrics`]) on `addr`.
+async fn serve_metrics(
+    addr: SocketAddr,
+    driver: &Driver,
+    store_root: &std::path::Path,
+) -> anyhow::Result<gkm_k8s_runtime::server::EndpointServer> {
+    use gkm_k8s_csi::metrics::CsiCollector;
+    use gkm_k8s_runtime::metrics::register_build_info;
+    use gkm_k8s_runtime::readiness::Readiness;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("gkm");
+    register_build_info(&mut registry, "gkm-csi", env!("CARGO_PKG_VERSION"));
+    registry.register_collector(Box::new(CsiCollector::new(
+        driver.node.metrics().clone(),
+        store_root,
+    )));
+    let readiness = Readiness::default();
+    readiness.check("driver").set(true);
+    let server = gkm_k8s_runtime::server::EndpointServer::start(addr, registry, readiness)
+        .await
+        .with_context(|| format!("listening on --metrics-addr {addr}"))?;
+    tracing::info!(%addr, "serving metrics");
+    Ok(server)
 }
 
 #[tokio::main]

@@ -101,6 +101,7 @@ pub fn plan_cache(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             .workload_namespaces
             .as_ref()
             .map(|namespaces| namespaces.iter().map(|n| n.0.clone()).collect());
+        delivery.image = Some(cache.release.image.clone());
     }
     plan
 }

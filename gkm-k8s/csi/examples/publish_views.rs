@@ -60,6 +60,7 @@ fn request(target: &Path, n: usize, view: View) -> PublishRequest {
         },
         view,
         mount_path: None,
+        capture: None,
     }
 }
 

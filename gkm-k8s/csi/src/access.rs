@@ -127,6 +127,7 @@ mod tests {
             },
             view: crate::volume::View::ReadOnly,
             mount_path: None,
+            capture: None,
         }
     }
 

@@ -101,6 +101,14 @@ pub fn is_capture(req: &NodePublishVolumeRequest) -> bool {
     req.volume_context.contains_key(ATTR_CAPTURE)
 }
 
+/// Whether `req` also names a cache: a writable cache view whose upper is
+/// kept for the capture ([`crate::delta`]), not a capture volume.
+pub fn names_cache(req: &NodePublishVolumeRequest) -> bool {
+    use gkm_k8s_node::volume::{ATTR_CACHE, ATTR_CLUSTER_CACHE};
+    let ctx = &req.volume_context;
+    ctx.contains_key(ATTR_CACHE) || ctx.contains_key(ATTR_CLUSTER_CACHE)
+}
+
 /// A pod uid: what the kubelet passes, or what a Job names (letters,
 /// digits, `-`; at most 64).
 fn check_uid(uid: &str, what: &str) -> Result<(), Status> {

@@ -90,9 +90,11 @@ mod access;
 pub mod capture;
 pub mod capture_admission;
 pub mod capture_release;
+pub mod delta;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod identity;
+pub mod metrics;
 pub mod mount;
 mod node;
 pub mod publish;

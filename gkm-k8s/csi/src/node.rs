@@ -43,6 +43,8 @@ struct Inner {
     mounts: MountRecords,
     /// What is allowed of capture volumes.
     capture: crate::capture_admission::CaptureConfig,
+    /// The counts served on `/metrics`.
+    metrics: crate::metrics::CsiMetrics,
     /// The empty layer of the read-only views, once prepared.
     empty: std::sync::OnceLock<EmptyLayer>,
     /// Publish and unpublish run one at a time: they are rare, and this
@@ -66,6 +68,7 @@ impl NodeService {
                 index: DeliveryIndex::new(&root),
                 mounts: MountRecords::new(&root),
                 capture,
+                metrics: crate::metrics::CsiMetrics::default(),
                 empty: std::sync::OnceLock::new(),
                 store,
                 lock: Mutex::new(()),
@@ -76,6 +79,11 @@ impl NodeService {
     /// The node's name (the CSI node id).
     pub fn node_name(&self) -> &str {
         &self.inner.node_name
+    }
+
+    /// The counts the driver serves on `/metrics` ([`crate::metrics`]).
+    pub fn metrics(&self) -> &crate::metrics::CsiMetrics {
+        &self.inner.metrics
     }
 
     /// What is allowed of capture volumes.
@@ -92,7 +100,15 @@ impl NodeService {
             .lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let delta = delta_capture_request(req);
+        if let Some(capture) = &delta {
+            crate::capture_admission::check(inner.store.root(), &inner.capture, capture)?;
+        }
         let (observed, tree) = self.observe(req)?;
+        let image = match &observed.recorded {
+            Recorded::Decision { delivery, .. } => delivery.image.clone(),
+            Recorded::Nothing { .. } => None,
+        };
         match decide(req, &inner.node_name, &observed, Timestamp::now())? {
             Decision::AlreadyPublished(record) => {
                 inner.mounts.record(&record).map_err(internal)?;
@@ -102,7 +118,24 @@ impl NodeService {
             Decision::Mount(record) => {
                 // Ready entries always come with their open tree.
                 let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
-                self.mount(&record, &tree, req.view, req.mount_path.as_deref())
+                match &delta {
+                    None => self.mount(&record, &tree, req.view, req.mount_path.as_deref(), None),
+                    Some(capture) => {
+                        let base = delta_base(req, &record, &tree, image.as_deref())?;
+                        let delta = DeltaTree {
+                            tree: capture.tree(inner.store.root()),
+                            name: captured_view_name(capture),
+                            base,
+                        };
+                        self.mount(
+                            &record,
+                            &tree,
+                            req.view,
+                            req.mount_path.as_deref(),
+                            Some(&delta),
+                        )
+                    }
+                }
             }
         }
     }
@@ -157,10 +190,11 @@ impl NodeService {
                         is_view(&existing, &cache_view_name(&delivery.digest))
                     }
                     (Recorded::Decision { delivery, .. }, View::Writable { .. }) => {
-                        is_writable_view(
-                            &existing,
-                            &writable_view_name(&req.volume_id, &delivery.digest),
-                        )
+                        let name = match delta_capture_request(req) {
+                            Some(capture) => captured_view_name(&capture),
+                            None => writable_view_name(&req.volume_id, &delivery.digest),
+                        };
+                        is_writable_view(&existing, &name)
                     }
                     (Recorded::Nothing { .. }, _) => false,
                 },
@@ -179,13 +213,15 @@ impl NodeService {
     /// Records `record`, then mounts the `view` of `tree` at its target
     /// (for a writable view, on a fresh upper), relocated to `mount_path`
     /// when the volume names the path the pod mounts it at; undoes it all
-    /// if the mount fails.
+    /// if the mount fails. A writable view kept for a delta capture has its
+    /// upper in `delta`'s capture tree.
     fn mount(
         &self,
         record: &MountRecord,
         tree: &CacheTree,
         view: View,
         mount_path: Option<&str>,
+        delta: Option<&DeltaTree>,
     ) -> Result<(), Status> {
         let inner = &*self.inner;
         let node = &inner.node_name;
@@ -232,9 +268,10 @@ impl NodeService {
                     )
                 })
                 .map(|()| 0),
-            View::Writable { group, max_bytes } => {
-                self.mount_writable(record, tree, relocation, group, max_bytes)
-            }
+            View::Writable { group, max_bytes } => match delta {
+                None => self.mount_writable(record, tree, relocation, group, max_bytes),
+                Some(delta) => self.mount_delta(record, tree, relocation, group, max_bytes, delta),
+            },
         };
         let writable_dirs = match mounted {
             Ok(dirs) => dirs,
@@ -254,6 +291,9 @@ impl NodeService {
                 )));
             }
         };
+        if matches!(view, View::Writable { .. }) {
+            inner.metrics.writable_published(&record.pod.namespace);
+        }
         tracing::info!(
             volume = %record.volume_id,
             pod = %format!("{}/{}", record.pod.namespace, record.pod.name),
@@ -295,6 +335,57 @@ impl NodeService {
         mounted
     }
 
+    /// Makes `delta`'s capture tree (bounded to `max_bytes`), its upper and
+    /// the record of its base, and mounts the writable view of `tree` on
+    /// that upper at the target, named as the tree's view; removes the tree
+    /// if the view is not mounted. A tree the pod already has for the
+    /// capture is refused while in use (a second volume naming it), or
+    /// holds a plain capture volume's files; one left by a publish that did
+    /// not finish is made again.
+    fn mount_delta(
+        &self,
+        record: &MountRecord,
+        tree: &CacheTree,
+        relocation: Option<&Path>,
+        group: Option<u32>,
+        max_bytes: u64,
+        delta: &DeltaTree,
+    ) -> io::Result<usize> {
+        let dir = &delta.tree;
+        if mount_at(dir)?.is_some() {
+            let in_use = capture::mounted_trees(self.inner.store.root())?
+                .iter()
+                .any(|t| t.in_use && t.path == *dir);
+            if in_use || !crate::delta::is_delta_tree(dir) {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "the pod already has a capture tree at {} (another volume names the same capture)",
+                        dir.display()
+                    ),
+                ));
+            }
+            capture::remove_tree(dir)?;
+        }
+        capture::make_tree(dir, max_bytes)?;
+        let made = crate::delta::write_record(dir, &delta.base)
+            .and_then(|()| Upper::make_in(dir, group))
+            .and_then(|upper| {
+                mount_writable_view(
+                    &tree.mount_source(),
+                    relocation,
+                    &upper,
+                    group,
+                    &delta.name,
+                    &record.target_path,
+                )
+            });
+        if made.is_err() {
+            let _ = capture::remove_tree(dir);
+        }
+        made
+    }
+
     /// Removes every upper no mounted writable view names (see
     /// [`crate::upper::sweep`]): what a driver killed during a publish, or
     /// a node restarted under its pods, left. The driver calls it when it
@@ -306,6 +397,7 @@ impl NodeService {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let removed = upper::sweep(self.inner.store.root())?;
+        self.inner.metrics.swept(removed.len());
         for volume in &removed {
             tracing::info!(volume = %volume, "swept an upper no mounted view names");
         }
@@ -329,6 +421,13 @@ impl NodeService {
             capture::make_tree(&tree, req.max_bytes).map_err(|e| {
                 Status::internal(format!("making the capture tree {}: {e}", tree.display()))
             })?;
+            if crate::delta::is_delta_tree(&tree) {
+                return Err(Status::failed_precondition(format!(
+                    "the pod's tree for GKMCacheCapture {}/{} holds a writable cache view's upper \
+                     (another volume names the cache and the capture): a capture volume cannot share it",
+                    req.volume.pod.namespace, req.capture
+                )));
+            }
         } else if mount_at(&tree).map_err(internal)?.is_none() {
             return Err(Status::not_found(format!(
                 "no captured tree of pod {} for GKMCacheCapture {}/{} on node {}",
@@ -471,6 +570,63 @@ fn captured_view_name(req: &CaptureRequest) -> String {
     capture::view_name(&req.volume.pod.namespace, &req.capture, uid)
 }
 
+/// A writable view's upper kept for a delta capture: the capture tree, the
+/// view's name, and the base it records.
+struct DeltaTree {
+    tree: PathBuf,
+    name: String,
+    base: crate::delta::DeltaBase,
+}
+
+/// The capture volume a writable cache view naming a capture also is: the
+/// pod's own tree of that capture, bounded as the view is.
+fn delta_capture_request(req: &PublishRequest) -> Option<CaptureRequest> {
+    let capture = req.capture.clone()?;
+    let uid = req.pod.uid.clone()?;
+    let View::Writable { max_bytes, .. } = req.view else {
+        return None;
+    };
+    Some(CaptureRequest {
+        volume: crate::volume::PodVolume {
+            volume_id: req.volume_id.clone(),
+            target_path: req.target_path.clone(),
+            pod: req.pod.clone(),
+        },
+        capture,
+        tree_of: TreeOf::Own { uid },
+        max_bytes,
+    })
+}
+
+/// The base of a delta capture of `req`: the digest `record` publishes, in
+/// the repository of the cache's `image` (as the agent recorded it), built
+/// where `tree`'s groups say.
+fn delta_base(
+    req: &PublishRequest,
+    record: &MountRecord,
+    tree: &CacheTree,
+    image: Option<&str>,
+) -> Result<crate::delta::DeltaBase, Status> {
+    let image = image.ok_or_else(|| {
+        Status::failed_precondition(format!(
+            "{} names a capture, but the gkm agent recorded no image for {} (an older agent): \
+             the delta's base cannot be named",
+            req.volume_id, req.cache
+        ))
+    })?;
+    let build_path = gkm_core::cache::tree_build_path(&tree.path).map_err(|e| {
+        Status::failed_precondition(format!(
+            "reading the build path of {} digest {}: {e}",
+            req.cache, record.digest
+        ))
+    })?;
+    Ok(crate::delta::DeltaBase::new(
+        image,
+        &record.digest,
+        build_path,
+    ))
+}
+
 /// Create the target directory; whether it was created.
 fn create_target(target: &Path) -> io::Result<bool> {
     if target.is_dir() {
@@ -498,7 +654,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        if is_capture(request.get_ref()) {
+        if is_capture(request.get_ref()) && !capture::names_cache(request.get_ref()) {
             let req = parse_capture(request.get_ref())?;
             let svc = self.clone();
             blocking(move || svc.publish_capture(&req)).await?;

@@ -210,6 +210,7 @@ mod tests {
             },
             view: View::ReadOnly,
             mount_path: None,
+            capture: None,
         }
     }
 

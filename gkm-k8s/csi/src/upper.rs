@@ -155,6 +155,17 @@ impl Upper {
         Ok(upper)
     }
 
+    /// Makes the layers of an upper in `dir`, a capture tree already
+    /// mounted and bounded (a delta capture's, see [`crate::delta`]), with
+    /// the ownership [`Upper::make`] gives them.
+    pub fn make_in(dir: &Path, group: Option<u32>) -> io::Result<Upper> {
+        let upper = Upper {
+            dir: dir.to_path_buf(),
+        };
+        upper.make_layers(group)?;
+        Ok(upper)
+    }
+
     fn make_layers(&self, group: Option<u32>) -> io::Result<()> {
         let upper = self.upper();
         fs::create_dir(&upper)?;
@@ -187,13 +198,25 @@ pub const GROUP_WRITABLE_DIR: u32 = 0o2775;
 /// Bytes the upper at `dir` holds (its tmpfs's used blocks); 0 when it is
 /// not mounted.
 pub fn used_bytes(dir: &Path) -> u64 {
-    match rustix::fs::statvfs(dir) {
-        Ok(st) if is_upper_mount(dir) => st.f_blocks.saturating_sub(st.f_bfree) * st.f_frsize,
-        _ => 0,
+    if is_upper_mount(dir) {
+        tmpfs_used_bytes(dir)
+    } else {
+        0
     }
 }
 
-fn is_upper_mount(dir: &Path) -> bool {
+/// Bytes the filesystem at `dir` holds (its used blocks); 0 when it cannot
+/// be read. Only asked of a `tmpfs` of the driver's (an upper, a capture
+/// tree).
+pub fn tmpfs_used_bytes(dir: &Path) -> u64 {
+    match rustix::fs::statvfs(dir) {
+        Ok(st) => st.f_blocks.saturating_sub(st.f_bfree) * st.f_frsize,
+        Err(_) => 0,
+    }
+}
+
+/// Whether `dir` is an upper's `tmpfs`.
+pub fn is_upper_mount(dir: &Path) -> bool {
     matches!(crate::mount::mount_at(dir), Ok(Some(m)) if m.source.starts_with(UPPER_SOURCE_PREFIX))
 }
 

@@ -14,10 +14,14 @@ use crate::{
     CTX_POD_UID,
 };
 use gkm_core::CacheKey;
+use gkm_k8s_node::captures::is_pod_uid;
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
+use gkm_k8s_node::names::is_dns1123_subdomain;
 use gkm_k8s_node::relocation::is_mount_path;
-use gkm_k8s_node::volume::{ATTR_MOUNT_PATH, ATTR_WRITABLE_MAX_BYTES};
+use gkm_k8s_node::volume::{
+    ATTR_CAPTURE, ATTR_CAPTURED_POD, ATTR_MOUNT_PATH, ATTR_WRITABLE_MAX_BYTES,
+};
 
 /// A checked publish request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +40,11 @@ pub struct PublishRequest {
     /// ([`ATTR_MOUNT_PATH`]): the view then shows a tree built elsewhere
     /// relocated there.
     pub mount_path: Option<String>,
+    /// The `GKMCacheCapture` of the pod's namespace that keeps this
+    /// writable view's upper for a delta capture, when the volume names one
+    /// ([`ATTR_CAPTURE`]): the upper is then a capture tree
+    /// ([`crate::delta`]).
+    pub capture: Option<String>,
 }
 
 /// The view of the cache a publish mounts.
@@ -208,6 +217,7 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
              `.`, `..`, empty components or a trailing `/`"
         )));
     }
+    let capture = parse_delta_capture(req, &pod, view)?;
     Ok(PublishRequest {
         volume_id,
         target_path,
@@ -215,7 +225,48 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
         pod,
         view,
         mount_path,
+        capture,
     })
+}
+
+/// The capture a cache volume names to keep its upper for (a delta
+/// capture): only a writable view has an upper to keep, only the pod's own
+/// (its uid names the tree), and a cache volume never reads another pod's
+/// tree back.
+fn parse_delta_capture(
+    req: &NodePublishVolumeRequest,
+    pod: &PodRef,
+    view: View,
+) -> Result<Option<String>, Status> {
+    let Some(capture) = req.volume_context.get(ATTR_CAPTURE) else {
+        return Ok(None);
+    };
+    if !is_dns1123_subdomain(capture) {
+        return Err(Status::invalid_argument(format!(
+            "{ATTR_CAPTURE} {capture:?} is not the name of a GKMCacheCapture"
+        )));
+    }
+    if req.volume_context.contains_key(ATTR_CAPTURED_POD) {
+        return Err(Status::invalid_argument(format!(
+            "a cache volume naming {ATTR_CAPTURE} keeps its own pod's writes: \
+             {ATTR_CAPTURED_POD} applies only to a capture Job's volume, which names no cache"
+        )));
+    }
+    if view == View::ReadOnly {
+        return Err(Status::invalid_argument(format!(
+            "a read-only cache volume has nothing to capture: {ATTR_CAPTURE} {capture:?} \
+             needs a writable view (drop readOnly)"
+        )));
+    }
+    match pod.uid.as_deref() {
+        Some(uid) if is_pod_uid(uid) => Ok(Some(capture.clone())),
+        Some(uid) => Err(Status::invalid_argument(format!(
+            "the pod uid {uid:?} is not a pod uid"
+        ))),
+        None => Err(Status::invalid_argument(
+            "a cache volume naming a capture needs the pod's uid (podInfoOnMount: true)",
+        )),
+    }
 }
 
 /// The view `req` asks for: read-only when the request says `readonly`,

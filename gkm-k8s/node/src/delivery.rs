@@ -48,6 +48,9 @@ pub struct Delivery {
     /// For a `ClusterGKMCache` with `workloadNamespaces`, the namespaces
     /// whose pods may mount it; `None`: pods of any namespace may.
     pub workload_namespaces: Option<Vec<String>>,
+    /// The cache's `spec.image` (the repository the node pulls from), which
+    /// names the base of a delta capture; `None` when not recorded.
+    pub image: Option<String>,
 }
 
 impl Delivery {
@@ -59,6 +62,7 @@ impl Delivery {
             reason: None,
             updated: Timestamp::now(),
             workload_namespaces: None,
+            image: None,
         }
     }
 
@@ -72,6 +76,7 @@ impl Delivery {
             reason,
             updated: Timestamp::now(),
             workload_namespaces: None,
+            image: None,
         }
     }
 
@@ -137,6 +142,8 @@ struct DeliveryFile {
     updated: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     workload_namespaces: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<String>,
 }
 
 impl DeliveryFile {
@@ -148,6 +155,7 @@ impl DeliveryFile {
             reason: d.reason.clone(),
             updated: d.updated,
             workload_namespaces: d.workload_namespaces.clone(),
+            image: d.image.clone(),
         }
     }
 
@@ -171,6 +179,7 @@ impl DeliveryFile {
             reason: self.reason,
             updated: self.updated,
             workload_namespaces: self.workload_namespaces,
+            image: self.image,
         })
     }
 }
