@@ -183,7 +183,7 @@ EOF
   chmod +x "$bin_dir/torch-python"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch toxiproxy)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -233,6 +233,12 @@ for c in "${wanted[@]}"; do
     # Real PyTorch, for the fixtures under fixtures/torch and the tests that
     # torch.compile reuses the Inductor and Mega-Cache caches gkm delivers.
     torch) torch_component 2.11.0 ;;
+    # Toxiproxy, a TCP proxy whose faults (latency, resets, black holes) the
+    # soak (hack/soak.sh) puts between gkm and the registry.
+    toxiproxy)
+      go_component toxiproxy v2.5.0 toxiproxy toxiproxy-server=github.com/Shopify/toxiproxy/v2/cmd/server \
+        toxiproxy-cli=github.com/Shopify/toxiproxy/v2/cmd/cli
+      ;;
     *) echo "unknown component: $c (known: ${all[*]})" >&2; exit 2 ;;
   esac
 done
