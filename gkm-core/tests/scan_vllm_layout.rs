@@ -31,7 +31,7 @@
 //!   and `TRITON_CACHE_DIR`;
 //! - AOT compile, on by default with torch ≥ 2.10 (`vllm/envs.py`
 //!   `use_aot_compile`, lines 379-388): `vllm/compilation/decorators.py`,
-//!   lines 555-594: `torch_compile_cache/torch_aot_compile/<sha256
+//!   lines 556-594: `torch_compile_cache/torch_aot_compile/<sha256
 //!   (factors)>/` holding `inductor_cache/` (`TORCHINDUCTOR_CACHE_DIR`,
 //!   shared by the ranks) and `rank_<rank>_<dp>/model` (the compiled
 //!   function, `save_compiled_function`, line 749; with
