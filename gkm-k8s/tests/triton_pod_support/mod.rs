@@ -20,6 +20,8 @@ use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root
 
 use crate::csi_support::{gkmcache, start_driver};
 
+pub mod torch;
+
 /// The namespace of the test pods, and of their cache.
 pub const NS: &str = "ml";
 /// The `GKMCache` the pods' volumes name.
