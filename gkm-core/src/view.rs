@@ -53,12 +53,12 @@ const GROUP_MODE: u32 = 0o664;
 #[non_exhaustive]
 pub enum ViewError {
     /// A file or directory could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The underlying error.
-        source: io::Error,
+        error: io::Error,
     },
     /// A link of the tree leads out of it.
     #[error("{entry}: a link to {target}, outside the tree {tree}")]
@@ -102,9 +102,9 @@ pub struct ViewStats {
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> ViewError + '_ {
-    move |source| ViewError::Io {
+    move |error| ViewError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -233,8 +233,12 @@ impl Layer<'_> {
     /// Lays the tree's directory `rel` (below the tree) and what it holds.
     fn dir(&mut self, rel: &Path) -> Result<(), ViewError> {
         let at = self.into.join(rel);
-        make_dir(&at)?;
-        self.stats.dirs += u64::from(!rel.as_os_str().is_empty());
+        // The view's root is the volume's (an emptyDir's mode and owner are
+        // the kubelet's): only the directories below it are the view's.
+        if !rel.as_os_str().is_empty() {
+            make_dir(&at)?;
+            self.stats.dirs += 1;
+        }
         let source = self.tree.join(rel);
         let mut entries = Vec::new();
         for entry in fs::read_dir(&source).map_err(io_at(&source))? {
@@ -337,7 +341,7 @@ fn read_group(path: &Path) -> Result<Vec<u8>, ViewError> {
     if len > MAX_GROUP_BYTES {
         return Err(ViewError::Io {
             path: path.to_path_buf(),
-            source: io::Error::other(format!("a group file larger than {MAX_GROUP_BYTES} bytes")),
+            error: io::Error::other(format!("a group file larger than {MAX_GROUP_BYTES} bytes")),
         });
     }
     fs::read(path).map_err(io_at(path))
@@ -364,10 +368,10 @@ fn make_dir(at: &Path) -> Result<(), ViewError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::create_dir(at).map_err(io_at(at))?;
         }
-        Err(source) => {
+        Err(error) => {
             return Err(ViewError::Io {
                 path: at.to_path_buf(),
-                source,
+                error,
             });
         }
     }
@@ -460,6 +464,19 @@ mod tests {
         assert_eq!(snapshot(&from), before);
         let mode = fs::metadata(into.join("torch/triton/BBB")).unwrap().mode();
         assert_eq!(mode & 0o777, DIR_MODE);
+    }
+
+    #[test]
+    fn the_views_root_keeps_the_mode_its_volume_gave_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (from, into) = (tmp.path().join("from"), tmp.path().join("into"));
+        kernel(&from, "", "AAA");
+        // An emptyDir: world-writable, owned by whoever made it, which the
+        // view's user may not change.
+        fs::create_dir(&into).unwrap();
+        fs::set_permissions(&into, fs::Permissions::from_mode(0o1777)).unwrap();
+        lay_view(&from, &into, None).unwrap();
+        assert_eq!(fs::metadata(&into).unwrap().mode() & 0o7777, 0o1777);
     }
 
     #[test]
