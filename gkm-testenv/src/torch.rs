@@ -11,10 +11,11 @@
 //! graph and AOTAutograd hits and misses), how many C++ kernels it built, and
 //! whether each output equals the cold run's.
 //!
-//! Unlike Triton's group files, nothing Inductor reads back names the path
-//! the cache was compiled at: a tree is reused wherever it is put. Its keys
-//! do hold the vector ISA of its C++ kernels; the fixture's is AVX2
-//! (`cpp.simdlen=256`), so any x86_64 CPU with AVX2 reuses it.
+//! Unlike Triton, Inductor finds its entries and kernels by key under
+//! whatever `TORCHINDUCTOR_CACHE_DIR` it is given: a tree is reused wherever
+//! it is put. Its keys do hold the vector ISA of its C++ kernels; the
+//! fixture's is AVX2 (`cpp.simdlen=256`), so any x86_64 CPU with AVX2
+//! reuses it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
