@@ -1,11 +1,11 @@
 //! OCI images of GPU kernel caches: build, push, pull, extract, store.
 //!
-//! The image format is GKM/MCV's: one layer (a delta image: its base's
-//! layers, then one layer of added files, [`delta`]) holding `io.triton.cache/<tree>`
+//! The image format is GKM/MCV's: one layer holding `io.triton.cache/<tree>`
 //! and `io.triton.manifest/manifest.json` (vLLM: `io.vllm.cache/`,
 //! `io.vllm.manifest/`), config labels `cache.triton.image/*` (or
 //! `cache.vllm.image/*`) with the target summary, which gkm also writes into
-//! the manifest annotations. The layer is gzip by default, the only
+//! the manifest annotations; a delta image ([`delta`]) is its base's layers
+//! then one layer of added files. The layer is gzip by default, the only
 //! compression MCV and GKM's extractor read; [`Compression::Zstd`] is there
 //! on request, and reading takes gzip, zstd or no compression. vLLM images
 //! also carry MCV's `io.kserve.km/*` mount labels
