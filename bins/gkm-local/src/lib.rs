@@ -14,6 +14,7 @@ pub mod cosign;
 pub mod dra;
 pub mod kubelet;
 pub mod node_token;
+pub mod soak;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
