@@ -39,8 +39,8 @@ pub struct DeltaBase {
     /// The base image, pinned: `<registry>/<repo>@sha256:<hex>`.
     pub image: String,
     /// The base image's build path (its `<prefix>/build-path` label), when
-    /// it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// it has one (`buildPath`; `build_path` is read too).
+    #[serde(default, alias = "build_path", skip_serializing_if = "Option::is_none")]
     pub build_path: Option<PathBuf>,
 }
 
@@ -362,6 +362,11 @@ mod tests {
             record.build_path.as_deref(),
             Some(std::path::Path::new("/root/.triton/cache"))
         );
+        let snake: DeltaBase = serde_json::from_str(
+            r#"{"image":"r.example/c@sha256:00","build_path":"/root/.triton/cache"}"#,
+        )
+        .expect("record");
+        assert_eq!(snake, record);
         let bare: DeltaBase =
             serde_json::from_str(r#"{"image":"r.example/c@sha256:00"}"#).expect("record");
         assert_eq!(bare.build_path, None);
