@@ -900,7 +900,7 @@ async fn the_operator_may_create_only_fill_jobs_its_own_volumes_and_its_webhook(
 #[tokio::test]
 async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow::Result<()> {
     use gkm_k8s_api::crd::{CaptureSigning, GKMCacheCapture, GKMCacheCaptureSpec};
-    use gkm_k8s_operator::capture::job::{CapturedPod, JobOptions, job};
+    use gkm_k8s_operator::capture::job::{CapturedPod, Harvest, JobOptions, job, job_harvesting};
     use kube::CustomResourceExt;
 
     let (plane, admin) = install(&["rbac/operator.yaml", "policies/operator-scope.yaml"]).await?;
@@ -977,6 +977,18 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
     as_operator(&admin, &jobs_path, &made("capture-warm-1")?)
         .await?
         .map_err(|s| anyhow::anyhow!("the operator's capture Job was refused: {}", s.message))?;
+    let delta = |name: &str| {
+        job_harvesting(&capture, name, &pod, Harvest::Delta, &options)
+            .ok_or_else(|| anyhow::anyhow!("no delta capture Job"))
+    };
+    as_operator(&admin, &jobs_path, &delta("capture-delta-1")?)
+        .await?
+        .map_err(|s| {
+            anyhow::anyhow!(
+                "the operator's delta capture Job was refused: {}",
+                s.message
+            )
+        })?;
 
     // Anything else of that shape: refused.
     let changed = |name: &str, change: &dyn Fn(&mut Value)| -> anyhow::Result<Value> {
@@ -1063,6 +1075,18 @@ async fn the_operator_may_create_capture_jobs_only_as_it_makes_them() -> anyhow:
                 if let Some(a) = p["containers"][0]["args"].as_array_mut() {
                     a.push(json!("--key=/capture/stolen.key"));
                 }
+            })?,
+        ),
+        ("a delta capture Job reading its base from elsewhere", {
+            let mut job = delta("capture-delta-record")?;
+            job["spec"]["template"]["spec"]["containers"][0]["args"][8] =
+                json!("--delta-base-record=/tmp/base.json");
+            job
+        }),
+        (
+            "a capture Job harvesting the upper without its base",
+            changed("capture-upper-alone", &|p| {
+                p["containers"][0]["args"][1] = json!("/capture/upper")
             })?,
         ),
         (

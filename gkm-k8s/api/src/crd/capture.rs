@@ -176,7 +176,7 @@ pub struct CaptureStatus {
     #[serde(default)]
     pub phase: CapturePhase,
     /// Why it is there, one word (`UnsafeTree`, `NotACache`,
-    /// `RegistryError`, `SecretNotFound`…).
+    /// `DeltaChangesBase`, `RegistryError`, `SecretNotFound`…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// What happened, for people.
@@ -200,6 +200,12 @@ pub struct CaptureStatus {
     /// The digest pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// For a delta capture (the workload's writable cache volume named the
+    /// capture): the base image the delta was taken on, pinned to the
+    /// digest the node delivered (`<repository>@sha256:…`); the image
+    /// pushed is its layers plus one layer of what the workload compiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// `Ready` (Complete) and `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -31,7 +31,7 @@ use serde_json::json;
 use tracing::info;
 
 use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
-use super::job::{CAPTURE_LABEL, CapturedPod, JobOptions, job};
+use super::job::{CAPTURE_LABEL, CapturedPod, Harvest, JobOptions, job_harvesting};
 use super::observe::{is_capture_job, is_transition, job_pod, job_state, namespaces_under_way};
 use super::workloads::{PAGE_SIZE, Workloads};
 use crate::error::{Error, Result};
@@ -272,12 +272,18 @@ async fn carry_out(
                 node: decision.status.node.as_deref().unwrap_or_default(),
                 tolerations: serde_json::to_value(&pod.tolerations)?,
             };
-            let made = job(capture, name, &captured, &ctx.options.job).ok_or_else(|| {
-                Error::InvalidSpec(format!(
-                    "GKMCacheCapture {namespace}/{}: maxBytes does not parse",
-                    capture.name_any()
-                ))
-            })?;
+            let harvest = if pod.delta_captures.iter().any(|c| *c == capture.name_any()) {
+                Harvest::Delta
+            } else {
+                Harvest::Tree
+            };
+            let made = job_harvesting(capture, name, &captured, harvest, &ctx.options.job)
+                .ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "GKMCacheCapture {namespace}/{}: maxBytes does not parse",
+                        capture.name_any()
+                    ))
+                })?;
             let made: Job = serde_json::from_value(made)?;
             match jobs.create(&PostParams::default(), &made).await {
                 Ok(_) => info!(%namespace, job = %name, "capture Job created"),

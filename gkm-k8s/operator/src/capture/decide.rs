@@ -38,6 +38,10 @@ pub struct Workload {
     pub node: Option<String>,
     /// How far it got.
     pub state: WorkloadState,
+    /// Whether its volume naming the capture is a writable cache view (it
+    /// names a cache too): its tree is then an upper over that cache, and
+    /// the capture is a delta on it.
+    pub delta: bool,
 }
 
 /// A workload pod's state.
@@ -64,15 +68,32 @@ pub struct Outcome {
     /// The digest.
     #[serde(default)]
     pub digest: Option<String>,
-    /// Why it failed.
+    /// Why it failed: a stable word ([`FailureReason`]'s, or
+    /// [`DELTA_CHANGES_BASE`]); kept as written, so a reason this operator
+    /// does not know still fails the capture with its own name.
     #[serde(default)]
-    pub reason: Option<FailureReason>,
+    pub reason: Option<String>,
+    /// For a delta capture, the base image it was taken on, pinned.
+    #[serde(default)]
+    pub base: Option<String>,
     /// What happened.
     #[serde(default)]
     pub message: Option<String>,
 }
 
+/// The reason a delta capture fails with when the workload's upper deletes
+/// or changes a file of the base (a whiteout, an opaque directory, a
+/// changed copy of a base file): the delta is refused, as a tree that breaks
+/// a safety rule is.
+pub const DELTA_CHANGES_BASE: &str = "DeltaChangesBase";
+
 impl Outcome {
+    /// Whether its failure may pass if tried again later (a registry
+    /// outage).
+    pub fn is_transient(&self) -> bool {
+        self.reason.as_deref() == Some(FailureReason::RegistryError.as_str())
+    }
+
     /// Reads a termination message; `None` for anything else (a Job killed
     /// before it wrote one).
     pub fn parse(message: &str) -> Option<Outcome> {
@@ -270,6 +291,7 @@ fn finished(status: &CaptureStatus, outcome: Option<&Outcome>, retry: &Retry) ->
         next.message = Some("pushed, signed and verified; the tag names the digest".into());
         next.image = outcome.image.clone();
         next.digest = outcome.digest.clone();
+        next.base = outcome.base.clone();
         return Decision {
             point_cache_at: outcome.image.clone(),
             status: next,
@@ -277,10 +299,14 @@ fn finished(status: &CaptureStatus, outcome: Option<&Outcome>, retry: &Retry) ->
             release_tree: true,
         };
     }
-    let reason = outcome.reason.map_or("Unknown", FailureReason::as_str);
+    let reason = outcome.reason.as_deref().unwrap_or("Unknown");
     let message = outcome.message.clone().unwrap_or_default();
-    let transient = outcome.reason.is_some_and(FailureReason::is_transient);
-    if !transient || status.attempts >= retry.max_attempts {
+    let mut status = status.clone();
+    if outcome.base.is_some() {
+        status.base = outcome.base.clone();
+    }
+    let status = &status;
+    if !outcome.is_transient() || status.attempts >= retry.max_attempts {
         return failed(status, reason, &message);
     }
     let wait = retry.backoff(status.attempts);
@@ -342,6 +368,7 @@ mod tests {
             uid: format!("uid-{name}"),
             node: Some("node-1".into()),
             state,
+            delta: false,
         }
     }
 
@@ -466,6 +493,43 @@ mod tests {
         assert_eq!(d.status.reason.as_deref(), Some("UnsafeTree"));
         assert_eq!(d.status.message.as_deref(), Some("symbolic link to /etc"));
         assert!(d.release_tree);
+    }
+
+    #[test]
+    fn a_delta_that_changes_its_base_fails_at_once_and_a_delta_captured_shows_its_base() {
+        let capturing = step(
+            &CaptureStatus::default(),
+            &observed(vec![workload("w", WorkloadState::Succeeded)], None),
+        )
+        .status;
+        let d = step(
+            &capturing,
+            &observed(
+                vec![],
+                outcome(
+                    r#"{"captured":false,"reason":"DeltaChangesBase","base":"r/base@sha256:01",
+                        "message":"KEY/k.cubin: a changed copy of a base file"}"#,
+                ),
+            ),
+        );
+        assert_eq!(d.status.phase, CapturePhase::Failed);
+        assert_eq!(d.status.reason.as_deref(), Some(DELTA_CHANGES_BASE));
+        assert_eq!(d.status.base.as_deref(), Some("r/base@sha256:01"));
+        assert_eq!(d.action, Action::None, "not retried");
+        assert!(d.release_tree);
+        let d = step(
+            &capturing,
+            &observed(
+                vec![],
+                outcome(
+                    r#"{"captured":true,"image":"r/c@sha256:ab","digest":"sha256:ab",
+                        "base":"r/base@sha256:01"}"#,
+                ),
+            ),
+        );
+        assert_eq!(d.status.phase, CapturePhase::Complete);
+        assert_eq!(d.status.base.as_deref(), Some("r/base@sha256:01"));
+        assert_eq!(d.point_cache_at.as_deref(), Some("r/c@sha256:ab"));
     }
 
     #[test]

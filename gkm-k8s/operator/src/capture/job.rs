@@ -64,13 +64,42 @@ pub struct CapturedPod<'a> {
     pub tolerations: Value,
 }
 
-/// The Job `name` capturing `pod`'s tree for `capture`, or `None` when the
-/// capture has no namespace, name or uid (it was not read from the
-/// cluster) or a size limit that does not parse.
+/// What a capture Job makes of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Harvest {
+    /// The tree is the cache: `gkm capture /capture`.
+    Tree,
+    /// The tree is a writable cache view's upper over a delivered cache,
+    /// beside the record of that base (the CSI driver's delta tree): `gkm
+    /// capture /capture/upper --delta-base-record=/capture/delta-base.json`,
+    /// an image of the base's layers plus one layer of what was compiled.
+    Delta,
+}
+
+/// Where a delta tree's upper is, in the Job.
+pub const DELTA_UPPER: &str = "/capture/upper";
+/// The flag naming a delta tree's record of its base, in the Job.
+pub const DELTA_BASE_RECORD_ARG: &str = "--delta-base-record=/capture/delta-base.json";
+
+/// The Job `name` capturing `pod`'s tree for `capture` (a [`Harvest::Tree`]),
+/// or `None` when the capture has no namespace, name or uid (it was not
+/// read from the cluster) or a size limit that does not parse.
 pub fn job(
     capture: &GKMCacheCapture,
     name: &str,
     pod: &CapturedPod<'_>,
+    options: &JobOptions,
+) -> Option<Value> {
+    job_harvesting(capture, name, pod, Harvest::Tree, options)
+}
+
+/// The Job `name` making `harvest` of `pod`'s tree for `capture`; `None` as
+/// for [`job`].
+pub fn job_harvesting(
+    capture: &GKMCacheCapture,
+    name: &str,
+    pod: &CapturedPod<'_>,
+    harvest: Harvest,
     options: &JobOptions,
 ) -> Option<Value> {
     let namespace = capture.metadata.namespace.as_deref()?;
@@ -89,9 +118,13 @@ pub fn job(
         .password_key
         .as_deref()
         .unwrap_or(DEFAULT_PASSWORD_KEY);
+    let tree = match harvest {
+        Harvest::Tree => TREE_MOUNT,
+        Harvest::Delta => DELTA_UPPER,
+    };
     let mut args = vec![
         "capture".to_string(),
-        TREE_MOUNT.to_string(),
+        tree.to_string(),
         format!("--target={}", spec.target_image),
         format!("--key={SIGNING_MOUNT}/key"),
         format!("--max-bytes={max_bytes}"),
@@ -99,6 +132,9 @@ pub fn job(
         "--termination-log=/dev/termination-log".to_string(),
         "--json".to_string(),
     ];
+    if harvest == Harvest::Delta {
+        args.push(DELTA_BASE_RECORD_ARG.into());
+    }
     if spec.signing.format == Some(CaptureSignatureFormat::V2) {
         args.push("--format=v2".into());
     }
@@ -266,6 +302,27 @@ mod tests {
             "signing"
         );
         assert_eq!(container["env"][1]["value"], REGISTRY_MOUNT);
+    }
+
+    #[test]
+    fn a_delta_job_captures_the_upper_on_the_base_its_record_names() {
+        let args = |harvest| {
+            let job = job_harvesting(&capture(), "capture-warm-1", &pod(), harvest, &options())
+                .expect("a job");
+            job["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let delta = args(Harvest::Delta);
+        assert_eq!(delta[1], "/capture/upper", "{delta:?}");
+        assert_eq!(delta[8], DELTA_BASE_RECORD_ARG, "{delta:?}");
+        let full = args(Harvest::Tree);
+        assert_eq!(full[1], TREE_MOUNT, "{full:?}");
+        assert!(!full.iter().any(|a| a.starts_with("--delta")), "{full:?}");
     }
 
     #[test]

@@ -7,12 +7,33 @@
 use std::collections::BTreeSet;
 
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
-use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
+use gkm_k8s_node::volume::{
+    ATTR_CACHE, ATTR_CAPTURE, ATTR_CAPTURED_POD, ATTR_CLUSTER_CACHE, DRIVER_NAME,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::decide::{JobState, Outcome, Workload, WorkloadState};
+
+/// The captures a pod's writable cache volumes name (`csi.gkm.io` volumes
+/// naming a cache and [`ATTR_CAPTURE`]): the trees of these are uppers over
+/// the cache, captured as deltas on it.
+pub fn delta_captures_named(pod: &Pod) -> Vec<String> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let mut names: Vec<String> = volumes
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.csi.as_ref())
+        .filter(|csi| csi.driver == DRIVER_NAME)
+        .filter_map(|csi| csi.volume_attributes.as_ref())
+        .filter(|attrs| attrs.contains_key(ATTR_CACHE) || attrs.contains_key(ATTR_CLUSTER_CACHE))
+        .filter_map(|attrs| attrs.get(ATTR_CAPTURE).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
 
 /// The captures a pod's own capture volumes name (`csi.gkm.io` volumes
 /// with [`ATTR_CAPTURE`] and no [`ATTR_CAPTURED_POD`]: a workload, not a
@@ -46,6 +67,7 @@ pub fn workload(pod: &Pod) -> Option<Workload> {
         uid: pod.metadata.uid.clone()?,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         state,
+        delta: false,
     })
 }
 
@@ -60,6 +82,9 @@ pub struct EndedPod {
     pub workload: Workload,
     /// The captures its volumes name (see [`captures_named`]).
     pub captures: Vec<String>,
+    /// Those of them a writable cache volume names (see
+    /// [`delta_captures_named`]).
+    pub delta_captures: Vec<String>,
     /// Its tolerations.
     pub tolerations: Vec<Toleration>,
 }
@@ -73,6 +98,7 @@ pub fn ended_pod(pod: &Pod) -> Option<EndedPod> {
     }
     Some(EndedPod {
         workload: workload(pod)?,
+        delta_captures: delta_captures_named(pod),
         captures,
         tolerations: pod
             .spec
@@ -210,6 +236,24 @@ mod tests {
                     "volumeAttributes": {ATTR_CAPTURE: "warm", ATTR_CAPTURED_POD: "u1"}}}]},
         }));
         assert!(captures_named(&reader).is_empty());
+    }
+
+    #[test]
+    fn a_writable_cache_volume_naming_a_capture_makes_it_a_delta_capture() {
+        let workload = pod(json!({
+            "metadata": {"name": "w", "uid": "u1"},
+            "spec": {"nodeName": "n", "containers": [], "volumes": [
+                {"name": "kernels", "csi": {"driver": "csi.gkm.io",
+                    "volumeAttributes": {ATTR_CACHE: "base", ATTR_CAPTURE: "warm"}}},
+                {"name": "shared", "csi": {"driver": "csi.gkm.io",
+                    "volumeAttributes": {ATTR_CLUSTER_CACHE: "base", ATTR_CAPTURE: "hot"}}},
+                {"name": "plain", "csi": {"driver": "csi.gkm.io",
+                    "volumeAttributes": {ATTR_CAPTURE: "cold"}}}]},
+            "status": {"phase": "Succeeded"},
+        }));
+        let kept = ended_pod(&workload).expect("kept");
+        assert_eq!(kept.captures, ["cold", "hot", "warm"]);
+        assert_eq!(kept.delta_captures, ["hot", "warm"]);
     }
 
     #[test]

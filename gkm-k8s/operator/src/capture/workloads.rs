@@ -104,7 +104,10 @@ impl Workloads {
             .into_iter()
             .flat_map(|pods| pods.values())
             .filter(|p| p.captures.iter().any(|c| c == capture))
-            .map(|p| p.workload.clone())
+            .map(|p| Workload {
+                delta: p.delta_captures.iter().any(|c| c == capture),
+                ..p.workload.clone()
+            })
             .collect()
     }
 
