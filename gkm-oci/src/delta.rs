@@ -681,3 +681,71 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
         gpu,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(upper: &Path, lower: &Path) -> gkm_core::delta::DeltaRefusal {
+        let into = tempfile::tempdir().expect("tempdir");
+        match harvest_upper(upper, lower, into.path(), &ExtractPolicy::default()) {
+            Err(CaptureError::Delta(refusal)) => refusal,
+            other => panic!("expected a delta refusal, got {other:?}"),
+        }
+    }
+
+    fn set(path: &Path, name: &str, value: &[u8]) {
+        rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty())
+            .expect("user extended attributes on the temporary directory's filesystem");
+    }
+
+    #[test]
+    fn the_unprivileged_xattr_forms_of_whiteouts_and_opaque_directories_are_refused() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let (upper, lower) = (work.path().join("upper"), work.path().join("lower"));
+        fs::create_dir_all(lower.join("KEY")).expect("lower");
+        fs::write(lower.join("KEY/k.cubin"), b"kernel").expect("lower file");
+        fs::create_dir_all(upper.join("KEY")).expect("upper");
+
+        fs::write(upper.join("KEY/k.cubin"), b"").expect("whiteout");
+        set(&upper.join("KEY/k.cubin"), "user.overlay.whiteout", b"");
+        let refusal = refused(&upper, &lower);
+        assert_eq!(refusal.entry, "KEY/k.cubin");
+        assert_eq!(refusal.kind, gkm_core::delta::RefusalKind::ChangesBase);
+
+        fs::remove_file(upper.join("KEY/k.cubin")).expect("rm");
+        set(&upper.join("KEY"), "user.overlay.opaque", b"y");
+        let refusal = refused(&upper, &lower);
+        assert_eq!(refusal.entry, "KEY");
+        assert_eq!(refusal.kind, gkm_core::delta::RefusalKind::ChangesBase);
+    }
+
+    #[test]
+    fn new_files_are_copied_out_and_scratch_and_identical_copy_ups_left() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let (upper, lower, into) = (
+            work.path().join("upper"),
+            work.path().join("lower"),
+            work.path().join("into"),
+        );
+        fs::create_dir_all(lower.join("OLD")).expect("lower");
+        fs::write(lower.join("OLD/a.json"), b"same").expect("lower file");
+        fs::create_dir_all(upper.join("OLD")).expect("upper");
+        fs::write(upper.join("OLD/a.json"), b"same").expect("copy-up");
+        fs::write(upper.join("OLD/b.json"), b"new").expect("new beside");
+        fs::create_dir_all(upper.join("NEW/tmp.pid_1_2")).expect("tmp");
+        fs::write(upper.join("NEW/k.cubin"), b"kernel").expect("new");
+        fs::write(upper.join("NEW/tmp.pid_1_2/x"), b"half").expect("tmp file");
+        fs::write(upper.join("NEW.lock"), b"").expect("lock");
+        fs::create_dir(&into).expect("into");
+        let harvested =
+            harvest_upper(&upper, &lower, &into, &ExtractPolicy::default()).expect("harvest");
+        assert_eq!(harvested.files, ["NEW/k.cubin", "OLD/b.json"]);
+        assert_eq!(harvested.dropped, ["NEW.lock", "NEW/tmp.pid_1_2"]);
+        assert!(!into.join("OLD/a.json").exists());
+        assert_eq!(
+            fs::read(into.join("NEW/k.cubin")).expect("copied"),
+            b"kernel"
+        );
+    }
+}
