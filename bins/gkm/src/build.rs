@@ -109,12 +109,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Ok(built) => {
+            let summary = built.cache.summary();
+            let targets = if summary.targets.is_empty() {
+                "none (no GPU kernel)".to_string()
+            } else {
+                summary.to_string()
+            };
             eprintln!(
-                "built {}: {} kernels, {} bytes, targets: {}",
+                "built {} ({} cache): {} kernels, {} bytes, targets: {targets}",
                 args.tag,
+                built.cache.kind().as_str(),
                 built.cache.entries().len(),
                 built.layer.cache_size_bytes,
-                built.cache.summary()
             );
             println!("{}", built.digest);
             Ok(ExitCode::SUCCESS)

@@ -36,7 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let cache = image.cache()?;
     if args.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "reference": args.image.to_string(),
             "digest": image.digest,
             "indexDigest": image.index_digest,
@@ -47,16 +47,29 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "cacheSizeBytes": cache.cache_size_bytes,
             "format": cache.format,
             "buildPath": cache.build_path,
-            "tritonVersion": cache.triton_version,
-            "declaredTorchVersion": cache.declared_torch_version,
-            "declaredCpuIsa": cache.declared_cpu_isa,
-            "entryCounts": cache.entry_counts,
             "targets": cache.summary.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "summary": cache.summary,
             "layers": image.manifest.layers,
             "labels": image.labels,
             "annotations": image.manifest.annotations,
         });
+        if cache.kind.is_torch()
+            && let Some(fields) = doc.as_object_mut()
+        {
+            fields.insert(
+                "tritonVersion".into(),
+                serde_json::json!(cache.triton_version),
+            );
+            fields.insert(
+                "declaredTorchVersion".into(),
+                serde_json::json!(cache.declared_torch_version),
+            );
+            fields.insert(
+                "declaredCpuIsa".into(),
+                serde_json::json!(cache.declared_cpu_isa),
+            );
+            fields.insert("entryCounts".into(), serde_json::json!(cache.entry_counts));
+        }
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -93,7 +106,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("Parts:       {}", parts.join(", "));
     }
     println!("Cache size:  {} bytes", opt(cache.cache_size_bytes));
-    println!("Targets:     {}", cache.summary);
+    if cache.summary.targets.is_empty() {
+        println!("Targets:     none (no GPU kernel)");
+    } else {
+        println!("Targets:     {}", cache.summary);
+    }
     let mut text = String::from("\n");
     gkm_gpu::report::table(
         &mut text,
