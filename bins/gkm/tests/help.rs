@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output};
 
-const COMMANDS: [&str; 13] = [
+const COMMANDS: [&str; 14] = [
     "build",
     "index",
     "push",
@@ -17,6 +17,7 @@ const COMMANDS: [&str; 13] = [
     "extract",
     "sign",
     "verify",
+    "view",
     "gpus",
     "crds",
     "completions",
