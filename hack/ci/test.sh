@@ -137,6 +137,11 @@ fi
 step "cargo test, in parallel jobs"
 run_tests_in_parallel
 
+# The short soak: faults injected while a workload runs on the local stack
+# (hack/soak.sh, docs/development.md#soak), with the binaries built above.
+step "soak: ${GKM_SOAK_DURATION:-120} s of faults under load (hack/soak.sh)"
+SOAK_NO_BUILD=1 DURATION=${GKM_SOAK_DURATION:-120} hack/soak.sh
+
 step "no process outlived the tests"
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
 if strays=$(pgrep -a -f "$tools_dir/|docker-registry serve|/gkm-test-" ); then
