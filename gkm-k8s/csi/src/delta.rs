@@ -38,22 +38,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use gkm_core::Digest;
-use serde::{Deserialize, Serialize};
+pub use gkm_core::delta::DeltaBase;
 
 /// The directory of a delta tree holding what the pod wrote.
 pub const UPPER_DIR: &str = "upper";
 /// The file of a delta tree naming the base.
 pub const RECORD_FILE: &str = "delta-base.json";
-
-/// What a delta is taken on: the JSON record beside a kept upper.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeltaBase {
-    /// The base image, pinned: `<repository>@sha256:<hex>`.
-    pub image: String,
-    /// The path the base's Triton groups were built at, when it has groups.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub build_path: Option<PathBuf>,
-}
 
 /// The repository of the image reference `image` (a tag or digest dropped):
 /// `registry:5000/team/base:v1` is `registry:5000/team/base`.
@@ -66,14 +56,12 @@ pub fn repository(image: &str) -> &str {
     }
 }
 
-impl DeltaBase {
-    /// The base `digest` of the cache image `image` (its spec, tag or
-    /// digest), built at `build_path`.
-    pub fn new(image: &str, digest: &Digest, build_path: Option<PathBuf>) -> DeltaBase {
-        DeltaBase {
-            image: format!("{}@{digest}", repository(image)),
-            build_path,
-        }
+/// The base record of `digest` of the cache image `image` (its spec, tag or
+/// digest), built at `build_path`.
+pub fn delta_base(image: &str, digest: &Digest, build_path: Option<PathBuf>) -> DeltaBase {
+    DeltaBase {
+        image: format!("{}@{digest}", repository(image)),
+        build_path,
     }
 }
 
@@ -124,7 +112,7 @@ mod tests {
         ] {
             assert_eq!(repository(image), repo, "{image}");
             assert_eq!(
-                DeltaBase::new(image, &digest, None).image,
+                delta_base(image, &digest, None).image,
                 format!("{repo}@{digest}")
             );
         }
@@ -134,7 +122,7 @@ mod tests {
     fn the_record_is_written_whole_read_only_and_read_back() {
         let tree = tempfile::tempdir().expect("tempdir");
         assert!(!is_delta_tree(tree.path()));
-        let base = DeltaBase::new(
+        let base = delta_base(
             "r/base:v1",
             &Digest::of(b"base"),
             Some("/root/.triton/cache".into()),
@@ -145,7 +133,7 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_slice(&fs::read(tree.path().join(RECORD_FILE)).expect("file"))
                 .expect("json");
-        assert_eq!(json["build_path"], "/root/.triton/cache");
+        assert_eq!(json["buildPath"], "/root/.triton/cache");
         let mode = fs::metadata(tree.path().join(RECORD_FILE))
             .expect("meta")
             .permissions()

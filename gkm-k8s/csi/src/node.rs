@@ -620,11 +620,7 @@ fn delta_base(
             req.cache, record.digest
         ))
     })?;
-    Ok(crate::delta::DeltaBase::new(
-        image,
-        &record.digest,
-        build_path,
-    ))
+    Ok(crate::delta::delta_base(image, &record.digest, build_path))
 }
 
 /// Create the target directory; whether it was created.
