@@ -2,7 +2,8 @@
 //! the fixture's Inductor cache (`fixtures/torch/inductor`, a small model
 //! compiled cold by PyTorch 2.11, `hack/fixtures/torch.sh`) and its
 //! Mega-Cache blob (`fixtures/torch/mega-cache.bin`) are each built into an
-//! image with `gkm build`, pushed to a real registry, extracted with `gkm
+//! image with `gkm build` (which reads them as an Inductor cache and a
+//! Mega-Cache), pushed to a real registry, extracted with `gkm
 //! extract` at a path other than the one they were compiled at, and real
 //! PyTorch (`hack/ci/components.sh torch`) compiles the same model against
 //! them in a fresh process (`hack/fixtures/torch_model.py check`): by
@@ -19,6 +20,7 @@ use gkm_testenv::torch::{
     Check, CompileReport, FIXTURE_COMPILE_PATH, FIXTURE_GRAPHS, fixture, torch_check,
 };
 use gkm_testenv::{Registry, tree_files};
+use serde_json::{Value, json};
 
 mod support;
 
@@ -35,10 +37,14 @@ fn gkm(args: &[&str], dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Builds `source` into `image`, pushes it, and extracts it at `dest`.
-fn deliver(source: &Path, image: &str, dest: &Path, dir: &Path) {
+/// Builds `source` into `image`, pushes it, and extracts it at `dest`;
+/// what `gkm inspect --json` says of the image.
+fn deliver(source: &Path, image: &str, dest: &Path, dir: &Path) -> Value {
     let source = source.display().to_string();
     let built = gkm(&["build", &source, "-t", image, "--insecure"], dir);
+    let inspect: Value =
+        serde_json::from_str(&gkm(&["inspect", image, "--insecure", "--json"], dir))
+            .expect("inspect JSON");
     let dest = dest.display().to_string();
     let extracted = gkm(&["extract", image, "-o", &dest, "--insecure"], dir);
     let digest = |out: &str| out.lines().last().unwrap_or_default().trim().to_string();
@@ -47,6 +53,7 @@ fn deliver(source: &Path, image: &str, dest: &Path, dir: &Path) {
         digest(&built),
         "extracted another image"
     );
+    inspect
 }
 
 fn check(cache: &Path, mega_cache: Option<&Path>, new_shape: bool) -> CompileReport {
@@ -74,7 +81,19 @@ fn torch_compile_hits_every_fx_graph_of_an_inductor_cache_gkm_delivered_at_anoth
     let image = format!("{}/torch/inductor:v1", registry.addr());
     let delivered = w.join("delivered/inductor");
     assert_ne!(delivered, Path::new(FIXTURE_COMPILE_PATH));
-    deliver(&fixture.inductor, &image, &delivered, w);
+    let inspect = deliver(&fixture.inductor, &image, &delivered, w);
+    // gkm read it as what it is: an Inductor cache of two FX graphs.
+    assert_eq!(inspect["kind"], "inductor", "{inspect:#}");
+    assert_eq!(
+        inspect["entryCounts"]["fxgraph"],
+        json!(FIXTURE_GRAPHS),
+        "{inspect:#}"
+    );
+    assert_eq!(
+        inspect["entryCounts"]["aotautograd"],
+        json!(FIXTURE_GRAPHS),
+        "{inspect:#}"
+    );
     assert_eq!(
         tree_files(&delivered).expect("read the delivered tree"),
         tree_files(&fixture.inductor).expect("read the fixture"),
@@ -111,7 +130,13 @@ fn torch_compile_hits_every_fx_graph_of_a_mega_cache_blob_gkm_delivered() {
     std::fs::copy(&fixture.mega_cache, saved.join("mega-cache.bin")).expect("copy the blob");
     let image = format!("{}/torch/mega-cache:v1", registry.addr());
     let delivered = w.join("delivered");
-    deliver(&saved, &image, &delivered, w);
+    let inspect = deliver(&saved, &image, &delivered, w);
+    assert_eq!(inspect["kind"], "megacache", "{inspect:#}");
+    assert_eq!(
+        inspect["entryCounts"]["inductor"],
+        json!(FIXTURE_GRAPHS),
+        "{inspect:#}"
+    );
     let blob = delivered.join("mega-cache.bin");
     assert_eq!(
         std::fs::read(&blob).expect("read the delivered blob"),
