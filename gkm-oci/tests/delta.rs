@@ -424,3 +424,59 @@ async fn a_layer_that_overwrites_an_earlier_one_is_refused_at_extract() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_of_a_delta_keeps_every_layer_and_extracts_whole() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let (fixture, base_tree, first) = split_fixture(work.path());
+    // The base holds neither the first nor the second kernel.
+    let second = std::fs::read_dir(&base_tree)
+        .expect("base")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .min()
+        .expect("a second kernel");
+    std::fs::remove_dir_all(base_tree.join(&second)).expect("remove");
+    let (key, _) = SigningKey::generate_p256().expect("key");
+    let base = signed_base(&base_tree, "delta/chain-base", &key).await;
+
+    let mut on = base;
+    for (step, kernel) in [first, second].iter().enumerate() {
+        let upper = work.path().join(format!("upper-{step}"));
+        copy_tree(&fixture.join(kernel), &upper.join(kernel)).expect("kernel");
+        let target: ImageRef = format!("{}/delta/chain-{step}:v1", registry.addr())
+            .parse()
+            .expect("ref");
+        let captured = capture_delta(
+            &upper,
+            &on,
+            None,
+            &trusting(&key),
+            &target,
+            &key,
+            &CaptureOptions::default(),
+            &plain(),
+            None,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("delta {step}: {e}"));
+        assert_eq!(
+            captured.delta.as_ref().expect("delta").base_layers,
+            step + 1
+        );
+        on = captured.pinned;
+    }
+
+    let repo = Repo::open(&on, &plain()).expect("open");
+    let image = Image::fetch(&repo).await.expect("image");
+    assert_eq!(
+        image.manifest.layers.len(),
+        3,
+        "base, first delta, second delta"
+    );
+    let out = work.path().join("out");
+    extract_to_dir(&repo, &image, &out, &UnpackOptions::default())
+        .await
+        .expect("extract");
+    assert_same_tree(&fixture, &out);
+}
