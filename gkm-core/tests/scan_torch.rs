@@ -265,6 +265,18 @@ fn a_file_that_is_not_a_mega_cache_blob_is_refused_naming_it() {
         matches!(&err, CacheError::NotACache { path, expected } if *path == junk && expected.contains("checksum")),
         "{err}"
     );
+    // A blob whose content does not match its checksum.
+    let corrupt = dir.path().join("corrupt.bin");
+    let mut blob = mega_cache(&[("pgo", &[("k", b"v")])]);
+    let last = blob.len() - 1;
+    blob[last] ^= 1;
+    fs::write(&corrupt, blob).unwrap();
+    let err = scan(&corrupt).unwrap_err();
+    assert!(
+        err.to_string().contains("does not match its content"),
+        "{err}"
+    );
+    fs::remove_file(&corrupt).unwrap();
     // Next to a blob, the stranger is named.
     fs::write(
         dir.path().join("mega-cache.bin"),

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use base64::Engine as _;
 
-use super::files::{files, subdirs};
+use super::files::{files, read_head, subdirs};
 use super::{CacheEntry, CacheError, TorchFacts, blob};
 
 /// What a Mega-Cache cache is expected to be, for error messages.
@@ -31,6 +31,9 @@ pub(crate) const EXPECTED: &str = "a Mega-Cache blob (torch.compiler.save_cache_
 
 /// The container version torch 2.11 writes (`_ENCODING_VERSION`).
 pub const ENCODING_VERSION: u64 = 1;
+
+/// The checksum and the encoding version.
+const HEADER_BYTES: usize = 12;
 
 /// The largest blob read.
 const MAX_BLOB_BYTES: u64 = 8 << 30;
@@ -90,8 +93,18 @@ pub fn artefacts(data: &[u8]) -> Result<Vec<Artefact<'_>>, String> {
 }
 
 /// The kernels and facts of one Mega-Cache blob file; refused naming the
-/// file when it is not one.
+/// file when it is not one. A file whose first bytes are not a checksum
+/// and the encoding version is refused before it is read whole.
 pub(crate) fn scan_file(path: &Path) -> Result<(Vec<CacheEntry>, TorchFacts), CacheError> {
+    let head = read_head(path, HEADER_BYTES as u64)?;
+    if head.len() < HEADER_BYTES || head[4..HEADER_BYTES] != ENCODING_VERSION.to_be_bytes() {
+        return Err(not_mega(
+            path,
+            format!(
+                "its first {HEADER_BYTES} bytes are not a checksum and encoding version {ENCODING_VERSION}"
+            ),
+        ));
+    }
     let data = read(path)?;
     let artefacts = artefacts(&data).map_err(|reason| not_mega(path, reason))?;
     let name = path
