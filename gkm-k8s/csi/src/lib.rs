@@ -18,7 +18,9 @@
 //! A pod may instead mount a capture volume (`csi.gkm.io/GKMCacheCapture:
 //! <capture>`): a writable, bounded tree of its own that outlives it, which
 //! the capture's Job in the same namespace then mounts read-only
-//! ([`capture`]).
+//! ([`capture`]). A writable cache volume naming a capture as well keeps
+//! its upper as that tree, for a delta capture on the cache ([`delta`]).
+//! The driver serves its [`metrics`] with `--metrics-addr`.
 //!
 //! The volume is an inline ephemeral volume: the `CSIDriver` object declares
 //! `volumeLifecycleModes: [Ephemeral]`, `podInfoOnMount: true` (so the kubelet

@@ -41,7 +41,9 @@
 //! `NodeUnpublishVolume` unmounts the view, then the upper's tmpfs, and
 //! removes its directory. [`sweep`] (at driver start) removes every upper
 //! no mounted view names: what a driver killed between mounting the upper
-//! and attaching the view, or a node that restarted, left behind.
+//! and attaching the view, or a node that restarted, left behind. A volume
+//! that also names a capture has its upper in that capture's tree instead
+//! ([`crate::delta`]), which is kept and released as capture trees are.
 
 use std::fs;
 use std::io;
