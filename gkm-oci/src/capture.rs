@@ -71,6 +71,9 @@ pub struct CaptureOptions {
     /// Where to write the temporary layout (default: the system's temporary
     /// directory).
     pub work_dir: Option<PathBuf>,
+    /// What the capturer declares about a PyTorch cache (the torch
+    /// version, the CPU ISA), as for `gkm build`.
+    pub declared: gkm_core::cache::Declared,
 }
 
 /// What a capture produced.
@@ -460,6 +463,8 @@ fn pack(
     title: &str,
     options: &CaptureOptions,
 ) -> Result<(crate::Built, Option<String>), Error> {
+    let mut cache = cache;
+    cache.declare(&options.declared)?;
     let gpu = options
         .gpu
         .clone()

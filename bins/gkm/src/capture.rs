@@ -63,6 +63,14 @@ pub struct Args {
     /// recorded in the image's `io.gkm.compiled-on-gpu` label.
     #[arg(long, conflicts_with_all = ["discover_gpu", "gpus"])]
     gpu: Option<String>,
+    /// Inductor and Mega-Cache: the torch version that compiled the cache,
+    /// labelled `declared-torch-version`.
+    #[arg(long, value_name = "VERSION")]
+    torch_version: Option<String>,
+    /// Inductor and Mega-Cache: the CPU ISA Inductor picked for the C++
+    /// kernels, labelled `declared-cpu-isa`.
+    #[arg(long, value_name = "ISA")]
+    cpu_isa: Option<String>,
     /// Record the GPUs of this machine that fit the cache's targets as the
     /// GPU it was compiled on (run where the workload ran).
     #[arg(long)]
@@ -233,6 +241,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         gpu: args.gpu.clone(),
         gpus,
         work_dir: None,
+        declared: gkm_core::cache::Declared {
+            torch_version: args.torch_version.clone(),
+            cpu_isa: args.cpu_isa.clone(),
+        },
     };
     let registry = args.registry.options()?;
     let bar = Bar::start("capture", args.json);

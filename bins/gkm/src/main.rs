@@ -48,7 +48,7 @@ enum Command {
     Push(push::Args),
     /// Turn a warmed cache directory into a signed, verified image: check,
     /// build, push by digest, sign, verify, then tag.
-    Capture(capture::Args),
+    Capture(Box<capture::Args>),
     /// Pull an image into an OCI layout.
     Pull(pull::Args),
     /// Show an image's targets, entries, size, layers, digest and labels.
@@ -108,7 +108,7 @@ async fn main() -> ExitCode {
         Command::Build(args) => build::run(args).await,
         Command::Index(args) => index::run(args).await,
         Command::Push(args) => push::run(args).await,
-        Command::Capture(args) => capture::run(args).await,
+        Command::Capture(args) => capture::run(*args).await,
         Command::Pull(args) => pull::run(args).await,
         Command::Inspect(args) => inspect::run(args).await,
         Command::Check(args) => check::run(args).await,

@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gkm_testenv::tree_files;
+use gkm_testenv::{Registry, tree_files};
+
+mod support;
 
 /// `fixtures/torch/` of this repository.
 fn torch_fixture() -> PathBuf {
@@ -193,4 +195,41 @@ fn a_cpu_only_cache_is_not_a_variant_of_a_multi_target_image() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds no GPU kernel"), "{err}");
+}
+
+#[test]
+fn a_captured_inductor_cache_is_signed_and_labelled_with_what_its_capturer_declared() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let cache = dir.join("inductor");
+    gkm_testenv::copy_tree(&torch_fixture().join("inductor"), &cache).unwrap();
+    let keys = support::key_pair(&dir.join("keys"));
+    let key = keys.join("cosign.key").display().to_string();
+    let target = format!("{}/capture/inductor:v1", registry.addr());
+    let out = support::gkm_in(
+        &[
+            "capture",
+            cache.to_str().unwrap(),
+            "-t",
+            &target,
+            "--key",
+            &key,
+            "--insecure",
+            "--torch-version",
+            "2.11.0",
+            "--cpu-isa",
+            "avx2",
+        ],
+        dir,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", support::text(&out));
+    let pinned = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = support::gkm_in(&["inspect", "--json", "--insecure", &pinned], dir);
+    assert!(out.status.success(), "{}", support::text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["kind"], "inductor");
+    assert_eq!(doc["declaredTorchVersion"], "2.11.0");
+    assert_eq!(doc["declaredCpuIsa"], "avx2");
+    assert_eq!(doc["entryCounts"]["fxgraph"], 2);
 }
