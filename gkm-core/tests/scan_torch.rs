@@ -289,3 +289,27 @@ fn a_file_that_is_not_a_mega_cache_blob_is_refused_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn an_inductor_tree_mounted_elsewhere_gets_its_triton_groups_rewritten_for_that_path() {
+    // torch skips writing a bundled kernel whose directory exists
+    // (`TritonBundler.read_and_emit`), so an image carrying `triton/` keeps
+    // its own groups: relocation is what makes them hit at another path.
+    let dir = tempfile::tempdir().unwrap();
+    inductor_tree(dir.path());
+    let moved =
+        gkm_core::cache::relocated_groups(dir.path(), Path::new("/cache/inductor")).unwrap();
+    assert_eq!(moved.len(), 1);
+    let (group, bytes) = &moved[0];
+    assert_eq!(
+        group,
+        &Path::new("triton/0")
+            .join(CUDA_KEY)
+            .join("__grp__add_kernel.json")
+    );
+    let doc: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+    assert_eq!(
+        doc["child_paths"]["add_kernel.cubin"],
+        format!("/cache/inductor/triton/0/{CUDA_KEY}/add_kernel.cubin")
+    );
+}
