@@ -249,6 +249,8 @@ impl CacheEntry {
 /// directory in one layout, with MCV's records of its artefacts
 /// ([`BinaryArtefacts`] in `binary` groups, [`AotModel`] in `aot_compile`
 /// ones). Reading also accepts a flat list of entries under `"vllm"`.
+/// PyTorch's kinds (gkm's own, not MCV's) list their Triton kernels under
+/// `"inductor"` or `"megacache"`, next to `"torch"`: [`TorchFacts`].
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct CacheManifest {
     /// Kernels of a Triton cache.
