@@ -43,14 +43,14 @@
 //! `aotautograd/<key>/<entry>` (pickles, counted, never read),
 //! generated code in two-character directories (`<h[1:3]>/c<hash>.py`,
 //! `.cpp`, `.so`…), Triton cache directories `triton/<device>/<key>/`
-//! (scanned as Triton's) and `locks/`. See [`inductor`](self::inductor).
+//! (scanned as Triton's) and `locks/`. See [`inductor`].
 //!
 //! **Mega-Cache**: the blob `torch.compiler.save_cache_artifacts()`
 //! returns, read as PyTorch's container (checksum, version, artefact type
 //! and key of each entry) and searched for the Triton kernel metadata its
 //! entries embed; its pickled contents are never unpickled. A directory
 //! holding only such blobs is a Mega-Cache cache. See
-//! [`megacache`](self::megacache).
+//! [`megacache`].
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
