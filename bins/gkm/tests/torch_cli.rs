@@ -233,3 +233,75 @@ fn a_captured_inductor_cache_is_signed_and_labelled_with_what_its_capturer_decla
     assert_eq!(doc["declaredCpuIsa"], "avx2");
     assert_eq!(doc["entryCounts"]["fxgraph"], 2);
 }
+
+/// The real Inductor fixture with a Triton fixture's kernel placed as
+/// Inductor places it, `triton/0/<key>/`, its group recording the
+/// fixture's build path (PROVENANCE: `/tmp/gkm-torch-fixtures/inductor`):
+/// an Inductor cache of a GPU `torch.compile`.
+fn inductor_with_triton(dest: &Path, triton_fixture: &str) {
+    gkm_testenv::copy_tree(&torch_fixture().join("inductor"), dest).unwrap();
+    let fixture = gkm_testenv::fixture_cache(triton_fixture);
+    for key in std::fs::read_dir(&fixture).unwrap() {
+        let key = key.unwrap().path();
+        let key_name = key.file_name().unwrap().to_str().unwrap().to_string();
+        if !key.join("__grp__add_kernel.json").exists() {
+            continue;
+        }
+        let to = dest.join("triton/0").join(&key_name);
+        std::fs::create_dir_all(&to).unwrap();
+        let mut children = serde_json::Map::new();
+        for file in std::fs::read_dir(&key).unwrap() {
+            let name = file.unwrap().file_name().into_string().unwrap();
+            if name.starts_with("__grp__") {
+                continue;
+            }
+            std::fs::copy(key.join(&name), to.join(&name)).unwrap();
+            children.insert(
+                name.clone(),
+                format!("/tmp/gkm-torch-fixtures/inductor/triton/0/{key_name}/{name}").into(),
+            );
+        }
+        std::fs::write(
+            to.join("__grp__add_kernel.json"),
+            serde_json::to_vec(&serde_json::json!({ "child_paths": children })).unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn inductor_caches_for_two_gpu_targets_make_one_multi_target_image_each_node_gets_its_variant_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cuda, rocm) = (dir.path().join("cuda"), dir.path().join("rocm"));
+    inductor_with_triton(&cuda, "triton-vector-add-cuda-sm75");
+    inductor_with_triton(&rocm, "triton-vector-add-rocm-gfx90a");
+    let image = format!("oci:{}:fleet", dir.path().join("layout").display());
+    ok(&[
+        "build",
+        cuda.to_str().unwrap(),
+        rocm.to_str().unwrap(),
+        "-t",
+        &image,
+        "--torch-version",
+        "2.11.0",
+    ]);
+    let doc = inspect_json(&image);
+    let variants = doc["variants"].as_array().expect("a multi-target image");
+    assert_eq!(variants.len(), 2);
+    assert!(variants.iter().all(|v| v["kind"] == "inductor"), "{doc}");
+
+    for (profile, variant) in [("T4", 0), ("MI210", 1)] {
+        let gpus = dir.path().join(format!("gpus-{profile}.yaml"));
+        std::fs::write(&gpus, format!("gpus:\n  - profile: {profile}\n")).unwrap();
+        let out = ok(&["check", &image, "--gpus", gpus.to_str().unwrap(), "--json"]);
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["chosen"], variant, "{profile}: {report}");
+    }
+    // A single variant carries the Inductor root its groups were built at.
+    let single = format!("oci:{}:cuda", dir.path().join("single").display());
+    ok(&["build", cuda.to_str().unwrap(), "-t", &single]);
+    assert_eq!(
+        inspect_json(&single)["buildPath"],
+        "/tmp/gkm-torch-fixtures/inductor"
+    );
+}
