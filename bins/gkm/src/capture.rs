@@ -168,6 +168,9 @@ struct Outcome {
     reason: Option<FailureReason>,
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
+    /// A delta's base, pinned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<String>,
 }
 
 /// The most a container's termination message may hold.
@@ -181,6 +184,7 @@ impl Outcome {
             image: self.image.clone(),
             digest: self.digest.clone(),
             message: self.message.clone(),
+            base: self.base.clone(),
             ..*self
         };
         loop {
@@ -252,7 +256,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(bar) => bar,
         None => Arc::new(StepLines),
     };
-    let result = match delta_base(&args)? {
+    let delta = delta_base(&args)?;
+    let base_name = delta.as_ref().map(|(base, _)| base.to_string());
+    let result = match delta {
         Some((base, build_path)) => {
             let mut keys = vec![key.public_key().clone()];
             for path in &args.base_key {
@@ -298,6 +304,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 digest: Some(c.digest.to_string()),
                 reason: None,
                 message: None,
+                base: base_name,
             },
             Err(e) => Outcome {
                 captured: false,
@@ -305,6 +312,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 digest: None,
                 reason: Some(e.reason()),
                 message: Some(e.to_string()),
+                base: base_name,
             },
         };
         std::fs::write(path, outcome.to_bounded_json())
@@ -445,11 +453,13 @@ mod tests {
             digest: None,
             reason: Some(FailureReason::UnsafeTree),
             message: Some("é".repeat(5000)),
+            base: Some("r/base@sha256:01".into()),
         };
         let json = outcome.to_bounded_json();
         assert!(json.len() <= TERMINATION_MESSAGE_MAX, "{}", json.len());
         let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON");
         assert_eq!(doc["reason"], "UnsafeTree");
+        assert_eq!(doc["base"], "r/base@sha256:01", "a delta names its base");
         assert!(doc["message"].as_str().is_some_and(|m| m.ends_with('…')));
         let short = Outcome {
             message: Some("short".into()),
