@@ -129,10 +129,11 @@ impl Fault {
 pub struct Injector<'a> {
     /// The stack.
     pub stack: &'a mut Stack,
-    /// The control plane's crash and restart.
-    pub plane: ControlPlaneRestarts,
+    /// The control plane's crash and restart (the replacements live as
+    /// long as this, so it outlives the injector).
+    pub plane: &'a mut ControlPlaneRestarts,
     /// The real node's containerd crash and restart.
-    pub containerd: ContainerdRestarts,
+    pub containerd: &'a mut ContainerdRestarts,
     /// The fault proxy in front of the registry.
     pub proxy: &'a RegistryProxy,
     /// The filesystem the real node's store is on.

@@ -147,16 +147,18 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     let warm_rss = rss::daemons();
 
     // Faults, workload and checks together until the duration is spent.
-    let plane_restarts = ControlPlaneRestarts::new(&stack.plane)?;
-    let containerd = ContainerdRestarts::new(stack.real_node(REAL_NODE).context("no real node")?)?;
+    // The replacements of crashed processes live until the end.
+    let mut plane_restarts = ControlPlaneRestarts::new(&stack.plane)?;
+    let mut containerd =
+        ContainerdRestarts::new(stack.real_node(REAL_NODE).context("no real node")?)?;
     let mut recoveries: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let faults_end = Instant::now() + config.duration;
     let done = std::cell::Cell::new(false);
     {
         let mut injector = Injector {
             stack: &mut stack,
-            plane: plane_restarts,
-            containerd,
+            plane: &mut plane_restarts,
+            containerd: &mut containerd,
             proxy: &proxy,
             store_fs: store_fs.clone(),
             shared: &shared,
@@ -284,6 +286,11 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     let leftovers = leaks::leftovers(&client, &kubelet_dir, &store).await?;
     shared.record(Check::NothingLeaks, left.map_err(|_| leftovers.join("; ")));
 
+    // The real node's directory goes with the stack: keep its logs (the
+    // kubelet's, every pod's) beside the summary.
+    if let Some(real) = stack.real_node(REAL_NODE) {
+        keep_logs(&real.paths().dir, &config.dir.join("real-node"));
+    }
     let ledger = shared.ledger();
     let summary = Summary {
         seed: config.seed,
@@ -306,6 +313,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     std::fs::write(config.dir.join("summary.json"), &json)?;
     drop(proxy);
     drop(stack);
+    drop(containerd);
+    drop(plane_restarts);
     Ok(summary)
 }
 
@@ -377,6 +386,16 @@ async fn recover(
         served.ok()?;
     }
     Some(injected.elapsed().as_secs_f64())
+}
+
+/// Copies the kubelet's logs and the pod logs of the real node at `node_dir`
+/// into `dest` (best effort: a missing log is skipped).
+fn keep_logs(node_dir: &Path, dest: &Path) {
+    let _ = std::fs::create_dir_all(dest);
+    for log in ["kubelet.log", "kubelet.previous.log", "containerd.log"] {
+        let _ = std::fs::copy(node_dir.join(log), dest.join(log));
+    }
+    let _ = gkm_testenv::copy_tree(&node_dir.join("pod-logs"), &dest.join("pod-logs"));
 }
 
 /// Mounts a tmpfs of [`STORE_FS_SIZE`] at `dir`.

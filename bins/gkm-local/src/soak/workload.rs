@@ -289,9 +289,16 @@ impl<'a> Workload<'a> {
                 ],
             }
         }))?;
-        Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
+        let created = Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
             .create(&PostParams::default(), &pod)
             .await?;
+        eprintln!(
+            "soak: {:>6.1}s pod {name} ({}, {}) uid {}",
+            self.shared.elapsed_s(),
+            cache,
+            if writable { "writable" } else { "read-only" },
+            created.metadata.uid.unwrap_or_default()
+        );
         self.shared.count(if writable {
             "writable-pod-started"
         } else {
@@ -320,6 +327,7 @@ impl<'a> Workload<'a> {
             Err(e) => return Err(e.into()),
         }
         self.shared.count("pod-deleted");
+        eprintln!("soak: {:>6.1}s pod {name} deleted", self.shared.elapsed_s());
         self.shared.retire_reader(name);
         Ok(())
     }
