@@ -15,8 +15,9 @@
 //! Its second webhook, [`READ_ONLY_WEBHOOK_NAME`], gets every other pod
 //! with a claim volume (CEL `matchConditions`), but gkm's own fill pods,
 //! and makes its gkm claim volumes read-only. Its failure policy is
-//! `Ignore`: it sees pods that may have nothing to do with gkm, and they
-//! must not wait on gkm; a pod admitted past it still finds the filled
+//! `Ignore`: it sees pods that may have nothing to do with gkm, which must
+//! not be refused because gkm is down (a down webhook delays them by its
+//! 5 s timeout at most); a pod admitted past it still finds the filled
 //! tree owned by the fill user and not writable by its own (see
 //! docs/delivery.md, "What a write does").
 //!
