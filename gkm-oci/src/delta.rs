@@ -16,8 +16,9 @@
 //!
 //! [`capture_delta`] runs, stopping at the first failure:
 //!
-//! 1. the base, named by digest, is read and verified against the given
-//!    policy (`NotVerified` when it does not), then extracted;
+//! 1. the base, named by digest, is read and checked as [`BaseCheck`] says
+//!    (its signature by a policy, `NotVerified` when it does not verify; or
+//!    its digest only, for a base the node delivered), then extracted;
 //! 2. the upper is harvested against it ([`gkm_core::delta`]): whiteouts,
 //!    opaque directories and changed copy-ups are refused
 //!    (`DeltaChangesBase`), links and special files too (`UnsafeTree`),
@@ -322,10 +323,23 @@ struct Base {
     config: Vec<u8>,
 }
 
-/// Reads the base `base` names (by digest), and verifies it by `policy`.
+/// How the base of a delta is trusted before its layers are signed into
+/// the delta image.
+#[derive(Debug, Clone, Copy)]
+pub enum BaseCheck<'a> {
+    /// Its signature must verify by this policy (a base named by hand).
+    Signed(&'a Policy),
+    /// Its digest only: a base a node delivered, which the cache's own
+    /// signature policy already allowed before delivery. The delta's
+    /// signer vouches for the whole image, base layers included, as a
+    /// capture's signer vouches for every file of its tree.
+    Delivered,
+}
+
+/// Reads the base `base` names (by digest), and checks it as `check` says.
 async fn read_base(
     base: &ImageRef,
-    policy: &Policy,
+    check: BaseCheck<'_>,
     registry: &RegistryOptions,
 ) -> Result<Base, CaptureError> {
     let Some(digest) = base.pinned_digest() else {
@@ -345,12 +359,14 @@ async fn read_base(
         .into());
     }
     let pinned = base.with_digest(&digest);
-    verify(&pinned, registry, &digest, policy)
-        .await
-        .map_err(|source| CaptureError::BaseNotVerified {
-            base: pinned.to_string(),
-            source,
-        })?;
+    if let BaseCheck::Signed(policy) = check {
+        verify(&pinned, registry, &digest, policy)
+            .await
+            .map_err(|source| CaptureError::BaseNotVerified {
+                base: pinned.to_string(),
+                source,
+            })?;
+    }
     let config = repo.fetch_small_blob(&image.manifest.config.digest).await?;
     Ok(Base {
         pinned,
@@ -361,7 +377,7 @@ async fn read_base(
 }
 
 /// Captures the upper `upper` of a writable view of `base` (a cache image
-/// named by digest, verified by `base_policy`) as a delta image in
+/// named by digest, checked as `base_check` says) as a delta image in
 /// `target`, signed with `key`; see the [module documentation](self).
 /// `base_build_path` is where the base was built when its labels do not
 /// say (the [`gkm_core::delta::DeltaBase`] record's).
@@ -370,7 +386,7 @@ pub async fn capture_delta(
     upper: &Path,
     base: &ImageRef,
     base_build_path: Option<&Path>,
-    base_policy: &Policy,
+    base_check: BaseCheck<'_>,
     target: &ImageRef,
     key: &SigningKey,
     options: &CaptureOptions,
@@ -389,7 +405,7 @@ pub async fn capture_delta(
         upper,
         base,
         base_build_path,
-        base_policy,
+        base_check,
         target,
         key,
         options,
@@ -407,7 +423,7 @@ async fn capture_in(
     upper: &Path,
     base: &ImageRef,
     base_build_path: Option<&Path>,
-    base_policy: &Policy,
+    base_check: BaseCheck<'_>,
     target: &ImageRef,
     key: &SigningKey,
     options: &CaptureOptions,
@@ -416,7 +432,7 @@ async fn capture_in(
 ) -> Result<Captured, CaptureError> {
     let p = progress.as_ref();
     step(p, &format!("reading and verifying the base {base}"), None);
-    let base = read_base(base, base_policy, registry).await?;
+    let base = read_base(base, base_check, registry).await?;
     let labels = base.image.cache()?;
     let layout = KindLayout::of(labels.kind);
     let build_path = labels

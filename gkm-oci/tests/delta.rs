@@ -17,7 +17,7 @@ use std::process::Command;
 use common::assert_same_tree;
 use gkm_core::policy::Policy;
 use gkm_oci::capture::{CaptureError, CaptureOptions, FailureReason, capture};
-use gkm_oci::delta::{BASE_LABEL, capture_delta};
+use gkm_oci::delta::{BASE_LABEL, BaseCheck, capture_delta};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{
     Error, ExtractPolicy, Image, ImageRef, Layout, RegistryOptions, Repo, Rule, Selector, Store,
@@ -165,7 +165,7 @@ async fn a_store_extracts_a_delta_image_of_a_real_overlay_upper_as_one_sealed_tr
         &view.upper,
         &base,
         None,
-        &trusting(&key),
+        BaseCheck::Signed(&trusting(&key)),
         &target,
         &key,
         &CaptureOptions::default(),
@@ -231,7 +231,7 @@ async fn refused_delta(
         &view.upper,
         base,
         None,
-        &trusting(key),
+        BaseCheck::Signed(&trusting(key)),
         &target,
         key,
         &CaptureOptions::default(),
@@ -451,7 +451,7 @@ async fn a_delta_of_a_delta_keeps_every_layer_and_extracts_whole() {
             &upper,
             &on,
             None,
-            &trusting(&key),
+            BaseCheck::Signed(&trusting(&key)),
             &target,
             &key,
             &CaptureOptions::default(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use gkm_core::delta::DeltaBase;
 use gkm_oci::capture::{CaptureError, CaptureOptions, Captured, FailureReason, capture};
-use gkm_oci::delta::capture_delta;
+use gkm_oci::delta::{BaseCheck, capture_delta};
 use gkm_oci::sign::SigningKey;
 use gkm_oci::{ExtractPolicy, ImageRef, Progress, Report};
 use serde::Serialize;
@@ -36,12 +36,14 @@ pub struct Args {
     delta_of: Option<ImageRef>,
     /// Like --delta-of, the base (and its build path) read from this JSON
     /// record (`{"image": "REPO@sha256:…", "buildPath": "…"}`), as the CSI
-    /// driver writes it beside a kept upper.
+    /// driver writes it beside a kept upper. The base is checked by its
+    /// digest only: the node delivered it, so the cache's signature policy
+    /// allowed it already.
     #[arg(long, value_name = "FILE")]
     delta_base_record: Option<PathBuf>,
-    /// A PEM public key whose signature on the base is accepted too
-    /// (repeatable; the signing key's always is).
-    #[arg(long, value_name = "FILE")]
+    /// With --delta-of: a PEM public key whose signature on the base is
+    /// accepted too (repeatable; the signing key's always is).
+    #[arg(long, value_name = "FILE", conflicts_with = "delta_base_record")]
     base_key: Vec<PathBuf>,
     /// The registry repository and tag to push to (`REGISTRY/REPO[:TAG]`).
     #[arg(short = 't', long = "target", value_name = "REF", value_parser = parse_ref)]
@@ -270,11 +272,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
             }
             let policy = gkm_core::policy::Policy::keys(keys)?;
+            let check = if args.delta_base_record.is_some() {
+                BaseCheck::Delivered
+            } else {
+                BaseCheck::Signed(&policy)
+            };
             capture_delta(
                 &args.dir,
                 &base,
                 build_path.as_deref(),
-                &policy,
+                check,
                 &args.target,
                 &key,
                 &options,

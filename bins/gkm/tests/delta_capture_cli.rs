@@ -257,3 +257,102 @@ async fn a_delta_capture_holds_the_base_layers_and_one_layer_of_exactly_the_new_
         reports[0]
     );
 }
+
+/// The capture Job's case: a base the platform signed, a delta signed with
+/// a tenant's key. By hand (`--delta-of`) the base must verify with the
+/// tenant's key; through the CSI driver's record it is the digest the node
+/// delivered under the cache's own policy, and the delta is taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_platform_signed_base_takes_a_tenants_delta_through_the_drivers_record_but_not_by_hand() {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    let platform = support::key_pair(&dir.join("platform"))
+        .join("cosign.key")
+        .display()
+        .to_string();
+    let tenant = support::key_pair(&dir.join("tenant"))
+        .join("cosign.key")
+        .display()
+        .to_string();
+
+    let target = fleet_target_named("cuda-75-32").expect("fleet");
+    let base_tree = dir.join("base");
+    copy_tree(&target.fixture, &base_tree).expect("copy");
+    let mut kernels: Vec<String> = std::fs::read_dir(&base_tree)
+        .expect("base")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    kernels.sort();
+    let new = kernels[0].clone();
+    std::fs::remove_dir_all(base_tree.join(&new)).expect("remove");
+    let base_target = format!("{}/delta-cli/platform-base:v1", registry.addr());
+    let base = ok(
+        &[
+            "capture",
+            &base_tree.display().to_string(),
+            "-t",
+            &base_target,
+            "--key",
+            &platform,
+            "--insecure",
+        ],
+        dir,
+    );
+    let upper = dir.join("upper");
+    copy_tree(&target.fixture.join(&new), &upper.join(&new)).expect("kernel");
+    let upper_arg = upper.display().to_string();
+    let delta_target = format!("{}/delta-cli/tenant:v1", registry.addr());
+
+    let by_hand = gkm(
+        &[
+            "capture",
+            &upper_arg,
+            "-t",
+            &delta_target,
+            "--delta-of",
+            &base,
+            "--key",
+            &tenant,
+            "--insecure",
+            "--json",
+        ],
+        dir,
+    );
+    let refused = text(&by_hand);
+    assert_ne!(by_hand.status.code(), Some(0), "{refused}");
+    assert!(refused.contains("NotVerified"), "{refused}");
+
+    let record = dir.join("delta-base.json");
+    std::fs::write(
+        &record,
+        serde_json::json!({"image": base, "buildPath": target.compiled_at}).to_string(),
+    )
+    .expect("record");
+    let json = ok(
+        &[
+            "capture",
+            &upper_arg,
+            "-t",
+            &delta_target,
+            "--delta-base-record",
+            &record.display().to_string(),
+            "--key",
+            &tenant,
+            "--insecure",
+            "--json",
+        ],
+        dir,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(doc["base"], base.as_str(), "{doc}");
+    assert_eq!(
+        doc["verified"]["digest"], doc["digest"],
+        "signed with the tenant's key and verified: {doc}"
+    );
+    let whole = fetch(doc["image"].as_str().expect("image")).await;
+    assert_eq!(
+        whole.manifest.layers.len(),
+        fetch(&base).await.manifest.layers.len() + 1
+    );
+}
