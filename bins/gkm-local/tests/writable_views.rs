@@ -7,7 +7,8 @@
 //!   (the webhooks mark them `readOnly`), and the image volume is read-only
 //!   as the kubelet mounts it: a write into any of them is refused with
 //!   `EROFS`;
-//! - an init container running `gkm view` (uid 1000, no privilege) lays a
+//! - an init container running `gkm view` in gkm's image (as
+//!   `hack/images/build.sh` builds it; uid 1000, Pod Security `restricted`) lays a
 //!   writable view of each into an `emptyDir` that Triton uses as its cache
 //!   at a path the cache was not built at: every delivered kernel hits, every
 //!   new one compiles into the view, the pod exits 0;
@@ -25,7 +26,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use gkm_local::cosign;
-use gkm_local::{SimulatedNode, Stack};
+use gkm_local::{SimulatedNode, Stack, repo_root};
 use gkm_testenv::triton::{
     FleetTarget, TritonReport, VIRTUALENV_LINK, checker_dir, fleet_target_named, virtualenv,
 };
@@ -42,9 +43,11 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 const NODE: &str = "real-t4";
 const NS: &str = "ml";
 const CLASS: &str = "gkm-local";
-/// The operator's image, for its fill Jobs, with gkm beside it for the
-/// view's init container.
-const GKM_IMAGE: &str = "gkm.test/gkm-operator:views";
+/// The operator's image, for its fill Jobs.
+const OPERATOR_IMAGE: &str = "gkm.test/gkm-operator:views";
+/// gkm's own image, as `hack/images/build.sh` builds it (entrypoint `gkm`,
+/// a non-root user), for the view's init container.
+const GKM_IMAGE: &str = concat!("ghcr.io/gkm-rs/gkm:v", env!("CARGO_PKG_VERSION"));
 /// The fleet target the caches hold (a T4's).
 const FIXTURE: &str = "cuda-75-32";
 /// A target the caches hold no kernel for.
@@ -118,8 +121,7 @@ fn view_pod(
                                 "runAsNonRoot": true},
             "initContainers": [{
                 "name": "view", "image": GKM_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/usr/bin/gkm", "view", format!("{SOURCE}/{from}"), VIEW,
-                            "--mount-path", VIEW],
+                "args": ["view", format!("{SOURCE}/{from}"), VIEW, "--mount-path", VIEW],
                 "securityContext": restricted(),
                 "volumeMounts": [{"name": "source", "mountPath": SOURCE, "readOnly": true},
                                  {"name": "view", "mountPath": VIEW}],
@@ -223,9 +225,8 @@ async fn a_gkm_view_lets_real_triton_write_beside_read_only_claims_and_image_vol
         "node-lifecycle-controller",
     ];
     let mut stack = Stack::start_with_controllers(tmp.path(), Vec::new(), &controllers).await?;
-    let image = TestImage::busybox(&[GKM_IMAGE])?
+    let image = TestImage::busybox(&[OPERATOR_IMAGE])?
         .with_binary("/usr/bin/gkm-operator", &workspace_binary("gkm-operator")?)?
-        .with_binary("/usr/bin/gkm", &workspace_binary("gkm")?)?
         .with_entrypoint(&["/usr/bin/gkm-operator"])
         .with_file(
             "/etc/ssl/certs/ca-certificates.crt",
@@ -239,6 +240,21 @@ async fn a_gkm_view_lets_real_triton_write_beside_read_only_claims_and_image_vol
         .ok_or_else(|| anyhow::anyhow!("no real node {NODE}"))?;
     node.import_image(&image)?;
     node.trust_plain_http_registry(stack.registry.addr())?;
+    let gkm = workspace_binary("gkm")?;
+    let built = std::process::Command::new(repo_root().join("hack/images/build.sh"))
+        .args(["--profile", "dev", "--bin-dir"])
+        .arg(gkm.parent().unwrap_or(Path::new(".")))
+        .arg("--out")
+        .arg(tmp.path().join("images"))
+        .arg("--import")
+        .arg(node.containerd_socket())
+        .arg("gkm")
+        .output()?;
+    anyhow::ensure!(
+        built.status.success(),
+        "hack/images/build.sh gkm: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let _scheduler = Scheduler::start(
         &stack.plane,
         "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n",
@@ -271,7 +287,7 @@ async fn a_gkm_view_lets_real_triton_write_beside_read_only_claims_and_image_vol
         vec![
             "--resolve-interval=2s".into(),
             format!("--default-policy={}", policy.display()),
-            format!("--job-image={GKM_IMAGE}"),
+            format!("--job-image={OPERATOR_IMAGE}"),
             "--job-image-pull-policy=Never".into(),
             "--job-host-network".into(),
             format!("--pvc-volume-dir={}", volumes.display()),
