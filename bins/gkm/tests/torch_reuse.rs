@@ -153,13 +153,9 @@ fn torch_compile_hits_every_fx_graph_of_a_mega_cache_blob_gkm_delivered() {
     assert_eq!(reused.autograd_cache_hit, FIXTURE_GRAPHS, "{reused:#?}");
     assert!(reused.outputs_as_cold_run(), "{reused:#?}");
 
-    // Without the blob, the same empty cache misses every graph, and
-    // compiling from nothing computes the cold run's outputs bit for bit.
-    let cold_cache = w.join("cold");
-    std::fs::create_dir(&cold_cache).expect("mkdir");
-    let cold = check(&cold_cache, None, false);
-    assert_eq!(cold.fxgraph_cache_hit, 0, "{cold:#?}");
-    assert_eq!(cold.fxgraph_cache_miss, FIXTURE_GRAPHS, "{cold:#?}");
-    assert!(cold.cpp_kernels_compiled > 0, "{cold:#?}");
-    assert!(cold.outputs_as_cold_run(), "{cold:#?}");
+    // The hits come from the blob: the cache directory was empty, and the
+    // counters do count misses (the new shape of the Inductor test above
+    // misses once; the cold run, 2 misses, is in fixtures/torch/PROVENANCE).
+    // No cold compile here: it would double this test's time for nothing
+    // the assertions above do not already show.
 }
