@@ -32,6 +32,11 @@ struct Cli {
     /// The real node's GPUs reach pods through DRA instead of the device plugin.
     #[arg(long)]
     dra: bool,
+    /// The agents' `--gc-grace` (default: the agent's own, 10 minutes).
+    /// With `0s` a node drops a cache's previous digest as soon as its tag
+    /// moves, before the new one is extracted.
+    #[arg(long)]
+    gc_grace: Option<String>,
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -52,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         duration: Duration::from_secs(cli.duration),
         seed: cli.seed.unwrap_or_else(soak::rng::fresh_seed),
         dir,
+        gc_grace: cli.gc_grace.clone(),
         gpu_path: if cli.dra {
             GpuPath::Dra
         } else {

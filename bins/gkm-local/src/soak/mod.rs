@@ -54,6 +54,8 @@ pub struct Config {
     pub dir: PathBuf,
     /// The GPU path of the real node (device plugin or DRA).
     pub gpu_path: crate::dra::GpuPath,
+    /// The agents' `--gc-grace`; `None` keeps their default.
+    pub gc_grace: Option<String>,
 }
 
 /// Runs the soak and returns its summary (also written to
@@ -83,7 +85,9 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
             "--resolve-interval=2s".into(),
             format!("--tenant-signer-namespaces={}", workload::NAMESPACE),
         ],
-        vec!["--resync=2s".into(), "--gc-grace=0s".into()],
+        std::iter::once("--resync=2s".to_string())
+            .chain(config.gc_grace.iter().map(|g| format!("--gc-grace={g}")))
+            .collect(),
     );
     eprintln!(
         "soak: stack up in {:.0?}; building images, installing the chart",
