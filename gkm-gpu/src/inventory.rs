@@ -28,6 +28,13 @@ pub struct Inventory {
     /// Mediated devices (vGPUs) created on the node's GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mdevs: Vec<MdevDevice>,
+    /// The vector ISA PyTorch Inductor picks on the node's CPU (`avx2`,
+    /// `avx512`, `asimd`…), what CPU-only PyTorch caches are judged by;
+    /// `None` when unknown. A simulated inventory file's `cpuIsa`; discovery
+    /// over sysfs leaves it to the caller, which reads this host's
+    /// (`gkm_core::compat::host_cpu_isa`, as the node agent does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_isa: Option<String>,
     /// Whether this inventory came from a simulated inventory file.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub simulated: bool,

@@ -8,7 +8,10 @@
 //! [`gkm_core::Gpu`] in JSON (`warpSize`, `memoryBytes`, `driverVersion`…),
 //! so the output of `gkm gpus --json` is itself a valid file. Optional `vfio`
 //! and `mdevs` lists are read as [`crate::VfioDevice`] and
-//! [`crate::MdevDevice`]; other top-level keys are ignored. GPUs are numbered
+//! [`crate::MdevDevice`]; an optional `cpuIsa` is the vector ISA PyTorch
+//! Inductor picks on the node's CPU (`avx2`, `avx512`…, as
+//! [`crate::Inventory::cpu_isa`]; unknown when absent); other top-level
+//! keys are ignored. GPUs are numbered
 //! in file order; an `index` in an entry is ignored. Every GPU gets a `uuid`
 //! and a `pciAddress` (as real GPUs have) unless its entry gives them:
 //! derived from the file's name, its directory's name, its text and the
@@ -34,6 +37,8 @@
 //! assert_eq!(inventory.gpus.len(), 2);
 //! assert_eq!(inventory.gpus[1].describe(), "1 Tesla T4 (cuda/75/32)");
 //! assert!(inventory.simulated);
+//! let cpu_only = gkm_gpu::simulate::parse("gpus: []\ncpuIsa: avx512\n", "cpu.yaml".as_ref())?;
+//! assert_eq!(cpu_only.cpu_isa.as_deref(), Some("avx512"));
 //! # Ok::<(), gkm_gpu::Error>(())
 //! ```
 
@@ -62,6 +67,9 @@ struct SimFile {
     vfio: Vec<VfioDevice>,
     #[serde(default)]
     mdevs: Vec<MdevDevice>,
+    /// The CPU ISA Inductor would pick on the simulated node.
+    #[serde(default, rename = "cpuIsa")]
+    cpu_isa: Option<String>,
 }
 
 /// One `gpus` entry: a profile, or a GPU's fields, or both.
@@ -138,6 +146,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Inventory, Error> {
         gpus,
         vfio: file.vfio,
         mdevs: file.mdevs,
+        cpu_isa: file.cpu_isa,
         simulated: true,
         ..Inventory::default()
     })

@@ -42,7 +42,10 @@ struct Cli {
     #[arg(long, env = "GKM_STORE", default_value = "/var/lib/gkm/store")]
     store: PathBuf,
     /// Read the node's GPUs from this simulated inventory file instead of
-    /// looking at the hardware.
+    /// looking at the hardware, and its CPU ISA (the ISA PyTorch Inductor
+    /// picks, what caches of C++ kernels only are judged by) from the file's
+    /// `cpuIsa:` (`avx2`, `avx512`…; unknown when absent) instead of
+    /// /proc/cpuinfo.
     #[arg(long, env = "GKM_SIMULATE")]
     simulate: Option<PathBuf>,
     /// The sysfs root to scan for GPUs.

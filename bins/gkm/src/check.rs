@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use gkm_core::cache::{CacheKind, Summary};
-use gkm_core::compat::{CheckOptions, check_summary, cpu_isa_from_flags, cpu_mismatch};
+use gkm_core::compat::{CheckOptions, check_summary, cpu_mismatch, host_cpu_isa};
 use gkm_core::variant::VariantChoice;
 use gkm_gpu::DiscoveryOptions;
 use gkm_oci::{Image, ImageRef, Repo};
@@ -136,9 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn check_cpu(declared: Option<&str>, node: Option<&str>, json: bool) -> anyhow::Result<bool> {
     let node = match node {
         Some(isa) => Some(isa.to_string()),
-        None => std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|info| host_cpu_isa(&info)),
+        None => host_cpu_isa(),
     };
     let reason = match declared {
         Some(declared) => cpu_mismatch(declared, node.as_deref()),
@@ -170,19 +168,6 @@ fn check_cpu(declared: Option<&str>, node: Option<&str>, json: bool) -> anyhow::
         );
     }
     Ok(reason.is_none())
-}
-
-/// The ISA Inductor would pick on this host, from `/proc/cpuinfo`'s first
-/// `flags` (x86) or `Features` (Arm) line.
-fn host_cpu_isa(cpuinfo: &str) -> Option<String> {
-    cpuinfo
-        .lines()
-        .find_map(|l| {
-            let (key, value) = l.split_once(':')?;
-            matches!(key.trim(), "flags" | "Features").then_some(value)
-        })
-        .and_then(cpu_isa_from_flags)
-        .map(str::to_string)
 }
 
 /// Prints which variant each GPU gets and why, then the node's choice.

@@ -40,6 +40,35 @@ pub fn cpu_isa_from_flags(flags: &str) -> Option<&'static str> {
     }
 }
 
+/// The ISA Inductor would pick on the CPU `cpuinfo` (the text of
+/// `/proc/cpuinfo`) describes, from its first `flags` (x86) or `Features`
+/// (Arm) line.
+///
+/// ```
+/// use gkm_core::compat::cpu_isa_from_cpuinfo;
+/// let info = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n";
+/// assert_eq!(cpu_isa_from_cpuinfo(info), Some("avx2"));
+/// assert_eq!(cpu_isa_from_cpuinfo("processor\t: 0\n"), None);
+/// ```
+pub fn cpu_isa_from_cpuinfo(cpuinfo: &str) -> Option<&'static str> {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            matches!(key.trim(), "flags" | "Features").then_some(value)
+        })
+        .and_then(cpu_isa_from_flags)
+}
+
+/// The ISA Inductor would pick on this host's CPU, read from
+/// `/proc/cpuinfo`; `None` when it cannot be read or names no ISA gkm
+/// knows. What `gkm check` and the node agent judge CPU-only caches by.
+pub fn host_cpu_isa() -> Option<String> {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| cpu_isa_from_cpuinfo(&info).map(str::to_string))
+}
+
 /// Why a cache whose C++ kernels were declared built for `declared` does
 /// not fit a node whose CPU ISA is `node`; `None` when it fits.
 ///

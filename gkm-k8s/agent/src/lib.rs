@@ -206,11 +206,16 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let discovery = config.discovery.clone();
-    let inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&discovery))
+    let mut inventory = tokio::task::spawn_blocking(move || gkm_gpu::discover(&discovery))
         .await
         .map_err(|e| Error::Gpu(e.to_string()))?
         .map_err(|e| Error::Gpu(e.to_string()))?;
-    info!(node = %config.node_name, gpus = inventory.gpus.len(), simulated = inventory.simulated, "GPUs discovered");
+    // The CPU ISA caches of C++ kernels only are judged by: this host's, as
+    // `gkm check` reads it, unless the inventory is simulated.
+    if !inventory.simulated {
+        inventory.cpu_isa = gkm_core::compat::host_cpu_isa();
+    }
+    info!(node = %config.node_name, gpus = inventory.gpus.len(), simulated = inventory.simulated, cpu_isa = ?inventory.cpu_isa, "GPUs discovered");
     for warning in &inventory.warnings {
         warn!(%warning, "GPU discovery");
     }

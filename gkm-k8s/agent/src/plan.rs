@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use gkm_core::Gpu;
-use gkm_core::compat::{CheckOptions, Report};
+use gkm_core::compat::{CheckOptions, Report, cpu_mismatch};
 use gkm_core::variant::choose_variant;
 use gkm_oci::Digest;
 use kube::core::{Selector, SelectorExt};
@@ -23,6 +23,9 @@ pub struct NodeView<'a> {
     pub gpus: &'a [Gpu],
     /// How compatibility is checked.
     pub check: &'a CheckOptions,
+    /// The vector ISA PyTorch Inductor picks on the node's CPU, what caches
+    /// of C++ kernels only are judged by; `None` when unknown.
+    pub cpu_isa: Option<&'a str>,
 }
 
 /// One cache, with what the agent knows of its image on this node.
@@ -171,8 +174,14 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             let message = format!("not compatible with any GPU of this node: {reason}");
             return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
         }
+        Pick::CpuMismatch(reason) => {
+            let message = format!("not compatible with this node's CPU: {reason}");
+            return plan.refused(digest, entry, Verdict::Incompatible, reason, message);
+        }
         Pick::Held(held, report) => {
-            record_compatibility(&mut entry, &[report]);
+            if let Some(report) = report {
+                record_compatibility(&mut entry, &[report]);
+            }
             if held != digest {
                 entry.variant = Some(held.to_string());
             }
@@ -217,9 +226,13 @@ enum Pick {
     Unreadable(String),
     /// None fits the node's GPUs: each variant's report, and why.
     Incompatible(Vec<Report>, String),
+    /// The image holds C++ kernels only, declared built for another CPU ISA
+    /// than the node's: why.
+    CpuMismatch(String),
     /// The node holds this variant (the resolved digest itself for a
-    /// single-target image), which fits as the report says.
-    Held(Digest, Report),
+    /// single-target image), which fits as the report says (no report: a
+    /// cache of C++ kernels only, whose declared CPU ISA is the node's).
+    Held(Digest, Option<Report>),
 }
 
 /// Which variant of the resolved `digest` this node holds, decided from the
@@ -240,6 +253,12 @@ fn pick_variant(release: &CacheRelease, digest: &Digest, node: &NodeView<'_>) ->
     };
     if candidates.is_empty() {
         return Pick::Unreadable(format!("the operator published no variant of {digest}"));
+    }
+    if let [only] = candidates.as_slice()
+        && only.targets.is_empty()
+        && let Some(declared) = &only.cpu_isa
+    {
+        return pick_by_cpu(digest, declared, node);
     }
     let mut summaries = Vec::new();
     for variant in &candidates {
@@ -262,10 +281,20 @@ fn pick_variant(release: &CacheRelease, digest: &Digest, node: &NodeView<'_>) ->
         return Pick::Incompatible(choice.reports, reason);
     };
     match candidates[chosen].digest.parse::<Digest>() {
-        Ok(held) => Pick::Held(held, choice.reports.swap_remove(chosen)),
+        Ok(held) => Pick::Held(held, Some(choice.reports.swap_remove(chosen))),
         Err(e) => Pick::Unreadable(format!(
             "a variant digest the operator published for {digest}: {e}"
         )),
+    }
+}
+
+/// Whether the node holds `digest`, an image of C++ kernels only declared
+/// built for the CPU ISA `declared`: by the rule `gkm check` applies
+/// ([`cpu_mismatch`]), when the node's CPU ISA is the declared one.
+fn pick_by_cpu(digest: &Digest, declared: &str, node: &NodeView<'_>) -> Pick {
+    match cpu_mismatch(declared, node.cpu_isa) {
+        None => Pick::Held(digest.clone(), None),
+        Some(reason) => Pick::CpuMismatch(reason),
     }
 }
 
@@ -373,6 +402,7 @@ mod tests {
         stored: Result<bool, String>,
         pods: BTreeMap<Digest, Vec<PodRef>>,
         gpus: Vec<Gpu>,
+        cpu_isa: Option<&'static str>,
     }
 
     impl Case {
@@ -382,6 +412,7 @@ mod tests {
                 stored: Ok(true),
                 pods: BTreeMap::new(),
                 gpus: vec![t4()],
+                cpu_isa: None,
             }
         }
 
@@ -392,6 +423,7 @@ mod tests {
                 labels: &labels,
                 gpus: &self.gpus,
                 check: &check,
+                cpu_isa: self.cpu_isa,
             };
             let input = CacheInput {
                 release: &self.release,
@@ -424,6 +456,42 @@ mod tests {
         assert_eq!(entry.compatible_gpus.as_deref(), Some(&[0][..]));
         assert_eq!(entry.volume_size, Some(42));
         assert_eq!(plan.extract, None);
+    }
+
+    /// A release of C++ kernels only, declared built for `isa`.
+    fn cpu_only(isa: &str) -> Case {
+        let mut case = Case::new();
+        case.gpus.clear();
+        case.release.variants = Some(vec![
+            ImageVariant::new(&DIGEST.parse().unwrap(), &Summary::default())
+                .with_cpu_isa(Some(isa.into())),
+        ]);
+        case
+    }
+
+    #[test]
+    fn a_cache_of_cpu_kernels_is_held_where_the_cpu_isa_is_the_declared_one() {
+        let mut case = cpu_only("avx2");
+        case.cpu_isa = Some("avx2");
+        let plan = case.plan();
+        assert!(matches!(&plan.delivery, DeliveryChange::Publish(d) if d.is_deliverable()));
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Extracted));
+        case.stored = Ok(false);
+        assert_eq!(case.plan().extract, Some(DIGEST.parse().unwrap()));
+    }
+
+    #[test]
+    fn a_cache_of_cpu_kernels_is_incompatible_with_another_or_an_unknown_cpu_isa() {
+        let mut case = cpu_only("avx2");
+        case.cpu_isa = Some("avx512");
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].state, Some(CacheState::Incompatible));
+        assert_eq!(plan.extract, None);
+        let why = message(&plan);
+        assert!(why.contains("CPU") && why.contains("avx512"), "{why}");
+        case.cpu_isa = None;
+        assert!(message(&case.plan()).contains("unknown"));
     }
 
     #[test]

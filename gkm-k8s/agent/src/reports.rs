@@ -27,6 +27,8 @@ pub(super) struct NodeReports {
     client: Client,
     node: String,
     gpus: Vec<GpuStatus>,
+    /// The vector ISA PyTorch Inductor picks on the node's CPU.
+    cpu_isa: Option<String>,
     /// What was last written, per namespace (`None`: the cluster report).
     written: HashMap<Option<String>, CacheNodeStatus>,
     /// Namespaces holding a report of this node, found at start.
@@ -72,11 +74,19 @@ impl std::fmt::Display for ReportFailure {
 }
 
 impl NodeReports {
-    pub(super) fn new(client: Client, node: &str, gpus: Vec<GpuStatus>) -> NodeReports {
+    /// Reports of `node`, whose GPUs are `gpus` and whose CPU ISA (as
+    /// Inductor picks it) is `cpu_isa`.
+    pub(super) fn new(
+        client: Client,
+        node: &str,
+        gpus: Vec<GpuStatus>,
+        cpu_isa: Option<String>,
+    ) -> NodeReports {
         NodeReports {
             client,
             node: node.to_string(),
             gpus,
+            cpu_isa,
             written: HashMap::new(),
             discovered: false,
             applied: HashSet::new(),
@@ -151,6 +161,7 @@ impl NodeReports {
             node_name: self.node.clone(),
             counts: node_counts(&caches),
             gpus: Some(self.gpus.clone()),
+            cpu_isa: self.cpu_isa.clone(),
             caches: Some(caches),
             conditions: None,
         }

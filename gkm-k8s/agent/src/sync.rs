@@ -109,7 +109,12 @@ impl Agent {
                 mounts: MountRecords::new(store.root()),
                 store,
             },
-            reports: NodeReports::new(client.clone(), &config.node_name, gpu_statuses(&inventory)),
+            reports: NodeReports::new(
+                client.clone(),
+                &config.node_name,
+                gpu_statuses(&inventory),
+                inventory.cpu_isa.clone(),
+            ),
             batching: WriteDebouncer::new(config.report_batch_window),
             client,
             config,
@@ -364,6 +369,7 @@ impl Agent {
             labels: node_labels,
             gpus: &self.gpus,
             check: &check,
+            cpu_isa: self.inventory.cpu_isa.as_deref(),
         };
         let plan = plan_cache(&input, &node);
         let (index, key) = (self.files.index.clone(), key.clone());
@@ -391,6 +397,7 @@ impl Agent {
             labels,
             gpus: &self.gpus,
             check,
+            cpu_isa: self.inventory.cpu_isa.as_deref(),
         };
         held_digest(release, &node)
     }

@@ -48,10 +48,10 @@ pub async fn variants_of(
 ) -> anyhow::Result<Vec<ImageVariant>> {
     let repo = Repo::open(&image.with_digest(digest), registry)?;
     let read = Image::fetch_annotated(&repo).await?;
-    Ok(vec![ImageVariant::new(
-        &read.digest,
-        &read.cache()?.summary,
-    )])
+    let cache = read.cache()?;
+    Ok(vec![
+        ImageVariant::new(&read.digest, &cache.summary).with_cpu_isa(cache.declared_cpu_isa),
+    ])
 }
 
 /// Publishes what the operator would for the GKMCache `name` in

@@ -140,6 +140,10 @@ pub struct CacheNodeStatus {
     /// The node's GPUs, grouped by type as GKM does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<Vec<GpuStatus>>,
+    /// The vector ISA PyTorch Inductor picks on the node's CPU (`avx2`,
+    /// `avx512`…), what caches of C++ kernels only are judged by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_isa: Option<String>,
     /// Per cache name, per image digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caches: Option<BTreeMap<String, BTreeMap<String, NodeCacheStatus>>>,

@@ -126,6 +126,11 @@ pub struct ImageVariant {
     pub digest: String,
     /// The distinct targets.
     pub targets: Vec<ImageTarget>,
+    /// The CPU ISA a PyTorch cache of C++ kernels was declared built for
+    /// (`declared-cpu-isa`, `gkm build --cpu-isa`): a variant without
+    /// targets that declares one fits the nodes whose CPU ISA is this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_isa: Option<String>,
 }
 
 impl ImageVariant {
@@ -134,7 +139,15 @@ impl ImageVariant {
         ImageVariant {
             digest: digest.to_string(),
             targets: summary.targets.iter().map(ImageTarget::from).collect(),
+            cpu_isa: None,
         }
+    }
+
+    /// This variant, declaring the CPU ISA `cpu_isa` its C++ kernels were
+    /// built for (none: `None`).
+    pub fn with_cpu_isa(mut self, cpu_isa: Option<String>) -> ImageVariant {
+        self.cpu_isa = cpu_isa;
+        self
     }
 
     /// Its targets as a summary to check GPUs against, or why one of them
@@ -233,6 +246,7 @@ mod tests {
                 warp_size: 32,
                 ..ImageTarget::default()
             }],
+            cpu_isa: None,
         };
         let err = variant.summary().unwrap_err();
         assert!(err.to_string().contains("quantum"), "{err}");

@@ -230,6 +230,7 @@ mod tests {
                         ..ImageTarget::default()
                     })
                     .collect(),
+                cpu_isa: None,
             }]),
             ..CacheRelease::default()
         }

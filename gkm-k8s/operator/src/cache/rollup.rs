@@ -260,6 +260,7 @@ mod tests {
         let published = [v75, v90].map(|digest| ImageVariant {
             digest: digest.into(),
             targets: Vec::new(),
+            cpu_isa: None,
         });
         let status = variant_status("sha256:index", &published, &held).unwrap();
         assert_eq!(status.iter().map(|v| v.nodes).collect::<Vec<_>>(), [1, 2]);

@@ -172,13 +172,15 @@ fn index_variants(multi: &MultiTarget) -> Vec<ImageVariant> {
 }
 
 /// The variants of the image manifest `digest` with these cache labels: one,
-/// with the summary's targets.
+/// with the summary's targets and the CPU ISA declared for its C++ kernels.
 fn variants(
     digest: &Digest,
     labels: gkm_oci::Result<CacheLabels>,
 ) -> Result<Vec<ImageVariant>, String> {
-    let summary = labels.map_err(|e| e.to_string())?.summary;
-    Ok(vec![ImageVariant::new(digest, &summary)])
+    let labels = labels.map_err(|e| e.to_string())?;
+    Ok(vec![
+        ImageVariant::new(digest, &labels.summary).with_cpu_isa(labels.declared_cpu_isa),
+    ])
 }
 
 #[cfg(test)]
