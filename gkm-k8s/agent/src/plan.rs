@@ -40,6 +40,10 @@ pub struct CacheInput<'a> {
     pub size: Option<i64>,
     /// Pods mounting this cache, per digest (from the mount records).
     pub pods: &'a BTreeMap<Digest, Vec<PodRef>>,
+    /// The digest the delivery index delivers for this cache now, when the
+    /// store holds it: served on while a new digest is pulled, or while
+    /// pulling it fails.
+    pub serving: Option<&'a Digest>,
 }
 
 /// What to do with the delivery index entry of a cache.
@@ -63,6 +67,9 @@ pub struct Plan {
     pub delivery: DeliveryChange,
     /// A digest to pull and extract.
     pub extract: Option<Digest>,
+    /// A stored digest served on until the one this node should hold is in
+    /// the store: garbage collection keeps it, whatever its grace.
+    pub keep: Option<Digest>,
 }
 
 impl Plan {
@@ -86,6 +93,20 @@ impl Plan {
         entry.message = Some(message);
         self.entries.insert(digest.to_string(), entry);
         self.delivery = DeliveryChange::Publish(Delivery::refused(digest, verdict, reason));
+        self
+    }
+
+    /// This plan, for a `held` digest not in the store yet (being pulled,
+    /// or failing to be), delivering the `serving` one meanwhile when there
+    /// is one: a node that served a verified tree keeps serving it until
+    /// its successor is whole, as a claim keeps its tree until a refill
+    /// switches it, rather than refusing pods for as long as the registry
+    /// fails.
+    fn serving_meanwhile(mut self, serving: Option<&Digest>, held: &Digest) -> Plan {
+        if let Some(previous) = serving.filter(|d| *d != held) {
+            self.delivery = DeliveryChange::Publish(Delivery::deliverable(previous.clone()));
+            self.keep = Some(previous.clone());
+        }
         self
     }
 }
@@ -114,6 +135,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
         entries: BTreeMap::new(),
         delivery: DeliveryChange::Remove,
         extract: None,
+        keep: None,
     };
     let release = cache.release;
     let resolved: Option<Digest> = release.resolved();
@@ -191,7 +213,9 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
     match cache.stored {
         Err(why) => {
             let reason = format!("extracting {held}: {why}");
-            return plan.refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason);
+            return plan
+                .refused(digest, entry, Verdict::NotExtracted, reason.clone(), reason)
+                .serving_meanwhile(cache.serving, &held);
         }
         Ok(false) => {
             entry.state = Some(CacheState::Downloading);
@@ -201,6 +225,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
                 Verdict::NotExtracted,
                 format!("{held} is being pulled and extracted"),
             ));
+            plan = plan.serving_meanwhile(cache.serving, &held);
         }
         Ok(true) => {
             let pods = cache.pods.get(&held).filter(|p| !p.is_empty());
@@ -403,6 +428,7 @@ mod tests {
         pods: BTreeMap<Digest, Vec<PodRef>>,
         gpus: Vec<Gpu>,
         cpu_isa: Option<&'static str>,
+        serving: Option<Digest>,
     }
 
     impl Case {
@@ -413,6 +439,7 @@ mod tests {
                 pods: BTreeMap::new(),
                 gpus: vec![t4()],
                 cpu_isa: None,
+                serving: None,
             }
         }
 
@@ -430,6 +457,7 @@ mod tests {
                 stored: self.stored.as_ref().map(|b| *b).map_err(String::as_str),
                 size: Some(42),
                 pods: &self.pods,
+                serving: self.serving.as_ref(),
             };
             plan_cache(&input, &node)
         }
@@ -492,6 +520,41 @@ mod tests {
         assert!(why.contains("CPU") && why.contains("avx512"), "{why}");
         case.cpu_isa = None;
         assert!(message(&case.plan()).contains("unknown"));
+    }
+
+    #[test]
+    fn a_node_serves_its_previous_tree_while_the_next_is_pulled_or_fails_to_be() {
+        let previous: Digest = format!("sha256:{}", "b".repeat(64)).parse().unwrap();
+        let mut case = Case::new();
+        case.serving = Some(previous.clone());
+        for stored in [Ok(false), Err("registry answered 503".to_string())] {
+            case.stored = stored;
+            let plan = case.plan();
+            assert!(
+                matches!(&plan.delivery, DeliveryChange::Publish(d)
+                    if d.is_deliverable() && d.digest == previous),
+                "{plan:?}"
+            );
+            assert_eq!(plan.keep.as_ref(), Some(&previous), "{plan:?}");
+        }
+        // Nothing served before: pods wait for the pull, as they always did.
+        case.serving = None;
+        case.stored = Ok(false);
+        let plan = case.plan();
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.verdict == Verdict::NotExtracted),
+            "{plan:?}"
+        );
+        assert_eq!(plan.keep, None);
+        // Once the next is stored, it is served and the previous is let go.
+        case.serving = Some(previous);
+        case.stored = Ok(true);
+        let plan = case.plan();
+        assert!(
+            matches!(&plan.delivery, DeliveryChange::Publish(d) if d.digest.to_string() == DIGEST),
+            "{plan:?}"
+        );
+        assert_eq!(plan.keep, None);
     }
 
     #[test]

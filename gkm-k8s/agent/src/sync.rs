@@ -221,9 +221,10 @@ impl Agent {
                     .insert(digest);
             }
             let cache_pods = pods.remove(&key).unwrap_or_default();
-            let entries = self
+            let (entries, kept) = self
                 .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
                 .await?;
+            referenced.extend(kept);
             let listed = entries.keys().filter_map(|d| d.parse::<Digest>().ok());
             for digest in listed.chain(held) {
                 if stored.contains(&digest) {
@@ -332,8 +333,9 @@ impl Agent {
     }
 
     /// Plans one cache and acts on the plan: publishes the delivery
-    /// decision and starts (off the pass) the extraction the plan needs.
-    /// Never waits for a registry.
+    /// decision and starts (off the pass) the extraction the plan needs;
+    /// returns the report entries and the stored digest served on meanwhile
+    /// ([`Plan::keep`](crate::plan::Plan::keep)). Never waits for a registry.
     async fn plan_and_act(
         &mut self,
         cache: &dyn Cache,
@@ -341,7 +343,7 @@ impl Agent {
         node_labels: &BTreeMap<String, String>,
         pods: &BTreeMap<Digest, Vec<PodRef>>,
         in_store: &HashSet<Digest>,
-    ) -> Result<BTreeMap<String, NodeCacheStatus>> {
+    ) -> Result<(BTreeMap<String, NodeCacheStatus>, Option<Digest>)> {
         let check = NODE_CHECK;
         let release = cache.release();
         let scope: Scope = key.namespace().map(str::to_string);
@@ -359,11 +361,19 @@ impl Agent {
             Some(_) => extract_failed.as_deref().map_or(Ok(false), Err),
             None => Ok(false),
         };
+        let (index, index_key) = (self.files.index.clone(), key.clone());
+        let serving = blocking("reading the delivery index", move || {
+            Ok(index.get(&index_key)?)
+        })
+        .await?
+        .filter(|d| d.is_deliverable() && in_store.contains(&d.digest))
+        .map(|d| d.digest);
         let input = CacheInput {
             release,
             stored,
             size: known.and_then(|f| f.size),
             pods,
+            serving: serving.as_ref(),
         };
         let node = NodeView {
             labels: node_labels,
@@ -383,7 +393,7 @@ impl Agent {
             // Off the pass: the next pass plans again with the outcome.
             self.start_extraction(&scope, &release.image, digest);
         }
-        Ok(plan.entries)
+        Ok((plan.entries, plan.keep))
     }
 
     /// The digest this node holds for `release` ([`held_digest`]).
