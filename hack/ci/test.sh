@@ -149,6 +149,18 @@ if strays=$(pgrep -a -f "$tools_dir/|docker-registry serve|/gkm-test-" ); then
   echo "$strays" >&2
   exit 1
 fi
+# Containers of the real nodes: their processes live in containerd's
+# `k8s.io` cgroups and name no test directory.
+containers=$(grep -l ":/k8s.io/" /proc/[0-9]*/cgroup 2>/dev/null || true)
+if [[ -n $containers ]]; then
+  echo "container processes left behind by the tests:" >&2
+  for f in $containers; do
+    pid=${f#/proc/}
+    pid=${pid%/cgroup}
+    echo "$pid $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" >&2
+  done
+  exit 1
+fi
 echo "none"
 
 step "no mount, bridge or network namespace outlived the tests"

@@ -60,13 +60,17 @@ fn kill_containers(runc: &Path, root: &Path) {
 }
 
 /// SIGKILLs every process (but this one) whose command line contains
-/// `dir`, until none is left or five seconds pass.
+/// `dir`, and their children, until none is left or five seconds pass.
+/// The children are the containers' first processes, whose parents are the
+/// shims: a container runc no longer lists (its state lost when containerd
+/// was killed while making it) would otherwise outlive its shim, orphaned.
 fn kill_processes_naming(dir: &Path) {
     let needle = dir.as_os_str().as_bytes();
     let me = std::process::id();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let pids = processes_naming(needle, me);
+        let mut pids = processes_naming(needle, me);
+        pids.extend(children_of(&pids));
         if pids.is_empty() || Instant::now() > deadline {
             return;
         }
@@ -90,6 +94,25 @@ fn processes_naming(needle: &[u8], me: u32) -> Vec<u32> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| cmdline.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// The processes whose parent is one of `parents`.
+fn children_of(parents: &[u32]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid …`: the command may hold spaces and
+            // parentheses, so the fields are read after its last `)`.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    .is_some_and(|ppid| parents.contains(&ppid))
+            })
         })
         .collect()
 }
