@@ -308,13 +308,7 @@ pub async fn capture(
     registry: &RegistryOptions,
     progress: Option<Progress>,
 ) -> Result<Captured, CaptureError> {
-    check_target(target)?;
-    let work = options
-        .work_dir
-        .clone()
-        .unwrap_or_else(std::env::temp_dir)
-        .join(tmp_name("gkm-capture-"));
-    let result = async {
+    in_work_dir(target, options, "gkm-capture-", move |work| async move {
         let p = progress.as_ref();
         step(
             p,
@@ -375,8 +369,30 @@ pub async fn capture(
             gpu,
             delta: None,
         })
-    }
-    .await;
+    })
+    .await
+}
+
+/// Checks `target`, then runs `run` with a fresh work directory path (named
+/// from `prefix`, under [`CaptureOptions::work_dir`]) and removes that
+/// directory whatever `run` returned.
+pub(crate) async fn in_work_dir<F, Fut>(
+    target: &ImageRef,
+    options: &CaptureOptions,
+    prefix: &str,
+    run: F,
+) -> Result<Captured, CaptureError>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Result<Captured, CaptureError>>,
+{
+    check_target(target)?;
+    let work = options
+        .work_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(tmp_name(prefix));
+    let result = run(work.clone()).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     result
 }

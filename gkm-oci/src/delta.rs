@@ -44,14 +44,14 @@ use gkm_core::policy::Policy;
 use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType};
 
 use crate::capture::{
-    COMPILED_ON_LABEL, CaptureError, CaptureOptions, Captured, check_target, compiled_on, publish,
+    COMPILED_ON_LABEL, CaptureError, CaptureOptions, Captured, compiled_on, in_work_dir, publish,
 };
 use crate::error::Error;
 use crate::extract::{ExtractPolicy, check_entry_count, check_total, components};
 use crate::image::{Image, Manifest};
 use crate::labels::{KindLayout, cache_labels};
 use crate::layer::{LayerInfo, write_delta_layer};
-use crate::layout::{Layout, tmp_name};
+use crate::layout::Layout;
 use crate::progress::{Progress, step};
 use crate::reference::ImageRef;
 use crate::repo::{RawManifest, RegistryOptions, Repo};
@@ -393,166 +393,133 @@ pub async fn capture_delta(
     registry: &RegistryOptions,
     progress: Option<Progress>,
 ) -> Result<Captured, CaptureError> {
-    check_target(target)?;
-    let work = options
-        .work_dir
-        .clone()
-        .unwrap_or_else(std::env::temp_dir)
-        .join(tmp_name("gkm-delta-"));
-    fs::create_dir_all(&work).map_err(|e| Error::io(&work, e))?;
-    let result = capture_in(
-        &work,
-        upper,
-        base,
-        base_build_path,
-        base_check,
-        target,
-        key,
-        options,
-        registry,
-        progress,
-    )
-    .await;
-    let _ = tokio::fs::remove_dir_all(&work).await;
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn capture_in(
-    work: &Path,
-    upper: &Path,
-    base: &ImageRef,
-    base_build_path: Option<&Path>,
-    base_check: BaseCheck<'_>,
-    target: &ImageRef,
-    key: &SigningKey,
-    options: &CaptureOptions,
-    registry: &RegistryOptions,
-    progress: Option<Progress>,
-) -> Result<Captured, CaptureError> {
-    let p = progress.as_ref();
-    step(p, &format!("reading and verifying the base {base}"), None);
-    let base = read_base(base, base_check, registry).await?;
-    let labels = base.image.cache()?;
-    let layout = KindLayout::of(labels.kind);
-    let build_path = labels
-        .build_path
-        .as_deref()
-        .map(PathBuf::from)
-        .or_else(|| base_build_path.map(Path::to_path_buf));
-    let tree = work.join("tree");
-    let unpack = UnpackOptions {
-        policy: ExtractPolicy::default(),
-        no_sync: true,
-        progress: progress.clone(),
-    };
-    extract_to_dir(&base.repo, &base.image, &tree, &unpack).await?;
-
-    step(
-        p,
-        &format!("harvesting {} against the base", upper.display()),
-        None,
-    );
-    let delta = work.join("delta");
-    let (harvested, stats) = {
-        let (upper, tree, delta) = (upper.to_path_buf(), tree.clone(), delta.clone());
-        let limits = options.limits.clone();
-        let build_path = build_path.clone();
-        let root = layout.cache_dir;
-        tokio::task::spawn_blocking(move || -> Result<_, CaptureError> {
-            fs::create_dir(&delta).map_err(|e| Error::io(&delta, e))?;
-            let harvested = harvest_upper(&upper, &tree, &delta, &limits)?;
-            if harvested.files.is_empty() {
-                return Err(Error::Cache(gkm_core::cache::CacheError::NotACache {
-                    path: upper.clone(),
-                    expected: "new cache files on top of the base".into(),
-                })
-                .into());
-            }
-            if let Some(to) = &build_path {
-                relocate_to_base(&delta, to)?;
-            }
-            let stats = check_tree(&delta, &limits)?;
-            check_prefixed_paths(&stats, root, &limits)?;
-            Ok((harvested, stats))
-        })
-        .await
-        .map_err(Error::from)??
-    };
-
-    step(p, &format!("reaching {target}"), None);
-    Repo::create(target, registry)?
-        .has_blob(&Digest::of(b"{}"))
-        .await?;
-    step(
-        p,
-        &format!(
-            "packing {} new files, {} bytes, on {} base layer(s)",
-            stats.files,
-            stats.bytes,
-            base.image.manifest.layers.len()
-        ),
-        None,
-    );
-    let packed = {
-        let title = options
-            .title
-            .clone()
-            .unwrap_or_else(|| target.default_title());
-        let input = PackInput {
-            work: work.to_path_buf(),
-            tree,
-            delta,
-            root: layout.cache_dir,
-            base_pinned: base.pinned.to_string(),
-            base_manifest: base.image.manifest.clone(),
-            base_labels: base.image.labels.clone(),
-            base_config: base.config.clone(),
-            title,
-            options: options.clone(),
+    in_work_dir(target, options, "gkm-delta-", move |work| async move {
+        fs::create_dir_all(&work).map_err(|e| Error::io(&work, e))?;
+        let p = progress.as_ref();
+        step(p, &format!("reading and verifying the base {base}"), None);
+        let base = read_base(base, base_check, registry).await?;
+        let labels = base.image.cache()?;
+        let layout = KindLayout::of(labels.kind);
+        let build_path = labels
+            .build_path
+            .as_deref()
+            .map(PathBuf::from)
+            .or_else(|| base_build_path.map(Path::to_path_buf));
+        let tree = work.join("tree");
+        let unpack = UnpackOptions {
+            policy: ExtractPolicy::default(),
+            no_sync: true,
+            progress: progress.clone(),
         };
-        tokio::task::spawn_blocking(move || pack(input))
+        extract_to_dir(&base.repo, &base.image, &tree, &unpack).await?;
+
+        step(
+            p,
+            &format!("harvesting {} against the base", upper.display()),
+            None,
+        );
+        let delta = work.join("delta");
+        let (harvested, stats) = {
+            let (upper, tree, delta) = (upper.to_path_buf(), tree.clone(), delta.clone());
+            let limits = options.limits.clone();
+            let build_path = build_path.clone();
+            let root = layout.cache_dir;
+            tokio::task::spawn_blocking(move || -> Result<_, CaptureError> {
+                fs::create_dir(&delta).map_err(|e| Error::io(&delta, e))?;
+                let harvested = harvest_upper(&upper, &tree, &delta, &limits)?;
+                if harvested.files.is_empty() {
+                    return Err(Error::Cache(gkm_core::cache::CacheError::NotACache {
+                        path: upper.clone(),
+                        expected: "new cache files on top of the base".into(),
+                    })
+                    .into());
+                }
+                if let Some(to) = &build_path {
+                    relocate_to_base(&delta, to)?;
+                }
+                let stats = check_tree(&delta, &limits)?;
+                check_prefixed_paths(&stats, root, &limits)?;
+                Ok((harvested, stats))
+            })
             .await
             .map_err(Error::from)??
-    };
+        };
 
-    let pinned = target.with_digest(&packed.manifest.digest);
-    let dest = Repo::create(&pinned, registry)?;
-    step(p, &format!("sharing the base's layers with {target}"), None);
-    for layer in &base.image.manifest.layers {
-        if !dest.has_blob(&layer.digest).await? {
-            let (source, _) = base.repo.open_blob_from(&layer.digest, 0).await?;
-            dest.put_blob(&layer.digest, layer.size, source).await?;
+        step(p, &format!("reaching {target}"), None);
+        Repo::create(target, registry)?
+            .has_blob(&Digest::of(b"{}"))
+            .await?;
+        step(
+            p,
+            &format!(
+                "packing {} new files, {} bytes, on {} base layer(s)",
+                stats.files,
+                stats.bytes,
+                base.image.manifest.layers.len()
+            ),
+            None,
+        );
+        let packed = {
+            let title = options
+                .title
+                .clone()
+                .unwrap_or_else(|| target.default_title());
+            let input = PackInput {
+                work: work.to_path_buf(),
+                tree,
+                delta,
+                root: layout.cache_dir,
+                base_pinned: base.pinned.to_string(),
+                base_manifest: base.image.manifest.clone(),
+                base_labels: base.image.labels.clone(),
+                base_config: base.config.clone(),
+                title,
+                options: options.clone(),
+            };
+            tokio::task::spawn_blocking(move || pack(input))
+                .await
+                .map_err(Error::from)??
+        };
+
+        let pinned = target.with_digest(&packed.manifest.digest);
+        let dest = Repo::create(&pinned, registry)?;
+        step(p, &format!("sharing the base's layers with {target}"), None);
+        for layer in &base.image.manifest.layers {
+            if !dest.has_blob(&layer.digest).await? {
+                let (source, _) = base.repo.open_blob_from(&layer.digest, 0).await?;
+                dest.put_blob(&layer.digest, layer.size, source).await?;
+            }
         }
-    }
-    let published = publish(
-        &work.join("layout"),
-        &packed.manifest,
-        target,
-        key,
-        options,
-        registry,
-        progress.clone(),
-    )
-    .await?;
-    Ok(Captured {
-        target: target.clone(),
-        pinned: published.pinned,
-        digest: packed.manifest.digest.clone(),
-        tree: stats,
-        cache: packed.cache,
-        layer: packed.layer,
-        signature: published.signature,
-        verified: published.verified,
-        gpu: packed.gpu,
-        delta: Some(DeltaOf {
-            base: base.pinned.to_string(),
-            base_digest: base.image.digest.clone(),
-            base_layers: base.image.manifest.layers.len(),
-            files: harvested.files,
-            dropped: harvested.dropped,
-        }),
+        let published = publish(
+            &work.join("layout"),
+            &packed.manifest,
+            target,
+            key,
+            options,
+            registry,
+            progress.clone(),
+        )
+        .await?;
+        Ok(Captured {
+            target: target.clone(),
+            pinned: published.pinned,
+            digest: packed.manifest.digest.clone(),
+            tree: stats,
+            cache: packed.cache,
+            layer: packed.layer,
+            signature: published.signature,
+            verified: published.verified,
+            gpu: packed.gpu,
+            delta: Some(DeltaOf {
+                base: base.pinned.to_string(),
+                base_digest: base.image.digest.clone(),
+                base_layers: base.image.manifest.layers.len(),
+                files: harvested.files,
+                dropped: harvested.dropped,
+            }),
+        })
     })
+    .await
 }
 
 /// What packing a delta needs.
