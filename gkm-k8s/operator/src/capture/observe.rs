@@ -4,7 +4,7 @@
 //! Job's own and what it shows, and when a status changed enough to stamp
 //! its transition time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gkm_k8s_api::crd::{CaptureStatus, GKMCacheCapture};
 use gkm_k8s_node::volume::{
@@ -20,25 +20,21 @@ use super::decide::{JobState, Outcome, Workload, WorkloadState};
 /// naming a cache and [`ATTR_CAPTURE`]): the trees of these are uppers over
 /// the cache, captured as deltas on it.
 pub fn delta_captures_named(pod: &Pod) -> Vec<String> {
-    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
-    let mut names: Vec<String> = volumes
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.csi.as_ref())
-        .filter(|csi| csi.driver == DRIVER_NAME)
-        .filter_map(|csi| csi.volume_attributes.as_ref())
-        .filter(|attrs| attrs.contains_key(ATTR_CACHE) || attrs.contains_key(ATTR_CLUSTER_CACHE))
-        .filter_map(|attrs| attrs.get(ATTR_CAPTURE).cloned())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
+    captures_in_volumes(pod, |attrs| {
+        attrs.contains_key(ATTR_CACHE) || attrs.contains_key(ATTR_CLUSTER_CACHE)
+    })
 }
 
 /// The captures a pod's own capture volumes name (`csi.gkm.io` volumes
 /// with [`ATTR_CAPTURE`] and no [`ATTR_CAPTURED_POD`]: a workload, not a
 /// capture Job reading a tree back).
 pub fn captures_named(pod: &Pod) -> Vec<String> {
+    captures_in_volumes(pod, |attrs| !attrs.contains_key(ATTR_CAPTURED_POD))
+}
+
+/// The [`ATTR_CAPTURE`] values, sorted and without repeats, of a pod's
+/// `csi.gkm.io` volumes whose attributes `keep` accepts.
+fn captures_in_volumes(pod: &Pod, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> Vec<String> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     let mut names: Vec<String> = volumes
         .into_iter()
@@ -46,7 +42,7 @@ pub fn captures_named(pod: &Pod) -> Vec<String> {
         .filter_map(|v| v.csi.as_ref())
         .filter(|csi| csi.driver == DRIVER_NAME)
         .filter_map(|csi| csi.volume_attributes.as_ref())
-        .filter(|attrs| !attrs.contains_key(ATTR_CAPTURED_POD))
+        .filter(|attrs| keep(attrs))
         .filter_map(|attrs| attrs.get(ATTR_CAPTURE).cloned())
         .collect();
     names.sort();
