@@ -215,27 +215,14 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
 
     // Everything converges after the last fault.
     let last = Instant::now();
-    let converged = gkm_testenv::eventually(
+    let converged = healthy_within(
         "every change converged after the last fault",
-        CONVERGE_WITHIN,
-        || async {
-            Ok(health::unhealthy(&client, &components, &shared)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(()))
-        },
+        &client,
+        &components,
+        &shared,
     )
     .await;
-    let why = health::unhealthy(&client, &components, &shared)
-        .await
-        .ok()
-        .flatten();
-    shared.record(
-        Check::ChangesConverge,
-        converged.map_err(|e| format!("{e}: {}", why.unwrap_or_default())),
-    );
+    shared.record(Check::ChangesConverge, converged);
     eprintln!(
         "soak: final convergence in {:.1}s",
         last.elapsed().as_secs_f64()
@@ -322,6 +309,34 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
+/// Waits up to [`CONVERGE_WITHIN`] for the system to be healthy (`what`
+/// names the wait); when it is not, what the wait said and what is still
+/// unhealthy.
+async fn healthy_within(
+    what: &str,
+    client: &kube::Client,
+    components: &[&str],
+    shared: &Shared,
+) -> Result<(), String> {
+    let healthy = gkm_testenv::eventually(what, CONVERGE_WITHIN, || async {
+        Ok(health::unhealthy(client, components, shared)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(()))
+    })
+    .await;
+    if let Err(e) = healthy {
+        let why = health::unhealthy(client, components, shared)
+            .await
+            .ok()
+            .flatten();
+        return Err(format!("{e}: {}", why.unwrap_or_default()));
+    }
+    Ok(())
+}
+
 /// Waits until the system is healthy after `fault` (and, after one that
 /// touched the real node, until a new pod there reads a verified tree);
 /// records the outcome and returns the recovery time in seconds, from
@@ -334,31 +349,17 @@ async fn recover(
     fault: &Fault,
     injected: Instant,
 ) -> Option<f64> {
-    let healthy = gkm_testenv::eventually(
+    let healthy = healthy_within(
         &format!("healthy after {}", fault.kind()),
-        CONVERGE_WITHIN,
-        || async {
-            Ok(health::unhealthy(client, components, shared)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(()))
-        },
+        client,
+        components,
+        shared,
     )
     .await;
     if let Err(e) = healthy {
-        let why = health::unhealthy(client, components, shared)
-            .await
-            .ok()
-            .flatten();
         shared.record(
             Check::ChangesConverge,
-            Err(format!(
-                "{}: {e}: {}",
-                fault.kind(),
-                why.unwrap_or_default()
-            )),
+            Err(format!("{}: {e}", fault.kind())),
         );
         return None;
     }
