@@ -268,10 +268,9 @@ impl NodeService {
                     )
                 })
                 .map(|()| 0),
-            View::Writable { group, max_bytes } => match delta {
-                None => self.mount_writable(record, tree, relocation, group, max_bytes),
-                Some(delta) => self.mount_delta(record, tree, relocation, group, max_bytes, delta),
-            },
+            View::Writable { group, max_bytes } => {
+                self.mount_writable(record, tree, relocation, group, max_bytes, delta)
+            }
         };
         let writable_dirs = match mounted {
             Ok(dirs) => dirs,
@@ -307,9 +306,10 @@ impl NodeService {
         Ok(())
     }
 
-    /// Makes `record`'s upper and mounts the writable view of `tree` on it
-    /// at the target; removes the upper if the view is not mounted. How
-    /// many directories were made writable by `group`.
+    /// Mounts the writable view of `tree` at the target on a fresh upper:
+    /// `record`'s own, or, for a `delta` capture, one in the capture's tree
+    /// (see [`Self::make_delta_upper`]); removes what it made if the view
+    /// is not mounted. How many directories were made writable by `group`.
     fn mount_writable(
         &self,
         record: &MountRecord,
@@ -317,10 +317,18 @@ impl NodeService {
         relocation: Option<&Path>,
         group: Option<u32>,
         max_bytes: u64,
+        delta: Option<&DeltaTree>,
     ) -> io::Result<usize> {
-        let root = self.inner.store.root();
-        let upper = Upper::make(root, &record.volume_id, max_bytes, group)?;
-        let name = writable_view_name(&record.volume_id, &record.digest);
+        let (upper, name) = match delta {
+            None => (
+                Upper::make(self.inner.store.root(), &record.volume_id, max_bytes, group)?,
+                writable_view_name(&record.volume_id, &record.digest),
+            ),
+            Some(delta) => (
+                self.make_delta_upper(group, max_bytes, delta)?,
+                delta.name.clone(),
+            ),
+        };
         let mounted = mount_writable_view(
             &tree.mount_source(),
             relocation,
@@ -330,27 +338,25 @@ impl NodeService {
             &record.target_path,
         );
         if mounted.is_err() {
-            let _ = upper::remove(&upper.dir);
+            let _ = match delta {
+                None => upper::remove(&upper.dir),
+                Some(delta) => capture::remove_tree(&delta.tree),
+            };
         }
         mounted
     }
 
-    /// Makes `delta`'s capture tree (bounded to `max_bytes`), its upper and
-    /// the record of its base, and mounts the writable view of `tree` on
-    /// that upper at the target, named as the tree's view; removes the tree
-    /// if the view is not mounted. A tree the pod already has for the
-    /// capture is refused while in use (a second volume naming it), or
-    /// holds a plain capture volume's files; one left by a publish that did
-    /// not finish is made again.
-    fn mount_delta(
+    /// Makes `delta`'s capture tree (bounded to `max_bytes`), the record of
+    /// its base and its upper; removes the tree if one of them is not made.
+    /// A tree the pod already has for the capture is refused while in use
+    /// (a second volume naming it), or holds a plain capture volume's
+    /// files; one left by a publish that did not finish is made again.
+    fn make_delta_upper(
         &self,
-        record: &MountRecord,
-        tree: &CacheTree,
-        relocation: Option<&Path>,
         group: Option<u32>,
         max_bytes: u64,
         delta: &DeltaTree,
-    ) -> io::Result<usize> {
+    ) -> io::Result<Upper> {
         let dir = &delta.tree;
         if mount_at(dir)?.is_some() {
             let in_use = capture::mounted_trees(self.inner.store.root())?
@@ -368,18 +374,8 @@ impl NodeService {
             capture::remove_tree(dir)?;
         }
         capture::make_tree(dir, max_bytes)?;
-        let made = crate::delta::write_record(dir, &delta.base)
-            .and_then(|()| Upper::make_in(dir, group))
-            .and_then(|upper| {
-                mount_writable_view(
-                    &tree.mount_source(),
-                    relocation,
-                    &upper,
-                    group,
-                    &delta.name,
-                    &record.target_path,
-                )
-            });
+        let made =
+            crate::delta::write_record(dir, &delta.base).and_then(|()| Upper::make_in(dir, group));
         if made.is_err() {
             let _ = capture::remove_tree(dir);
         }
