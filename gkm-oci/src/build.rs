@@ -120,8 +120,9 @@ pub fn build_scanned_into_layout(
     extra_labels: &BTreeMap<String, String>,
 ) -> Result<Built> {
     if cache_dir.is_file() {
-        return build_staged_file(
-            cache_dir,
+        let staged = stage_file(cache_dir, layout)?;
+        let result = build_scanned_into_layout(
+            &staged,
             cache,
             layout,
             tag,
@@ -129,6 +130,8 @@ pub fn build_scanned_into_layout(
             compression,
             extra_labels,
         );
+        let _ = std::fs::remove_dir_all(&staged);
+        return result;
     }
     let build_path = gkm_core::cache::tree_build_path(cache_dir)?;
     let tmp = layout.temp_path();
@@ -210,18 +213,10 @@ pub fn build_scanned_into_layout(
     })
 }
 
-/// Builds a cache that is one file (a Mega-Cache blob): the file is staged
-/// alone in a directory of the layout, so the image holds it under its
-/// own name (`io.megacache.cache/<name>`).
-fn build_staged_file(
-    file: &Path,
-    cache: CacheManifest,
-    layout: &Layout,
-    tag: Option<&str>,
-    title: &str,
-    compression: Compression,
-    extra_labels: &BTreeMap<String, String>,
-) -> Result<Built> {
+/// Stages a cache that is one file (a Mega-Cache blob) alone in a new
+/// directory of the layout, so the image holds it under its own name
+/// (`io.megacache.cache/<name>`); the directory, which the caller removes.
+fn stage_file(file: &Path, layout: &Layout) -> Result<PathBuf> {
     let name = file.file_name().ok_or_else(|| Error::Unpackable {
         path: file.to_path_buf(),
         reason: "a cache file needs a name".into(),
@@ -232,19 +227,11 @@ fn build_staged_file(
     let linked = std::fs::hard_link(file, &inside)
         .or_else(|_| std::fs::copy(file, &inside).map(drop))
         .map_err(|e| Error::io(&inside, e));
-    let result = linked.and_then(|()| {
-        build_scanned_into_layout(
-            &staged,
-            cache,
-            layout,
-            tag,
-            title,
-            compression,
-            extra_labels,
-        )
-    });
-    let _ = std::fs::remove_dir_all(&staged);
-    result
+    if let Err(e) = linked {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(e);
+    }
+    Ok(staged)
 }
 
 /// Build the image of `cache_dir` and write it to `dest`: an OCI layout
