@@ -698,3 +698,16 @@ impl Routes for AdmissionRoutes {
         review::answer_review(method, async move { self.quota.review_pod(&body).await })
     }
 }
+
+/// Asserts the chart's operator manifest registers `webhook` with the
+/// `condition` the code sends pods under (whitespace aside).
+#[cfg(test)]
+pub(crate) fn assert_chart_sends(webhook: &str, condition: &str) {
+    let chart = include_str!("../../../../deploy/helm/gkm/templates/manifests/operator.yaml");
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words(chart).contains(&words(condition)),
+        "the chart's {webhook} matchConditions differ from {condition}"
+    );
+    assert!(chart.contains(webhook), "the chart has no {webhook}");
+}
