@@ -323,12 +323,7 @@ pub async fn capture(
                 .await
                 .map_err(Error::from)??
         };
-        // Before the longest local step, so an unreachable registry or
-        // missing credentials cost no packing.
-        step(p, &format!("reaching {target}"), None);
-        Repo::create(target, registry)?
-            .has_blob(&Digest::of(b"{}"))
-            .await?;
+        reach(target, registry, p).await?;
         step(
             p,
             &format!("packing {} files, {} bytes", tree.files, tree.bytes),
@@ -395,6 +390,21 @@ where
     let result = run(work.clone()).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     result
+}
+
+/// Asks `target`'s registry for a blob, before the longest local step (the
+/// packing), so an unreachable registry or missing credentials cost no
+/// packing.
+pub(crate) async fn reach(
+    target: &ImageRef,
+    registry: &RegistryOptions,
+    progress: Option<&Progress>,
+) -> Result<(), CaptureError> {
+    step(progress, &format!("reaching {target}"), None);
+    Repo::create(target, registry)?
+        .has_blob(&Digest::of(b"{}"))
+        .await?;
+    Ok(())
 }
 
 /// What publishing an image built into a layout did.

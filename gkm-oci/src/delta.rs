@@ -45,6 +45,7 @@ use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType};
 
 use crate::capture::{
     COMPILED_ON_LABEL, CaptureError, CaptureOptions, Captured, compiled_on, in_work_dir, publish,
+    reach,
 };
 use crate::error::Error;
 use crate::extract::{ExtractPolicy, check_entry_count, check_total, components};
@@ -445,10 +446,7 @@ pub async fn capture_delta(
             .map_err(Error::from)??
         };
 
-        step(p, &format!("reaching {target}"), None);
-        Repo::create(target, registry)?
-            .has_blob(&Digest::of(b"{}"))
-            .await?;
+        reach(target, registry, p).await?;
         step(
             p,
             &format!(
