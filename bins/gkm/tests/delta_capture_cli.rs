@@ -10,6 +10,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use gkm_oci::{Image, ImageRef, RegistryOptions, Repo};
 use gkm_testenv::triton::{check_delivered, fleet_target_named, key_dir};
@@ -36,6 +37,27 @@ fn files(root: &Path) -> Vec<String> {
 fn ok(args: &[&str], dir: &Path) -> String {
     let out = gkm(args, dir);
     assert_eq!(out.status.code(), Some(0), "gkm {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `gkm capture TREE -t TARGET --key KEY --insecure`, then `extra`.
+fn capture(tree: &Path, target: &str, key: &str, extra: &[&str], dir: &Path) -> Output {
+    let tree = tree.display().to_string();
+    let mut args = vec!["capture", &tree, "-t", target, "--key", key, "--insecure"];
+    args.extend_from_slice(extra);
+    gkm(&args, dir)
+}
+
+/// [`capture`] that succeeds: what it printed.
+fn captured(tree: &Path, target: &str, key: &str, extra: &[&str], dir: &Path) -> String {
+    let out = capture(tree, target, key, extra, dir);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "gkm capture {}: {}",
+        tree.display(),
+        text(&out)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -89,19 +111,7 @@ async fn a_delta_capture_holds_the_base_layers_and_one_layer_of_exactly_the_new_
     let new = kernels[0].clone();
     std::fs::remove_dir_all(base_tree.join(&new)).expect("remove");
     let base_target = format!("{}/delta-cli/base:v1", registry.addr());
-    let base_tree_arg = base_tree.display().to_string();
-    let base = ok(
-        &[
-            "capture",
-            &base_tree_arg,
-            "-t",
-            &base_target,
-            "--key",
-            &key,
-            "--insecure",
-        ],
-        dir,
-    );
+    let base = captured(&base_tree, &base_target, &key, &[], dir);
 
     // The upper of the workload's writable view: the new kernel, compiled
     // where the pod mounted the cache (its group file records that path),
@@ -121,20 +131,11 @@ async fn a_delta_capture_holds_the_base_layers_and_one_layer_of_exactly_the_new_
     std::fs::write(tmp.join("partial.cubin"), b"half").expect("tmp file");
 
     let whole_target = format!("{}/delta-cli/whole:v1", registry.addr());
-    let upper_arg = upper.display().to_string();
-    let json = ok(
-        &[
-            "capture",
-            &upper_arg,
-            "-t",
-            &whole_target,
-            "--delta-of",
-            &base,
-            "--key",
-            &key,
-            "--insecure",
-            "--json",
-        ],
+    let json = captured(
+        &upper,
+        &whole_target,
+        &key,
+        &["--delta-of", &base, "--json"],
         dir,
     );
     let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON");
@@ -203,18 +204,11 @@ async fn a_delta_capture_holds_the_base_layers_and_one_layer_of_exactly_the_new_
     )
     .expect("record");
     let record_arg = record.display().to_string();
-    let again = ok(
-        &[
-            "capture",
-            &upper_arg,
-            "-t",
-            &whole_target,
-            "--delta-base-record",
-            &record_arg,
-            "--key",
-            &key,
-            "--insecure",
-        ],
+    let again = captured(
+        &upper,
+        &whole_target,
+        &key,
+        &["--delta-base-record", &record_arg],
         dir,
     );
     assert_eq!(again, pinned, "deterministic");
@@ -287,36 +281,16 @@ async fn a_platform_signed_base_takes_a_tenants_delta_through_the_drivers_record
     let new = kernels[0].clone();
     std::fs::remove_dir_all(base_tree.join(&new)).expect("remove");
     let base_target = format!("{}/delta-cli/platform-base:v1", registry.addr());
-    let base = ok(
-        &[
-            "capture",
-            &base_tree.display().to_string(),
-            "-t",
-            &base_target,
-            "--key",
-            &platform,
-            "--insecure",
-        ],
-        dir,
-    );
+    let base = captured(&base_tree, &base_target, &platform, &[], dir);
     let upper = dir.join("upper");
     copy_tree(&target.fixture.join(&new), &upper.join(&new)).expect("kernel");
-    let upper_arg = upper.display().to_string();
     let delta_target = format!("{}/delta-cli/tenant:v1", registry.addr());
 
-    let by_hand = gkm(
-        &[
-            "capture",
-            &upper_arg,
-            "-t",
-            &delta_target,
-            "--delta-of",
-            &base,
-            "--key",
-            &tenant,
-            "--insecure",
-            "--json",
-        ],
+    let by_hand = capture(
+        &upper,
+        &delta_target,
+        &tenant,
+        &["--delta-of", &base, "--json"],
         dir,
     );
     let refused = text(&by_hand);
@@ -329,17 +303,13 @@ async fn a_platform_signed_base_takes_a_tenants_delta_through_the_drivers_record
         serde_json::json!({"image": base, "buildPath": target.compiled_at}).to_string(),
     )
     .expect("record");
-    let json = ok(
+    let json = captured(
+        &upper,
+        &delta_target,
+        &tenant,
         &[
-            "capture",
-            &upper_arg,
-            "-t",
-            &delta_target,
             "--delta-base-record",
             &record.display().to_string(),
-            "--key",
-            &tenant,
-            "--insecure",
             "--json",
         ],
         dir,
