@@ -605,10 +605,11 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
         input.base_manifest.layers.len().to_string(),
     );
 
-    let mut config: serde_json::Value = serde_json::from_slice(&input.base_config)
-        .map_err(|e| Error::format("base image config", e))?;
+    let what = format!("config of the base {}", input.base_pinned);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&input.base_config).map_err(|e| Error::format(&what, e))?;
     let Some(doc) = config.as_object_mut() else {
-        return Err(Error::format("base image config", "not a JSON object").into());
+        return Err(Error::format(&what, "not a JSON object").into());
     };
     let section = doc.entry("config").or_insert_with(|| serde_json::json!({}));
     if let Some(section) = section.as_object_mut() {
@@ -622,7 +623,7 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
         .or_insert_with(|| serde_json::json!({"type": "layers", "diff_ids": []}));
     match rootfs.get_mut("diff_ids").and_then(|d| d.as_array_mut()) {
         Some(ids) => ids.push(serde_json::Value::String(layer.diff_id.to_string())),
-        None => return Err(Error::format("base image config", "no rootfs.diff_ids").into()),
+        None => return Err(Error::format(&what, "no rootfs.diff_ids").into()),
     }
     let config_bytes = crate::json::canonical(&config)?;
     let config_digest = layout.write_blob(&config_bytes)?;
