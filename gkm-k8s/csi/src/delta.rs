@@ -76,18 +76,21 @@ pub fn write_record(tree: &Path, base: &DeltaBase) -> io::Result<()> {
     let json = serde_json::to_vec_pretty(base).map_err(io::Error::other)?;
     let path = tree.join(RECORD_FILE);
     let partial = tree.join(format!(".{RECORD_FILE}.partial"));
-    let mut file = fs::File::create(&partial)?;
-    file.write_all(&json)?;
-    file.sync_all()?;
-    fs::set_permissions(&partial, fs::Permissions::from_mode(0o444))?;
-    fs::rename(&partial, &path)
-        .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
+    let written = (|| {
+        let mut file = fs::File::create(&partial)?;
+        file.write_all(&json)?;
+        file.sync_all()?;
+        fs::set_permissions(&partial, fs::Permissions::from_mode(0o444))?;
+        fs::rename(&partial, &path)
+    })();
+    written.map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
 }
 
 /// The record of the delta tree `tree`.
 pub fn read_record(tree: &Path) -> io::Result<DeltaBase> {
     let path = tree.join(RECORD_FILE);
-    let bytes = fs::read(&path)?;
+    let bytes = fs::read(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("reading {}: {e}", path.display())))?;
     serde_json::from_slice(&bytes).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
