@@ -280,7 +280,7 @@ fn check_variants(variants: &[(&ImageRef, &Digest, &CacheLabels)]) -> Result<()>
         return Err(Error::format(
             "multi-target image",
             format!(
-                "{source} holds no GPU kernel (C++ kernels only): a node gets a variant by its                  GPUs, so a CPU-only cache is built as an image of its own"
+                "{source} holds no GPU kernel (C++ kernels only): a node gets a variant by its GPUs, so a CPU-only cache is built as an image of its own"
             ),
         ));
     }

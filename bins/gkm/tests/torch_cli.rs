@@ -195,6 +195,7 @@ fn a_cpu_only_cache_is_not_a_variant_of_a_multi_target_image() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds no GPU kernel"), "{err}");
+    assert!(err.contains("a node gets a variant by its GPUs"), "{err}");
 }
 
 #[test]
