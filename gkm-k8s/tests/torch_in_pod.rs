@@ -26,46 +26,17 @@ mod csi_support;
 mod triton_pod_support;
 
 use std::path::Path;
-use std::time::Duration;
 
 use gkm_oci::Digest;
 use gkm_testenv::torch::{FIXTURE_COMPILE_PATH, FIXTURE_GRAPHS, parse_report};
-use gkm_testenv::{ControlPlane, pod_log, tree_files, wait_for_pod};
+use gkm_testenv::{pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
-use triton_pod_support::NS;
+use kube::api::{Api, PostParams};
 use triton_pod_support::torch::{torch_node, torch_pod};
+use triton_pod_support::{TIMEOUT, delete_all, ended, exit_code, phase, pods_api};
 
-const TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the pods mount the cache: not where it was compiled.
 const MOUNT: &str = "/models/torch/inductor";
-
-fn phase(pod: &Pod) -> Option<&str> {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref())
-}
-
-fn ended(pod: &Pod) -> bool {
-    matches!(phase(pod), Some("Succeeded" | "Failed"))
-}
-
-/// The exit code of `pod`'s (single) container, once it has ended.
-fn exit_code(pod: &Pod) -> Option<i32> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()
-        .map(|t| t.exit_code)
-}
-
-async fn pods_api() -> anyhow::Result<Api<Pod>> {
-    let plane = ControlPlane::shared().await?;
-    Ok(Api::namespaced(plane.client().await?, NS))
-}
 
 /// Runs `pod` to its end; the ended pod and its log.
 async fn run_to_end(pods: &Api<Pod>, pod: &Pod) -> anyhow::Result<(Pod, String)> {
@@ -75,17 +46,6 @@ async fn run_to_end(pods: &Api<Pod>, pod: &Pod) -> anyhow::Result<(Pod, String)>
     let log = pod_log(pods, &name, "torch").await?;
     eprintln!("{name}:\n{log}");
     Ok((done, log))
-}
-
-/// Deletes the pod `name` and waits until it is gone.
-async fn delete(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
-    pods.delete(name, &DeleteParams::default().grace_period(0))
-        .await?;
-    gkm_testenv::eventually("the pod is gone", TIMEOUT, || async move {
-        Ok(pods.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await?;
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -118,7 +78,7 @@ async fn real_torch_compile_in_a_non_root_pod_hits_every_delivered_fx_graph_at_a
         "csi-{}",
         Digest::of(format!("{uid}inductor").as_bytes()).hex()
     ));
-    delete(&pods, "torch-rw").await?;
+    delete_all(&pods, &["torch-rw"]).await?;
     let upper = &upper;
     gkm_testenv::eventually("the pod's upper is removed", TIMEOUT, || async move {
         Ok((!upper.exists()).then_some(()))
@@ -150,7 +110,7 @@ async fn a_read_only_inductor_cache_volume_makes_torch_compile_fail_even_when_ev
         "torch.compile did not fail taking its locks in the cache:\n{log}"
     );
     assert!(parse_report(&log).is_err(), "it printed a report:\n{log}");
-    delete(&pods, "torch-ro").await?;
+    delete_all(&pods, &["torch-ro"]).await?;
     assert!(tree_files(&cache.entry)? == verified);
     Ok(())
 }

@@ -22,59 +22,22 @@ mod csi_support;
 mod triton_pod_support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use gkm_oci::Digest;
 use gkm_testenv::triton::{TritonReport, VIRTUALENV_LINK, checker_dir, key_dir, virtualenv};
-use gkm_testenv::{
-    BUSYBOX_IMAGE, ControlPlane, pod_log, running_pod_log, tree_files, wait_for_pod,
-};
+use gkm_testenv::{BUSYBOX_IMAGE, pod_log, running_pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
-use triton_pod_support::{CACHE, NS, TritonNode, node};
+use triton_pod_support::{
+    CACHE, HOST_SYSTEM_DIRS, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, node,
+    phase, pods_api,
+};
 
-const TIMEOUT: Duration = Duration::from_secs(300);
 /// A target the delivered cache holds no kernel for.
 const NEW_TARGET: &str = "cuda/80/32";
 /// Where the pod sees the fleet's checker.
 const CHECKER: &str = "/checks";
-/// The pod's own scratch space: its `HOME` and `TMPDIR` (Triton's backend
-/// writes its temporary files there).
-const SCRATCH: &str = "/scratch";
-
-/// What the host's Python needs from the host, mounted read-only at the
-/// same paths. A property of this test ground (Triton's virtualenv there is
-/// Debian's `python3` with the wheels beside it; `/lib` and `/lib64` are
-/// links into `/usr`), not of gkm: a real workload brings its own image.
-const HOST_SYSTEM_DIRS: [(&str, &str); 3] = [
-    ("host-usr", "/usr"),
-    ("host-lib", "/lib"),
-    ("host-lib64", "/lib64"),
-];
-
-fn phase(pod: &Pod) -> Option<&str> {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref())
-}
-
-fn ended(pod: &Pod) -> bool {
-    matches!(phase(pod), Some("Succeeded" | "Failed"))
-}
-
-/// The exit code of `pod`'s (single) container, once it has ended.
-fn exit_code(pod: &Pod) -> Option<i32> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()
-        .map(|t| t.exit_code)
-}
-
 /// The non-root security context every test pod runs with.
 fn non_root() -> Value {
     json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": true})
@@ -196,24 +159,6 @@ fn reports_in(log: &str) -> anyhow::Result<Vec<TritonReport>> {
         .collect::<Result<_, _>>()?)
 }
 
-/// Deletes the pods `names` and waits until they are gone.
-async fn delete_all(pods: &Api<Pod>, names: &[&str]) -> anyhow::Result<()> {
-    for name in names {
-        pods.delete(name, &DeleteParams::default().grace_period(0))
-            .await?;
-    }
-    gkm_testenv::eventually("the pods are gone", TIMEOUT, || async move {
-        for name in names {
-            if pods.get_opt(name).await?.is_some() {
-                return Ok(None);
-            }
-        }
-        Ok(Some(()))
-    })
-    .await?;
-    Ok(())
-}
-
 /// The kubelet's volume id of an inline CSI volume named `kernels` of the
 /// pod with uid `uid` (`csi-` and the SHA-256 of the two): the name of its
 /// upper in the store.
@@ -222,11 +167,6 @@ fn volume_handle(uid: &str) -> String {
         "csi-{}",
         Digest::of(format!("{uid}kernels").as_bytes()).hex()
     )
-}
-
-async fn pods_api() -> anyhow::Result<Api<Pod>> {
-    let plane = ControlPlane::shared().await?;
-    Ok(Api::namespaced(plane.client().await?, NS))
 }
 
 /// Real Triton in a non-root pod with a writable cache volume at `mount`

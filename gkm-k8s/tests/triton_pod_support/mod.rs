@@ -18,6 +18,9 @@ use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Re
 use gkm_testenv::triton::{FleetTarget, fleet_target_named};
 use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root, yaml_documents};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+
 use crate::csi_support::{gkmcache, start_driver};
 
 pub mod torch;
@@ -28,6 +31,70 @@ pub const NS: &str = "ml";
 pub const CACHE: &str = "vector-add";
 /// The fleet fixture the cache is built from.
 pub const FIXTURE: &str = "cuda-75-32";
+/// How long a test waits for a pod to start, end or be gone.
+pub const TIMEOUT: Duration = Duration::from_secs(300);
+/// The pod's own scratch space: its `HOME` and `TMPDIR` (Triton's backend
+/// and Inductor write their temporary files there).
+pub const SCRATCH: &str = "/scratch";
+
+/// What the host's Python (and Inductor's C++ compiler) need from the host,
+/// mounted read-only at the same paths. A property of this test ground
+/// (Triton's virtualenv there is Debian's `python3` with the wheels beside
+/// it; `/lib` and `/lib64` are links into `/usr`), not of gkm: a real
+/// workload brings its own image.
+pub const HOST_SYSTEM_DIRS: [(&str, &str); 3] = [
+    ("host-usr", "/usr"),
+    ("host-lib", "/lib"),
+    ("host-lib64", "/lib64"),
+];
+
+/// The phase of `pod`.
+pub fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+/// Whether `pod` has ended (succeeded or failed).
+pub fn ended(pod: &Pod) -> bool {
+    matches!(phase(pod), Some("Succeeded" | "Failed"))
+}
+
+/// The exit code of `pod`'s (single) container, once it has ended.
+pub fn exit_code(pod: &Pod) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+/// The pods of [`NS`] on the shared control plane.
+pub async fn pods_api() -> anyhow::Result<Api<Pod>> {
+    let plane = ControlPlane::shared().await?;
+    Ok(Api::namespaced(plane.client().await?, NS))
+}
+
+/// Deletes the pods `names` and waits until they are gone.
+pub async fn delete_all(pods: &Api<Pod>, names: &[&str]) -> anyhow::Result<()> {
+    for name in names {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    eventually("the pods are gone", TIMEOUT, || async move {
+        for name in names {
+            if pods.get_opt(name).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+    Ok(())
+}
 
 /// The running node, as the tests see it.
 pub struct TritonNode {

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{NS, TritonNode, node, store_tree};
+use super::{HOST_SYSTEM_DIRS, NS, SCRATCH, TritonNode, node, store_tree};
 use crate::csi_support::gkmcache;
 
 /// The `GKMCache` the PyTorch pods' volumes name.
@@ -27,18 +27,6 @@ pub const TORCH_CACHE: &str = "torch-inductor";
 const MODEL: &str = "/model";
 /// Where the pod sees the fixture (its expected outputs).
 const FIXTURE: &str = "/fixture";
-/// The pod's own scratch space: its `HOME` and `TMPDIR`.
-const SCRATCH: &str = "/scratch";
-
-/// What the host's Python and C++ compiler need from the host, mounted
-/// read-only at the same paths: a property of this test ground, not of gkm
-/// (a real workload brings its own image).
-const HOST_SYSTEM_DIRS: [(&str, &str); 3] = [
-    ("host-usr", "/usr"),
-    ("host-lib", "/lib"),
-    ("host-lib64", "/lib64"),
-];
-
 /// The fixture's Inductor cache in the node store.
 pub struct TorchCache {
     /// Its verified tree in the store.
