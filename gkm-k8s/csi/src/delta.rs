@@ -40,10 +40,7 @@ use std::path::{Path, PathBuf};
 use gkm_core::Digest;
 pub use gkm_core::delta::DeltaBase;
 
-/// The directory of a delta tree holding what the pod wrote.
-pub const UPPER_DIR: &str = "upper";
-/// The file of a delta tree naming the base.
-pub const RECORD_FILE: &str = "delta-base.json";
+pub use gkm_k8s_node::captures::{DELTA_RECORD_FILE as RECORD_FILE, DELTA_UPPER_DIR as UPPER_DIR};
 
 /// The repository of the image reference `image` (a tag or digest dropped):
 /// `registry:5000/team/base:v1` is `registry:5000/team/base`.

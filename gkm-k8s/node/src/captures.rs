@@ -28,6 +28,14 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+
+/// In a delta tree (a writable cache view's upper kept for a capture), the
+/// directory holding what the pod wrote: the CSI driver makes it, the
+/// capture Job harvests it.
+pub const DELTA_UPPER_DIR: &str = "upper";
+/// In a delta tree, the file naming its base (`gkm_core::delta::DeltaBase`):
+/// the CSI driver writes it, the capture Job reads it.
+pub const DELTA_RECORD_FILE: &str = "delta-base.json";
 use std::time::SystemTime;
 
 use jiff::Timestamp;

@@ -15,6 +15,7 @@
 use gkm_k8s_api::crd::{
     CaptureSignatureFormat, DEFAULT_CAPTURE_MAX_BYTES, DEFAULT_CAPTURE_MAX_FILES, GKMCacheCapture,
 };
+use gkm_k8s_node::captures::{DELTA_RECORD_FILE, DELTA_UPPER_DIR};
 use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURED_POD, DRIVER_NAME};
 use serde_json::{Value, json};
 
@@ -76,10 +77,15 @@ pub enum Harvest {
     Delta,
 }
 
-/// Where a delta tree's upper is, in the Job.
-pub const DELTA_UPPER: &str = "/capture/upper";
+/// Where a delta tree's upper is, in the Job (the tree at [`TREE_MOUNT`]).
+pub fn delta_upper() -> String {
+    format!("{TREE_MOUNT}/{DELTA_UPPER_DIR}")
+}
+
 /// The flag naming a delta tree's record of its base, in the Job.
-pub const DELTA_BASE_RECORD_ARG: &str = "--delta-base-record=/capture/delta-base.json";
+pub fn delta_base_record_arg() -> String {
+    format!("--delta-base-record={TREE_MOUNT}/{DELTA_RECORD_FILE}")
+}
 
 /// The Job `name` capturing `pod`'s tree for `capture` (a [`Harvest::Tree`]),
 /// or `None` when the capture has no namespace, name or uid (it was not
@@ -119,12 +125,12 @@ pub fn job_harvesting(
         .as_deref()
         .unwrap_or(DEFAULT_PASSWORD_KEY);
     let tree = match harvest {
-        Harvest::Tree => TREE_MOUNT,
-        Harvest::Delta => DELTA_UPPER,
+        Harvest::Tree => TREE_MOUNT.to_string(),
+        Harvest::Delta => delta_upper(),
     };
     let mut args = vec![
         "capture".to_string(),
-        tree.to_string(),
+        tree,
         format!("--target={}", spec.target_image),
         format!("--key={SIGNING_MOUNT}/key"),
         format!("--max-bytes={max_bytes}"),
@@ -133,7 +139,7 @@ pub fn job_harvesting(
         "--json".to_string(),
     ];
     if harvest == Harvest::Delta {
-        args.push(DELTA_BASE_RECORD_ARG.into());
+        args.push(delta_base_record_arg());
     }
     if spec.signing.format == Some(CaptureSignatureFormat::V2) {
         args.push("--format=v2".into());
@@ -319,7 +325,7 @@ mod tests {
         };
         let delta = args(Harvest::Delta);
         assert_eq!(delta[1], "/capture/upper", "{delta:?}");
-        assert_eq!(delta[8], DELTA_BASE_RECORD_ARG, "{delta:?}");
+        assert_eq!(delta[8], delta_base_record_arg(), "{delta:?}");
         let full = args(Harvest::Tree);
         assert_eq!(full[1], TREE_MOUNT, "{full:?}");
         assert!(!full.iter().any(|a| a.starts_with("--delta")), "{full:?}");
