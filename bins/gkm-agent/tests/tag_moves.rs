@@ -91,6 +91,11 @@ async fn a_node_serves_its_verified_tree_until_the_moved_tags_digest_is_whole() 
         "the old verified tree is served meanwhile: {delivery:?}"
     );
     assert!(stored(&node.store(), &old), "the old tree is kept");
+    assert_eq!(
+        node.state(ns, "moving", old.as_str()).await?.as_deref(),
+        Some("Outdated"),
+        "the node's report names the tree it serves meanwhile"
+    );
 
     // The registry has it now: the new tree is served, the old one goes.
     push(&new_layout, &image).await?;

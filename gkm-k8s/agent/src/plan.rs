@@ -102,10 +102,19 @@ impl Plan {
     /// its successor is whole, as a claim keeps its tree until a refill
     /// switches it, rather than refusing pods for as long as the registry
     /// fails.
+    /// The node's report names the served digest too, `Outdated`, so that
+    /// what the report says is on the node is what the node serves.
     fn serving_meanwhile(mut self, serving: Option<&Digest>, held: &Digest) -> Plan {
         if let Some(previous) = serving.filter(|d| *d != held) {
             self.delivery = DeliveryChange::Publish(Delivery::deliverable(previous.clone()));
             self.keep = Some(previous.clone());
+            self.entries
+                .entry(previous.to_string())
+                .or_insert_with(|| NodeCacheStatus {
+                    state: Some(CacheState::Outdated),
+                    message: Some(format!("served until {held} is extracted")),
+                    ..NodeCacheStatus::default()
+                });
         }
         self
     }
@@ -536,6 +545,8 @@ mod tests {
                 "{plan:?}"
             );
             assert_eq!(plan.keep.as_ref(), Some(&previous), "{plan:?}");
+            let served = &plan.entries[&previous.to_string()];
+            assert_eq!(served.state, Some(CacheState::Outdated), "{plan:?}");
         }
         // Nothing served before: pods wait for the pull, as they always did.
         case.serving = None;
@@ -546,6 +557,7 @@ mod tests {
             "{plan:?}"
         );
         assert_eq!(plan.keep, None);
+        assert_eq!(plan.entries.len(), 1, "{plan:?}");
         // Once the next is stored, it is served and the previous is let go.
         case.serving = Some(previous);
         case.stored = Ok(true);
@@ -555,6 +567,7 @@ mod tests {
             "{plan:?}"
         );
         assert_eq!(plan.keep, None);
+        assert_eq!(plan.entries.len(), 1, "{plan:?}");
     }
 
     #[test]
