@@ -134,15 +134,21 @@ pub(crate) fn find_process(needles: &[&str]) -> Option<u32> {
 }
 
 /// Whether `pid` runs (exists and is not a zombie).
+/// Whether `pid` has not finished exiting. A killed multi-threaded process
+/// (a Go daemon) shows its first thread as a zombie while the others are
+/// still exiting, holding its files, listening sockets included: it is gone
+/// only once no thread but that zombie is left.
 fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses.
+    let exited = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_none_or(|state| state == "Z" || state == "X");
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+    !exited || threads > 1
 }
 
 fn split_nul(raw: Vec<u8>) -> Vec<OsString> {
