@@ -62,7 +62,7 @@ pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
 /// `out`, from the binaries built beside this program (debug builds,
 /// stripped), and imports them into the containerd of each of `nodes`.
 pub fn build_and_import_images(out: &Path, nodes: &[&RealNode]) -> anyhow::Result<()> {
-    build_and_import(out, nodes, COMPONENTS)
+    build_and_import(out, nodes, &COMPONENTS)
 }
 
 /// Builds the images of `components` with `hack/images/build.sh` into
@@ -71,13 +71,14 @@ pub fn build_and_import_images(out: &Path, nodes: &[&RealNode]) -> anyhow::Resul
 pub fn build_and_import(
     out: &Path,
     nodes: &[&RealNode],
-    components: [&str; 4],
+    components: &[&str],
 ) -> anyhow::Result<()> {
     let bin_dir = workspace_binary("gkm-operator")?
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let mut cmd = Command::new(repo_root().join(IMAGES_SCRIPT));
+    let script = repo_root().join(IMAGES_SCRIPT);
+    let mut cmd = Command::new(&script);
     cmd.args(["--profile", "dev", "--bin-dir"])
         .arg(&bin_dir)
         .arg("--out")
@@ -85,7 +86,10 @@ pub fn build_and_import(
     for node in nodes {
         cmd.arg("--import").arg(node.containerd_socket());
     }
-    let run = cmd.args(components).output()?;
+    let run = cmd
+        .args(components)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
     anyhow::ensure!(
         run.status.success(),
         "{IMAGES_SCRIPT}: {}",

@@ -215,7 +215,8 @@ impl Stack {
         nodes: Vec<SimulatedNode>,
         gpu_path: dra::GpuPath,
     ) -> anyhow::Result<Stack> {
-        let mut extra_controllers = Vec::new();
+        // Capture Jobs and their pods.
+        let mut extra_controllers = vec!["job-controller".to_string()];
         if gpu_path == dra::GpuPath::Dra {
             extra_controllers.push("resourceclaim-controller".to_string());
         }
@@ -489,11 +490,11 @@ impl Stack {
     /// containerd.
     pub fn import_images(&self) -> anyhow::Result<()> {
         let nodes: Vec<&RealNode> = self.real_nodes.values().collect();
-        chart::build_and_import(
-            &self.dir.join("images"),
-            &nodes,
-            chart::components(self.gpu_path),
-        )
+        // The chart's components, and the gkm command line's image its
+        // capture Jobs run.
+        let mut images = chart::components(self.gpu_path).to_vec();
+        images.push("gkm");
+        chart::build_and_import(&self.dir.join("images"), &nodes, &images)
     }
 
     /// Installs gkm's chart (`helm install`) onto the one real node, with

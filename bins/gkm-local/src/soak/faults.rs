@@ -96,20 +96,38 @@ impl Fault {
     }
 
     /// The next fault: every kind equally likely (the chart's pods, one
-    /// kind per component), the node it hits picked among the simulated ones.
-    pub fn pick(rng: &mut Rng, components: &[&str]) -> Fault {
+    /// kind per component), the node it hits picked among the simulated
+    /// ones; only kinds named in `only` when it names any.
+    pub fn pick(rng: &mut Rng, components: &[&str], only: &[String]) -> Fault {
         let node = rng
             .pick(&SIMULATED)
             .copied()
             .unwrap_or("node-sm75")
             .to_string();
+        let mut all = Fault::all(components, &node);
+        if !only.is_empty() {
+            all.retain(|f| only.contains(&f.kind()));
+        }
+        rng.pick(&all).cloned().unwrap_or(Fault::ApiserverKilled)
+    }
+
+    /// The kinds of fault the soak injects with `components`' pods.
+    pub fn kinds(components: &[&str]) -> Vec<String> {
+        Fault::all(components, SIMULATED[0])
+            .iter()
+            .map(Fault::kind)
+            .collect()
+    }
+
+    /// One fault of each kind, those of a simulated node on `node`.
+    fn all(components: &[&str], node: &str) -> Vec<Fault> {
         let mut all: Vec<Fault> = components
             .iter()
             .map(|c| Fault::PodDeleted(c.to_string()))
             .collect();
         all.extend([
-            Fault::AgentKilled(node.clone()),
-            Fault::CsiKilled(node.clone()),
+            Fault::AgentKilled(node.to_string()),
+            Fault::CsiKilled(node.to_string()),
             Fault::KubeletKilled,
             Fault::ContainerdKilled,
             Fault::ApiserverKilled,
@@ -119,9 +137,9 @@ impl Fault {
             Fault::Registry(RegistryFault::BlackHole),
             Fault::Registry(RegistryFault::ServerErrors),
             Fault::StoreFull,
-            Fault::NodeRecreated(node),
+            Fault::NodeRecreated(node.to_string()),
         ]);
-        rng.pick(&all).cloned().unwrap_or(Fault::ApiserverKilled)
+        all
     }
 }
 
@@ -315,4 +333,22 @@ async fn recreate_node(stack: &mut Stack, client: &kube::Client, node: &str) -> 
     .await?;
     stack.kill_agent(node);
     stack.start_agent(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_named_once_and_only_named_kinds_are_picked() {
+        let kinds = Fault::kinds(&crate::chart::COMPONENTS);
+        assert_eq!(kinds.len(), 16, "{kinds:?}");
+        assert!(kinds.contains(&"csi-pod-deleted".to_string()), "{kinds:?}");
+        let only = vec!["store-full".to_string(), "csi-pod-deleted".to_string()];
+        let mut rng = Rng::fork(1, 1);
+        for _ in 0..50 {
+            let kind = Fault::pick(&mut rng, &crate::chart::COMPONENTS, &only).kind();
+            assert!(only.contains(&kind), "{kind}");
+        }
+    }
 }

@@ -14,6 +14,9 @@ pub const SERVE_AGAIN_WITHIN: Duration = Duration::from_secs(60);
 pub const CONVERGE_WITHIN: Duration = Duration::from_secs(120);
 /// The longest a running reader may go without a read.
 pub const READ_GAP: Duration = Duration::from_secs(20);
+/// How long a capture may take to end after its workload pod was created
+/// or after the last fault since.
+pub const CAPTURE_WITHIN: Duration = Duration::from_secs(120);
 /// Store writes per stored change, outside fault windows.
 pub const WRITES_PER_CHANGE: f64 = 1.0;
 /// How much a daemon's RSS may grow between warm-up and the end.
@@ -43,6 +46,9 @@ pub enum Check {
     /// Nothing left at the end: mounts, overlays, uppers, temporary
     /// directories, Jobs, claims.
     NothingLeaks,
+    /// Every capture ends within [`CAPTURE_WITHIN`]: `Complete` with
+    /// exactly what its pod wrote, signed, or `Failed` only across a fault.
+    CapturesEndWhole,
     /// Store writes per stored change outside fault windows at most
     /// [`WRITES_PER_CHANGE`].
     OneWritePerChange,
@@ -53,13 +59,14 @@ pub enum Check {
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::ReadsAreWholeVariants,
         Check::WritableViewsTakeWrites,
         Check::RunningPodsKeepReading,
         Check::NodesKeepTheirCaches,
         Check::NodeServesAgain,
         Check::ChangesConverge,
+        Check::CapturesEndWhole,
         Check::NothingLeaks,
         Check::OneWritePerChange,
         Check::RssStaysFlat,
@@ -74,6 +81,7 @@ impl Check {
             Check::NodesKeepTheirCaches => "nodes-keep-their-caches",
             Check::NodeServesAgain => "node-serves-again",
             Check::ChangesConverge => "changes-converge",
+            Check::CapturesEndWhole => "captures-end-whole",
             Check::NothingLeaks => "nothing-leaks",
             Check::OneWritePerChange => "one-write-per-change",
             Check::RssStaysFlat => "rss-stays-flat",
@@ -93,6 +101,10 @@ impl Check {
             Check::ChangesConverge => {
                 format!("within {}s of the last fault", CONVERGE_WITHIN.as_secs())
             }
+            Check::CapturesEndWhole => format!(
+                "ends within {}s; Complete = what the pod wrote; Failed only under a fault",
+                CAPTURE_WITHIN.as_secs()
+            ),
             Check::NothingLeaks => "0 left at the end".into(),
             Check::OneWritePerChange => format!("<= {WRITES_PER_CHANGE:.1}"),
             Check::RssStaysFlat => format!("<= +{:.0}%", RSS_GROWTH * 100.0),

@@ -1,6 +1,6 @@
-//! What must be gone once every reader is deleted: CSI mounts and
-//! overlays, writable views' uppers, the store's staging directories, and
-//! any Job or claim.
+//! What must be gone once every reader and capture is deleted: CSI mounts
+//! and overlays, writable views' uppers, captured trees and their mounts,
+//! the store's staging directories, and any Job or claim.
 
 use std::path::Path;
 
@@ -48,6 +48,18 @@ pub async fn leftovers(
             }
         }
     }
+    // Captured trees: <store>/captures/<namespace>/<capture>/<pod uid>.
+    let captures = store.join(gkm_k8s_node::captures::CAPTURES_DIR);
+    for mount in gkm_testenv::mounts_under(&captures) {
+        found.push(format!("capture mount {}", mount.display()));
+    }
+    for namespace in children(&captures) {
+        for capture in children(&namespace) {
+            for tree in children(&capture) {
+                found.push(format!("captured tree {}", tree.display()));
+            }
+        }
+    }
     for job in Api::<Job>::all(client.clone())
         .list(&Default::default())
         .await?
@@ -69,4 +81,11 @@ pub async fn leftovers(
         ));
     }
     Ok(found)
+}
+
+/// The entries of `dir`; none when it cannot be read.
+fn children(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
 }

@@ -37,6 +37,10 @@ struct Cli {
     /// moves, before the new one is extracted.
     #[arg(long)]
     gc_grace: Option<String>,
+    /// Inject only these kinds of fault (comma-separated, as the summary
+    /// names them: `store-full,csi-pod-deleted`); every kind by default.
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -58,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
         seed: cli.seed.unwrap_or_else(soak::rng::fresh_seed),
         dir,
         gc_grace: cli.gc_grace.clone(),
+        faults: cli.faults.clone(),
         gpu_path: if cli.dra {
             GpuPath::Dra
         } else {

@@ -6,6 +6,7 @@
 //!
 //! `hack/soak.sh` runs it (`DURATION`, `SEED`); the binary is `gkm-soak`.
 
+pub mod captures;
 pub mod checks;
 pub mod faults;
 pub mod health;
@@ -56,12 +57,18 @@ pub struct Config {
     pub gpu_path: crate::dra::GpuPath,
     /// The agents' `--gc-grace`; `None` keeps their default.
     pub gc_grace: Option<String>,
+    /// Only these kinds of fault (see [`Fault::kinds`]); every kind when empty.
+    pub faults: Vec<String>,
 }
 
 /// Runs the soak and returns its summary (also written to
 /// `<dir>/summary.json`).
 pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     let began = Instant::now();
+    let kinds = Fault::kinds(&crate::chart::components(config.gpu_path));
+    if let Some(unknown) = config.faults.iter().find(|f| !kinds.contains(f)) {
+        anyhow::bail!("no fault kind {unknown} (the kinds: {})", kinds.join(", "));
+    }
     eprintln!(
         "soak: seed {} (SEED={} replays), {} s of faults, in {}",
         config.seed,
@@ -84,6 +91,10 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         vec![
             "--resolve-interval=2s".into(),
             format!("--tenant-signer-namespaces={}", workload::NAMESPACE),
+            // Capture Jobs: the registry listens on the host's loopback,
+            // and their image is imported, not pulled.
+            "--job-host-network".into(),
+            "--job-image-pull-policy=Never".into(),
         ],
         std::iter::once("--resync=2s".to_string())
             .chain(config.gc_grace.iter().map(|g| format!("--gc-grace={g}")))
@@ -116,6 +127,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         &shared,
     );
     work.apply_caches().await?;
+    work.create_signing_secret().await?;
     gkm_testenv::eventually(
         "the caches converge before any fault",
         FIRST_CONVERGENCE,
@@ -170,7 +182,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         let faulting = async {
             let mut rng = Rng::fork(config.seed, 1);
             while Instant::now() < faults_end {
-                let fault = Fault::pick(&mut rng, &components);
+                let fault = Fault::pick(&mut rng, &components, &config.faults);
                 let kind = fault.kind();
                 eprintln!("soak: {:>6.1}s fault {kind}", shared.elapsed_s());
                 let mut injected = Instant::now();
@@ -207,6 +219,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         let checking = async {
             while !done.get() {
                 sampler.sample(&client, &shared).await;
+                work.check_captures().await;
                 tokio::time::sleep(SAMPLE_EVERY).await;
             }
         };
@@ -267,7 +280,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         );
     }
 
-    // Nothing left once every reader is gone.
+    // Every capture ends; nothing left once every capture and reader is gone.
+    work.end_captures().await?;
     work.delete_all_readers(Duration::from_secs(120)).await?;
     let left = gkm_testenv::eventually("nothing left behind", Duration::from_secs(60), || async {
         let left = leaks::leftovers(&client, &kubelet_dir, &store).await?;

@@ -70,6 +70,17 @@ impl Default for Reader {
     }
 }
 
+/// A capture of the workload ([`super::captures`]).
+#[derive(Debug, Clone)]
+pub struct CaptureRun {
+    /// The capture's name, and its workload pod's.
+    pub name: String,
+    /// When its workload pod was created.
+    pub created: Instant,
+    /// Whether it was checked to its end.
+    pub ended: bool,
+}
+
 /// A fault, from its injection to its end (when it is healed or the
 /// killed process is running again).
 #[derive(Debug, Clone)]
@@ -95,6 +106,7 @@ pub struct Shared {
     ledger: Mutex<Ledger>,
     caches: Mutex<BTreeMap<String, CacheTruth>>,
     readers: Mutex<Vec<Reader>>,
+    captures: Mutex<Vec<CaptureRun>>,
     windows: Mutex<Vec<Window>>,
     counts: Mutex<BTreeMap<String, u64>>,
     names: Mutex<u64>,
@@ -118,6 +130,7 @@ impl Shared {
             ledger: Mutex::new(Ledger::new()),
             caches: Mutex::new(BTreeMap::new()),
             readers: Mutex::new(Vec::new()),
+            captures: Mutex::new(Vec::new()),
             windows: Mutex::new(Vec::new()),
             counts: Mutex::new(BTreeMap::new()),
             names: Mutex::new(0),
@@ -185,6 +198,27 @@ impl Shared {
     pub fn retire_reader(&self, name: &str) {
         for r in lock(&self.readers).iter_mut().filter(|r| r.name == name) {
             r.retired = true;
+        }
+    }
+
+    /// Adds a capture.
+    pub fn add_capture(&self, capture: CaptureRun) {
+        lock(&self.captures).push(capture);
+    }
+
+    /// The captures not yet checked to their end.
+    pub fn open_captures(&self) -> Vec<CaptureRun> {
+        lock(&self.captures)
+            .iter()
+            .filter(|c| !c.ended)
+            .cloned()
+            .collect()
+    }
+
+    /// Marks capture `name` checked to its end.
+    pub fn end_capture(&self, name: &str) {
+        for c in lock(&self.captures).iter_mut().filter(|c| c.name == name) {
+            c.ended = true;
         }
     }
 

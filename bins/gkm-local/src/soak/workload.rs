@@ -1,6 +1,6 @@
 //! The steady workload: caches applied, tags moved, a multi-target
 //! variant changed, reader pods (read-only and writable CSI views) started
-//! and deleted on the real node. Each step is one seeded choice; a step the
+//! and deleted on the real node, captures run ([`super::captures`]). Each step is one seeded choice; a step the
 //! cluster refuses (the apiserver is down) is counted and skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +25,8 @@ pub const NAMESPACE: &str = "soak";
 const TAG: &str = "live";
 /// At most this many readers run at once.
 const MAX_READERS: usize = 3;
+/// At most this many captures are under way at once.
+const MAX_CAPTURES: usize = 2;
 
 /// A cache of the workload: its name, the fixtures of its targets (one for
 /// a single-target image, several for a multi-target index), and the
@@ -228,6 +230,8 @@ impl<'a> Workload<'a> {
             self.shared.count("variant-changed");
             let target = rng.between(0, 1) as usize;
             self.push(&CACHES[2], &[target]).await
+        } else if roll < 53 && self.shared.open_captures().len() < MAX_CAPTURES {
+            self.start_capture().await
         } else if roll < 75 && readers.len() < MAX_READERS {
             let cache = if rng.between(0, 1) == 0 {
                 "sm75"
