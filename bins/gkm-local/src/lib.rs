@@ -157,6 +157,8 @@ pub struct Stack {
     agent_node_kubeconfigs: BTreeMap<String, PathBuf>,
     operator_args: Vec<String>,
     agent_args: Vec<String>,
+    /// More chart values (`--set-json KEY=JSON`) for [`Stack::install_chart`].
+    chart_values: Vec<String>,
 }
 
 impl Stack {
@@ -215,8 +217,16 @@ impl Stack {
         nodes: Vec<SimulatedNode>,
         gpu_path: dra::GpuPath,
     ) -> anyhow::Result<Stack> {
-        // Capture Jobs and their pods.
-        let mut extra_controllers = vec!["job-controller".to_string()];
+        // Capture and fill Jobs and their pods; claims bound to the
+        // operator's volumes.
+        let mut extra_controllers: Vec<String> = [
+            "job-controller",
+            "persistentvolume-binder-controller",
+            "persistentvolumeclaim-protection-controller",
+            "persistentvolume-protection-controller",
+        ]
+        .map(String::from)
+        .to_vec();
         if gpu_path == dra::GpuPath::Dra {
             extra_controllers.push("resourceclaim-controller".to_string());
         }
@@ -281,6 +291,7 @@ impl Stack {
                 "--tenant-signer-namespaces=team-a,team-b,team-c".into(),
             ],
             agent_args: vec!["--resync=2s".into(), "--gc-grace=0s".into()],
+            chart_values: Vec::new(),
         })
     }
 
@@ -289,6 +300,12 @@ impl Stack {
     pub fn set_args(&mut self, operator: Vec<String>, agent: Vec<String>) {
         self.operator_args = operator;
         self.agent_args = agent;
+    }
+
+    /// Sets the chart value `key` (a dotted path, as `helm --set-json`
+    /// takes it) to `value` for [`Stack::install_chart`].
+    pub fn set_chart_value(&mut self, key: &str, value: &serde_json::Value) {
+        self.chart_values.push(format!("{key}={value}"));
     }
 
     /// Adds a real node (kubelet, containerd, runc) named like `node`, whose
@@ -550,6 +567,7 @@ impl Stack {
             "agent.extraArgs={}",
             serde_json::to_string(&self.agent_args)?
         ));
+        values.extend(self.chart_values.iter().cloned());
         let chart_dir = chart::chart_dir().display().to_string();
         let mut args = vec![
             "install",

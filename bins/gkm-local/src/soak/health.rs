@@ -84,6 +84,11 @@ pub async fn cache_unconverged(
             status.counts
         )));
     }
+    if truth.claim
+        && let Some(why) = super::claims::unfilled(client, name, &truth.latest).await?
+    {
+        return Ok(Some(why));
+    }
     for node in &truth.nodes {
         let state = reports
             .get_opt(node)

@@ -1,11 +1,12 @@
-//! What must be gone once every reader and capture is deleted: CSI mounts
-//! and overlays, writable views' uppers, captured trees and their mounts,
-//! the store's staging directories, and any Job or claim.
+//! What must be gone once every reader, capture and claimed cache is
+//! deleted: CSI mounts and overlays, writable views' uppers, captured trees
+//! and their mounts, the store's staging directories, any Job, claim or
+//! volume, and the volumes' directories.
 
 use std::path::Path;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::Api;
 
 /// Everything left behind, in words; empty when nothing is.
@@ -13,6 +14,7 @@ pub async fn leftovers(
     client: &kube::Client,
     kubelet_dir: &Path,
     store: &Path,
+    volume_dir: &Path,
 ) -> anyhow::Result<Vec<String>> {
     let mut found = Vec::new();
     // CSI volumes still mounted into pods' directories.
@@ -59,6 +61,18 @@ pub async fn leftovers(
                 found.push(format!("captured tree {}", tree.display()));
             }
         }
+    }
+    for volume in children(volume_dir) {
+        found.push(format!("volume directory {}", volume.display()));
+    }
+    for volume in Api::<PersistentVolume>::all(client.clone())
+        .list(&Default::default())
+        .await?
+    {
+        found.push(format!(
+            "volume {}",
+            volume.metadata.name.unwrap_or_default()
+        ));
     }
     for job in Api::<Job>::all(client.clone())
         .list(&Default::default())

@@ -8,6 +8,7 @@
 
 pub mod captures;
 pub mod checks;
+pub mod claims;
 pub mod faults;
 pub mod health;
 pub mod invariants;
@@ -104,8 +105,10 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         "soak: stack up in {:.0?}; building images, installing the chart",
         began.elapsed()
     );
+    let volume_dir = claims::prepare(&mut stack, &config.dir)?;
     stack.import_images()?;
     stack.install_chart().await?;
+    claims::apply_storage_class(&stack).await?;
     stack.start_gkm()?;
     let store = stack.store_dir(REAL_NODE);
     let components = crate::chart::components(config.gpu_path);
@@ -280,15 +283,17 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         );
     }
 
-    // Every capture ends; nothing left once every capture and reader is gone.
+    // Every capture ends; nothing left once every capture, reader and the
+    // claimed cache are gone.
     work.end_captures().await?;
+    claims::remove(&client).await?;
     work.delete_all_readers(Duration::from_secs(120)).await?;
     let left = gkm_testenv::eventually("nothing left behind", Duration::from_secs(60), || async {
-        let left = leaks::leftovers(&client, &kubelet_dir, &store).await?;
+        let left = leaks::leftovers(&client, &kubelet_dir, &store, &volume_dir).await?;
         Ok(left.is_empty().then_some(()))
     })
     .await;
-    let leftovers = leaks::leftovers(&client, &kubelet_dir, &store).await?;
+    let leftovers = leaks::leftovers(&client, &kubelet_dir, &store, &volume_dir).await?;
     shared.record(Check::NothingLeaks, left.map_err(|_| leftovers.join("; ")));
 
     // The real node's directory goes with the stack: keep its logs (the

@@ -22,6 +22,9 @@ pub struct CacheTruth {
     pub reported: bool,
     /// The nodes that must hold it.
     pub nodes: Vec<String>,
+    /// Whether it is delivered through a claim, which must be filled with
+    /// the latest digest.
+    pub claim: bool,
     /// The verified paths readers hash.
     pub paths: Vec<String>,
     /// Every fingerprint of a variant pushed for the real node.

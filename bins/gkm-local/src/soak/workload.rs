@@ -1,6 +1,7 @@
 //! The steady workload: caches applied, tags moved, a multi-target
 //! variant changed, reader pods (read-only and writable CSI views) started
-//! and deleted on the real node, captures run ([`super::captures`]). Each step is one seeded choice; a step the
+//! and deleted on the real node, captures run ([`super::captures`]), a
+//! claim filled again by a Job as its cache's tag moves ([`super::claims`]). Each step is one seeded choice; a step the
 //! cluster refuses (the apiserver is down) is counted and skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,27 +39,33 @@ pub struct CacheSpec {
     pub fixtures: &'static [&'static str],
     /// Whether reader pods on the real node mount it.
     pub read: bool,
-    /// The nodes whose GPUs fit it.
+    /// The nodes whose GPUs fit it (that hold it in their stores).
     pub nodes: &'static [&'static str],
+    /// Delivered through a claim filled by a Job ([`super::claims`])
+    /// instead of the nodes' stores.
+    pub claim: bool,
 }
 
 /// The real node's name (a T4, like `node-sm75`).
 pub const REAL_NODE: &str = "soak-real";
 
 /// The caches: a single-target sm75 cache and a gfx90a one whose tags move,
-/// and a multi-target index whose variants change one at a time.
-pub const CACHES: [CacheSpec; 3] = [
+/// a multi-target index whose variants change one at a time, and an sm75
+/// cache delivered through a claim whose tag moves.
+pub const CACHES: [CacheSpec; 4] = [
     CacheSpec {
         name: "sm75",
         fixtures: &["triton-vector-add-cuda-sm75"],
         read: true,
         nodes: &[REAL_NODE, "node-sm75"],
+        claim: false,
     },
     CacheSpec {
         name: "gfx90a",
         fixtures: &["triton-vector-add-rocm-gfx90a"],
         read: false,
         nodes: &["node-gfx90a"],
+        claim: false,
     },
     CacheSpec {
         name: "fleet",
@@ -68,6 +75,14 @@ pub const CACHES: [CacheSpec; 3] = [
         ],
         read: true,
         nodes: &[REAL_NODE, "node-sm75", "node-gfx90a"],
+        claim: false,
+    },
+    CacheSpec {
+        name: super::claims::CLAIMED,
+        fixtures: &["triton-vector-add-cuda-sm75"],
+        read: false,
+        nodes: &[],
+        claim: true,
     },
 ];
 
@@ -115,7 +130,7 @@ impl<'a> Workload<'a> {
         for spec in &CACHES {
             let variants: Vec<usize> = (0..spec.fixtures.len()).collect();
             self.push(spec, &variants).await?;
-            let cache = json!({
+            let mut cache = json!({
                 "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCache",
                 "metadata": {"name": spec.name, "namespace": NAMESPACE},
                 "spec": {
@@ -123,6 +138,9 @@ impl<'a> Workload<'a> {
                     "signature": {"signers": [{"key": {"publicKey": self.key.public_pem}}]},
                 },
             });
+            if spec.claim {
+                super::claims::deliver_through_a_claim(&mut cache["spec"]);
+            }
             Api::<GKMCache>::namespaced(self.client.clone(), NAMESPACE)
                 .patch(
                     spec.name,
@@ -209,6 +227,7 @@ impl<'a> Workload<'a> {
         truth.changed_at = Some(Instant::now());
         truth.converged = false;
         truth.nodes = spec.nodes.iter().map(|n| n.to_string()).collect();
+        truth.claim = spec.claim;
         drop(caches);
         if real_node_changed {
             self.shared.count("real-node-changes");
@@ -220,9 +239,12 @@ impl<'a> Workload<'a> {
     pub async fn step(&self, rng: &mut Rng) -> anyhow::Result<()> {
         let readers = self.shared.live_readers();
         let roll = rng.between(0, 99);
-        if roll < 20 {
+        if roll < 15 {
             self.shared.count("tag-moved");
             self.push(&CACHES[0], &[0]).await
+        } else if roll < 20 {
+            self.shared.count("claimed-tag-moved");
+            self.push(&CACHES[3], &[0]).await
         } else if roll < 30 {
             self.shared.count("tag-moved");
             self.push(&CACHES[1], &[0]).await
