@@ -164,6 +164,7 @@ fn wrong_values_fail_before_anything_is_installed() -> anyhow::Result<()> {
             &["--set", "registry.configPath=etc/containerd"],
             "configPath",
         ),
+        (&["--set", "pvc.volumeDir=srv/gkm-volumes"], "volumeDir"),
     ];
     for (args, key) in cases {
         let out = template(args)?;
@@ -175,6 +176,32 @@ fn wrong_values_fail_before_anything_is_installed() -> anyhow::Result<()> {
             "{args:?}: {stderr}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_pvc_volume_dir_is_the_operators_flag_its_mount_and_the_only_place_for_its_volumes()
+-> anyhow::Result<()> {
+    let out = template(&["--set", "pvc.volumeDir=/srv/gkm-volumes/"])?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rendered = text(&out.stdout);
+    for expected in [
+        "- --pvc-volume-dir=/srv/gkm-volumes/",
+        "mountPath: /srv/gkm-volumes/",
+        "path: /srv/gkm-volumes/\n            type: Directory",
+        // The admission policy pins the operator's volumes under it, a
+        // trailing slash or not.
+        "object.spec.hostPath.path == \"/srv/gkm-volumes/\" + object.metadata.name",
+    ] {
+        assert!(
+            rendered.contains(&expected),
+            "no {expected:?} in the render"
+        );
+    }
+    // Without it: no flag, no mount, no pinned path.
+    let default = text(&template(&[])?.stdout);
+    assert!(!default.contains("- --pvc-volume-dir="));
+    assert!(!default.contains("pvc-volumes"));
     Ok(())
 }
 
