@@ -193,10 +193,7 @@ fn a_pvc_volume_dir_is_the_operators_flag_its_mount_and_the_only_place_for_its_v
         // trailing slash or not.
         "object.spec.hostPath.path == \"/srv/gkm-volumes/\" + object.metadata.name",
     ] {
-        assert!(
-            rendered.contains(&expected),
-            "no {expected:?} in the render"
-        );
+        assert!(rendered.contains(expected), "no {expected:?} in the render");
     }
     // Without it: no flag, no mount, no pinned path.
     let default = text(&template(&[])?.stdout);
