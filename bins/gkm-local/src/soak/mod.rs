@@ -92,8 +92,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
         vec![
             "--resolve-interval=2s".into(),
             format!("--tenant-signer-namespaces={}", workload::NAMESPACE),
-            // Capture Jobs: the registry listens on the host's loopback,
-            // and their image is imported, not pulled.
+            // Capture and fill Jobs: the registry listens on the host's
+            // loopback, and their images are imported, not pulled.
             "--job-host-network".into(),
             "--job-image-pull-policy=Never".into(),
         ],
