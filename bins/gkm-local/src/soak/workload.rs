@@ -220,7 +220,11 @@ impl<'a> Workload<'a> {
             .to_string()
         };
         cosign::sign(self.key, &format!("{repository}@{digest}"))?;
-        let real_node_changed = spec.nodes.contains(&REAL_NODE) && changed.contains(&0);
+        // The real node's agent stores a claimed cache as well (its claim
+        // is filled by a Job besides), so each of its moves is one more
+        // change the node stores.
+        let stored_by_real_node = spec.nodes.contains(&REAL_NODE) || spec.claim;
+        let real_node_changed = stored_by_real_node && changed.contains(&0);
         let mut caches = self.shared.caches();
         let truth = caches.entry(spec.name.to_string()).or_default();
         truth.latest = digest;
