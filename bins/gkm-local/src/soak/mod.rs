@@ -131,23 +131,15 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     );
     work.apply_caches().await?;
     work.create_signing_secret().await?;
-    gkm_testenv::eventually(
+    healthy_within(
         "the caches converge before any fault",
         FIRST_CONVERGENCE,
-        || async {
-            Ok(health::unhealthy(&client, &components, &shared)
-                .await?
-                .is_none()
-                .then_some(()))
-        },
+        &client,
+        &components,
+        &shared,
     )
     .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}; operator log:\n{}",
-            stack.log_tail("operator", None, 20)
-        )
-    })?;
+    .map_err(anyhow::Error::msg)?;
     eprintln!(
         "soak: caches converged at {:.0?}; warming up",
         began.elapsed()
@@ -233,6 +225,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     let last = Instant::now();
     let converged = healthy_within(
         "every change converged after the last fault",
+        CONVERGE_WITHIN,
         &client,
         &components,
         &shared,
@@ -328,16 +321,16 @@ pub async fn run(config: &Config) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
-/// Waits up to [`CONVERGE_WITHIN`] for the system to be healthy (`what`
-/// names the wait); when it is not, what the wait said and what is still
-/// unhealthy.
+/// Waits up to `within` for the system to be healthy (`what` names the
+/// wait); when it is not, what the wait said and what is still unhealthy.
 async fn healthy_within(
     what: &str,
+    within: Duration,
     client: &kube::Client,
     components: &[&str],
     shared: &Shared,
 ) -> Result<(), String> {
-    let healthy = gkm_testenv::eventually(what, CONVERGE_WITHIN, || async {
+    let healthy = gkm_testenv::eventually(what, within, || async {
         Ok(health::unhealthy(client, components, shared)
             .await
             .ok()
@@ -370,6 +363,7 @@ async fn recover(
 ) -> Option<f64> {
     let healthy = healthy_within(
         &format!("healthy after {}", fault.kind()),
+        CONVERGE_WITHIN,
         client,
         components,
         shared,
