@@ -199,8 +199,10 @@ impl Stack {
     }
 
     /// Starts the control plane with the controllers and the scheduler that
-    /// turn the chart's Deployment and DaemonSets into pods, kwok and the
-    /// registry in `dir`, and creates the simulated `nodes`. Nothing of gkm
+    /// turn the chart's Deployment and DaemonSets into pods (and its capture
+    /// and fill Jobs into pods, and bind claims to the volumes its operator
+    /// makes), kwok and the registry in `dir`, and creates the simulated
+    /// `nodes`. Nothing of gkm
     /// is installed: [`Stack::install_chart`] installs it all (CRDs, RBAC,
     /// its components) once a real node is added.
     pub async fn start_for_chart(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
