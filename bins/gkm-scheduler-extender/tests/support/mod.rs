@@ -190,9 +190,9 @@ impl Cluster {
         plane
             .apply_file(&deploy.join("scheduler-extender/rbac.yaml"))
             .await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        // Below the kernel's ephemeral range, which another test's outgoing
+        // connections may take the port from before the extender binds it.
+        let port = gkm_testenv::free_port()?;
         Ok(Cluster {
             scheduler: None,
             extender: None,
