@@ -151,10 +151,12 @@ impl Workload<'_> {
     }
 
     /// Whether the capture `name`'s image at `digest` verifies with the
-    /// tenant's key and holds the fixture its pod wrote, byte for byte.
+    /// tenant's key and, extracted as the agent extracts, holds the fixture
+    /// its pod wrote, byte for byte.
     async fn holds_what_was_written(&self, name: &str, digest: Option<&str>) -> anyhow::Result<()> {
         let digest = digest.ok_or_else(|| anyhow::anyhow!("Complete without a digest"))?;
-        let pinned = format!("{}/soak/{name}@{digest}", self.registry);
+        let pinned: gkm_oci::ImageRef =
+            format!("{}/soak/{name}@{digest}", self.registry).parse()?;
         let registry = gkm_oci::RegistryOptions {
             insecure: true,
             ..gkm_oci::RegistryOptions::default()
@@ -162,20 +164,12 @@ impl Workload<'_> {
         let policy = gkm_core::policy::Policy::keys(vec![gkm_core::policy::PublicKey::from_pem(
             &self.key.public_pem,
         )?])?;
-        gkm_oci::verify::verify(&pinned.parse()?, &registry, &digest.parse()?, &policy).await?;
+        gkm_oci::verify::verify(&pinned, &registry, &digest.parse()?, &policy).await?;
         let out = self.dir.join("captured").join(name);
         let _ = std::fs::remove_dir_all(&out);
-        let gkm = gkm_testenv::workspace_binary("gkm")?;
-        let extract = std::process::Command::new(gkm)
-            .args(["extract", "--insecure", "--output"])
-            .arg(&out)
-            .arg(&pinned)
-            .output()?;
-        anyhow::ensure!(
-            extract.status.success(),
-            "gkm extract {pinned}: {}",
-            String::from_utf8_lossy(&extract.stderr)
-        );
+        let repo = gkm_oci::Repo::open(&pinned, &registry)?;
+        let image = gkm_oci::Image::fetch(&repo).await?;
+        gkm_oci::extract_to_dir(&repo, &image, &out, &gkm_oci::UnpackOptions::default()).await?;
         let written = fixture(WRITTEN);
         same_tree(&written, &out)?;
         std::fs::remove_dir_all(&out)?;
