@@ -157,7 +157,9 @@ if [[ -n $containers ]]; then
   for f in $containers; do
     pid=${f#/proc/}
     pid=${pid%/cgroup}
-    echo "$pid $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" >&2
+    # State and parent too: an exiting or unreaped process has no command line.
+    stat=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,2)
+    echo "$pid (state, parent: ${stat:-gone}) $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" >&2
   done
   exit 1
 fi

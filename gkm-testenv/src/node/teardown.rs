@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 const CONTAINER_LOG_LINKS: &str = "/var/log/containers";
 
 /// Tears down the node living in `dir`: its containers (through `runc` with
-/// state root `runc_root`), every process whose command line names `dir`
-/// (the kubelet, containerd, the shims), the mounts under `dir`, the bridge
-/// `bridge`, and the kubelet's log links into `dir`.
+/// state root `runc_root`), every process of the node (see
+/// [`kill_node_processes`]), the mounts under `dir`, the bridge `bridge`, and
+/// the kubelet's log links into `dir`.
 pub fn teardown(dir: &Path, runc: &Path, runc_root: &Path, bridge: &str) {
-    kill_containers(runc, runc_root);
-    kill_processes_naming(dir);
+    let containers = kill_containers(runc, runc_root);
+    kill_node_processes(dir, &containers);
     for mount in mounts_under(dir).iter().rev() {
         unmount(mount);
     }
@@ -29,10 +29,10 @@ pub fn teardown(dir: &Path, runc: &Path, runc_root: &Path, bridge: &str) {
     remove_log_links(dir);
 }
 
-/// Kills and deletes every container in runc's state root.
-fn kill_containers(runc: &Path, root: &Path) {
+/// Kills and deletes every container in runc's state root; returns their ids.
+fn kill_containers(runc: &Path, root: &Path) -> Vec<String> {
     if !root.is_dir() {
-        return;
+        return Vec::new();
     }
     let Ok(out) = Command::new(runc)
         .arg("--root")
@@ -41,12 +41,14 @@ fn kill_containers(runc: &Path, root: &Path) {
         .stderr(Stdio::null())
         .output()
     else {
-        return;
+        return Vec::new();
     };
-    for id in String::from_utf8_lossy(&out.stdout)
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.is_empty())
-    {
+        .map(str::to_string)
+        .collect();
+    for id in &ids {
         for args in [vec!["kill", id, "KILL"], vec!["delete", "--force", id]] {
             let _ = Command::new(runc)
                 .arg("--root")
@@ -57,19 +59,28 @@ fn kill_containers(runc: &Path, root: &Path) {
                 .status();
         }
     }
+    ids
 }
 
-/// SIGKILLs every process (but this one) whose command line contains
-/// `dir`, and their children, until none is left or five seconds pass.
+/// How long teardown waits for the node's processes to be gone.
+const PROCESSES_GONE_WITHIN: Duration = Duration::from_secs(10);
+
+/// SIGKILLs every process of the node but this one, and their children,
+/// until none is left (killed processes that are still exiting, or not yet
+/// reaped, included) or [`PROCESSES_GONE_WITHIN`] passes. A process of the
+/// node is one whose command line contains `dir` (the kubelet, containerd,
+/// the shims), one whose root is under `dir` (a container's process, even
+/// one runc no longer lists because containerd was killed while making it),
+/// or one in the cgroup of one of `containers`.
+///
 /// The children are the containers' first processes, whose parents are the
-/// shims: a container runc no longer lists (its state lost when containerd
-/// was killed while making it) would otherwise outlive its shim, orphaned.
-fn kill_processes_naming(dir: &Path) {
-    let needle = dir.as_os_str().as_bytes();
+/// shims. Waiting for the processes, not only signalling them, means that
+/// whatever runs after a node's teardown finds none of its processes left.
+fn kill_node_processes(dir: &Path, containers: &[String]) {
     let me = std::process::id();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + PROCESSES_GONE_WITHIN;
     loop {
-        let mut pids = processes_naming(needle, me);
+        let mut pids = node_processes(dir, containers, me);
         pids.extend(children_of(&pids));
         if pids.is_empty() || Instant::now() > deadline {
             return;
@@ -84,18 +95,40 @@ fn kill_processes_naming(dir: &Path) {
     }
 }
 
-fn processes_naming(needle: &[u8], me: u32) -> Vec<u32> {
+/// The processes of the node in `dir` (see [`kill_node_processes`]) but `me`.
+fn node_processes(dir: &Path, containers: &[String], me: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let needle = dir.as_os_str().as_bytes();
+    let cgroups: Vec<String> = containers.iter().map(|id| container_cgroup(id)).collect();
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| cmdline.windows(needle.len()).any(|w| w == needle))
+                || std::fs::read_link(format!("/proc/{pid}/root"))
+                    .is_ok_and(|root| root.starts_with(dir))
+                || std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                    .is_ok_and(|table| in_any_cgroup(&table, &cgroups))
         })
         .collect()
+}
+
+/// The cgroup path of container `id`: containerd's `k8s.io` namespace
+/// under the cgroupfs driver, the kubelet making no pod or QoS cgroups.
+fn container_cgroup(id: &str) -> String {
+    format!("/k8s.io/{id}")
+}
+
+/// Whether a `/proc/PID/cgroup` table puts the process in one of `cgroups`
+/// (in any hierarchy).
+fn in_any_cgroup(table: &str, cgroups: &[String]) -> bool {
+    table
+        .lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .any(|path| cgroups.iter().any(|c| c == path))
 }
 
 /// The processes whose parent is one of `parents`.
@@ -165,6 +198,15 @@ fn remove_log_links(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_in_a_containers_cgroup_in_any_hierarchy_but_not_a_prefix() {
+        let cgroups = vec![container_cgroup("abc")];
+        let table = "9:name=systemd:/\n4:memory:/k8s.io/abc\n0::/\n";
+        assert!(in_any_cgroup(table, &cgroups));
+        assert!(!in_any_cgroup("4:memory:/k8s.io/abcd\n0::/\n", &cgroups));
+        assert!(!in_any_cgroup("4:memory:/\n", &cgroups));
+    }
 
     #[test]
     fn mountinfo_escapes_are_read_back() {
