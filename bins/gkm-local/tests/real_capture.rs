@@ -173,12 +173,19 @@ async fn set_status(
     Ok(())
 }
 
-/// Waits until the node's CSI driver removed `tree`, and its mount.
+/// Waits until the node's CSI driver removed `tree`, its mount, and its
+/// capture's directory once empty (the driver removes that one just after
+/// the tree; a directory holding another pod's tree stays).
 async fn released(tree: &Path) -> anyhow::Result<()> {
+    let capture_dir_done = || {
+        tree.parent().is_none_or(|dir| {
+            std::fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_some())
+        })
+    };
     until(
         &format!("the captured tree {} gone from the node", tree.display()),
         TIMEOUT,
-        || !tree.exists() && mounts_under(tree).is_empty(),
+        || !tree.exists() && mounts_under(tree).is_empty() && capture_dir_done(),
     )
     .await
 }
