@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Keeps a warm CI build warm on a fresh clone.
+
+Cargo decides that a workspace crate must be rebuilt when one of its source
+files is newer than its last build. A fresh clone makes every file new, so
+each CI run rebuilt (and re-linted) every workspace crate although most of
+them had not changed since the run before. With this script:
+
+  source_mtimes.py record MANIFEST    # after a run that built the whole tree
+  source_mtimes.py restore MANIFEST   # on the next clone, before any build
+
+`record` writes what git knows of each tracked file (mode, blob id, path).
+`restore` gives every file whose mode, content and path are unchanged since
+the recorded run an old modification time (2000-01-01), so that cargo finds
+it older than that run's build; a changed or new file keeps its fresh time,
+and every crate that reads it is rebuilt. It then deletes MANIFEST: a run
+that fails before recording again leaves a build of unknown content behind,
+and the run after it rebuilds from fresh times, as without this script.
+
+This is sound only while nothing but CI builds into the target directory the
+manifest lives in (.ci/run's default, $HOME/.cache/gkm-ci/target).
+"""
+
+import os
+import subprocess
+import sys
+
+OLD = 946684800  # 2000-01-01T00:00:00Z
+
+
+def tracked():
+    """(mode, blob, path) of every file in the index, as `git ls-files -s`."""
+    out = subprocess.run(
+        ["git", "ls-files", "-s", "-z"], check=True, capture_output=True
+    ).stdout
+    entries = set()
+    for record in out.split(b"\0"):
+        if not record:
+            continue
+        meta, path = record.split(b"\t", 1)
+        mode, blob, _stage = meta.split(b" ")
+        entries.add((mode, blob, path))
+    return entries
+
+
+def record(manifest):
+    os.makedirs(os.path.dirname(manifest) or ".", exist_ok=True)
+    with open(manifest + ".tmp", "wb") as f:
+        for mode, blob, path in sorted(tracked()):
+            f.write(b"%s %s\t%s\0" % (mode, blob, path))
+    os.replace(manifest + ".tmp", manifest)
+
+
+def restore(manifest):
+    try:
+        with open(manifest, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        print("source times: no record of a whole build; every crate is rebuilt")
+        return
+    os.remove(manifest)
+    built = set()
+    for record in data.split(b"\0"):
+        if record:
+            meta, path = record.split(b"\t", 1)
+            mode, blob = meta.split(b" ")
+            built.add((mode, blob, path))
+    now = tracked()
+    unchanged = now & built
+    for mode, _blob, path in unchanged:
+        os.utime(path, (OLD, OLD), follow_symlinks=mode != b"120000")
+    print(
+        f"source times: {len(now) - len(unchanged)} of {len(now)} files changed "
+        "since the last whole build; only the crates that read them are rebuilt"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("record", "restore"):
+        sys.exit("usage: source_mtimes.py record|restore MANIFEST")
+    {"record": record, "restore": restore}[sys.argv[1]](sys.argv[2])
