@@ -80,8 +80,7 @@ fn kill_node_processes(dir: &Path, containers: &[String]) {
     let me = std::process::id();
     let deadline = Instant::now() + PROCESSES_GONE_WITHIN;
     loop {
-        let mut pids = node_processes(dir, containers, me);
-        pids.extend(children_of(&pids));
+        let pids = node_processes(dir, containers, me);
         if pids.is_empty() || Instant::now() > deadline {
             return;
         }
@@ -95,16 +94,21 @@ fn kill_node_processes(dir: &Path, containers: &[String]) {
     }
 }
 
-/// The processes of the node in `dir` (see [`kill_node_processes`]) but `me`.
+/// The processes of the node in `dir` (see [`kill_node_processes`]) and
+/// their children, but `me`, from one listing of `/proc`.
 fn node_processes(dir: &Path, containers: &[String], me: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let needle = dir.as_os_str().as_bytes();
-    let cgroups: Vec<String> = containers.iter().map(|id| container_cgroup(id)).collect();
-    entries
+    let pids: Vec<u32> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
+        .collect();
+    let needle = dir.as_os_str().as_bytes();
+    let cgroups: Vec<String> = containers.iter().map(|id| container_cgroup(id)).collect();
+    let mut node: Vec<u32> = pids
+        .iter()
+        .copied()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| cmdline.windows(needle.len()).any(|w| w == needle))
@@ -113,7 +117,14 @@ fn node_processes(dir: &Path, containers: &[String], me: u32) -> Vec<u32> {
                 || std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
                     .is_ok_and(|table| in_any_cgroup(&table, &cgroups))
         })
-        .collect()
+        .collect();
+    let children: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|pid| !node.contains(pid) && parent_of(*pid).is_some_and(|p| node.contains(&p)))
+        .collect();
+    node.extend(children);
+    node
 }
 
 /// The cgroup path of container `id`: containerd's `k8s.io` namespace
@@ -131,23 +142,13 @@ fn in_any_cgroup(table: &str, cgroups: &[String]) -> bool {
         .any(|path| cgroups.iter().any(|c| c == path))
 }
 
-/// The processes whose parent is one of `parents`.
-fn children_of(parents: &[u32]) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            // `pid (comm) state ppid …`: the command may hold spaces and
-            // parentheses, so the fields are read after its last `)`.
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    .is_some_and(|ppid| parents.contains(&ppid))
-            })
-        })
-        .collect()
+/// The parent of process `pid`, while it exists.
+fn parent_of(pid: u32) -> Option<u32> {
+    // `pid (comm) state ppid …`: the command may hold spaces and
+    // parentheses, so the fields are read after its last `)`.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The mount points at or below `dir`, in the order they were mounted.
