@@ -9,7 +9,8 @@ them had not changed since the run before. With this script:
   source_mtimes.py record MANIFEST    # after a run that built the whole tree
   source_mtimes.py restore MANIFEST   # on the next clone, before any build
 
-`record` writes what git knows of each tracked file (mode, blob id, path).
+`record` writes what git knows of each tracked file (`git ls-files -s`:
+mode, blob id, path).
 `restore` gives every file whose mode, content and path are unchanged since
 the recorded run an old modification time (2000-01-01), so that cargo finds
 it older than that run's build; a changed or new file keeps its fresh time,
@@ -28,44 +29,40 @@ import sys
 OLD = 946684800  # 2000-01-01T00:00:00Z
 
 
-def tracked():
-    """(mode, blob, path) of every file in the index, as `git ls-files -s`."""
-    out = subprocess.run(
+def ls_files():
+    """`git ls-files -s -z`: mode, blob id, stage and path of each file."""
+    return subprocess.run(
         ["git", "ls-files", "-s", "-z"], check=True, capture_output=True
     ).stdout
-    entries = set()
-    for record in out.split(b"\0"):
-        if not record:
-            continue
-        meta, path = record.split(b"\t", 1)
-        mode, blob, _stage = meta.split(b" ")
-        entries.add((mode, blob, path))
-    return entries
+
+
+def entries(listing):
+    """The (mode, blob, path) of each file in a `git ls-files -s -z` listing."""
+    files = set()
+    for record in listing.split(b"\0"):
+        if record:
+            meta, path = record.split(b"\t", 1)
+            mode, blob, _stage = meta.split(b" ")
+            files.add((mode, blob, path))
+    return files
 
 
 def record(manifest):
     os.makedirs(os.path.dirname(manifest) or ".", exist_ok=True)
     with open(manifest + ".tmp", "wb") as f:
-        for mode, blob, path in sorted(tracked()):
-            f.write(b"%s %s\t%s\0" % (mode, blob, path))
+        f.write(ls_files())
     os.replace(manifest + ".tmp", manifest)
 
 
 def restore(manifest):
     try:
         with open(manifest, "rb") as f:
-            data = f.read()
+            built = entries(f.read())
     except FileNotFoundError:
         print("source times: no record of a whole build; every crate is rebuilt")
         return
     os.remove(manifest)
-    built = set()
-    for record in data.split(b"\0"):
-        if record:
-            meta, path = record.split(b"\t", 1)
-            mode, blob = meta.split(b" ")
-            built.add((mode, blob, path))
-    now = tracked()
+    now = entries(ls_files())
     unchanged = now & built
     for mode, _blob, path in unchanged:
         os.utime(path, (OLD, OLD), follow_symlinks=mode != b"120000")
