@@ -712,3 +712,52 @@ impl Node for NodeService {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releasing_one_pods_tree_keeps_the_other_pods_and_the_last_takes_the_directories() {
+        let store = tempfile::tempdir().unwrap();
+        let node = NodeService::new(
+            "node-a",
+            StoreLayout::new(store.path()),
+            crate::capture_admission::CaptureConfig::default(),
+        );
+        let first = "0b7c1a52-5d0e-4c39-9a57-3f1f6f3a0a01";
+        let second = "0b7c1a52-5d0e-4c39-9a57-3f1f6f3a0a02";
+        let dir = capture::capture_dir(store.path(), "team-a", "warm");
+        for uid in [first, second] {
+            fs::create_dir_all(dir.join(uid)).unwrap();
+            fs::write(dir.join(uid).join("kernel.cubin"), b"k").unwrap();
+        }
+
+        let refused = node
+            .release_capture("team-a", "warm", "../warm")
+            .expect_err("a uid that climbs out is refused");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(dir.join(first).is_dir() && dir.join(second).is_dir());
+
+        node.release_capture("team-a", "warm", first).unwrap();
+        assert!(!dir.join(first).exists(), "the released tree goes");
+        assert!(
+            dir.join(second).join("kernel.cubin").is_file(),
+            "the second pod's tree stays whole"
+        );
+
+        node.release_capture("team-a", "warm", second).unwrap();
+        assert!(
+            !dir.exists(),
+            "the capture's directory goes with its last tree"
+        );
+        assert!(
+            !dir.parent().unwrap().exists(),
+            "the namespace's directory goes once empty"
+        );
+        assert!(
+            node.release_capture("team-a", "warm", second).is_ok(),
+            "releasing a tree already gone is not an error"
+        );
+    }
+}
