@@ -1,10 +1,11 @@
-//! README's run commands, `cargo run -p gkm-local` and `cargo run -p
-//! gkm-local -- --dra`, with `--exit-when-ready`: gkm installed by its
-//! chart onto the real node converges, and a pod there reads the cache (it
-//! prints what README shows), or, with `--dra`, the chart runs gkm's DRA
-//! kubelet plugin instead of the device plugin and a pod whose claim
-//! template names the cache's DeviceClass runs with the node's (simulated)
-//! T4 allocated to its claim.
+//! README's run commands: the one in its "Run it" block, executed as
+//! README.md writes it (with `-- --dir DIR --exit-when-ready` appended), and
+//! `cargo run -p gkm-local -- --dra`, with `--exit-when-ready`: gkm
+//! installed by its chart onto the real node converges, and a pod there
+//! reads the cache (it prints what README shows), or, with `--dra`, the
+//! chart runs gkm's DRA kubelet plugin instead of the device plugin and a
+//! pod whose claim template names the cache's DeviceClass runs with the
+//! node's (simulated) T4 allocated to its claim.
 
 use std::process::Command;
 
@@ -24,11 +25,60 @@ fn run_until_ready(args: &[&str]) -> anyhow::Result<(String, String)> {
         .args(args)
         .arg("--exit-when-ready")
         .output()?;
+    outputs_of_success(&format!("gkm-local {args:?}"), &out)
+}
+
+/// Runs README.md's run command as it is written there, from the
+/// repository root, with `-- --dir DIR --exit-when-ready` appended to its
+/// last step (`cargo run -p gkm-local`); its standard output and error
+/// once it succeeded.
+fn run_readme_command_until_ready() -> anyhow::Result<(String, String)> {
+    let root = gkm_testenv::repo_root();
+    let command = readme_run_command(&std::fs::read_to_string(root.join("README.md"))?)?;
+    let dir = gkm_testenv::temp_dir()?;
+    let local = dir.path().join("local");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{command} -- --dir '{}' --exit-when-ready",
+            local.display()
+        ))
+        .current_dir(&root)
+        .output()?;
+    outputs_of_success(&format!("README's run command `{command}`"), &out)
+}
+
+/// The command of README's "Run it" section: the one line of the first
+/// `sh` block below that heading, which must end in a `cargo run` of
+/// gkm-local taking no arguments yet (so arguments can be appended).
+fn readme_run_command(readme: &str) -> anyhow::Result<String> {
+    let block: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| l.trim() != "## Run it")
+        .skip_while(|l| l.trim() != "```sh")
+        .skip(1)
+        .take_while(|l| l.trim() != "```")
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let [command] = block[..] else {
+        anyhow::bail!("README's \"Run it\" section has no one-line sh block: {block:?}");
+    };
+    anyhow::ensure!(
+        command.trim_end().ends_with("cargo run -p gkm-local"),
+        "README's run command does not end in `cargo run -p gkm-local`: {command}"
+    );
+    Ok(command.trim().to_string())
+}
+
+/// The standard output and error of `out`, which `what` produced; an
+/// error with both when it failed.
+fn outputs_of_success(what: &str, out: &std::process::Output) -> anyhow::Result<(String, String)> {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
+    anyhow::ensure!(
         out.status.success(),
-        "gkm-local {args:?} failed:\n{stdout}\n{stderr}"
+        "{what} failed ({}):\n{stdout}\n{stderr}",
+        out.status
     );
     Ok((stdout, stderr))
 }
@@ -56,8 +106,9 @@ fn assert_chart_pods_running(stdout: &str, components: &[&str]) {
 }
 
 #[test]
-fn the_run_command_installs_gkm_with_its_chart_and_a_pod_reads_the_cache() -> anyhow::Result<()> {
-    let (stdout, stderr) = run_until_ready(&[])?;
+fn readmes_run_command_installs_gkm_with_its_chart_and_a_pod_reads_the_cache() -> anyhow::Result<()>
+{
+    let (stdout, stderr) = run_readme_command_until_ready()?;
 
     // The chart's four components, each one pod, Running on the real node.
     assert_chart_pods_running(&stdout, &gkm_local::chart::COMPONENTS);
@@ -109,4 +160,18 @@ fn a_pod_claims_the_real_nodes_gpu_through_the_caches_device_class() -> anyhow::
         "no claim allocated {allocated} in:\n{stdout}"
     );
     Ok(())
+}
+
+#[test]
+fn readmes_run_command_is_read_from_its_run_it_block() {
+    let readme = "# x\n\n## Run it\n\n```sh\nmake && cargo run -p gkm-local\n```\n";
+    assert_eq!(
+        readme_run_command(readme).unwrap(),
+        "make && cargo run -p gkm-local"
+    );
+    let two_lines = "## Run it\n```sh\nmake\ncargo run -p gkm-local\n```\n";
+    assert!(readme_run_command(two_lines).is_err());
+    let with_args = "## Run it\n```sh\ncargo run -p gkm-local -- --dra\n```\n";
+    assert!(readme_run_command(with_args).is_err());
+    assert!(readme_run_command("no section").is_err());
 }
