@@ -12,6 +12,8 @@
 #                         # the integration tests that do not use gkm-testenv
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+# shellcheck source=hack/lib/cargo.sh
+. hack/lib/cargo.sh
 
 # Each step says when it began, in seconds since the script started.
 step() { printf '\n==> %s (at %ss)\n' "$*" "$SECONDS"; }
@@ -51,7 +53,7 @@ fast_test_targets() {
 # at the end. The targets that start real components go first: they are the
 # longest.
 run_tests_in_parallel() {
-  local jobs logs list failed
+  local jobs logs list failed durations
   # On 2 cores, 3 jobs made each job about twice as slow and the whole run
   # slower than 2.
   jobs=${GKM_TEST_JOBS:-$(nproc)}
@@ -63,8 +65,11 @@ run_tests_in_parallel() {
     echo "--workspace --lib --bins --examples"
     echo "--workspace --doc"
     test_targets | awk '$3 == 0 { printf "-p %s --test %s\n", $1, $2 }'
-  } > "$list"
-  echo "$(wc -l < "$list") cargo test jobs, $jobs at a time"
+  } > "$logs/listed"
+  # Longest first, by the durations the last run recorded beside the build.
+  durations=$(cargo_target_dir)/gkm-ci-test-durations
+  python3 hack/ci/job_order.py "$logs/listed" "$durations" > "$list"
+  echo "$(wc -l < "$list") cargo test jobs, $jobs at a time, longest first"
   cp "$test_binaries" "$logs/binaries"
   # An integration test runs as the executable built before, from its
   # package's directory as cargo runs it; the rest through cargo.
@@ -80,7 +85,9 @@ run_tests_in_parallel() {
     fi
     if run "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
     { printf "\n==> cargo test %s: %s in %ss\n" "$*" "$status" "$SECONDS"; cat "$log"; } | flock "$0/out" cat
+    echo "$SECONDS $*" | flock "$0/out" tee -a "$0/durations" > /dev/null
   ' "$logs"
+  python3 hack/ci/job_order.py --record "$durations" < "$logs/durations"
   failed=0
   if [[ -s $logs/failed ]]; then
     echo
@@ -92,7 +99,14 @@ run_tests_in_parallel() {
   return "$failed"
 }
 
+# The CI scripts' own checks (Python's unittest, no component needed).
+ci_script_tests() {
+  python3 -m unittest discover -s hack/ci -p '*_test.py' < /dev/null
+}
+
 if [[ ${1:-} == --fast ]]; then
+  step "hack/ci's own tests"
+  ci_script_tests
   step "cargo fmt --check"
   cargo fmt --all -- --check
   step "cargo clippy -D warnings"
@@ -108,6 +122,9 @@ if [[ ${1:-} == --fast ]]; then
 fi
 
 hack/ci/components.sh
+
+step "hack/ci's own tests"
+ci_script_tests
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
