@@ -8,6 +8,7 @@
 //! node's (simulated) T4 allocated to its claim.
 
 use std::process::Command;
+use std::sync::Mutex;
 
 use gkm_local::dra::{DRIVER, T4_DEVICE, cache_class};
 use sha2::{Digest as _, Sha256};
@@ -15,9 +16,18 @@ use sha2::{Digest as _, Sha256};
 /// The fixture's kernel directory.
 const KERNEL_DIR: &str = "5W7KJQDTJCL4UGPMKKCS7TEEPZKSWOY4774SZQ6674FWSXG5MNXQ";
 
+/// Held for the whole of each stack's run: README's command builds and
+/// relinks `target/debug/gkm-local` (`cargo build --bins`, then `cargo run -p
+/// gkm-local`, each resolving features its own way), which another test of
+/// this file must not start meanwhile.
+static ONE_STACK_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// Runs `gkm-local --exit-when-ready` with `args`, in a directory of its
 /// own; its standard output and error once it succeeded.
 fn run_until_ready(args: &[&str]) -> anyhow::Result<(String, String)> {
+    let _one = ONE_STACK_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let dir = gkm_testenv::temp_dir()?;
     let out = Command::new(env!("CARGO_BIN_EXE_gkm-local"))
         .arg("--dir")
@@ -33,6 +43,9 @@ fn run_until_ready(args: &[&str]) -> anyhow::Result<(String, String)> {
 /// last step (`cargo run -p gkm-local`); its standard output and error
 /// once it succeeded.
 fn run_readme_command_until_ready() -> anyhow::Result<(String, String)> {
+    let _one = ONE_STACK_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let root = gkm_testenv::repo_root();
     let command = readme_run_command(&std::fs::read_to_string(root.join("README.md"))?)?;
     let dir = gkm_testenv::temp_dir()?;
