@@ -45,13 +45,15 @@ fast_test_targets() {
 }
 
 # Runs every test, unit, integration and doc, as separate `cargo test` jobs,
+# and the short soak as one more job,
 # GKM_TEST_JOBS (default: the CPU count, at least 2) at a time. The real
 # components (apiservers, kubelets, containerd) keep the cores busy, so more
 # jobs than cores gain nothing; the tests were built beforehand, so the jobs
 # only run them. Each job's output
 # is printed whole when it ends; every job runs, and the failed ones are named
-# at the end. The targets that start real components go first: they are the
-# longest.
+# at the end. The jobs start longest first, by the durations the last run
+# recorded (hack/ci/job_order.py); without a record, the soak and the
+# targets that start real components first: they are the longest.
 run_tests_in_parallel() {
   local jobs logs list failed durations
   # On 2 cores, 3 jobs made each job about twice as slow and the whole run
@@ -61,6 +63,10 @@ run_tests_in_parallel() {
   logs=$(mktemp -d)
   list=$logs/jobs
   {
+    # The short soak (faults injected while a workload runs on the local
+    # stack: hack/soak.sh, docs/development.md#soak) is one job among them,
+    # with the binaries built above.
+    echo "soak"
     test_targets | awk '$3 == 1 { printf "-p %s --test %s\n", $1, $2 }'
     echo "--workspace --lib --bins --examples"
     echo "--workspace --doc"
@@ -78,20 +84,24 @@ run_tests_in_parallel() {
     log=$0/$(printf "%s" "$*" | tr -c "a-zA-Z0-9_-" _).log
     built=()
     [[ $1 == -p && $3 == --test ]] && read -r -a built < <(awk -v p="$2" -v t="$4" "\$1 == p && \$2 == t { print \$3, \$4; exit }" "$0/binaries")
-    if [[ ${#built[@]} == 2 ]]; then
+    label="cargo test $*"
+    if [[ $1 == soak ]]; then
+      label="soak: ${GKM_SOAK_DURATION:-120} s of faults under load (hack/soak.sh)"
+      run() { SOAK_NO_BUILD=1 DURATION=${GKM_SOAK_DURATION:-120} hack/soak.sh; }
+    elif [[ ${#built[@]} == 2 ]]; then
       run() { (cd "${built[0]}" && "${built[1]}"); }
     else
       run() { cargo test --locked "$@"; }
     fi
-    if run "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$*" >> "$0/failed"; fi
-    { printf "\n==> cargo test %s: %s in %ss\n" "$*" "$status" "$SECONDS"; cat "$log"; } | flock "$0/out" cat
+    if run "$@" > "$log" 2>&1; then status=ok; else status=FAILED; echo "$label" >> "$0/failed"; fi
+    { printf "\n==> %s: %s in %ss\n" "$label" "$status" "$SECONDS"; cat "$log"; } | flock "$0/out" cat
     echo "$SECONDS $*" | flock "$0/out" tee -a "$0/durations" > /dev/null
   ' "$logs"
   python3 hack/ci/job_order.py --record "$durations" < "$logs/durations"
   failed=0
   if [[ -s $logs/failed ]]; then
     echo
-    echo "failed: cargo test --locked ..." >&2
+    echo "failed:" >&2
     sed 's/^/  /' "$logs/failed" >&2
     failed=1
   fi
@@ -151,13 +161,8 @@ cargo test --workspace --all-targets --locked --no-run --message-format=json-ren
 # finds them fresh instead of relinking them under the running tests.
 cargo build --locked --bins
 
-step "cargo test, in parallel jobs"
+step "cargo test and the soak, in parallel jobs"
 run_tests_in_parallel
-
-# The short soak: faults injected while a workload runs on the local stack
-# (hack/soak.sh, docs/development.md#soak), with the binaries built above.
-step "soak: ${GKM_SOAK_DURATION:-120} s of faults under load (hack/soak.sh)"
-SOAK_NO_BUILD=1 DURATION=${GKM_SOAK_DURATION:-120} hack/soak.sh
 
 step "no process outlived the tests"
 tools_dir=${GKM_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gkm-tools}
