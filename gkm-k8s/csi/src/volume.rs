@@ -475,7 +475,8 @@ mod tests {
     use gkm_k8s_kubelet::proto::csi::VolumeCapability;
     use gkm_k8s_kubelet::proto::csi::volume_capability::{BlockVolume, MountVolume};
 
-    fn request(ctx: &[(&str, &str)]) -> NodePublishVolumeRequest {
+    /// A request for a filesystem volume with the volume context `ctx`.
+    pub(super) fn request(ctx: &[(&str, &str)]) -> NodePublishVolumeRequest {
         NodePublishVolumeRequest {
             volume_id: "csi-1".into(),
             target_path: "/pods/p/mount".into(),
@@ -658,8 +659,6 @@ mod tests {
 #[cfg(test)]
 mod capture_tests {
     use super::*;
-    use gkm_k8s_kubelet::proto::csi::VolumeCapability;
-    use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
     use tonic::Code;
 
     fn request(extra: &[(&str, &str)], readonly: bool) -> NodePublishVolumeRequest {
@@ -671,18 +670,8 @@ mod capture_tests {
         ];
         ctx.extend_from_slice(extra);
         NodePublishVolumeRequest {
-            volume_id: "csi-1".into(),
-            target_path: "/pods/p/mount".into(),
             readonly,
-            volume_capability: Some(VolumeCapability {
-                access_type: Some(AccessType::Mount(MountVolume::default())),
-                access_mode: None,
-            }),
-            volume_context: ctx
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Default::default()
+            ..super::tests::request(&ctx)
         }
     }
 
