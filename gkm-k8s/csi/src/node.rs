@@ -65,7 +65,7 @@ impl NodeService {
         self.inner.views.node_name()
     }
 
-    /// The counts the driver serves on `/metrics` ([`crate::metrics`]).
+    /// The counts the driver serves on `/metrics` ([`crate::CsiCollector`]).
     pub fn metrics(&self) -> &CsiMetrics {
         self.inner.views.metrics()
     }
@@ -106,7 +106,7 @@ impl NodeService {
     }
 
     /// Removes every upper no mounted writable view names
-    /// ([`Views::sweep_uppers`]). The driver calls it when it starts; the
+    /// (the views' `sweep_uppers`). The driver calls it when it starts; the
     /// volume ids removed.
     pub fn sweep_uppers(&self) -> std::io::Result<Vec<String>> {
         let _guard = self.lock();
@@ -121,8 +121,8 @@ impl NodeService {
     }
 
     /// The blocking part of `NodeUnpublishVolume`: unmount `target`, remove
-    /// it, forget the record ([`Views::unpublish`]); a capture tree that
-    /// left its last pod may go with it ([`release::unmounted`]). Succeeds
+    /// it, forget the record and the view's upper; a capture tree that left
+    /// its last pod may go with it (see [`crate::release_captures`]). Succeeds
     /// when there is nothing to undo.
     pub fn unpublish(&self, volume_id: &str, target: &std::path::Path) -> Result<(), Status> {
         let tree = tree::tree_behind(self.store_root(), target).unwrap_or(None);

@@ -60,7 +60,7 @@ impl CaptureTrees {
     }
 
     /// Whether the checked request `req` may be published: reads the
-    /// capture index and the trees mounted now, and asks [`admit`].
+    /// capture index and the trees mounted now, and asks admission's `admit`.
     /// Blocking.
     pub fn admit(&self, req: &CaptureVolume) -> Result<(), Status> {
         let (root, config) = (self.root.as_path(), &self.config);

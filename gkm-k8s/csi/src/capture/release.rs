@@ -124,7 +124,7 @@ pub struct ReleaseOptions {
     pub grace: Duration,
 }
 
-/// Removes capture trees from the node as [`releasable`] says, every
+/// Removes capture trees from the node as `releasable` says, every
 /// `options.interval` until `shutdown` completes.
 pub async fn release_captures(
     trees: CaptureTrees,

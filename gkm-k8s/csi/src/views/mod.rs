@@ -139,7 +139,7 @@ impl Views {
     }
 
     /// Publishes the view `req` asks for, a writable one on an upper made
-    /// at `place`. It reads what the node holds, [decides](decide), and
+    /// at `place`. It reads what the node holds, [decides](decide::decide), and
     /// carries the decision out. Blocking; the caller serializes publishes.
     pub fn publish(&self, req: &CacheVolume, place: &mut dyn UpperPlace) -> Result<(), Status> {
         let (observed, tree) = self.observe(req, place)?;

@@ -283,7 +283,7 @@ pub fn is_writable_view(mount: &MountInfo, name: &str) -> bool {
 pub const GROUP_WRITABLE_DIR: u32 = 0o2775;
 
 /// The upper and work directories of a writable view (an upper's
-/// [`layers`](super::upper::Upper::layers)).
+/// `upper/` and `work/`).
 #[derive(Debug, Clone, Copy)]
 pub struct UpperLayers<'a> {
     /// The upper layer: what the pod writes.
