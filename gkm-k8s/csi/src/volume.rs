@@ -671,7 +671,7 @@ mod capture_tests {
         ctx.extend_from_slice(extra);
         NodePublishVolumeRequest {
             readonly,
-            ..super::tests::request(&ctx)
+            ..tests::request(&ctx)
         }
     }
 
