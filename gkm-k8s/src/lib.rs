@@ -9,10 +9,10 @@
 //! | [`api`] ([`crd`], [`cache_object`]) | `gkm-k8s-api` | the `gkm.io/v1alpha1` CRD types, their conditions |
 //! | [`node`] | `gkm-k8s-node` | what the agent and the CSI driver share on a node's disk, the CSI volume attributes |
 //! | [`kubelet`] | `gkm-k8s-kubelet` | the kubelet's gRPC APIs and unix socket plumbing |
-//! | [`runtime`] | `gkm-k8s-runtime` | endpoints, readiness, metrics, leader election, the apiserver client |
+//! | [`runtime`] | `gkm-k8s-runtime`, with `gkm-k8s-daemon` | endpoints, readiness, metrics (`gkm-k8s-daemon`'s, re-exported), leader election, the apiserver client |
 //! | `operator` | `gkm-k8s-operator` | resolution, verification, status, PVC delivery, its webhook |
 //! | `agent` | `gkm-k8s-agent` | the node agent |
-//! | `csi` | `gkm-k8s-csi` | the CSI node driver |
+//! | `csi` | `gkm-k8s-csi` | the CSI node driver: read-only and copy-on-write views of caches, capture trees, delta uppers |
 //! | `device_plugin` | `gkm-k8s-device-plugin` | the kubelet device plugin |
 //! | `dra` | `gkm-k8s-dra` | the kubelet DRA plugin (driver `gpu.gkm.io`) |
 //! | `extender` | `gkm-k8s-extender` | the kube-scheduler extender |

@@ -1,7 +1,8 @@
 //! The crates under `gkm-k8s/` keep their layers: no component crate
-//! depends on another component, and the node-side crates build without
-//! what they never use. Read from `cargo metadata` and `cargo tree`, as an
-//! embedder would read them.
+//! depends on another component, and the node-side crates, and the
+//! `gkm-csi` binary that ships the CSI driver, build without what they
+//! never use. Read from `cargo metadata` and `cargo tree`, as an embedder
+//! would read them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,6 +26,18 @@ const FORBIDDEN: &[(&str, &[&str], &str)] = &[
         &["kube", "k8s-openapi", "oci-client", "nvml-wrapper", "rcgen"],
         "the CSI driver never reads the apiserver, a registry or a GPU: what it needs of \
          the cluster, the agent writes in the node files (gkm-k8s-node)",
+    ),
+    (
+        "gkm-csi",
+        &["kube", "k8s-openapi", "oci-client", "nvml-wrapper", "rcgen"],
+        "the shipped CSI driver is the CSI crate and its flags: what it serves besides CSI \
+         (health, readiness, metrics) comes from gkm-k8s-daemon, not gkm-k8s-runtime",
+    ),
+    (
+        "gkm-k8s-daemon",
+        &["kube", "k8s-openapi", "oci-client", "tonic", "nvml-wrapper"],
+        "a daemon's endpoints, readiness, metrics and tasks need no Kubernetes API \
+         (what of them does is gkm-k8s-runtime's)",
     ),
     (
         "gkm-k8s-node",
@@ -109,7 +122,7 @@ fn no_component_crate_depends_on_another() {
     assert!(
         sideways.is_empty(),
         "component crates import each other (move what they share into gkm-k8s-api, \
-         -node, -kubelet or -runtime): {sideways:?}"
+         -node, -kubelet, -daemon or -runtime): {sideways:?}"
     );
 }
 

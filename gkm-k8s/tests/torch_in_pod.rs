@@ -20,6 +20,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../csi/tests/csi_support/mod.rs"]
 mod csi_support;
 // Shared with the Triton tests, which use the rest of it.
 #[allow(dead_code)]

@@ -18,6 +18,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../csi/tests/csi_support/mod.rs"]
 mod csi_support;
 mod triton_pod_support;
 

@@ -1,26 +1,22 @@
 //! `gkm-csi`: the CSI node plugin that mounts extracted caches into pods
-//! (read-only, or copy-on-write over a private upper). Flag parsing and
-//! wiring only; the driver is `gkm_k8s_csi`. It reads
-//! no cluster object: what it needs of the cluster, the agent writes beside
-//! the store.
+//! (a read-only view, or a copy-on-write view over a private upper) and the
+//! capture trees workloads compile into (a tree of their own, or a
+//! copy-on-write view keeping its upper as a delta). Flag parsing and
+//! wiring only; the driver is `gkm_k8s_csi`. It reads no cluster object:
+//! what it needs of the cluster, the agent writes beside the store.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
-use gkm_k8s_csi::capture_admission::CaptureConfig;
-use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
-use gkm_k8s_csi::{
-    Driver, DriverConfig, PLUGIN, RegistrationService, serve_csi, serve_registration,
-};
-use tokio::sync::watch;
+use gkm_k8s_csi::{CaptureConfig, DriverConfig, Registration, ReleaseOptions, RunConfig};
 
 /// gkm CSI driver (`csi.gkm.io`): mounts a verified, compatible cache from
 /// the node store into pods, read-only or copy-on-write (the store is never
-/// written).
+/// written), and the capture trees workloads compile into.
 #[derive(Parser)]
 #[command(name = "gkm-csi", version)]
 struct Cli {
@@ -81,12 +77,6 @@ struct Cli {
     log_json: bool,
 }
 
-/// How often mount records are checked against the kernel's mount table
-/// (and how old a record must be to be forgotten).
-const MOUNT_RECORD_CHECK: Duration = Duration::from_secs(60);
-/// How often the capture index and the captured trees are looked at.
-const CAPTURE_RELEASE_CHECK: Duration = Duration::from_secs(5);
-
 /// Parses a cap on capture tree bytes: bytes, more than none.
 fn parse_cap(text: &str) -> Result<u64, String> {
     match gkm_core::bytes::parse_bytes(text).map_err(|e| e.to_string())? {
@@ -97,24 +87,14 @@ fn parse_cap(text: &str) -> Result<u64, String> {
     }
 }
 
-/// The socket path of a CSI endpoint.
-fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .unwrap_or(endpoint);
-    if !path.starts_with('/') {
-        bail!("--endpoint {endpoint:?}: expected unix:///absolute/path or an absolute path");
-    }
-    Ok(PathBuf::from(path))
-}
-
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = socket_path(&cli.endpoint)?;
+/// The driver's configuration from the flags.
+fn config(cli: Cli) -> anyhow::Result<RunConfig> {
+    let socket = gkm_k8s_csi::endpoint_socket(&cli.endpoint)
+        .map_err(|e| anyhow::anyhow!("--endpoint {e}"))?;
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) is empty");
     }
-    let config = DriverConfig {
+    let driver = DriverConfig {
         node_name: cli.node_name,
         store_root: cli.store,
         capture: CaptureConfig {
@@ -124,116 +104,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             unread_grace: cli.capture_unread_grace,
         },
     };
-    let driver = Driver::new(&config)
-        .with_context(|| format!("opening the store {}", config.store_root.display()))?;
-    gkm_k8s_csi::capture_release::report_trees_at_start(&config.store_root);
-    let metrics = match cli.metrics_addr {
-        None => None,
-        Some(addr) => Some(serve_metrics(addr, &driver, &config.store_root).await?),
-    };
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let registration = cli.kubelet_registration_path.map(|endpoint| {
-        let reg_socket = cli.plugin_registration_dir.join(PLUGIN.socket_name());
-        let shutdown = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            serve_registration(
-                &reg_socket,
-                RegistrationService::new(PLUGIN, endpoint),
-                shutdown,
-            )
-            .await
-        })
+    let mut config = RunConfig::new(driver, socket);
+    config.registration = cli.kubelet_registration_path.map(|endpoint| Registration {
+        dir: cli.plugin_registration_dir,
+        endpoint,
     });
-    tokio::spawn(async move {
-        gkm_bin_support::shutdown::shutdown_signal().await;
-        tracing::info!("stopping");
-        let _ = stop_tx.send(true);
+    config.release = cli.release_captures.then_some(ReleaseOptions {
+        interval: gkm_k8s_csi::CAPTURE_RELEASE_CHECK,
+        grace: cli.capture_orphan_grace,
     });
-    tokio::spawn(gkm_k8s_csi::forget_stale_mount_records(
-        config.store_root.clone(),
-        MOUNT_RECORD_CHECK,
-        MOUNT_RECORD_CHECK,
-        stopped(stop_rx.clone()),
-    ));
-    if cli.release_captures {
-        let options = ReleaseOptions {
-            interval: CAPTURE_RELEASE_CHECK,
-            grace: cli.capture_orphan_grace,
-        };
-        tokio::spawn(release_captures(
-            driver.node.clone(),
-            options,
-            stopped(stop_rx.clone()),
-        ));
-    }
-    serve_csi(&socket, driver, stopped(stop_rx))
-        .await
-        .context("serving CSI")?;
-    if let Some(server) = metrics {
-        server.stop().await.context("the metrics server")?;
-    }
-    if let Some(task) = registration {
-        task.await
-            .context("registration task")?
-            .context("serving plugin registration")?;
-    }
-    Ok(())
-}
-
-/// Serves the driver's metrics ([`gkm_k8s_csi::metrics`]) on `addr`.
-async fn serve_metrics(
-    addr: SocketAddr,
-    driver: &Driver,
-    store_root: &std::path::Path,
-) -> anyhow::Result<gkm_k8s_runtime::server::EndpointServer> {
-    use gkm_k8s_csi::metrics::CsiCollector;
-    use gkm_k8s_runtime::metrics::register_build_info;
-    use gkm_k8s_runtime::readiness::Readiness;
-    let mut registry = prometheus_client::registry::Registry::with_prefix("gkm");
-    register_build_info(&mut registry, "gkm-csi", env!("CARGO_PKG_VERSION"));
-    registry.register_collector(Box::new(CsiCollector::new(
-        driver.node.metrics().clone(),
-        store_root,
-    )));
-    let readiness = Readiness::default();
-    readiness.check("driver").set(true);
-    let server = gkm_k8s_runtime::server::EndpointServer::start(addr, registry, readiness)
-        .await
-        .with_context(|| format!("listening on --metrics-addr {addr}"))?;
-    tracing::info!(%addr, "serving metrics");
-    Ok(server)
+    config.metrics_addr = cli.metrics_addr;
+    Ok(config)
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     gkm_bin_support::init_logging(cli.log_json, "info");
-    gkm_bin_support::exit_code("gkm-csi", run(cli).await)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(
-            socket_path("unix:///csi/csi.sock").expect("ok"),
-            PathBuf::from("/csi/csi.sock")
-        );
-        assert_eq!(
-            socket_path("unix:/csi/csi.sock").expect("ok"),
-            PathBuf::from("/csi/csi.sock")
-        );
-        assert_eq!(
-            socket_path("/csi/csi.sock").expect("ok"),
-            PathBuf::from("/csi/csi.sock")
-        );
-        assert!(socket_path("tcp://0.0.0.0:1").is_err());
-        assert!(socket_path("unix://relative").is_err());
-    }
+    let run = async {
+        let config = config(cli)?;
+        gkm_k8s_csi::run(config, gkm_bin_support::shutdown::shutdown_signal()).await?;
+        anyhow::Ok(())
+    };
+    gkm_bin_support::exit_code("gkm-csi", run.await)
 }

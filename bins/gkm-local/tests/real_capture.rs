@@ -113,7 +113,7 @@ struct LeaveNoTrees(std::path::PathBuf);
 impl Drop for LeaveNoTrees {
     fn drop(&mut self) {
         for mount in mounts_under(&self.0).iter().rev() {
-            let _ = gkm_k8s_csi::mount::unmount_all(mount);
+            let _ = gkm_k8s_csi::unmount_all(mount);
         }
     }
 }

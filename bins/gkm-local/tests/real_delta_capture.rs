@@ -237,7 +237,7 @@ impl Drop for LeaveNoMounts {
     fn drop(&mut self) {
         for dir in &self.0 {
             for mount in mounts_under(dir).iter().rev() {
-                let _ = gkm_k8s_csi::mount::unmount_all(mount);
+                let _ = gkm_k8s_csi::unmount_all(mount);
             }
         }
     }

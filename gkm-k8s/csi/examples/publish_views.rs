@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 use gkm_core::CacheKey;
 use gkm_core::Digest;
-use gkm_k8s_csi::volume::{PublishRequest, View};
-use gkm_k8s_csi::{Driver, DriverConfig, NodeService};
+use gkm_k8s_csi::{CacheVolume, Driver, DriverConfig, NodeService, View, Volume};
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
 use gkm_k8s_node::mount_records::PodRef;
 
@@ -48,8 +47,8 @@ fn store_with_tree(root: &Path, files: usize) -> std::io::Result<Digest> {
     Ok(digest)
 }
 
-fn request(target: &Path, n: usize, view: View) -> PublishRequest {
-    PublishRequest {
+fn request(target: &Path, n: usize, view: View) -> Volume {
+    Volume::Cache(CacheVolume {
         volume_id: format!("csi-bench-{n}"),
         target_path: target.to_path_buf(),
         cache: CacheKey::namespaced("ml", "bench"),
@@ -61,7 +60,7 @@ fn request(target: &Path, n: usize, view: View) -> PublishRequest {
         view,
         mount_path: None,
         capture: None,
-    }
+    })
 }
 
 /// The median time of [`RUNS`] publishes of `view`.
@@ -73,7 +72,7 @@ fn median_publish(node: &NodeService, work: &Path, view: View) -> Result<Duratio
         let start = Instant::now();
         node.publish(&req).map_err(|s| s.message().to_string())?;
         times.push(start.elapsed());
-        node.unpublish(&req.volume_id, &target)
+        node.unpublish(req.volume_id(), &target)
             .map_err(|s| s.message().to_string())?;
     }
     times.sort();

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 
 use arbitrary::Unstructured;
 
+use crate::capture::tree::{CAPTURE_MAX_BYTES, CAPTURES_DIR};
+use crate::volume::Volume;
+
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, BlockVolume, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability};
 use gkm_k8s_node::volume::{
@@ -79,32 +82,35 @@ pub fn csi_publish(data: &[u8]) {
         volume_context,
         ..Default::default()
     };
-    if let Ok(parsed) = crate::capture::parse_capture(&req) {
-        let root = std::path::Path::new("/store");
-        let tree = parsed.tree(root);
-        assert!(
-            tree.starts_with(root.join(crate::capture::CAPTURES_DIR))
-                && tree.components().count() == 6
-                && !tree
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir)),
-            "a capture tree outside the store: {}",
-            tree.display()
-        );
-        assert!(parsed.max_bytes <= crate::capture::CAPTURE_MAX_BYTES);
-    }
-    if let Ok(parsed) = crate::volume::parse_publish(&req) {
-        assert!(
-            parsed.target_path.is_absolute(),
-            "accepted a relative target path"
-        );
-        assert!(
-            !parsed.cache.name().is_empty(),
-            "accepted a request naming no cache"
-        );
-        assert!(
-            !parsed.pod.namespace.is_empty(),
-            "accepted a request with no pod namespace"
-        );
+    match crate::volume::parse(&req) {
+        Ok(Volume::Capture(parsed)) => {
+            let root = std::path::Path::new("/store");
+            let tree = parsed.tree(root);
+            assert!(
+                tree.starts_with(root.join(CAPTURES_DIR))
+                    && tree.components().count() == 6
+                    && !tree
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir)),
+                "a capture tree outside the store: {}",
+                tree.display()
+            );
+            assert!(parsed.max_bytes <= CAPTURE_MAX_BYTES);
+        }
+        Ok(Volume::Cache(parsed)) => {
+            assert!(
+                parsed.target_path.is_absolute(),
+                "accepted a relative target path"
+            );
+            assert!(
+                !parsed.cache.name().is_empty(),
+                "accepted a request naming no cache"
+            );
+            assert!(
+                !parsed.pod.namespace.is_empty(),
+                "accepted a request with no pod namespace"
+            );
+        }
+        Err(_) => {}
     }
 }

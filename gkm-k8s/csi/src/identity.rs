@@ -4,12 +4,12 @@ use std::path::PathBuf;
 
 use tonic::{Request, Response, Status};
 
-use crate::DRIVER_NAME;
-use crate::proto::identity_server::Identity;
-use crate::proto::{
+use gkm_k8s_kubelet::proto::csi::identity_server::Identity;
+use gkm_k8s_kubelet::proto::csi::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, ProbeRequest, ProbeResponse,
 };
+use gkm_k8s_node::volume::DRIVER_NAME;
 
 /// The Identity service of `csi.gkm.io`.
 #[derive(Debug, Clone)]

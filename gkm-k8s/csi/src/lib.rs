@@ -1,6 +1,19 @@
-//! `csi.gkm.io`: the CSI node driver that mounts an extracted kernel cache
-//! read-only into pods (Linux with overlayfs and the mount API, 5.2 or
-//! later).
+//! `csi.gkm.io`: the CSI node driver that mounts verified, compatible kernel
+//! caches into pods, and keeps what pods compile for a capture (Linux with
+//! overlayfs and the mount API, 5.2 or later).
+//!
+//! It mounts four trees, each one [`Volume`] a request is read into
+//! ([`parse_volume`]):
+//!
+//! - the **read-only view** of a cache (a volume the pod mounts
+//!   `readOnly`);
+//! - a **copy-on-write view** of a cache, whose writes go to an upper of
+//!   that publish's own, bounded, removed with the view;
+//! - a **capture tree**: a workload's own writable, bounded tree that
+//!   outlives it, which the capture's Job then mounts read-only;
+//! - a **copy-on-write view keeping a delta upper**: a writable cache
+//!   volume that also names a capture keeps its upper as that capture's
+//!   tree, for a delta capture on the cache.
 //!
 //! # What a pod writes
 //!
@@ -18,9 +31,12 @@
 //! A pod may instead mount a capture volume (`csi.gkm.io/GKMCacheCapture:
 //! <capture>`): a writable, bounded tree of its own that outlives it, which
 //! the capture's Job in the same namespace then mounts read-only
-//! ([`capture`]). A writable cache volume naming a capture as well keeps
-//! its upper as that tree, for a delta capture on the cache ([`delta`]).
-//! The driver serves its [`metrics`] with `--metrics-addr`.
+//! ([`CaptureTrees`]). A writable cache volume naming a capture as well keeps
+//! its upper as that tree, for a delta capture on the cache. [`run`] owns
+//! the driver's lifecycle: the kubelet registration, the sweeps of stale
+//! mount records and uppers, the release of capture trees
+//! ([`release_captures`]), serving CSI ([`serve_csi`]) and its metrics
+//! ([`CsiCollector`]).
 //!
 //! The volume is an inline ephemeral volume: the `CSIDriver` object declares
 //! `volumeLifecycleModes: [Ephemeral]`, `podInfoOnMount: true` (so the kubelet
@@ -32,7 +48,7 @@
 //! The driver never talks to the Kubernetes API. It reads the agent's
 //! decisions from the node-local [delivery index](gkm_k8s_node::delivery)
 //! (and, to release captured trees, its [capture
-//! index](gkm_k8s_node::captures): [`capture_release`]) and writes
+//! index](gkm_k8s_node::captures): [`release_captures`]) and writes
 //! [mount records](gkm_k8s_node::mount_records::MountRecords) the agent counts pods from:
 //!
 //! - `NodePublishVolume` first applies the access rules (`access`): a
@@ -45,14 +61,14 @@
 //!   and carries its seal (the agent checks seals and quarantines a tree that
 //!   changed), it records the mount and mounts a view of the entry's cache
 //!   tree (`io.triton.cache/` or `io.vllm.cache/`, a real directory, never a
-//!   symbolic link: [`mount::CacheTree`]) at the target path. A volume the
+//!   symbolic link) at the target path. A volume the
 //!   pod mounts `readOnly` gets the read-only view: an overlay whose only
 //!   layers are the tree and an empty directory, so a read-only filesystem,
 //!   mounted `ro`, `nosuid`, `nodev`, read-only in the copies the host and
-//!   the container runtime see ([`mount::mount_read_only_view`]). Any other
+//!   the container runtime see. Any other
 //!   gets a copy-on-write view whose writes go to an upper layer private to
 //!   that publish, bounded, writable by the pod's fsGroup
-//!   ([`upper`], [`mount::mount_writable_view`]). No pod can write into the
+//!   ([`WRITABLE_MAX_BYTES`]). No pod can write into the
 //!   store, whatever it asks. The pod sees the cache at its volume root, as GKM's
 //!   pods do: a Triton cache's hash directories (what `TRITON_CACHE_DIR`
 //!   points at), a vLLM cache's `torch_compile_cache/`. One store copy per
@@ -88,37 +104,39 @@
 //! `mountPropagation: Bidirectional` so that its mounts reach the pods,
 //! and the node store (the agent's `--store`) mounted at the same `--store`.
 
-mod access;
-pub mod capture;
-pub mod capture_admission;
-pub mod capture_release;
-pub mod delta;
+mod capture;
+mod driver;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod identity;
-pub mod metrics;
-pub mod mount;
+mod metrics;
 mod node;
-pub mod publish;
-pub mod server;
-pub mod upper;
-pub mod volume;
+mod views;
+mod volume;
 
+pub use capture::CaptureTrees;
+pub use capture::admission::{
+    CaptureConfig, DEFAULT_NAMESPACE_MAX_BYTES, DEFAULT_NODE_MAX_BYTES, DEFAULT_UNREAD_GRACE,
+};
+pub use capture::delta::{DeltaBase, read_record as read_delta_record};
+pub use capture::release::{ReleaseOptions, release_captures};
+pub use capture::tree::{CAPTURE_MAX_BYTES, CAPTURE_MAX_INODES, make_tree, remove_tree};
+pub use driver::{
+    CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN, Registration,
+    RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,
+};
 pub use gkm_k8s_kubelet::proto::csi as proto;
 pub use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
+pub use gkm_k8s_node::captures::{DELTA_RECORD_FILE, DELTA_UPPER_DIR};
 pub use gkm_k8s_node::volume::{
     ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE,
     CTX_POD_UID, DRIVER_NAME,
 };
 pub use identity::IdentityService;
+pub use metrics::{CsiCollector, CsiMetrics};
 pub use node::NodeService;
-pub use server::{Driver, DriverConfig, forget_stale_mount_records, serve_csi};
-
-/// What the driver tells the kubelet when it registers: a CSI plugin named
-/// [`DRIVER_NAME`], serving CSI 1.0.0. Its registration socket is
-/// `PLUGIN.socket_name()` in the kubelet's `plugins_registry`.
-pub const PLUGIN: gkm_k8s_kubelet::registration::Plugin = gkm_k8s_kubelet::registration::Plugin {
-    kind: gkm_k8s_kubelet::registration::CSI_PLUGIN_TYPE,
-    name: DRIVER_NAME,
-    versions: &["1.0.0"],
+pub use views::mount::{bind, mount_at, unmount_all};
+pub use views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
+pub use volume::{
+    CacheVolume, CaptureVolume, PodVolume, TreeOf, View, Volume, parse as parse_volume,
 };

@@ -30,7 +30,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
-use crate::upper::Upper;
+use crate::capture::tree::{MountedTree, is_delta_tree, mounted_trees};
+use crate::views::upper::{Upper, is_upper_mount, tmpfs_used_bytes};
 
 /// The counts the driver keeps; clones share them.
 #[derive(Debug, Clone, Default)]
@@ -105,21 +106,17 @@ pub fn pod_uppers(
 /// The bytes of `record`'s upper below the store root `root`: its own
 /// upper's, or the delta capture tree of its pod's (found in `trees`);
 /// `None` when it has none mounted (a read-only view).
-fn upper_bytes(
-    root: &Path,
-    record: &MountRecord,
-    trees: &[crate::capture::MountedTree],
-) -> Option<u64> {
+fn upper_bytes(root: &Path, record: &MountRecord, trees: &[MountedTree]) -> Option<u64> {
     if let Some(dir) = Upper::path(root, &record.volume_id)
-        && crate::upper::is_upper_mount(&dir)
+        && is_upper_mount(&dir)
     {
-        return Some(crate::upper::tmpfs_used_bytes(&dir));
+        return Some(tmpfs_used_bytes(&dir));
     }
     let uid = record.pod.uid.as_deref()?;
     let tree = trees
         .iter()
-        .find(|t| t.granted.uid == uid && crate::delta::is_delta_tree(&t.path))?;
-    Some(crate::upper::tmpfs_used_bytes(&tree.path))
+        .find(|t| t.granted.uid == uid && is_delta_tree(&t.path))?;
+    Some(tmpfs_used_bytes(&tree.path))
 }
 
 /// Reads the driver's metrics at each scrape; register it with
@@ -144,7 +141,7 @@ impl CsiCollector {
     /// table cannot be read: a scrape never fails for them).
     fn uppers(&self) -> Vec<PodUpper> {
         let records = MountRecords::new(&self.root).list().unwrap_or_default();
-        let trees = crate::capture::mounted_trees(&self.root).unwrap_or_default();
+        let trees = mounted_trees(&self.root).unwrap_or_default();
         pod_uppers(&records, |r| upper_bytes(&self.root, r, &trees))
     }
 }

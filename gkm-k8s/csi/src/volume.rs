@@ -1,31 +1,60 @@
-//! Reading a `NodePublishVolume` request into what to mount for whom, with an
-//! `INVALID_ARGUMENT` status naming what is wrong.
+//! Reading a `NodePublishVolume` request, once, into the volume it asks
+//! for ([`Volume`]), with an `INVALID_ARGUMENT` status naming what is wrong.
+//!
+//! The driver mounts four trees, and each is one value of [`Volume`]:
+//!
+//! | volume attributes | `readOnly` | volume |
+//! |---|---|---|
+//! | a cache | yes | [`Volume::Cache`], [`View::ReadOnly`]: the read-only view |
+//! | a cache | no | [`Volume::Cache`], [`View::Writable`]: a copy-on-write view over a private upper |
+//! | a cache and a capture | no | [`Volume::Cache`], [`View::Writable`] with [`CacheVolume::capture`]: a copy-on-write view keeping its upper as the capture's delta |
+//! | a capture only | no / yes | [`Volume::Capture`]: the workload's own capture tree, or ([`TreeOf::Captured`]) a workload's tree read-only for the capture Job |
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use crate::proto::NodePublishVolumeRequest;
-use crate::proto::volume_capability::AccessType;
-use crate::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
-use crate::{
-    ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_NAMESPACE, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE,
-    CTX_POD_UID,
-};
+use crate::capture::tree::{CAPTURE_MAX_BYTES, capture_dir, check_uid, view_name};
+use crate::views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT, is_upper_name};
 use gkm_core::CacheKey;
+use gkm_k8s_kubelet::proto::csi::NodePublishVolumeRequest;
+use gkm_k8s_kubelet::proto::csi::volume_capability::AccessType;
 use gkm_k8s_node::captures::is_pod_uid;
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
 use gkm_k8s_node::names::is_dns1123_subdomain;
 use gkm_k8s_node::relocation::is_mount_path;
 use gkm_k8s_node::volume::{
-    ATTR_CAPTURE, ATTR_CAPTURED_POD, ATTR_MOUNT_PATH, ATTR_WRITABLE_MAX_BYTES,
+    ATTR_CACHE, ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD, ATTR_CLUSTER_CACHE,
+    ATTR_MOUNT_PATH, ATTR_NAMESPACE, ATTR_WRITABLE_MAX_BYTES, CTX_EPHEMERAL, CTX_POD_NAME,
+    CTX_POD_NAMESPACE, CTX_POD_UID, DRIVER_NAME,
 };
 
-/// A checked publish request.
+/// The volume a `NodePublishVolume` request asks for, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishRequest {
+pub enum Volume {
+    /// A view of a cache the agent delivered: read-only, or copy-on-write
+    /// (whose upper a capture may keep, for a delta capture).
+    Cache(CacheVolume),
+    /// A capture volume, naming a capture and no cache: a workload's own
+    /// capture tree, or a workload's tree read-only for the capture Job.
+    Capture(CaptureVolume),
+}
+
+impl Volume {
+    /// The kubelet's volume id.
+    pub fn volume_id(&self) -> &str {
+        match self {
+            Volume::Cache(cache) => &cache.volume_id,
+            Volume::Capture(capture) => &capture.volume.volume_id,
+        }
+    }
+}
+
+/// A checked request for a view of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheVolume {
     /// The kubelet's volume id.
     pub volume_id: String,
     /// Where to mount.
@@ -42,9 +71,39 @@ pub struct PublishRequest {
     pub mount_path: Option<String>,
     /// The `GKMCacheCapture` of the pod's namespace that keeps this
     /// writable view's upper for a delta capture, when the volume names one
-    /// ([`ATTR_CAPTURE`]): the upper is then a capture tree
-    /// ([`crate::delta`]).
+    /// ([`ATTR_CAPTURE`]): the upper is then the pod's capture tree of it
+    /// (only with a [`View::Writable`], and a pod uid).
     pub capture: Option<String>,
+}
+
+/// A checked capture volume request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureVolume {
+    /// The volume, its target and the pod.
+    pub volume: PodVolume,
+    /// The `GKMCacheCapture`, in the pod's namespace.
+    pub capture: String,
+    /// Whose tree: the pod's own (a workload), or the named pod's, read-only
+    /// (a capture Job).
+    pub tree_of: TreeOf,
+    /// The bound of a workload's tree, in bytes: [`CAPTURE_MAX_BYTES`], or
+    /// less when the volume asks for less.
+    pub max_bytes: u64,
+}
+
+/// Whose tree a capture volume shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeOf {
+    /// The requesting workload pod's own, writable.
+    Own {
+        /// The pod's uid.
+        uid: String,
+    },
+    /// A workload pod's tree, read-only, for the capture Job.
+    Captured {
+        /// The workload pod's uid.
+        uid: String,
+    },
 }
 
 /// The view of the cache a publish mounts.
@@ -54,7 +113,7 @@ pub enum View {
     /// true`): the read-only view, no upper layer.
     ReadOnly,
     /// Copy-on-write: the store's tree under a private, bounded upper layer
-    /// ([`crate::upper`]).
+    /// (`csi/uppers/<volume id>`).
     Writable {
         /// The pod's fsGroup (`volume_mount_group`), which may write
         /// anywhere in the view; without one only root may.
@@ -62,6 +121,25 @@ pub enum View {
         /// The upper layer's bound, in bytes.
         max_bytes: u64,
     },
+}
+
+impl CaptureVolume {
+    /// The tree this request shows, below the store root `root`.
+    pub fn tree(&self, root: &Path) -> PathBuf {
+        let uid = match &self.tree_of {
+            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
+        };
+        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(uid)
+    }
+
+    /// The name (mount source) of the read-only view of the tree this
+    /// volume shows, or of a writable cache view keeping its upper there.
+    pub fn view_name(&self) -> String {
+        let uid = match &self.tree_of {
+            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
+        };
+        view_name(&self.volume.pod.namespace, &self.capture, uid)
+    }
 }
 
 /// A required, non-empty string field.
@@ -124,7 +202,7 @@ pub fn parse_pod_volume(req: &NodePublishVolumeRequest) -> Result<PodVolume, Sta
         return Err(Status::invalid_argument(format!(
             "{} serves only inline ephemeral volumes: the volume context lacks {CTX_EPHEMERAL}=\"true\" \
              (declare the volume under the pod's volumes[].csi, and podInfoOnMount: true in the CSIDriver)",
-            crate::DRIVER_NAME
+            DRIVER_NAME
         )));
     }
     let pod_namespace =
@@ -142,11 +220,13 @@ pub fn parse_pod_volume(req: &NodePublishVolumeRequest) -> Result<PodVolume, Sta
     })
 }
 
-/// Check `req` and read its volume context.
+/// Checks `req` and reads it into the volume it asks for: a capture volume
+/// when its attributes name a capture and no cache, a cache volume
+/// otherwise.
 ///
 /// ```
 /// use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
-/// use gkm_k8s_csi::volume::parse_publish;
+/// use gkm_k8s_csi::{Volume, parse_volume};
 ///
 /// let req = NodePublishVolumeRequest {
 ///     volume_id: "csi-1".into(),
@@ -166,11 +246,24 @@ pub fn parse_pod_volume(req: &NodePublishVolumeRequest) -> Result<PodVolume, Sta
 ///     .collect(),
 ///     ..Default::default()
 /// };
-/// let parsed = parse_publish(&req).unwrap();
+/// let Volume::Cache(parsed) = parse_volume(&req).unwrap() else {
+///     panic!("a cache volume");
+/// };
 /// assert_eq!(parsed.cache.namespace(), Some("ml")); // the pod's namespace
 /// assert_eq!(parsed.cache.name(), "vector-add");
 /// ```
-pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, Status> {
+pub fn parse(req: &NodePublishVolumeRequest) -> Result<Volume, Status> {
+    let ctx = &req.volume_context;
+    let names_cache = ctx.contains_key(ATTR_CACHE) || ctx.contains_key(ATTR_CLUSTER_CACHE);
+    if ctx.contains_key(ATTR_CAPTURE) && !names_cache {
+        parse_capture(req).map(Volume::Capture)
+    } else {
+        parse_cache(req).map(Volume::Cache)
+    }
+}
+
+/// Checks a request for a view of a cache.
+fn parse_cache(req: &NodePublishVolumeRequest) -> Result<CacheVolume, Status> {
     let PodVolume {
         volume_id,
         target_path,
@@ -204,7 +297,7 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
     };
     check_key(&cache).map_err(|e| Status::invalid_argument(format!("volume attributes: {e}")))?;
     let view = parse_view(req)?;
-    if matches!(view, View::Writable { .. }) && !crate::upper::is_upper_name(&volume_id) {
+    if matches!(view, View::Writable { .. }) && !is_upper_name(&volume_id) {
         return Err(Status::invalid_argument(format!(
             "volume_id {volume_id:?} cannot name the writable volume's upper directory \
              (letters, digits, '-', '_', '.'; at most 128)"
@@ -218,7 +311,7 @@ pub fn parse_publish(req: &NodePublishVolumeRequest) -> Result<PublishRequest, S
         )));
     }
     let capture = parse_delta_capture(req, &pod, view)?;
-    Ok(PublishRequest {
+    Ok(CacheVolume {
         volume_id,
         target_path,
         cache,
@@ -292,20 +385,75 @@ fn parse_view(req: &NodePublishVolumeRequest) -> Result<View, Status> {
         }
         _ => None,
     };
-    let max_bytes = match get(&req.volume_context, ATTR_WRITABLE_MAX_BYTES) {
-        None => WRITABLE_MAX_BYTES,
-        Some(text) => text
-            .parse::<u64>()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "{ATTR_WRITABLE_MAX_BYTES} {text:?} is not a number of bytes"
-                ))
-            })?
-            .min(WRITABLE_MAX_BYTES_LIMIT),
-    };
+    let max_bytes = max_bytes(
+        get(&req.volume_context, ATTR_WRITABLE_MAX_BYTES),
+        ATTR_WRITABLE_MAX_BYTES,
+        WRITABLE_MAX_BYTES,
+        WRITABLE_MAX_BYTES_LIMIT,
+    )?;
     Ok(View::Writable { group, max_bytes })
+}
+
+/// The bound a volume attribute `attr` whose value is `text` asks for, in
+/// bytes: `default` when it asks for none, at most `limit`. A value that is
+/// not a number of bytes (digits, more than 0) is refused.
+fn max_bytes(text: Option<&str>, attr: &str, default: u64, limit: u64) -> Result<u64, Status> {
+    let Some(text) = text else {
+        return Ok(default);
+    };
+    let bytes = text.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+        Status::invalid_argument(format!("{attr} {text:?} is not a number of bytes"))
+    })?;
+    Ok(bytes.min(limit))
+}
+
+/// Checks a capture volume request.
+fn parse_capture(req: &NodePublishVolumeRequest) -> Result<CaptureVolume, Status> {
+    let volume = parse_pod_volume(req)?;
+    let ctx = &req.volume_context;
+    let capture = ctx.get(ATTR_CAPTURE).cloned().unwrap_or_default();
+    if !is_dns1123_subdomain(&capture) {
+        return Err(Status::invalid_argument(format!(
+            "{ATTR_CAPTURE} {capture:?} is not the name of a GKMCacheCapture"
+        )));
+    }
+    let tree_of = match ctx.get(ATTR_CAPTURED_POD) {
+        Some(uid) => {
+            check_uid(uid, ATTR_CAPTURED_POD)?;
+            if !req.readonly {
+                return Err(Status::invalid_argument(format!(
+                    "a captured tree ({ATTR_CAPTURED_POD}) is mounted read-only only: set readOnly: true"
+                )));
+            }
+            TreeOf::Captured { uid: uid.clone() }
+        }
+        None => {
+            let uid = volume.pod.uid.clone().ok_or_else(|| {
+                Status::invalid_argument(
+                    "a capture volume needs the pod's uid (podInfoOnMount: true)",
+                )
+            })?;
+            check_uid(&uid, "the pod uid")?;
+            if req.readonly {
+                return Err(Status::invalid_argument(
+                    "a workload's capture volume is writable: the workload compiles into it (drop readOnly)",
+                ));
+            }
+            TreeOf::Own { uid }
+        }
+    };
+    let max_bytes = max_bytes(
+        ctx.get(ATTR_CAPTURE_MAX_BYTES).map(String::as_str),
+        ATTR_CAPTURE_MAX_BYTES,
+        CAPTURE_MAX_BYTES,
+        CAPTURE_MAX_BYTES,
+    )?;
+    Ok(CaptureVolume {
+        volume,
+        capture,
+        tree_of,
+        max_bytes,
+    })
 }
 
 /// A non-empty value of `key`.
@@ -315,8 +463,7 @@ fn get<'a>(ctx: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
 
 fn missing_pod_info(key: &str) -> Status {
     Status::invalid_argument(format!(
-        "the volume context lacks {key}: set podInfoOnMount: true in the {} CSIDriver",
-        crate::DRIVER_NAME
+        "the volume context lacks {key}: set podInfoOnMount: true in the {DRIVER_NAME} CSIDriver"
     ))
 }
 
@@ -325,10 +472,11 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::proto::VolumeCapability;
-    use crate::proto::volume_capability::{BlockVolume, MountVolume};
+    use gkm_k8s_kubelet::proto::csi::VolumeCapability;
+    use gkm_k8s_kubelet::proto::csi::volume_capability::{BlockVolume, MountVolume};
 
-    fn request(ctx: &[(&str, &str)]) -> NodePublishVolumeRequest {
+    /// A request for a filesystem volume with the volume context `ctx`.
+    pub(super) fn request(ctx: &[(&str, &str)]) -> NodePublishVolumeRequest {
         NodePublishVolumeRequest {
             volume_id: "csi-1".into(),
             target_path: "/pods/p/mount".into(),
@@ -358,14 +506,14 @@ mod tests {
     }
 
     fn refusal(req: &NodePublishVolumeRequest) -> String {
-        let status = parse_publish(req).expect_err("refused");
+        let status = parse_cache(req).expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
         status.message().to_string()
     }
 
     #[test]
     fn namespaced_cache_in_another_namespace() {
-        let p = parse_publish(&with(&[
+        let p = parse_cache(&with(&[
             (ATTR_CACHE, "vector-add"),
             (ATTR_NAMESPACE, "shared"),
         ]))
@@ -383,7 +531,7 @@ mod tests {
 
     #[test]
     fn cluster_cache() {
-        let p = parse_publish(&with(&[(ATTR_CLUSTER_CACHE, "vector-add")])).expect("ok");
+        let p = parse_cache(&with(&[(ATTR_CLUSTER_CACHE, "vector-add")])).expect("ok");
         assert_eq!(p.cache, CacheKey::cluster("vector-add"));
     }
 
@@ -392,9 +540,9 @@ mod tests {
         let cache = [(ATTR_CACHE, "vector-add")];
         let mut read_only = with(&cache);
         read_only.readonly = true;
-        assert_eq!(parse_publish(&read_only).expect("ok").view, View::ReadOnly);
+        assert_eq!(parse_cache(&read_only).expect("ok").view, View::ReadOnly);
         assert_eq!(
-            parse_publish(&with(&cache)).expect("ok").view,
+            parse_cache(&with(&cache)).expect("ok").view,
             View::Writable {
                 group: None,
                 max_bytes: WRITABLE_MAX_BYTES
@@ -412,7 +560,7 @@ mod tests {
             access_mode: None,
         });
         assert_eq!(
-            parse_publish(&grouped).expect("ok").view,
+            parse_cache(&grouped).expect("ok").view,
             View::Writable {
                 group: Some(1000),
                 max_bytes: 4096
@@ -423,7 +571,7 @@ mod tests {
             (ATTR_WRITABLE_MAX_BYTES, "99999999999999"),
         ]);
         assert_eq!(
-            parse_publish(&huge).expect("ok").view,
+            parse_cache(&huge).expect("ok").view,
             View::Writable {
                 group: None,
                 max_bytes: WRITABLE_MAX_BYTES_LIMIT
@@ -450,7 +598,7 @@ mod tests {
         assert!(refusal(&odd_id).contains("cannot name the writable volume's upper"));
         odd_id.readonly = true;
         assert!(
-            parse_publish(&odd_id).is_ok(),
+            parse_cache(&odd_id).is_ok(),
             "a read-only view has no upper"
         );
     }
@@ -499,11 +647,98 @@ mod tests {
                 "{path}"
             );
         }
-        let p = parse_publish(&with(&[
+        let p = parse_cache(&with(&[
             (ATTR_CACHE, "c"),
             (ATTR_MOUNT_PATH, "/root/.triton"),
         ]))
         .expect("ok");
         assert_eq!(p.mount_path.as_deref(), Some("/root/.triton"));
+    }
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+    use tonic::Code;
+
+    fn request(extra: &[(&str, &str)], readonly: bool) -> NodePublishVolumeRequest {
+        let mut ctx: Vec<(&str, &str)> = vec![
+            (CTX_EPHEMERAL, "true"),
+            (CTX_POD_NAMESPACE, "team"),
+            (CTX_POD_NAME, "warm-0"),
+            (CTX_POD_UID, "6f1c-22"),
+        ];
+        ctx.extend_from_slice(extra);
+        NodePublishVolumeRequest {
+            readonly,
+            ..tests::request(&ctx)
+        }
+    }
+
+    fn refused(req: &NodePublishVolumeRequest) -> String {
+        let status = parse_capture(req).expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        status.message().to_string()
+    }
+
+    #[test]
+    fn a_workload_gets_its_own_tree_in_its_own_namespace() {
+        let req = parse_capture(&request(&[(ATTR_CAPTURE, "warm")], false)).expect("parsed");
+        assert_eq!(
+            req.tree(Path::new("/store")),
+            Path::new("/store/captures/team/warm/6f1c-22")
+        );
+        assert_eq!(req.max_bytes, CAPTURE_MAX_BYTES);
+        assert!(refused(&request(&[(ATTR_CAPTURE, "warm")], true)).contains("writable"));
+        let lower = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1048576")];
+        assert_eq!(
+            parse_capture(&request(&lower, false))
+                .expect("parsed")
+                .max_bytes,
+            1 << 20
+        );
+        let higher = [
+            (ATTR_CAPTURE, "warm"),
+            (ATTR_CAPTURE_MAX_BYTES, "99999999999999"),
+        ];
+        assert_eq!(
+            parse_capture(&request(&higher, false))
+                .expect("parsed")
+                .max_bytes,
+            CAPTURE_MAX_BYTES
+        );
+        let bad = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1GiB")];
+        assert!(refused(&request(&bad, false)).contains("not a number of bytes"));
+    }
+
+    #[test]
+    fn a_capture_job_reads_a_named_pods_tree_of_its_own_namespace_read_only() {
+        let job = request(
+            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
+            true,
+        );
+        let req = parse_capture(&job).expect("parsed");
+        assert_eq!(
+            req.tree_of,
+            TreeOf::Captured {
+                uid: "6f1c-22".into()
+            }
+        );
+        assert_eq!(
+            req.tree(Path::new("/store")),
+            Path::new("/store/captures/team/warm/6f1c-22")
+        );
+        let writable = request(
+            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
+            false,
+        );
+        assert!(refused(&writable).contains("read-only"));
+        for bad in ["../../etc", "a/b", ""] {
+            let escape = request(&[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, bad)], true);
+            assert!(refused(&escape).contains("not a pod uid"), "{bad}");
+        }
+        for bad in ["../x", "Warm", ""] {
+            assert!(refused(&request(&[(ATTR_CAPTURE, bad)], false)).contains("GKMCacheCapture"));
+        }
     }
 }

@@ -1,5 +1,9 @@
-//! What every long-running gkm daemon (operator, agent, CSI driver, device
-//! plugin, scheduler extender) shares around its own work.
+//! What every long-running gkm daemon that talks to the apiserver
+//! (operator, agent, device plugin, DRA plugin, scheduler extender) shares
+//! around its own work. What of it needs no Kubernetes API ([`endpoints`],
+//! [`server`], [`readiness`] but its apiserver checks, [`metrics`],
+//! [`tasks`]) is `gkm_k8s_daemon`, re-exported here; the CSI driver, which
+//! never reads the apiserver, takes that crate alone.
 //!
 //! - [`endpoints`]: what the daemon answers over HTTP — `/healthz`,
 //!   `/readyz`, `/metrics` and any routes of its own (the extender's verbs,
@@ -45,12 +49,10 @@
 #![deny(missing_docs)]
 
 pub mod client;
-pub mod endpoints;
 pub mod identity;
 pub mod leader;
-pub mod metrics;
 pub mod readiness;
 pub mod relist;
-pub mod server;
-pub mod tasks;
 pub mod watched_index;
+
+pub use gkm_k8s_daemon::{endpoints, metrics, server, tasks};

@@ -14,7 +14,7 @@
 //!
 //! The node's captured tree is not removed here (the operator has no
 //! access to nodes): the node's CSI driver removes it once the capture is
-//! over (`gkm_k8s_csi::capture_release`).
+//! over (`gkm_k8s_csi::release_captures`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! (`gkm-operator --capture`, on by default); the chart installs the CRD,
 //! its RBAC and the admission policy admitting only the capture Jobs
 //! [`job`] makes. The node's captured tree is removed by the CSI driver
-//! (`gkm_k8s_csi::capture_release`) once the capture is over.
+//! (`gkm_k8s_csi::release_captures`) once the capture is over.
 
 mod controller;
 pub mod decide;

@@ -8,8 +8,7 @@
 //! open), and then nothing is left on the node.
 //!
 //! A tenant who may only create pods cannot pin node memory with them: the
-//! `gkm-csi` binary (built by `cargo build -p gkm-csi`, as `hack/ci/test.sh`
-//! builds every binary) refuses a capture volume for a capture that is not
+//! `gkm-csi` binary (which cargo builds for this package's tests) refuses a capture volume for a capture that is not
 //! pending in the pod's namespace, or with capture volumes disabled, and
 //! past its per-namespace and per-node caps; it releases a tree as its pod
 //! ends when nothing will capture it, and a pending capture's tree nobody
@@ -20,15 +19,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../../gkm-k8s/csi/tests/csi_support/mod.rs"]
 mod csi_support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_support::{clients, start_driver};
-use gkm_k8s_csi::capture_admission::CaptureConfig;
-use gkm_k8s_csi::capture_release::{ReleaseOptions, release_captures};
-use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_csi::{CaptureConfig, ReleaseOptions, mount_at, release_captures};
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{
@@ -204,7 +202,7 @@ async fn a_workloads_capture_tree_outlives_it_and_only_its_namespaces_job_reads_
     .expect("driver");
     let (stop, stopped) = oneshot::channel::<()>();
     let releasing = tokio::spawn(release_captures(
-        driver.node.clone(),
+        driver.node.captures().clone(),
         ReleaseOptions {
             interval: RELEASE_EVERY,
             grace: Duration::ZERO,
@@ -281,7 +279,7 @@ impl CsiDriver {
         flags: &[&str],
         container: Option<&ContainerMounts>,
     ) -> CsiDriver {
-        let binary = gkm_testenv::workspace_binary("gkm-csi").expect("cargo build -p gkm-csi");
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_gkm-csi"));
         let socket = work.join("csi.sock");
         let mut args = vec![
             format!("--endpoint=unix://{}", socket.display()),
@@ -402,7 +400,7 @@ async fn a_capture_volume_is_refused_with_capture_disabled() {
     // A tree left from when capture was enabled.
     let left = store.join("captures/team/warm/uid-left");
     std::fs::create_dir_all(&left).expect("a left tree");
-    gkm_k8s_csi::capture::make_tree(&left, 1 << 20).expect("mounted");
+    gkm_k8s_csi::make_tree(&left, 1 << 20).expect("mounted");
     index_lists(&store, &[("team", "warm", CaptureState::Open)]);
     let driver = CsiDriver::start(
         work.path(),

@@ -8,7 +8,6 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::StatVfsMountFlags;
 use rustix::mount::UnmountFlags;
 
 use gkm_k8s_node::mountinfo::{MOUNTINFO, MountInfo, parse_mountinfo};
@@ -32,12 +31,6 @@ pub fn mount_at(path: &Path) -> io::Result<Option<MountInfo>> {
 pub fn same_directory(a: &Path, b: &Path) -> io::Result<bool> {
     let (a, b) = (fs::metadata(a)?, fs::metadata(b)?);
     Ok(a.dev() == b.dev() && a.ino() == b.ino())
-}
-
-/// Whether the filesystem at `path` is mounted read-only.
-pub fn is_read_only(path: &Path) -> io::Result<bool> {
-    let st = rustix::fs::statvfs(path)?;
-    Ok(st.f_flag.contains(StatVfsMountFlags::RDONLY))
 }
 
 /// The cache tree of a store entry (`io.triton.cache/` or `io.vllm.cache/`
@@ -285,16 +278,30 @@ pub fn is_writable_view(mount: &MountInfo, name: &str) -> bool {
     mount.fs_type == "overlay" && mount.source == name && !mount.is_read_only()
 }
 
+/// The mode of a directory a pod's fsGroup writes: `rwxrwsr-x` (setgid, so
+/// what is made in it belongs to the group too).
+pub const GROUP_WRITABLE_DIR: u32 = 0o2775;
+
+/// The upper and work directories of a writable view (an upper's
+/// `upper/` and `work/`).
+#[derive(Debug, Clone, Copy)]
+pub struct UpperLayers<'a> {
+    /// The upper layer: what the pod writes.
+    pub upper: &'a Path,
+    /// Overlayfs's work directory, on the same filesystem.
+    pub work: &'a Path,
+}
+
 /// Mounts a writable, copy-on-write view of the directory `tree` (a path
 /// that names it, such as [`CacheTree::mount_source`]) at `target`, named
 /// `name`: an overlay whose only lower layer is `tree`, never written, and
-/// whose upper and work directories are `upper`'s, private to this view.
+/// whose upper and work directories are `layers`, private to this view.
 ///
 /// The options are pinned, whatever the kernel's defaults: `index=off`,
 /// `metacopy=off` (a changed file is copied up whole, so the upper alone
 /// holds everything the pod wrote), `redirect_dir=off` (a renamed lower
 /// directory is copied, not redirected), `xino=off` (upper and lower are on
-/// different filesystems, see [`crate::upper`]); `userxattr` is not set (the
+/// different filesystems, see [`super::upper`]); `userxattr` is not set (the
 /// driver is privileged, the overlay keeps its attributes in `trusted.*`).
 /// The mount is `nosuid`, `nodev`.
 ///
@@ -311,7 +318,7 @@ pub fn is_writable_view(mount: &MountInfo, name: &str) -> bool {
 pub fn mount_writable_view(
     tree: &Path,
     relocation: Option<&Path>,
-    upper: &crate::upper::Upper,
+    layers: UpperLayers<'_>,
     group: Option<u32>,
     name: &str,
     target: &Path,
@@ -322,8 +329,8 @@ pub fn mount_writable_view(
     };
     let tree = OpenDir::open(tree)?;
     let relocation = relocation.map(OpenDir::open).transpose()?;
-    let upper_dir = OpenDir::open(&upper.upper())?;
-    let work_dir = OpenDir::open(&upper.work())?;
+    let upper_dir = OpenDir::open(layers.upper)?;
+    let work_dir = OpenDir::open(layers.work)?;
     let what = |step: &str| {
         format!(
             "mounting the writable view {name} at {} ({step})",
@@ -370,7 +377,7 @@ pub fn mount_writable_view(
 }
 
 /// Makes every directory below the lower tree `lower` (not the root, which
-/// is the upper's own) `root:gid`, mode [`crate::upper::GROUP_WRITABLE_DIR`],
+/// is the upper's own) `root:gid`, mode [`GROUP_WRITABLE_DIR`],
 /// in the detached view `view`; how many. Only directories are walked and
 /// changed, no symbolic link is followed.
 fn open_directories_to_group(
@@ -379,7 +386,7 @@ fn open_directories_to_group(
     gid: u32,
 ) -> io::Result<usize> {
     use rustix::fs::{AtFlags, Gid, Mode, Uid, chmodat, chownat};
-    let mode = Mode::from_raw_mode(crate::upper::GROUP_WRITABLE_DIR as rustix::fs::RawMode);
+    let mode = Mode::from_raw_mode(GROUP_WRITABLE_DIR as rustix::fs::RawMode);
     let mut pending = vec![PathBuf::new()];
     let mut changed = 0;
     while let Some(rel) = pending.pop() {

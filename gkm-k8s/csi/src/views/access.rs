@@ -23,13 +23,13 @@ use std::path::{Component, Path};
 
 use tonic::Status;
 
-use crate::volume::PublishRequest;
+use crate::volume::CacheVolume;
 use gkm_core::Scope;
 use gkm_k8s_node::delivery::Delivery;
 
 /// Refuses a pod whose volume context does not match the pod the kubelet
 /// publishes for, or a `GKMCache` of another namespace.
-pub fn check_pod(req: &PublishRequest) -> Result<(), Status> {
+pub fn check_pod(req: &CacheVolume) -> Result<(), Status> {
     if let Some(path_uid) = kubelet_pod_uid(&req.target_path) {
         match req.pod.uid.as_deref() {
             Some(uid) if uid == path_uid => {}
@@ -41,8 +41,8 @@ pub fn check_pod(req: &PublishRequest) -> Result<(), Status> {
             None => {
                 return Err(Status::permission_denied(format!(
                     "the volume context lacks {}: set podInfoOnMount: true in the {} CSIDriver",
-                    crate::CTX_POD_UID,
-                    crate::DRIVER_NAME
+                    gkm_k8s_node::volume::CTX_POD_UID,
+                    gkm_k8s_node::volume::DRIVER_NAME
                 )));
             }
         }
@@ -63,7 +63,7 @@ pub fn check_pod(req: &PublishRequest) -> Result<(), Status> {
 }
 
 /// Refuses a pod outside a `ClusterGKMCache`'s `workloadNamespaces`.
-pub fn check_workload_namespace(req: &PublishRequest, delivery: &Delivery) -> Result<(), Status> {
+pub fn check_workload_namespace(req: &CacheVolume, delivery: &Delivery) -> Result<(), Status> {
     if req.cache.scope() != Scope::Cluster {
         return Ok(());
     }
@@ -115,8 +115,8 @@ mod tests {
         pod_ns: &str,
         uid: Option<&str>,
         target: &str,
-    ) -> PublishRequest {
-        PublishRequest {
+    ) -> CacheVolume {
+        CacheVolume {
             volume_id: "csi-1".into(),
             target_path: PathBuf::from(target),
             cache: CacheKey::named(cache_ns, "vector-add"),

@@ -19,7 +19,8 @@
 //!   hold), as the kernel reports it for the trees mounted now, whether or
 //!   not their pods still run (`RESOURCE_EXHAUSTED`, naming the cap).
 //!
-//! [`admit`] is the decision, pure; the driver gathers what it reads.
+//! [`admit`] is the decision, pure; the driver gathers what it reads
+//! ([`CaptureTrees::admit`](super::CaptureTrees::admit)).
 
 use std::time::Duration;
 
@@ -155,42 +156,6 @@ pub fn admit(
         ));
     }
     Ok(())
-}
-
-/// Whether the checked request `req` may be published on the node whose
-/// store root is `root`: reads the capture index and the trees mounted now,
-/// and asks [`admit`]. Blocking.
-pub fn check(
-    root: &std::path::Path,
-    config: &CaptureConfig,
-    req: &crate::capture::CaptureRequest,
-) -> Result<(), Status> {
-    if !config.enabled {
-        return admit(config, Asked::Existing, None, &[]);
-    }
-    let internal = |e: std::io::Error| Status::internal(e.to_string());
-    let capture = CaptureName::new(req.volume.pod.namespace.clone(), req.capture.clone());
-    let own = matches!(req.tree_of, crate::capture::TreeOf::Own { .. });
-    let tree = req.tree(root);
-    if !own || crate::mount::mount_at(&tree).map_err(internal)?.is_some() {
-        return admit(config, Asked::Existing, None, &[]);
-    }
-    let index = gkm_k8s_node::captures::CaptureIndex::new(root);
-    let captures = index.read().map_err(|e| {
-        Status::unavailable(format!(
-            "the capture index cannot be read ({e}): whether GKMCacheCapture {capture} is pending is unknown"
-        ))
-    })?;
-    let granted: Vec<GrantedTree> = crate::capture::mounted_trees(root)
-        .map_err(internal)?
-        .into_iter()
-        .map(|t| t.granted)
-        .collect();
-    let asked = Asked::NewTree {
-        capture: &capture,
-        bytes: req.max_bytes,
-    };
-    admit(config, asked, captures.as_ref(), &granted)
 }
 
 #[cfg(test)]

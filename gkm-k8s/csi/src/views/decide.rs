@@ -1,6 +1,6 @@
 //! Deciding a `NodePublishVolume` from what the node holds: pure, so every
 //! refusal and its gRPC code is tested without root, a store or a mount.
-//! [`crate::node::NodeService::publish`] reads the [`Observed`] facts, asks
+//! [`Views::publish`](super::Views::publish) reads the [`Observed`] facts, asks
 //! [`decide`], and carries the [`Decision`] out.
 
 use std::path::PathBuf;
@@ -10,8 +10,8 @@ use gkm_k8s_node::mount_records::MountRecord;
 use jiff::Timestamp;
 use tonic::Status;
 
-use crate::access::{check_pod, check_workload_namespace};
-use crate::volume::{PublishRequest, View};
+use super::access::{check_pod, check_workload_namespace};
+use crate::volume::{CacheVolume, View};
 
 /// The store entry of the digest the agent decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub enum Decision {
 /// (`UNAVAILABLE`: not yet) or not (`FAILED_PRECONDITION`, `NOT_FOUND`,
 /// `PERMISSION_DENIED`).
 pub fn decide(
-    req: &PublishRequest,
+    req: &CacheVolume,
     node: &str,
     observed: &Observed,
     now: Timestamp,
@@ -198,8 +198,8 @@ mod tests {
 
     const TARGET: &str = "/var/lib/kubelet/pods/0c1d/volumes/kubernetes.io~csi/kernels/mount";
 
-    fn request(cache: CacheKey) -> PublishRequest {
-        PublishRequest {
+    fn request(cache: CacheKey) -> CacheVolume {
+        CacheVolume {
             volume_id: "csi-1".into(),
             target_path: TARGET.into(),
             cache,

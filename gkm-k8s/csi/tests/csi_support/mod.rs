@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gkm_k8s_api::cache_object::CacheKey;
+use gkm_core::CacheKey;
 use gkm_k8s_csi::{Driver, DriverConfig, serve_csi};
 use gkm_k8s_kubelet::proto::csi::identity_client::IdentityClient;
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
@@ -70,7 +70,7 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
     let config = DriverConfig {
         node_name: node.into(),
         store_root: store_root.to_path_buf(),
-        capture: gkm_k8s_csi::capture_admission::CaptureConfig::default(),
+        capture: gkm_k8s_csi::CaptureConfig::default(),
     };
     let driver = Driver::new(&config).expect("driver");
     let (stop, stopped) = oneshot::channel::<()>();

@@ -43,7 +43,8 @@
 //! no mounted view names: what a driver killed between mounting the upper
 //! and attaching the view, or a node that restarted, left behind. A volume
 //! that also names a capture has its upper in that capture's tree instead
-//! ([`crate::delta`]), which is kept and released as capture trees are.
+//! (`crate::capture`'s delta uppers), which is kept and released as capture
+//! trees are.
 
 use std::fs;
 use std::io;
@@ -52,6 +53,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::mount::MountFlags;
 
+use super::mount::{GROUP_WRITABLE_DIR, UpperLayers, mount_at, mount_writable_view, unmount_all};
 use gkm_k8s_node::mountinfo::{MOUNTINFO, parse_mountinfo};
 
 /// Where the uppers are, below the store root.
@@ -158,7 +160,7 @@ impl Upper {
     }
 
     /// Makes the layers of an upper in `dir`, a capture tree already
-    /// mounted and bounded (a delta capture's, see [`crate::delta`]), with
+    /// mounted and bounded (a delta capture's), with
     /// the ownership [`Upper::make`] gives them.
     pub fn make_in(dir: &Path, group: Option<u32>) -> io::Result<Upper> {
         let upper = Upper {
@@ -191,11 +193,26 @@ impl Upper {
     pub fn work(&self) -> PathBuf {
         self.dir.join("work")
     }
-}
 
-/// The mode of a directory a pod's fsGroup writes: `rwxrwsr-x` (setgid, so
-/// what is made in it belongs to the group too).
-pub const GROUP_WRITABLE_DIR: u32 = 0o2775;
+    /// Mounts the writable view of the directory `tree` (relocated by
+    /// `relocation`) at `target` on this upper, named `name`, for `group`
+    /// ([`mount_writable_view`]); how many directories were made writable.
+    pub fn mount_view(
+        &self,
+        tree: &Path,
+        relocation: Option<&Path>,
+        group: Option<u32>,
+        name: &str,
+        target: &Path,
+    ) -> io::Result<usize> {
+        let (upper, work) = (self.upper(), self.work());
+        let layers = UpperLayers {
+            upper: &upper,
+            work: &work,
+        };
+        mount_writable_view(tree, relocation, layers, group, name, target)
+    }
+}
 
 /// Bytes the upper at `dir` holds (its tmpfs's used blocks); 0 when it is
 /// not mounted.
@@ -219,13 +236,13 @@ pub fn tmpfs_used_bytes(dir: &Path) -> u64 {
 
 /// Whether `dir` is an upper's `tmpfs`.
 pub fn is_upper_mount(dir: &Path) -> bool {
-    matches!(crate::mount::mount_at(dir), Ok(Some(m)) if m.source.starts_with(UPPER_SOURCE_PREFIX))
+    matches!(mount_at(dir), Ok(Some(m)) if m.source.starts_with(UPPER_SOURCE_PREFIX))
 }
 
 /// Unmounts the upper at `dir` and removes it (nothing to do when it is
 /// gone). Only called once no view names it.
 pub fn remove(dir: &Path) -> io::Result<()> {
-    crate::mount::unmount_all(dir).map_err(|e| {
+    unmount_all(dir).map_err(|e| {
         io::Error::new(e.kind(), format!("unmounting upper {}: {e}", dir.display()))
     })?;
     match fs::remove_dir_all(dir) {

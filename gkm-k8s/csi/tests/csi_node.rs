@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use csi_support::{clients, cluster_cache, extract_fixture, gkmcache, start_driver};
 use gkm_core::compat::{NODE_CHECK, check_summary};
 use gkm_core::{Backend, Gpu, Vendor};
-use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_csi::mount_at;
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{
     AccessMode, AccessType, MountVolume, access_mode,
@@ -110,7 +110,7 @@ struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
-        let _ = gkm_k8s_csi::mount::unmount_all(&self.0);
+        let _ = gkm_k8s_csi::unmount_all(&self.0);
     }
 }
 
@@ -573,7 +573,7 @@ async fn a_target_holding_another_mount_is_refused() {
     let other = s.work.path().join("other");
     fs::create_dir_all(&other).expect("mkdir");
     fs::create_dir_all(&target).expect("mkdir");
-    gkm_k8s_csi::mount::bind(&other, &target).expect("bind");
+    gkm_k8s_csi::bind(&other, &target).expect("bind");
 
     let status = s
         .publish(publish_request(

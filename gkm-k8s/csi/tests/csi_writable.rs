@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use csi_support::{clients, extract_fixture, gkmcache, start_driver};
-use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_csi::mount_at;
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{
@@ -383,7 +383,7 @@ async fn uppers_and_overlays_left_by_a_killed_driver_are_swept_at_start() {
         .publish("torn", false, Some(FS_GROUP), &[])
         .await
         .expect("publish");
-    gkm_k8s_csi::mount::unmount_all(&torn).expect("detach the view only");
+    gkm_k8s_csi::unmount_all(&torn).expect("detach the view only");
     assert!(
         mount_at(&n.upper(&volume("torn")))
             .expect("mountinfo")

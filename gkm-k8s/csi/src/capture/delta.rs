@@ -8,9 +8,9 @@
 //!   csi.gkm.io/GKMCacheCapture: warm     # in the pod's namespace
 //! ```
 //!
-//! The view is the usual writable one ([`crate::upper`]), but its upper and
+//! The view is the usual writable one ([`crate::views::upper`]), but its upper and
 //! work directories live in the pod's capture tree
-//! (`<store>/captures/<namespace>/<capture>/<pod uid>`, [`crate::capture`])
+//! (`<store>/captures/<namespace>/<capture>/<pod uid>`, [`super::tree`])
 //! instead of a tmpfs of the publish's own, with the record of the base
 //! beside them, never inside what the pod wrote:
 //!
@@ -23,8 +23,8 @@
 //!
 //! So such an upper is admitted, capped, kept after the pod ends only while
 //! its capture is pending, released and found again after a driver restart
-//! exactly as a capture tree is ([`crate::capture_admission`],
-//! [`crate::capture_release`]); the view's mount source is the capture
+//! exactly as a capture tree is ([`super::admission`],
+//! [`super::release`]); the view's mount source is the capture
 //! tree's view name, by which the driver knows the tree is in use. The
 //! record names the digest the view showed (the one the node store
 //! published, in the cache's repository: `<repo>@sha256:<hex>`) and the path
@@ -39,8 +39,132 @@ use std::path::{Path, PathBuf};
 
 use gkm_core::Digest;
 pub use gkm_core::delta::DeltaBase;
+use gkm_k8s_node::mount_records::MountRecord;
+use tonic::Status;
 
-pub use gkm_k8s_node::captures::{DELTA_RECORD_FILE as RECORD_FILE, DELTA_UPPER_DIR as UPPER_DIR};
+use super::tree::{is_delta_tree, make_tree, mounted_trees, remove_tree};
+use crate::views::UpperPlace;
+use crate::views::mount::{CacheTree, mount_at};
+use crate::views::upper::Upper;
+use crate::volume::{CacheVolume, CaptureVolume, PodVolume, TreeOf, View};
+
+use gkm_k8s_node::captures::DELTA_RECORD_FILE as RECORD_FILE;
+
+/// The upper of a writable cache view that names a capture: the pod's
+/// capture tree of it, holding the record of the view's base.
+#[derive(Debug, Clone)]
+pub struct DeltaUpper {
+    capture: CaptureVolume,
+    base: Option<DeltaBase>,
+}
+
+impl DeltaUpper {
+    /// The delta upper of `req`, when it names a capture: the pod's own
+    /// tree of that capture, bounded as the view is.
+    pub fn of(req: &CacheVolume) -> Option<DeltaUpper> {
+        let capture = req.capture.clone()?;
+        let uid = req.pod.uid.clone()?;
+        let View::Writable { max_bytes, .. } = req.view else {
+            return None;
+        };
+        let capture = CaptureVolume {
+            volume: PodVolume {
+                volume_id: req.volume_id.clone(),
+                target_path: req.target_path.clone(),
+                pod: req.pod.clone(),
+            },
+            capture,
+            tree_of: TreeOf::Own { uid },
+            max_bytes,
+        };
+        Some(DeltaUpper {
+            capture,
+            base: None,
+        })
+    }
+
+    /// The capture volume the view also is, as admission sees it.
+    pub fn capture(&self) -> &CaptureVolume {
+        &self.capture
+    }
+}
+
+impl UpperPlace for DeltaUpper {
+    fn view_name(&self, _: &str, _: &Digest) -> String {
+        self.capture.view_name()
+    }
+
+    /// Names the base: the digest `record` publishes, in the repository of
+    /// the cache's `image` (as the agent recorded it), built where `tree`'s
+    /// groups say.
+    fn prepare(
+        &mut self,
+        record: &MountRecord,
+        tree: &CacheTree,
+        image: Option<&str>,
+    ) -> Result<(), Status> {
+        let image = image.ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "{} names a capture, but the gkm agent recorded no image for {} (an older agent): \
+                 the delta's base cannot be named",
+                record.volume_id, record.cache
+            ))
+        })?;
+        let build_path = gkm_core::cache::tree_build_path(&tree.path).map_err(|e| {
+            Status::failed_precondition(format!(
+                "reading the build path of {} digest {}: {e}",
+                record.cache, record.digest
+            ))
+        })?;
+        self.base = Some(delta_base(image, &record.digest, build_path));
+        Ok(())
+    }
+
+    /// Makes the capture tree (bounded to `max_bytes`), the record of its
+    /// base and its upper; removes the tree if one of them is not made. A
+    /// tree the pod already has for the capture is refused while in use (a
+    /// second volume naming it), or holds a plain capture volume's files;
+    /// one left by a publish that did not finish is made again.
+    fn make(
+        &self,
+        root: &Path,
+        _: &MountRecord,
+        max_bytes: u64,
+        group: Option<u32>,
+    ) -> io::Result<Upper> {
+        let base = self
+            .base
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the base of the delta capture is not named yet"))?;
+        let dir = &self.capture.tree(root);
+        if mount_at(dir)?.is_some() {
+            let in_use = mounted_trees(root)?
+                .iter()
+                .any(|t| t.in_use && t.path == *dir);
+            if in_use || !is_delta_tree(dir) {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "the pod already has a capture tree at {} (another volume names the same capture)",
+                        dir.display()
+                    ),
+                ));
+            }
+            remove_tree(dir)?;
+        }
+        make_tree(dir, max_bytes)?;
+        let made = write_record(dir, base).and_then(|()| Upper::make_in(dir, group));
+        if made.is_err() {
+            let _ = remove_tree(dir);
+        }
+        made
+    }
+
+    /// Removes the capture tree the upper is in.
+    fn discard(&self, upper: &Upper) {
+        let _ = remove_tree(&upper.dir);
+    }
+}
 
 /// The repository of the image reference `image` (a tag or digest dropped):
 /// `registry:5000/team/base:v1` is `registry:5000/team/base`.
@@ -60,11 +184,6 @@ pub fn delta_base(image: &str, digest: &Digest, build_path: Option<PathBuf>) -> 
         image: format!("{}@{digest}", repository(image)),
         build_path,
     }
-}
-
-/// Whether the capture tree `tree` is a delta tree: it holds a record.
-pub fn is_delta_tree(tree: &Path) -> bool {
-    tree.join(RECORD_FILE).is_file()
 }
 
 /// Writes `base` as the record of the delta tree `tree`, read-only, whole

@@ -1,5 +1,5 @@
 //! Writable cache volumes that also name a capture (a delta capture), over
-//! the `gkm-csi` binary's socket (built by `cargo build -p gkm-csi`), with
+//! the `gkm-csi` binary's socket (which cargo builds for this package's tests), with
 //! real mounts and a real non-root writer (run as root): the pod gets the
 //! usual copy-on-write view of the delivered cache, but its upper is a
 //! capture tree, kept after the pod ends while its capture is pending,
@@ -9,6 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../../gkm-k8s/csi/tests/csi_support/mod.rs"]
 mod csi_support;
 
 use std::fs;
@@ -18,8 +19,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use csi_support::{clients, extract_fixture, gkmcache};
-use gkm_k8s_csi::delta::{DeltaBase, RECORD_FILE, UPPER_DIR};
-use gkm_k8s_csi::mount::mount_at;
+use gkm_k8s_csi::{
+    DELTA_RECORD_FILE as RECORD_FILE, DELTA_UPPER_DIR as UPPER_DIR, DeltaBase, mount_at,
+};
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{
@@ -68,7 +70,7 @@ impl Node {
                 d
             })
             .expect("index");
-        let binary = gkm_testenv::workspace_binary("gkm-csi").expect("cargo build -p gkm-csi");
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_gkm-csi"));
         let socket = work.path().join("csi.sock");
         let mut cmd = Command::new(binary);
         cmd.args([

@@ -1,4 +1,4 @@
-//! Capture volumes: the writable, pod-private directory a workload compiles
+//! Capture trees: the writable, pod-private directory a workload compiles
 //! its kernel cache into (`csi.gkm.io/GKMCacheCapture: <capture>`), and
 //! that tree read-only for the capture Job
 //! (`csi.gkm.io/capturedPodUID: <workload pod uid>` as well).
@@ -15,10 +15,9 @@
 //! request is only ever given the tree read-only, and only one that
 //! exists: a capture Job never makes an empty tree.
 //!
-//! [`NodeService::release_capture`](crate::NodeService::release_capture)
-//! unmounts and removes a tree; [`crate::capture_release`] calls it once
-//! nothing will capture the tree, and [`crate::capture_admission`] says
-//! which trees are made at all.
+//! [`CaptureTrees::release`](super::CaptureTrees::release) unmounts and removes a
+//! tree; [`super::release`] calls it once nothing will capture the tree,
+//! and [`super::admission`] says which trees are made at all.
 //!
 //! # Trees outlive the driver
 //!
@@ -43,13 +42,11 @@ use std::path::{Path, PathBuf};
 use rustix::mount::MountFlags;
 use tonic::Status;
 
-use crate::capture_admission::GrantedTree;
-use crate::proto::NodePublishVolumeRequest;
-use crate::volume::{PodVolume, parse_pod_volume};
+use super::admission::GrantedTree;
+use crate::views::mount::{mount_at, same_directory, unmount_all};
 use gkm_k8s_node::captures::{CaptureName, is_pod_uid};
 use gkm_k8s_node::mountinfo::{MOUNTINFO, parse_mountinfo};
 use gkm_k8s_node::names::is_dns1123_subdomain;
-use gkm_k8s_node::volume::{ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD};
 
 /// The most a workload's capture tree may hold, in bytes.
 pub const CAPTURE_MAX_BYTES: u64 = 10 << 30;
@@ -66,52 +63,9 @@ pub fn view_name(namespace: &str, capture: &str, uid: &str) -> String {
     format!("{TREE_SOURCE}:{namespace}/{capture}/{uid}")
 }
 
-/// A checked capture volume request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureRequest {
-    /// The volume, its target and the pod.
-    pub volume: PodVolume,
-    /// The `GKMCacheCapture`, in the pod's namespace.
-    pub capture: String,
-    /// Whose tree: the pod's own (a workload), or the named pod's, read-only
-    /// (a capture Job).
-    pub tree_of: TreeOf,
-    /// The bound of a workload's tree, in bytes: [`CAPTURE_MAX_BYTES`], or
-    /// less when the volume asks for less.
-    pub max_bytes: u64,
-}
-
-/// Whose tree a capture volume shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TreeOf {
-    /// The requesting workload pod's own, writable.
-    Own {
-        /// The pod's uid.
-        uid: String,
-    },
-    /// A workload pod's tree, read-only, for the capture Job.
-    Captured {
-        /// The workload pod's uid.
-        uid: String,
-    },
-}
-
-/// Whether `req` asks for a capture volume.
-pub fn is_capture(req: &NodePublishVolumeRequest) -> bool {
-    req.volume_context.contains_key(ATTR_CAPTURE)
-}
-
-/// Whether `req` also names a cache: a writable cache view whose upper is
-/// kept for the capture ([`crate::delta`]), not a capture volume.
-pub fn names_cache(req: &NodePublishVolumeRequest) -> bool {
-    use gkm_k8s_node::volume::{ATTR_CACHE, ATTR_CLUSTER_CACHE};
-    let ctx = &req.volume_context;
-    ctx.contains_key(ATTR_CACHE) || ctx.contains_key(ATTR_CLUSTER_CACHE)
-}
-
 /// A pod uid: what the kubelet passes, or what a Job names (letters,
 /// digits, `-`; at most 64).
-fn check_uid(uid: &str, what: &str) -> Result<(), Status> {
+pub(crate) fn check_uid(uid: &str, what: &str) -> Result<(), Status> {
     if !is_pod_uid(uid) {
         return Err(Status::invalid_argument(format!(
             "{what} {uid:?} is not a pod uid"
@@ -120,76 +74,10 @@ fn check_uid(uid: &str, what: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// Checks a capture volume request.
-pub fn parse_capture(req: &NodePublishVolumeRequest) -> Result<CaptureRequest, Status> {
-    let volume = parse_pod_volume(req)?;
-    let ctx = &req.volume_context;
-    let capture = ctx.get(ATTR_CAPTURE).cloned().unwrap_or_default();
-    if !is_dns1123_subdomain(&capture) {
-        return Err(Status::invalid_argument(format!(
-            "{ATTR_CAPTURE} {capture:?} is not the name of a GKMCacheCapture"
-        )));
-    }
-    let tree_of = match ctx.get(ATTR_CAPTURED_POD) {
-        Some(uid) => {
-            check_uid(uid, ATTR_CAPTURED_POD)?;
-            if !req.readonly {
-                return Err(Status::invalid_argument(format!(
-                    "a captured tree ({ATTR_CAPTURED_POD}) is mounted read-only only: set readOnly: true"
-                )));
-            }
-            TreeOf::Captured { uid: uid.clone() }
-        }
-        None => {
-            let uid = volume.pod.uid.clone().ok_or_else(|| {
-                Status::invalid_argument(
-                    "a capture volume needs the pod's uid (podInfoOnMount: true)",
-                )
-            })?;
-            check_uid(&uid, "the pod uid")?;
-            if req.readonly {
-                return Err(Status::invalid_argument(
-                    "a workload's capture volume is writable: the workload compiles into it (drop readOnly)",
-                ));
-            }
-            TreeOf::Own { uid }
-        }
-    };
-    let max_bytes = match ctx.get(ATTR_CAPTURE_MAX_BYTES) {
-        None => CAPTURE_MAX_BYTES,
-        Some(text) => text
-            .parse::<u64>()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "{ATTR_CAPTURE_MAX_BYTES} {text:?} is not a number of bytes"
-                ))
-            })?
-            .min(CAPTURE_MAX_BYTES),
-    };
-    Ok(CaptureRequest {
-        volume,
-        capture,
-        tree_of,
-        max_bytes,
-    })
-}
-
 /// Where the capture trees of `namespace`'s `capture` are, below the store
 /// root `root`; each pod's is named by its uid.
 pub fn capture_dir(root: &Path, namespace: &str, capture: &str) -> PathBuf {
     root.join(CAPTURES_DIR).join(namespace).join(capture)
-}
-
-impl CaptureRequest {
-    /// The tree this request shows, below the store root `root`.
-    pub fn tree(&self, root: &Path) -> PathBuf {
-        let uid = match &self.tree_of {
-            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
-        };
-        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(uid)
-    }
 }
 
 /// The tree of pod `uid` for `namespace`'s `capture` below the store root
@@ -209,10 +97,18 @@ pub fn released_tree(
     Ok(capture_dir(root, namespace, capture).join(uid))
 }
 
+/// Whether the capture tree `tree` is a delta tree: it holds the record of
+/// the base a writable cache view keeping its upper there showed
+/// ([`super::delta`]).
+pub fn is_delta_tree(tree: &Path) -> bool {
+    tree.join(gkm_k8s_node::captures::DELTA_RECORD_FILE)
+        .is_file()
+}
+
 /// Makes the tree at `tree`, bounded to `max_bytes`, unless it is mounted
 /// already.
 pub fn make_tree(tree: &Path, max_bytes: u64) -> io::Result<()> {
-    if crate::mount::mount_at(tree)?.is_some() {
+    if mount_at(tree)?.is_some() {
         return Ok(());
     }
     fs::create_dir_all(tree)?;
@@ -315,7 +211,7 @@ fn tree_name(captures: &Path, path: &Path) -> Option<(CaptureName, String)> {
 /// The capture tree `target` shows, when it is a capture volume: a
 /// workload's bind of its tree, or a capture Job's view of one.
 pub fn tree_behind(root: &Path, target: &Path) -> io::Result<Option<(CaptureName, String)>> {
-    let Some(mount) = crate::mount::mount_at(target)? else {
+    let Some(mount) = mount_at(target)? else {
         return Ok(None);
     };
     if mount.fs_type == "overlay" {
@@ -340,7 +236,7 @@ pub fn tree_behind(root: &Path, target: &Path) -> io::Result<Option<(CaptureName
         return Ok(None);
     }
     for tree in mounted_trees(root)? {
-        if crate::mount::same_directory(&tree.path, target)? {
+        if same_directory(&tree.path, target)? {
             return Ok(Some((tree.granted.capture, tree.granted.uid)));
         }
     }
@@ -374,7 +270,7 @@ pub fn trees_propagate(root: &Path) -> io::Result<bool> {
 
 /// Unmounts and removes `tree` (nothing to do when it is gone).
 pub fn remove_tree(tree: &Path) -> io::Result<()> {
-    crate::mount::unmount_all(tree)?;
+    unmount_all(tree)?;
     match fs::remove_dir_all(tree) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -384,40 +280,6 @@ pub fn remove_tree(tree: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::VolumeCapability;
-    use crate::proto::volume_capability::{AccessType, MountVolume};
-    use gkm_k8s_node::volume::{CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID};
-    use tonic::Code;
-
-    fn request(extra: &[(&str, &str)], readonly: bool) -> NodePublishVolumeRequest {
-        let mut ctx: Vec<(&str, &str)> = vec![
-            (CTX_EPHEMERAL, "true"),
-            (CTX_POD_NAMESPACE, "team"),
-            (CTX_POD_NAME, "warm-0"),
-            (CTX_POD_UID, "6f1c-22"),
-        ];
-        ctx.extend_from_slice(extra);
-        NodePublishVolumeRequest {
-            volume_id: "csi-1".into(),
-            target_path: "/pods/p/mount".into(),
-            readonly,
-            volume_capability: Some(VolumeCapability {
-                access_type: Some(AccessType::Mount(MountVolume::default())),
-                access_mode: None,
-            }),
-            volume_context: ctx
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    fn refused(req: &NodePublishVolumeRequest) -> String {
-        let status = parse_capture(req).expect_err("refused");
-        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-        status.message().to_string()
-    }
 
     #[test]
     fn only_names_are_released() {
@@ -435,67 +297,6 @@ mod tests {
                 released_tree(root, ns, capture, uid).is_err(),
                 "{ns}/{capture}/{uid}"
             );
-        }
-    }
-
-    #[test]
-    fn a_workload_gets_its_own_tree_in_its_own_namespace() {
-        let req = parse_capture(&request(&[(ATTR_CAPTURE, "warm")], false)).expect("parsed");
-        assert_eq!(
-            req.tree(Path::new("/store")),
-            Path::new("/store/captures/team/warm/6f1c-22")
-        );
-        assert_eq!(req.max_bytes, CAPTURE_MAX_BYTES);
-        assert!(refused(&request(&[(ATTR_CAPTURE, "warm")], true)).contains("writable"));
-        let lower = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1048576")];
-        assert_eq!(
-            parse_capture(&request(&lower, false))
-                .expect("parsed")
-                .max_bytes,
-            1 << 20
-        );
-        let higher = [
-            (ATTR_CAPTURE, "warm"),
-            (ATTR_CAPTURE_MAX_BYTES, "99999999999999"),
-        ];
-        assert_eq!(
-            parse_capture(&request(&higher, false))
-                .expect("parsed")
-                .max_bytes,
-            CAPTURE_MAX_BYTES
-        );
-        let bad = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURE_MAX_BYTES, "1GiB")];
-        assert!(refused(&request(&bad, false)).contains("not a number of bytes"));
-    }
-
-    #[test]
-    fn a_capture_job_reads_a_named_pods_tree_of_its_own_namespace_read_only() {
-        let job = request(
-            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
-            true,
-        );
-        let req = parse_capture(&job).expect("parsed");
-        assert_eq!(
-            req.tree_of,
-            TreeOf::Captured {
-                uid: "6f1c-22".into()
-            }
-        );
-        assert_eq!(
-            req.tree(Path::new("/store")),
-            Path::new("/store/captures/team/warm/6f1c-22")
-        );
-        let writable = request(
-            &[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "6f1c-22")],
-            false,
-        );
-        assert!(refused(&writable).contains("read-only"));
-        for bad in ["../../etc", "a/b", ""] {
-            let escape = request(&[(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, bad)], true);
-            assert!(refused(&escape).contains("not a pod uid"), "{bad}");
-        }
-        for bad in ["../x", "Warm", ""] {
-            assert!(refused(&request(&[(ATTR_CAPTURE, bad)], false)).contains("GKMCacheCapture"));
         }
     }
 }

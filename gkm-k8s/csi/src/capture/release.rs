@@ -1,7 +1,7 @@
 //! Removing capture trees from the node once nothing will capture them, so
 //! that their memory comes back.
 //!
-//! A workload's capture tree (see [`crate::capture`]) outlives the pod so
+//! A workload's capture tree (see [`super::tree`]) outlives the pod so
 //! that its capture Job can read it, and only so long:
 //!
 //! - **At the pod's end.** When `NodeUnpublishVolume` takes a tree's last
@@ -44,9 +44,9 @@ use gkm_k8s_node::captures::{
 };
 use tracing::{info, warn};
 
-use crate::NodeService;
-use crate::capture::{self, mounted_trees};
-use crate::capture_admission::CaptureConfig;
+use super::admission::CaptureConfig;
+use super::publish::CaptureTrees;
+use super::tree::{self, mounted_trees};
 
 /// What the driver knows of a tree when it decides whether it goes.
 #[derive(Debug, Clone)]
@@ -124,14 +124,14 @@ pub struct ReleaseOptions {
     pub grace: Duration,
 }
 
-/// Removes capture trees from the node as [`releasable`] says, every
+/// Removes capture trees from the node as `releasable` says, every
 /// `options.interval` until `shutdown` completes.
 pub async fn release_captures(
-    node: NodeService,
+    trees: CaptureTrees,
     options: ReleaseOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let index = CaptureIndex::new(node.store_root());
+    let index = CaptureIndex::new(trees.root());
     let mut complaint = Complaint::default();
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,7 +141,7 @@ pub async fn release_captures(
             _ = &mut shutdown => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = sweep(&node, &index, &options, &mut complaint).await {
+        if let Err(e) = sweep(&trees, &index, &options, &mut complaint).await {
             warn!(error = %e, "releasing capture trees");
         }
     }
@@ -151,8 +151,8 @@ pub async fn release_captures(
 /// pod `uid` out of a pod: releases the tree at once when nothing will
 /// capture it and no other pod has it mounted, or marks it idle from now.
 /// Blocking; failures are logged, as the unpublish itself succeeded.
-pub fn unmounted(node: &NodeService, capture: &CaptureName, uid: &str) {
-    let root = node.store_root();
+pub fn unmounted(trees: &CaptureTrees, capture: &CaptureName, uid: &str) {
+    let root = trees.root();
     let in_use = match mounted_trees(root) {
         Ok(trees) => trees
             .iter()
@@ -169,20 +169,20 @@ pub fn unmounted(node: &NodeService, capture: &CaptureName, uid: &str) {
         warn!(error = %e, "the capture index cannot be read");
         None
     });
-    if kept_at_its_end(capture, captures.as_ref(), node.capture_config()) {
+    if kept_at_its_end(capture, captures.as_ref(), trees.config()) {
         if let Err(e) = mark_idle(root, capture, uid) {
             warn!(error = %e, capture = %capture, pod = %uid, "marking a capture tree idle");
         }
         return;
     }
-    release(node, capture, uid, "nothing will capture it");
+    release(trees, capture, uid, "nothing will capture it");
 }
 
 /// Unmounts and removes a tree and its idle marker, and says so.
-fn release(node: &NodeService, capture: &CaptureName, uid: &str, why: &str) {
-    match node.release_capture(&capture.namespace, &capture.name, uid) {
+fn release(trees: &CaptureTrees, capture: &CaptureName, uid: &str, why: &str) {
+    match trees.release(&capture.namespace, &capture.name, uid) {
         Ok(()) => {
-            let marker = idle_marker(node.store_root(), capture, uid);
+            let marker = idle_marker(trees.root(), capture, uid);
             if let Err(e) = fs::remove_file(&marker)
                 && e.kind() != io::ErrorKind::NotFound
             {
@@ -277,12 +277,12 @@ fn tree_facts(root: &Path) -> io::Result<Vec<TreeFacts>> {
 /// One look at the trees and the index, and the release of the trees that
 /// may go.
 async fn sweep(
-    node: &NodeService,
+    captured: &CaptureTrees,
     index: &CaptureIndex,
     options: &ReleaseOptions,
     complaint: &mut Complaint,
 ) -> io::Result<()> {
-    let root = node.store_root().to_path_buf();
+    let root = captured.root().to_path_buf();
     let read_index = index.clone();
     let (trees, captures) = tokio::task::spawn_blocking(move || {
         Ok::<_, io::Error>((tree_facts(&root)?, read_index.read()))
@@ -314,18 +314,18 @@ async fn sweep(
             None
         }
     };
-    let config = node.capture_config().clone();
+    let config = captured.config().clone();
     let now = SystemTime::now();
     let going: Vec<TreeFacts> = releasable(&trees, captures.as_ref(), &config, options.grace, now)
         .into_iter()
         .cloned()
         .collect();
     for facts in going {
-        let node = node.clone();
+        let captured = captured.clone();
         tokio::task::spawn_blocking(move || {
             let tree = &facts.tree;
             release(
-                &node,
+                &captured,
                 &tree.capture,
                 &tree.uid,
                 "its capture is over, gone or idle",
@@ -349,10 +349,10 @@ pub fn report_trees_at_start(root: &Path) {
         Ok(_) => {}
         Err(e) => warn!(error = %e, "reading the capture trees' mounts"),
     }
-    match capture::trees_propagate(root) {
+    match tree::trees_propagate(root) {
         Ok(true) => {}
         Ok(false) => warn!(
-            dir = %root.join(capture::CAPTURES_DIR).display(),
+            dir = %root.join(tree::CAPTURES_DIR).display(),
             "the capture tree directory is not a shared mount: trees would go with this driver's mount namespace (mount it with mountPropagation: Bidirectional)"
         ),
         Err(e) => warn!(error = %e, "checking the capture tree directory's propagation"),
