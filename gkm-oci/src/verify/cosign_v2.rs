@@ -9,8 +9,8 @@ use oci_spec::image::ImageManifest;
 use super::Candidate;
 use super::location::{fetch_tag, signature_tag};
 use crate::error::Result;
-use crate::reference::ImageRef;
-use crate::repo::{RegistryOptions, Repo};
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::{RegistryOptions, Repo};
 use gkm_core::digest::Digest;
 
 /// The media type of a simple-signing payload layer.

@@ -49,8 +49,8 @@ mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
 
-use crate::reference::ImageRef;
-use crate::repo::RegistryOptions;
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::RegistryOptions;
 use gkm_core::digest::Digest;
 
 pub(crate) use bundle::key_bundle;
