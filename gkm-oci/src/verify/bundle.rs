@@ -6,7 +6,7 @@ use gkm_core::policy::{Format, Rejection};
 use oci_spec::image::ImageManifest;
 use serde::{Deserialize, Serialize};
 
-use super::Candidate;
+use super::candidate::Candidate;
 use super::hints::SignatureHints;
 use super::location::referrers;
 use crate::error::Result;

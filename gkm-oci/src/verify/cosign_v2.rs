@@ -6,7 +6,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use gkm_core::policy::{Format, Rejection};
 use oci_spec::image::ImageManifest;
 
-use super::Candidate;
+use super::candidate::Candidate;
 use super::location::{fetch_tag, signature_tag};
 use crate::error::Result;
 use crate::registry::reference::ImageRef;
