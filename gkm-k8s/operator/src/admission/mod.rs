@@ -9,7 +9,7 @@
 //! - [`quota`]: the `gpu-quota.gkm.io` validating webhook.
 //!
 //! What they share: the AdmissionReview envelope (`review`), one dispatch
-//! (`routes`: each webhook an `AdmissionHook` in one route table), the
+//! (`routes`: each webhook an `AdmissionHook`, `hook`, in one route table), the
 //! certificates ([`certs`], [`shared_ca`]) and how the apiserver reaches
 //! them ([`Endpoint`]).
 //!
@@ -46,6 +46,7 @@
 
 pub mod certs;
 mod endpoint;
+mod hook;
 mod image_volume;
 pub(crate) mod pvc_mutation;
 pub mod quota;
@@ -72,12 +73,14 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 pub use endpoint::{BadEndpoint, Endpoint};
+pub use hook::{BINDING_REVIEW_MAX_BYTES, POD_REVIEW_MAX_BYTES};
 pub use pvc_mutation::{CONFIGURATION_NAME, MUTATE_PATH, configuration};
 
 use gkm_k8s_runtime::endpoints::Endpoints;
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::{EndpointServer, TlsError};
 use routes::AdmissionRoutes;
+pub use routes::MAX_REVIEWS_IN_FLIGHT;
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]
@@ -624,21 +627,6 @@ async fn keep_current(
         }
     }
 }
-
-/// The largest AdmissionReview about a pod: its `object` and `oldObject`
-/// (an update's) are each at most the apiserver's 1.5 MiB object limit,
-/// with room for the envelope.
-pub const POD_REVIEW_MAX_BYTES: usize = 7 << 19;
-
-/// The largest AdmissionReview about a Binding (a few hundred bytes in
-/// practice).
-pub const BINDING_REVIEW_MAX_BYTES: usize = 64 << 10;
-
-/// How many reviews one replica answers at once, reading their bodies
-/// included; one more is answered `503` (the apiserver counts it as the
-/// webhook failing, and retries binds). At most this many pod-review
-/// bodies are held at a time.
-pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
 
 /// Asserts the chart's operator manifest registers `webhook` with the
 /// `condition` the code sends pods under (whitespace aside).

@@ -1,41 +1,24 @@
-//! How the admission server dispatches a review: every webhook is an
-//! [`AdmissionHook`] (the path it is served at, the largest review it
-//! reads, and the AdmissionReview it answers one with), and
-//! [`AdmissionRoutes::new`] holds the one table of them. Adding a webhook
-//! is one `impl AdmissionHook` and one line of that table.
+//! How the admission server dispatches a review: [`AdmissionRoutes::new`]
+//! holds the one table of the webhooks, each an [`AdmissionHook`], and a
+//! request goes to the hook serving its path. Adding a webhook is one
+//! `impl AdmissionHook` and one line of that table.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
 use hyper::body::Bytes;
 use kube::Client;
-use serde_json::Value;
 
+use super::hook::{AdmissionHook, POD_REVIEW_MAX_BYTES};
 use super::review::answer_review;
-use super::{MAX_REVIEWS_IN_FLIGHT, POD_REVIEW_MAX_BYTES, image_volume, pvc_mutation, quota};
+use super::{image_volume, pvc_mutation, quota};
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
 
-/// What a webhook's review gives: the AdmissionReview answering it, or
-/// what is wrong with the request (answered `400`).
-pub(crate) type ReviewFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, String>> + Send + 'a>>;
-
-/// One webhook of the admission server.
-pub(crate) trait AdmissionHook: Send + Sync {
-    /// The path the apiserver posts its AdmissionReviews to.
-    fn path(&self) -> &'static str;
-
-    /// The largest AdmissionReview body it reads; a larger one is answered
-    /// `413` unread.
-    fn max_body_bytes(&self) -> usize {
-        POD_REVIEW_MAX_BYTES
-    }
-
-    /// The AdmissionReview answering the one in `body`, or what is wrong
-    /// with it.
-    fn review<'a>(&'a self, body: &'a [u8]) -> ReviewFuture<'a>;
-}
+/// How many reviews one replica answers at once, reading their bodies
+/// included; one more is answered `503` (the apiserver counts it as the
+/// webhook failing, and retries binds). At most this many pod-review
+/// bodies are held at a time.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
 
 /// The operator's webhooks on one server, one certificate: each review
 /// goes to the hook serving its path.
@@ -99,7 +82,7 @@ impl Routes for AdmissionRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::BINDING_REVIEW_MAX_BYTES;
+    use crate::admission::hook::BINDING_REVIEW_MAX_BYTES;
 
     #[tokio::test]
     async fn each_webhook_is_served_at_its_own_path_with_its_body_limit() {

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 
 use self::decide::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use super::endpoint::{Endpoint, client_config};
+use super::hook::{AdmissionHook, ReviewFuture};
 use super::review::{Answer, log_answer, pod_review, response, response_warning};
-use super::routes::{AdmissionHook, ReviewFuture};
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
 use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode};

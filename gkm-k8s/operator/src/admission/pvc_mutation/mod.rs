@@ -42,8 +42,8 @@ use serde_json::{Value, json};
 use self::decide::MUTATION_LABEL;
 use self::decide::{NodeClaims, mutate};
 use super::endpoint::{Endpoint, client_config};
+use super::hook::{AdmissionHook, ReviewFuture};
 use super::review::{Answer, log_answer, pod_review, response};
-use super::routes::{AdmissionHook, ReviewFuture};
 use crate::names::{
     CACHE_LABEL, CACHE_NAME_ANNOTATION, KIND_LABEL, MANAGED_BY, NODE_LABEL, NODE_NAME_ANNOTATION,
     labelled_name,

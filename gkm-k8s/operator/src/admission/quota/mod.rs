@@ -38,10 +38,9 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use self::decide::{Subject, bound, created, decide_with_claims};
-use super::BINDING_REVIEW_MAX_BYTES;
 use super::endpoint::{Endpoint, client_config};
+use super::hook::{AdmissionHook, BINDING_REVIEW_MAX_BYTES, ReviewFuture};
 use super::review::{Answer, Review, response};
-use super::routes::{AdmissionHook, ReviewFuture};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
 use gkm_k8s_api::gpu_request::GpuReading;
 use gkm_k8s_api::quota::QuotaExceeded;
