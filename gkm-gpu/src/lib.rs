@@ -6,8 +6,9 @@
 //! library means no NVIDIA driver, not an error) and AMD's KFD topology, with
 //! VFIO passthrough devices and mdev vGPUs alongside. A [`simulate`]d
 //! inventory file stands in on clusters without GPUs, [`labels`] turns an
-//! inventory into node labels, and [`telemetry`] reads each GPU's
-//! utilization, memory, temperature, power, clocks and errors.
+//! inventory into node labels, [`telemetry`] reads each GPU's
+//! utilization, memory, temperature, power, clocks and errors, and
+//! [`metrics`] serves those readings as Prometheus families.
 //!
 //! This crate has no OCI or Kubernetes dependency.
 //!
@@ -30,6 +31,7 @@ mod discover;
 mod error;
 mod inventory;
 pub mod labels;
+pub mod metrics;
 pub mod nvidia;
 pub mod pci;
 pub mod pci_ids;

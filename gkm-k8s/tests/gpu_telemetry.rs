@@ -106,7 +106,7 @@ fn simulated_gpu_metrics_pass_the_prometheus_parser_and_promlint() -> anyhow::Re
 #[test]
 fn gpus_held_by_a_container_carry_its_namespace_pod_and_container() -> anyhow::Result<()> {
     let allocations = Allocations::default();
-    let collector = collector(MIXED)?.with_allocations(allocations.clone());
+    let collector = collector(MIXED)?.with_holders(allocations.clone());
     let text = || metrics_text(collector.clone());
     let held = |ids: &[&str]| proto::ListPodResourcesResponse {
         pod_resources: vec![proto::PodResources {

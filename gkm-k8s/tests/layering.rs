@@ -22,6 +22,16 @@ const COMPONENTS: &[&str] = &[
 /// What a crate must build without, and why.
 const FORBIDDEN: &[(&str, &[&str], &str)] = &[
     (
+        "gkm-gpu",
+        &["kube", "k8s-openapi", "oci-client", "tonic"],
+        "GPU discovery, readings and their metrics are for every node process and the CLI",
+    ),
+    (
+        "gkm",
+        &["gkm-k8s-agent"],
+        "the CLI prints GPU metrics with gkm-gpu's collector, without the agent's crate",
+    ),
+    (
         "gkm-k8s-csi",
         &["kube", "k8s-openapi", "oci-client", "nvml-wrapper", "rcgen"],
         "the CSI driver never reads the apiserver, a registry or a GPU: what it needs of \

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::extract::Rejection;
+use crate::store::rejection::Rejection;
 
 /// Everything that can go wrong building, moving, reading or extracting an
 /// image.

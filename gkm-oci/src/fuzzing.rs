@@ -14,7 +14,7 @@ use gkm_core::policy::{
     Authority, Identity, LogKey, Mode, Policy, PublicKey, Signer, SubjectMatch, TrustedRoot,
 };
 
-use crate::extract::{ExtractPolicy, Mapping, extract_tar};
+use crate::store::extract::{ExtractPolicy, Mapping, extract_tar};
 use gkm_core::digest::Digest;
 
 /// Extract arbitrary bytes as a layer tar into a fresh directory below
@@ -28,7 +28,7 @@ pub fn tar_extraction(data: &[u8], scratch: &Path) -> bool {
         max_entries: 1_000,
         ratio_grace_bytes: 1 << 20,
         // The verdict may not depend on how full the machine's disk is.
-        free_space_reserve: crate::disk::FreeSpaceReserve::NONE,
+        free_space_reserve: crate::store::disk::FreeSpaceReserve::NONE,
         ..ExtractPolicy::default()
     };
     let dest = scratch.join("dest");
@@ -164,24 +164,24 @@ pub fn tar_extract_bytes(data: &[u8]) {
 /// layout hands them over, and read the cache labels from the config labels,
 /// the manifest annotations and the index descriptors' annotations.
 pub fn oci_json(data: &[u8]) {
-    if let Ok(m) = crate::image::Manifest::parse(data) {
+    if let Ok(m) = crate::image::manifest::Manifest::parse(data) {
         for layer in &m.layers {
             let _ = layer.compression();
         }
-        let _ = crate::labels::CacheLabels::read(&m.annotations);
+        let _ = crate::image::labels::CacheLabels::read(&m.annotations);
     }
-    let _ = crate::image::select_from_index(data);
+    let _ = crate::image::manifest::select_from_index(data);
     // The same bytes as a multi-target image's index.
-    let raw = crate::repo::RawManifest {
+    let raw = crate::registry::repo::RawManifest {
         digest: gkm_core::digest::Digest::of(data),
-        media_type: crate::labels::OCI_INDEX.to_string(),
+        media_type: crate::image::labels::OCI_INDEX.to_string(),
         bytes: data.to_vec(),
     };
-    if let Ok(Some(multi)) = crate::multi::MultiTarget::parse(&raw) {
+    if let Ok(Some(multi)) = crate::image::multi::MultiTarget::parse(&raw) {
         let _ = multi.choose(&[], &Default::default());
     }
-    if let Ok(labels) = crate::image::config_labels(data) {
-        let _ = crate::labels::CacheLabels::read(&labels);
+    if let Ok(labels) = crate::image::manifest::config_labels(data) {
+        let _ = crate::image::labels::CacheLabels::read(&labels);
     }
 }
 

@@ -29,50 +29,40 @@
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
 //!   as property tests.
 
-pub mod auth;
-pub mod build;
 pub mod capture;
-mod copy;
-pub mod delta;
-pub mod disk;
 mod error;
-mod extract;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
-mod host_reader;
 mod image;
 mod json;
-pub mod labels;
-mod layer;
-mod layout;
-pub mod mirrors;
-mod multi;
-mod pipeline;
 pub mod progress;
-pub mod reference;
-pub mod repo;
-pub mod seal;
+mod registry;
 pub mod sign;
 mod store;
-mod tar_guard;
-pub mod tree_check;
-mod unpack;
 pub mod verify;
 
-pub use auth::Credentials;
-pub use build::{BuildOptions, Built, build, build_with_progress};
-pub use copy::copy_image;
-pub use disk::{FreeSpaceReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_usage};
+pub use capture::delta;
+pub use image::{build, labels};
+pub use registry::{auth, mirrors, reference, repo};
+pub use store::{disk, seal, tree_check};
+
 pub use error::{Error, Result};
-pub use extract::{ExtractPolicy, ExtractStats, Mapping, Rejection, Rule};
 pub use gkm_core::digest::{Digest, InvalidDigest};
-pub use image::{Image, Layer, Manifest, Resolution};
-pub use labels::{CacheLabels, Compression};
-pub use layer::LayerInfo;
-pub use layout::{BlobWriter, Layout};
-pub use multi::{MultiTarget, Variant, assemble};
+pub use image::assemble::assemble;
+pub use image::build::{BuildOptions, Built, build, build_with_progress};
+pub use image::copy::copy_image;
+pub use image::labels::{CacheLabels, Compression};
+pub use image::layer::LayerInfo;
+pub use image::manifest::{Layer, Manifest};
+pub use image::multi::{MultiTarget, Variant};
+pub use image::{Image, Resolution};
 pub use progress::{Progress, Report};
-pub use reference::{ImageRef, Selector};
-pub use repo::{RegistryOptions, Repo};
+pub use registry::auth::Credentials;
+pub use registry::layout::{BlobWriter, Layout};
+pub use registry::reference::{ImageRef, Selector};
+pub use registry::repo::{RegistryOptions, Repo};
+pub use store::disk::{FreeSpaceReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_usage};
+pub use store::extract::{ExtractPolicy, ExtractStats, Mapping};
+pub use store::rejection::{Rejection, Rule};
+pub use store::unpack::{UnpackOptions, extract_to_dir};
 pub use store::{Quarantined, Store, Stored};
-pub use unpack::{UnpackOptions, extract_to_dir};

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gkm_gpu::metrics::{GpuCollector, metrics_text};
 use gkm_gpu::telemetry::{Telemetry, TelemetryOptions};
 use gkm_gpu::{DiscoveryOptions, LabelOptions, PciIdsSource};
-use gkm_k8s_agent::telemetry::{GpuCollector, metrics_text};
 
 /// Arguments of `gkm gpus`.
 #[derive(clap::Args)]

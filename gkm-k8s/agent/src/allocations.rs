@@ -40,16 +40,7 @@ use tracing::{debug, info, warn};
 use gkm_k8s_kubelet::podresources::list;
 use gkm_k8s_kubelet::proto::podresources as proto;
 
-/// A container, named as metrics label it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ContainerRef {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// The pod.
-    pub pod: String,
-    /// The container.
-    pub container: String,
-}
+pub use gkm_gpu::metrics::ContainerRef;
 
 /// Device id → the containers holding it, shared between the task that
 /// refreshes it and the readers. Clones share the same map.
@@ -102,6 +93,12 @@ impl Allocations {
         holders.sort();
         holders.dedup();
         holders
+    }
+}
+
+impl gkm_gpu::metrics::Holders for Allocations {
+    fn holders(&self, ids: &[&str]) -> Vec<ContainerRef> {
+        Allocations::holders(self, ids.iter().copied())
     }
 }
 

@@ -30,9 +30,9 @@ mod key;
 pub use key::SigningKey;
 
 use crate::error::{Error, Result};
-use crate::labels::{OCI_INDEX, OCI_MANIFEST};
-use crate::reference::ImageRef;
-use crate::repo::{BlobSource, RawManifest, RegistryOptions, Repo};
+use crate::registry::media_types::{OCI_INDEX, OCI_MANIFEST};
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::{BlobSource, RawManifest, RegistryOptions, Repo};
 use crate::verify::location::{docker_reference, fetch_tag, referrers_tag, signature_tag, tagged};
 use crate::verify::{BUNDLE_MEDIA_TYPE, SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE};
 use gkm_core::digest::Digest;

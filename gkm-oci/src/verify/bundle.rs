@@ -6,12 +6,12 @@ use gkm_core::policy::{Format, Rejection};
 use oci_spec::image::ImageManifest;
 use serde::{Deserialize, Serialize};
 
-use super::Candidate;
+use super::candidate::Candidate;
 use super::hints::SignatureHints;
 use super::location::referrers;
 use crate::error::Result;
-use crate::reference::ImageRef;
-use crate::repo::{RegistryOptions, Repo};
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::{RegistryOptions, Repo};
 use gkm_core::digest::Digest;
 
 /// The media type (and referrer artifact type) of a v0.3 sigstore bundle.

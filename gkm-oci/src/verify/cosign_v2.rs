@@ -6,11 +6,11 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use gkm_core::policy::{Format, Rejection};
 use oci_spec::image::ImageManifest;
 
-use super::Candidate;
+use super::candidate::Candidate;
 use super::location::{fetch_tag, signature_tag};
 use crate::error::Result;
-use crate::reference::ImageRef;
-use crate::repo::{RegistryOptions, Repo};
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::{RegistryOptions, Repo};
 use gkm_core::digest::Digest;
 
 /// The media type of a simple-signing payload layer.

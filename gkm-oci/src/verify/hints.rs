@@ -22,7 +22,7 @@ use std::sync::{Mutex, PoisonError};
 
 use gkm_core::policy::Format;
 
-use crate::reference::ImageRef;
+use crate::registry::reference::ImageRef;
 
 /// Where a registry's referrers were found last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +106,7 @@ mod tests {
         assert_eq!((hints.format(&b), hints.referrers(&b)), (None, None));
         let layout = ImageRef::Layout {
             path: "/tmp/layout".into(),
-            selector: crate::reference::Selector::Tag("v1".into()),
+            selector: crate::registry::reference::Selector::Tag("v1".into()),
         };
         hints.proved(&layout, Format::CosignV2);
         assert_eq!(hints.format(&layout), None);

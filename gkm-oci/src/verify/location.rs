@@ -6,8 +6,8 @@ use oci_spec::image::ImageIndex;
 
 use super::hints::{ReferrersAt, SignatureHints};
 use crate::error::{Error, Result};
-use crate::reference::{ImageRef, Selector};
-use crate::repo::{RegistryOptions, Repo};
+use crate::registry::reference::{ImageRef, Selector};
+use crate::registry::repo::{RegistryOptions, Repo};
 use gkm_core::digest::Digest;
 
 /// The same repository as `image`, at `tag`.
@@ -48,7 +48,7 @@ pub async fn fetch_tag(
     image: &ImageRef,
     options: &RegistryOptions,
     tag: &str,
-) -> Result<Option<crate::repo::RawManifest>> {
+) -> Result<Option<crate::registry::repo::RawManifest>> {
     let at = tagged(image, tag);
     let repo = match Repo::open(&at, options) {
         Ok(r) => r,
@@ -149,9 +149,12 @@ async fn referrers_api(
         reference.repository().to_string(),
         digest.to_string(),
     );
-    let index = crate::repo::anonymous_first(&client, reference.resolve_registry(), &auth, || {
-        client.pull_referrers(&subject, None)
-    })
+    let index = crate::registry::repo::anonymous_first(
+        &client,
+        reference.resolve_registry(),
+        &auth,
+        || client.pull_referrers(&subject, None),
+    )
     .await
     .map_err(|e| Error::registry(image, e))?;
     let json = serde_json::to_vec(&index).map_err(|e| Error::format("referrers index", e))?;

@@ -39,6 +39,7 @@
 //! ```
 
 pub(crate) mod bundle;
+mod candidate;
 pub(crate) mod certificate;
 mod cosign_v2;
 pub(crate) mod crypto;
@@ -49,8 +50,9 @@ mod tlog;
 
 use gkm_core::policy::{Format, Policy, PublicKey, Rejection, SignedBy, Signer, Verified};
 
-use crate::reference::ImageRef;
-use crate::repo::RegistryOptions;
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::RegistryOptions;
+use candidate::Candidate;
 use gkm_core::digest::Digest;
 
 pub(crate) use bundle::key_bundle;
@@ -78,26 +80,6 @@ pub enum VerifyError {
     /// digest mismatches): nothing was decided about the signatures.
     #[error("reading signatures: {0}")]
     Image(#[from] crate::Error),
-}
-
-/// One signature found for the image, in either format, before any key or
-/// certificate is checked.
-#[derive(Debug, Clone)]
-pub(crate) struct Candidate {
-    /// Where it was stored.
-    pub format: Format,
-    /// The bytes the signature covers.
-    pub message: Vec<u8>,
-    /// The signature.
-    pub signature: Vec<u8>,
-    /// The image digest the signed content names (checked after the signature).
-    pub signed_digest: Result<String, String>,
-    /// The signing certificate (DER), when there is one.
-    pub certificate: Option<Vec<u8>>,
-    /// A hint naming the key (a bundle's `publicKey.hint`).
-    pub key_hint: Option<String>,
-    /// Transparency log entries recorded with the signature.
-    pub tlog: Vec<tlog::Entry>,
 }
 
 /// Verify the signatures of `digest` in `image`'s repository against

@@ -8,7 +8,8 @@
 //! - `image_volume`: the `image-volume.gkm.io` pod webhook;
 //! - [`quota`]: the `gpu-quota.gkm.io` validating webhook.
 //!
-//! What they share: the AdmissionReview envelope (`review`), the
+//! What they share: the AdmissionReview envelope (`review`), one dispatch
+//! (`routes`: each webhook an `AdmissionHook`, `hook`, in one route table), the
 //! certificates ([`certs`], [`shared_ca`]) and how the apiserver reaches
 //! them ([`Endpoint`]).
 //!
@@ -45,10 +46,12 @@
 
 pub mod certs;
 mod endpoint;
+mod hook;
 mod image_volume;
 pub(crate) mod pvc_mutation;
 pub mod quota;
 mod review;
+mod routes;
 pub mod shared_ca;
 
 use std::net::SocketAddr;
@@ -70,13 +73,14 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 pub use endpoint::{BadEndpoint, Endpoint};
+pub use hook::{BINDING_REVIEW_MAX_BYTES, POD_REVIEW_MAX_BYTES};
 pub use pvc_mutation::{CONFIGURATION_NAME, MUTATE_PATH, configuration};
 
-use gkm_k8s_runtime::endpoints::{Endpoints, ResponseFuture, Routes};
+use gkm_k8s_runtime::endpoints::Endpoints;
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::{EndpointServer, TlsError};
-use http::Method;
-use hyper::body::Bytes;
+use routes::AdmissionRoutes;
+pub use routes::MAX_REVIEWS_IN_FLIGHT;
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]
@@ -621,81 +625,6 @@ async fn keep_current(
             }
             Err(e) => warn!(error = %e, "serving a certificate of the new webhook CA"),
         }
-    }
-}
-
-/// The operator's admission routes: the pvc-mutation webhook and the quota
-/// webhook on one server, one certificate.
-pub(crate) struct AdmissionRoutes {
-    mutation: pvc_mutation::MutationRoutes,
-    quota: quota::QuotaRoutes,
-    image_volume: image_volume::ImageVolumeRoutes,
-}
-
-impl AdmissionRoutes {
-    /// The operator's webhooks, reading with `client`.
-    pub(crate) fn new(client: Client, options: quota::QuotaOptions) -> AdmissionRoutes {
-        AdmissionRoutes {
-            mutation: pvc_mutation::MutationRoutes::new(client.clone()),
-            image_volume: image_volume::ImageVolumeRoutes::new(client.clone()),
-            quota: quota::QuotaRoutes::new(client, options),
-        }
-    }
-}
-
-/// The largest AdmissionReview about a pod: its `object` and `oldObject`
-/// (an update's) are each at most the apiserver's 1.5 MiB object limit,
-/// with room for the envelope.
-pub const POD_REVIEW_MAX_BYTES: usize = 7 << 19;
-
-/// The largest AdmissionReview about a Binding (a few hundred bytes in
-/// practice).
-pub const BINDING_REVIEW_MAX_BYTES: usize = 64 << 10;
-
-/// How many reviews one replica answers at once, reading their bodies
-/// included; one more is answered `503` (the apiserver counts it as the
-/// webhook failing, and retries binds). At most this many pod-review
-/// bodies are held at a time.
-pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
-
-impl Routes for AdmissionRoutes {
-    fn serves(&self, path: &str) -> bool {
-        path == MUTATE_PATH
-            || path == quota::QUOTA_PATH
-            || path == quota::QUOTA_BINDING_PATH
-            || self.image_volume.serves(path)
-    }
-
-    fn max_body_bytes(&self) -> usize {
-        POD_REVIEW_MAX_BYTES
-    }
-
-    fn max_body_bytes_of(&self, path: &str) -> usize {
-        if path == quota::QUOTA_BINDING_PATH {
-            BINDING_REVIEW_MAX_BYTES
-        } else {
-            POD_REVIEW_MAX_BYTES
-        }
-    }
-
-    fn max_in_flight(&self) -> Option<usize> {
-        Some(MAX_REVIEWS_IN_FLIGHT)
-    }
-
-    fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
-        if path == MUTATE_PATH {
-            return self.mutation.respond(method, path, body);
-        }
-        if self.image_volume.serves(path) {
-            return self.image_volume.respond(method, path, body);
-        }
-        if path == quota::QUOTA_BINDING_PATH {
-            return review::answer_review(
-                method,
-                async move { self.quota.review_binding(&body).await },
-            );
-        }
-        review::answer_review(method, async move { self.quota.review_pod(&body).await })
     }
 }
 

@@ -20,18 +20,16 @@ pub mod read_only;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use http::Method;
-use hyper::body::Bytes;
 use kube::Client;
 use serde_json::{Value, json};
 
 use self::decide::{CacheFacts, PLACEHOLDER_PREFIX, admit, requests};
 use super::endpoint::{Endpoint, client_config};
-use super::review::{Answer, answer_review, log_answer, pod_review, response, response_warning};
+use super::hook::{AdmissionHook, ReviewFuture};
+use super::review::{Answer, log_answer, pod_review, response, response_warning};
 use crate::report_index::ReportIndex;
 use gkm_k8s_api::cache_object::{CacheKey, CacheObject, Scope};
 use gkm_k8s_api::crd::{ClusterGKMCache, ClusterGKMCacheNode, GKMCache, GKMCacheNode};
-use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 
 /// The configuration's name.
 pub const IMAGE_VOLUME_CONFIGURATION_NAME: &str = "gkm-image-volume";
@@ -183,7 +181,7 @@ impl ImageVolumeRoutes {
     }
 
     /// The AdmissionReview answering `body`.
-    pub(super) async fn review(&self, body: &[u8]) -> Result<Value, String> {
+    async fn review(&self, body: &[u8]) -> Result<Value, String> {
         let (uid, pod, namespace) = pod_review(body)?;
         let requested = requests(&pod);
         if requested.is_empty() {
@@ -233,18 +231,13 @@ impl ImageVolumeRoutes {
     }
 }
 
-impl Routes for ImageVolumeRoutes {
-    fn serves(&self, path: &str) -> bool {
-        path == IMAGE_VOLUME_PATH
+impl AdmissionHook for ImageVolumeRoutes {
+    fn path(&self) -> &'static str {
+        IMAGE_VOLUME_PATH
     }
 
-    fn respond<'a>(
-        &'a self,
-        method: &'a Method,
-        _path: &'a str,
-        body: Bytes,
-    ) -> ResponseFuture<'a> {
-        answer_review(method, async move { self.review(&body).await })
+    fn review<'a>(&'a self, body: &'a [u8]) -> ReviewFuture<'a> {
+        Box::pin(self.review(body))
     }
 }
 

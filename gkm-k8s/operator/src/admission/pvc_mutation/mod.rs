@@ -33,8 +33,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
-use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -44,12 +42,12 @@ use serde_json::{Value, json};
 use self::decide::MUTATION_LABEL;
 use self::decide::{NodeClaims, mutate};
 use super::endpoint::{Endpoint, client_config};
-use super::review::{Answer, answer_review, log_answer, pod_review, response};
+use super::hook::{AdmissionHook, ReviewFuture};
+use super::review::{Answer, log_answer, pod_review, response};
 use crate::names::{
     CACHE_LABEL, CACHE_NAME_ANNOTATION, KIND_LABEL, MANAGED_BY, NODE_LABEL, NODE_NAME_ANNOTATION,
     labelled_name,
 };
-use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes};
 use gkm_k8s_runtime::watched_index::{self, Entry, Indexed, ObjectId};
 
 /// The configuration's name.
@@ -232,18 +230,13 @@ impl MutationRoutes {
     }
 }
 
-impl Routes for MutationRoutes {
-    fn serves(&self, path: &str) -> bool {
-        path == MUTATE_PATH
+impl AdmissionHook for MutationRoutes {
+    fn path(&self) -> &'static str {
+        MUTATE_PATH
     }
 
-    fn respond<'a>(
-        &'a self,
-        method: &'a Method,
-        _path: &'a str,
-        body: Bytes,
-    ) -> ResponseFuture<'a> {
-        answer_review(method, async move { self.review(&body).await })
+    fn review<'a>(&'a self, body: &'a [u8]) -> ReviewFuture<'a> {
+        Box::pin(self.review(body))
     }
 }
 

@@ -28,6 +28,7 @@ pub mod decide;
 pub mod enforcement;
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Binding, Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -38,6 +39,7 @@ use tracing::{info, warn};
 
 use self::decide::{Subject, bound, created, decide_with_claims};
 use super::endpoint::{Endpoint, client_config};
+use super::hook::{AdmissionHook, BINDING_REVIEW_MAX_BYTES, ReviewFuture};
 use super::review::{Answer, Review, response};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
 use gkm_k8s_api::gpu_request::GpuReading;
@@ -155,7 +157,7 @@ impl QuotaRoutes {
 
     /// The answer to a pod created in `namespace` (already naming its
     /// node, or it is not judged).
-    pub(super) async fn review_pod(&self, body: &[u8]) -> Result<Value, String> {
+    async fn review_pod(&self, body: &[u8]) -> Result<Value, String> {
         let request = Review::<Pod>::decode(body)?.request;
         let namespace = request.namespace.unwrap_or_default();
         let name = request
@@ -171,7 +173,7 @@ impl QuotaRoutes {
     }
 
     /// The answer to a bind (`pods/binding`) in `namespace`.
-    pub(super) async fn review_binding(&self, body: &[u8]) -> Result<Value, String> {
+    async fn review_binding(&self, body: &[u8]) -> Result<Value, String> {
         let request = Review::<Binding>::decode(body)?.request;
         if request.sub_resource.as_deref() != Some("binding") {
             return Err(format!(
@@ -207,6 +209,36 @@ impl QuotaRoutes {
                 ))
             }
         }
+    }
+}
+
+/// The `gpu-quota.gkm.io` webhook: pods created naming their node.
+pub(crate) struct PodQuota(pub(crate) Arc<QuotaRoutes>);
+
+impl AdmissionHook for PodQuota {
+    fn path(&self) -> &'static str {
+        QUOTA_PATH
+    }
+
+    fn review<'a>(&'a self, body: &'a [u8]) -> ReviewFuture<'a> {
+        Box::pin(self.0.review_pod(body))
+    }
+}
+
+/// The `gpu-quota-binding.gkm.io` webhook: binds (`pods/binding`).
+pub(crate) struct BindingQuota(pub(crate) Arc<QuotaRoutes>);
+
+impl AdmissionHook for BindingQuota {
+    fn path(&self) -> &'static str {
+        QUOTA_BINDING_PATH
+    }
+
+    fn max_body_bytes(&self) -> usize {
+        BINDING_REVIEW_MAX_BYTES
+    }
+
+    fn review<'a>(&'a self, body: &'a [u8]) -> ReviewFuture<'a> {
+        Box::pin(self.0.review_binding(body))
     }
 }
 

@@ -13,13 +13,15 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 use oci_spec::image::{Descriptor, MediaType};
 
-use crate::auth::Credentials;
 use crate::error::{Error, Result};
-use crate::host_reader::{HostReader, oci_client_for};
-use crate::labels::OCI_MANIFEST;
-use crate::layout::Layout;
-use crate::mirrors::{Host, HostsConfig, Need, Role};
-use crate::reference::{ImageRef, Selector};
+use crate::registry::auth::Credentials;
+use crate::registry::host_reader::{HostReader, oci_client_for};
+use crate::registry::layout::Layout;
+use crate::registry::media_types::{OCI_INDEX, OCI_MANIFEST};
+use crate::registry::mirrors::{Host, HostsConfig, Need, Role};
+use crate::registry::reference::{ImageRef, Selector};
+pub use crate::registry::request::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT};
+use crate::registry::request::{read_at_most, registry_error};
 use gkm_core::digest::Digest;
 
 /// How to reach registries.
@@ -31,7 +33,7 @@ pub struct RegistryOptions {
     /// image names; a mirror gets its own entry of Docker's `config.json`,
     /// if any.
     pub credentials: Credentials,
-    /// Mirrors to read through ([`crate::mirrors`]): reads of content by
+    /// Mirrors to read through ([`crate::registry::mirrors`]): reads of content by
     /// digest try them first; writes always go to the registry itself.
     pub hosts: HostsConfig,
 }
@@ -69,14 +71,6 @@ impl BlobSource {
         }
     }
 }
-
-/// The largest manifest or config gkm reads into memory.
-pub const MAX_DOCUMENT_SIZE: usize = 4 << 20;
-
-/// How long connecting to a registry may take.
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
-/// How long a registry may stay silent in the middle of an answer.
-pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 enum Backend {
     Registry {
@@ -526,26 +520,6 @@ impl Repo {
     }
 }
 
-/// The error for a failed registry request about `location`: a missing
-/// manifest or blob is [`Error::NotFound`].
-pub(crate) fn registry_error(
-    location: impl std::fmt::Display,
-    e: oci_client::errors::OciDistributionError,
-) -> Error {
-    use oci_client::errors::OciDistributionError as E;
-    match &e {
-        E::ImageManifestNotFoundError(_) => Error::NotFound {
-            what: "manifest".into(),
-            location: location.to_string(),
-        },
-        E::ServerError { code: 404, .. } => Error::NotFound {
-            what: "manifest or blob".into(),
-            location: location.to_string(),
-        },
-        _ => Error::registry(location, e),
-    }
-}
-
 /// The credentials a mirror (or a `server` other than the registry) gets:
 /// its own entry of Docker's `config.json`, never the credentials given
 /// for the registry an image names.
@@ -619,25 +593,6 @@ fn verified(bytes: &[u8], digest: &Digest, from: &str) -> Result<()> {
 }
 
 /// The `mediaType` a manifest declares, or what its shape says it is.
-/// At most `limit` bytes of `stream`; reading stops there, so a source that
-/// never ends costs no more memory than the limit.
-pub(crate) async fn read_at_most<E>(
-    stream: impl futures::Stream<Item = std::result::Result<Bytes, E>>,
-    limit: usize,
-) -> std::result::Result<Vec<u8>, E> {
-    let mut stream = std::pin::pin!(stream);
-    let mut out = Vec::new();
-    while out.len() < limit {
-        let Some(chunk) = stream.next().await else {
-            break;
-        };
-        let chunk = chunk?;
-        let room = limit - out.len();
-        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-    }
-    Ok(out)
-}
-
 fn media_type_of(bytes: &[u8]) -> Result<String> {
     #[derive(serde::Deserialize)]
     struct Probe {
@@ -649,7 +604,7 @@ fn media_type_of(bytes: &[u8]) -> Result<String> {
     let probe: Probe = serde_json::from_slice(bytes).map_err(|e| Error::format("manifest", e))?;
     Ok(match probe.media_type {
         Some(m) => m,
-        None if probe.manifests.is_some() => crate::labels::OCI_INDEX.to_string(),
+        None if probe.manifests.is_some() => OCI_INDEX.to_string(),
         None => OCI_MANIFEST.to_string(),
     })
 }

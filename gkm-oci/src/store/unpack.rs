@@ -5,14 +5,14 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::disk::check_free_space;
 use crate::error::{Error, Result};
-use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
-use crate::layout::tmp_name;
-use crate::pipeline::{extract_layers, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
-use crate::repo::Repo;
+use crate::registry::layout::tmp_name;
+use crate::registry::repo::Repo;
+use crate::store::disk::check_free_space;
+use crate::store::extract::{ExtractPolicy, ExtractStats, Mapping};
+use crate::store::pipeline::{extract_layers, sync_dir, sync_filesystem};
 
 /// Options of [`extract_to_dir`].
 #[derive(Clone, Default)]
@@ -73,7 +73,12 @@ pub async fn extract_to_dir(
         fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
         parent.join(tmp_name(".gkm-staging-"))
     };
-    check_free_space(staging.parent().unwrap_or(out), image, &options.policy)?;
+    check_free_space(
+        staging.parent().unwrap_or(out),
+        image,
+        options.policy.byte_budget,
+        options.policy.free_space_reserve,
+    )?;
     // Private while it is being filled.
     fs::DirBuilder::new()
         .mode(0o700)

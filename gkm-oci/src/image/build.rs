@@ -10,15 +10,15 @@ use oci_spec::image::{
     Os, RootFsBuilder,
 };
 
-use crate::copy::copy_image;
 use crate::error::{Error, Result};
+use crate::image::copy::copy_image;
+use crate::image::labels::{Compression, cache_labels};
+use crate::image::layer::{LayerInfo, write_layer};
 use crate::json;
-use crate::labels::{Compression, cache_labels};
-use crate::layer::{LayerInfo, write_layer};
-use crate::layout::{Layout, tmp_name};
 use crate::progress::{Progress, step};
-use crate::reference::{ImageRef, Selector};
-use crate::repo::{RawManifest, RegistryOptions, Repo};
+use crate::registry::layout::{Layout, tmp_name};
+use crate::registry::reference::{ImageRef, Selector};
+use crate::registry::repo::{RawManifest, RegistryOptions, Repo};
 use gkm_core::digest::Digest;
 
 /// How to build an image.
@@ -193,7 +193,7 @@ pub fn build_scanned_into_layout(
     let digest = layout.write_blob(&bytes)?;
     let raw = RawManifest {
         digest: digest.clone(),
-        media_type: crate::labels::OCI_MANIFEST.into(),
+        media_type: crate::image::labels::OCI_MANIFEST.into(),
         bytes,
     };
     if let Some(tag) = tag {
@@ -360,7 +360,7 @@ pub async fn build_multi(
     options: &BuildOptions,
     registry: &RegistryOptions,
     progress: Option<Progress>,
-) -> Result<crate::multi::MultiTarget> {
+) -> Result<crate::image::multi::MultiTarget> {
     let tmp = std::env::temp_dir().join(tmp_name("gkm-build-multi-"));
     let result = build_multi_via(&tmp, cache_dirs, dest, options, registry, progress).await;
     let _ = tokio::fs::remove_dir_all(&tmp).await;
@@ -374,7 +374,7 @@ async fn build_multi_via(
     options: &BuildOptions,
     registry: &RegistryOptions,
     progress: Option<Progress>,
-) -> Result<crate::multi::MultiTarget> {
+) -> Result<crate::image::multi::MultiTarget> {
     let title = options
         .title
         .clone()
@@ -412,5 +412,5 @@ async fn build_multi_via(
             selector: Selector::Tag(tag),
         });
     }
-    crate::multi::assemble(&sources, dest, Some(&title), registry, progress).await
+    crate::image::assemble::assemble(&sources, dest, Some(&title), registry, progress).await
 }

@@ -1,7 +1,7 @@
 //! Streaming a layer from its source to disk: read → hash → decompress (in
 //! its own thread) → policy-checked extraction, with the digest verified
 //! before anything is kept; and the layers of a multi-layer image (a delta
-//! image: [`crate::delta`]) applied in order into one tree, each later one
+//! image: [`crate::capture::delta`]) applied in order into one tree, each later one
 //! only adding files.
 
 use std::fs::File;
@@ -15,14 +15,14 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::{Error, Result};
-use crate::extract::{
-    Carried, ExtractPolicy, ExtractStats, Mapping, RatioGuard, Rejection, Rule, classify,
-    extract_tar,
-};
-use crate::image::Layer;
-use crate::labels::Compression;
+use crate::image::labels::Compression;
+use crate::image::manifest::Layer;
 use crate::progress::{Progress, step};
-use crate::repo::{BlobHost, BlobSource, Repo};
+use crate::registry::repo::{BlobHost, BlobSource, Repo};
+use crate::store::extract::{
+    ExtractPolicy, ExtractStats, Mapping, RatioGuard, classify, extract_tar,
+};
+use crate::store::rejection::{Carried, Rejection, Rule};
 use gkm_core::digest::{Digest, Hasher};
 
 const CHUNK: usize = 1 << 20;
@@ -205,7 +205,7 @@ pub async fn extract_layers(
             total = extract_layer(repo, layer, dest, mapping, policy, progress.clone()).await?;
             continue;
         }
-        let apart = dest.join(crate::layout::tmp_name(".gkm-layer-"));
+        let apart = dest.join(crate::registry::layout::tmp_name(".gkm-layer-"));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&apart)
@@ -285,13 +285,13 @@ pub(crate) fn add_layer(from: &Path, into: &Path, rel: &Path) -> Result<()> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if is_dir {
                     std::fs::DirBuilder::new()
-                        .mode(crate::layer::DIR_MODE)
+                        .mode(crate::image::layer::DIR_MODE)
                         .create(&dst)
                         .and_then(|()| {
                             std::fs::set_permissions(
                                 &dst,
                                 std::os::unix::fs::PermissionsExt::from_mode(
-                                    crate::layer::DIR_MODE,
+                                    crate::image::layer::DIR_MODE,
                                 ),
                             )
                         })
@@ -310,7 +310,7 @@ pub(crate) fn add_layer(from: &Path, into: &Path, rel: &Path) -> Result<()> {
 /// Extract `layer` of `repo` into `dest` (an empty directory the caller
 /// owns and removes on error), verifying the layer digest.
 ///
-/// With registry mirrors ([`crate::mirrors`]) the layer is read from the
+/// With registry mirrors ([`crate::registry::mirrors`]) the layer is read from the
 /// first host that serves it; when the bytes a host served are not the
 /// layer (they hash to another digest, or stop short), `dest` is emptied
 /// and the next host is tried, the last one's failure being the result. A

@@ -3,10 +3,10 @@
 use futures::StreamExt;
 
 use crate::error::Result;
-use crate::image::{Manifest, is_index, select_from_index};
-use crate::multi::MultiTarget;
+use crate::image::manifest::{Manifest, is_index, select_from_index};
+use crate::image::multi::MultiTarget;
 use crate::progress::{Progress, step};
-use crate::repo::{BlobSource, RawManifest, Repo};
+use crate::registry::repo::{BlobSource, RawManifest, Repo};
 use gkm_core::digest::Digest;
 
 /// Copy the image `src` selects to `dst`, blobs first, then the manifest

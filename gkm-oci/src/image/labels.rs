@@ -8,34 +8,10 @@ use gkm_core::cache::{CacheKind, CacheManifest, Summary, VllmFormat};
 use crate::error::{Error, Result};
 pub use gkm_core::image_layout::{INDUCTOR, KindLayout, MANIFEST_FILE, MEGACACHE, TRITON, VLLM};
 
-/// OCI image manifest media type.
-pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-/// OCI image index media type.
-pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-/// OCI image config media type.
-pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-/// OCI zstd-compressed layer.
-pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
-/// OCI gzip-compressed layer.
-pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-/// OCI uncompressed layer.
-pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-/// Docker schema2 manifest media type (what MCV's docker builds push).
-pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-/// Docker manifest list media type.
-pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-/// Docker image config media type.
-pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
-/// Docker gzip layer media type.
-pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
-
-/// Every manifest media type gkm reads.
-pub const MANIFEST_TYPES: &[&str] = &[
-    OCI_MANIFEST,
-    DOCKER_MANIFEST,
-    OCI_INDEX,
-    DOCKER_MANIFEST_LIST,
-];
+pub use crate::registry::media_types::{
+    DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, MANIFEST_TYPES,
+    OCI_CONFIG, OCI_INDEX, OCI_LAYER_GZIP, OCI_LAYER_TAR, OCI_LAYER_ZSTD, OCI_MANIFEST,
+};
 
 /// The image title label.
 pub const TITLE: &str = "org.opencontainers.image.title";

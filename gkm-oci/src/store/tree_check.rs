@@ -16,10 +16,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::extract::{
-    ExtractPolicy, Rejection, Rule, check_entry_count, check_entry_size, check_kind, check_total,
-    components, reject,
+use crate::store::extract::{
+    ExtractPolicy, check_entry_count, check_entry_size, check_kind, check_total, components, reject,
 };
+use crate::store::rejection::{Rejection, Rule};
 
 /// What a tree that passed holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

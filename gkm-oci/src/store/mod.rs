@@ -1,7 +1,23 @@
 //! The content-addressed node store: one read-only tree per image digest at
 //! `<root>/sha256/<hex>`, made visible only when complete and sealed
-//! ([`crate::seal`]); an entry whose tree changed is quarantined
+//! ([`crate::store::seal`]); an entry whose tree changed is quarantined
 //! ([`Store::quarantine`]) and extracted again.
+//!
+//! What it is built from, each also used on its own: the hardened tar
+//! extractor ([`extract`], refusing a layer with a [`rejection`], its
+//! headers bounded by [`tar_guard`]) streamed from the registry
+//! ([`pipeline`]) within the disk limits ([`disk`]); the seal
+//! ([`seal`]); extraction into a plain directory ([`unpack`]); and the same
+//! rules applied to a tree on disk ([`tree_check`]).
+
+pub mod disk;
+pub(crate) mod extract;
+pub(crate) mod pipeline;
+pub(crate) mod rejection;
+pub mod seal;
+pub(crate) mod tar_guard;
+pub mod tree_check;
+pub(crate) mod unpack;
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -10,15 +26,15 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::disk::check_free_space;
 use crate::error::{Error, Result};
-use crate::extract::{ExtractPolicy, ExtractStats, Mapping};
 use crate::image::Image;
-use crate::layout::tmp_name;
-use crate::pipeline::{extract_layers, sync_dir, sync_filesystem};
 use crate::progress::{Progress, step};
-use crate::repo::Repo;
-use crate::seal::SealCheck;
+use crate::registry::layout::tmp_name;
+use crate::registry::repo::Repo;
+use crate::store::disk::check_free_space;
+use crate::store::extract::{ExtractPolicy, ExtractStats, Mapping};
+use crate::store::pipeline::{extract_layers, sync_dir, sync_filesystem};
+use crate::store::seal::SealCheck;
 use gkm_core::digest::Digest;
 use gkm_core::store_layout::StoreLayout;
 
@@ -135,10 +151,10 @@ impl Store {
 
     /// The bytes the stored tree of `digest` takes, counted as the byte
     /// budget of [`ExtractPolicy::byte_budget`] counts them
-    /// ([`crate::disk::tree_usage`]); `None` when it is not stored.
+    /// ([`crate::store::disk::tree_usage`]); `None` when it is not stored.
     pub fn usage(&self, digest: &Digest) -> Result<Option<u64>> {
         match self.get(digest) {
-            Some(path) => crate::disk::tree_usage(&path).map(Some),
+            Some(path) => crate::store::disk::tree_usage(&path).map(Some),
             None => Ok(None),
         }
     }
@@ -248,7 +264,12 @@ impl Store {
             });
         }
         let layers = image.cache_layers()?.to_vec();
-        check_free_space(&self.root().join("staging"), image, policy)?;
+        check_free_space(
+            &self.root().join("staging"),
+            image,
+            policy.byte_budget,
+            policy.free_space_reserve,
+        )?;
         let staging = self.staging(&digest)?;
         let mut stats = extract_layers(
             repo,
@@ -267,8 +288,8 @@ impl Store {
         let seal_bytes = tokio::task::spawn_blocking(move || -> Result<u64> {
             // Sealed before it is visible: an entry without a seal is never
             // delivered.
-            crate::seal::seal(&dir).map_err(|e| Error::io(&dir, e))?;
-            let seal_path = dir.join(crate::seal::SEAL_FILE);
+            crate::store::seal::seal(&dir).map_err(|e| Error::io(&dir, e))?;
+            let seal_path = dir.join(crate::store::seal::SEAL_FILE);
             let seal_bytes = fs::metadata(&seal_path)
                 .map_err(|e| Error::io(&seal_path, e))?
                 .len();
@@ -296,7 +317,7 @@ impl Store {
         .await??;
         // The seal takes its block in the store like any file, as
         // [`Store::usage`] counts it.
-        stats.disk_bytes += crate::disk::blocks(seal_bytes);
+        stats.disk_bytes += crate::store::disk::blocks(seal_bytes);
         drop(staging);
         Ok(Stored {
             path: self.path_of(&digest),
@@ -324,9 +345,10 @@ impl Store {
     }
 
     /// Whether the stored tree of `digest` is still the one extracted
-    /// ([`crate::seal::check`]); `None` when it is not stored.
+    /// ([`crate::store::seal::check`]); `None` when it is not stored.
     pub fn check_seal(&self, digest: &Digest) -> Option<SealCheck> {
-        self.get(digest).map(|path| crate::seal::check(&path))
+        self.get(digest)
+            .map(|path| crate::store::seal::check(&path))
     }
 
     /// Takes the stored `digest` out of service: its entry is renamed into

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use gkm_core::cache::{CacheKind, CacheManifest};
 
 use crate::error::{Error, Result};
-use crate::labels::{Compression, KindLayout};
+use crate::image::labels::{Compression, KindLayout};
 use gkm_core::digest::{Digest, HashingWriter};
 
 /// Mode of every directory and non-executable file in a layer.

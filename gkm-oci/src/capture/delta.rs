@@ -12,7 +12,7 @@
 //! build path), as a single-layer image's do, plus [`BASE_LABEL`] and
 //! [`BASE_LAYERS_LABEL`] naming the base. Readers apply the layers in order
 //! into one tree, each later layer only adding files
-//! ([`crate::pipeline`]).
+//! ([`crate::store::pipeline`]).
 //!
 //! [`capture_delta`] runs, stopping at the first failure:
 //!
@@ -43,22 +43,24 @@ use gkm_core::digest::Digest;
 use gkm_core::policy::Policy;
 use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType};
 
+pub use crate::capture::DeltaOf;
 use crate::capture::{
     COMPILED_ON_LABEL, CaptureError, CaptureOptions, Captured, compiled_on, in_work_dir, publish,
     reach,
 };
 use crate::error::Error;
-use crate::extract::{ExtractPolicy, check_entry_count, check_total, components};
-use crate::image::{Image, Manifest};
-use crate::labels::{KindLayout, cache_labels};
-use crate::layer::{LayerInfo, write_delta_layer};
-use crate::layout::Layout;
+use crate::image::Image;
+use crate::image::labels::{KindLayout, cache_labels};
+use crate::image::layer::{LayerInfo, write_delta_layer};
+use crate::image::manifest::Manifest;
 use crate::progress::{Progress, step};
-use crate::reference::ImageRef;
-use crate::repo::{RawManifest, RegistryOptions, Repo};
+use crate::registry::layout::Layout;
+use crate::registry::reference::ImageRef;
+use crate::registry::repo::{RawManifest, RegistryOptions, Repo};
 use crate::sign::SigningKey;
-use crate::tree_check::{TreeStats, check_prefixed_paths, check_tree};
-use crate::unpack::{UnpackOptions, extract_to_dir};
+use crate::store::extract::{ExtractPolicy, check_entry_count, check_total, components};
+use crate::store::tree_check::{TreeStats, check_prefixed_paths, check_tree};
+use crate::store::unpack::{UnpackOptions, extract_to_dir};
 use crate::verify::verify;
 
 /// The label naming a delta image's base, pinned
@@ -67,22 +69,6 @@ pub const BASE_LABEL: &str = "io.gkm.delta.base";
 /// The label counting a delta image's layers that are its base's (the
 /// first ones).
 pub const BASE_LAYERS_LABEL: &str = "io.gkm.delta.base-layers";
-
-/// What a delta capture added to its base.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeltaOf {
-    /// The base, pinned.
-    pub base: String,
-    /// The base's digest.
-    pub base_digest: Digest,
-    /// How many layers are the base's.
-    pub base_layers: usize,
-    /// The delta layer's files, relative to the cache root, sorted.
-    pub files: Vec<String>,
-    /// The upper's scratch left out (lock files, Triton temporaries).
-    pub dropped: Vec<String>,
-}
 
 /// What harvesting an upper copied out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,9 +123,9 @@ impl Walk<'_> {
             let name = entry.map_err(|e| Error::io(&dir, e))?.file_name();
             let Some(name) = name.to_str().map(str::to_string) else {
                 let shown = dir.join(&name).display().to_string();
-                return Err(Error::Rejected(crate::extract::Rejection::new(
+                return Err(Error::Rejected(crate::store::rejection::Rejection::new(
                     &shown,
-                    crate::extract::Rule::NonUtf8Name,
+                    crate::store::rejection::Rule::NonUtf8Name,
                     "path is not UTF-8",
                 ))
                 .into());
@@ -571,14 +557,14 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
         }
     };
     layout.commit_file(&tmp, &layer.digest)?;
-    crate::extract::check_total(
+    crate::store::extract::check_total(
         0,
         layer.cache_size_bytes,
         &input.options.limits,
         "(packed delta)",
     )?;
 
-    crate::pipeline::add_layer(&input.delta, &input.tree, Path::new(""))?;
+    crate::store::pipeline::add_layer(&input.delta, &input.tree, Path::new(""))?;
     let cache = gkm_core::cache::scan(&input.tree).map_err(Error::from)?;
     let build_path = gkm_core::cache::tree_build_path(&input.tree).map_err(Error::from)?;
     let whole: TreeStats = check_tree(&input.tree, &ExtractPolicy::default())?;
@@ -642,7 +628,7 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
         .schema_version(2u32)
         .media_type(MediaType::ImageManifest)
         .config(descriptor(
-            crate::labels::OCI_CONFIG,
+            crate::image::labels::OCI_CONFIG,
             config_bytes.len() as u64,
             &config_digest,
         )?)
@@ -655,7 +641,7 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
     Ok(Packed {
         manifest: RawManifest {
             digest,
-            media_type: crate::labels::OCI_MANIFEST.into(),
+            media_type: crate::image::labels::OCI_MANIFEST.into(),
             bytes,
         },
         layer,

@@ -10,8 +10,8 @@ use oci_spec::image::{Descriptor, ImageIndex, ImageIndexBuilder, MediaType, OciL
 
 use crate::error::{Error, Result};
 use crate::json;
-use crate::reference::Selector;
-use crate::repo::MAX_DOCUMENT_SIZE;
+use crate::registry::reference::Selector;
+use crate::registry::request::MAX_DOCUMENT_SIZE;
 use gkm_core::digest::{Digest, HashingWriter};
 
 /// The annotation an OCI layout names its images by.

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read};
 
-use crate::extract::{Carried, Rejection, Rule};
+use crate::store::rejection::{Carried, Rejection, Rule};
 
 const BLOCK: u64 = 512;
 

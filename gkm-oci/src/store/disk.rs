@@ -20,7 +20,6 @@ use std::str::FromStr;
 use gkm_core::bytes::InvalidBytes;
 
 use crate::error::{Error, Result};
-use crate::extract::ExtractPolicy;
 use crate::image::Image;
 
 /// Every file's data is counted in blocks of this size, and every
@@ -185,13 +184,13 @@ impl FromStr for FreeSpaceReserve {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpaceLimit {
     /// The caller's byte budget for the tree
-    /// ([`ExtractPolicy::byte_budget`]).
+    /// ([`crate::ExtractPolicy::byte_budget`]).
     Budget {
         /// The budget, in bytes.
         budget: u64,
     },
     /// The space that must stay free on the filesystem
-    /// ([`ExtractPolicy::free_space_reserve`]).
+    /// ([`crate::ExtractPolicy::free_space_reserve`]).
     Reserve {
         /// The reserve as configured.
         reserve: FreeSpaceReserve,
@@ -328,7 +327,12 @@ pub fn tree_usage(root: &Path) -> Result<u64> {
 /// (its size label when it has one, and at least its compressed layer)
 /// exceeds the policy's byte budget or would leave less than the reserve
 /// free. See the module docs for why this estimate is only a first check.
-pub(crate) fn check_free_space(dir: &Path, image: &Image, policy: &ExtractPolicy) -> Result<()> {
+pub(crate) fn check_free_space(
+    dir: &Path,
+    image: &Image,
+    byte_budget: Option<u64>,
+    reserve: FreeSpaceReserve,
+) -> Result<()> {
     let layer: u64 = image.cache_layers()?.iter().map(|l| l.size).sum();
     let label = image
         .cache()
@@ -347,16 +351,16 @@ pub(crate) fn check_free_space(dir: &Path, image: &Image, policy: &ExtractPolicy
             },
         )
     };
-    if let Some(budget) = policy.byte_budget
+    if let Some(budget) = byte_budget
         && needed > budget
     {
         return Err(refuse(SpaceLimit::Budget { budget }));
     }
     let space = space(dir)?;
-    let reserve_bytes = policy.free_space_reserve.bytes_of(space.size);
+    let reserve_bytes = reserve.bytes_of(space.size);
     if space.free.saturating_sub(needed) < reserve_bytes || space.free < needed {
         return Err(refuse(SpaceLimit::Reserve {
-            reserve: policy.free_space_reserve,
+            reserve,
             reserve_bytes,
             free: space.free,
         }));
@@ -381,12 +385,13 @@ pub(crate) struct DiskGuard {
 }
 
 impl DiskGuard {
-    /// A guard for a tree written below `dir` under `policy`.
-    pub(crate) fn new(dir: &Path, policy: &ExtractPolicy) -> DiskGuard {
+    /// A guard for a tree written below `dir` within `budget` bytes,
+    /// keeping `reserve` free.
+    pub(crate) fn new(dir: &Path, budget: Option<u64>, reserve: FreeSpaceReserve) -> DiskGuard {
         DiskGuard {
             dir: dir.to_path_buf(),
-            budget: policy.byte_budget,
-            reserve: policy.free_space_reserve,
+            budget,
+            reserve,
             counted: 0,
             written: 0,
             // The first write looks at the filesystem.
@@ -528,12 +533,7 @@ mod tests {
     #[test]
     fn the_budget_counts_whole_blocks_and_refuses_before_writing() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let policy = ExtractPolicy {
-            byte_budget: Some(3 * BLOCK),
-            free_space_reserve: FreeSpaceReserve::NONE,
-            ..ExtractPolicy::default()
-        };
-        let mut guard = DiskGuard::new(dir.path(), &policy);
+        let mut guard = DiskGuard::new(dir.path(), Some(3 * BLOCK), FreeSpaceReserve::NONE);
         let file = dir.path().join("f");
         guard.admit(1, &file).expect("one block");
         guard.write(1, &file).expect("written");
@@ -572,11 +572,7 @@ mod tests {
     #[test]
     fn a_reserve_larger_than_the_filesystem_refuses_the_first_write() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let policy = ExtractPolicy {
-            free_space_reserve: FreeSpaceReserve::percent(100),
-            ..ExtractPolicy::default()
-        };
-        let mut guard = DiskGuard::new(dir.path(), &policy);
+        let mut guard = DiskGuard::new(dir.path(), None, FreeSpaceReserve::percent(100));
         let err = guard
             .admit(1, &dir.path().join("f"))
             .expect_err("nothing may be written");

@@ -3,7 +3,7 @@
 //!
 //! [`capture`] runs, in order, stopping at the first failure:
 //!
-//! 1. the safety rules ([`crate::tree_check`]: the rules extraction applies,
+//! 1. the safety rules ([`crate::store::tree_check`]: the rules extraction applies,
 //!    on the tree as it is on disk), before anything is read or packed;
 //! 2. the scan ([`gkm_core::cache::scan`]): a tree that is not a Triton or
 //!    vLLM cache is refused with what was expected;
@@ -21,7 +21,10 @@
 //! content in the target repository, which a retry reuses.
 //!
 //! The on-cluster capture runs this same function (through `gkm capture`)
-//! in a Job, so both flows refuse and sign alike.
+//! in a Job, so both flows refuse and sign alike. A writable view's upper
+//! is captured as a delta image over its base by [`delta`].
+
+pub mod delta;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,18 +33,19 @@ use gkm_core::cache::{CacheError, CacheManifest};
 use gkm_core::digest::Digest;
 use gkm_core::policy::{Policy, Verified};
 
-use crate::build::build_scanned_into_layout;
-use crate::copy::copy_image;
 use crate::error::Error;
-use crate::extract::{ExtractPolicy, Rejection};
-use crate::labels::Compression;
-use crate::layer::LayerInfo;
-use crate::layout::{Layout, tmp_name};
+use crate::image::build::build_scanned_into_layout;
+use crate::image::copy::copy_image;
+use crate::image::labels::Compression;
+use crate::image::layer::LayerInfo;
 use crate::progress::{Progress, step};
-use crate::reference::{ImageRef, Selector};
-use crate::repo::{RawManifest, RegistryOptions, Repo};
+use crate::registry::layout::{Layout, tmp_name};
+use crate::registry::reference::{ImageRef, Selector};
+use crate::registry::repo::{RawManifest, RegistryOptions, Repo};
 use crate::sign::{SignFormat, SigningKey, sign};
-use crate::tree_check::{TreeStats, check_prefixed_paths, check_tree};
+use crate::store::extract::ExtractPolicy;
+use crate::store::rejection::Rejection;
+use crate::store::tree_check::{TreeStats, check_prefixed_paths, check_tree};
 use crate::verify::{VerifyError, verify};
 
 /// The image label recording the GPU a captured cache was compiled on, when
@@ -76,6 +80,22 @@ pub struct CaptureOptions {
     pub declared: gkm_core::cache::Declared,
 }
 
+/// What a delta capture ([`delta::capture_delta`]) added to its base.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeltaOf {
+    /// The base, pinned.
+    pub base: String,
+    /// The base's digest.
+    pub base_digest: Digest,
+    /// How many layers are the base's.
+    pub base_layers: usize,
+    /// The delta layer's files, relative to the cache root, sorted.
+    pub files: Vec<String>,
+    /// The upper's scratch left out (lock files, Triton temporaries).
+    pub dropped: Vec<String>,
+}
+
 /// What a capture produced.
 #[derive(Debug, Clone)]
 pub struct Captured {
@@ -97,10 +117,10 @@ pub struct Captured {
     pub verified: Verified,
     /// The GPU recorded, when known.
     pub gpu: Option<String>,
-    /// For a delta image ([`crate::delta::capture_delta`]): its base, and
+    /// For a delta image ([`crate::capture::delta::capture_delta`]): its base, and
     /// what the upper held. `tree` and `layer` are then the delta layer's,
     /// `cache` the whole image's.
-    pub delta: Option<crate::delta::DeltaOf>,
+    pub delta: Option<DeltaOf>,
 }
 
 /// The step a capture failed in, as a stable reason (the on-cluster
@@ -476,7 +496,7 @@ fn inspect(
         None,
     );
     let cache = gkm_core::cache::scan(dir)?;
-    check_prefixed_paths(&tree, &crate::layer::tree_root(dir, &cache)?, limits)?;
+    check_prefixed_paths(&tree, &crate::image::layer::tree_root(dir, &cache)?, limits)?;
     Ok((tree, cache))
 }
 
@@ -510,7 +530,7 @@ fn pack(
         &labels,
     )?;
     // The tree may have grown between the check and the packing.
-    crate::extract::check_total(
+    crate::store::extract::check_total(
         0,
         built.layer.cache_size_bytes,
         &options.limits,

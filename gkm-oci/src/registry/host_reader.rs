@@ -24,9 +24,11 @@ use oci_client::{Reference, RegistryOperation};
 use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
-use crate::labels::MANIFEST_TYPES;
-use crate::mirrors::{Host, Role};
-use crate::repo::{CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT, read_at_most, registry_error};
+use crate::registry::media_types::MANIFEST_TYPES;
+use crate::registry::mirrors::{Host, Role};
+use crate::registry::request::{
+    CONNECT_TIMEOUT, MAX_DOCUMENT_SIZE, READ_TIMEOUT, read_at_most, registry_error,
+};
 use gkm_core::digest::Digest;
 
 /// How much of an error response's body is kept for the error message.

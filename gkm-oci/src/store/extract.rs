@@ -6,16 +6,16 @@
 //! the [`Rule`] it broke; the caller then removes the staging directory.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::disk::{DiskGuard, FreeSpaceReserve};
 use crate::error::{Error, Result};
-use crate::labels::{KindLayout, MANIFEST_FILE};
-use crate::layer::{DIR_MODE, EXEC_MODE, FILE_MODE};
+use crate::image::labels::{KindLayout, MANIFEST_FILE};
+use crate::image::layer::{DIR_MODE, EXEC_MODE, FILE_MODE};
+use crate::store::disk::{DiskGuard, FreeSpaceReserve};
+use crate::store::rejection::{Carried, Rejection, Rule};
 
 /// Limits and choices for extracting a layer. [`Default`] is what gkm uses.
 ///
@@ -63,7 +63,7 @@ pub struct ExtractPolicy {
     /// Unlike `max_total_size`, which bounds what an image may be, this
     /// bounds what the caller can give it: crossing it stops extraction
     /// with an [`std::io::ErrorKind::StorageFull`] error
-    /// ([`crate::disk::SpaceExceeded`]), not a rejection.
+    /// ([`crate::store::disk::SpaceExceeded`]), not a rejection.
     pub byte_budget: Option<u64>,
     /// Space that must stay free on the filesystem extracted into (default
     /// none: the caller knows whose filesystem it is; a node agent passes
@@ -97,107 +97,6 @@ impl Default for ExtractPolicy {
     }
 }
 
-/// The rule an entry broke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Rule {
-    /// The path is absolute.
-    AbsolutePath,
-    /// The path contains `..`.
-    ParentDir,
-    /// The path is not UTF-8.
-    NonUtf8Name,
-    /// The path or a component is too long.
-    NameTooLong,
-    /// The path is outside the cache layout (`io.triton.cache/`, …).
-    OutsideLayout,
-    /// A device node, fifo, socket or other special entry.
-    SpecialFile,
-    /// A link, and links are not allowed.
-    LinkNotAllowed,
-    /// A link that points outside the tree.
-    LinkEscape,
-    /// The path goes through a link.
-    ThroughLink,
-    /// setuid, setgid or sticky bit, and the policy rejects them.
-    SpecialBits,
-    /// The same path appears twice, or clashes with an earlier entry.
-    Duplicate,
-    /// The entry is larger than `max_entry_size`.
-    EntryTooLarge,
-    /// The files add up to more than `max_total_size`.
-    TotalTooLarge,
-    /// More than `max_entries` entries.
-    TooManyEntries,
-    /// The layer decompresses to more than `max_compression_ratio` times its size.
-    CompressionRatio,
-    /// A long-name, long-link or PAX header larger than `max_header_size`.
-    OversizedHeader,
-    /// The archive is corrupt or truncated, or its headers contradict each other.
-    Malformed,
-    /// A layer after the first would overwrite an entry of an earlier one
-    /// (a later layer may only add files).
-    OverwritesEarlierLayer,
-    /// A layer after the first holds a whiteout (`.wh.*`): it would delete
-    /// an entry of an earlier one.
-    DeletesEarlierLayer,
-}
-
-impl Rule {
-    /// The rule's stable name, as printed.
-    pub fn name(self) -> &'static str {
-        match self {
-            Rule::AbsolutePath => "absolute-path",
-            Rule::ParentDir => "parent-dir",
-            Rule::NonUtf8Name => "non-utf8-name",
-            Rule::NameTooLong => "name-too-long",
-            Rule::OutsideLayout => "outside-layout",
-            Rule::SpecialFile => "special-file",
-            Rule::LinkNotAllowed => "link-not-allowed",
-            Rule::LinkEscape => "link-escape",
-            Rule::ThroughLink => "through-link",
-            Rule::SpecialBits => "special-bits",
-            Rule::Duplicate => "duplicate",
-            Rule::EntryTooLarge => "entry-too-large",
-            Rule::TotalTooLarge => "total-too-large",
-            Rule::TooManyEntries => "too-many-entries",
-            Rule::CompressionRatio => "compression-ratio",
-            Rule::OversizedHeader => "oversized-header",
-            Rule::Malformed => "malformed",
-            Rule::OverwritesEarlierLayer => "overwrites-earlier-layer",
-            Rule::DeletesEarlierLayer => "deletes-earlier-layer",
-        }
-    }
-}
-
-impl fmt::Display for Rule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Why a layer was refused: the entry, the rule, and details.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
-#[error("layer rejected: entry {entry:?}: {rule}: {detail}")]
-pub struct Rejection {
-    /// The entry's path as in the archive (non-UTF-8 bytes escaped).
-    pub entry: String,
-    /// The rule it broke.
-    pub rule: Rule,
-    /// What exactly was wrong.
-    pub detail: String,
-}
-
-impl Rejection {
-    pub(crate) fn new(entry: &str, rule: Rule, detail: impl Into<String>) -> Rejection {
-        Rejection {
-            entry: entry.to_string(),
-            rule,
-            detail: detail.into(),
-        }
-    }
-}
-
 /// What part of the layer to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mapping {
@@ -220,27 +119,9 @@ pub struct ExtractStats {
     pub bytes: u64,
     /// Bytes the tree was counted as taking against the byte budget: file
     /// data in whole 4 KiB blocks, one block per directory and link
-    /// ([`crate::disk::tree_usage`] counts a tree on disk the same way).
+    /// ([`crate::store::disk::tree_usage`] counts a tree on disk the same way).
     pub disk_bytes: u64,
 }
-
-/// An error that travels through `io::Read` as an `io::Error`.
-#[derive(Debug)]
-pub(crate) enum Carried {
-    Rejected(Rejection),
-    Source(String),
-}
-
-impl fmt::Display for Carried {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Carried::Rejected(r) => r.fmt(f),
-            Carried::Source(s) => f.write_str(s),
-        }
-    }
-}
-
-impl std::error::Error for Carried {}
 
 /// Turn a read error into the error it carries, or a malformed-archive
 /// rejection naming `entry`.
@@ -429,7 +310,7 @@ pub fn extract_tar<R: Read>(
     mapping: Mapping,
     policy: &ExtractPolicy,
 ) -> Result<ExtractStats> {
-    let guarded = crate::tar_guard::HeaderGuard::new(reader, policy.max_header_size);
+    let guarded = crate::store::tar_guard::HeaderGuard::new(reader, policy.max_header_size);
     let mut archive = tar::Archive::new(guarded);
     let mut state = State {
         policy,
@@ -441,7 +322,7 @@ pub fn extract_tar<R: Read>(
         buf: vec![0u8; 1 << 20],
         last_parent: None,
         kept: 0,
-        disk: DiskGuard::new(dest, policy),
+        disk: DiskGuard::new(dest, policy.byte_budget, policy.free_space_reserve),
     };
     let mut last = String::from("(start of archive)");
     let entries = archive.entries().map_err(|e| classify(e, &last))?;
