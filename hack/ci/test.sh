@@ -109,13 +109,20 @@ run_tests_in_parallel() {
   return "$failed"
 }
 
-# The CI scripts' own checks (Python's unittest, no component needed).
+# The CI scripts' own checks (Python's unittest, no component needed), and
+# the crates whose files import no circle keep none
+# (hack/ci/import_cycles.py).
 ci_script_tests() {
   python3 -m unittest discover -s hack/ci -p '*_test.py' < /dev/null
+  local src
+  for src in gkm-oci/src gkm-k8s/csi/src; do
+    printf '%s: ' "$src"
+    python3 hack/ci/import_cycles.py "$src" --check
+  done
 }
 
 if [[ ${1:-} == --fast ]]; then
-  step "hack/ci's own tests"
+  step "hack/ci's own tests, import circles"
   ci_script_tests
   step "cargo fmt --check"
   cargo fmt --all -- --check
@@ -133,7 +140,7 @@ fi
 
 hack/ci/components.sh
 
-step "hack/ci's own tests"
+step "hack/ci's own tests, import circles"
 ci_script_tests
 
 step "cargo fmt --check"
