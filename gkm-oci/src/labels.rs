@@ -165,9 +165,10 @@ pub const KSERVE_VLLM_CACHE_ROOT: &str = "VLLM_CACHE_ROOT=/home/kserve/.cache/vl
 /// cache or a vLLM cache with no hash directory.
 pub fn kserve_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
-    let Some(entries) = &manifest.vllm else {
+    if manifest.kind() != CacheKind::Vllm {
         return labels;
-    };
+    }
+    let entries = manifest.entries();
     let key = |name: &str| format!("{KSERVE_PREFIX}/{name}");
     labels.insert(key("framework"), "vllm".to_string());
     labels.insert(key("cache-type"), "torch-compile".to_string());
