@@ -7,6 +7,10 @@
 //! ([`CacheManifest::from_json`], [`Summary::from_label`],
 //! [`CacheEntry::from_kernel_json`]) is pure and never panics.
 //!
+//! Each kind is a plug-in: a [`Kind`] in its own module of [`kinds`],
+//! listed in [`kinds::REGISTRY`]; [`scan`], the image layouts and the
+//! manifest's JSON ask the registered kinds.
+//!
 //! # Layouts [`scan`] reads
 //!
 //! **Triton** (`~/.triton/cache`, `TRITON_CACHE_DIR`): one directory per
@@ -669,9 +673,9 @@ pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> 
 /// The kind whose tree `dir` is, by its shape ([`Kind::recognise`]): the
 /// first registered kind that recognises it, Triton when none does.
 pub fn kind_of_tree(dir: &Path) -> Result<CacheKind, CacheError> {
-    for kind in kinds::REGISTRY {
+    for kind in kinds::scan_order() {
         if kind.rules().recognise(dir)? {
-            return Ok(*kind);
+            return Ok(kind);
         }
     }
     Ok(CacheKind::Triton)
@@ -774,7 +778,7 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
             return scan(&inner);
         }
     }
-    for kind in kinds::REGISTRY {
+    for kind in kinds::scan_order() {
         if let Some(manifest) = kind.rules().scan(dir)? {
             return Ok(manifest);
         }
@@ -790,7 +794,7 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
 fn scan_file(path: &Path) -> Result<CacheManifest, CacheError> {
     let mut reasons = Vec::new();
     let mut expected = Vec::new();
-    for kind in kinds::REGISTRY {
+    for kind in kinds::scan_order() {
         match kind.rules().scan_file(path) {
             None => continue,
             Some(Ok(manifest)) => return Ok(manifest),

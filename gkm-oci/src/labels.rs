@@ -242,9 +242,16 @@ impl CacheLabels {
     /// count is not a number.
     pub fn read(labels: &BTreeMap<String, String>) -> Result<CacheLabels> {
         let layout = KindLayout::from_labels(labels).ok_or_else(|| {
+            let keys: Vec<String> = gkm_core::image_layout::ALL
+                .into_iter()
+                .map(|l| l.key("summary"))
+                .collect();
             Error::format(
                 "image labels",
-                "no cache.triton.image/summary, cache.vllm.image/summary, cache.inductor.image/summary or cache.megacache.image/summary label: not a kernel cache image",
+                format!(
+                    "no summary label ({}): not a kernel cache image",
+                    keys.join(", ")
+                ),
             )
         })?;
         let summary_key = layout.key("summary");

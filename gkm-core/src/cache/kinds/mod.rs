@@ -36,17 +36,27 @@ pub mod megacache;
 pub mod triton;
 pub mod vllm;
 
-/// Every kind gkm knows, in the order [`scan`](super::scan) tries them.
-///
-/// A kind whose trees can hold another kind's comes before it (vLLM and
-/// Inductor trees hold Triton caches); Triton, whose tree is any directory
-/// of kernel directories, comes last. A new kind goes at the top.
+/// Every kind gkm knows, in the order messages and
+/// [`image_layout::ALL`](crate::image_layout::ALL) list them and
+/// [`scan`](super::scan) tries them ([`scan_order`]). A new kind goes at
+/// the end, unless another kind's trees could be taken for its own: then
+/// it goes before that kind.
 pub const REGISTRY: &[CacheKind] = &[
+    CacheKind::Triton,
     CacheKind::Vllm,
     CacheKind::Inductor,
     CacheKind::MegaCache,
-    CacheKind::Triton,
 ];
+
+/// The registered kinds in the order a tree is tried against them: the
+/// [`REGISTRY`]'s, a [fallback](Kind::fallback) kind (Triton, whose tree
+/// is any directory of kernel directories, and so also part of a vLLM or
+/// Inductor tree) after every other.
+pub fn scan_order() -> impl Iterator<Item = CacheKind> {
+    let (fallback, first): (Vec<CacheKind>, Vec<CacheKind>) =
+        REGISTRY.iter().partition(|k| k.rules().fallback());
+    first.into_iter().chain(fallback)
+}
 
 /// The registered kind named `name` (`triton`, `vllm`…).
 pub fn by_name(name: &str) -> Option<CacheKind> {
@@ -95,6 +105,12 @@ pub trait Kind: Sync + 'static {
     /// (without reading its files): what decides which kind's rules
     /// relocate a tree ([`tree_build_path`](super::tree_build_path)).
     fn recognise(&self, dir: &Path) -> Result<bool, CacheError>;
+
+    /// Whether this kind's tree is any directory no other kind claims
+    /// (Triton's): [`scan_order`] tries it after every other kind.
+    fn fallback(&self) -> bool {
+        false
+    }
 
     /// Recognises and scans `dir`: `Ok(None)` when `dir` is not laid out as
     /// this kind's tree, its manifest when it is. A tree of this kind that
@@ -179,5 +195,39 @@ pub trait Kind: Sync + 'static {
 impl std::fmt::Debug for dyn Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_kinds_have_distinct_names_and_layouts() {
+        for (i, kind) in REGISTRY.iter().enumerate() {
+            assert_eq!(by_name(kind.as_str()), Some(*kind));
+            let layout = kind.rules().layout();
+            assert_eq!(layout.kind, *kind);
+            for other in &REGISTRY[i + 1..] {
+                let theirs = other.rules().layout();
+                assert_ne!(kind.as_str(), other.as_str());
+                assert_ne!(layout.cache_dir, theirs.cache_dir);
+                assert_ne!(layout.manifest_dir, theirs.manifest_dir);
+                assert_ne!(layout.label_prefix, theirs.label_prefix);
+            }
+        }
+        assert_eq!(scan_order().last(), Some(CacheKind::Triton));
+        assert_eq!(scan_order().count(), REGISTRY.len());
+        assert_eq!(by_name("flashinfer"), None);
+    }
+
+    #[test]
+    fn a_kind_reads_and_writes_as_its_name() {
+        let json = serde_json::to_string(&CacheKind::MegaCache).unwrap();
+        assert_eq!(json, "\"megacache\"");
+        let back: CacheKind = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, CacheKind::MegaCache);
+        let err = serde_json::from_str::<CacheKind>("\"flashinfer\"").unwrap_err();
+        assert!(err.to_string().contains("flashinfer"), "{err}");
     }
 }

@@ -51,10 +51,14 @@ impl Kind for Triton {
         scan::EXPECTED
     }
 
-    /// Any directory: Triton comes last in the registry, and its tree is
+    /// Any directory: Triton is tried last, and its tree is
     /// what no other kind claims.
     fn recognise(&self, _dir: &Path) -> Result<bool, CacheError> {
         Ok(true)
+    }
+
+    fn fallback(&self) -> bool {
+        true
     }
 
     fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
