@@ -32,7 +32,7 @@ pub const INDUCTOR: KindLayout = crate::cache::kinds::inductor::LAYOUT;
 /// The PyTorch Mega-Cache layout.
 pub const MEGACACHE: KindLayout = crate::cache::kinds::megacache::LAYOUT;
 
-/// Every registered kind's layout ([`REGISTRY`](crate::cache::kinds::REGISTRY)
+/// Every registered kind's layout ([`REGISTRY`]
 /// order): `for layout in ALL` and `ALL.into_iter()` walk them.
 pub const ALL: Layouts = Layouts;
 

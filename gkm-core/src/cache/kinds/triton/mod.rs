@@ -3,11 +3,12 @@
 //! compiled artefacts (layout: see the [`cache`](crate::cache) module).
 //!
 //! The smallest working kind, and the template a new kind copies: a unit
-//! struct implementing [`Kind`](super::Kind) with what has no default (its
-//! name, layout and scan), its `CacheKind` constant, and its scanner
-//! ([`scan`]) beside it. Its scratch rule ([`scratch`]) and the default
-//! relocation and torn-group rules (Triton's group files, see
-//! [`group`](crate::cache::group)) are what the other kinds build on.
+//! struct implementing [`Kind`] with what has no default (its
+//! name, layout, recognition and scan), its `CacheKind` constant, its
+//! [`LAYOUT`], and its scanner beside it (`scan.rs`). Its scratch rule
+//! (`tmp.pid_*` temporaries) and the default relocation and torn-group
+//! rules (Triton's group files, `cache/group.rs`) are what the other kinds
+//! build on.
 
 use std::path::Path;
 
