@@ -100,9 +100,9 @@ impl CacheKind {
     }
 
     /// Whether caches of this kind are PyTorch's (Inductor, Mega-Cache),
-    /// which carry [`TorchFacts`] (see [`Fit::torch`]).
+    /// which carry [`TorchFacts`] (see [`Kind::torch_facts`]).
     pub fn is_torch(self) -> bool {
-        self.0.fit().torch
+        self.0.torch_facts()
     }
 
     /// Where `dir` sits below the root this kind's images lay out (see
@@ -385,6 +385,12 @@ impl CacheManifest {
             .filter_map(|e| e.triton_version.clone())
             .collect();
         versions.into_iter().collect()
+    }
+
+    /// What it contributes to whether it fits a node, by its kind
+    /// ([`Kind::fit`]): GPU targets, CPU ISA, framework versions.
+    pub fn fit(&self) -> Fit {
+        self.kind.rules().fit(self)
     }
 
     /// The distinct targets of its kernels.

@@ -7,7 +7,7 @@
 //! images lay out ([`Kind::offset_from_root`]), what of a writable view's
 //! upper is scratch ([`Kind::scratch`]), what a torn entry is and what binds
 //! to an absolute path ([`Kind::build_path`], [`Kind::relocated`]), the fit
-//! facts it contributes ([`Kind::fit`]) and the shape of its entries in
+//! facts it contributes ([`Kind::fit`], [`Kind::torch_facts`]) and the shape of its entries in
 //! `manifest.json` ([`Kind::read_entries`], [`Kind::write_manifest`]).
 //! [`scan`](super::scan), [`image_layout`](crate::image_layout),
 //! [`delta::scratch`](crate::delta::scratch) and
@@ -26,9 +26,10 @@
 //! tests in its directory. `docs/architecture.md` ("Adding a cache kind")
 //! has the steps.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{CacheEntry, CacheError, CacheKind, CacheManifest, group};
+use super::{CacheEntry, CacheError, CacheKind, CacheManifest, Summary, group};
 use crate::image_layout::KindLayout;
 
 pub mod inductor;
@@ -63,17 +64,20 @@ pub fn by_name(name: &str) -> Option<CacheKind> {
     REGISTRY.iter().copied().find(|k| k.as_str() == name)
 }
 
-/// The fit facts a kind contributes to a compatibility check, beyond the
-/// GPU targets (backend — CUDA or ROCm —, architecture, warp size, PTX
-/// version) and Triton versions its entries record.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The facts a cache contributes to whether it fits a node, by its kind
+/// ([`Kind::fit`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Fit {
-    /// Its caches carry PyTorch's facts ([`TorchFacts`](super::TorchFacts):
-    /// entry counts, the declared torch version and CPU ISA). Such a cache
-    /// may hold no GPU kernel at all, and then fits by the CPU ISA its
-    /// builder declared.
-    pub torch: bool,
+    /// The GPU targets of its entries: backend (CUDA or ROCm…),
+    /// architecture, warp size, PTX version, Triton version.
+    pub targets: Summary,
+    /// The CPU ISA its CPU kernels need, when the kind records one (for
+    /// PyTorch's kinds, as the builder declared it).
+    pub cpu_isa: Option<String>,
+    /// The frameworks that compiled it and their versions, each sorted
+    /// (`triton`: what its entries record; `torch`: as declared).
+    pub frameworks: BTreeMap<&'static str, Vec<String>>,
 }
 
 /// A cache kind: what gkm needs to know to recognise, scan, pack, relocate
@@ -159,9 +163,33 @@ pub trait Kind: Sync + 'static {
         group::relocated_groups(root, to)
     }
 
-    /// The fit facts this kind contributes.
-    fn fit(&self) -> Fit {
-        Fit::default()
+    /// Whether its caches carry PyTorch's facts
+    /// ([`TorchFacts`](super::TorchFacts): entry counts, the declared torch
+    /// version and CPU ISA). Such a cache may hold no GPU kernel at all,
+    /// and then fits by the CPU ISA its builder declared.
+    fn torch_facts(&self) -> bool {
+        false
+    }
+
+    /// The fit facts of `manifest`, a manifest of this kind: its entries'
+    /// targets and Triton versions, and for a kind that carries PyTorch's
+    /// facts the declared CPU ISA and torch version.
+    fn fit(&self, manifest: &CacheManifest) -> Fit {
+        let mut fit = Fit {
+            targets: manifest.summary(),
+            ..Fit::default()
+        };
+        let triton = manifest.triton_versions();
+        if !triton.is_empty() {
+            fit.frameworks.insert("triton", triton);
+        }
+        if let Some(torch) = manifest.torch.as_ref().filter(|_| self.torch_facts()) {
+            fit.cpu_isa.clone_from(&torch.declared_cpu_isa);
+            if let Some(version) = &torch.declared_torch_version {
+                fit.frameworks.insert("torch", vec![version.clone()]);
+            }
+        }
+        fit
     }
 
     /// Reads the kind's member of `manifest.json` (the value under its
@@ -219,6 +247,35 @@ mod tests {
         assert_eq!(scan_order().last(), Some(CacheKind::Triton));
         assert_eq!(scan_order().count(), REGISTRY.len());
         assert_eq!(by_name("flashinfer"), None);
+    }
+
+    #[test]
+    fn fit_facts_are_the_targets_frameworks_and_a_torch_kinds_declared_isa() {
+        let entry = CacheEntry::from_kernel_json(
+            br#"{"hash":"h","triton_version":"3.6.0","target":{"backend":"cuda","arch":75,"warp_size":32}}"#,
+        )
+        .unwrap();
+        let facts = crate::cache::TorchFacts {
+            declared_cpu_isa: Some("avx2".into()),
+            declared_torch_version: Some("2.11.0".into()),
+            ..Default::default()
+        };
+        let torch = CacheManifest::of_kind(
+            CacheKind::Inductor,
+            vec![entry.clone()],
+            Some(facts.clone()),
+        );
+        let fit = torch.fit();
+        assert_eq!(fit.targets.to_string(), "cuda/75/32");
+        assert_eq!(fit.cpu_isa.as_deref(), Some("avx2"));
+        assert_eq!(fit.frameworks["triton"], ["3.6.0"]);
+        assert_eq!(fit.frameworks["torch"], ["2.11.0"]);
+
+        let triton = CacheManifest::of_kind(CacheKind::Triton, vec![entry], Some(facts));
+        let fit = triton.fit();
+        assert_eq!(fit.cpu_isa, None);
+        assert!(!fit.frameworks.contains_key("torch"));
+        assert!(!CacheKind::Triton.is_torch() && CacheKind::MegaCache.is_torch());
     }
 
     #[test]

@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use super::{Fit, Kind};
+use super::Kind;
 use crate::cache::files::{files, subdirs};
 use crate::cache::kinds::triton::scan as triton;
 use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts};
@@ -89,8 +89,8 @@ impl Kind for Inductor {
         }
     }
 
-    fn fit(&self) -> Fit {
-        Fit { torch: true }
+    fn torch_facts(&self) -> bool {
+        true
     }
 }
 

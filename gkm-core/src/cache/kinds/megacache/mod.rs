@@ -22,7 +22,7 @@ use std::path::Path;
 
 use base64::Engine as _;
 
-use super::{Fit, Kind};
+use super::Kind;
 use crate::cache::files::{files, read_head, subdirs};
 use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts, blob};
 use crate::image_layout::KindLayout;
@@ -80,8 +80,8 @@ impl Kind for MegaCache {
         }))
     }
 
-    fn fit(&self) -> Fit {
-        Fit { torch: true }
+    fn torch_facts(&self) -> bool {
+        true
     }
 }
 
