@@ -25,7 +25,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use gkm_core::cache::{self, CacheKind};
+use gkm_core::cache;
 use gkm_core::compat::{CheckOptions, check_manifest};
 use gkm_core::{Arch, Backend, Gpu};
 
@@ -53,12 +53,7 @@ fn run(dir: &Path, specs: &[String]) -> Result<bool, String> {
         .enumerate()
         .map(|(index, spec)| gpu(index, spec))
         .collect::<Result<Vec<_>, _>>()?;
-    let kind = match manifest.kind() {
-        CacheKind::Triton => "triton",
-        CacheKind::Vllm => "vllm",
-        CacheKind::Inductor => "inductor",
-        CacheKind::MegaCache => "megacache",
-    };
+    let kind = manifest.kind().as_str();
     let report = check_manifest(&manifest, &gpus, &CheckOptions::default());
     let mut out = std::io::stdout().lock();
     write!(

@@ -7,6 +7,10 @@
 //! ([`CacheManifest::from_json`], [`Summary::from_label`],
 //! [`CacheEntry::from_kernel_json`]) is pure and never panics.
 //!
+//! Each kind is a plug-in: a [`Kind`] in its own module of [`kinds`],
+//! listed in [`kinds::REGISTRY`]; [`scan`], the image layouts and the
+//! manifest's JSON ask the registered kinds.
+//!
 //! # Layouts [`scan`] reads
 //!
 //! **Triton** (`~/.triton/cache`, `TRITON_CACHE_DIR`): one directory per
@@ -59,55 +63,106 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::{Arch, Backend};
 
-mod artefacts;
 mod blob;
 mod files;
 mod group;
-pub mod inductor;
 mod kernel;
 mod manifest_json;
-pub mod megacache;
 mod torch_facts;
-mod triton;
-mod vllm;
 
-pub use artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
+pub mod kinds;
+
 pub use group::{build_path, relocate_group, relocated_groups};
 pub use kernel::ptx_isa_version;
+pub use kinds::vllm::artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
+pub use kinds::{Fit, Kind, inductor, megacache};
 pub use torch_facts::{CPU_ISAS, Declared, TorchFacts};
 
-/// What produced a cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheKind {
-    /// A Triton cache (`~/.triton/cache`).
-    Triton,
-    /// A vLLM `torch_compile_cache`.
-    Vllm,
-    /// A PyTorch Inductor cache (`TORCHINDUCTOR_CACHE_DIR`).
-    Inductor,
-    /// PyTorch Mega-Cache blobs (`torch.compiler.save_cache_artifacts()`).
-    #[serde(rename = "megacache")]
-    MegaCache,
-}
+/// What produced a cache: one of the registered [`Kind`]s
+/// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
+/// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`), each
+/// defined in its kind's module.
+///
+/// Two kinds are equal when their names are. Its JSON form is the name.
+#[derive(Clone, Copy)]
+pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
     /// `inductor`, `megacache`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            CacheKind::Triton => "triton",
-            CacheKind::Vllm => "vllm",
-            CacheKind::Inductor => "inductor",
-            CacheKind::MegaCache => "megacache",
-        }
+        self.0.name()
+    }
+
+    /// The kind's rules.
+    pub fn rules(self) -> &'static dyn Kind {
+        self.0
     }
 
     /// Whether caches of this kind are PyTorch's (Inductor, Mega-Cache),
-    /// which carry [`TorchFacts`].
+    /// which carry [`TorchFacts`] (see [`Kind::torch_facts`]).
     pub fn is_torch(self) -> bool {
-        matches!(self, CacheKind::Inductor | CacheKind::MegaCache)
+        self.0.torch_facts()
     }
+
+    /// Where `dir` sits below the root this kind's images lay out (see
+    /// [`Kind::offset_from_root`]).
+    pub fn offset_from_root(self, dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+        self.0.offset_from_root(dir)
+    }
+}
+
+impl PartialEq for CacheKind {
+    fn eq(&self, other: &CacheKind) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for CacheKind {}
+
+impl std::hash::Hash for CacheKind {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl std::fmt::Debug for CacheKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CacheKind({:?})", self.as_str())
+    }
+}
+
+impl std::fmt::Display for CacheKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for CacheKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for CacheKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<CacheKind, D::Error> {
+        let name = String::deserialize(d)?;
+        kinds::by_name(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown cache kind {name:?}: expected one of {}",
+                kind_names()
+            ))
+        })
+    }
+}
+
+/// The registered kinds' names, quoted and comma-separated.
+fn kind_names() -> String {
+    let names: Vec<String> = kinds::REGISTRY
+        .iter()
+        .map(|k| format!("{:?}", k.as_str()))
+        .collect();
+    names.join(", ")
 }
 
 /// The layout of a vLLM cache (see [the layouts](self#layouts-scan-reads)).
@@ -240,112 +295,56 @@ impl CacheEntry {
     }
 }
 
-/// Every compiled kernel in a cache (`manifest.json`).
+/// Every compiled kernel in a cache (`manifest.json`): its kind and its
+/// entries, with the facts some kinds carry beside them.
 ///
-/// Serialised as GKM/MCV do: `{"triton": [entries]}` for a Triton cache and,
-/// for a vLLM one, `{"vllm": [groups], "format": …}` where each group is
-/// `{"vllmHash", "cacheFormat", "triton": [entries], "binary": [...],
+/// Serialised as GKM/MCV do, the entries under the kind's name (its
+/// [`Kind::write_manifest`]): `{"triton": [entries]}` for a Triton cache
+/// and, for a vLLM one, `{"vllm": [groups], "format": …}` where each group
+/// is `{"vllmHash", "cacheFormat", "triton": [entries], "binary": [...],
 /// "aot_compile": [...]}`: the kernels of one `torch_compile_cache/<hash>`
 /// directory in one layout, with MCV's records of its artefacts
 /// ([`BinaryArtefacts`] in `binary` groups, [`AotModel`] in `aot_compile`
 /// ones). Reading also accepts a flat list of entries under `"vllm"`.
 /// PyTorch's kinds (gkm's own, not MCV's) list their Triton kernels under
 /// `"inductor"` or `"megacache"`, next to `"torch"`: [`TorchFacts`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheManifest {
-    /// Kernels of a Triton cache.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub triton: Option<Vec<CacheEntry>>,
-    /// Kernels of a vLLM cache.
-    #[serde(default, deserialize_with = "manifest_json::vllm_groups::deserialize")]
-    pub vllm: Option<Vec<CacheEntry>>,
-    /// The vLLM cache layout; when a cache mixes layouts, the first of
-    /// `aot_compile`, `binary`, `triton` it holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The kind of cache.
+    pub kind: CacheKind,
+    /// Its entries.
+    pub entries: Vec<CacheEntry>,
+    /// vLLM only: the cache layout; when a cache mixes layouts, the first
+    /// of `aot_compile`, `binary`, `triton` it holds.
     pub format: Option<VllmFormat>,
-    /// Triton kernels of an Inductor cache (its `triton/` directories).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inductor: Option<Vec<CacheEntry>>,
-    /// Triton kernels embedded in Mega-Cache blobs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub megacache: Option<Vec<CacheEntry>>,
     /// Inductor and Mega-Cache only: entry counts and declared facts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch: Option<TorchFacts>,
     /// vLLM only: the artefact records of each hash directory that has
     /// any, written into the groups of `"vllm"`.
-    #[serde(skip)]
     pub artefacts: Vec<VllmArtefacts>,
-}
-
-impl Serialize for CacheManifest {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(None)?;
-        if let Some(triton) = &self.triton {
-            map.serialize_entry("triton", triton)?;
-        }
-        if let Some(vllm) = &self.vllm {
-            map.serialize_entry("vllm", &manifest_json::groups(vllm, &self.artefacts))?;
-        }
-        if let Some(format) = &self.format {
-            map.serialize_entry("format", format)?;
-        }
-        if let Some(inductor) = &self.inductor {
-            map.serialize_entry("inductor", inductor)?;
-        }
-        if let Some(megacache) = &self.megacache {
-            map.serialize_entry("megacache", megacache)?;
-        }
-        if let Some(torch) = &self.torch {
-            map.serialize_entry("torch", torch)?;
-        }
-        map.end()
-    }
 }
 
 impl CacheManifest {
     /// Which kind of cache this manifest describes.
     pub fn kind(&self) -> CacheKind {
-        if self.vllm.is_some() {
-            CacheKind::Vllm
-        } else if self.inductor.is_some() {
-            CacheKind::Inductor
-        } else if self.megacache.is_some() {
-            CacheKind::MegaCache
-        } else {
-            CacheKind::Triton
-        }
+        self.kind
     }
 
     /// All entries, whatever the kind.
     pub fn entries(&self) -> &[CacheEntry] {
-        self.triton
-            .as_deref()
-            .or(self.vllm.as_deref())
-            .or(self.inductor.as_deref())
-            .or(self.megacache.as_deref())
-            .unwrap_or(&[])
+        &self.entries
     }
 
-    /// A manifest of `kind` listing `entries`; `torch` for PyTorch's kinds.
-    fn of_kind(kind: CacheKind, entries: Vec<CacheEntry>, torch: Option<TorchFacts>) -> Self {
+    /// A manifest of `kind` listing `entries`, sorted; `torch` for
+    /// PyTorch's kinds.
+    pub fn of_kind(kind: CacheKind, entries: Vec<CacheEntry>, torch: Option<TorchFacts>) -> Self {
         let mut manifest = CacheManifest {
-            triton: None,
-            vllm: None,
+            kind,
+            entries,
             format: None,
-            inductor: None,
-            megacache: None,
             torch,
             artefacts: Vec::new(),
         };
-        let list = match kind {
-            CacheKind::Triton => &mut manifest.triton,
-            CacheKind::Vllm => &mut manifest.vllm,
-            CacheKind::Inductor => &mut manifest.inductor,
-            CacheKind::MegaCache => &mut manifest.megacache,
-        };
-        *list = Some(entries);
         manifest.normalise();
         manifest
     }
@@ -388,6 +387,12 @@ impl CacheManifest {
         versions.into_iter().collect()
     }
 
+    /// What it contributes to whether it fits a node, by its kind
+    /// ([`Kind::fit`]): GPU targets, CPU ISA, framework versions.
+    pub fn fit(&self) -> Fit {
+        self.kind.rules().fit(self)
+    }
+
     /// The distinct targets of its kernels.
     pub fn summary(&self) -> Summary {
         Summary::new(self.entries().iter().map(CacheEntry::target))
@@ -399,16 +404,7 @@ impl CacheManifest {
     /// `sm_XY`; elsewhere they are the bare `XY`. Either form reads back
     /// with [`Summary::from_label`].
     pub fn summary_label(&self) -> String {
-        let summary = self.summary();
-        let binary = self
-            .vllm
-            .iter()
-            .flatten()
-            .any(|e| e.cache_format == Some(VllmFormat::Binary));
-        if !binary {
-            return summary.to_label();
-        }
-        manifest_json::sm_summary_label(&summary)
+        self.kind.rules().summary_label(self)
     }
 
     /// The layouts of a vLLM cache's entries, in MCV's order (`aot_compile`,
@@ -416,13 +412,14 @@ impl CacheManifest {
     /// manifest's [`format`](CacheManifest::format). Empty for a Triton
     /// cache.
     pub fn vllm_formats(&self) -> Vec<VllmFormat> {
+        let vllm = self.kind == CacheKind::Vllm;
         let mut formats: Vec<VllmFormat> = self
-            .vllm
+            .entries
             .iter()
-            .flatten()
+            .filter(|_| vllm)
             .filter_map(|e| e.cache_format)
             .collect();
-        if formats.is_empty() && self.vllm.is_some() {
+        if formats.is_empty() && vllm {
             formats.extend(self.format);
         }
         formats.sort_by_key(|f| std::cmp::Reverse(*f));
@@ -466,26 +463,37 @@ impl CacheManifest {
     /// assert!(CacheManifest::from_json(b"{\"triton\": 1}").is_err());
     /// ```
     pub fn from_json(bytes: &[u8]) -> Result<CacheManifest, CacheError> {
-        let mut manifest: CacheManifest =
-            serde_json::from_slice(bytes).map_err(|e| CacheError::Invalid {
-                what: "manifest.json",
-                reason: e.to_string(),
-            })?;
-        let kinds = [
-            manifest.triton.is_some(),
-            manifest.vllm.is_some(),
-            manifest.inductor.is_some(),
-            manifest.megacache.is_some(),
-        ];
-        if kinds.into_iter().filter(|k| *k).count() > 1 {
-            return Err(CacheError::Invalid {
-                what: "manifest.json",
-                reason: "lists kernels of more than one of \"triton\", \"vllm\", \"inductor\", \"megacache\"; expected one kind".into(),
-            });
+        let invalid = |reason: String| CacheError::Invalid {
+            what: "manifest.json",
+            reason,
+        };
+        let doc: Wire = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        let mut listed = Vec::new();
+        for (name, value) in doc.members {
+            let Some(kind) = kinds::by_name(&name) else {
+                continue;
+            };
+            let entries = kind
+                .rules()
+                .read_entries(value)
+                .map_err(|e| invalid(format!("{name}: {e}")))?;
+            listed.extend(entries.map(|entries| (kind, entries)));
         }
-        if manifest.vllm.is_some() {
-            manifest.artefacts = manifest_json::artefacts_of(bytes);
+        if listed.len() > 1 {
+            return Err(invalid(format!(
+                "lists kernels of more than one of {}; expected one kind",
+                kind_names()
+            )));
         }
+        let (kind, entries) = listed.pop().unwrap_or((CacheKind::Triton, Vec::new()));
+        let mut manifest = CacheManifest {
+            kind,
+            entries,
+            format: doc.format,
+            torch: doc.torch,
+            artefacts: Vec::new(),
+        };
+        kind.rules().read_records(&mut manifest, bytes);
         manifest.normalise();
         Ok(manifest)
     }
@@ -494,29 +502,30 @@ impl CacheManifest {
     pub fn to_json(&self) -> Vec<u8> {
         let mut normalised = self.clone();
         normalised.normalise();
-        // Serialising these types cannot fail: every map key is a string.
-        serde_json::to_vec_pretty(&normalised).unwrap_or_default()
+        self.kind.rules().write_manifest(&normalised)
     }
 
     /// Sort the entries so equal caches give equal manifests.
     fn normalise(&mut self) {
-        for list in [
-            &mut self.triton,
-            &mut self.vllm,
-            &mut self.inductor,
-            &mut self.megacache,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            list.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
-        }
+        self.entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         self.artefacts.retain(|a| !a.is_empty());
         for records in &mut self.artefacts {
             records.normalise();
         }
         self.artefacts.sort_by(|a, b| a.vllm_hash.cmp(&b.vllm_hash));
     }
+}
+
+/// `manifest.json` as read: the facts every kind may carry, and the other
+/// members (a kind's entries under its name).
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default)]
+    format: Option<VllmFormat>,
+    #[serde(default)]
+    torch: Option<TorchFacts>,
+    #[serde(flatten)]
+    members: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// The distinct targets of a cache (`cache.triton.image/summary`).
@@ -644,14 +653,6 @@ pub enum CacheError {
     },
 }
 
-/// Directories an extracted GKM/MCV image holds its cache tree in.
-const IMAGE_CACHE_DIRS: [&str; 4] = [
-    "io.triton.cache",
-    "io.vllm.cache",
-    "io.inductor.cache",
-    "io.megacache.cache",
-];
-
 /// Where the vLLM cache directory `dir` sits below its cache root
 /// (`VLLM_CACHE_ROOT`, which holds `torch_compile_cache/`): empty for the
 /// root, `torch_compile_cache` for the compile cache directory,
@@ -672,20 +673,43 @@ const IMAGE_CACHE_DIRS: [&str; 4] = [
 /// # Ok(()) }
 /// ```
 pub fn vllm_offset_from_root(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
-    vllm::offset_from_root(dir)
+    CacheKind::Vllm.offset_from_root(dir)
+}
+
+/// The kind whose tree `dir` is, by its shape ([`Kind::recognise`]): the
+/// first registered kind that recognises it, Triton when none does.
+pub fn kind_of_tree(dir: &Path) -> Result<CacheKind, CacheError> {
+    for kind in kinds::scan_order() {
+        if kind.rules().recognise(dir)? {
+            return Ok(kind);
+        }
+    }
+    Ok(CacheKind::Triton)
+}
+
+/// The files of the tree at `dir` that bind to an absolute path, as they
+/// read with the tree moved to `to`, by the rules of the tree's kind
+/// ([`kind_of_tree`], [`Kind::relocated`]): each file's path below `dir`
+/// and its new bytes. Empty when nothing binds, or the tree was built at
+/// `to`.
+pub fn relocated_tree(dir: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
+    kind_of_tree(dir)?.rules().relocated(dir, to)
 }
 
 /// The path the cache in `dir` was built at, as an image lays it out: the
 /// Triton cache directory (`TRITON_CACHE_DIR`), or a vLLM cache's root
 /// (`VLLM_CACHE_ROOT`) whichever of its directories `dir` is (see
-/// [`vllm_offset_from_root`]). Read from the group files
-/// ([`build_path`]); `None` when the tree holds none. A torn group, or
-/// groups built at different paths, are refused naming the group.
+/// [`vllm_offset_from_root`]). Read by the rules of the tree's kind
+/// ([`kind_of_tree`], [`Kind::build_path`]: for every kind gkm knows, its
+/// Triton group files, [`build_path`]); `None` when nothing in the tree
+/// binds to a path. A torn group, or groups built at different paths, are
+/// refused naming the group.
 pub fn tree_build_path(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
-    let Some(built) = build_path(dir)? else {
+    let kind = kind_of_tree(dir)?;
+    let Some(built) = kind.rules().build_path(dir)? else {
         return Ok(None);
     };
-    let Some(offset) = vllm_offset_from_root(dir)? else {
+    let Some(offset) = kind.offset_from_root(dir)? else {
         return Ok(Some(built));
     };
     let depth = offset.components().count();
@@ -746,18 +770,7 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
         source,
     })?;
     if meta.is_file() {
-        let (entries, torch) = megacache::scan_file(dir).map_err(|e| match e {
-            CacheError::Foreign { reason, .. } => CacheError::NotACache {
-                path: dir.to_path_buf(),
-                expected: format!("a directory or {} ({reason})", megacache::EXPECTED),
-            },
-            other => other,
-        })?;
-        return Ok(CacheManifest::of_kind(
-            CacheKind::MegaCache,
-            entries,
-            Some(torch),
-        ));
+        return scan_file(dir);
     }
     if !meta.is_dir() {
         return Err(CacheError::NotACache {
@@ -765,40 +778,55 @@ pub fn scan(dir: &Path) -> Result<CacheManifest, CacheError> {
             expected: "a directory".into(),
         });
     }
-    for name in IMAGE_CACHE_DIRS {
-        let inner = dir.join(name);
+    for layout in crate::image_layout::ALL {
+        let inner = dir.join(layout.cache_dir);
         if inner.is_dir() {
             return scan(&inner);
         }
     }
-    if let Some(manifest) = vllm::scan(dir)? {
-        return Ok(manifest);
-    }
-    if let Some((entries, torch)) = inductor::scan(dir)? {
-        return Ok(CacheManifest::of_kind(
-            CacheKind::Inductor,
-            entries,
-            Some(torch),
-        ));
-    }
-    if let Some((entries, torch)) = megacache::scan_dir(dir)? {
-        return Ok(CacheManifest::of_kind(
-            CacheKind::MegaCache,
-            entries,
-            Some(torch),
-        ));
-    }
-    if let Some(entries) = triton::scan_root(dir)? {
-        return Ok(CacheManifest::of_kind(CacheKind::Triton, entries, None));
+    for kind in kinds::scan_order() {
+        if let Some(manifest) = kind.rules().scan(dir)? {
+            return Ok(manifest);
+        }
     }
     Err(CacheError::NotACache {
         path: dir.to_path_buf(),
+        expected: or_list(kinds::REGISTRY.iter().map(|k| k.rules().expected())),
+    })
+}
+
+/// A single file as a cache: the first registered kind whose caches may be
+/// one file and that takes it.
+fn scan_file(path: &Path) -> Result<CacheManifest, CacheError> {
+    let mut reasons = Vec::new();
+    let mut expected = Vec::new();
+    for kind in kinds::scan_order() {
+        match kind.rules().scan_file(path) {
+            None => continue,
+            Some(Ok(manifest)) => return Ok(manifest),
+            Some(Err(CacheError::Foreign { reason, .. })) => {
+                reasons.push(reason);
+                expected.push(kind.rules().expected());
+            }
+            Some(Err(other)) => return Err(other),
+        }
+    }
+    Err(CacheError::NotACache {
+        path: path.to_path_buf(),
         expected: format!(
-            "{}, {}, {} or {}",
-            triton::EXPECTED,
-            vllm::EXPECTED,
-            inductor::EXPECTED,
-            megacache::EXPECTED
+            "a directory or {} ({})",
+            or_list(expected),
+            reasons.join("; ")
         ),
     })
+}
+
+/// `a, b, c or d`.
+fn or_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    let items: Vec<&str> = items.into_iter().collect();
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
 }

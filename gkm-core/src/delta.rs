@@ -17,7 +17,7 @@
 //!
 //! A file copied up unchanged (its content equals the lower's) and the
 //! directories copied up to hold new files are not part of the delta.
-//! Scratch files are dropped: lock files (any `locks/` directory, names
+//! Scratch files are dropped, by each kind's rule: lock files (any `locks/` directory, names
 //! ending in `.lock`) and Triton's temporary `tmp.pid_*` files and
 //! directories. Links, devices and other special entries are refused as
 //! unsafe, as a capture refuses them.
@@ -132,8 +132,12 @@ pub struct DeltaRefusal {
     pub detail: String,
 }
 
-/// Why a name is scratch, when it is: Triton's `tmp.pid_*` temporary files
-/// and directories, an Inductor-style `locks/` directory, a `*.lock` file.
+/// Why a name is scratch, when it is: by the first registered kind whose
+/// [scratch rule](crate::cache::Kind::scratch) drops it (Triton's
+/// `tmp.pid_*` temporary files and directories, Inductor's `locks/`
+/// directory and `*.lock` files). Every kind's rule applies whatever the
+/// view's kind: a workload on one kind's view runs the tools that write
+/// the others (vLLM runs Inductor, which runs Triton).
 ///
 /// ```
 /// use gkm_core::delta::scratch;
@@ -143,16 +147,9 @@ pub struct DeltaRefusal {
 /// assert!(scratch("KEY/kernel.cubin", false).is_none());
 /// ```
 pub fn scratch(path: &str, is_dir: bool) -> Option<&'static str> {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    if name.starts_with("tmp.pid_") {
-        Some("a Triton temporary file")
-    } else if is_dir && name == "locks" {
-        Some("a directory of lock files")
-    } else if !is_dir && name.ends_with(".lock") {
-        Some("a lock file")
-    } else {
-        None
-    }
+    crate::cache::kinds::REGISTRY
+        .iter()
+        .find_map(|kind| kind.rules().scratch(path, is_dir))
 }
 
 /// Decides what to do with one observed upper entry (see the

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::cache::CacheKind;
+use crate::cache::kinds::REGISTRY;
 
 /// The paths and label keys of one cache kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,39 +21,34 @@ pub struct KindLayout {
 }
 
 /// The Triton layout.
-pub const TRITON: KindLayout = KindLayout {
-    kind: CacheKind::Triton,
-    cache_dir: "io.triton.cache",
-    manifest_dir: "io.triton.manifest",
-    label_prefix: "cache.triton.image",
-};
+pub const TRITON: KindLayout = crate::cache::kinds::triton::LAYOUT;
 
 /// The vLLM layout.
-pub const VLLM: KindLayout = KindLayout {
-    kind: CacheKind::Vllm,
-    cache_dir: "io.vllm.cache",
-    manifest_dir: "io.vllm.manifest",
-    label_prefix: "cache.vllm.image",
-};
+pub const VLLM: KindLayout = crate::cache::kinds::vllm::LAYOUT;
 
 /// The PyTorch Inductor layout.
-pub const INDUCTOR: KindLayout = KindLayout {
-    kind: CacheKind::Inductor,
-    cache_dir: "io.inductor.cache",
-    manifest_dir: "io.inductor.manifest",
-    label_prefix: "cache.inductor.image",
-};
+pub const INDUCTOR: KindLayout = crate::cache::kinds::inductor::LAYOUT;
 
 /// The PyTorch Mega-Cache layout.
-pub const MEGACACHE: KindLayout = KindLayout {
-    kind: CacheKind::MegaCache,
-    cache_dir: "io.megacache.cache",
-    manifest_dir: "io.megacache.manifest",
-    label_prefix: "cache.megacache.image",
-};
+pub const MEGACACHE: KindLayout = crate::cache::kinds::megacache::LAYOUT;
 
-/// Every layout.
-pub const ALL: [KindLayout; 4] = [TRITON, VLLM, INDUCTOR, MEGACACHE];
+/// Every registered kind's layout ([`REGISTRY`]
+/// order): `for layout in ALL` and `ALL.into_iter()` walk them.
+pub const ALL: Layouts = Layouts;
+
+/// The layouts of the registered kinds (see [`ALL`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Layouts;
+
+impl IntoIterator for Layouts {
+    type Item = KindLayout;
+    type IntoIter =
+        std::iter::Map<std::slice::Iter<'static, CacheKind>, fn(&CacheKind) -> KindLayout>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        REGISTRY.iter().map(|kind| kind.rules().layout())
+    }
+}
 
 /// The name of the manifest file in the manifest directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -60,12 +56,7 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 impl KindLayout {
     /// The layout of a cache kind.
     pub fn of(kind: CacheKind) -> KindLayout {
-        match kind {
-            CacheKind::Triton => TRITON,
-            CacheKind::Vllm => VLLM,
-            CacheKind::Inductor => INDUCTOR,
-            CacheKind::MegaCache => MEGACACHE,
-        }
+        kind.rules().layout()
     }
 
     /// The layout whose cache or manifest directory is the first path

@@ -6,7 +6,8 @@
 //! - [`assignment`]: the `gkm.io/gpu-assignment` pod annotation a scheduler
 //!   writes and the device plugin honours.
 //! - [`gpu`]: the vendor-neutral GPU model every discovery backend produces.
-//! - [`cache`]: cache kinds, scanning a cache directory into a
+//! - [`cache`]: cache kinds, each a [`cache::Kind`] registered in
+//!   [`cache::kinds::REGISTRY`], scanning a cache directory into a
 //!   [`cache::CacheManifest`] and its [`cache::Summary`].
 //! - [`variant`]: which variant of a multi-target image a node's GPUs get.
 //! - [`compat`]: matching a manifest or summary against GPUs, with a reason for

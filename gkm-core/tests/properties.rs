@@ -4,7 +4,9 @@
 // A test panics with what went wrong: its helpers unwrap as its body does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use gkm_core::cache::{CacheEntry, CacheManifest, Summary, Target, VllmFormat, ptx_isa_version};
+use gkm_core::cache::{
+    CacheEntry, CacheKind, CacheManifest, Summary, Target, VllmFormat, ptx_isa_version,
+};
 use gkm_core::compat::{self, CheckOptions, CudaArchRule, Reason};
 use gkm_core::{Arch, Backend, Gpu};
 use proptest::prelude::*;
@@ -111,11 +113,9 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
             e.cache_format = None;
         }
         CacheManifest {
-            triton: Some(entries),
-            vllm: None,
+            kind: CacheKind::Triton,
+            entries,
             format: None,
-            inductor: None,
-            megacache: None,
             torch: None,
             artefacts: Vec::new(),
         }
@@ -125,11 +125,9 @@ fn manifest() -> impl Strategy<Value = CacheManifest> {
         proptest::option::of(Just(VllmFormat::Binary)),
     )
         .prop_map(|(entries, format)| CacheManifest {
-            triton: None,
-            vllm: Some(entries),
+            kind: CacheKind::Vllm,
+            entries,
             format,
-            inductor: None,
-            megacache: None,
             torch: None,
             artefacts: Vec::new(),
         });

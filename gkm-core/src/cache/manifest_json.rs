@@ -1,13 +1,12 @@
-//! The JSON shapes of `manifest.json` and the summary label that differ from
-//! the Rust types: MCV's grouped vLLM entries and Go's `null` lists.
+//! The JSON shape of `manifest.json` every kind shares: its entries under
+//! the kind's name, then the facts it carries; and Go's `null` lists.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{AotModel, BinaryArtefacts, CacheEntry, Summary, VllmArtefacts, VllmFormat};
-use crate::gpu::Backend;
+use super::CacheManifest;
 
 /// A list that Go writes as `null` when it is empty.
-pub(super) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+pub(crate) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
@@ -15,218 +14,27 @@ where
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
-/// `"vllm"`: kernel entries written as MCV's groups, one per vLLM hash and
-/// layout.
-pub(super) mod vllm_groups {
-    use serde::de::Error as _;
-
-    use super::*;
-
-    /// One group as MCV writes it (its artefact records are read by
-    /// [`artefacts_of`](super::artefacts_of)).
-    #[derive(Deserialize)]
-    struct Group {
-        #[serde(rename = "vllmHash", default)]
-        vllm_hash: String,
-        #[serde(rename = "cacheFormat", default, deserialize_with = "known_format")]
-        cache_format: Option<VllmFormat>,
-        #[serde(default, deserialize_with = "null_as_empty")]
-        triton: Vec<CacheEntry>,
+/// `manifest.json` bytes, pretty-printed: `entries` (the kind's form of
+/// them) under the kind's name, then `format` and `torch` when set.
+pub(crate) fn write<E: Serialize + ?Sized>(manifest: &CacheManifest, entries: &E) -> Vec<u8> {
+    struct Doc<'a, E: ?Sized> {
+        manifest: &'a CacheManifest,
+        entries: &'a E,
     }
-
-    /// A layout name; one gkm does not know (a newer MCV's) reads as `None`.
-    fn known_format<'de, D: Deserializer<'de>>(d: D) -> Result<Option<VllmFormat>, D::Error> {
-        let value = Option::<serde_json::Value>::deserialize(d)?;
-        Ok(value.and_then(|v| VllmFormat::deserialize(v).ok()))
-    }
-
-    pub(in crate::cache) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Vec<CacheEntry>>, D::Error> {
-        let Some(elements) = Option::<Vec<serde_json::Value>>::deserialize(d)? else {
-            return Ok(Some(Vec::new()));
-        };
-        let mut entries = Vec::new();
-        for (i, element) in elements.into_iter().enumerate() {
-            let context = |e: serde_json::Error| D::Error::custom(format!("vllm[{i}]: {e}"));
-            let is_group = element.as_object().is_some_and(|o| !o.contains_key("hash"));
-            if !is_group {
-                entries.push(CacheEntry::deserialize(element).map_err(context)?);
-                continue;
+    impl<E: Serialize + ?Sized> Serialize for Doc<'_, E> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut map = s.serialize_map(None)?;
+            map.serialize_entry(self.manifest.kind.as_str(), self.entries)?;
+            if let Some(format) = &self.manifest.format {
+                map.serialize_entry("format", format)?;
             }
-            let group = Group::deserialize(element).map_err(context)?;
-            for mut entry in group.triton {
-                if entry.vllm_hash.as_deref().is_none_or(str::is_empty) {
-                    entry.vllm_hash = Some(group.vllm_hash.clone());
-                }
-                entry.cache_format = entry.cache_format.or(group.cache_format);
-                entries.push(entry);
+            if let Some(torch) = &self.manifest.torch {
+                map.serialize_entry("torch", torch)?;
             }
-        }
-        // No hash and an empty one are written alike; read them alike.
-        for entry in &mut entries {
-            entry.vllm_hash = entry.vllm_hash.take().filter(|h| !h.is_empty());
-        }
-        Ok(Some(entries))
-    }
-}
-
-/// One `"vllm"` group as written: a hash directory's kernels in one layout
-/// and, for the `binary` and `aot_compile` layouts, its artefact records.
-#[derive(Serialize)]
-pub(super) struct GroupOut<'a> {
-    #[serde(rename = "vllmHash")]
-    vllm_hash: &'a str,
-    #[serde(rename = "cacheFormat", skip_serializing_if = "Option::is_none")]
-    cache_format: Option<VllmFormat>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    triton: Vec<CacheEntry>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    binary: &'a [BinaryArtefacts],
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    aot_compile: &'a [AotModel],
-}
-
-/// The `"vllm"` groups of `entries`, one per hash directory and layout, in
-/// the entries' order; each hash directory's artefact records join its
-/// group of the matching layout, or a group of their own when it has no
-/// kernel of that layout.
-pub(super) fn groups<'a>(
-    entries: &'a [CacheEntry],
-    artefacts: &'a [VllmArtefacts],
-) -> Vec<GroupOut<'a>> {
-    let mut groups: Vec<GroupOut<'a>> = Vec::new();
-    for entry in entries {
-        let hash = entry.vllm_hash.as_deref().unwrap_or_default();
-        let mut bare = entry.clone();
-        bare.vllm_hash = None;
-        bare.cache_format = None;
-        match groups
-            .iter_mut()
-            .find(|g| g.vllm_hash == hash && g.cache_format == entry.cache_format)
-        {
-            Some(group) => group.triton.push(bare),
-            None => groups.push(GroupOut {
-                vllm_hash: hash,
-                cache_format: entry.cache_format,
-                triton: vec![bare],
-                binary: &[],
-                aot_compile: &[],
-            }),
+            map.end()
         }
     }
-    for records in artefacts {
-        for (format, binary, aot_compile) in [
-            (VllmFormat::Binary, &records.binary[..], &[][..]),
-            (VllmFormat::AotCompile, &[][..], &records.aot_compile[..]),
-        ] {
-            if binary.is_empty() && aot_compile.is_empty() {
-                continue;
-            }
-            let hash = records.vllm_hash.as_str();
-            let found = groups
-                .iter_mut()
-                .find(|g| g.vllm_hash == hash && g.cache_format == Some(format));
-            match found {
-                Some(group) => {
-                    group.binary = binary;
-                    group.aot_compile = aot_compile;
-                }
-                None => groups.push(GroupOut {
-                    vllm_hash: hash,
-                    cache_format: Some(format),
-                    triton: Vec::new(),
-                    binary,
-                    aot_compile,
-                }),
-            }
-        }
-    }
-    groups
-}
-
-/// The artefact records of a `manifest.json`'s `"vllm"` groups. Lenient: a
-/// record that does not parse is left out (the kernels are what gkm reads;
-/// the records are informational).
-pub(super) fn artefacts_of(bytes: &[u8]) -> Vec<VllmArtefacts> {
-    #[derive(Deserialize)]
-    struct Doc {
-        #[serde(default)]
-        vllm: Option<Vec<serde_json::Value>>,
-    }
-    let Ok(Doc { vllm: Some(groups) }) = serde_json::from_slice::<Doc>(bytes) else {
-        return Vec::new();
-    };
-    let list = |group: &serde_json::Value, key: &str| -> Vec<serde_json::Value> {
-        group
-            .get(key)
-            .and_then(serde_json::Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let mut out: Vec<VllmArtefacts> = Vec::new();
-    for group in &groups {
-        let hash = group
-            .get("vllmHash")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or_default();
-        let binary: Vec<BinaryArtefacts> = list(group, "binary")
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect();
-        let aot_compile: Vec<AotModel> = list(group, "aot_compile")
-            .into_iter()
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect();
-        if binary.is_empty() && aot_compile.is_empty() {
-            continue;
-        }
-        match out.iter_mut().find(|a| a.vllm_hash == hash) {
-            Some(records) => {
-                records.binary.extend(binary);
-                records.aot_compile.extend(aot_compile);
-            }
-            None => out.push(VllmArtefacts {
-                vllm_hash: hash.to_string(),
-                binary,
-                aot_compile,
-            }),
-        }
-    }
-    out
-}
-
-/// A summary label whose CUDA architectures are named `sm_XY`, fields in
-/// the order [`Summary::to_label`] writes them.
-pub(super) fn sm_summary_label(summary: &Summary) -> String {
-    #[derive(Serialize)]
-    struct Target<'a> {
-        backend: &'a Backend,
-        arch: String,
-        warp_size: u32,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        ptx_version: Option<u32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        cuda_version: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        triton_version: Option<&'a str>,
-    }
-    #[derive(Serialize)]
-    struct Label<'a> {
-        targets: Vec<Target<'a>>,
-    }
-    let targets = summary
-        .targets
-        .iter()
-        .map(|t| Target {
-            backend: &t.backend,
-            arch: t.arch.sm_name().unwrap_or_else(|| t.arch.to_string()),
-            warp_size: t.warp_size,
-            ptx_version: t.ptx_version,
-            cuda_version: t.cuda_version.as_deref(),
-            triton_version: t.triton_version.as_deref(),
-        })
-        .collect();
     // Serialising these types cannot fail: every map key is a string.
-    serde_json::to_string(&Label { targets }).unwrap_or_default()
+    serde_json::to_vec_pretty(&Doc { manifest, entries }).unwrap_or_default()
 }

@@ -3,8 +3,8 @@
 //! Triton's group files record the absolute paths of a kernel's artefacts
 //! (see [`gkm_core::cache::build_path`]); a tree mounted anywhere else
 //! misses every kernel. A relocation layer holds only the tree's group
-//! files, rewritten for one mount path
-//! ([`gkm_core::cache::relocated_groups`]), at their places in the tree. It
+//! files, rewritten for one mount path by the rules of the tree's kind
+//! ([`gkm_core::cache::relocated_tree`]), at their places in the tree. It
 //! is stacked as a read-only lower layer above the verified tree, so the
 //! pod sees the tree unchanged but for its group files, and nothing is
 //! copied per pod.
@@ -106,7 +106,7 @@ pub fn ensure_layer(
     if dir.is_dir() {
         return Ok(Relocation::Layer(dir));
     }
-    let groups = gkm_core::cache::relocated_groups(tree, Path::new(mount_path))?;
+    let groups = gkm_core::cache::relocated_tree(tree, Path::new(mount_path))?;
     if groups.is_empty() {
         return Ok(Relocation::NotNeeded);
     }

@@ -37,7 +37,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gkm_core::cache::CacheManifest;
+use gkm_core::cache::{CacheKind, CacheManifest};
 use gkm_core::delta::{Harvest, InLower, Observed, UpperKind, harvest};
 use gkm_core::digest::Digest;
 use gkm_core::policy::Policy;
@@ -291,11 +291,12 @@ fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata) -> Result<(), Error> {
     Ok(())
 }
 
-/// Rewrites the Triton group files of the delta at `delta` so they record
-/// `build_path`, the base's, instead of where the pod saw the tree.
+/// Rewrites the files of the delta at `delta` that bind to an absolute
+/// path (Triton's group files), by the rules of the base's `kind`, so they
+/// record `build_path`, the base's, instead of where the pod saw the tree.
 /// Blocking.
-fn relocate_to_base(delta: &Path, build_path: &Path) -> Result<(), Error> {
-    for (rel, bytes) in gkm_core::cache::relocated_groups(delta, build_path)? {
+fn relocate_to_base(kind: CacheKind, delta: &Path, build_path: &Path) -> Result<(), Error> {
+    for (rel, bytes) in kind.rules().relocated(delta, build_path)? {
         let path = delta.join(rel);
         fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
     }
@@ -411,6 +412,7 @@ pub async fn capture_delta(
             let limits = options.limits.clone();
             let build_path = build_path.clone();
             let root = layout.cache_dir;
+            let kind = labels.kind;
             tokio::task::spawn_blocking(move || -> Result<_, CaptureError> {
                 fs::create_dir(&delta).map_err(|e| Error::io(&delta, e))?;
                 let harvested = harvest_upper(&upper, &tree, &delta, &limits)?;
@@ -422,7 +424,7 @@ pub async fn capture_delta(
                     .into());
                 }
                 if let Some(to) = &build_path {
-                    relocate_to_base(&delta, to)?;
+                    relocate_to_base(kind, &delta, to)?;
                 }
                 let stats = check_tree(&delta, &limits)?;
                 check_prefixed_paths(&stats, root, &limits)?;

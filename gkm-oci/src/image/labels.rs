@@ -141,9 +141,10 @@ pub const KSERVE_VLLM_CACHE_ROOT: &str = "VLLM_CACHE_ROOT=/home/kserve/.cache/vl
 /// cache or a vLLM cache with no hash directory.
 pub fn kserve_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
-    let Some(entries) = &manifest.vllm else {
+    if manifest.kind() != CacheKind::Vllm {
         return labels;
-    };
+    }
+    let entries = manifest.entries();
     let key = |name: &str| format!("{KSERVE_PREFIX}/{name}");
     labels.insert(key("framework"), "vllm".to_string());
     labels.insert(key("cache-type"), "torch-compile".to_string());
@@ -217,9 +218,16 @@ impl CacheLabels {
     /// count is not a number.
     pub fn read(labels: &BTreeMap<String, String>) -> Result<CacheLabels> {
         let layout = KindLayout::from_labels(labels).ok_or_else(|| {
+            let keys: Vec<String> = gkm_core::image_layout::ALL
+                .into_iter()
+                .map(|l| l.key("summary"))
+                .collect();
             Error::format(
                 "image labels",
-                "no cache.triton.image/summary, cache.vllm.image/summary, cache.inductor.image/summary or cache.megacache.image/summary label: not a kernel cache image",
+                format!(
+                    "no summary label ({}): not a kernel cache image",
+                    keys.join(", ")
+                ),
             )
         })?;
         let summary_key = layout.key("summary");

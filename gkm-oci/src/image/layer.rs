@@ -7,7 +7,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gkm_core::cache::{CacheKind, CacheManifest};
+use gkm_core::cache::CacheManifest;
 
 use crate::error::{Error, Result};
 use crate::image::labels::{Compression, KindLayout};
@@ -140,10 +140,7 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
 /// cache root, as MCV's images do.
 pub(crate) fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<String> {
     let layout = KindLayout::of(manifest.kind());
-    let offset = match manifest.kind() {
-        CacheKind::Vllm => gkm_core::cache::vllm_offset_from_root(cache_dir)?,
-        CacheKind::Triton | CacheKind::Inductor | CacheKind::MegaCache => None,
-    };
+    let offset = manifest.kind().offset_from_root(cache_dir)?;
     let offset = offset.unwrap_or_default();
     let offset = offset.to_str().ok_or_else(|| Error::Unpackable {
         path: cache_dir.to_path_buf(),

@@ -1,12 +1,14 @@
 //! Scanning a vLLM `torch_compile_cache` (layouts: see the
-//! [`cache`](super) module).
+//! [`cache`](crate::cache) module).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::artefacts::{self, VllmArtefacts};
-use super::files::{files, subdirs};
-use super::{CacheEntry, CacheError, CacheManifest, VllmFormat, blob, triton};
+use crate::cache::files::{files, subdirs};
+use crate::cache::kinds::triton::TEMP_PREFIX;
+use crate::cache::kinds::triton::scan as triton;
+use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, VllmFormat, blob};
 
 /// What a vLLM cache directory is expected to hold, for error messages.
 pub(crate) const EXPECTED: &str = "a vLLM cache: torch_compile_cache/<hash>/rank_<rank>_<dp_rank>/ \
@@ -23,10 +25,6 @@ const AOT_MODEL: &str = "model";
 
 /// Prefix of Inductor standalone artefacts.
 const ARTIFACT_PREFIX: &str = "artifact_";
-
-/// Prefix of the directories Triton writes a kernel's files into before
-/// moving them in place; what is left of one is not part of the cache.
-const TEMP_PREFIX: &str = "tmp.pid_";
 
 /// How deep below a hash directory kernels are looked for.
 const MAX_DEPTH: usize = 12;
@@ -112,15 +110,9 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
     ]
     .into_iter()
     .find(|f| formats.contains(f));
-    let mut manifest = CacheManifest {
-        triton: None,
-        vllm: Some(entries),
-        format,
-        inductor: None,
-        megacache: None,
-        torch: None,
-        artefacts: records,
-    };
+    let mut manifest = CacheManifest::of_kind(CacheKind::Vllm, entries, None);
+    manifest.format = format;
+    manifest.artefacts = records;
     manifest.normalise();
     Ok(Some(manifest))
 }
@@ -166,7 +158,7 @@ fn has_rank_dirs(dir: &Path) -> Result<bool, CacheError> {
 }
 
 /// `rank_<digits>_<digits>`.
-pub(super) fn is_rank_dir(name: &str) -> bool {
+pub(crate) fn is_rank_dir(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("rank_") else {
         return false;
     };

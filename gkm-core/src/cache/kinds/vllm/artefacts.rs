@@ -8,9 +8,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::CacheError;
-use super::files::{files, read_head, subdirs};
-use super::vllm::is_rank_dir;
+use super::scan::is_rank_dir;
+use crate::cache::CacheError;
+use crate::cache::files::{files, read_head, subdirs};
 
 /// The file next to Inductor standalone artefacts that records the hashes
 /// and environment they were compiled with.
@@ -89,7 +89,7 @@ impl VllmArtefacts {
     }
 
     /// Sort the records so equal trees give equal manifests.
-    pub(super) fn normalise(&mut self) {
+    pub(crate) fn normalise(&mut self) {
         self.binary
             .sort_by(|a, b| (&a.rank, &a.prefix).cmp(&(&b.rank, &b.prefix)));
         self.aot_compile.sort_by(|a, b| a.rank.cmp(&b.rank));
@@ -111,7 +111,7 @@ struct KeyFactors {
 
 /// The records of the hash directory `hash_dir` (rank directories below
 /// it); `aot` when it is a `torch_aot_compile/<hash>` directory.
-pub(super) fn of_hash_dir(
+pub(crate) fn of_hash_dir(
     hash_dir: &Path,
     vllm_hash: &str,
     aot: bool,

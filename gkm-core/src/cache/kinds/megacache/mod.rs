@@ -22,8 +22,68 @@ use std::path::Path;
 
 use base64::Engine as _;
 
-use super::files::{files, read_head, subdirs};
-use super::{CacheEntry, CacheError, TorchFacts, blob};
+use super::Kind;
+use crate::cache::files::{files, read_head, subdirs};
+use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts, blob};
+use crate::image_layout::KindLayout;
+
+/// The Mega-Cache kind.
+pub struct MegaCache;
+
+impl CacheKind {
+    /// PyTorch Mega-Cache blobs (`torch.compiler.save_cache_artifacts()`).
+    #[allow(non_upper_case_globals)]
+    pub const MegaCache: CacheKind = CacheKind(&MegaCache);
+}
+
+/// The PyTorch Mega-Cache image layout.
+pub const LAYOUT: KindLayout = KindLayout {
+    kind: CacheKind::MegaCache,
+    cache_dir: "io.megacache.cache",
+    manifest_dir: "io.megacache.manifest",
+    label_prefix: "cache.megacache.image",
+};
+
+impl Kind for MegaCache {
+    fn name(&self) -> &'static str {
+        "megacache"
+    }
+
+    fn title(&self) -> &'static str {
+        "a Mega-Cache"
+    }
+
+    fn layout(&self) -> KindLayout {
+        LAYOUT
+    }
+
+    fn expected(&self) -> &'static str {
+        EXPECTED
+    }
+
+    /// A directory holding files and no directory.
+    fn recognise(&self, dir: &Path) -> Result<bool, CacheError> {
+        Ok(!files(dir)?.is_empty() && subdirs(dir)?.is_empty())
+    }
+
+    /// A directory holding only Mega-Cache blobs.
+    fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
+        Ok(scan_dir(dir)?.map(|(entries, torch)| {
+            CacheManifest::of_kind(CacheKind::MegaCache, entries, Some(torch))
+        }))
+    }
+
+    /// One Mega-Cache blob.
+    fn scan_file(&self, path: &Path) -> Option<Result<CacheManifest, CacheError>> {
+        Some(scan_file(path).map(|(entries, torch)| {
+            CacheManifest::of_kind(CacheKind::MegaCache, entries, Some(torch))
+        }))
+    }
+
+    fn torch_facts(&self) -> bool {
+        true
+    }
+}
 
 /// What a Mega-Cache cache is expected to be, for error messages.
 pub(crate) const EXPECTED: &str = "a Mega-Cache blob (torch.compiler.save_cache_artifacts()) \
@@ -182,7 +242,7 @@ fn read(path: &Path) -> Result<Vec<u8>, CacheError> {
 fn not_mega(path: &Path, reason: String) -> CacheError {
     CacheError::Foreign {
         path: path.to_path_buf(),
-        kind: "a Mega-Cache",
+        kind: MegaCache.title(),
         reason: format!("not a Mega-Cache blob: {reason}"),
     }
 }

@@ -24,8 +24,75 @@
 
 use std::path::Path;
 
-use super::files::{files, subdirs};
-use super::{CacheEntry, CacheError, TorchFacts, triton};
+use super::Kind;
+use crate::cache::files::{files, subdirs};
+use crate::cache::kinds::triton::scan as triton;
+use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts};
+use crate::image_layout::KindLayout;
+
+/// The Inductor kind.
+pub struct Inductor;
+
+impl CacheKind {
+    /// A PyTorch Inductor cache (`TORCHINDUCTOR_CACHE_DIR`).
+    #[allow(non_upper_case_globals)]
+    pub const Inductor: CacheKind = CacheKind(&Inductor);
+}
+
+/// The PyTorch Inductor image layout.
+pub const LAYOUT: KindLayout = KindLayout {
+    kind: CacheKind::Inductor,
+    cache_dir: "io.inductor.cache",
+    manifest_dir: "io.inductor.manifest",
+    label_prefix: "cache.inductor.image",
+};
+
+impl Kind for Inductor {
+    fn name(&self) -> &'static str {
+        "inductor"
+    }
+
+    fn title(&self) -> &'static str {
+        "an Inductor"
+    }
+
+    fn layout(&self) -> KindLayout {
+        LAYOUT
+    }
+
+    fn expected(&self) -> &'static str {
+        EXPECTED
+    }
+
+    fn recognise(&self, dir: &Path) -> Result<bool, CacheError> {
+        is_inductor_tree(dir)
+    }
+
+    fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
+        Ok(scan(dir)?.map(|(entries, torch)| {
+            CacheManifest::of_kind(CacheKind::Inductor, entries, Some(torch))
+        }))
+    }
+
+    /// Triton's temporaries, and Inductor's locks: its `locks/` directory
+    /// and `*.lock` files (`memoizer_cache.lock`, FX graph entry locks).
+    fn scratch(&self, path: &str, is_dir: bool) -> Option<&'static str> {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        if let Some(why) = super::triton::scratch(path, is_dir) {
+            Some(why)
+        } else if is_dir && name == LOCKS {
+            Some("a directory of lock files")
+        } else if !is_dir && name.ends_with(".lock") {
+            Some("a lock file")
+        } else {
+            None
+        }
+    }
+
+    fn torch_facts(&self) -> bool {
+        true
+    }
+}
 
 /// What an Inductor cache is expected to hold, for error messages.
 pub(crate) const EXPECTED: &str = "an Inductor cache (TORCHINDUCTOR_CACHE_DIR): fxgraph/, \
@@ -181,7 +248,7 @@ fn file_name(path: &Path) -> String {
 fn foreign(path: &Path, what: &str) -> CacheError {
     CacheError::Foreign {
         path: path.to_path_buf(),
-        kind: "an Inductor",
+        kind: Inductor.title(),
         reason: format!("{what}; expected {EXPECTED}"),
     }
 }

@@ -1,11 +1,11 @@
-//! Scanning a Triton cache directory (layout: see the [`cache`](super)
-//! module).
+//! Scanning a Triton cache directory (layout: see the
+//! [`cache`](crate::cache) module).
 
 use std::path::Path;
 
-use super::files::{files, read_head, subdirs};
-use super::group::{GROUP_PREFIX, check_group, groups_in};
-use super::{CacheEntry, CacheError, ptx_isa_version};
+use crate::cache::files::{files, read_head, subdirs};
+use crate::cache::group::{GROUP_PREFIX, check_group, groups_in};
+use crate::cache::{CacheEntry, CacheError, ptx_isa_version};
 use crate::gpu::Backend;
 
 /// Extensions of the compiled binaries Triton stores next to a kernel's
@@ -39,7 +39,7 @@ pub(crate) fn scan_root(root: &Path) -> Result<Option<Vec<CacheEntry>>, CacheErr
 
 /// The kernels in one cache-key directory, sorted by name; none for a
 /// directory that holds no kernel metadata. A torn group file (see
-/// [`super::group`]) refuses the directory.
+/// [`crate::cache::group`]) refuses the directory.
 pub(crate) fn scan_key_dir(dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
     let files = files(dir)?;
     for group in groups_in(dir, &files) {

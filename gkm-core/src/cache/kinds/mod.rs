@@ -1,0 +1,290 @@
+//! Cache kinds as plug-ins: the [`Kind`] trait a kind implements, and the
+//! [`REGISTRY`] that lists every kind gkm knows, one line each.
+//!
+//! Everything that differs between kinds goes through a [`Kind`]: whether a
+//! directory is its tree and what that tree holds ([`Kind::scan`]), its
+//! image layout ([`Kind::layout`]), where its trees sit below the root its
+//! images lay out ([`Kind::offset_from_root`]), what of a writable view's
+//! upper is scratch ([`Kind::scratch`]), what a torn entry is and what binds
+//! to an absolute path ([`Kind::build_path`], [`Kind::relocated`]), the fit
+//! facts it contributes ([`Kind::fit`], [`Kind::torch_facts`]) and the shape of its entries in
+//! `manifest.json` ([`Kind::read_entries`], [`Kind::write_manifest`]).
+//! [`scan`](super::scan), [`image_layout`](crate::image_layout),
+//! [`delta::scratch`](crate::delta::scratch) and
+//! [`tree_build_path`](super::tree_build_path) ask the registry instead of
+//! matching on kinds.
+//!
+//! A trait rather than a table of function pointers: most of a kind's
+//! rules are the Triton ones (every kind gkm knows files Triton kernels),
+//! and default methods say so once, where a table would repeat them in
+//! every entry; a kind writes only what is its own.
+//!
+//! # Adding a kind
+//!
+//! Copy [`triton`] (its directory: the smallest working kind), rename it,
+//! add its line to [`REGISTRY`] and its `CacheKind` constant, and write its
+//! tests in its directory. `docs/architecture.md` ("Adding a cache kind")
+//! has the steps.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::{CacheEntry, CacheError, CacheKind, CacheManifest, Summary, group};
+use crate::image_layout::KindLayout;
+
+pub mod inductor;
+pub mod megacache;
+pub mod triton;
+pub mod vllm;
+
+/// Every kind gkm knows, in the order messages and
+/// [`image_layout::ALL`](crate::image_layout::ALL) list them and
+/// [`scan`](super::scan) tries them ([`scan_order`]). A new kind goes at
+/// the end, unless another kind's trees could be taken for its own: then
+/// it goes before that kind.
+pub const REGISTRY: &[CacheKind] = &[
+    CacheKind::Triton,
+    CacheKind::Vllm,
+    CacheKind::Inductor,
+    CacheKind::MegaCache,
+];
+
+/// The registered kinds in the order a tree is tried against them: the
+/// [`REGISTRY`]'s, a [fallback](Kind::fallback) kind (Triton, whose tree
+/// is any directory of kernel directories, and so also part of a vLLM or
+/// Inductor tree) after every other.
+pub fn scan_order() -> impl Iterator<Item = CacheKind> {
+    let (fallback, first): (Vec<CacheKind>, Vec<CacheKind>) =
+        REGISTRY.iter().partition(|k| k.rules().fallback());
+    first.into_iter().chain(fallback)
+}
+
+/// The registered kind named `name` (`triton`, `vllm`…).
+pub fn by_name(name: &str) -> Option<CacheKind> {
+    REGISTRY.iter().copied().find(|k| k.as_str() == name)
+}
+
+/// The facts a cache contributes to whether it fits a node, by its kind
+/// ([`Kind::fit`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Fit {
+    /// The GPU targets of its entries: backend (CUDA or ROCm…),
+    /// architecture, warp size, PTX version, Triton version.
+    pub targets: Summary,
+    /// The CPU ISA its CPU kernels need, when the kind records one (for
+    /// PyTorch's kinds, as the builder declared it).
+    pub cpu_isa: Option<String>,
+    /// The frameworks that compiled it and their versions, each sorted
+    /// (`triton`: what its entries record; `torch`: as declared).
+    pub frameworks: BTreeMap<&'static str, Vec<String>>,
+}
+
+/// A cache kind: what gkm needs to know to recognise, scan, pack, relocate
+/// and harvest its trees. Implement it on a unit struct, give the kind a
+/// `CacheKind` constant and add that to [`REGISTRY`].
+///
+/// Only [`name`](Kind::name), [`title`](Kind::title),
+/// [`layout`](Kind::layout), [`expected`](Kind::expected),
+/// [`recognise`](Kind::recognise) and [`scan`](Kind::scan) have no
+/// default; the defaults are the rules of a
+/// tree of Triton cache directories.
+pub trait Kind: Sync + 'static {
+    /// The kind's name: its key in `manifest.json`, what `gkm inspect`
+    /// prints (`triton`).
+    fn name(&self) -> &'static str;
+
+    /// The kind's name in prose, with its article (`a Triton`).
+    fn title(&self) -> &'static str;
+
+    /// Where its tree and manifest sit in an image layer, and its label
+    /// prefix.
+    fn layout(&self) -> KindLayout;
+
+    /// What its tree holds, for the message of a directory that is no
+    /// kind's tree.
+    fn expected(&self) -> &'static str;
+
+    /// Whether `dir` is laid out as this kind's tree, by its shape alone
+    /// (without reading its files): what decides which kind's rules
+    /// relocate a tree ([`tree_build_path`](super::tree_build_path)).
+    fn recognise(&self, dir: &Path) -> Result<bool, CacheError>;
+
+    /// Whether this kind's tree is any directory no other kind claims
+    /// (Triton's): [`scan_order`] tries it after every other kind.
+    fn fallback(&self) -> bool {
+        false
+    }
+
+    /// Recognises and scans `dir`: `Ok(None)` when `dir` is not laid out as
+    /// this kind's tree, its manifest when it is. A tree of this kind that
+    /// holds a file the kind refuses (one its tool does not write) or a
+    /// torn entry is refused, naming the entry.
+    fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError>;
+
+    /// Scans a single file as a cache of this kind: `None` when the kind's
+    /// caches are directories only, an error naming the file when it is not
+    /// one of this kind's files ([`CacheError::Foreign`]).
+    fn scan_file(&self, path: &Path) -> Option<Result<CacheManifest, CacheError>> {
+        let _ = path;
+        None
+    }
+
+    /// Where `dir` sits below the root this kind's images lay out (vLLM
+    /// lays out its cache root whichever of its directories is built);
+    /// `None` when the image lays out `dir` itself, or `dir` is not this
+    /// kind's.
+    fn offset_from_root(&self, dir: &Path) -> Result<Option<PathBuf>, CacheError> {
+        let _ = dir;
+        Ok(None)
+    }
+
+    /// Why an entry of a writable view's upper is this kind's scratch
+    /// (locks, temporary files and directories), which a delta leaves out;
+    /// `None` when it may be a new cache entry. `path` is below the upper,
+    /// `/`-separated.
+    fn scratch(&self, path: &str, is_dir: bool) -> Option<&'static str> {
+        triton::scratch(path, is_dir)
+    }
+
+    /// The path the tree at `root` was built at: what its files that bind
+    /// to an absolute path (Triton's group files) record above the tree.
+    /// `None` when nothing in it binds to one. A torn entry (a group naming
+    /// a missing, empty or misplaced child) is refused, naming it.
+    fn build_path(&self, root: &Path) -> Result<Option<PathBuf>, CacheError> {
+        group::build_path(root)
+    }
+
+    /// The files of the tree at `root` that bind to an absolute path, as
+    /// they read with the tree moved to `to`: each file's path below `root`
+    /// and its new bytes. Empty when nothing binds, or the tree was built
+    /// at `to`.
+    fn relocated(&self, root: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
+        group::relocated_groups(root, to)
+    }
+
+    /// Whether its caches carry PyTorch's facts
+    /// ([`TorchFacts`](super::TorchFacts): entry counts, the declared torch
+    /// version and CPU ISA). Such a cache may hold no GPU kernel at all,
+    /// and then fits by the CPU ISA its builder declared.
+    fn torch_facts(&self) -> bool {
+        false
+    }
+
+    /// The fit facts of `manifest`, a manifest of this kind: its entries'
+    /// targets and Triton versions, and for a kind that carries PyTorch's
+    /// facts the declared CPU ISA and torch version.
+    fn fit(&self, manifest: &CacheManifest) -> Fit {
+        let mut fit = Fit {
+            targets: manifest.summary(),
+            ..Fit::default()
+        };
+        let triton = manifest.triton_versions();
+        if !triton.is_empty() {
+            fit.frameworks.insert("triton", triton);
+        }
+        if let Some(torch) = manifest.torch.as_ref().filter(|_| self.torch_facts()) {
+            fit.cpu_isa.clone_from(&torch.declared_cpu_isa);
+            if let Some(version) = &torch.declared_torch_version {
+                fit.frameworks.insert("torch", vec![version.clone()]);
+            }
+        }
+        fit
+    }
+
+    /// Reads the kind's member of `manifest.json` (the value under its
+    /// [`name`](Kind::name)): `Ok(None)` when it lists nothing (`null`).
+    fn read_entries(
+        &self,
+        value: serde_json::Value,
+    ) -> Result<Option<Vec<CacheEntry>>, serde_json::Error> {
+        serde::Deserialize::deserialize(value)
+    }
+
+    /// Reads the records beside the kind's entries in `manifest.json`
+    /// (vLLM's artefact records) into `manifest`.
+    fn read_records(&self, manifest: &mut CacheManifest, bytes: &[u8]) {
+        let _ = (manifest, bytes);
+    }
+
+    /// Writes `manifest`, a manifest of this kind, as `manifest.json` bytes
+    /// (pretty-printed): its entries under its name, then the facts it
+    /// carries.
+    fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
+        super::manifest_json::write(manifest, &manifest.entries)
+    }
+
+    /// The summary label as this kind's images carry it.
+    fn summary_label(&self, manifest: &CacheManifest) -> String {
+        manifest.summary().to_label()
+    }
+}
+
+impl std::fmt::Debug for dyn Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_kinds_have_distinct_names_and_layouts() {
+        for (i, kind) in REGISTRY.iter().enumerate() {
+            assert_eq!(by_name(kind.as_str()), Some(*kind));
+            let layout = kind.rules().layout();
+            assert_eq!(layout.kind, *kind);
+            for other in &REGISTRY[i + 1..] {
+                let theirs = other.rules().layout();
+                assert_ne!(kind.as_str(), other.as_str());
+                assert_ne!(layout.cache_dir, theirs.cache_dir);
+                assert_ne!(layout.manifest_dir, theirs.manifest_dir);
+                assert_ne!(layout.label_prefix, theirs.label_prefix);
+            }
+        }
+        assert_eq!(scan_order().last(), Some(CacheKind::Triton));
+        assert_eq!(scan_order().count(), REGISTRY.len());
+        assert_eq!(by_name("flashinfer"), None);
+    }
+
+    #[test]
+    fn fit_facts_are_the_targets_frameworks_and_a_torch_kinds_declared_isa() {
+        let entry = CacheEntry::from_kernel_json(
+            br#"{"hash":"h","triton_version":"3.6.0","target":{"backend":"cuda","arch":75,"warp_size":32}}"#,
+        )
+        .unwrap();
+        let facts = crate::cache::TorchFacts {
+            declared_cpu_isa: Some("avx2".into()),
+            declared_torch_version: Some("2.11.0".into()),
+            ..Default::default()
+        };
+        let torch = CacheManifest::of_kind(
+            CacheKind::Inductor,
+            vec![entry.clone()],
+            Some(facts.clone()),
+        );
+        let fit = torch.fit();
+        assert_eq!(fit.targets.to_string(), "cuda/75/32");
+        assert_eq!(fit.cpu_isa.as_deref(), Some("avx2"));
+        assert_eq!(fit.frameworks["triton"], ["3.6.0"]);
+        assert_eq!(fit.frameworks["torch"], ["2.11.0"]);
+
+        let triton = CacheManifest::of_kind(CacheKind::Triton, vec![entry], Some(facts));
+        let fit = triton.fit();
+        assert_eq!(fit.cpu_isa, None);
+        assert!(!fit.frameworks.contains_key("torch"));
+        assert!(!CacheKind::Triton.is_torch() && CacheKind::MegaCache.is_torch());
+    }
+
+    #[test]
+    fn a_kind_reads_and_writes_as_its_name() {
+        let json = serde_json::to_string(&CacheKind::MegaCache).unwrap();
+        assert_eq!(json, "\"megacache\"");
+        let back: CacheKind = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, CacheKind::MegaCache);
+        let err = serde_json::from_str::<CacheKind>("\"flashinfer\"").unwrap_err();
+        assert!(err.to_string().contains("flashinfer"), "{err}");
+    }
+}
