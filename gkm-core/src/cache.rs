@@ -461,6 +461,8 @@ impl CacheManifest {
     /// assert_eq!(m.kind(), CacheKind::Triton);
     /// assert_eq!(m.summary().to_string(), "cuda/75/32");
     /// assert!(CacheManifest::from_json(b"{\"triton\": 1}").is_err());
+    /// let twice = CacheManifest::from_json(br#"{"triton": [], "triton": []}"#).unwrap_err();
+    /// assert!(twice.to_string().contains("\"triton\" is listed twice"), "{twice}");
     /// ```
     pub fn from_json(bytes: &[u8]) -> Result<CacheManifest, CacheError> {
         let invalid = |reason: String| CacheError::Invalid {
@@ -469,7 +471,7 @@ impl CacheManifest {
         };
         let doc: Wire = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         let mut listed = Vec::new();
-        for (name, value) in doc.members {
+        for (name, value) in doc.members.0 {
             let Some(kind) = kinds::by_name(&name) else {
                 continue;
             };
@@ -525,7 +527,40 @@ struct Wire {
     #[serde(default)]
     torch: Option<TorchFacts>,
     #[serde(flatten)]
-    members: std::collections::BTreeMap<String, serde_json::Value>,
+    members: Members,
+}
+
+/// The members of `manifest.json` besides its facts, each named once: a
+/// document naming a member twice is refused, naming it, rather than read
+/// as whichever came last.
+struct Members(std::collections::BTreeMap<String, serde_json::Value>);
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut members = std::collections::BTreeMap::new();
+                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
+                    if members.contains_key(&name) {
+                        return Err(serde::de::Error::custom(format!(
+                            "member {name:?} is listed twice"
+                        )));
+                    }
+                    members.insert(name, value);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 /// The distinct targets of a cache (`cache.triton.image/summary`).
