@@ -136,19 +136,22 @@ pub async fn forget_stale_mount_records(
 }
 
 /// The socket path of a CSI endpoint: `unix:///path`, `unix:/path` or an
-/// absolute path; what is wrong otherwise.
-pub fn endpoint_socket(endpoint: &str) -> Result<PathBuf, String> {
+/// absolute path; [`BadEndpoint`] naming it otherwise.
+pub fn endpoint_socket(endpoint: &str) -> Result<PathBuf, BadEndpoint> {
     let path = endpoint
         .strip_prefix("unix://")
         .or_else(|| endpoint.strip_prefix("unix:"))
         .unwrap_or(endpoint);
     if !path.starts_with('/') {
-        return Err(format!(
-            "{endpoint:?}: expected unix:///absolute/path or an absolute path"
-        ));
+        return Err(BadEndpoint(endpoint.to_string()));
     }
     Ok(PathBuf::from(path))
 }
+
+/// A CSI endpoint that names no absolute unix socket path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected unix:///absolute/path or an absolute path")]
+pub struct BadEndpoint(pub String);
 
 /// How often mount records are checked against the kernel's mount table
 /// (and how old a record must be to be forgotten), by default.

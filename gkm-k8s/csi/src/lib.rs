@@ -122,8 +122,8 @@ pub use capture::delta::{DeltaBase, read_record as read_delta_record};
 pub use capture::release::{ReleaseOptions, release_captures};
 pub use capture::tree::{CAPTURE_MAX_BYTES, CAPTURE_MAX_INODES, make_tree, remove_tree};
 pub use driver::{
-    CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN, Registration,
-    RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,
+    BadEndpoint, CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN,
+    Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,
 };
 pub use gkm_k8s_kubelet::proto::csi as proto;
 pub use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
