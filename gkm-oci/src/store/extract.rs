@@ -229,6 +229,17 @@ pub(crate) fn components<'a>(
     Ok(out)
 }
 
+/// The top directories of every cache kind's layout, for the message of an
+/// entry outside all of them: `io.triton.cache/, io.triton.manifest/, …`.
+fn layout_dirs() -> String {
+    gkm_core::image_layout::ALL
+        .into_iter()
+        .flat_map(|layout| [layout.cache_dir, layout.manifest_dir])
+        .map(|dir| format!("{dir}/"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Where an entry goes, after the layout mapping: `None` to check but skip.
 fn map_entry(comps: &[&str], shown: &str, mapping: Mapping) -> Result<Option<String>, Rejection> {
     let Some(top) = comps.first() else {
@@ -238,7 +249,7 @@ fn map_entry(comps: &[&str], shown: &str, mapping: Mapping) -> Result<Option<Str
         return Err(Rejection::new(
             shown,
             Rule::OutsideLayout,
-            "expected entries under io.triton.cache/, io.triton.manifest/, io.vllm.cache/ or io.vllm.manifest/",
+            format!("expected entries under {}", layout_dirs()),
         ));
     };
     let is_manifest = *top == layout.manifest_dir;
@@ -760,4 +771,27 @@ fn check_symlink(link: &str, rel: &str, mapping: Mapping) -> Result<(), String> 
         return Err(format!("symbolic link to {link:?} leaves the tree"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_outside_every_layout_is_refused_naming_every_kinds_directories() {
+        let err = map_entry(&["etc", "passwd"], "etc/passwd", Mapping::Layer)
+            .expect_err("outside every layout");
+        let detail = err.to_string();
+        for layout in gkm_core::image_layout::ALL {
+            assert!(
+                detail.contains(&format!("{}/", layout.cache_dir)),
+                "{detail}"
+            );
+            assert!(
+                detail.contains(&format!("{}/", layout.manifest_dir)),
+                "{detail}"
+            );
+        }
+        assert!(detail.contains("io.megacache.manifest/"), "{detail}");
+    }
 }
