@@ -64,19 +64,24 @@ use serde::{Deserialize, Serialize};
 use crate::gpu::{Arch, Backend};
 
 mod blob;
+mod entry;
 mod files;
 mod group;
-mod kernel;
 mod manifest_json;
 mod torch_facts;
 
 pub mod kinds;
 
+pub use entry::{AnyFacts, CacheEntry, EntryFacts, Facts, OrdFacts};
 pub use group::{build_path, relocate_group, relocated_groups};
-pub use kernel::ptx_isa_version;
+pub use kinds::triton::kernel::{TritonKernel, ptx_isa_version};
 pub use kinds::vllm::artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
+pub use kinds::vllm::{VllmFacts, VllmKernel};
 pub use kinds::{Fit, Kind, inductor, megacache};
-pub use torch_facts::{CPU_ISAS, Declared, TorchFacts};
+pub use torch_facts::{
+    CPU_ISAS, DECLARED_CPU_ISA_LABEL, DECLARED_TORCH_VERSION_LABEL, Declared, ENTRY_COUNTS_LABEL,
+    TRITON_VERSION_LABEL, TorchFacts,
+};
 
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
@@ -224,79 +229,12 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// One compiled kernel in a cache, as `manifest.json` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CacheEntry {
-    /// Triton's hash of the kernel source and options.
-    pub hash: String,
-    /// Where the kernel is filed: its Triton cache directory name, or for a
-    /// kernel bundled inside a vLLM binary artefact, that artefact's path
-    /// within the vLLM cache entry.
-    #[serde(default)]
-    pub dummy_key: String,
-    /// PTX ISA version (CUDA only), e.g. 84 for 8.4: the one Triton was told
-    /// to use or, when it chose the toolkit's default, the `.version` its PTX
-    /// declares.
-    #[serde(default)]
-    pub ptx_version: Option<u32>,
-    /// Software pipelining stages.
-    #[serde(default)]
-    pub num_stages: u32,
-    /// Warps per CTA.
-    #[serde(default)]
-    pub num_warps: u32,
-    /// Whether it was compiled in debug mode.
-    #[serde(default)]
-    pub debug: bool,
-    /// Compiler backend.
-    #[serde(deserialize_with = "backend_from_str")]
-    pub backend: Backend,
-    /// Architecture.
-    pub arch: Arch,
-    /// Threads per warp.
-    pub warp_size: u32,
-    /// Triton version that compiled it, when recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub triton_version: Option<String>,
-    /// Kernel name, when recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// vLLM only: the `torch_compile_cache/<hash>` directory it belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vllm_hash: Option<String>,
-    /// vLLM only: the layout of the cache entry it was found in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_format: Option<VllmFormat>,
-}
-
-impl CacheEntry {
-    /// This kernel's compile target.
-    pub fn target(&self) -> Target {
-        Target {
-            backend: self.backend,
-            arch: self.arch.clone(),
-            warp_size: self.warp_size,
-            ptx_version: self.ptx_version,
-            cuda_version: None,
-            triton_version: self.triton_version.clone(),
-        }
-    }
-
-    /// The order manifests list entries in.
-    fn sort_key(&self) -> impl Ord + '_ {
-        (
-            &self.vllm_hash,
-            &self.dummy_key,
-            &self.name,
-            &self.hash,
-            &self.backend,
-            &self.arch,
-        )
-    }
-}
-
-/// Every compiled kernel in a cache (`manifest.json`): its kind and its
-/// entries, with the facts some kinds carry beside them.
+/// Every entry of a cache (`manifest.json`): its kind, its entries, and
+/// what the kind records beside them ([`Facts`]).
+///
+/// Generic: what a manifest holds is read through its kind's rules
+/// ([`Kind`]); an entry's kind-specific fields through
+/// [`CacheEntry::facts`] and the manifest's through [`Facts::get`].
 ///
 /// Serialised as GKM/MCV do, the entries under the kind's name (its
 /// [`Kind::write_manifest`]): `{"triton": [entries]}` for a Triton cache
@@ -314,14 +252,9 @@ pub struct CacheManifest {
     pub kind: CacheKind,
     /// Its entries.
     pub entries: Vec<CacheEntry>,
-    /// vLLM only: the cache layout; when a cache mixes layouts, the first
-    /// of `aot_compile`, `binary`, `triton` it holds.
-    pub format: Option<VllmFormat>,
-    /// Inductor and Mega-Cache only: entry counts and declared facts.
-    pub torch: Option<TorchFacts>,
-    /// vLLM only: the artefact records of each hash directory that has
-    /// any, written into the groups of `"vllm"`.
-    pub artefacts: Vec<VllmArtefacts>,
+    /// What its kind records beside the entries: [`VllmFacts`] for vLLM,
+    /// [`TorchFacts`] for Inductor and Mega-Cache, none for Triton.
+    pub facts: Facts,
 }
 
 impl CacheManifest {
@@ -335,56 +268,54 @@ impl CacheManifest {
         &self.entries
     }
 
-    /// A manifest of `kind` listing `entries`, sorted; `torch` for
-    /// PyTorch's kinds.
-    pub fn of_kind(kind: CacheKind, entries: Vec<CacheEntry>, torch: Option<TorchFacts>) -> Self {
+    /// A manifest of `kind` listing `entries`, sorted, with the facts its
+    /// kind records.
+    pub fn of_kind(
+        kind: CacheKind,
+        entries: impl IntoIterator<Item = impl Into<CacheEntry>>,
+        facts: Facts,
+    ) -> Self {
         let mut manifest = CacheManifest {
             kind,
-            entries,
-            format: None,
-            torch,
-            artefacts: Vec::new(),
+            entries: entries.into_iter().map(Into::into).collect(),
+            facts,
         };
         manifest.normalise();
         manifest
     }
 
-    /// Records what the builder declares about a PyTorch cache (Inductor,
-    /// Mega-Cache): facts the tree does not state. Refused for other kinds
-    /// and for values that are not well formed, naming them.
+    /// The facts its kind records, as the kind's type `F`, when they are.
+    pub fn facts<F: AnyFacts>(&self) -> Option<&F> {
+        self.facts.get()
+    }
+
+    /// Records what the builder declares about a cache: facts the tree does
+    /// not state (for PyTorch's kinds, the torch version and CPU ISA; see
+    /// [`Kind::declare`]). Refused for kinds that take none and for values
+    /// that are not well formed, naming them.
     pub fn declare(&mut self, declared: &Declared) -> Result<(), CacheError> {
         if declared.is_empty() {
             return Ok(());
         }
-        let torch_kind = self.kind().is_torch();
-        let Some(torch) = self.torch.as_mut().filter(|_| torch_kind) else {
-            return Err(CacheError::Invalid {
-                what: "declared PyTorch facts",
-                reason:
-                    "--torch-version and --cpu-isa describe Inductor and Mega-Cache caches only"
-                        .into(),
-            });
-        };
-        declared.validate()?;
-        if declared.torch_version.is_some() {
-            torch
-                .declared_torch_version
-                .clone_from(&declared.torch_version);
-        }
-        if declared.cpu_isa.is_some() {
-            torch.declared_cpu_isa.clone_from(&declared.cpu_isa);
-        }
-        Ok(())
+        self.kind.rules().declare(&mut self.facts, declared)
+    }
+
+    /// The distinct versions of `framework` (`triton`) its entries record,
+    /// sorted.
+    pub fn versions_of(&self, framework: &str) -> Vec<String> {
+        let versions: BTreeSet<String> = self
+            .entries()
+            .iter()
+            .flat_map(CacheEntry::versions)
+            .filter(|(name, _)| *name == framework)
+            .map(|(_, version)| version)
+            .collect();
+        versions.into_iter().collect()
     }
 
     /// The distinct Triton versions its kernels record, sorted.
     pub fn triton_versions(&self) -> Vec<String> {
-        let versions: BTreeSet<String> = self
-            .entries()
-            .iter()
-            .filter_map(|e| e.triton_version.clone())
-            .collect();
-        versions.into_iter().collect()
+        self.versions_of("triton")
     }
 
     /// What it contributes to whether it fits a node, by its kind
@@ -393,62 +324,18 @@ impl CacheManifest {
         self.kind.rules().fit(self)
     }
 
-    /// The distinct targets of its kernels.
+    /// The distinct targets of its entries.
     pub fn summary(&self) -> Summary {
-        Summary::new(self.entries().iter().map(CacheEntry::target))
+        Summary::new(self.entries().iter().filter_map(CacheEntry::target))
     }
 
-    /// The summary label as MCV writes it: the [`summary`](Self::summary)
-    /// as compact JSON where, in a vLLM cache holding Inductor standalone
-    /// artefacts (the `binary` layout), CUDA architectures are named
-    /// `sm_XY`; elsewhere they are the bare `XY`. Either form reads back
-    /// with [`Summary::from_label`].
+    /// The summary label as its kind's images carry it
+    /// ([`Kind::summary_label`]): the [`summary`](Self::summary) as compact
+    /// JSON (where, in a vLLM cache holding Inductor standalone artefacts,
+    /// CUDA architectures are named `sm_XY`, as MCV writes them). Either
+    /// form reads back with [`Summary::from_label`].
     pub fn summary_label(&self) -> String {
         self.kind.rules().summary_label(self)
-    }
-
-    /// The layouts of a vLLM cache's entries, in MCV's order (`aot_compile`,
-    /// `binary`, `triton`), without repeats; when no entry records one, the
-    /// manifest's [`format`](CacheManifest::format). Empty for a Triton
-    /// cache.
-    pub fn vllm_formats(&self) -> Vec<VllmFormat> {
-        let vllm = self.kind == CacheKind::Vllm;
-        let mut formats: Vec<VllmFormat> = self
-            .entries
-            .iter()
-            .filter(|_| vllm)
-            .filter_map(|e| e.cache_format)
-            .collect();
-        if formats.is_empty() && vllm {
-            formats.extend(self.format);
-        }
-        formats.sort_by_key(|f| std::cmp::Reverse(*f));
-        formats.dedup();
-        formats
-    }
-
-    /// The `cache.vllm.image/format` label value as MCV writes it: the
-    /// layouts joined by commas (`aot_compile,triton`); `None` for a Triton
-    /// cache or a vLLM one without a known layout.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = tempfile::tempdir()?;
-    /// # let key = dir.path().join("torch_compile_cache/d4ec7c2a7d/rank_0_0/triton_cache/KEY");
-    /// # std::fs::create_dir_all(&key)?;
-    /// # std::fs::write(key.join("k.json"), br#"{"hash":"h","target":{"backend":"hip","arch":"gfx90a","warp_size":64}}"#)?;
-    /// # std::fs::write(key.join("__grp__k.json"), br#"{"child_paths": {}}"#)?;
-    /// let manifest = gkm_core::cache::scan(dir.path())?;
-    /// assert_eq!(manifest.format_label().as_deref(), Some("triton"));
-    /// # Ok(()) }
-    /// ```
-    pub fn format_label(&self) -> Option<String> {
-        let names: Vec<&str> = self
-            .vllm_formats()
-            .into_iter()
-            .map(VllmFormat::as_str)
-            .collect();
-        (!names.is_empty()).then(|| names.join(","))
     }
 
     /// Read a `manifest.json`. Never panics, whatever the bytes.
@@ -460,6 +347,7 @@ impl CacheManifest {
     ///     "backend":"cuda","arch":"75","warp_size":32}]}"#).unwrap();
     /// assert_eq!(m.kind(), CacheKind::Triton);
     /// assert_eq!(m.summary().to_string(), "cuda/75/32");
+    /// assert_eq!(m.entries()[0].key(), "K");
     /// assert!(CacheManifest::from_json(b"{\"triton\": 1}").is_err());
     /// let twice = CacheManifest::from_json(br#"{"triton": [], "triton": []}"#).unwrap_err();
     /// assert!(twice.to_string().contains("\"triton\" is listed twice"), "{twice}");
@@ -469,15 +357,15 @@ impl CacheManifest {
             what: "manifest.json",
             reason,
         };
-        let doc: Wire = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        let doc: Members = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         let mut listed = Vec::new();
-        for (name, value) in doc.members.0 {
-            let Some(kind) = kinds::by_name(&name) else {
+        for (name, value) in &doc.0 {
+            let Some(kind) = kinds::by_name(name) else {
                 continue;
             };
             let entries = kind
                 .rules()
-                .read_entries(value)
+                .read_entries(value.clone())
                 .map_err(|e| invalid(format!("{name}: {e}")))?;
             listed.extend(entries.map(|entries| (kind, entries)));
         }
@@ -488,14 +376,15 @@ impl CacheManifest {
             )));
         }
         let (kind, entries) = listed.pop().unwrap_or((CacheKind::Triton, Vec::new()));
+        let facts = kind
+            .rules()
+            .read_facts(&doc.0, bytes)
+            .map_err(|e| invalid(e.to_string()))?;
         let mut manifest = CacheManifest {
             kind,
             entries,
-            format: doc.format,
-            torch: doc.torch,
-            artefacts: Vec::new(),
+            facts,
         };
-        kind.rules().read_records(&mut manifest, bytes);
         manifest.normalise();
         Ok(manifest)
     }
@@ -507,33 +396,19 @@ impl CacheManifest {
         self.kind.rules().write_manifest(&normalised)
     }
 
-    /// Sort the entries so equal caches give equal manifests.
+    /// Sort the entries (and the kind's facts) so equal caches give equal
+    /// manifests.
     fn normalise(&mut self) {
-        self.entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
-        self.artefacts.retain(|a| !a.is_empty());
-        for records in &mut self.artefacts {
-            records.normalise();
-        }
-        self.artefacts.sort_by(|a, b| a.vllm_hash.cmp(&b.vllm_hash));
+        self.entries.sort();
+        self.kind.rules().normalise(&mut self.facts);
     }
 }
 
-/// `manifest.json` as read: the facts every kind may carry, and the other
-/// members (a kind's entries under its name).
-#[derive(Deserialize)]
-struct Wire {
-    #[serde(default)]
-    format: Option<VllmFormat>,
-    #[serde(default)]
-    torch: Option<TorchFacts>,
-    #[serde(flatten)]
-    members: Members,
-}
-
-/// The members of `manifest.json` besides its facts, each named once: a
-/// document naming a member twice is refused, naming it, rather than read
-/// as whichever came last.
-struct Members(std::collections::BTreeMap<String, serde_json::Value>);
+/// The members of `manifest.json` (a kind's entries under its name, the
+/// facts it records beside them), each named once: a document naming a
+/// member twice is refused, naming it, rather than read as whichever came
+/// last.
+pub(crate) struct Members(pub(crate) std::collections::BTreeMap<String, serde_json::Value>);
 
 impl<'de> Deserialize<'de> for Members {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -622,7 +497,9 @@ impl std::fmt::Display for Summary {
 
 /// Reads a backend the way [`Backend::from_str`](std::str::FromStr) does, so
 /// MCV's `rocm` reads as `hip`.
-fn backend_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backend, D::Error> {
+pub(crate) fn backend_from_str<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Backend, D::Error> {
     let s = String::deserialize(d)?;
     s.parse().map_err(serde::de::Error::custom)
 }
@@ -792,7 +669,8 @@ pub fn tree_build_path(dir: &Path) -> Result<Option<PathBuf>, CacheError> {
 ///
 /// let manifest = gkm_core::cache::scan(dir.path())?;
 /// assert_eq!(manifest.entries().len(), 1);
-/// assert_eq!(manifest.entries()[0].ptx_version, Some(84));
+/// let kernel = manifest.entries()[0].kernel().expect("a Triton kernel");
+/// assert_eq!(kernel.ptx_version, Some(84));
 /// assert_eq!(manifest.summary().to_string(), "cuda/75/32");
 ///
 /// let err = gkm_core::cache::scan(&key).unwrap_err();

@@ -10,14 +10,17 @@
 //! - a symbolic link to the tree's file for every other file, so nothing is
 //!   copied and the tree itself is never written (a workload replacing a
 //!   file replaces the link in its own view);
-//! - a real file for every Triton group file (`__grp__<kernel>.json`, also
-//!   those of an Inductor tree's `triton/` or a vLLM tree), rewritten for the
-//!   path the workload sees the view at ([`relocate_group`]), since a group
-//!   names its children by absolute path.
+//! - a real file for every file that binds the tree to an absolute path,
+//!   rewritten for the path the workload sees the view at, by the rules of
+//!   the tree's kind ([`kind_of_tree`], [`Kind::build_path`](crate::cache::Kind::build_path),
+//!   [`Kind::relocated`](crate::cache::Kind::relocated)): for every kind gkm
+//!   knows, Triton's group files (`__grp__<kernel>.json`, also those of an
+//!   Inductor tree's `triton/` or a vLLM tree), which name their children by
+//!   absolute path.
 //!
 //! Refused, naming the entry: a link of the tree that leads out of it, and
-//! a torn group ([`build_path`] decides both what is torn and where the tree
-//! was built). Laying a view again over one laid before (a restarted init
+//! a torn entry (the kind decides both what is torn and where the tree was
+//! built). Laying a view again over one laid before (a restarted init
 //! container) replaces each entry with the same one and keeps what the
 //! workload added.
 //!
@@ -30,22 +33,18 @@ use std::io;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use crate::cache::{CacheError, build_path, relocate_group};
+use std::collections::BTreeMap;
+
+use crate::cache::{CacheError, kind_of_tree};
 
 /// Where a claim filled by gkm keeps the tree it serves, below its root.
 pub const CLAIM_TREE: &str = ".gkm/current";
-
-/// Prefix of Triton's group files.
-const GROUP_PREFIX: &str = "__grp__";
-
-/// The largest group file rewritten (Triton's are well under a KiB).
-const MAX_GROUP_BYTES: u64 = 1 << 20;
 
 /// Mode of the view's directories (the setgid bit an `fsGroup` volume gives
 /// is kept): the pod's user and group write in them.
 const DIR_MODE: u32 = 0o775;
 
-/// Mode of the group files the view writes.
+/// Mode of the relocated files the view writes.
 const GROUP_MODE: u32 = 0o664;
 
 /// Why a view could not be laid.
@@ -89,15 +88,16 @@ pub enum ViewError {
 pub struct ViewStats {
     /// The tree the view shows (the source, or its claim tree).
     pub tree: PathBuf,
-    /// Where the tree was built (`None`: it holds no group file).
+    /// Where the tree was built (`None`: nothing in it binds to a path).
     pub built_at: Option<PathBuf>,
-    /// The path the view's group files name.
+    /// The path the view's relocated files name.
     pub mount_path: PathBuf,
     /// Directories made (or found made).
     pub dirs: u64,
     /// Files linked to the tree's.
     pub links: u64,
-    /// Group files written for [`ViewStats::mount_path`].
+    /// Files written relocated for [`ViewStats::mount_path`] (Triton's
+    /// group files).
     pub groups: u64,
 }
 
@@ -169,18 +169,23 @@ pub fn lay_view(
         )));
     }
     fs::create_dir_all(into).map_err(io_at(into))?;
-    let built_at = build_path(&tree).map_err(|source| ViewError::Tree {
+    let tree_error = |source| ViewError::Tree {
         tree: tree.clone(),
         source,
-    })?;
+    };
+    let rules = kind_of_tree(&tree).map_err(tree_error)?.rules();
+    let built_at = rules.build_path(&tree).map_err(tree_error)?;
+    let relocated = match &built_at {
+        Some(built) if *built != mount_path => {
+            rules.relocated(&tree, &mount_path).map_err(tree_error)?
+        }
+        _ => Vec::new(),
+    };
     let mut layer = Layer {
         tree: &tree,
         canonical: &canonical,
         into,
-        relocation: built_at
-            .as_deref()
-            .filter(|built| *built != mount_path)
-            .map(|built| (built, mount_path.as_path())),
+        relocated: relocated.into_iter().collect(),
         stats: ViewStats::default(),
     };
     layer.dir(Path::new(""))?;
@@ -224,8 +229,10 @@ struct Layer<'a> {
     canonical: &'a Path,
     /// The view's root.
     into: &'a Path,
-    /// Where group files move from and to; `None`: kept as built.
-    relocation: Option<(&'a Path, &'a Path)>,
+    /// The files that bind to a path, by their path below the tree, as
+    /// they read at the mount path (empty: the tree is seen where it was
+    /// built).
+    relocated: BTreeMap<PathBuf, Vec<u8>>,
     stats: ViewStats,
 }
 
@@ -254,8 +261,8 @@ impl Layer<'_> {
             } else if kind.is_symlink() {
                 self.check_link(&rel)?;
                 self.link(&rel)?;
-            } else if is_group(&name) {
-                self.group(&rel)?;
+            } else if let Some(bytes) = self.relocated.remove(&rel) {
+                self.write(&rel, &bytes)?;
             } else {
                 self.link(&rel)?;
             }
@@ -294,57 +301,19 @@ impl Layer<'_> {
         Ok(())
     }
 
-    /// Writes the tree's group file `rel` into the view, relocated; linked
-    /// when the tree is seen where it was built.
-    fn group(&mut self, rel: &Path) -> Result<(), ViewError> {
-        let Some((from, to)) = self.relocation else {
-            return self.link(rel);
-        };
-        let source = self.tree.join(rel);
-        let bytes = read_group(&source)?;
-        let moved = relocate_group(&bytes, from, to).map_err(|source| ViewError::Tree {
-            tree: self.tree.to_path_buf(),
-            source: with_group(rel, source),
-        })?;
+    /// Writes the tree's file `rel` into the view as `bytes`: relocated for
+    /// the mount path.
+    fn write(&mut self, rel: &Path, bytes: &[u8]) -> Result<(), ViewError> {
         let at = self.into.join(rel);
         let temporary = temporary(&at);
         let _ = fs::remove_file(&temporary);
-        fs::write(&temporary, &moved).map_err(io_at(&temporary))?;
+        fs::write(&temporary, bytes).map_err(io_at(&temporary))?;
         fs::set_permissions(&temporary, fs::Permissions::from_mode(GROUP_MODE))
             .map_err(io_at(&temporary))?;
         fs::rename(&temporary, &at).map_err(io_at(&at))?;
         self.stats.groups += 1;
         Ok(())
     }
-}
-
-/// Whether `name` is a Triton group file's.
-fn is_group(name: &std::ffi::OsStr) -> bool {
-    name.to_str()
-        .is_some_and(|n| n.starts_with(GROUP_PREFIX) && n.ends_with(".json"))
-}
-
-/// A group file that is not one, named by where it is in the tree.
-fn with_group(rel: &Path, error: CacheError) -> CacheError {
-    match error {
-        CacheError::Invalid { what, reason } => CacheError::Invalid {
-            what,
-            reason: format!("{}: {reason}", rel.display()),
-        },
-        other => other,
-    }
-}
-
-/// The group file at `path`, at most [`MAX_GROUP_BYTES`].
-fn read_group(path: &Path) -> Result<Vec<u8>, ViewError> {
-    let len = fs::metadata(path).map_err(io_at(path))?.len();
-    if len > MAX_GROUP_BYTES {
-        return Err(ViewError::Io {
-            path: path.to_path_buf(),
-            error: io::Error::other(format!("a group file larger than {MAX_GROUP_BYTES} bytes")),
-        });
-    }
-    fs::read(path).map_err(io_at(path))
 }
 
 /// The name an entry of the view is made at before it is renamed to `at`.

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use gkm_core::cache::{
-    CacheEntry, CacheKind, CacheManifest, Summary, Target, VllmFormat, ptx_isa_version,
+    CacheKind, CacheManifest, Facts, Summary, Target, TritonKernel, VllmFacts, VllmFormat,
+    VllmKernel, ptx_isa_version,
 };
 use gkm_core::compat::{self, CheckOptions, CudaArchRule, Reason};
 use gkm_core::{Arch, Backend, Gpu};
@@ -63,7 +64,7 @@ fn target() -> impl Strategy<Value = Target> {
         )
 }
 
-fn entry() -> impl Strategy<Value = CacheEntry> {
+fn entry() -> impl Strategy<Value = VllmKernel> {
     (
         target(),
         "[0-9a-f]{1,64}",
@@ -87,18 +88,20 @@ fn entry() -> impl Strategy<Value = CacheEntry> {
                 vllm_hash,
                 cache_format,
             )| {
-                CacheEntry {
-                    hash,
-                    dummy_key,
-                    ptx_version: t.ptx_version,
-                    num_stages,
-                    num_warps,
-                    debug,
-                    backend: t.backend,
-                    arch: t.arch,
-                    warp_size: t.warp_size,
-                    triton_version: t.triton_version,
-                    name,
+                VllmKernel {
+                    kernel: TritonKernel {
+                        hash,
+                        dummy_key,
+                        ptx_version: t.ptx_version,
+                        num_stages,
+                        num_warps,
+                        debug,
+                        backend: t.backend,
+                        arch: t.arch,
+                        warp_size: t.warp_size,
+                        triton_version: t.triton_version,
+                        name,
+                    },
                     vllm_hash,
                     cache_format,
                 }
@@ -107,29 +110,20 @@ fn entry() -> impl Strategy<Value = CacheEntry> {
 }
 
 fn manifest() -> impl Strategy<Value = CacheManifest> {
-    let triton = proptest::collection::vec(entry(), 0..8).prop_map(|mut entries| {
-        for e in &mut entries {
-            e.vllm_hash = None;
-            e.cache_format = None;
-        }
-        CacheManifest {
-            kind: CacheKind::Triton,
-            entries,
-            format: None,
-            torch: None,
-            artefacts: Vec::new(),
-        }
+    let triton = proptest::collection::vec(entry(), 0..8).prop_map(|entries| {
+        let kernels = entries.into_iter().map(|e| e.kernel);
+        CacheManifest::of_kind(CacheKind::Triton, kernels, Facts::none())
     });
     let vllm = (
         proptest::collection::vec(entry(), 0..8),
         proptest::option::of(Just(VllmFormat::Binary)),
     )
-        .prop_map(|(entries, format)| CacheManifest {
-            kind: CacheKind::Vllm,
-            entries,
-            format,
-            torch: None,
-            artefacts: Vec::new(),
+        .prop_map(|(entries, format)| {
+            let facts = VllmFacts {
+                format,
+                artefacts: Vec::new(),
+            };
+            CacheManifest::of_kind(CacheKind::Vllm, entries, Facts::of(facts))
         });
     prop_oneof![triton, vllm]
 }
@@ -222,7 +216,7 @@ proptest! {
     #[test]
     fn parsers_never_panic_on_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = CacheManifest::from_json(&bytes);
-        let _ = CacheEntry::from_kernel_json(&bytes);
+        let _ = TritonKernel::from_kernel_json(&bytes);
         let _ = Summary::from_label(&String::from_utf8_lossy(&bytes));
         let _ = ptx_isa_version(&bytes);
     }
@@ -235,7 +229,7 @@ proptest! {
         if let Ok(summary) = Summary::from_label(&json) {
             prop_assert_eq!(Summary::from_label(&summary.to_label()).unwrap(), summary);
         }
-        let _ = CacheEntry::from_kernel_json(json.as_bytes());
+        let _ = TritonKernel::from_kernel_json(json.as_bytes());
     }
 
     #[test]
@@ -254,7 +248,7 @@ proptest! {
     }
 
     #[test]
-    fn kernel_metadata_reads_what_triton_writes(e in entry()) {
+    fn kernel_metadata_reads_what_triton_writes(e in entry().prop_map(|e| e.kernel)) {
         let json = serde_json::json!({
             "hash": e.hash,
             "target": {"backend": e.backend.as_str(), "arch": e.arch.as_str(), "warp_size": e.warp_size},
@@ -265,7 +259,7 @@ proptest! {
             "triton_version": e.triton_version,
             "name": e.name,
         });
-        let read = CacheEntry::from_kernel_json(json.to_string().as_bytes()).unwrap();
+        let read = TritonKernel::from_kernel_json(json.to_string().as_bytes()).unwrap();
         prop_assert_eq!(read.target(), e.target());
         prop_assert_eq!((read.num_warps, read.num_stages, read.debug), (e.num_warps, e.num_stages, e.debug));
         prop_assert_eq!(read.name, e.name);

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::CUDA_KEY;
+use common::{CUDA_KEY, kernel, vllm, vllm_format};
 use gkm_core::cache::{self, CacheError, CacheKind, VllmFormat};
 use gkm_testenv::{copy_tree, copy_tree_in_order, fixture_cache};
 
@@ -15,18 +15,22 @@ fn cuda_triton_cache() {
     let [entry] = manifest.entries() else {
         panic!("one kernel expected: {manifest:?}")
     };
-    assert_eq!(entry.name.as_deref(), Some("add_kernel"));
-    assert_eq!(entry.dummy_key, CUDA_KEY);
+    assert_eq!(kernel(entry).name.as_deref(), Some("add_kernel"));
+    assert_eq!(entry.key(), CUDA_KEY);
     assert_eq!(
-        entry.hash,
+        kernel(entry).hash,
         "edbea4c0734897ca19ec52852fcc847e552b3b1cfff92cc3deff0b695cdd636f"
     );
     assert_eq!(
-        (entry.num_warps, entry.num_stages, entry.debug),
+        (
+            kernel(entry).num_warps,
+            kernel(entry).num_stages,
+            kernel(entry).debug
+        ),
         (4, 3, false)
     );
     // The metadata says null; the PTX says `.version 8.4`.
-    assert_eq!(entry.ptx_version, Some(84));
+    assert_eq!(kernel(entry).ptx_version, Some(84));
     assert_eq!(manifest.summary().to_string(), "cuda/75/32");
     insta::assert_snapshot!(String::from_utf8(manifest.to_json()).unwrap());
     insta::assert_snapshot!(manifest.summary().to_label(), @r#"{"targets":[{"backend":"cuda","arch":"75","warp_size":32,"ptx_version":84}]}"#);
@@ -38,8 +42,8 @@ fn rocm_triton_cache() {
     let [entry] = manifest.entries() else {
         panic!("one kernel expected: {manifest:?}")
     };
-    assert_eq!(entry.triton_version.as_deref(), Some("3.2.0"));
-    assert_eq!(entry.ptx_version, None);
+    assert_eq!(kernel(entry).triton_version.as_deref(), Some("3.2.0"));
+    assert_eq!(kernel(entry).ptx_version, None);
     assert_eq!(manifest.summary().to_string(), "hip/gfx90a/64");
     insta::assert_snapshot!(manifest.summary().to_label(), @r#"{"targets":[{"backend":"hip","arch":"gfx90a","warp_size":64,"triton_version":"3.2.0"}]}"#);
 }
@@ -49,19 +53,19 @@ fn vllm_cache_from_any_of_its_roots() {
     let root = fixture_cache("vllm-torch-compile-inductor");
     let manifest = cache::scan(&root).unwrap();
     assert_eq!(manifest.kind(), CacheKind::Vllm);
-    assert_eq!(manifest.format, Some(VllmFormat::Triton));
+    assert_eq!(vllm_format(&manifest), Some(VllmFormat::Triton));
     let names: Vec<_> = manifest
         .entries()
         .iter()
-        .map(|e| e.name.as_deref().unwrap_or(""))
+        .map(|e| kernel(e).name.as_deref().unwrap_or(""))
         .collect();
     assert_eq!(names.len(), 6, "{names:?}");
     assert!(
         manifest
             .entries()
             .iter()
-            .all(|e| e.vllm_hash.as_deref() == Some("d4ec7c2a7d")
-                && e.cache_format == Some(VllmFormat::Triton))
+            .all(|e| vllm(e).vllm_hash.as_deref() == Some("d4ec7c2a7d")
+                && vllm(e).cache_format == Some(VllmFormat::Triton))
     );
     assert_eq!(manifest.summary().to_string(), "hip/gfx90a/64");
     insta::assert_snapshot!(String::from_utf8(manifest.to_json()).unwrap());

@@ -9,7 +9,8 @@ mod common;
 
 use std::fs;
 
-use common::{CUDA_KEY, artefact, cuda_kernel_json, write};
+use common::{CUDA_KEY, artefact, cuda_kernel_json, kernel, vllm, vllm_format, write};
+use gkm_core::cache::kinds::vllm as vllm_kind;
 use gkm_core::cache::{self, CacheError, CacheManifest, VllmFormat};
 use gkm_testenv::{copy_tree, fixture_cache};
 
@@ -47,12 +48,8 @@ fn binary_layout_reads_kernels_bundled_in_artefacts() {
     );
 
     let manifest = cache::scan(dir.path()).unwrap();
-    assert_eq!(manifest.format, Some(VllmFormat::Binary));
-    let keys: Vec<_> = manifest
-        .entries()
-        .iter()
-        .map(|e| e.dummy_key.as_str())
-        .collect();
+    assert_eq!(vllm_format(&manifest), Some(VllmFormat::Binary));
+    let keys: Vec<_> = manifest.entries().iter().map(|e| e.key()).collect();
     assert_eq!(
         keys,
         [
@@ -64,7 +61,7 @@ fn binary_layout_reads_kernels_bundled_in_artefacts() {
         manifest
             .entries()
             .iter()
-            .all(|e| e.cache_format == Some(VllmFormat::Binary))
+            .all(|e| vllm(e).cache_format == Some(VllmFormat::Binary))
     );
     // The CUDA metadata records no PTX version and a blob has no .ptx file.
     assert_eq!(manifest.summary().to_string(), "cuda/75/32, hip/gfx90a/64");
@@ -119,13 +116,17 @@ fn unpacked_artefacts_hold_triton_cache_directories() {
     fs::create_dir_all(artefact.join("fxgraph/ab")).unwrap();
 
     let manifest = cache::scan(&dir.path().join("torch_compile_cache")).unwrap();
-    assert_eq!(manifest.format, Some(VllmFormat::Binary));
+    assert_eq!(vllm_format(&manifest), Some(VllmFormat::Binary));
     let [entry] = manifest.entries() else {
         panic!("{manifest:?}")
     };
-    assert_eq!(entry.dummy_key, CUDA_KEY);
-    assert_eq!(entry.vllm_hash.as_deref(), Some("5e6f"));
-    assert_eq!(entry.ptx_version, Some(84), "read from the kernel's .ptx");
+    assert_eq!(entry.key(), CUDA_KEY);
+    assert_eq!(vllm(entry).vllm_hash.as_deref(), Some("5e6f"));
+    assert_eq!(
+        kernel(entry).ptx_version,
+        Some(84),
+        "read from the kernel's .ptx"
+    );
 }
 
 #[test]
@@ -152,15 +153,15 @@ fn aot_compile_layout_reads_the_model_file() {
     fs::create_dir_all(compile_cache.join("modelinfos")).unwrap();
 
     let manifest = cache::scan(dir.path()).unwrap();
-    assert_eq!(manifest.format, Some(VllmFormat::AotCompile));
+    assert_eq!(vllm_format(&manifest), Some(VllmFormat::AotCompile));
     let found: Vec<_> = manifest
         .entries()
         .iter()
         .map(|e| {
             (
-                e.vllm_hash.as_deref().unwrap(),
-                e.dummy_key.as_str(),
-                e.cache_format.unwrap(),
+                vllm(e).vllm_hash.as_deref().unwrap(),
+                e.key(),
+                vllm(e).cache_format.unwrap(),
             )
         })
         .collect();
@@ -196,10 +197,10 @@ fn aot_compile_layout_reads_the_model_file() {
     );
     // So is torch_aot_compile on its own, and one AOT hash directory.
     let aot_root = cache::scan(&compile_cache.join("torch_aot_compile")).unwrap();
-    assert_eq!(aot_root.format, Some(VllmFormat::AotCompile));
+    assert_eq!(vllm_format(&aot_root), Some(VllmFormat::AotCompile));
     assert_eq!(aot_root.entries().len(), 2);
     let alone = cache::scan(&aot).unwrap();
-    assert_eq!(alone.format, Some(VllmFormat::AotCompile));
+    assert_eq!(vllm_format(&alone), Some(VllmFormat::AotCompile));
     assert_eq!(alone.entries().len(), 2);
 }
 
@@ -309,8 +310,8 @@ fn reads_mcv_vllm_manifests() {
     let [entry] = manifest.entries() else {
         panic!("{manifest:?}")
     };
-    assert_eq!(entry.vllm_hash.as_deref(), Some("d4ec7c2a7d"));
-    assert_eq!(entry.cache_format, Some(VllmFormat::Triton));
+    assert_eq!(vllm(entry).vllm_hash.as_deref(), Some("d4ec7c2a7d"));
+    assert_eq!(vllm(entry).cache_format, Some(VllmFormat::Triton));
     assert_eq!(manifest.summary().to_string(), "hip/gfx90a/64");
 
     let err = CacheManifest::from_json(br#"{"vllm":[{"vllmHash":"a","triton":[]},{"hash":"x"}]}"#)
@@ -339,15 +340,15 @@ fn format_label_lists_every_layout_in_mcv_order() {
     .unwrap();
     let manifest = cache::scan(dir.path()).unwrap();
     assert_eq!(
-        manifest.vllm_formats(),
+        vllm_kind::formats(&manifest),
         [VllmFormat::AotCompile, VllmFormat::Triton]
     );
     assert_eq!(
-        manifest.format_label().as_deref(),
+        vllm_kind::format_label(&manifest).as_deref(),
         Some("aot_compile,triton")
     );
     let triton = cache::scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
-    assert_eq!(triton.format_label(), None);
+    assert_eq!(vllm_kind::format_label(&triton), None);
 }
 
 #[test]

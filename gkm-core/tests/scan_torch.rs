@@ -16,7 +16,9 @@ use std::path::Path;
 
 use base64::Engine as _;
 use common::{CUDA_KEY, artefact, cuda_kernel_json, write};
-use gkm_core::cache::{CacheError, CacheKind, CacheManifest, Declared, scan, tree_build_path};
+use gkm_core::cache::{
+    CacheError, CacheKind, CacheManifest, Declared, TorchFacts, scan, tree_build_path,
+};
 use gkm_testenv::fixture_cache;
 
 /// Where the trees below were compiled (`TORCHINDUCTOR_CACHE_DIR`).
@@ -120,12 +122,9 @@ fn an_inductor_tree_is_scanned_with_its_triton_kernels_and_parts_counted() {
     let manifest = scan(dir.path()).expect("an Inductor tree scans");
     assert_eq!(manifest.kind(), CacheKind::Inductor);
     assert_eq!(manifest.entries().len(), 1);
-    assert_eq!(
-        manifest.entries()[0].dummy_key,
-        format!("triton/0/{CUDA_KEY}")
-    );
+    assert_eq!(manifest.entries()[0].key(), format!("triton/0/{CUDA_KEY}"));
     assert_eq!(manifest.summary().to_string(), "cuda/75/32");
-    let torch = manifest.torch.as_ref().expect("torch facts");
+    let torch = manifest.facts::<TorchFacts>().expect("torch facts");
     let counts: Vec<(&str, u64)> = torch.counts.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     assert_eq!(
         counts,
@@ -202,7 +201,7 @@ fn a_cpu_only_inductor_tree_has_no_targets_and_records_what_its_builder_declared
         cpu_isa: Some("avx512".into()),
     };
     manifest.declare(&declared).unwrap();
-    let torch = manifest.torch.as_ref().unwrap();
+    let torch = manifest.facts::<TorchFacts>().unwrap();
     assert_eq!(torch.declared_torch_version.as_deref(), Some("2.11.0+cpu"));
     assert_eq!(torch.declared_cpu_isa.as_deref(), Some("avx512"));
     let bad = Declared {
@@ -245,10 +244,10 @@ fn a_mega_cache_blob_is_read_from_its_container_and_its_bundled_kernels_found() 
         assert_eq!(manifest.kind(), CacheKind::MegaCache);
         assert_eq!(manifest.summary().to_string(), "cuda/75/32");
         assert_eq!(
-            manifest.entries()[0].dummy_key,
+            manifest.entries()[0].key(),
             "mega-cache.bin:inductor/folrutsavtmb6yxw77hzsaz2lk43l5bzjn5wrm7b4zms4yyczgc6"
         );
-        let counts = &manifest.torch.as_ref().unwrap().counts;
+        let counts = &manifest.facts::<TorchFacts>().unwrap().counts;
         assert_eq!(counts["inductor"], 1);
         assert_eq!(counts["aot_autograd"], 1);
         assert_eq!(counts["triton"], 1);

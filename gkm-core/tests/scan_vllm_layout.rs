@@ -52,8 +52,9 @@ use std::fs;
 use std::path::Path;
 
 use base64::Engine as _;
-use common::{CUDA_KEY, artefact, cuda_kernel_json, write};
-use gkm_core::cache::{VllmFormat, scan, tree_build_path};
+use common::{CUDA_KEY, artefact, cuda_kernel_json, vllm, write};
+use gkm_core::cache::kinds::vllm as vllm_kind;
+use gkm_core::cache::{VllmFacts, VllmFormat, scan, tree_build_path};
 use gkm_testenv::fixture_cache;
 
 /// `VLLM_CACHE_ROOT` where the trees were compiled.
@@ -158,12 +159,11 @@ fn a_vllm_tree_laid_out_as_vllm_writes_it_is_scanned() {
     write(&prefix.join("vllm_compile_cache.py"), b"{}\n");
 
     let manifest = scan(dir.path()).expect("vLLM 0.33's AOT layout scans");
-    assert_eq!(manifest.format_label().as_deref(), Some("aot_compile"));
-    let keys: Vec<&str> = manifest
-        .entries()
-        .iter()
-        .map(|e| e.dummy_key.as_str())
-        .collect();
+    assert_eq!(
+        vllm_kind::format_label(&manifest).as_deref(),
+        Some("aot_compile")
+    );
+    let keys: Vec<&str> = manifest.entries().iter().map(|e| e.key()).collect();
     // Kernels of Triton cache directories are filed under their key (as
     // MCV files them), bundled ones under the file that bundles them.
     assert_eq!(keys, [CUDA_KEY, "rank_0_0/model"]);
@@ -171,7 +171,7 @@ fn a_vllm_tree_laid_out_as_vllm_writes_it_is_scanned() {
         manifest
             .entries()
             .iter()
-            .all(|e| e.vllm_hash.as_deref() == Some(aot_hash))
+            .all(|e| vllm(e).vllm_hash.as_deref() == Some(aot_hash))
     );
     assert!(
         manifest
@@ -214,15 +214,11 @@ fn a_vllm_tree_laid_out_as_vllm_writes_it_is_scanned() {
         }
         let manifest = scan(dir.path()).expect("vLLM 0.33's standalone layout scans");
         assert_eq!(
-            manifest.vllm_formats(),
+            vllm_kind::formats(&manifest),
             [VllmFormat::Binary],
             "unpacked: {unpacked}"
         );
-        let keys: Vec<&str> = manifest
-            .entries()
-            .iter()
-            .map(|e| e.dummy_key.as_str())
-            .collect();
+        let keys: Vec<&str> = manifest.entries().iter().map(|e| e.key()).collect();
         let artefact_key = if unpacked {
             CUDA_KEY.to_string()
         } else {
@@ -230,7 +226,7 @@ fn a_vllm_tree_laid_out_as_vllm_writes_it_is_scanned() {
         };
         assert!(keys.contains(&CUDA_KEY), "{keys:?}");
         assert!(keys.contains(&artefact_key.as_str()), "{keys:?}");
-        let records = &manifest.artefacts[0].binary[0];
+        let records = &manifest.facts::<VllmFacts>().unwrap().artefacts[0].binary[0];
         assert_eq!(
             (records.rank.as_str(), records.prefix.as_str()),
             ("rank_0_0", "backbone")
@@ -249,6 +245,9 @@ fn the_older_vllm_fixture_without_a_prefix_directory_still_scans() {
     // prefix directory (`InductorAdaptor`, md5-based hash, everything in
     // `rank_0_0/`): not what 0.33 writes, still read.
     let manifest = scan(&fixture_cache("vllm-torch-compile-inductor")).unwrap();
-    assert_eq!(manifest.format_label().as_deref(), Some("triton"));
+    assert_eq!(
+        vllm_kind::format_label(&manifest).as_deref(),
+        Some("triton")
+    );
     assert!(!manifest.entries().is_empty());
 }

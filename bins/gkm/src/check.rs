@@ -63,10 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let dir = PathBuf::from(&args.target);
         let manifest = tokio::task::spawn_blocking(move || gkm_core::cache::scan(&dir)).await??;
         let summary = manifest.summary();
-        let declared = manifest
-            .torch
-            .as_ref()
-            .and_then(|t| t.declared_cpu_isa.clone());
+        let declared = manifest.fit().cpu_isa;
         let cpu = cpu_only(manifest.kind(), &summary, declared);
         Checked::Targets(summary, cpu)
     } else {

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read};
 
-use super::CacheEntry;
+use super::TritonKernel;
 
 /// What every Triton kernel metadata document starts with (Python's
 /// `json.dumps` separators, and the compact form).
@@ -26,8 +26,8 @@ const MAX_METADATA: usize = 1 << 20;
 
 /// The kernels whose metadata a blob embeds, in the order they appear,
 /// without repeats.
-pub(crate) fn kernels_in(mut reader: impl Read) -> io::Result<Vec<CacheEntry>> {
-    let mut found: Vec<CacheEntry> = Vec::new();
+pub(crate) fn kernels_in(mut reader: impl Read) -> io::Result<Vec<TritonKernel>> {
+    let mut found: Vec<TritonKernel> = Vec::new();
     let mut buf: Vec<u8> = Vec::with_capacity(CHUNK + MAX_METADATA);
     loop {
         let eof = fill(&mut reader, &mut buf, CHUNK + MAX_METADATA)?;
@@ -72,7 +72,7 @@ fn fill(reader: &mut impl Read, buf: &mut Vec<u8>, want: usize) -> io::Result<bo
 }
 
 /// Kernel metadata documents in `buf` that start before `limit`.
-fn kernels_starting_before(buf: &[u8], limit: usize) -> Vec<CacheEntry> {
+fn kernels_starting_before(buf: &[u8], limit: usize) -> Vec<TritonKernel> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < limit {
@@ -90,7 +90,7 @@ fn kernels_starting_before(buf: &[u8], limit: usize) -> Vec<CacheEntry> {
             serde_json::Deserializer::from_slice(window).into_iter::<serde_json::Value>();
         if let Some(Ok(serde_json::Value::Object(_))) = stream.next() {
             let end = stream.byte_offset();
-            if let Ok(entry) = CacheEntry::from_kernel_json(&window[..end]) {
+            if let Ok(entry) = TritonKernel::from_kernel_json(&window[..end]) {
                 out.push(entry);
                 at = start + end;
             }

@@ -3,8 +3,6 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::CacheManifest;
-
 /// A list that Go writes as `null` when it is empty.
 pub(crate) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
@@ -15,26 +13,34 @@ where
 }
 
 /// `manifest.json` bytes, pretty-printed: `entries` (the kind's form of
-/// them) under the kind's name, then `format` and `torch` when set.
-pub(crate) fn write<E: Serialize + ?Sized>(manifest: &CacheManifest, entries: &E) -> Vec<u8> {
-    struct Doc<'a, E: ?Sized> {
-        manifest: &'a CacheManifest,
+/// them) under the kind's `name`, then the kind's `facts` under their name
+/// when it has any.
+pub(crate) fn write<E: Serialize + ?Sized, F: Serialize>(
+    name: &str,
+    entries: &E,
+    facts: Option<(&str, &F)>,
+) -> Vec<u8> {
+    struct Doc<'a, E: ?Sized, F> {
+        name: &'a str,
         entries: &'a E,
+        facts: Option<(&'a str, &'a F)>,
     }
-    impl<E: Serialize + ?Sized> Serialize for Doc<'_, E> {
+    impl<E: Serialize + ?Sized, F: Serialize> Serialize for Doc<'_, E, F> {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             use serde::ser::SerializeMap;
             let mut map = s.serialize_map(None)?;
-            map.serialize_entry(self.manifest.kind.as_str(), self.entries)?;
-            if let Some(format) = &self.manifest.format {
-                map.serialize_entry("format", format)?;
-            }
-            if let Some(torch) = &self.manifest.torch {
-                map.serialize_entry("torch", torch)?;
+            map.serialize_entry(self.name, self.entries)?;
+            if let Some((name, facts)) = self.facts {
+                map.serialize_entry(name, facts)?;
             }
             map.end()
         }
     }
     // Serialising these types cannot fail: every map key is a string.
-    serde_json::to_vec_pretty(&Doc { manifest, entries }).unwrap_or_default()
+    serde_json::to_vec_pretty(&Doc {
+        name,
+        entries,
+        facts,
+    })
+    .unwrap_or_default()
 }

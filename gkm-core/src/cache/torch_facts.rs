@@ -114,3 +114,97 @@ impl Declared {
         Ok(())
     }
 }
+
+/// The label (after the kind's prefix) with the Triton versions a PyTorch
+/// cache's kernels state, comma-separated.
+pub const TRITON_VERSION_LABEL: &str = "triton-version";
+/// The label with the torch version the builder declared.
+pub const DECLARED_TORCH_VERSION_LABEL: &str = "declared-torch-version";
+/// The label with the CPU ISA the builder declared.
+pub const DECLARED_CPU_ISA_LABEL: &str = "declared-cpu-isa";
+/// The label with a PyTorch cache's entries per part, as compact JSON.
+pub const ENTRY_COUNTS_LABEL: &str = "entry-counts";
+
+/// The member of `manifest.json` PyTorch's facts are written under.
+const MEMBER: &str = "torch";
+
+/// The rules PyTorch's kinds (Inductor, Mega-Cache) share for the facts
+/// they record beside their Triton kernels: what their
+/// [`Kind`](super::Kind) methods of the same names call.
+pub(crate) mod rules {
+    use super::*;
+    use crate::cache::kinds::{Fit, kernels};
+    use crate::cache::{CacheManifest, Facts, manifest_json};
+    use crate::image_layout::KindLayout;
+
+    /// Records the declared torch version and CPU ISA.
+    pub(crate) fn declare(facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
+        declared.validate()?;
+        if facts.get::<TorchFacts>().is_none() {
+            *facts = Facts::of(TorchFacts::default());
+        }
+        let Some(torch) = facts.get_mut::<TorchFacts>() else {
+            return Ok(());
+        };
+        if declared.torch_version.is_some() {
+            torch
+                .declared_torch_version
+                .clone_from(&declared.torch_version);
+        }
+        if declared.cpu_isa.is_some() {
+            torch.declared_cpu_isa.clone_from(&declared.cpu_isa);
+        }
+        Ok(())
+    }
+
+    /// The kernels' fit facts, with the declared CPU ISA and torch version.
+    pub(crate) fn fit(manifest: &CacheManifest, mut fit: Fit) -> Fit {
+        if let Some(torch) = manifest.facts::<TorchFacts>() {
+            fit.cpu_isa.clone_from(&torch.declared_cpu_isa);
+            if let Some(version) = &torch.declared_torch_version {
+                fit.frameworks.insert("torch", vec![version.clone()]);
+            }
+        }
+        fit
+    }
+
+    /// Reads `"torch"`.
+    pub(crate) fn read(
+        members: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Facts, serde_json::Error> {
+        let torch: Option<TorchFacts> = match members.get(MEMBER) {
+            Some(value) => Deserialize::deserialize(value.clone())?,
+            None => None,
+        };
+        Ok(torch.map(Facts::of).unwrap_or_default())
+    }
+
+    /// Writes the kernels under the kind's name, then `"torch"`.
+    pub(crate) fn write(manifest: &CacheManifest) -> Vec<u8> {
+        let torch = manifest.facts::<TorchFacts>().map(|t| (MEMBER, t));
+        manifest_json::write(manifest.kind().as_str(), &kernels(manifest), torch)
+    }
+
+    /// The labels only PyTorch's caches carry: the Triton versions read
+    /// from the kernels' metadata, the entries per part, and what the
+    /// builder declared (`declared-*`: gkm did not read it).
+    pub(crate) fn labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::new();
+        let Some(torch) = manifest.facts::<TorchFacts>() else {
+            return labels;
+        };
+        let layout = KindLayout::of(manifest.kind());
+        let versions = manifest.triton_versions();
+        if !versions.is_empty() {
+            labels.insert(layout.key(TRITON_VERSION_LABEL), versions.join(","));
+        }
+        labels.insert(layout.key(ENTRY_COUNTS_LABEL), torch.counts_label());
+        if let Some(version) = &torch.declared_torch_version {
+            labels.insert(layout.key(DECLARED_TORCH_VERSION_LABEL), version.clone());
+        }
+        if let Some(isa) = &torch.declared_cpu_isa {
+            labels.insert(layout.key(DECLARED_CPU_ISA_LABEL), isa.clone());
+        }
+        labels
+    }
+}

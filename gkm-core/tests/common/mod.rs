@@ -40,3 +40,23 @@ pub fn artefact(documents: &[&[u8]]) -> Vec<u8> {
     blob.extend_from_slice(&[0u8; 64]);
     blob
 }
+
+/// The vLLM facts of `entry`, an entry of a vLLM cache.
+pub fn vllm(entry: &gkm_core::cache::CacheEntry) -> &gkm_core::cache::VllmKernel {
+    entry.facts().expect("an entry of a vLLM cache")
+}
+
+/// The Triton kernel `entry` is.
+pub fn kernel(entry: &gkm_core::cache::CacheEntry) -> &gkm_core::cache::TritonKernel {
+    entry.kernel().expect("a Triton kernel")
+}
+
+/// The layout a vLLM manifest records.
+pub fn vllm_format(
+    manifest: &gkm_core::cache::CacheManifest,
+) -> Option<gkm_core::cache::VllmFormat> {
+    manifest
+        .facts::<gkm_core::cache::VllmFacts>()
+        .expect("a vLLM manifest")
+        .format
+}

@@ -1,11 +1,17 @@
 //! The GKM/MCV image format: media types, layer paths and label keys.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use gkm_core::cache::{CacheKind, CacheManifest, Summary, VllmFormat};
+use gkm_core::cache::{CacheKind, CacheManifest, Summary};
 
 use crate::error::{Error, Result};
+pub use gkm_core::cache::kinds::vllm::{KSERVE_PREFIX, KSERVE_VLLM_CACHE_ROOT, kserve_labels};
+pub use gkm_core::cache::{
+    DECLARED_CPU_ISA_LABEL as DECLARED_CPU_ISA,
+    DECLARED_TORCH_VERSION_LABEL as DECLARED_TORCH_VERSION, ENTRY_COUNTS_LABEL as ENTRY_COUNTS,
+    TRITON_VERSION_LABEL as TRITON_VERSION,
+};
 pub use gkm_core::image_layout::{INDUCTOR, KindLayout, MANIFEST_FILE, MEGACACHE, TRITON, VLLM};
 
 pub use crate::registry::media_types::{
@@ -56,9 +62,12 @@ impl Compression {
     }
 }
 
-/// The labels (and manifest annotations) of a cache image. `build_path`
-/// is where the tree was compiled ([`gkm_core::cache::tree_build_path`]),
-/// labelled `<prefix>/build-path` when known.
+/// The labels (and manifest annotations) of a cache image: those every
+/// cache image carries, then its kind's own ([`Kind::labels`]
+/// (gkm_core::cache::Kind::labels): vLLM's layouts and KServe's, PyTorch's
+/// facts). `build_path` is where the tree was compiled
+/// ([`gkm_core::cache::tree_build_path`]), labelled `<prefix>/build-path`
+/// when known.
 pub fn cache_labels(
     title: &str,
     manifest: &CacheManifest,
@@ -74,108 +83,15 @@ pub fn cache_labels(
     );
     labels.insert(layout.key("cache-size-bytes"), cache_size_bytes.to_string());
     labels.insert(layout.key("summary"), manifest.summary_label());
-    if let Some(format) = manifest.format_label() {
-        labels.insert(layout.key("format"), format);
-    }
     if let Some(path) = build_path {
         labels.insert(layout.key(BUILD_PATH), path.display().to_string());
     }
-    labels.extend(torch_labels(manifest));
-    labels.extend(kserve_labels(manifest));
-    labels
-}
-
-/// The label (after the kind's prefix) with the Triton versions a PyTorch
-/// cache's kernels state, comma-separated.
-pub const TRITON_VERSION: &str = "triton-version";
-/// The label with the torch version the builder declared.
-pub const DECLARED_TORCH_VERSION: &str = "declared-torch-version";
-/// The label with the CPU ISA the builder declared.
-pub const DECLARED_CPU_ISA: &str = "declared-cpu-isa";
-/// The label with a PyTorch cache's entries per part, as compact JSON.
-pub const ENTRY_COUNTS: &str = "entry-counts";
-
-/// The labels only PyTorch's caches (Inductor, Mega-Cache) carry: the
-/// Triton versions read from the kernels' metadata, the entries per part,
-/// and what the builder declared (`declared-*`: gkm did not read it).
-pub fn torch_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let Some(torch) = manifest
-        .torch
-        .as_ref()
-        .filter(|_| manifest.kind().is_torch())
-    else {
-        return labels;
-    };
-    let layout = KindLayout::of(manifest.kind());
-    let versions = manifest.triton_versions();
-    if !versions.is_empty() {
-        labels.insert(layout.key(TRITON_VERSION), versions.join(","));
-    }
-    labels.insert(layout.key(ENTRY_COUNTS), torch.counts_label());
-    if let Some(version) = &torch.declared_torch_version {
-        labels.insert(layout.key(DECLARED_TORCH_VERSION), version.clone());
-    }
-    if let Some(isa) = &torch.declared_cpu_isa {
-        labels.insert(layout.key(DECLARED_CPU_ISA), isa.clone());
-    }
+    labels.extend(manifest.kind().rules().labels(manifest));
     labels
 }
 
 /// The label (after the kind's prefix) naming where a cache was compiled.
 pub const BUILD_PATH: &str = "build-path";
-
-/// The prefix of the labels that tell KServe's kernel manager how to mount
-/// a vLLM cache.
-pub const KSERVE_PREFIX: &str = "io.kserve.km";
-
-/// The cache root a vLLM cache is mounted at in a KServe pod, as
-/// `VAR=VALUE`.
-pub const KSERVE_VLLM_CACHE_ROOT: &str = "VLLM_CACHE_ROOT=/home/kserve/.cache/vllm";
-
-/// The `io.kserve.km/*` labels MCV writes on a vLLM cache image: the
-/// framework and cache type, the hash directories (comma-separated,
-/// sorted), where below the cache root to mount (`torch_compile_cache`, or
-/// `torch_compile_cache/torch_aot_compile` when the first hash directory is
-/// an `aot_compile` one) and the cache root variable. None for a Triton
-/// cache or a vLLM cache with no hash directory.
-pub fn kserve_labels(manifest: &CacheManifest) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    if manifest.kind() != CacheKind::Vllm {
-        return labels;
-    }
-    let entries = manifest.entries();
-    let key = |name: &str| format!("{KSERVE_PREFIX}/{name}");
-    labels.insert(key("framework"), "vllm".to_string());
-    labels.insert(key("cache-type"), "torch-compile".to_string());
-    let hashes: BTreeSet<&str> = entries
-        .iter()
-        .filter_map(|e| e.vllm_hash.as_deref())
-        .chain(manifest.artefacts.iter().map(|a| a.vllm_hash.as_str()))
-        .filter(|h| !h.is_empty())
-        .collect();
-    let Some(first) = hashes.first().copied() else {
-        return labels;
-    };
-    let aot = entries.iter().any(|e| {
-        e.vllm_hash.as_deref() == Some(first) && e.cache_format == Some(VllmFormat::AotCompile)
-    }) || manifest
-        .artefacts
-        .iter()
-        .any(|a| a.vllm_hash == first && !a.aot_compile.is_empty());
-    let subpath = if aot {
-        "torch_compile_cache/torch_aot_compile"
-    } else {
-        "torch_compile_cache"
-    };
-    labels.insert(
-        key("cache-hash"),
-        hashes.into_iter().collect::<Vec<_>>().join(","),
-    );
-    labels.insert(key("cache-mount-subpath"), subpath.to_string());
-    labels.insert(key("cache-root-env"), KSERVE_VLLM_CACHE_ROOT.to_string());
-    labels
-}
 
 /// What the labels say about a cache image.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -7,8 +7,13 @@
 //! images lay out ([`Kind::offset_from_root`]), what of a writable view's
 //! upper is scratch ([`Kind::scratch`]), what a torn entry is and what binds
 //! to an absolute path ([`Kind::build_path`], [`Kind::relocated`]), the fit
-//! facts it contributes ([`Kind::fit`], [`Kind::torch_facts`]) and the shape of its entries in
-//! `manifest.json` ([`Kind::read_entries`], [`Kind::write_manifest`]).
+//! facts it contributes ([`Kind::fit`], [`Kind::torch_facts`]), what a
+//! builder may declare ([`Kind::declare`]), its images' own labels
+//! ([`Kind::labels`]) and the shape of its entries and facts in
+//! `manifest.json` ([`Kind::read_entries`], [`Kind::read_facts`],
+//! [`Kind::write_manifest`]). Its entries carry its own facts
+//! ([`EntryFacts`](super::EntryFacts)), its manifests its own
+//! [`Facts`](super::Facts).
 //! [`scan`](super::scan), [`image_layout`](crate::image_layout),
 //! [`delta::scratch`](crate::delta::scratch) and
 //! [`tree_build_path`](super::tree_build_path) ask the registry instead of
@@ -29,7 +34,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{CacheEntry, CacheError, CacheKind, CacheManifest, Summary, group};
+use super::{
+    CacheEntry, CacheError, CacheKind, CacheManifest, Declared, Facts, Summary, TritonKernel,
+    group, manifest_json,
+};
 use crate::image_layout::KindLayout;
 
 pub mod inductor;
@@ -171,53 +179,100 @@ pub trait Kind: Sync + 'static {
         false
     }
 
-    /// The fit facts of `manifest`, a manifest of this kind: its entries'
-    /// targets and Triton versions, and for a kind that carries PyTorch's
-    /// facts the declared CPU ISA and torch version.
+    /// The fit facts of `manifest`, a manifest of this kind: by default its
+    /// entries' ([`entries_fit`]).
     fn fit(&self, manifest: &CacheManifest) -> Fit {
-        let mut fit = Fit {
-            targets: manifest.summary(),
-            ..Fit::default()
-        };
-        let triton = manifest.triton_versions();
-        if !triton.is_empty() {
-            fit.frameworks.insert("triton", triton);
-        }
-        if let Some(torch) = manifest.torch.as_ref().filter(|_| self.torch_facts()) {
-            fit.cpu_isa.clone_from(&torch.declared_cpu_isa);
-            if let Some(version) = &torch.declared_torch_version {
-                fit.frameworks.insert("torch", vec![version.clone()]);
-            }
-        }
-        fit
+        entries_fit(manifest)
+    }
+
+    /// Records what a builder declares about a cache of this kind (facts
+    /// its tree does not state) into its `facts`. Refused, naming the
+    /// options, for a kind that takes none (the default).
+    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
+        let _ = (facts, declared);
+        Err(CacheError::Invalid {
+            what: "declared PyTorch facts",
+            reason: "--torch-version and --cpu-isa describe Inductor and Mega-Cache caches only"
+                .into(),
+        })
     }
 
     /// Reads the kind's member of `manifest.json` (the value under its
     /// [`name`](Kind::name)): `Ok(None)` when it lists nothing (`null`).
+    /// The default reads a list of Triton kernels.
     fn read_entries(
         &self,
         value: serde_json::Value,
     ) -> Result<Option<Vec<CacheEntry>>, serde_json::Error> {
-        serde::Deserialize::deserialize(value)
+        let kernels: Option<Vec<TritonKernel>> = serde::Deserialize::deserialize(value)?;
+        Ok(kernels.map(|k| k.into_iter().map(CacheEntry::new).collect()))
     }
 
-    /// Reads the records beside the kind's entries in `manifest.json`
-    /// (vLLM's artefact records) into `manifest`.
-    fn read_records(&self, manifest: &mut CacheManifest, bytes: &[u8]) {
-        let _ = (manifest, bytes);
+    /// Reads what the kind records beside its entries in `manifest.json`:
+    /// from its `members` (each top-level member by name) or the whole
+    /// document's `bytes`. None by default.
+    fn read_facts(
+        &self,
+        members: &BTreeMap<String, serde_json::Value>,
+        bytes: &[u8],
+    ) -> Result<Facts, serde_json::Error> {
+        let _ = (members, bytes);
+        Ok(Facts::none())
+    }
+
+    /// Puts the kind's `facts` in a fixed order, so equal caches give equal
+    /// manifests.
+    fn normalise(&self, facts: &mut Facts) {
+        let _ = facts;
     }
 
     /// Writes `manifest`, a manifest of this kind, as `manifest.json` bytes
     /// (pretty-printed): its entries under its name, then the facts it
-    /// carries.
+    /// records. The default writes its Triton kernels.
     fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
-        super::manifest_json::write(manifest, &manifest.entries)
+        manifest_json::write(self.name(), &kernels(manifest), None::<(&str, &())>)
     }
 
     /// The summary label as this kind's images carry it.
     fn summary_label(&self, manifest: &CacheManifest) -> String {
         manifest.summary().to_label()
     }
+
+    /// The labels (and manifest annotations) only this kind's images carry,
+    /// beside the ones every cache image carries (title, entry count, size,
+    /// summary, build path): none by default.
+    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
+        let _ = manifest;
+        BTreeMap::new()
+    }
+}
+
+/// The fit facts of `manifest`'s entries: their targets, and the versions
+/// they record by framework, each sorted.
+pub fn entries_fit(manifest: &CacheManifest) -> Fit {
+    let mut fit = Fit {
+        targets: manifest.summary(),
+        ..Fit::default()
+    };
+    for (framework, version) in manifest.entries().iter().flat_map(CacheEntry::versions) {
+        let versions = fit.frameworks.entry(framework).or_default();
+        if !versions.contains(&version) {
+            versions.push(version);
+        }
+    }
+    for versions in fit.frameworks.values_mut() {
+        versions.sort();
+    }
+    fit
+}
+
+/// The Triton kernels `manifest` lists, in its order.
+pub(crate) fn kernels(manifest: &CacheManifest) -> Vec<&TritonKernel> {
+    manifest
+        .entries()
+        .iter()
+        .filter_map(CacheEntry::kernel)
+        .collect()
 }
 
 impl std::fmt::Debug for dyn Kind {
@@ -251,7 +306,7 @@ mod tests {
 
     #[test]
     fn fit_facts_are_the_targets_frameworks_and_a_torch_kinds_declared_isa() {
-        let entry = CacheEntry::from_kernel_json(
+        let entry = TritonKernel::from_kernel_json(
             br#"{"hash":"h","triton_version":"3.6.0","target":{"backend":"cuda","arch":75,"warp_size":32}}"#,
         )
         .unwrap();
@@ -262,8 +317,8 @@ mod tests {
         };
         let torch = CacheManifest::of_kind(
             CacheKind::Inductor,
-            vec![entry.clone()],
-            Some(facts.clone()),
+            [entry.clone()],
+            Facts::of(facts.clone()),
         );
         let fit = torch.fit();
         assert_eq!(fit.targets.to_string(), "cuda/75/32");
@@ -271,7 +326,7 @@ mod tests {
         assert_eq!(fit.frameworks["triton"], ["3.6.0"]);
         assert_eq!(fit.frameworks["torch"], ["2.11.0"]);
 
-        let triton = CacheManifest::of_kind(CacheKind::Triton, vec![entry], Some(facts));
+        let triton = CacheManifest::of_kind(CacheKind::Triton, [entry], Facts::of(facts));
         let fit = triton.fit();
         assert_eq!(fit.cpu_isa, None);
         assert!(!fit.frameworks.contains_key("torch"));

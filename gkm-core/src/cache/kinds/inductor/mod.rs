@@ -24,10 +24,14 @@
 
 use std::path::Path;
 
-use super::Kind;
+use std::collections::BTreeMap;
+
+use super::{Fit, Kind};
 use crate::cache::files::{files, subdirs};
 use crate::cache::kinds::triton::scan as triton;
-use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts};
+use crate::cache::{
+    CacheError, CacheKind, CacheManifest, Declared, Facts, TorchFacts, TritonKernel, torch_facts,
+};
 use crate::image_layout::KindLayout;
 
 /// The Inductor kind.
@@ -70,7 +74,7 @@ impl Kind for Inductor {
 
     fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         Ok(scan(dir)?.map(|(entries, torch)| {
-            CacheManifest::of_kind(CacheKind::Inductor, entries, Some(torch))
+            CacheManifest::of_kind(CacheKind::Inductor, entries, Facts::of(torch))
         }))
     }
 
@@ -91,6 +95,30 @@ impl Kind for Inductor {
 
     fn torch_facts(&self) -> bool {
         true
+    }
+
+    fn fit(&self, manifest: &CacheManifest) -> Fit {
+        torch_facts::rules::fit(manifest, super::entries_fit(manifest))
+    }
+
+    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
+        torch_facts::rules::declare(facts, declared)
+    }
+
+    fn read_facts(
+        &self,
+        members: &BTreeMap<String, serde_json::Value>,
+        _bytes: &[u8],
+    ) -> Result<Facts, serde_json::Error> {
+        torch_facts::rules::read(members)
+    }
+
+    fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
+        torch_facts::rules::write(manifest)
+    }
+
+    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
+        torch_facts::rules::labels(manifest)
     }
 }
 
@@ -144,7 +172,7 @@ pub fn is_inductor_tree(dir: &Path) -> Result<bool, CacheError> {
 /// The Triton kernels and facts of the Inductor cache at `dir`, or `None`
 /// when `dir` is not laid out as one. A foreign entry at its root, a file
 /// where Inductor keeps directories, or a torn Triton group refuses it.
-pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<CacheEntry>, TorchFacts)>, CacheError> {
+pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<TritonKernel>, TorchFacts)>, CacheError> {
     if !is_inductor_tree(dir)? {
         return Ok(None);
     }
@@ -204,7 +232,7 @@ fn count_entries(dir: &Path, depth: usize) -> Result<u64, CacheError> {
 
 /// The kernels of `triton/<device>/<key>/`, filed under
 /// `triton/<device>/<key>`.
-fn scan_triton(triton_dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
+fn scan_triton(triton_dir: &Path) -> Result<Vec<TritonKernel>, CacheError> {
     let mut entries = Vec::new();
     for device in subdirs(triton_dir)? {
         let device_name = file_name(&device);

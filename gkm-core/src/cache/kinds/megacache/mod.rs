@@ -18,13 +18,17 @@
 //! pickle embeds verbatim (see `blob`), filed under
 //! `<blob file>:<type>/<key>`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use base64::Engine as _;
 
-use super::Kind;
+use super::{Fit, Kind};
 use crate::cache::files::{files, read_head, subdirs};
-use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, TorchFacts, blob};
+use crate::cache::{
+    CacheError, CacheKind, CacheManifest, Declared, Facts, TorchFacts, TritonKernel, blob,
+    torch_facts,
+};
 use crate::image_layout::KindLayout;
 
 /// The Mega-Cache kind.
@@ -69,19 +73,43 @@ impl Kind for MegaCache {
     /// A directory holding only Mega-Cache blobs.
     fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         Ok(scan_dir(dir)?.map(|(entries, torch)| {
-            CacheManifest::of_kind(CacheKind::MegaCache, entries, Some(torch))
+            CacheManifest::of_kind(CacheKind::MegaCache, entries, Facts::of(torch))
         }))
     }
 
     /// One Mega-Cache blob.
     fn scan_file(&self, path: &Path) -> Option<Result<CacheManifest, CacheError>> {
         Some(scan_file(path).map(|(entries, torch)| {
-            CacheManifest::of_kind(CacheKind::MegaCache, entries, Some(torch))
+            CacheManifest::of_kind(CacheKind::MegaCache, entries, Facts::of(torch))
         }))
     }
 
     fn torch_facts(&self) -> bool {
         true
+    }
+
+    fn fit(&self, manifest: &CacheManifest) -> Fit {
+        torch_facts::rules::fit(manifest, super::entries_fit(manifest))
+    }
+
+    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
+        torch_facts::rules::declare(facts, declared)
+    }
+
+    fn read_facts(
+        &self,
+        members: &BTreeMap<String, serde_json::Value>,
+        _bytes: &[u8],
+    ) -> Result<Facts, serde_json::Error> {
+        torch_facts::rules::read(members)
+    }
+
+    fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
+        torch_facts::rules::write(manifest)
+    }
+
+    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
+        torch_facts::rules::labels(manifest)
     }
 }
 
@@ -155,7 +183,7 @@ pub fn artefacts(data: &[u8]) -> Result<Vec<Artefact<'_>>, String> {
 /// The kernels and facts of one Mega-Cache blob file; refused naming the
 /// file when it is not one. A file whose first bytes are not a checksum
 /// and the encoding version is refused before it is read whole.
-pub(crate) fn scan_file(path: &Path) -> Result<(Vec<CacheEntry>, TorchFacts), CacheError> {
+pub(crate) fn scan_file(path: &Path) -> Result<(Vec<TritonKernel>, TorchFacts), CacheError> {
     let head = read_head(path, HEADER_BYTES as u64)?;
     if head.len() < HEADER_BYTES || head[4..HEADER_BYTES] != ENCODING_VERSION.to_be_bytes() {
         return Err(not_mega(
@@ -191,7 +219,7 @@ pub(crate) fn scan_file(path: &Path) -> Result<(Vec<CacheEntry>, TorchFacts), Ca
 /// The kernels and facts of a directory of Mega-Cache blobs; `None` when
 /// it holds subdirectories, no file, or no blob. A directory holding a
 /// blob and a file that is not one is refused, naming the file.
-pub(crate) fn scan_dir(dir: &Path) -> Result<Option<(Vec<CacheEntry>, TorchFacts)>, CacheError> {
+pub(crate) fn scan_dir(dir: &Path) -> Result<Option<(Vec<TritonKernel>, TorchFacts)>, CacheError> {
     let names = files(dir)?;
     if names.is_empty() || !subdirs(dir)?.is_empty() {
         return Ok(None);

@@ -13,9 +13,10 @@
 use std::path::Path;
 
 use super::Kind;
-use crate::cache::{CacheError, CacheKind, CacheManifest};
+use crate::cache::{CacheError, CacheKind, CacheManifest, Facts};
 use crate::image_layout::KindLayout;
 
+pub(crate) mod kernel;
 pub(crate) mod scan;
 
 /// The Triton kind.
@@ -64,7 +65,7 @@ impl Kind for Triton {
 
     fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         Ok(scan::scan_root(dir)?
-            .map(|entries| CacheManifest::of_kind(CacheKind::Triton, entries, None)))
+            .map(|entries| CacheManifest::of_kind(CacheKind::Triton, entries, Facts::none())))
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::cache::files::{files, read_head, subdirs};
 use crate::cache::group::{GROUP_PREFIX, check_group, groups_in};
-use crate::cache::{CacheEntry, CacheError, ptx_isa_version};
+use crate::cache::{CacheError, TritonKernel, ptx_isa_version};
 use crate::gpu::Backend;
 
 /// Extensions of the compiled binaries Triton stores next to a kernel's
@@ -25,7 +25,7 @@ pub(crate) const EXPECTED: &str = "a Triton cache: hash directories holding a ke
 
 /// The kernels of a Triton cache rooted at `root`, sorted by cache key and
 /// name. `Ok(None)` when no subdirectory holds a kernel.
-pub(crate) fn scan_root(root: &Path) -> Result<Option<Vec<CacheEntry>>, CacheError> {
+pub(crate) fn scan_root(root: &Path) -> Result<Option<Vec<TritonKernel>>, CacheError> {
     let mut entries = Vec::new();
     let mut found = false;
     for dir in subdirs(root)? {
@@ -40,7 +40,7 @@ pub(crate) fn scan_root(root: &Path) -> Result<Option<Vec<CacheEntry>>, CacheErr
 /// The kernels in one cache-key directory, sorted by name; none for a
 /// directory that holds no kernel metadata. A torn group file (see
 /// [`crate::cache::group`]) refuses the directory.
-pub(crate) fn scan_key_dir(dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
+pub(crate) fn scan_key_dir(dir: &Path) -> Result<Vec<TritonKernel>, CacheError> {
     let files = files(dir)?;
     for group in groups_in(dir, &files) {
         check_group(dir, &group, &files)?;
@@ -65,7 +65,7 @@ pub(crate) fn scan_key_dir(dir: &Path) -> Result<Vec<CacheEntry>, CacheError> {
                 reason: format!("larger than {MAX_METADATA_BYTES} bytes"),
             });
         }
-        let mut entry = CacheEntry::from_kernel_json(&bytes).map_err(|e| match e {
+        let mut entry = TritonKernel::from_kernel_json(&bytes).map_err(|e| match e {
             CacheError::Invalid { reason, .. } => CacheError::BadMetadata {
                 path: meta.clone(),
                 reason,

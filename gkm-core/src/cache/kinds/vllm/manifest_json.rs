@@ -3,8 +3,11 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::VllmKernel;
 use crate::cache::manifest_json::null_as_empty;
-use crate::cache::{AotModel, BinaryArtefacts, CacheEntry, Summary, VllmArtefacts, VllmFormat};
+use crate::cache::{
+    AotModel, BinaryArtefacts, CacheEntry, Summary, TritonKernel, VllmArtefacts, VllmFormat,
+};
 use crate::gpu::Backend;
 
 /// `"vllm"`: kernel entries written as MCV's groups, one per vLLM hash and
@@ -23,7 +26,7 @@ mod vllm_groups {
         #[serde(rename = "cacheFormat", default, deserialize_with = "known_format")]
         cache_format: Option<VllmFormat>,
         #[serde(default, deserialize_with = "null_as_empty")]
-        triton: Vec<CacheEntry>,
+        triton: Vec<VllmKernel>,
     }
 
     /// A layout name; one gkm does not know (a newer MCV's) reads as `None`.
@@ -34,7 +37,7 @@ mod vllm_groups {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<Option<Vec<CacheEntry>>, D::Error> {
+    ) -> Result<Option<Vec<VllmKernel>>, D::Error> {
         let Some(elements) = Option::<Vec<serde_json::Value>>::deserialize(d)? else {
             return Ok(Some(Vec::new()));
         };
@@ -43,7 +46,7 @@ mod vllm_groups {
             let context = |e: serde_json::Error| D::Error::custom(format!("vllm[{i}]: {e}"));
             let is_group = element.as_object().is_some_and(|o| !o.contains_key("hash"));
             if !is_group {
-                entries.push(CacheEntry::deserialize(element).map_err(context)?);
+                entries.push(VllmKernel::deserialize(element).map_err(context)?);
                 continue;
             }
             let group = Group::deserialize(element).map_err(context)?;
@@ -68,7 +71,8 @@ mod vllm_groups {
 pub(super) fn read_groups(
     value: serde_json::Value,
 ) -> Result<Option<Vec<CacheEntry>>, serde_json::Error> {
-    vllm_groups::deserialize(value)
+    let kernels = vllm_groups::deserialize(value)?;
+    Ok(kernels.map(|k| k.into_iter().map(CacheEntry::new).collect()))
 }
 
 /// One `"vllm"` group as written: a hash directory's kernels in one layout
@@ -80,7 +84,7 @@ pub(super) struct GroupOut<'a> {
     #[serde(rename = "cacheFormat", skip_serializing_if = "Option::is_none")]
     cache_format: Option<VllmFormat>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    triton: Vec<CacheEntry>,
+    triton: Vec<&'a TritonKernel>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     binary: &'a [BinaryArtefacts],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
@@ -96,11 +100,9 @@ pub(super) fn groups<'a>(
     artefacts: &'a [VllmArtefacts],
 ) -> Vec<GroupOut<'a>> {
     let mut groups: Vec<GroupOut<'a>> = Vec::new();
-    for entry in entries {
+    for entry in entries.iter().filter_map(CacheEntry::facts::<VllmKernel>) {
         let hash = entry.vllm_hash.as_deref().unwrap_or_default();
-        let mut bare = entry.clone();
-        bare.vllm_hash = None;
-        bare.cache_format = None;
+        let bare = &entry.kernel;
         match groups
             .iter_mut()
             .find(|g| g.vllm_hash == hash && g.cache_format == entry.cache_format)

@@ -8,15 +8,25 @@
 //! [`Kind::write_manifest`]), and its summary label names CUDA
 //! architectures `sm_XY` when it holds Inductor standalone artefacts.
 
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use super::Kind;
-use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, VllmFormat};
+use crate::cache::{
+    CacheEntry, CacheError, CacheKind, CacheManifest, EntryFacts, Facts, Target, TritonKernel,
+    VllmArtefacts, VllmFormat,
+};
 use crate::image_layout::KindLayout;
 
 pub(crate) mod artefacts;
+mod labels;
 mod manifest_json;
 pub(crate) mod scan;
+
+pub use labels::{KSERVE_PREFIX, KSERVE_VLLM_CACHE_ROOT, format_label, formats, kserve_labels};
 
 /// The vLLM kind.
 pub struct Vllm;
@@ -34,6 +44,71 @@ pub const LAYOUT: KindLayout = KindLayout {
     manifest_dir: "io.vllm.manifest",
     label_prefix: "cache.vllm.image",
 };
+
+/// An entry of a vLLM cache: a Triton kernel, filed by the
+/// `torch_compile_cache/<hash>` directory it belongs to and the layout of
+/// that directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VllmKernel {
+    /// The kernel.
+    #[serde(flatten)]
+    pub kernel: TritonKernel,
+    /// The `torch_compile_cache/<hash>` directory it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_hash: Option<String>,
+    /// The layout of the hash directory it was found in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_format: Option<VllmFormat>,
+}
+
+impl PartialOrd for VllmKernel {
+    fn partial_cmp(&self, other: &VllmKernel) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By hash directory, then kernel, then layout.
+impl Ord for VllmKernel {
+    fn cmp(&self, other: &VllmKernel) -> Ordering {
+        (&self.vllm_hash, &self.kernel, self.cache_format).cmp(&(
+            &other.vllm_hash,
+            &other.kernel,
+            other.cache_format,
+        ))
+    }
+}
+
+impl EntryFacts for VllmKernel {
+    fn key(&self) -> &str {
+        &self.kernel.dummy_key
+    }
+
+    fn target(&self) -> Option<Target> {
+        Some(self.kernel.target())
+    }
+
+    fn versions(&self) -> Vec<(&'static str, String)> {
+        self.kernel.versions()
+    }
+
+    fn kernel(&self) -> Option<&TritonKernel> {
+        Some(&self.kernel)
+    }
+}
+
+/// What a vLLM cache records beside its kernels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VllmFacts {
+    /// The cache layout; when a cache mixes layouts, the first of
+    /// `aot_compile`, `binary`, `triton` it holds.
+    pub format: Option<VllmFormat>,
+    /// The artefact records of each hash directory that has any, written
+    /// into the groups of `"vllm"`.
+    pub artefacts: Vec<VllmArtefacts>,
+}
+
+/// The member of `manifest.json` a vLLM cache's layout is written under.
+const FORMAT: &str = "format";
 
 impl Kind for Vllm {
     fn name(&self) -> &'static str {
@@ -71,25 +146,77 @@ impl Kind for Vllm {
         manifest_json::read_groups(value)
     }
 
-    fn read_records(&self, manifest: &mut CacheManifest, bytes: &[u8]) {
-        manifest.artefacts = manifest_json::artefacts_of(bytes);
+    fn read_facts(
+        &self,
+        members: &BTreeMap<String, serde_json::Value>,
+        bytes: &[u8],
+    ) -> Result<Facts, serde_json::Error> {
+        let format: Option<VllmFormat> = match members.get(FORMAT) {
+            Some(value) => Deserialize::deserialize(value.clone())?,
+            None => None,
+        };
+        Ok(Facts::of(VllmFacts {
+            format,
+            artefacts: manifest_json::artefacts_of(bytes),
+        }))
+    }
+
+    fn normalise(&self, facts: &mut Facts) {
+        let Some(facts) = facts.get_mut::<VllmFacts>() else {
+            return;
+        };
+        facts.artefacts.retain(|a| !a.is_empty());
+        for records in &mut facts.artefacts {
+            records.normalise();
+        }
+        facts
+            .artefacts
+            .sort_by(|a, b| a.vllm_hash.cmp(&b.vllm_hash));
     }
 
     fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
-        let groups = manifest_json::groups(&manifest.entries, &manifest.artefacts);
-        crate::cache::manifest_json::write(manifest, &groups)
+        let none = VllmFacts::default();
+        let facts = manifest.facts::<VllmFacts>().unwrap_or(&none);
+        let groups = manifest_json::groups(&manifest.entries, &facts.artefacts);
+        let format = facts.format.as_ref().map(|f| (FORMAT, f));
+        crate::cache::manifest_json::write(self.name(), &groups, format)
     }
 
     fn summary_label(&self, manifest: &CacheManifest) -> String {
         let summary = manifest.summary();
-        let binary = manifest
-            .entries
-            .iter()
-            .any(|e| e.cache_format == Some(VllmFormat::Binary));
+        let binary = vllm_kernels(manifest).any(|e| e.cache_format == Some(VllmFormat::Binary));
         if binary {
             manifest_json::sm_summary_label(&summary)
         } else {
             summary.to_label()
         }
     }
+
+    /// The `format` label and KServe's `io.kserve.km/*` labels.
+    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
+        let mut labels = kserve_labels(manifest);
+        if let Some(format) = format_label(manifest) {
+            labels.insert(LAYOUT.key("format"), format);
+        }
+        labels
+    }
+}
+
+/// The vLLM entries of `manifest`.
+fn vllm_kernels(manifest: &CacheManifest) -> impl Iterator<Item = &VllmKernel> {
+    manifest.entries().iter().filter_map(CacheEntry::facts)
+}
+
+/// The hash directories `manifest` files kernels or artefacts under,
+/// sorted, without the empty name.
+fn hashes(manifest: &CacheManifest) -> BTreeSet<&str> {
+    let artefacts = manifest
+        .facts::<VllmFacts>()
+        .map(|f| &f.artefacts[..])
+        .unwrap_or_default();
+    vllm_kernels(manifest)
+        .filter_map(|e| e.vllm_hash.as_deref())
+        .chain(artefacts.iter().map(|a| a.vllm_hash.as_str()))
+        .filter(|h| !h.is_empty())
+        .collect()
 }

@@ -5,10 +5,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::artefacts::{self, VllmArtefacts};
+use super::{VllmFacts, VllmKernel};
 use crate::cache::files::{files, subdirs};
 use crate::cache::kinds::triton::TEMP_PREFIX;
 use crate::cache::kinds::triton::scan as triton;
-use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, VllmFormat, blob};
+use crate::cache::{CacheError, CacheKind, CacheManifest, Facts, TritonKernel, VllmFormat, blob};
 
 /// What a vLLM cache directory is expected to hold, for error messages.
 pub(crate) const EXPECTED: &str = "a vLLM cache: torch_compile_cache/<hash>/rank_<rank>_<dp_rank>/ \
@@ -110,11 +111,15 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
     ]
     .into_iter()
     .find(|f| formats.contains(f));
-    let mut manifest = CacheManifest::of_kind(CacheKind::Vllm, entries, None);
-    manifest.format = format;
-    manifest.artefacts = records;
-    manifest.normalise();
-    Ok(Some(manifest))
+    let facts = VllmFacts {
+        format,
+        artefacts: records,
+    };
+    Ok(Some(CacheManifest::of_kind(
+        CacheKind::Vllm,
+        entries,
+        Facts::of(facts),
+    )))
 }
 
 /// Whether `dir` is a `torch_compile_cache` directory: it holds
@@ -172,7 +177,7 @@ pub(crate) fn is_rank_dir(name: &str) -> bool {
 fn scan_hash_dir(
     hash_dir: &Path,
     aot: bool,
-) -> Result<(VllmFormat, Vec<CacheEntry>, VllmArtefacts), CacheError> {
+) -> Result<(VllmFormat, Vec<VllmKernel>, VllmArtefacts), CacheError> {
     let vllm_hash = hash_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
@@ -190,12 +195,16 @@ fn scan_hash_dir(
     } else {
         VllmFormat::Triton
     };
-    let mut entries = walk.entries;
-    for entry in &mut entries {
-        entry.vllm_hash.clone_from(&vllm_hash);
-        entry.cache_format = Some(format);
-    }
-    entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    let mut entries: Vec<VllmKernel> = walk
+        .entries
+        .into_iter()
+        .map(|kernel| VllmKernel {
+            kernel,
+            vllm_hash: vllm_hash.clone(),
+            cache_format: Some(format),
+        })
+        .collect();
+    entries.sort();
     entries.dedup();
     let records = artefacts::of_hash_dir(
         hash_dir,
@@ -212,7 +221,7 @@ struct Walk<'a> {
     aot: bool,
     /// Whether an Inductor standalone artefact was seen.
     artefacts: bool,
-    entries: Vec<CacheEntry>,
+    entries: Vec<TritonKernel>,
 }
 
 impl Walk<'_> {

@@ -1,13 +1,126 @@
-//! One compiled kernel's metadata: the `<kernel>.json` file Triton writes
+//! One compiled Triton kernel: the entry of every kind gkm knows today
+//! ([`TritonKernel`]), read from the `<kernel>.json` metadata Triton writes
 //! next to the binary, and the `.version` line of its PTX.
 //!
 //! Parsing is pure and never panics, whatever the bytes: it is what the
 //! fuzz targets call.
 
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{CacheEntry, CacheError};
+use crate::cache::{CacheError, EntryFacts, Target, backend_from_str};
 use crate::gpu::{Arch, Backend};
+
+/// One compiled Triton kernel, as `manifest.json` lists it (GKM's and
+/// MCV's entry): the facts of an entry of a Triton cache, and of the
+/// Triton kernels an Inductor, Mega-Cache or vLLM cache files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TritonKernel {
+    /// Triton's hash of the kernel source and options.
+    pub hash: String,
+    /// Where the kernel is filed: its Triton cache directory name, or for a
+    /// kernel bundled inside a single-file artefact (vLLM's, Mega-Cache's),
+    /// that artefact's path.
+    #[serde(default)]
+    pub dummy_key: String,
+    /// PTX ISA version (CUDA only), e.g. 84 for 8.4: the one Triton was told
+    /// to use or, when it chose the toolkit's default, the `.version` its PTX
+    /// declares.
+    #[serde(default)]
+    pub ptx_version: Option<u32>,
+    /// Software pipelining stages.
+    #[serde(default)]
+    pub num_stages: u32,
+    /// Warps per CTA.
+    #[serde(default)]
+    pub num_warps: u32,
+    /// Whether it was compiled in debug mode.
+    #[serde(default)]
+    pub debug: bool,
+    /// Compiler backend.
+    #[serde(deserialize_with = "backend_from_str")]
+    pub backend: Backend,
+    /// Architecture.
+    pub arch: Arch,
+    /// Threads per warp.
+    pub warp_size: u32,
+    /// Triton version that compiled it, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triton_version: Option<String>,
+    /// Kernel name, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl TritonKernel {
+    /// This kernel's compile target.
+    pub fn target(&self) -> Target {
+        Target {
+            backend: self.backend,
+            arch: self.arch.clone(),
+            warp_size: self.warp_size,
+            ptx_version: self.ptx_version,
+            cuda_version: None,
+            triton_version: self.triton_version.clone(),
+        }
+    }
+
+    /// The order manifests list kernels in: by where they are filed, then
+    /// name, hash and target; the remaining fields keep it total.
+    fn order(&self) -> impl Ord + '_ {
+        (
+            (
+                &self.dummy_key,
+                &self.name,
+                &self.hash,
+                &self.backend,
+                &self.arch,
+            ),
+            (
+                self.ptx_version,
+                self.num_stages,
+                self.num_warps,
+                self.debug,
+            ),
+            (self.warp_size, &self.triton_version),
+        )
+    }
+}
+
+impl PartialOrd for TritonKernel {
+    fn partial_cmp(&self, other: &TritonKernel) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TritonKernel {
+    fn cmp(&self, other: &TritonKernel) -> Ordering {
+        self.order().cmp(&other.order())
+    }
+}
+
+impl EntryFacts for TritonKernel {
+    fn key(&self) -> &str {
+        &self.dummy_key
+    }
+
+    fn target(&self) -> Option<Target> {
+        Some(TritonKernel::target(self))
+    }
+
+    fn versions(&self) -> Vec<(&'static str, String)> {
+        self.triton_version
+            .iter()
+            .map(|v| ("triton", v.clone()))
+            .collect()
+    }
+
+    fn kernel(&self) -> Option<&TritonKernel> {
+        Some(self)
+    }
+}
 
 /// What the errors of this module say they were reading.
 const WHAT: &str = "kernel metadata";
@@ -16,7 +129,7 @@ const WHAT: &str = "kernel metadata";
 /// metadata does not record it.
 const CUDA_WARP_SIZE: u32 = 32;
 
-impl CacheEntry {
+impl TritonKernel {
     /// Read a Triton kernel's metadata (`<kernel>.json`).
     ///
     /// The target comes from `target` — `{"backend","arch","warp_size"}`
@@ -27,20 +140,20 @@ impl CacheEntry {
     /// scanner fills in.
     ///
     /// ```
-    /// use gkm_core::cache::CacheEntry;
+    /// use gkm_core::cache::TritonKernel;
     /// let json = br#"{"hash":"ab12","name":"add_kernel","num_warps":4,"num_stages":3,
     ///     "target":{"backend":"cuda","arch":75,"warp_size":32},"ptx_version":null}"#;
-    /// let entry = CacheEntry::from_kernel_json(json).unwrap();
+    /// let entry = TritonKernel::from_kernel_json(json).unwrap();
     /// assert_eq!(entry.target().to_string(), "cuda/75/32");
-    /// assert!(CacheEntry::from_kernel_json(b"{\"hash\":\"ab12\"}").is_err());
+    /// assert!(TritonKernel::from_kernel_json(b"{\"hash\":\"ab12\"}").is_err());
     /// ```
-    pub fn from_kernel_json(bytes: &[u8]) -> Result<CacheEntry, CacheError> {
+    pub fn from_kernel_json(bytes: &[u8]) -> Result<TritonKernel, CacheError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         let Value::Object(obj) = value else {
             return Err(invalid("expected a JSON object".to_string()));
         };
         let (backend, arch, warp_size) = target(&obj)?;
-        Ok(CacheEntry {
+        Ok(TritonKernel {
             hash: string(&obj, "hash")?.ok_or_else(|| invalid("missing field `hash`".into()))?,
             dummy_key: String::new(),
             ptx_version: uint(&obj, "ptx_version")?,
@@ -56,8 +169,6 @@ impl CacheEntry {
             warp_size,
             triton_version: string(&obj, "triton_version")?,
             name: string(&obj, "name")?,
-            vllm_hash: None,
-            cache_format: None,
         })
     }
 }
@@ -184,20 +295,20 @@ mod tests {
     #[test]
     fn reads_the_rocm_top_level_form() {
         let json = br#"{"hash":"h","backend_name":"hip","arch":"gfx90a","warp_size":64}"#;
-        let e = CacheEntry::from_kernel_json(json).unwrap();
+        let e = TritonKernel::from_kernel_json(json).unwrap();
         assert_eq!(e.target().to_string(), "hip/gfx90a/64");
     }
 
     #[test]
     fn gfx_features_are_not_part_of_the_arch() {
         let json = br#"{"hash":"h","target":{"backend":"hip","arch":"gfx90a:sramecc+:xnack-","warp_size":64}}"#;
-        let e = CacheEntry::from_kernel_json(json).unwrap();
+        let e = TritonKernel::from_kernel_json(json).unwrap();
         assert_eq!(e.arch.as_str(), "gfx90a");
     }
 
     #[test]
     fn reads_the_array_form() {
-        let e = CacheEntry::from_kernel_json(br#"{"hash":"h","target":["cuda",80]}"#).unwrap();
+        let e = TritonKernel::from_kernel_json(br#"{"hash":"h","target":["cuda",80]}"#).unwrap();
         assert_eq!(e.target().to_string(), "cuda/80/32");
     }
 
@@ -227,7 +338,9 @@ mod tests {
             ),
         ];
         for (json, field) in cases {
-            let err = CacheEntry::from_kernel_json(json).unwrap_err().to_string();
+            let err = TritonKernel::from_kernel_json(json)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(field), "{err} should name {field}");
         }
     }
