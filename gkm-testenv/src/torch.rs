@@ -1,10 +1,12 @@
 //! Real PyTorch against delivered Inductor and Mega-Cache caches, on the CPU.
 //!
-//! The fixture is `fixtures/torch`: the Inductor cache tree
-//! (`TORCHINDUCTOR_CACHE_DIR`) and Mega-Cache blob
-//! (`torch.compiler.save_cache_artifacts()`) of the small model in
-//! `hack/fixtures/torch_model.py`, compiled cold by `hack/fixtures/torch.sh`,
-//! with the digests of its outputs. [`torch_check`] runs that script's
+//! The fixture is the Inductor cache tree (`TORCHINDUCTOR_CACHE_DIR`) and
+//! Mega-Cache blob (`torch.compiler.save_cache_artifacts()`) of the small
+//! model in `hack/fixtures/torch_model.py`, compiled cold by
+//! `hack/fixtures/torch.sh`, with the digests of its outputs: this
+//! machine's own compile of it, which `hack/ci/components.sh torch` makes
+//! ([`fixture`]). `fixtures/torch` holds one made on another machine, whose
+//! layout the scanning tests read. [`torch_check`] runs that script's
 //! `check` mode (PyTorch 2.11, installed by `hack/ci/components.sh torch`) in
 //! a fresh process: it compiles the same model against a tree (after loading
 //! a blob into it, when given) and reports Inductor's own cache counters (FX
@@ -13,9 +15,12 @@
 //!
 //! Unlike Triton, Inductor finds its entries and kernels by key under
 //! whatever `TORCHINDUCTOR_CACHE_DIR` it is given: a tree is reused wherever
-//! it is put. Its keys do hold the vector ISA of its C++ kernels; the
-//! fixture's is AVX2 (`cpp.simdlen=256`), so any x86_64 CPU with AVX2
-//! reuses it.
+//! it is put. Its keys do hold the vector ISA of its C++ kernels (the
+//! fixture's is AVX2, `cpp.simdlen=256`) and the compiler's view of the CPU
+//! (Inductor preprocesses its headers with `-march=native`): a tree
+//! compiled on another CPU model finds its FX graphs and builds every C++
+//! kernel again. So the tests compile the fixture on the machine they run
+//! on, once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,9 +63,21 @@ pub struct TorchFixture {
     pub expected: PathBuf,
 }
 
-/// The fixture, `fixtures/torch`; an error naming what is missing.
+/// The fixture as compiled on this machine
+/// (`$GKM_TOOLS_DIR/torch-fixture`, made by `hack/ci/components.sh
+/// torch`); an error naming what is missing and the command that makes it.
 pub fn fixture() -> anyhow::Result<TorchFixture> {
-    let root = crate::repo_root().join("fixtures/torch");
+    let link = crate::binaries::tools_bin_dir()
+        .parent()
+        .map(|tools| tools.join("torch-fixture"))
+        .context("the tools directory has no parent")?;
+    let root = std::fs::canonicalize(&link).with_context(|| {
+        format!(
+            "no torch fixture compiled on this machine at {}: run {}",
+            link.display(),
+            Component::Torch.install_command()
+        )
+    })?;
     let fixture = TorchFixture {
         inductor: root.join("inductor"),
         mega_cache: root.join("mega-cache.bin"),
@@ -69,8 +86,9 @@ pub fn fixture() -> anyhow::Result<TorchFixture> {
     for path in [&fixture.inductor, &fixture.mega_cache, &fixture.expected] {
         anyhow::ensure!(
             path.exists(),
-            "no {} (hack/fixtures/torch.sh writes it)",
-            path.display()
+            "no {} (run {})",
+            path.display(),
+            Component::Torch.install_command()
         );
     }
     Ok(fixture)

@@ -181,6 +181,30 @@ fi
 exec $link/bin/python "\$@"
 EOF
   chmod +x "$bin_dir/torch-python"
+  torch_fixture "$key"
+}
+
+# torch_fixture KEY
+# The fixture's model (hack/fixtures/torch_model.py) compiled cold by this
+# machine's torch.compile (hack/fixtures/torch.sh), for the tests that run
+# torch.compile against a delivered tree: Inductor keys its C++ kernels by
+# the compiler's view of the CPU (its headers preprocessed with
+# -march=native), so a tree compiled on another CPU model misses them.
+# Keyed by the torch install, the scripts and the compiler's native macros;
+# $GKM_TOOLS_DIR/torch-fixture names this machine's. About a minute.
+torch_fixture() {
+  local cpu fkey dest
+  cpu=$(echo | g++ -march=native -E -dM - | sort | sha256sum | cut -c1-16)
+  fkey="$1 $(cat "$root/hack/fixtures/torch_model.py" "$root/hack/fixtures/torch.sh" | sha256sum | cut -d' ' -f1) $cpu"
+  dest=$tools_dir/torch-fixture-$cpu
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$fkey" ]]; then
+    log "torch fixture: cached in $dest"
+  else
+    log "torch fixture: compiling the model for this machine's CPU into $dest"
+    GKM_TOOLS_DIR=$tools_dir "$root/hack/fixtures/torch.sh" "$dest" >/dev/null
+    printf '%s' "$fkey" > "$dest/.stamp"
+  fi
+  ln -sfn "$dest" "$tools_dir/torch-fixture"
 }
 
 all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch toxiproxy)
