@@ -128,6 +128,49 @@ pub const ENTRY_COUNTS_LABEL: &str = "entry-counts";
 /// The member of `manifest.json` PyTorch's facts are written under.
 const MEMBER: &str = "torch";
 
+/// The [`Kind`](super::Kind) methods PyTorch's kinds (Inductor,
+/// Mega-Cache) share, written once: `torch_kind_rules!();` inside a kind's
+/// `impl Kind`.
+macro_rules! torch_kind_rules {
+    () => {
+        fn torch_facts(&self) -> bool {
+            true
+        }
+
+        fn fit(&self, manifest: &CacheManifest) -> $crate::cache::Fit {
+            $crate::cache::torch_facts::rules::fit(
+                manifest,
+                $crate::cache::kinds::entries_fit(manifest),
+            )
+        }
+
+        fn declare(
+            &self,
+            facts: &mut Facts,
+            declared: &$crate::cache::Declared,
+        ) -> Result<(), CacheError> {
+            $crate::cache::torch_facts::rules::declare(facts, declared)
+        }
+
+        fn read_facts(
+            &self,
+            members: &std::collections::BTreeMap<String, serde_json::Value>,
+            _bytes: &[u8],
+        ) -> Result<Facts, serde_json::Error> {
+            $crate::cache::torch_facts::rules::read(members)
+        }
+
+        fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
+            $crate::cache::torch_facts::rules::write(manifest)
+        }
+
+        fn labels(&self, manifest: &CacheManifest) -> std::collections::BTreeMap<String, String> {
+            $crate::cache::torch_facts::rules::labels(manifest)
+        }
+    };
+}
+pub(crate) use torch_kind_rules;
+
 /// The rules PyTorch's kinds (Inductor, Mega-Cache) share for the facts
 /// they record beside their Triton kernels: what their
 /// [`Kind`](super::Kind) methods of the same names call.

@@ -24,14 +24,10 @@
 
 use std::path::Path;
 
-use std::collections::BTreeMap;
-
-use super::{Fit, Kind};
+use super::Kind;
 use crate::cache::files::{files, subdirs};
 use crate::cache::kinds::triton::scan as triton;
-use crate::cache::{
-    CacheError, CacheKind, CacheManifest, Declared, Facts, TorchFacts, TritonKernel, torch_facts,
-};
+use crate::cache::{CacheError, CacheKind, CacheManifest, Facts, TorchFacts, TritonKernel};
 use crate::image_layout::KindLayout;
 
 /// The Inductor kind.
@@ -93,33 +89,7 @@ impl Kind for Inductor {
         }
     }
 
-    fn torch_facts(&self) -> bool {
-        true
-    }
-
-    fn fit(&self, manifest: &CacheManifest) -> Fit {
-        torch_facts::rules::fit(manifest, super::entries_fit(manifest))
-    }
-
-    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
-        torch_facts::rules::declare(facts, declared)
-    }
-
-    fn read_facts(
-        &self,
-        members: &BTreeMap<String, serde_json::Value>,
-        _bytes: &[u8],
-    ) -> Result<Facts, serde_json::Error> {
-        torch_facts::rules::read(members)
-    }
-
-    fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
-        torch_facts::rules::write(manifest)
-    }
-
-    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
-        torch_facts::rules::labels(manifest)
-    }
+    crate::cache::torch_facts::torch_kind_rules!();
 }
 
 /// What an Inductor cache is expected to hold, for error messages.

@@ -18,17 +18,13 @@
 //! pickle embeds verbatim (see `blob`), filed under
 //! `<blob file>:<type>/<key>`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use base64::Engine as _;
 
-use super::{Fit, Kind};
+use super::Kind;
 use crate::cache::files::{files, read_head, subdirs};
-use crate::cache::{
-    CacheError, CacheKind, CacheManifest, Declared, Facts, TorchFacts, TritonKernel, blob,
-    torch_facts,
-};
+use crate::cache::{CacheError, CacheKind, CacheManifest, Facts, TorchFacts, TritonKernel, blob};
 use crate::image_layout::KindLayout;
 
 /// The Mega-Cache kind.
@@ -84,33 +80,7 @@ impl Kind for MegaCache {
         }))
     }
 
-    fn torch_facts(&self) -> bool {
-        true
-    }
-
-    fn fit(&self, manifest: &CacheManifest) -> Fit {
-        torch_facts::rules::fit(manifest, super::entries_fit(manifest))
-    }
-
-    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
-        torch_facts::rules::declare(facts, declared)
-    }
-
-    fn read_facts(
-        &self,
-        members: &BTreeMap<String, serde_json::Value>,
-        _bytes: &[u8],
-    ) -> Result<Facts, serde_json::Error> {
-        torch_facts::rules::read(members)
-    }
-
-    fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
-        torch_facts::rules::write(manifest)
-    }
-
-    fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
-        torch_facts::rules::labels(manifest)
-    }
+    crate::cache::torch_facts::torch_kind_rules!();
 }
 
 /// What a Mega-Cache cache is expected to be, for error messages.
