@@ -504,8 +504,82 @@ async fn a_capture_tree_is_released_within_a_minute_of_its_pods_end_when_nothing
     .await
     .expect("a pending capture's tree no Job read goes after --capture-unread-grace");
     assert!(no_tree(&store), "nothing left on the node");
-    let markers = gkm_testenv::tree_files(&store.join("csi/capture-idle")).unwrap_or_default();
-    assert!(markers.is_empty(), "idle markers left: {markers:?}");
+    no_markers(&store);
+}
+
+/// Asserts that no tree's marker (the times the driver keeps of a tree) is
+/// left in the store.
+fn no_markers(store: &Path) {
+    for kind in ["capture-idle", "capture-published"] {
+        let markers = gkm_testenv::tree_files(&store.join("csi").join(kind)).unwrap_or_default();
+        assert!(markers.is_empty(), "{kind} markers left: {markers:?}");
+    }
+}
+
+/// What a root pod does to the top of its capture tree: dates it in 2099
+/// (`touch -t 2099…`).
+fn date_in_the_future(dir: &Path) {
+    let year_2099 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800);
+    std::fs::File::open(dir)
+        .and_then(|top| top.set_modified(year_2099))
+        .expect("the pod dates its tree");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capture_tree_its_pod_dated_in_the_future_is_released_all_the_same() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(work.path(), &store, RELEASE_FLAGS, None);
+    let mut node = driver.node().await;
+    index_lists(
+        &store,
+        &[
+            ("team", "ending", CaptureState::Open),
+            ("team", "deleted", CaptureState::Open),
+        ],
+    );
+    let running = (("team", "a", "uid-a"), "ending");
+    let ended = (("team", "b", "uid-b"), "deleted");
+    for (pod, capture) in [running, ended] {
+        let req = workload_volume(work.path(), pod, capture, "4194304");
+        node.node_publish_volume(req.clone())
+            .await
+            .expect("published");
+        std::fs::write(target_of(&req).join("kernel.bin"), vec![7u8; 1 << 20]).expect("compiles");
+        date_in_the_future(&target_of(&req));
+    }
+    // `b` ends while its capture is pending: its tree stays for the Job.
+    let b_target = work.path().join("pods/uid-b/mount");
+    unpublish(&mut node, &b_target, "uid-b").await;
+    let trees = [
+        store.join("captures/team/ending/uid-a"),
+        store.join("captures/team/deleted/uid-b"),
+    ];
+    assert!(
+        trees
+            .iter()
+            .all(|t| mount_at(t).expect("mountinfo").is_some()),
+        "both trees kept while their captures are pending"
+    );
+    // `ending` ends while `a` still runs; `deleted` is deleted.
+    index_lists(
+        &store,
+        &[
+            ("team", "ending", CaptureState::Over),
+            ("team", "deleted", CaptureState::Gone),
+        ],
+    );
+    until("both trees released", Duration::from_secs(30), || {
+        trees
+            .iter()
+            .all(|t| mount_at(t).expect("mountinfo").is_none() && !t.exists())
+    })
+    .await
+    .expect("a tree dated in 2099 goes as its capture ends or is deleted");
+    unpublish(&mut node, &work.path().join("pods/uid-a/mount"), "uid-a").await;
+    assert!(no_tree(&store), "nothing left on the node");
+    no_markers(&store);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -20,7 +20,7 @@ use crate::views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT, is_upper
 use gkm_core::CacheKey;
 use gkm_k8s_kubelet::proto::csi::NodePublishVolumeRequest;
 use gkm_k8s_kubelet::proto::csi::volume_capability::AccessType;
-use gkm_k8s_node::captures::is_pod_uid;
+use gkm_k8s_node::captures::{CaptureName, is_pod_uid};
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
 use gkm_k8s_node::names::is_dns1123_subdomain;
@@ -126,19 +126,25 @@ pub enum View {
 impl CaptureVolume {
     /// The tree this request shows, below the store root `root`.
     pub fn tree(&self, root: &Path) -> PathBuf {
-        let uid = match &self.tree_of {
+        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(self.uid())
+    }
+
+    /// The uid of the workload pod whose tree this volume shows.
+    pub fn uid(&self) -> &str {
+        match &self.tree_of {
             TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
-        };
-        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(uid)
+        }
+    }
+
+    /// The `GKMCacheCapture` this volume names, in the pod's namespace.
+    pub fn capture_name(&self) -> CaptureName {
+        CaptureName::new(self.volume.pod.namespace.clone(), self.capture.clone())
     }
 
     /// The name (mount source) of the read-only view of the tree this
     /// volume shows, or of a writable cache view keeping its upper there.
     pub fn view_name(&self) -> String {
-        let uid = match &self.tree_of {
-            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
-        };
-        view_name(&self.volume.pod.namespace, &self.capture, uid)
+        view_name(&self.volume.pod.namespace, &self.capture, self.uid())
     }
 }
 
