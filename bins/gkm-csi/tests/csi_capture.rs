@@ -646,6 +646,89 @@ async fn capture_trees_beyond_the_namespace_cap_are_refused_naming_the_cap() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn capture_trees_are_capped_by_count_and_a_tiny_tree_is_refused() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(work.path(), &store, RELEASE_FLAGS, None);
+    let mut node = driver.node().await;
+    index_lists(
+        &store,
+        &[
+            ("team", "warm", CaptureState::Open),
+            ("other", "warm", CaptureState::Open),
+        ],
+    );
+    // 4 KiB a tree would be millions of mounts within the byte caps.
+    let tiny = workload_volume(work.path(), ("team", "t", "uid-tiny"), "warm", "4096");
+    let refused = node
+        .node_publish_volume(tiny.clone())
+        .await
+        .expect_err("below the floor");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("csi.gkm.io/captureMaxBytes")
+            && refused.message().contains("1048576"),
+        "{refused:?}"
+    );
+    assert!(!target_of(&tiny).exists(), "nothing made for a tiny tree");
+    // By default a namespace may hold 32 trees on a node, whether their
+    // pods run or ended.
+    let mib = "1048576";
+    for i in 0..32 {
+        let uid = format!("uid-{i}");
+        let req = workload_volume(work.path(), ("team", "p", &uid), "warm", mib);
+        node.node_publish_volume(req.clone())
+            .await
+            .unwrap_or_else(|e| panic!("tree {i} of 32: {e:?}"));
+        unpublish(&mut node, &target_of(&req), &uid).await;
+    }
+    let one_more = workload_volume(work.path(), ("team", "p", "uid-32"), "warm", mib);
+    let refused = node
+        .node_publish_volume(one_more)
+        .await
+        .expect_err("namespace count cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("--capture-namespace-max-trees=32")
+            && refused.message().contains("capture.namespaceMaxTrees")
+            && refused.message().contains("namespace team"),
+        "{refused:?}"
+    );
+    assert!(
+        !store.join("captures/team/warm/uid-32").exists(),
+        "no tree made"
+    );
+    // The node's cap, as the chart sets it, counts every namespace's trees.
+    drop(node);
+    drop(driver);
+    let driver = CsiDriver::start(
+        work.path(),
+        &store,
+        &["--capture-orphan-grace=0s", "--capture-node-max-trees=33"],
+        None,
+    );
+    let mut node = driver.node().await;
+    let other = workload_volume(work.path(), ("other", "q", "uid-q"), "warm", mib);
+    node.node_publish_volume(other)
+        .await
+        .expect("the node's 33rd tree");
+    let more = workload_volume(work.path(), ("other", "r", "uid-r"), "warm", mib);
+    let refused = node
+        .node_publish_volume(more)
+        .await
+        .expect_err("node count cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--capture-node-max-trees=33")
+            && refused.message().contains("capture.nodeMaxTrees"),
+        "{refused:?}"
+    );
+}
+
 /// The volume mounts of the chart's `gkm-csi` container below a test's
 /// directory, with their propagation, to set a mount namespace up as the
 /// container runtime sets up the driver's container.

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use crate::capture::tree::{CAPTURE_MAX_BYTES, capture_dir, check_uid, view_name};
+use crate::capture::tree::{
+    CAPTURE_MAX_BYTES, CAPTURE_MIN_BYTES, capture_dir, check_uid, view_name,
+};
 use crate::views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT, is_upper_name};
 use gkm_core::CacheKey;
 use gkm_k8s_kubelet::proto::csi::NodePublishVolumeRequest;
@@ -86,7 +88,8 @@ pub struct CaptureVolume {
     /// Whose tree: the pod's own (a workload), or the named pod's, read-only
     /// (a capture Job).
     pub tree_of: TreeOf,
-    /// The bound of a workload's tree, in bytes: [`CAPTURE_MAX_BYTES`], or
+    /// The bound of a workload's tree, in bytes, at least
+    /// [`CAPTURE_MIN_BYTES`]: [`CAPTURE_MAX_BYTES`], or
     /// less when the volume asks for less.
     pub max_bytes: u64,
 }
@@ -454,6 +457,12 @@ fn parse_capture(req: &NodePublishVolumeRequest) -> Result<CaptureVolume, Status
         CAPTURE_MAX_BYTES,
         CAPTURE_MAX_BYTES,
     )?;
+    if max_bytes < CAPTURE_MIN_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "{ATTR_CAPTURE_MAX_BYTES} {max_bytes} is below the least a capture tree may be bounded to, \
+             {CAPTURE_MIN_BYTES} bytes (1Mi): ask for at least that"
+        )));
+    }
     Ok(CaptureVolume {
         volume,
         capture,

@@ -50,6 +50,10 @@ use gkm_k8s_node::names::is_dns1123_subdomain;
 
 /// The most a workload's capture tree may hold, in bytes.
 pub const CAPTURE_MAX_BYTES: u64 = 10 << 30;
+/// The least a workload's capture tree may be bounded to, in bytes: a
+/// smaller `csi.gkm.io/captureMaxBytes` is refused, so the byte caps also
+/// bound the count of trees (mounts) on the node.
+pub const CAPTURE_MIN_BYTES: u64 = 1 << 20;
 /// The most files and directories a workload's capture tree may hold.
 pub const CAPTURE_MAX_INODES: u64 = 1_000_000;
 pub use gkm_k8s_node::captures::CAPTURES_DIR;
