@@ -647,6 +647,78 @@ async fn capture_trees_beyond_the_namespace_cap_are_refused_naming_the_cap() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_tree_a_reader_still_views_stays_counted_until_the_reader_is_gone() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(
+        work.path(),
+        &store,
+        &[
+            "--capture-orphan-grace=0s",
+            "--capture-namespace-max-bytes=2Mi",
+        ],
+        None,
+    );
+    let mut node = driver.node().await;
+    index_lists(&store, &[("team", "warm", CaptureState::Open)]);
+    // A writer fills its tree and ends; a `sleep` pod of the namespace
+    // keeps a view of it.
+    let writer = workload_volume(work.path(), ("team", "w", "uid-w"), "warm", "2097152");
+    node.node_publish_volume(writer.clone())
+        .await
+        .expect("the writer's tree");
+    std::fs::write(target_of(&writer).join("kernel.bin"), vec![7u8; 1 << 20]).expect("fills");
+    unpublish(&mut node, &target_of(&writer), "uid-w").await;
+    let reader_target = work.path().join("pods/uid-sleep/mount");
+    let read = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "uid-w")];
+    node.node_publish_volume(publish(
+        &reader_target,
+        ("team", "sleep", "uid-sleep"),
+        &read,
+        true,
+    ))
+    .await
+    .expect("the reader's view");
+    // The capture ends (or is deleted): the tree, still viewed, stays
+    // counted against the namespace's cap while the reader holds it.
+    index_lists(
+        &store,
+        &[
+            ("team", "warm", CaptureState::Over),
+            ("team", "next", CaptureState::Open),
+        ],
+    );
+    let tree = store.join("captures/team/warm/uid-w");
+    assert!(
+        kept_after_a_while(&tree).await,
+        "a tree a reader views is not released"
+    );
+    tokio::time::sleep(gkm_k8s_csi::CAPTURE_RELEASE_CHECK * 2).await;
+    assert!(
+        mount_at(&tree).expect("mountinfo").is_some(),
+        "still kept after the driver's release looks"
+    );
+    let next = workload_volume(work.path(), ("team", "n", "uid-n"), "next", "1048576");
+    let refused = node
+        .node_publish_volume(next.clone())
+        .await
+        .expect_err("the viewed tree still counts");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    // Once the reader is gone, so is the tree, and the namespace has room.
+    unpublish(&mut node, &reader_target, "uid-sleep").await;
+    until("the tree released", Duration::from_secs(30), || {
+        mount_at(&tree).expect("mountinfo").is_none() && !tree.exists()
+    })
+    .await
+    .expect("released once its last reader is gone");
+    node.node_publish_volume(next.clone())
+        .await
+        .expect("room again");
+    unpublish(&mut node, &target_of(&next), "uid-n").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn capture_trees_are_capped_by_count_and_a_tiny_tree_is_refused() {
     let work = gkm_testenv::temp_dir().expect("tempdir");
     let _cleanup = LeaveNoMounts(work.path().to_path_buf());

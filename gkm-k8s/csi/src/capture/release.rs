@@ -10,11 +10,19 @@
 //!   deleted, not named), or capture volumes are disabled, the tree goes at
 //!   once ([`unmounted`]).
 //! - **Over.** A tree whose capture is `Complete` or `Failed` goes at the
-//!   next look, mounted in a pod or not (a pod's bind keeps the memory only
-//!   until that pod ends).
+//!   next look, mounted in its workload or not (the workload's bind keeps
+//!   the memory only until that pod ends, charged to it), but never while
+//!   a pod has a read-only view of it.
 //! - **Gone.** A tree whose capture the index says does not exist, or does
 //!   not name (the index lists every pending capture), goes once it is
-//!   [`ReleaseOptions::grace`] old.
+//!   [`ReleaseOptions::grace`] old and no pod views it.
+//!
+//! A read-only view holds the tree's `tmpfs`, and its pages (charged to the
+//! writer, which may have ended), as long as the viewing pod lives: a tree
+//! released under it would pin node memory no cap counts. So a viewed tree
+//! stays, counted against its namespace's and the node's caps, until its
+//! last reader is gone; then it goes as the reader's unpublish finds
+//! nothing will capture it ([`unmounted`]), or at the next look.
 //! - **Pending, never read.** A tree of a pending capture that no pod has
 //!   had mounted for [`CaptureConfig::unread_grace`] (30 minutes by default:
 //!   its workload ended and no capture Job read it since) goes, so a
@@ -58,6 +66,8 @@ pub struct TreeFacts {
     pub published: SystemTime,
     /// Whether a pod has it mounted.
     pub in_use: bool,
+    /// Whether a pod has a view of it (which holds its memory).
+    pub viewed: bool,
     /// Since when no pod has had it mounted, if known.
     pub idle_since: Option<SystemTime>,
 }
@@ -88,8 +98,8 @@ pub fn releasable<'a>(
                 return false;
             }
             match captures.state(&tree.capture) {
-                Some(CaptureState::Over) => true,
-                Some(CaptureState::Gone) | None => age(facts.published) >= grace,
+                Some(CaptureState::Over) => !facts.viewed,
+                Some(CaptureState::Gone) | None => !facts.viewed && age(facts.published) >= grace,
                 Some(CaptureState::Open) => {
                     !facts.in_use
                         && facts
@@ -219,9 +229,11 @@ fn tree_facts(root: &Path) -> io::Result<Vec<TreeFacts>> {
     let mounted = mounted_trees(root)?;
     let mut facts = Vec::new();
     for tree in captured_trees(root)? {
-        let in_use = mounted
+        let mount = mounted
             .iter()
-            .any(|m| m.in_use && m.granted.capture == tree.capture && m.granted.uid == tree.uid);
+            .find(|m| m.granted.capture == tree.capture && m.granted.uid == tree.uid);
+        let in_use = mount.is_some_and(|m| m.in_use);
+        let viewed = mount.is_some_and(|m| m.viewed);
         let published = Marker::Published.since(root, &tree.capture, &tree.uid, now)?;
         let idle_since = if in_use {
             None
@@ -232,6 +244,7 @@ fn tree_facts(root: &Path) -> io::Result<Vec<TreeFacts>> {
             tree,
             published,
             in_use,
+            viewed,
             idle_since,
         });
     }
@@ -345,6 +358,7 @@ mod tests {
             },
             published: at(NOW - age),
             in_use: false,
+            viewed: false,
             idle_since: Some(at(NOW - age)),
         }
     }
@@ -408,6 +422,27 @@ mod tests {
             ["over", "over-in-use", "gone", "unnamed", "idle-long"]
         );
         assert!(released(&trees, None, &config()).is_empty(), "no index");
+    }
+
+    #[test]
+    fn a_tree_a_pod_views_stays_whatever_its_capture() {
+        let viewed = |facts: TreeFacts| TreeFacts {
+            viewed: true,
+            ..in_use(facts)
+        };
+        let trees = vec![
+            viewed(tree("done", "over-viewed", 1)),
+            viewed(tree("deleted", "gone-viewed", 120)),
+            tree("done", "over", 1),
+        ];
+        let index = captures(
+            NOW,
+            &[
+                ("done", CaptureState::Over),
+                ("deleted", CaptureState::Gone),
+            ],
+        );
+        assert_eq!(released(&trees, Some(&index), &config()), ["over"]);
     }
 
     #[test]

@@ -140,6 +140,11 @@ pub struct MountedTree {
     /// Whether a pod has it mounted: its workload (a bind of the tree) or a
     /// capture Job (a read-only view of it).
     pub in_use: bool,
+    /// Whether a pod has a view of it: a read-only one (a capture Job's, or
+    /// any pod's of the namespace naming it), or a writable cache view
+    /// keeping its upper there. The view holds the tree's `tmpfs`, and its
+    /// pages, until that pod goes, whatever happens to the tree.
+    pub viewed: bool,
 }
 
 /// The capture trees mounted below the store root `root`, with their sizes
@@ -185,8 +190,8 @@ pub fn mounted_trees(root: &Path) -> io::Result<Vec<MountedTree>> {
         let bytes = u64::try_from(stat.f_blocks)
             .unwrap_or(0)
             .saturating_mul(u64::try_from(stat.f_bsize).unwrap_or(0));
-        let in_use = bound.contains(&std::os::unix::fs::MetadataExt::dev(&meta))
-            || viewed.contains(&view_name(&capture.namespace, &capture.name, &uid));
+        let is_viewed = viewed.contains(&view_name(&capture.namespace, &capture.name, &uid));
+        let in_use = is_viewed || bound.contains(&std::os::unix::fs::MetadataExt::dev(&meta));
         found.push(MountedTree {
             granted: GrantedTree {
                 capture,
@@ -195,6 +200,7 @@ pub fn mounted_trees(root: &Path) -> io::Result<Vec<MountedTree>> {
             },
             path,
             in_use,
+            viewed: is_viewed,
         });
     }
     Ok(found)
