@@ -53,6 +53,16 @@ struct Cli {
     /// The most bytes all capture trees may be granted on this node.
     #[arg(long, default_value = "40Gi", value_parser = parse_cap)]
     capture_node_max_bytes: u64,
+    /// The most capture trees one namespace may hold on this node (each a
+    /// tmpfs mount on the host, whether its pod runs or ended); a capture
+    /// volume past it is refused.
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NAMESPACE_MAX_TREES,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    capture_namespace_max_trees: u64,
+    /// The most capture trees this node may hold.
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NODE_MAX_TREES,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    capture_node_max_trees: u64,
     /// How long a tree of a pending capture stays once no pod has it
     /// mounted (its workload ended and no capture Job read it since).
     #[arg(long, default_value = "30m", value_parser = gkm_bin_support::duration)]
@@ -101,6 +111,8 @@ fn config(cli: Cli) -> anyhow::Result<RunConfig> {
             enabled: cli.capture_volumes,
             namespace_max_bytes: cli.capture_namespace_max_bytes,
             node_max_bytes: cli.capture_node_max_bytes,
+            namespace_max_trees: cli.capture_namespace_max_trees,
+            node_max_trees: cli.capture_node_max_trees,
             unread_grace: cli.capture_unread_grace,
         },
     };

@@ -504,8 +504,82 @@ async fn a_capture_tree_is_released_within_a_minute_of_its_pods_end_when_nothing
     .await
     .expect("a pending capture's tree no Job read goes after --capture-unread-grace");
     assert!(no_tree(&store), "nothing left on the node");
-    let markers = gkm_testenv::tree_files(&store.join("csi/capture-idle")).unwrap_or_default();
-    assert!(markers.is_empty(), "idle markers left: {markers:?}");
+    no_markers(&store);
+}
+
+/// Asserts that no tree's marker (the times the driver keeps of a tree) is
+/// left in the store.
+fn no_markers(store: &Path) {
+    for kind in ["capture-idle", "capture-published"] {
+        let markers = gkm_testenv::tree_files(&store.join("csi").join(kind)).unwrap_or_default();
+        assert!(markers.is_empty(), "{kind} markers left: {markers:?}");
+    }
+}
+
+/// What a root pod does to the top of its capture tree: dates it in 2099
+/// (`touch -t 2099…`).
+fn date_in_the_future(dir: &Path) {
+    let year_2099 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800);
+    std::fs::File::open(dir)
+        .and_then(|top| top.set_modified(year_2099))
+        .expect("the pod dates its tree");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capture_tree_its_pod_dated_in_the_future_is_released_all_the_same() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(work.path(), &store, RELEASE_FLAGS, None);
+    let mut node = driver.node().await;
+    index_lists(
+        &store,
+        &[
+            ("team", "ending", CaptureState::Open),
+            ("team", "deleted", CaptureState::Open),
+        ],
+    );
+    let running = (("team", "a", "uid-a"), "ending");
+    let ended = (("team", "b", "uid-b"), "deleted");
+    for (pod, capture) in [running, ended] {
+        let req = workload_volume(work.path(), pod, capture, "4194304");
+        node.node_publish_volume(req.clone())
+            .await
+            .expect("published");
+        std::fs::write(target_of(&req).join("kernel.bin"), vec![7u8; 1 << 20]).expect("compiles");
+        date_in_the_future(&target_of(&req));
+    }
+    // `b` ends while its capture is pending: its tree stays for the Job.
+    let b_target = work.path().join("pods/uid-b/mount");
+    unpublish(&mut node, &b_target, "uid-b").await;
+    let trees = [
+        store.join("captures/team/ending/uid-a"),
+        store.join("captures/team/deleted/uid-b"),
+    ];
+    assert!(
+        trees
+            .iter()
+            .all(|t| mount_at(t).expect("mountinfo").is_some()),
+        "both trees kept while their captures are pending"
+    );
+    // `ending` ends while `a` still runs; `deleted` is deleted.
+    index_lists(
+        &store,
+        &[
+            ("team", "ending", CaptureState::Over),
+            ("team", "deleted", CaptureState::Gone),
+        ],
+    );
+    until("both trees released", Duration::from_secs(30), || {
+        trees
+            .iter()
+            .all(|t| mount_at(t).expect("mountinfo").is_none() && !t.exists())
+    })
+    .await
+    .expect("a tree dated in 2099 goes as its capture ends or is deleted");
+    unpublish(&mut node, &work.path().join("pods/uid-a/mount"), "uid-a").await;
+    assert!(no_tree(&store), "nothing left on the node");
+    no_markers(&store);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -568,6 +642,161 @@ async fn capture_trees_beyond_the_namespace_cap_are_refused_naming_the_cap() {
         refused
             .message()
             .contains("--capture-node-max-bytes=3145728"),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tree_a_reader_still_views_stays_counted_until_the_reader_is_gone() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(
+        work.path(),
+        &store,
+        &[
+            "--capture-orphan-grace=0s",
+            "--capture-namespace-max-bytes=2Mi",
+        ],
+        None,
+    );
+    let mut node = driver.node().await;
+    index_lists(&store, &[("team", "warm", CaptureState::Open)]);
+    // A writer fills its tree and ends; a `sleep` pod of the namespace
+    // keeps a view of it.
+    let writer = workload_volume(work.path(), ("team", "w", "uid-w"), "warm", "2097152");
+    node.node_publish_volume(writer.clone())
+        .await
+        .expect("the writer's tree");
+    std::fs::write(target_of(&writer).join("kernel.bin"), vec![7u8; 1 << 20]).expect("fills");
+    unpublish(&mut node, &target_of(&writer), "uid-w").await;
+    let reader_target = work.path().join("pods/uid-sleep/mount");
+    let read = [(ATTR_CAPTURE, "warm"), (ATTR_CAPTURED_POD, "uid-w")];
+    node.node_publish_volume(publish(
+        &reader_target,
+        ("team", "sleep", "uid-sleep"),
+        &read,
+        true,
+    ))
+    .await
+    .expect("the reader's view");
+    // The capture ends (or is deleted): the tree, still viewed, stays
+    // counted against the namespace's cap while the reader holds it.
+    index_lists(
+        &store,
+        &[
+            ("team", "warm", CaptureState::Over),
+            ("team", "next", CaptureState::Open),
+        ],
+    );
+    let tree = store.join("captures/team/warm/uid-w");
+    assert!(
+        kept_after_a_while(&tree).await,
+        "a tree a reader views is not released"
+    );
+    tokio::time::sleep(gkm_k8s_csi::CAPTURE_RELEASE_CHECK * 2).await;
+    assert!(
+        mount_at(&tree).expect("mountinfo").is_some(),
+        "still kept after the driver's release looks"
+    );
+    let next = workload_volume(work.path(), ("team", "n", "uid-n"), "next", "1048576");
+    let refused = node
+        .node_publish_volume(next.clone())
+        .await
+        .expect_err("the viewed tree still counts");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    // Once the reader is gone, so is the tree, and the namespace has room.
+    unpublish(&mut node, &reader_target, "uid-sleep").await;
+    until("the tree released", Duration::from_secs(30), || {
+        mount_at(&tree).expect("mountinfo").is_none() && !tree.exists()
+    })
+    .await
+    .expect("released once its last reader is gone");
+    node.node_publish_volume(next.clone())
+        .await
+        .expect("room again");
+    unpublish(&mut node, &target_of(&next), "uid-n").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capture_trees_are_capped_by_count_and_a_tiny_tree_is_refused() {
+    let work = gkm_testenv::temp_dir().expect("tempdir");
+    let _cleanup = LeaveNoMounts(work.path().to_path_buf());
+    let store = work.path().join("store");
+    let driver = CsiDriver::start(work.path(), &store, RELEASE_FLAGS, None);
+    let mut node = driver.node().await;
+    index_lists(
+        &store,
+        &[
+            ("team", "warm", CaptureState::Open),
+            ("other", "warm", CaptureState::Open),
+        ],
+    );
+    // 4 KiB a tree would be millions of mounts within the byte caps.
+    let tiny = workload_volume(work.path(), ("team", "t", "uid-tiny"), "warm", "4096");
+    let refused = node
+        .node_publish_volume(tiny.clone())
+        .await
+        .expect_err("below the floor");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("csi.gkm.io/captureMaxBytes")
+            && refused.message().contains("1048576"),
+        "{refused:?}"
+    );
+    assert!(!target_of(&tiny).exists(), "nothing made for a tiny tree");
+    // By default a namespace may hold 32 trees on a node, whether their
+    // pods run or ended.
+    let mib = "1048576";
+    for i in 0..32 {
+        let uid = format!("uid-{i}");
+        let req = workload_volume(work.path(), ("team", "p", &uid), "warm", mib);
+        node.node_publish_volume(req.clone())
+            .await
+            .unwrap_or_else(|e| panic!("tree {i} of 32: {e:?}"));
+        unpublish(&mut node, &target_of(&req), &uid).await;
+    }
+    let one_more = workload_volume(work.path(), ("team", "p", "uid-32"), "warm", mib);
+    let refused = node
+        .node_publish_volume(one_more)
+        .await
+        .expect_err("namespace count cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("--capture-namespace-max-trees=32")
+            && refused.message().contains("capture.namespaceMaxTrees")
+            && refused.message().contains("namespace team"),
+        "{refused:?}"
+    );
+    assert!(
+        !store.join("captures/team/warm/uid-32").exists(),
+        "no tree made"
+    );
+    // The node's cap, as the chart sets it, counts every namespace's trees.
+    drop(node);
+    drop(driver);
+    let driver = CsiDriver::start(
+        work.path(),
+        &store,
+        &["--capture-orphan-grace=0s", "--capture-node-max-trees=33"],
+        None,
+    );
+    let mut node = driver.node().await;
+    let other = workload_volume(work.path(), ("other", "q", "uid-q"), "warm", mib);
+    node.node_publish_volume(other)
+        .await
+        .expect("the node's 33rd tree");
+    let more = workload_volume(work.path(), ("other", "r", "uid-r"), "warm", mib);
+    let refused = node
+        .node_publish_volume(more)
+        .await
+        .expect_err("node count cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--capture-node-max-trees=33")
+            && refused.message().contains("capture.nodeMaxTrees"),
         "{refused:?}"
     );
 }

@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use gkm_k8s_api::crd::GKMCacheCapture;
 use gkm_k8s_node::captures::{CaptureIndex, CaptureName, CaptureState, Captures, captured_trees};
@@ -105,7 +105,7 @@ async fn look(store_dir: &Path, watched: &Store<GKMCacheCapture>) -> Result<Capt
     let observed = Timestamp::now();
     let root = store_dir.to_path_buf();
     let trees = crate::error::blocking("listing captured trees", move || {
-        captured_trees(&root, SystemTime::now()).map_err(|e| Error::Io {
+        captured_trees(&root).map_err(|e| Error::Io {
             path: root.clone(),
             source: e,
         })

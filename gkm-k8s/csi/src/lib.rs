@@ -116,11 +116,14 @@ mod volume;
 
 pub use capture::CaptureTrees;
 pub use capture::admission::{
-    CaptureConfig, DEFAULT_NAMESPACE_MAX_BYTES, DEFAULT_NODE_MAX_BYTES, DEFAULT_UNREAD_GRACE,
+    Cap, CaptureConfig, DEFAULT_NAMESPACE_MAX_BYTES, DEFAULT_NAMESPACE_MAX_TREES,
+    DEFAULT_NODE_MAX_BYTES, DEFAULT_NODE_MAX_TREES, DEFAULT_UNREAD_GRACE,
 };
 pub use capture::delta::{DeltaBase, read_record as read_delta_record};
 pub use capture::release::{ReleaseOptions, release_captures};
-pub use capture::tree::{CAPTURE_MAX_BYTES, CAPTURE_MAX_INODES, make_tree, remove_tree};
+pub use capture::tree::{
+    CAPTURE_MAX_BYTES, CAPTURE_MAX_INODES, CAPTURE_MIN_BYTES, make_tree, remove_tree,
+};
 pub use driver::{
     BadEndpoint, CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN,
     Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,

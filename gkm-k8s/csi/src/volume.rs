@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use crate::capture::tree::{CAPTURE_MAX_BYTES, capture_dir, check_uid, view_name};
+use crate::capture::tree::{
+    CAPTURE_MAX_BYTES, CAPTURE_MIN_BYTES, capture_dir, check_uid, view_name,
+};
 use crate::views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT, is_upper_name};
 use gkm_core::CacheKey;
 use gkm_k8s_kubelet::proto::csi::NodePublishVolumeRequest;
 use gkm_k8s_kubelet::proto::csi::volume_capability::AccessType;
-use gkm_k8s_node::captures::is_pod_uid;
+use gkm_k8s_node::captures::{CaptureName, is_pod_uid};
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
 use gkm_k8s_node::names::is_dns1123_subdomain;
@@ -86,7 +88,8 @@ pub struct CaptureVolume {
     /// Whose tree: the pod's own (a workload), or the named pod's, read-only
     /// (a capture Job).
     pub tree_of: TreeOf,
-    /// The bound of a workload's tree, in bytes: [`CAPTURE_MAX_BYTES`], or
+    /// The bound of a workload's tree, in bytes, at least
+    /// [`CAPTURE_MIN_BYTES`]: [`CAPTURE_MAX_BYTES`], or
     /// less when the volume asks for less.
     pub max_bytes: u64,
 }
@@ -126,19 +129,25 @@ pub enum View {
 impl CaptureVolume {
     /// The tree this request shows, below the store root `root`.
     pub fn tree(&self, root: &Path) -> PathBuf {
-        let uid = match &self.tree_of {
+        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(self.uid())
+    }
+
+    /// The uid of the workload pod whose tree this volume shows.
+    pub fn uid(&self) -> &str {
+        match &self.tree_of {
             TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
-        };
-        capture_dir(root, &self.volume.pod.namespace, &self.capture).join(uid)
+        }
+    }
+
+    /// The `GKMCacheCapture` this volume names, in the pod's namespace.
+    pub fn capture_name(&self) -> CaptureName {
+        CaptureName::new(self.volume.pod.namespace.clone(), self.capture.clone())
     }
 
     /// The name (mount source) of the read-only view of the tree this
     /// volume shows, or of a writable cache view keeping its upper there.
     pub fn view_name(&self) -> String {
-        let uid = match &self.tree_of {
-            TreeOf::Own { uid } | TreeOf::Captured { uid } => uid,
-        };
-        view_name(&self.volume.pod.namespace, &self.capture, uid)
+        view_name(&self.volume.pod.namespace, &self.capture, self.uid())
     }
 }
 
@@ -448,6 +457,12 @@ fn parse_capture(req: &NodePublishVolumeRequest) -> Result<CaptureVolume, Status
         CAPTURE_MAX_BYTES,
         CAPTURE_MAX_BYTES,
     )?;
+    if max_bytes < CAPTURE_MIN_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "{ATTR_CAPTURE_MAX_BYTES} {max_bytes} is below the least a capture tree may be bounded to, \
+             {CAPTURE_MIN_BYTES} bytes (1Mi): ask for at least that"
+        )));
+    }
     Ok(CaptureVolume {
         volume,
         capture,

@@ -36,7 +36,6 @@ pub const DELTA_UPPER_DIR: &str = "upper";
 /// In a delta tree, the file naming its base (`gkm_core::delta::DeltaBase`):
 /// the CSI driver writes it, the capture Job reads it.
 pub const DELTA_RECORD_FILE: &str = "delta-base.json";
-use std::time::SystemTime;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -88,33 +87,27 @@ pub enum CaptureState {
     Gone,
 }
 
-/// A workload pod's captured tree on the node.
+/// A workload pod's captured tree on the node, by name: none of its times
+/// (its pod may set them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapturedTree {
     /// The tree's capture.
     pub capture: CaptureName,
     /// The workload pod's uid.
     pub uid: String,
-    /// When the tree last changed at its top.
-    pub modified: SystemTime,
 }
 
 /// The captured trees below the store root `root`
 /// (`captures/<namespace>/<capture>/<uid>`), sorted. Entries that are not
-/// names are skipped (nothing gkm made); a tree whose time cannot be read
-/// counts as changed `now`.
-pub fn captured_trees(root: &Path, now: SystemTime) -> io::Result<Vec<CapturedTree>> {
+/// names are skipped (nothing gkm made).
+pub fn captured_trees(root: &Path) -> io::Result<Vec<CapturedTree>> {
     let mut trees = Vec::new();
     for (namespace, ns_dir) in named_dirs(&root.join(CAPTURES_DIR), is_dns1123_label)? {
         for (capture, capture_dir) in named_dirs(&ns_dir, is_dns1123_subdomain)? {
-            for (uid, tree) in named_dirs(&capture_dir, is_pod_uid)? {
-                let modified = fs::metadata(&tree)
-                    .and_then(|m| m.modified())
-                    .unwrap_or(now);
+            for (uid, _) in named_dirs(&capture_dir, is_pod_uid)? {
                 trees.push(CapturedTree {
                     capture: CaptureName::new(namespace.clone(), capture.clone()),
                     uid,
-                    modified,
                 });
             }
         }
@@ -385,7 +378,7 @@ mod tests {
             fs::create_dir_all(captures.join(dir)).expect("dir");
         }
         fs::write(captures.join("team/warm/file"), b"").expect("file");
-        let trees = captured_trees(root.path(), SystemTime::now()).expect("listed");
+        let trees = captured_trees(root.path()).expect("listed");
         let found: Vec<String> = trees
             .iter()
             .map(|t| format!("{}/{}", t.capture, t.uid))
@@ -393,7 +386,7 @@ mod tests {
         assert_eq!(found, ["team/warm/6f1c-22", "team/warm/7a"]);
         let none = tempfile::tempdir().expect("tempdir");
         assert!(
-            captured_trees(none.path(), SystemTime::now())
+            captured_trees(none.path())
                 .expect("no captures dir")
                 .is_empty()
         );

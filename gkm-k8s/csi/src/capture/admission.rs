@@ -17,7 +17,16 @@
 //!   ([`CaptureConfig::namespace_max_bytes`], [`CaptureConfig::node_max_bytes`]):
 //!   what is counted is the size of each tree's `tmpfs` (the most it can
 //!   hold), as the kernel reports it for the trees mounted now, whether or
-//!   not their pods still run (`RESOURCE_EXHAUSTED`, naming the cap).
+//!   not their pods still run (`RESOURCE_EXHAUSTED`, naming the cap);
+//! - while the trees already on the node, plus the new one, stay within
+//!   the per-namespace and per-node counts of trees
+//!   ([`CaptureConfig::namespace_max_trees`], [`CaptureConfig::node_max_trees`]):
+//!   each tree is a mount in the host's mount namespace that every publish
+//!   reads back, so small trees must not be made by the million within the
+//!   byte caps (`RESOURCE_EXHAUSTED`, naming the cap). A tree is never
+//!   smaller than [`CAPTURE_MIN_BYTES`](super::tree::CAPTURE_MIN_BYTES).
+//!
+//! Every refusal names the `gkm-csi` flag and the chart's value to raise.
 //!
 //! [`admit`] is the decision, pure; the driver gathers what it reads
 //! ([`CaptureTrees::admit`](super::CaptureTrees::admit)).
@@ -35,10 +44,46 @@ pub const DEFAULT_NODE_MAX_BYTES: u64 = 40 << 30;
 /// workload nor a capture Job has it mounted.
 pub const DEFAULT_UNREAD_GRACE: Duration = Duration::from_secs(30 * 60);
 
-/// The flag naming the per-namespace cap, as errors name it.
-pub const NAMESPACE_CAP_FLAG: &str = "--capture-namespace-max-bytes";
-/// The flag naming the per-node cap, as errors name it.
-pub const NODE_CAP_FLAG: &str = "--capture-node-max-bytes";
+/// The capture trees a namespace may hold on a node by default.
+pub const DEFAULT_NAMESPACE_MAX_TREES: u64 = 32;
+/// The capture trees a node may hold by default.
+pub const DEFAULT_NODE_MAX_TREES: u64 = 128;
+
+/// A cap on a node's capture trees: what it bounds, and how an
+/// administrator sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// The bytes of one namespace's trees.
+    NamespaceBytes,
+    /// The bytes of all trees.
+    NodeBytes,
+    /// How many trees one namespace holds.
+    NamespaceTrees,
+    /// How many trees the node holds.
+    NodeTrees,
+}
+
+impl Cap {
+    /// The `gkm-csi` flag that sets it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Cap::NamespaceBytes => "--capture-namespace-max-bytes",
+            Cap::NodeBytes => "--capture-node-max-bytes",
+            Cap::NamespaceTrees => "--capture-namespace-max-trees",
+            Cap::NodeTrees => "--capture-node-max-trees",
+        }
+    }
+
+    /// The chart's value that sets the flag.
+    pub fn chart_value(self) -> &'static str {
+        match self {
+            Cap::NamespaceBytes => "capture.namespaceMaxBytes",
+            Cap::NodeBytes => "capture.nodeMaxBytes",
+            Cap::NamespaceTrees => "capture.namespaceMaxTrees",
+            Cap::NodeTrees => "capture.nodeMaxTrees",
+        }
+    }
+}
 
 /// What the driver allows of capture volumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +94,10 @@ pub struct CaptureConfig {
     pub namespace_max_bytes: u64,
     /// The most bytes all capture trees may be granted on the node.
     pub node_max_bytes: u64,
+    /// The most capture trees a namespace may hold on the node.
+    pub namespace_max_trees: u64,
+    /// The most capture trees the node may hold.
+    pub node_max_trees: u64,
     /// How long a tree of a pending capture stays once nothing has it
     /// mounted (its workload ended and no capture Job reads it).
     pub unread_grace: Duration,
@@ -61,6 +110,8 @@ impl Default for CaptureConfig {
             enabled: true,
             namespace_max_bytes: DEFAULT_NAMESPACE_MAX_BYTES,
             node_max_bytes: DEFAULT_NODE_MAX_BYTES,
+            namespace_max_trees: DEFAULT_NAMESPACE_MAX_TREES,
+            node_max_trees: DEFAULT_NODE_MAX_TREES,
             unread_grace: DEFAULT_UNREAD_GRACE,
         }
     }
@@ -127,33 +178,56 @@ pub fn admit(
             )));
         }
     }
-    let in_namespace: u64 = granted
-        .iter()
-        .filter(|t| t.capture.namespace == capture.namespace)
-        .map(|t| t.bytes)
-        .sum();
-    let on_node: u64 = granted.iter().map(|t| t.bytes).sum();
-    let over = |held: u64, cap: u64, flag: &str, whose: &str| {
-        Status::resource_exhausted(format!(
-            "a capture tree of {bytes} bytes for GKMCacheCapture {capture} would take {whose} capture trees to {} bytes, over the cap {flag}={cap} ({held} bytes granted already)",
-            held.saturating_add(bytes)
-        ))
-    };
-    if in_namespace.saturating_add(bytes) > config.namespace_max_bytes {
-        return Err(over(
-            in_namespace,
+    let ours = |t: &&GrantedTree| t.capture.namespace == capture.namespace;
+    let in_namespace = granted.iter().filter(ours);
+    let whose_ns = format!("namespace {}'s", capture.namespace);
+    let asked_for = format!("a capture tree of {bytes} bytes for GKMCacheCapture {capture}");
+    let checks = [
+        (
+            Cap::NamespaceBytes,
+            in_namespace.clone().map(|t| t.bytes).sum::<u64>(),
+            bytes,
             config.namespace_max_bytes,
-            NAMESPACE_CAP_FLAG,
-            &format!("namespace {}'s", capture.namespace),
-        ));
-    }
-    if on_node.saturating_add(bytes) > config.node_max_bytes {
-        return Err(over(
-            on_node,
+            whose_ns.as_str(),
+        ),
+        (
+            Cap::NodeBytes,
+            granted.iter().map(|t| t.bytes).sum(),
+            bytes,
             config.node_max_bytes,
-            NODE_CAP_FLAG,
             "the node's",
-        ));
+        ),
+        (
+            Cap::NamespaceTrees,
+            in_namespace.count() as u64,
+            1,
+            config.namespace_max_trees,
+            whose_ns.as_str(),
+        ),
+        (
+            Cap::NodeTrees,
+            granted.len() as u64,
+            1,
+            config.node_max_trees,
+            "the node's",
+        ),
+    ];
+    for (cap, held, adds, max, whose) in checks {
+        if held.saturating_add(adds) > max {
+            let unit = match cap {
+                Cap::NamespaceBytes | Cap::NodeBytes => "bytes",
+                Cap::NamespaceTrees | Cap::NodeTrees => "trees",
+            };
+            return Err(Status::resource_exhausted(format!(
+                "{asked_for} would take {whose} capture trees to {} {unit}, over the cap {}={max} \
+                 ({held} {unit} granted already): end or release capture trees, or raise the \
+                 chart's {} (gkm-csi {})",
+                held.saturating_add(adds),
+                cap.flag(),
+                cap.chart_value(),
+                cap.flag(),
+            )));
+        }
     }
     Ok(())
 }
@@ -259,12 +333,44 @@ mod tests {
         assert!(admit(&config, ask(&team, 4), Some(&open), &granted).is_ok());
         let ns = admit(&config, ask(&team, 5), Some(&open), &granted).expect_err("ns cap");
         assert_eq!(ns.code(), Code::ResourceExhausted);
-        assert!(ns.message().contains(NAMESPACE_CAP_FLAG), "{ns:?}");
+        assert!(ns.message().contains(Cap::NamespaceBytes.flag()), "{ns:?}");
         assert!(ns.message().contains("namespace team"), "{ns:?}");
         let granted = [tree("team", 6), tree("team", 4)];
         assert!(admit(&config, ask(&other, 5), Some(&open), &granted).is_ok());
         let node = admit(&config, ask(&other, 6), Some(&open), &granted).expect_err("node cap");
         assert_eq!(node.code(), Code::ResourceExhausted);
-        assert!(node.message().contains(NODE_CAP_FLAG), "{node:?}");
+        assert!(node.message().contains(Cap::NodeBytes.flag()), "{node:?}");
+    }
+
+    #[test]
+    fn the_count_caps_count_every_tree_and_name_the_chart_value() {
+        let config = CaptureConfig {
+            namespace_max_trees: 2,
+            node_max_trees: 3,
+            ..CaptureConfig::default()
+        };
+        let open = index(&[
+            ("team", "c", CaptureState::Open),
+            ("other", "c", CaptureState::Open),
+        ]);
+        let (team, other) = (name("team", "c"), name("other", "c"));
+        let ask = |capture, bytes| Asked::NewTree { capture, bytes };
+        let granted = [tree("team", 1)];
+        assert!(admit(&config, ask(&team, 1), Some(&open), &granted).is_ok());
+        let granted = [tree("team", 1), tree("team", 1)];
+        let ns = admit(&config, ask(&team, 1), Some(&open), &granted).expect_err("ns count");
+        assert_eq!(ns.code(), Code::ResourceExhausted);
+        for named in [
+            "--capture-namespace-max-trees=2",
+            "capture.namespaceMaxTrees",
+        ] {
+            assert!(ns.message().contains(named), "{ns:?}");
+        }
+        assert!(admit(&config, ask(&other, 1), Some(&open), &granted).is_ok());
+        let granted = [tree("team", 1), tree("team", 1), tree("other", 1)];
+        let node = admit(&config, ask(&other, 1), Some(&open), &granted).expect_err("node count");
+        for named in ["--capture-node-max-trees=3", "capture.nodeMaxTrees"] {
+            assert!(node.message().contains(named), "{node:?}");
+        }
     }
 }

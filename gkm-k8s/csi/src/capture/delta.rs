@@ -153,6 +153,7 @@ impl UpperPlace for DeltaUpper {
             remove_tree(dir)?;
         }
         make_tree(dir, max_bytes)?;
+        super::publish::mark_published(root, &self.capture);
         let made = write_record(dir, base).and_then(|()| Upper::make_in(dir, group));
         if made.is_err() {
             let _ = remove_tree(dir);

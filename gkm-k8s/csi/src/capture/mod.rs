@@ -9,11 +9,14 @@
 //!   writable, or a tree read-only for the capture Job) and releasing a
 //!   tree;
 //! - [`release`]: when a tree goes, once nothing will capture it;
+//! - [`markers`]: the times of a tree the driver keeps itself, which
+//!   [`release`] reads;
 //! - [`delta`]: a writable cache view that names a capture keeps its upper
 //!   as that capture's tree, for a delta capture on the cache.
 
 pub mod admission;
 pub mod delta;
+pub mod markers;
 mod publish;
 pub mod release;
 pub mod tree;

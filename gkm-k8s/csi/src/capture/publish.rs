@@ -6,10 +6,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use gkm_k8s_node::captures::{CaptureIndex, CaptureName};
+use gkm_k8s_node::captures::CaptureIndex;
 use tonic::Status;
 
 use super::admission::{Asked, CaptureConfig, GrantedTree, admit};
+use super::markers::Marker;
 use super::tree::{is_delta_tree, make_tree, mounted_trees, released_tree, remove_tree};
 use crate::views::mount::{bind, is_view, mount_at, mount_read_only_view, same_directory};
 use crate::views::{Views, create_target, internal};
@@ -67,7 +68,7 @@ impl CaptureTrees {
         if !config.enabled {
             return admit(config, Asked::Existing, None, &[]);
         }
-        let capture = CaptureName::new(req.volume.pod.namespace.clone(), req.capture.clone());
+        let capture = req.capture_name();
         let own = matches!(req.tree_of, TreeOf::Own { .. });
         let tree = req.tree(root);
         if !own || mount_at(&tree).map_err(internal)?.is_some() {
@@ -104,6 +105,7 @@ impl CaptureTrees {
             make_tree(&tree, req.max_bytes).map_err(|e| {
                 Status::internal(format!("making the capture tree {}: {e}", tree.display()))
             })?;
+            mark_published(&self.root, req);
             if is_delta_tree(&tree) {
                 return Err(Status::failed_precondition(format!(
                     "the pod's tree for GKMCacheCapture {}/{} holds a writable cache view's upper \
@@ -172,5 +174,15 @@ impl CaptureTrees {
             }
         }
         Ok(())
+    }
+}
+
+/// Records that the driver publishes `req`'s tree to its workload now
+/// ([`Marker::Published`]). A failure is logged: a tree without the record
+/// is marked when the release next looks, so it is only kept longer.
+pub(crate) fn mark_published(root: &Path, req: &CaptureVolume) {
+    if let Err(e) = Marker::Published.set(root, &req.capture_name(), req.uid()) {
+        tracing::warn!(error = %e, capture = %req.capture, pod = %req.uid(),
+            "recording a capture tree's publish");
     }
 }

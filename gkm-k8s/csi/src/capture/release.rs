@@ -10,21 +10,29 @@
 //!   deleted, not named), or capture volumes are disabled, the tree goes at
 //!   once ([`unmounted`]).
 //! - **Over.** A tree whose capture is `Complete` or `Failed` goes at the
-//!   next look, mounted in a pod or not (a pod's bind keeps the memory only
-//!   until that pod ends).
+//!   next look, mounted in its workload or not (the workload's bind keeps
+//!   the memory only until that pod ends, charged to it), but never while
+//!   a pod has a read-only view of it.
 //! - **Gone.** A tree whose capture the index says does not exist, or does
 //!   not name (the index lists every pending capture), goes once it is
-//!   [`ReleaseOptions::grace`] old.
+//!   [`ReleaseOptions::grace`] old and no pod views it.
+//!
+//! A read-only view holds the tree's `tmpfs`, and its pages (charged to the
+//! writer, which may have ended), as long as the viewing pod lives: a tree
+//! released under it would pin node memory no cap counts. So a viewed tree
+//! stays, counted against its namespace's and the node's caps, until its
+//! last reader is gone; then it goes as the reader's unpublish finds
+//! nothing will capture it ([`unmounted`]), or at the next look.
 //! - **Pending, never read.** A tree of a pending capture that no pod has
 //!   had mounted for [`CaptureConfig::unread_grace`] (30 minutes by default:
 //!   its workload ended and no capture Job read it since) goes, so a
-//!   capture that never runs does not pin the node's memory. The time a
-//!   tree's last mount went is kept in an idle marker,
-//!   `<store>/csi/capture-idle/<namespace>/<capture>/<uid>` (its mtime), so
-//!   it survives a driver restart; a tree found unmounted without one is
-//!   marked when found.
+//!   capture that never runs does not pin the node's memory.
 //! - **Disabled.** With capture volumes disabled nothing will capture a
 //!   tree: each goes once no pod has it mounted.
+//!
+//! Every time these read is one the driver keeps itself ([`super::markers`]:
+//! when it last published the tree to its workload, since when no pod has
+//! had it mounted), never the tree's own, which its pod may set.
 //!
 //! The driver reads no cluster object: the agent writes what the cluster
 //! says of the captures in the node-local [capture
@@ -34,9 +42,8 @@
 //! index releases nothing but the trees of a node with capture volumes
 //! disabled.
 
-use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use gkm_k8s_node::captures::{
@@ -45,16 +52,22 @@ use gkm_k8s_node::captures::{
 use tracing::{info, warn};
 
 use super::admission::CaptureConfig;
+use super::markers::{Marker, remove_markers};
 use super::publish::CaptureTrees;
 use super::tree::{self, mounted_trees};
 
 /// What the driver knows of a tree when it decides whether it goes.
 #[derive(Debug, Clone)]
 pub struct TreeFacts {
-    /// Its capture, pod and last change.
+    /// Its capture and pod.
     pub tree: CapturedTree,
+    /// When the driver last published it to its workload, by the driver's
+    /// own record.
+    pub published: SystemTime,
     /// Whether a pod has it mounted.
     pub in_use: bool,
+    /// Whether a pod has a view of it (which holds its memory).
+    pub viewed: bool,
     /// Since when no pod has had it mounted, if known.
     pub idle_since: Option<SystemTime>,
 }
@@ -81,12 +94,12 @@ pub fn releasable<'a>(
             };
             let tree = &facts.tree;
             // What the index says is of an older look than this tree.
-            if tree.modified > SystemTime::from(captures.observed) {
+            if facts.published > SystemTime::from(captures.observed) {
                 return false;
             }
             match captures.state(&tree.capture) {
-                Some(CaptureState::Over) => true,
-                Some(CaptureState::Gone) | None => age(tree.modified) >= grace,
+                Some(CaptureState::Over) => !facts.viewed,
+                Some(CaptureState::Gone) | None => !facts.viewed && age(facts.published) >= grace,
                 Some(CaptureState::Open) => {
                     !facts.in_use
                         && facts
@@ -170,7 +183,7 @@ pub fn unmounted(trees: &CaptureTrees, capture: &CaptureName, uid: &str) {
         None
     });
     if kept_at_its_end(capture, captures.as_ref(), trees.config()) {
-        if let Err(e) = mark_idle(root, capture, uid) {
+        if let Err(e) = Marker::Idle.set(root, capture, uid) {
             warn!(error = %e, capture = %capture, pod = %uid, "marking a capture tree idle");
         }
         return;
@@ -178,57 +191,15 @@ pub fn unmounted(trees: &CaptureTrees, capture: &CaptureName, uid: &str) {
     release(trees, capture, uid, "nothing will capture it");
 }
 
-/// Unmounts and removes a tree and its idle marker, and says so.
+/// Unmounts and removes a tree and its markers, and says so.
 fn release(trees: &CaptureTrees, capture: &CaptureName, uid: &str, why: &str) {
     match trees.release(&capture.namespace, &capture.name, uid) {
         Ok(()) => {
-            let marker = idle_marker(trees.root(), capture, uid);
-            if let Err(e) = fs::remove_file(&marker)
-                && e.kind() != io::ErrorKind::NotFound
-            {
-                warn!(error = %e, marker = %marker.display(), "removing an idle marker");
-            }
-            // Its capture's and namespace's directories, once empty.
-            let capture_dir = marker.parent();
-            for dir in [capture_dir, capture_dir.and_then(Path::parent)]
-                .into_iter()
-                .flatten()
-            {
-                if fs::remove_dir(dir).is_err() {
-                    break;
-                }
-            }
+            remove_markers(trees.root(), capture, uid);
             info!(capture = %capture, pod = %uid, why, "released a capture tree");
         }
         Err(status) => warn!(error = %status.message(), "releasing a capture tree"),
     }
-}
-
-/// The directory below the store root holding idle markers.
-const IDLE_DIR: &str = "csi/capture-idle";
-
-/// The idle marker of pod `uid`'s tree of `capture`.
-fn idle_marker(root: &Path, capture: &CaptureName, uid: &str) -> PathBuf {
-    root.join(IDLE_DIR)
-        .join(&capture.namespace)
-        .join(&capture.name)
-        .join(uid)
-}
-
-/// Marks pod `uid`'s tree of `capture` idle from now.
-fn mark_idle(root: &Path, capture: &CaptureName, uid: &str) -> io::Result<()> {
-    let marker = idle_marker(root, capture, uid);
-    if let Some(dir) = marker.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    fs::File::create(&marker)?.set_modified(SystemTime::now())
-}
-
-/// Since when pod `uid`'s tree of `capture` is idle: its marker's mtime.
-fn idle_since(root: &Path, capture: &CaptureName, uid: &str) -> Option<SystemTime> {
-    fs::metadata(idle_marker(root, capture, uid))
-        .and_then(|m| m.modified())
-        .ok()
 }
 
 /// What was last said of an index that could not be used, so that it is
@@ -250,25 +221,31 @@ impl Complaint {
     }
 }
 
-/// The trees below `root` with what the driver knows of them; a tree no
-/// pod has mounted and that has no idle marker is marked idle from now.
+/// The trees below `root` with what the driver knows of them; a tree
+/// without a marker the driver keeps is marked from now (see
+/// [`super::markers`]).
 fn tree_facts(root: &Path) -> io::Result<Vec<TreeFacts>> {
     let now = SystemTime::now();
     let mounted = mounted_trees(root)?;
     let mut facts = Vec::new();
-    for tree in captured_trees(root, now)? {
-        let in_use = mounted
+    for tree in captured_trees(root)? {
+        let mount = mounted
             .iter()
-            .any(|m| m.in_use && m.granted.capture == tree.capture && m.granted.uid == tree.uid);
-        let mut since = idle_since(root, &tree.capture, &tree.uid);
-        if !in_use && since.is_none() {
-            mark_idle(root, &tree.capture, &tree.uid)?;
-            since = Some(now);
-        }
+            .find(|m| m.granted.capture == tree.capture && m.granted.uid == tree.uid);
+        let in_use = mount.is_some_and(|m| m.in_use);
+        let viewed = mount.is_some_and(|m| m.viewed);
+        let published = Marker::Published.since(root, &tree.capture, &tree.uid, now)?;
+        let idle_since = if in_use {
+            None
+        } else {
+            Some(Marker::Idle.since(root, &tree.capture, &tree.uid, now)?)
+        };
         facts.push(TreeFacts {
             tree,
+            published,
             in_use,
-            idle_since: if in_use { None } else { since },
+            viewed,
+            idle_since,
         });
     }
     Ok(facts)
@@ -378,9 +355,10 @@ mod tests {
             tree: CapturedTree {
                 capture: CaptureName::new("team", capture),
                 uid: uid.into(),
-                modified: at(NOW - age),
             },
+            published: at(NOW - age),
             in_use: false,
+            viewed: false,
             idle_since: Some(at(NOW - age)),
         }
     }
@@ -444,6 +422,27 @@ mod tests {
             ["over", "over-in-use", "gone", "unnamed", "idle-long"]
         );
         assert!(released(&trees, None, &config()).is_empty(), "no index");
+    }
+
+    #[test]
+    fn a_tree_a_pod_views_stays_whatever_its_capture() {
+        let viewed = |facts: TreeFacts| TreeFacts {
+            viewed: true,
+            ..in_use(facts)
+        };
+        let trees = vec![
+            viewed(tree("done", "over-viewed", 1)),
+            viewed(tree("deleted", "gone-viewed", 120)),
+            tree("done", "over", 1),
+        ];
+        let index = captures(
+            NOW,
+            &[
+                ("done", CaptureState::Over),
+                ("deleted", CaptureState::Gone),
+            ],
+        );
+        assert_eq!(released(&trees, Some(&index), &config()), ["over"]);
     }
 
     #[test]

@@ -50,6 +50,10 @@ use gkm_k8s_node::names::is_dns1123_subdomain;
 
 /// The most a workload's capture tree may hold, in bytes.
 pub const CAPTURE_MAX_BYTES: u64 = 10 << 30;
+/// The least a workload's capture tree may be bounded to, in bytes: a
+/// smaller `csi.gkm.io/captureMaxBytes` is refused, so the byte caps also
+/// bound the count of trees (mounts) on the node.
+pub const CAPTURE_MIN_BYTES: u64 = 1 << 20;
 /// The most files and directories a workload's capture tree may hold.
 pub const CAPTURE_MAX_INODES: u64 = 1_000_000;
 pub use gkm_k8s_node::captures::CAPTURES_DIR;
@@ -136,6 +140,11 @@ pub struct MountedTree {
     /// Whether a pod has it mounted: its workload (a bind of the tree) or a
     /// capture Job (a read-only view of it).
     pub in_use: bool,
+    /// Whether a pod has a view of it: a read-only one (a capture Job's, or
+    /// any pod's of the namespace naming it), or a writable cache view
+    /// keeping its upper there. The view holds the tree's `tmpfs`, and its
+    /// pages, until that pod goes, whatever happens to the tree.
+    pub viewed: bool,
 }
 
 /// The capture trees mounted below the store root `root`, with their sizes
@@ -181,8 +190,8 @@ pub fn mounted_trees(root: &Path) -> io::Result<Vec<MountedTree>> {
         let bytes = u64::try_from(stat.f_blocks)
             .unwrap_or(0)
             .saturating_mul(u64::try_from(stat.f_bsize).unwrap_or(0));
-        let in_use = bound.contains(&std::os::unix::fs::MetadataExt::dev(&meta))
-            || viewed.contains(&view_name(&capture.namespace, &capture.name, &uid));
+        let is_viewed = viewed.contains(&view_name(&capture.namespace, &capture.name, &uid));
+        let in_use = is_viewed || bound.contains(&std::os::unix::fs::MetadataExt::dev(&meta));
         found.push(MountedTree {
             granted: GrantedTree {
                 capture,
@@ -191,6 +200,7 @@ pub fn mounted_trees(root: &Path) -> io::Result<Vec<MountedTree>> {
             },
             path,
             in_use,
+            viewed: is_viewed,
         });
     }
     Ok(found)
