@@ -235,7 +235,7 @@ EOF
   chmod +x "$bin_dir/vllm-python"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch toxiproxy)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch vllm toxiproxy)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
