@@ -11,12 +11,15 @@ line on standard output:
 - ``init_engine_s``: vLLM's own figure, from its log line "init engine
   (profile, create kv cache, warmup model) took X seconds";
 - ``engine_wall_s``: the wall time of the engine's construction (``LLM(...)``);
-- ``torch_compile_s``: vLLM's "torch.compile took X s in total", when logged;
+- ``torch_compile_s``: vLLM's "torch.compile took X s in total", logged in
+  its ``VLLM_COMPILE`` mode only (a GPU; null on the CPU, whose mode is
+  ``DYNAMO_TRACE_ONCE``);
 - ``output_token_ids``: the generated token ids, one list per prompt;
 - ``counters``: torch's own compile counters (``torch._dynamo.utils.counters``)
   in the engine, which runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
-  ``inductor`` (``fxgraph_cache_hit``/``miss``/``bypass``…) and ``aot_autograd``
-  (``autograd_cache_hit``/``miss``…);
+  ``aot_autograd`` (``autograd_cache_hit``/``miss``/``saved``), ``inductor``
+  (pattern matcher counts; no FX graph cache counts, which vLLM's
+  ``standalone_compile`` path does not make) and ``stats``;
 - ``vllm_counters``: vLLM's own compile counters
   (``vllm.compilation.counter``, non-zero ones: ``num_aot_compiles``,
   ``num_aot_artifacts_saved``/``loaded``, ``num_inductor_compiles``…);
