@@ -4,7 +4,8 @@
 # each model in hack/fixtures/vllm-models (hack/vllm/engine_start.py), as
 # it is (Inductor's empty locks/ included), with the start's JSON report
 # beside it (<arch>.json). The root is compiled at a fixed path,
-# /tmp/gkm-vllm-roots/<arch>, which its files name.
+# /tmp/gkm-vllm-roots/<arch>, which its files name, from a copy of the
+# model at /tmp/gkm-vllm-roots/models/<arch>, which the report names.
 #
 #   hack/vllm/roots.sh
 set -euo pipefail
@@ -24,9 +25,10 @@ flock 9
 rm -rf "$home" && mkdir -p "$home/scratch" "$out"
 for model in "$root"/hack/fixtures/vllm-models/*/; do
   arch=$(basename "$model")
+  mkdir -p "$home/models" && cp -r "$model" "$home/models/$arch"
   # A scratch HOME and TMPDIR, so nothing of the user's reaches the engine.
   env -i PATH=/usr/bin:/bin HOME="$home/scratch" TMPDIR="$home/scratch" \
-    "$python" "$root/hack/vllm/engine_start.py" --model "$model" --cache-root "$home/$arch" \
+    "$python" "$root/hack/vllm/engine_start.py" --model "$home/models/$arch" --cache-root "$home/$arch" \
     > "$out/$arch.json"
   tar -C "$home/$arch" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . \
     | zstd -q -19 -f -o "$out/$arch.tar.zst"
