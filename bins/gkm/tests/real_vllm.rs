@@ -21,19 +21,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gkm_testenv::{repo_root, tools_bin_dir};
+use gkm_testenv::{Component, find_binary, repo_root};
 use serde_json::Value;
 
 /// `vllm-python`, or a failure naming the command that installs it.
 fn vllm_python() -> PathBuf {
-    let path = tools_bin_dir().join("vllm-python");
-    assert!(
-        path.is_file(),
-        "vllm-python is not installed (looked in {}); install it with \
-         `hack/ci/components.sh vllm` from the repository root",
-        path.display()
-    );
-    path
+    find_binary(Component::Vllm).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// One engine start on `model` with `cache_root`: the script's JSON report.
