@@ -5,7 +5,9 @@
 //! - a pod carrying a capture Job's labels and a terminated container's
 //!   message, but not made by that Job, does not set the capture's outcome
 //!   nor the cache it points; the Job's own pod does; a Job made under the
-//!   capture Job's name by someone else is not read at all;
+//!   capture Job's name by someone else is not read at all, nor is one made
+//!   before the operator's under that name with the capture as its
+//!   controller (the operator reads only the Job whose uid it recorded);
 //! - the workload captured is the one that succeeded, whatever the names of
 //!   the pods that failed;
 //! - a thousand finished pods with 250 KiB of annotations each, most in a
@@ -187,6 +189,55 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
             .create(&PostParams::default(), &capture(ns, name)?)
             .await?;
     }
+    // "claimed": its workload still runs when someone who read the
+    // capture's uid makes a Job under its first capture Job's name, with the
+    // capture as controller, already Complete, and a pod it controls ended
+    // with an outcome; then the workload ends.
+    pods.create(
+        &PostParams::default(),
+        &pod(ns, "claimed-workload", Some("claimed"), json!({}))?,
+    )
+    .await?;
+    let claimed = captures
+        .create(&PostParams::default(), &capture(ns, "claimed")?)
+        .await?;
+    let claimer: Job = serde_json::from_value(json!({
+        "metadata": {"name": "capture-claimed-1", "namespace": ns,
+            "ownerReferences": [{"apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+                "name": "claimed", "uid": claimed.metadata.uid, "controller": true}]},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox"}]}}},
+    }))?;
+    let claimer = jobs.create(&PostParams::default(), &claimer).await?;
+    let claimer_uid = claimer.metadata.uid.clone().unwrap_or_default();
+    let now = jiff::Timestamp::now().to_string();
+    jobs.patch_status(
+        "capture-claimed-1",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"succeeded": 1, "startTime": now, "completionTime": now,
+            "conditions": [
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                {"type": "Complete", "status": "True", "lastTransitionTime": now}]}}),
+        ),
+    )
+    .await?;
+    let claimer_pod = json!({
+        "labels": {"job-name": "capture-claimed-1"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+            "name": "capture-claimed-1", "uid": claimer_uid, "controller": true}]});
+    pods.create(
+        &PostParams::default(),
+        &pod(ns, "claimer", None, claimer_pod)?,
+    )
+    .await?;
+    set_status(
+        &pods,
+        "claimer",
+        terminated(&captured("evil.invalid/claimed", &forged_digest)),
+    )
+    .await?;
+    set_status(&pods, "claimed-workload", json!({"phase": "Succeeded"})).await?;
 
     // "warm" is being captured by its Job.
     let capturing = phase(&captures, "warm", CapturePhase::Capturing).await?;
@@ -275,6 +326,21 @@ async fn a_pod_not_owned_by_the_capture_job_cannot_set_the_captures_outcome() ->
     );
     assert_eq!(squatted.digest, None, "{squatted:?}");
     assert!(caches.get_opt("squatted").await?.is_none());
+
+    // "claimed" takes nothing of the Job made before its own: that Job is
+    // gone, and the one it reads is one it made, still running.
+    let claimed = settle(
+        Duration::from_secs(8),
+        || async { Ok(captures.get("claimed").await?.status.unwrap_or_default()) },
+        |status| status.phase.is_final(),
+    )
+    .await?;
+    assert_eq!(claimed.phase, CapturePhase::Capturing, "{claimed:?}");
+    assert_eq!(claimed.digest, None, "{claimed:?}");
+    assert!(caches.get_opt("claimed").await?.is_none());
+    let own = jobs.get("capture-claimed-1").await?;
+    assert_ne!(own.metadata.uid.as_deref(), Some(claimer_uid.as_str()));
+    assert_eq!(claimed.job_uid, own.metadata.uid, "{claimed:?}");
     operator.abort();
     Ok(())
 }

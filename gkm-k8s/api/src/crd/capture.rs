@@ -191,6 +191,11 @@ pub struct CaptureStatus {
     /// The capture Job running now, or last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// The uid of that Job, as the API server answered the operator's
+    /// create: the only Job whose outcome is read (a Job of the same name
+    /// made by anyone else has another uid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_uid: Option<String>,
     /// Capture Jobs run so far (a registry outage is retried with backoff).
     #[serde(default)]
     pub attempts: i32,

@@ -6,8 +6,10 @@
 //! the capture Jobs it made (by [`CAPTURE_LABEL`]). While a capture Job
 //! runs, it reads the Job's pod and its events every
 //! [`CaptureControllerOptions::poll`] (a pod blocked on a missing Secret
-//! changes nothing the watches see); the Job's pod is only one the Job
-//! controls ([`job_pod`]), never one that merely carries its labels. It writes a capture's status only
+//! changes nothing the watches see); the Job is only the one whose uid the
+//! status records, from the answer to the create ([`unvouched`]), and the
+//! Job's pod only one the Job controls ([`job_pod`]), never one that
+//! merely carries its labels. It writes a capture's status only
 //! when it changed, stamping `lastTransition` when the phase, the Job or
 //! the attempt changed, and points the `GKMCache` a complete capture names
 //! at the pushed digest.
@@ -32,7 +34,7 @@ use tracing::info;
 
 use super::decide::{Action, Decision, JobState, Observed, Retry, decide};
 use super::job::{CAPTURE_LABEL, CapturedPod, Harvest, JobOptions, job_harvesting};
-use super::observe::{is_capture_job, is_transition, job_pod, job_state, namespaces_under_way};
+use super::observe::{is_transition, job_pod, job_state, namespaces_under_way, unvouched};
 use super::workloads::{PAGE_SIZE, Workloads};
 use crate::error::{Error, Result};
 use crate::metrics::{ControllerKind, Metrics};
@@ -132,18 +134,15 @@ async fn reconcile(cached: Arc<GKMCacheCapture>, ctx: Arc<Context>) -> Result<Re
     let status = capture.status.clone().unwrap_or_default();
     let observed = observe(&ctx, &capture, &namespace, &status).await?;
     let decision = decide(&name, &status, &observed, &ctx.options.retry);
-    carry_out(&ctx, &capture, &namespace, &decision).await?;
+    let created = carry_out(&ctx, &capture, &namespace, &decision).await?;
+    let mut next = decision.status.clone();
+    if created.is_some() {
+        next.job_uid = created;
+    }
     if let Some(image) = &decision.point_cache_at {
         point_cache(&ctx.client, &capture, &namespace, image).await?;
     }
-    write_status(
-        &ctx.client,
-        &namespace,
-        &name,
-        &status,
-        decision.status.clone(),
-    )
-    .await?;
+    write_status(&ctx.client, &namespace, &name, &status, next).await?;
     Ok(match decision.action {
         Action::RequeueAfter(wait) => Requeue::requeue(wait),
         _ if decision.status.job.is_some() && !decision.status.phase.is_final() => {
@@ -163,7 +162,10 @@ async fn observe(
     let workloads = ctx.workloads.named(namespace, &capture.name_any());
     let capture_uid = capture.metadata.uid.as_deref().unwrap_or_default();
     let job = match (&status.job, status.phase.is_final()) {
-        (Some(job), false) => job_observed(&ctx.client, namespace, job, capture_uid).await?,
+        (Some(job), false) => {
+            let recorded = status.job_uid.as_deref();
+            job_observed(&ctx.client, namespace, job, capture_uid, recorded).await?
+        }
         _ => None,
     };
     let since_transition = status
@@ -182,13 +184,15 @@ async fn observe(
 }
 
 /// The capture Job `name`'s state, or `None` when it does not exist; a
-/// Job of that name the capture of uid `capture_uid` does not control is
-/// not read.
+/// Job of that name the operator cannot vouch for ([`unvouched`]: the
+/// capture of uid `capture_uid` its controller, `recorded` its uid) is not
+/// read.
 async fn job_observed(
     client: &Client,
     namespace: &str,
     name: &str,
     capture_uid: &str,
+    recorded: Option<&str>,
 ) -> Result<Option<JobState>> {
     let Some(job) = Api::<Job>::namespaced(client.clone(), namespace)
         .get_opt(name)
@@ -196,8 +200,8 @@ async fn job_observed(
     else {
         return Ok(None);
     };
-    if !is_capture_job(&job, capture_uid) {
-        return Ok(Some(JobState::NotTheCaptures));
+    if let Some(why) = unvouched(&job, capture_uid, recorded) {
+        return Ok(Some(JobState::NotVouched(why)));
     }
     let job_uid = job.metadata.uid.clone().unwrap_or_default();
     let Some(pod) = owned_job_pod(client, namespace, name, &job_uid).await? else {
@@ -253,13 +257,15 @@ async fn owned_job_pod(
     }
 }
 
-/// Creates or deletes the capture Job the decision names.
+/// Creates or deletes the capture Job the decision names; the uid of the
+/// Job it created, as the API server answered (none when the name was
+/// taken: that Job is not vouched for).
 async fn carry_out(
     ctx: &Context,
     capture: &GKMCacheCapture,
     namespace: &str,
     decision: &Decision,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
     match &decision.action {
         Action::CreateJob(name) => {
@@ -286,7 +292,10 @@ async fn carry_out(
                 })?;
             let made: Job = serde_json::from_value(made)?;
             match jobs.create(&PostParams::default(), &made).await {
-                Ok(_) => info!(%namespace, job = %name, "capture Job created"),
+                Ok(created) => {
+                    info!(%namespace, job = %name, "capture Job created");
+                    return Ok(created.metadata.uid);
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e.into()),
             }
@@ -304,7 +313,7 @@ async fn carry_out(
         }
         Action::None | Action::RequeueAfter(_) => {}
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Points the `GKMCache` the capture names (creating it when missing) at

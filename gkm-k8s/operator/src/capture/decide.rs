@@ -15,9 +15,14 @@
 //!   did not verify, a Job that cannot start because a Secret is missing)
 //!   is `Failed` at once. A Job that went missing (deleted by hand) is made
 //!   again under the same name, so an operator restarted mid-capture
-//!   carries on with the Job it made. A Job of that name the capture does
-//!   not control is never read: the capture waits for it to go
-//!   (`JobNotOwned`).
+//!   carries on with the Job it made. Only the Job whose uid the status
+//!   records (`jobUid`, from the answer to the operator's create) is read.
+//!   A Job of that name the capture does not control is never read: the
+//!   capture waits for it to go (`JobNotOwned`). One the capture controls
+//!   but of no recorded uid or another (made before the operator's, or by
+//!   an operator stopped before it recorded the uid) is deleted unread and
+//!   made again (`JobNotVouched`), so a restart costs that Job's work and
+//!   never wedges the capture.
 //! - `Complete` / `Failed`: nothing more, and the node's captured tree may
 //!   be removed.
 
@@ -116,9 +121,36 @@ pub enum JobState {
     },
     /// It finished; the outcome its container wrote, when it wrote one.
     Finished(Option<Outcome>),
-    /// A Job of that name exists that the capture does not control (made
-    /// by someone else): nothing of it is read.
-    NotTheCaptures,
+    /// A Job of that name exists that the operator cannot vouch for (see
+    /// [`Unvouched`]): nothing of it is read.
+    NotVouched(Unvouched),
+}
+
+/// Why a Job under the capture Job's name is not the one the operator made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unvouched {
+    /// The capture is not its controller: it is not the operator's to
+    /// delete, so the capture waits for it to go.
+    NotControlled,
+    /// The capture controls it but no uid is recorded: made before the
+    /// operator's create (which then found the name taken), or by an
+    /// operator stopped before it recorded the uid. Deleted and made again.
+    NotRecorded,
+    /// The capture controls it but its uid is not the one recorded (the
+    /// operator's was deleted and another made under the name). Deleted and
+    /// made again.
+    OtherUid,
+}
+
+impl Unvouched {
+    /// Why, for people.
+    fn why(self) -> &'static str {
+        match self {
+            Unvouched::NotControlled => "this capture is not its controller",
+            Unvouched::NotRecorded => "no uid of a Job the operator made is recorded",
+            Unvouched::OtherUid => "its uid is not that of the Job the operator made",
+        }
+    }
 }
 
 /// What the cluster shows of a capture.
@@ -166,8 +198,9 @@ impl Retry {
 pub enum Action {
     /// Nothing.
     None,
-    /// Create (apply) the capture Job of this name, attempt number
-    /// `status.attempts`.
+    /// Create the capture Job of this name, attempt number
+    /// `status.attempts`, recording in `status.jobUid` the uid the create
+    /// is answered with (a name already taken records nothing).
     CreateJob(String),
     /// Look again after this long (a retry's backoff).
     RequeueAfter(Duration),
@@ -214,19 +247,39 @@ pub fn decide(name: &str, status: &CaptureStatus, observed: &Observed, retry: &R
             // Wait for it to go (a deleted capture's Job, not yet collected,
             // or one made to pass for the capture's): then the capture's own
             // is made under that name.
-            (Some(JobState::NotTheCaptures), _) => {
+            (Some(JobState::NotVouched(Unvouched::NotControlled)), _) => {
                 let mut next = status.clone();
                 next.reason = Some("JobNotOwned".into());
                 next.message = Some(format!(
-                    "a Job named {} exists that this capture did not make; nothing of it is \
-                     read, and the capture's own Job is made once it is gone",
-                    status.job.as_deref().unwrap_or_default()
+                    "a Job named {} exists that this capture did not make ({}); nothing of it \
+                     is read, and the capture's own Job is made once it is gone",
+                    status.job.as_deref().unwrap_or_default(),
+                    Unvouched::NotControlled.why()
                 ));
                 to(next, Action::None)
             }
+            // One the capture controls but the operator did not make (or
+            // did not record): deleted unread, then the capture's own is
+            // made under that name.
+            (Some(JobState::NotVouched(why)), Some(job)) => {
+                let mut next = status.clone();
+                next.job_uid = None;
+                next.reason = Some("JobNotVouched".into());
+                next.message = Some(format!(
+                    "the Job {job} was deleted unread ({}); the capture's own Job is made under \
+                     that name",
+                    why.why()
+                ));
+                to(next, Action::DeleteJob(job.clone()))
+            }
+            (Some(JobState::NotVouched(_)), None) => keep(Action::None),
             // Waiting out a retry's backoff, or the Job went missing.
             (None, None) => retry_due(name, status, observed, retry),
-            (None, Some(job)) => keep(Action::CreateJob(job.clone())),
+            (None, Some(job)) => {
+                let mut next = status.clone();
+                next.job_uid = None;
+                to(next, Action::CreateJob(job.clone()))
+            }
         },
     }
 }
@@ -267,6 +320,7 @@ fn pending(name: &str, status: &CaptureStatus, observed: &Observed) -> Decision 
     next.attempts = 1;
     let job = job_name(name, 1);
     next.job = Some(job.clone());
+    next.job_uid = None;
     next.reason = Some("WorkloadEnded".into());
     next.message = Some(format!(
         "capturing the tree of pod {} on node {}",
@@ -312,6 +366,7 @@ fn finished(status: &CaptureStatus, outcome: Option<&Outcome>, retry: &Retry) ->
     let wait = retry.backoff(status.attempts);
     let mut next = status.clone();
     next.job = None;
+    next.job_uid = None;
     next.reason = Some(reason.into());
     next.message = Some(format!(
         "attempt {} of {} failed, next in {}s: {message}",
@@ -334,6 +389,7 @@ fn retry_due(name: &str, status: &CaptureStatus, observed: &Observed, retry: &Re
     next.attempts += 1;
     let job = job_name(name, next.attempts);
     next.job = Some(job.clone());
+    next.job_uid = None;
     to(next, Action::CreateJob(job))
 }
 
@@ -594,7 +650,7 @@ mod tests {
         // is read, and the capture waits.
         let d = step(
             &capturing,
-            &observed(vec![], Some(JobState::NotTheCaptures)),
+            &observed(vec![], Some(JobState::NotVouched(Unvouched::NotControlled))),
         );
         assert_eq!(d.status.phase, CapturePhase::Capturing);
         assert_eq!(d.status.reason.as_deref(), Some("JobNotOwned"));
@@ -605,6 +661,45 @@ mod tests {
             &observed(vec![], Some(JobState::Finished(None))),
         );
         assert_eq!(d.status.reason.as_deref(), Some("NoOutcome"));
+    }
+
+    #[test]
+    fn a_job_the_operator_cannot_vouch_for_is_deleted_unread_and_made_again() {
+        // Capturing, as an operator stopped between creating the Job and
+        // recording its uid leaves it, or as a create that found the name
+        // taken by a Job the capture controls leaves it.
+        let capturing = CaptureStatus {
+            phase: CapturePhase::Capturing,
+            job: Some(job_name("warm", 1)),
+            attempts: 1,
+            ..CaptureStatus::default()
+        };
+        for why in [Unvouched::NotRecorded, Unvouched::OtherUid] {
+            let recorded = CaptureStatus {
+                job_uid: (why == Unvouched::OtherUid).then(|| "made".into()),
+                ..capturing.clone()
+            };
+            let d = step(
+                &recorded,
+                &observed(vec![], Some(JobState::NotVouched(why))),
+            );
+            assert_eq!(d.status.phase, CapturePhase::Capturing);
+            assert_eq!(d.status.reason.as_deref(), Some("JobNotVouched"));
+            assert!(
+                d.status
+                    .message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("capture-warm-1")),
+                "{d:?}"
+            );
+            assert_eq!(d.status.job_uid, None);
+            assert_eq!(d.status.digest, None);
+            assert_eq!(d.action, Action::DeleteJob(job_name("warm", 1)));
+            // Once it is gone, the capture's own is made under the name.
+            let gone = step(&d.status, &observed(vec![], None));
+            assert_eq!(gone.action, Action::CreateJob(job_name("warm", 1)));
+            assert_eq!(gone.status.attempts, 1);
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Reading the cluster into [`decide`](super::decide)'s terms, pure: which
 //! captures a pod's volumes name, what the controller keeps of an ended
-//! workload pod, which namespaces' pods it watches, which pod is a capture
-//! Job's own and what it shows, and when a status changed enough to stamp
+//! workload pod, which namespaces' pods it watches, which Job is the
+//! capture's own, which pod is a capture Job's own and what it shows, and when a status changed enough to stamp
 //! its transition time.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::decide::{JobState, Outcome, Workload, WorkloadState};
+use super::decide::{JobState, Outcome, Unvouched, Workload, WorkloadState};
 
 /// The captures a pod's writable cache volumes name (`csi.gkm.io` volumes
 /// naming a cache and [`ATTR_CAPTURE`]): the trees of these are uppers over
@@ -128,6 +128,23 @@ pub fn is_capture_job(job: &Job, capture_uid: &str) -> bool {
         "GKMCacheCapture",
         capture_uid,
     )
+}
+
+/// Whether the operator can vouch for `job`, found under the capture Job's
+/// name: `None` when it can (the capture of uid `capture_uid` controls it
+/// and its uid is `recorded`, the one the operator's create was answered
+/// with), else why not. Anyone who may create Jobs in the namespace and
+/// read the capture's uid can make a Job the capture controls, before the
+/// operator makes its own; only the uid tells them apart.
+pub fn unvouched(job: &Job, capture_uid: &str, recorded: Option<&str>) -> Option<Unvouched> {
+    if !is_capture_job(job, capture_uid) {
+        return Some(Unvouched::NotControlled);
+    }
+    match recorded {
+        None => Some(Unvouched::NotRecorded),
+        Some(uid) if job.metadata.uid.as_deref() != Some(uid) => Some(Unvouched::OtherUid),
+        Some(_) => None,
+    }
 }
 
 /// Whether `owners` name `api_version` `kind` of uid `uid` as controller.
@@ -315,6 +332,31 @@ mod tests {
         let squatted: Job =
             serde_json::from_value(json!({"metadata": {"name": "capture-warm-1"}})).expect("a Job");
         assert!(!is_capture_job(&squatted, "capture-uid"));
+    }
+
+    #[test]
+    fn only_the_job_of_the_recorded_uid_is_vouched_for() {
+        let job = |uid: &str| -> Job {
+            serde_json::from_value(json!({
+                "metadata": {"name": "capture-warm-1", "uid": uid, "ownerReferences": [{
+                    "apiVersion": "gkm.io/v1alpha1", "kind": "GKMCacheCapture",
+                    "name": "warm", "uid": "capture-uid", "controller": true}]},
+            }))
+            .expect("a Job")
+        };
+        assert_eq!(unvouched(&job("made"), "capture-uid", Some("made")), None);
+        assert_eq!(
+            unvouched(&job("squatter"), "capture-uid", Some("made")),
+            Some(Unvouched::OtherUid)
+        );
+        assert_eq!(
+            unvouched(&job("squatter"), "capture-uid", None),
+            Some(Unvouched::NotRecorded)
+        );
+        assert_eq!(
+            unvouched(&job("made"), "other-capture", Some("made")),
+            Some(Unvouched::NotControlled)
+        );
     }
 
     #[test]
