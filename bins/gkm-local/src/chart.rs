@@ -58,6 +58,37 @@ pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// What the chart's pods and the events of its namespace say, for an
+/// install that did not become ready in time; what could not be read says
+/// why instead.
+pub fn pods_report(kubeconfig: &Path) -> String {
+    let kubectl = |args: &[&str]| -> String {
+        let run = find_binary(Component::Kubectl).and_then(|kubectl| {
+            let out = Command::new(kubectl)
+                .args(args)
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .output()?;
+            Ok(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        });
+        run.unwrap_or_else(|e| format!("(kubectl {}: {e:#})", args.join(" ")))
+    };
+    format!(
+        "the chart's pods:\n{}\nevents in {SYSTEM_NAMESPACE}:\n{}",
+        kubectl(&["get", "pods", "-n", SYSTEM_NAMESPACE, "-o", "wide"]),
+        kubectl(&[
+            "get",
+            "events",
+            "-n",
+            SYSTEM_NAMESPACE,
+            "--sort-by=.lastTimestamp"
+        ]),
+    )
+}
+
 /// Builds the [`COMPONENTS`]' images with `hack/images/build.sh` into
 /// `out`, from the binaries built beside this program (debug builds,
 /// stripped), and imports them into the containerd of each of `nodes`.

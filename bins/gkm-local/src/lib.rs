@@ -581,7 +581,8 @@ impl Stack {
             args.extend(["--set-json", value.as_str()]);
         }
         args.extend(sandbox.args());
-        let output = chart::helm(self.plane.kubeconfig(), &args)?;
+        let output = chart::helm(self.plane.kubeconfig(), &args)
+            .map_err(|e| e.context(chart::pods_report(self.plane.kubeconfig())))?;
         self.chart = Some(sandbox);
         for node in &self.nodes {
             if self.real_nodes.contains_key(&node.name) {
