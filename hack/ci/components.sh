@@ -134,6 +134,51 @@ EOF
   chmod +x "$bin_dir/triton-python"
 }
 
+# python_venv NAME VERSION REQUIREMENTS [PIP-FLAG...]
+# A virtualenv of Debian's python3 in NAME-VERSION/ with the pinned wheels of
+# REQUIREMENTS (hash-checked, binary only), and $GKM_TOOLS_DIR/bin/NAME-python
+# running it through one fixed path on every machine, /tmp/gkm-NAME-VERSION
+# (a virtualenv's python finds its packages only when run by the
+# virtualenv's own path, and compiled code records the paths it was built
+# from; pods mount it there too). Keyed by the requirements and the Python
+# version, so a warm run installs nothing; the key is left in $venv_key.
+# Inductor builds CPU kernels with the host's C++ compiler: g++ comes too.
+python_venv() {
+  local name=$1 version=$2 requirements=$3
+  shift 3
+  local dest=$tools_dir/$name-$version
+  local python=/usr/bin/python3
+  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null || ! command -v g++ >/dev/null; then
+    log "apt-get install python3 python3-venv g++ (for the $name virtualenv)"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv g++ >/dev/null
+  fi
+  venv_key="$("$python" --version) $(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$venv_key" ]]; then
+    log "$name $version: cached in $dest"
+  else
+    log "$name $version: installing into $dest"
+    rm -rf "$dest"
+    "$python" -m venv "$dest"
+    "$dest/bin/python" -m pip install --quiet --no-input --no-cache-dir --require-hashes \
+      --only-binary=:all: "$@" -r "$requirements"
+    printf '%s' "$venv_key" > "$dest/.stamp"
+  fi
+  local link=/tmp/gkm-$name-$version
+  rm -f "$bin_dir/$name-python"
+  cat > "$bin_dir/$name-python" <<EOF
+#!/bin/sh
+# Real $name $version (hack/ci/components.sh $name), run from $link.
+if [ "\$(readlink $link)" != "$dest" ]; then
+  ln -sfn "$dest" $link || { echo "$name-python: cannot link $link to $dest" >&2; exit 1; }
+fi
+exec $link/bin/python "\$@"
+EOF
+  chmod +x "$bin_dir/$name-python"
+}
+
 # torch_component VERSION
 # Real PyTorch, whose torch.compile (Inductor) compiles and caches C++ kernels
 # on the CPU: a virtualenv of Debian's python3 in torch-VERSION/ with the
@@ -143,45 +188,8 @@ EOF
 # version, so a warm run installs nothing. A fresh install takes about a
 # minute and a half (downloads of about 2.7 GB).
 torch_component() {
-  local version=$1
-  local dest=$tools_dir/torch-$version
-  local python=/usr/bin/python3
-  local requirements=$root/hack/fixtures/torch-requirements.txt
-  # Inductor builds its CPU kernels with the host's C++ compiler.
-  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null || ! command -v g++ >/dev/null; then
-    log "apt-get install python3 python3-venv g++ (for the PyTorch virtualenv)"
-    local sudo=
-    [[ $(id -u) == 0 ]] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv g++ >/dev/null
-  fi
-  local key
-  key="$("$python" --version) $(sha256sum "$requirements" | cut -d' ' -f1)"
-  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
-    log "torch $version: cached in $dest"
-  else
-    log "torch $version: installing into $dest"
-    rm -rf "$dest"
-    "$python" -m venv "$dest"
-    "$dest/bin/python" -m pip install --quiet --no-input --no-cache-dir --require-hashes \
-      --only-binary=:all: -r "$requirements"
-    printf '%s' "$key" > "$dest/.stamp"
-  fi
-  # The script that runs it, through one fixed path on every machine (a
-  # virtualenv's python finds its packages only when run by the
-  # virtualenv's own path), which pods mount the virtualenv at too.
-  local link=/tmp/gkm-torch-$version
-  rm -f "$bin_dir/torch-python"
-  cat > "$bin_dir/torch-python" <<EOF
-#!/bin/sh
-# Real PyTorch $version (hack/ci/components.sh torch), run from $link.
-if [ "\$(readlink $link)" != "$dest" ]; then
-  ln -sfn "$dest" $link || { echo "torch-python: cannot link $link to $dest" >&2; exit 1; }
-fi
-exec $link/bin/python "\$@"
-EOF
-  chmod +x "$bin_dir/torch-python"
-  torch_fixture "$key"
+  python_venv torch "$1" "$root/hack/fixtures/torch-requirements.txt"
+  torch_fixture "$venv_key"
 }
 
 # torch_fixture KEY
@@ -218,45 +226,7 @@ torch_fixture() {
 # Python version, so a warm run installs nothing. A fresh install takes
 # two to three and a half minutes (downloads of about 3 GB; 6.3 GB installed).
 vllm_component() {
-  local version=$1
-  local dest=$tools_dir/vllm-$version
-  local python=/usr/bin/python3
-  local requirements=$root/hack/fixtures/vllm-requirements.txt
-  # Inductor builds the engine's CPU kernels with the host's C++ compiler.
-  if ! "$python" -c 'import ensurepip, venv' 2>/dev/null || ! command -v g++ >/dev/null; then
-    log "apt-get install python3 python3-venv g++ (for the vLLM virtualenv)"
-    local sudo=
-    [[ $(id -u) == 0 ]] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3 python3-venv g++ >/dev/null
-  fi
-  local key
-  key="$("$python" --version) $(sha256sum "$requirements" | cut -d' ' -f1)"
-  if [[ -f $dest/.stamp && $(cat "$dest/.stamp") == "$key" ]]; then
-    log "vllm $version: cached in $dest"
-  else
-    log "vllm $version: installing into $dest"
-    rm -rf "$dest"
-    "$python" -m venv "$dest"
-    "$dest/bin/python" -m pip install --quiet --no-input --no-cache-dir --require-hashes \
-      --only-binary=:all: --no-deps -r "$requirements"
-    printf '%s' "$key" > "$dest/.stamp"
-  fi
-  # The script that runs it, through one fixed path on every machine (a
-  # virtualenv's python finds its packages only when run by the
-  # virtualenv's own path, and compiled code records the paths it was
-  # built from).
-  local link=/tmp/gkm-vllm-$version
-  rm -f "$bin_dir/vllm-python"
-  cat > "$bin_dir/vllm-python" <<EOF
-#!/bin/sh
-# Real vLLM $version (hack/ci/components.sh vllm), run from $link.
-if [ "\$(readlink $link)" != "$dest" ]; then
-  ln -sfn "$dest" $link || { echo "vllm-python: cannot link $link to $dest" >&2; exit 1; }
-fi
-exec $link/bin/python "\$@"
-EOF
-  chmod +x "$bin_dir/vllm-python"
+  python_venv vllm "$1" "$root/hack/fixtures/vllm-requirements.txt" --no-deps
 }
 
 all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch vllm toxiproxy)
