@@ -1446,3 +1446,113 @@ async fn only_the_job_controller_may_make_a_pod_a_capture_job_controls() -> anyh
     }
     Ok(())
 }
+
+/// A pod of the tenant's namespace mounting the claim `claim`, read-only
+/// when `read_only`, labelled `labels`.
+fn claim_pod(name: &str, claim: &str, read_only: bool, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TEAM, "labels": labels},
+        "spec": {
+            "nodeName": "gpu-node-1",
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "main", "image": "busybox",
+                            "volumeMounts": [{"name": "kernels", "mountPath": "/cache"}]}],
+            "volumes": [{"name": "kernels", "persistentVolumeClaim":
+                {"claimName": claim, "readOnly": read_only}}],
+        },
+    })
+}
+
+/// A claim in the tenant's namespace, labelled `labels`.
+fn claim(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": TEAM, "labels": labels},
+        "spec": {"accessModes": ["ReadOnlyMany"],
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })
+}
+
+#[tokio::test]
+async fn no_pod_mounts_a_claim_gkm_filled_writable_even_while_gkm_is_away() -> anyhow::Result<()>
+{
+    // Only the policy: no operator answers the claim-read-only webhook, as
+    // when it is down or its port is held busy and the webhook is skipped.
+    let (plane, admin) = install(&["policies/claim-read-only.yaml"]).await?;
+    let gkm_labels = json!({"app.kubernetes.io/managed-by": "gkm-operator",
+                            "gkm.io/cache": "vector-add", "gkm.io/cache-kind": "GKMCache"});
+    plane
+        .apply_object(&claim("vector-add", gkm_labels.clone()), false)
+        .await?;
+    plane
+        .apply_object(&claim("scratch", json!({"app": "mine"})), false)
+        .await?;
+    let tenant = Who::User(TENANT);
+    let path = pods_path(TEAM);
+    let status = first_refusal_by(
+        &admin,
+        "gkm-claim-read-only",
+        "a pod mounting a claim gkm filled writable",
+        |name| claim_pod(name, "vector-add", false, json!({})),
+    )
+    .await?;
+    assert!(
+        status.message.contains("gkm claim vector-add writable")
+            && status.message.contains("readOnly: true"),
+        "the refusal names the claim and the fix: {}",
+        status.message
+    );
+    // Labelling the pod as gkm's own does not make a tenant's pod a fill pod.
+    let posing = as_who(
+        &admin,
+        tenant,
+        create(
+            &path,
+            &claim_pod(
+                "posing-as-fill",
+                "vector-add",
+                false,
+                json!({"app.kubernetes.io/managed-by": "gkm-operator"}),
+            ),
+        )?,
+    )
+    .await?;
+    let status = posing.expect_err("a tenant's pod labelled as gkm's is refused too");
+    assert!(
+        status.message.contains("gkm-claim-read-only"),
+        "{}",
+        status.message
+    );
+    let admitted = [
+        (
+            "reads-the-cache",
+            claim_pod("reads-the-cache", "vector-add", true, json!({})),
+        ),
+        (
+            "writes-its-own",
+            claim_pod("writes-its-own", "scratch", false, json!({})),
+        ),
+    ];
+    for (name, pod) in admitted {
+        let made = as_who(&admin, tenant, create(&path, &pod)?).await?;
+        assert!(made.is_ok(), "{name} must be admitted: {made:?}");
+    }
+    // gkm's fill pod, made by the Job controller, writes its claim.
+    let mut by_controller = create(
+        &path,
+        &claim_pod("fill-pod", "vector-add", false, gkm_labels),
+    )?;
+    let headers = by_controller.headers_mut();
+    headers.insert(
+        "Impersonate-User",
+        "system:kube-controller-manager".parse()?,
+    );
+    headers.append("Impersonate-Group", "system:masters".parse()?);
+    let made = admin.request::<Value>(by_controller).await;
+    assert!(made.is_ok(), "the Job controller makes fill pods: {made:?}");
+    for name in ["reads-the-cache", "writes-its-own", "fill-pod"] {
+        as_who(&admin, Who::Admin, delete_pod(name)?).await?.ok();
+    }
+    Ok(())
+}

@@ -12,6 +12,7 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -103,7 +104,8 @@ fn admission_config(dir: &Path, host: &str, identity: &Identity) -> anyhow::Resu
 }
 
 /// A control plane whose apiserver presents the webhook client certificate,
-/// and the operator serving the webhooks to holders of that certificate.
+/// and the operator serving the webhooks to holders of that certificate
+/// (with `--webhook-client-ca`), or to any caller (the default install).
 struct Ground {
     plane: ControlPlane,
     admin: kube::Client,
@@ -118,6 +120,10 @@ struct Ground {
 }
 
 async fn ground() -> anyhow::Result<Ground> {
+    ground_with(true).await
+}
+
+async fn ground_with(verify_callers: bool) -> anyhow::Result<Ground> {
     let dir = gkm_testenv::temp_dir()?;
     let hook_port = free_port()?;
     let addr = format!("127.0.0.1:{hook_port}");
@@ -146,7 +152,10 @@ async fn ground() -> anyhow::Result<Ground> {
         &admin,
         "callers",
         &addr,
-        &[format!("--webhook-client-ca={}", ca_file.display())],
+        &(verify_callers
+            .then(|| format!("--webhook-client-ca={}", ca_file.display()))
+            .into_iter()
+            .collect::<Vec<_>>()),
         dir.path(),
     )
     .await?;
@@ -435,6 +444,94 @@ async fn oversized_admission_bodies_are_refused_before_decoding() -> anyhow::Res
     assert_eq!(
         http_get(ground.metrics_port, "/readyz").await.map(|r| r.0),
         Some(200)
+    );
+    ground.operator.check_running()?;
+    Ok(())
+}
+
+/// A caller of the webhooks that holds `connections` connections open the
+/// slow way: each sends its request head and one byte of a 1 KiB body, then
+/// waits for the server to give up on it, and opens another, until `stop`;
+/// `opened` counts the heads sent.
+fn hold_slow_connections(
+    addr: &str,
+    ca_pem: &str,
+    connections: usize,
+    stop: &Arc<AtomicBool>,
+    opened: &Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..connections)
+        .map(|_| {
+            let (addr, ca_pem) = (addr.to_string(), ca_pem.to_string());
+            let (stop, opened) = (stop.clone(), opened.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut stream) = connect(&addr, &ca_pem, None).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let head = format!(
+                        "POST {QUOTA_PATH} HTTP/1.1\r\nHost: {addr}\r\n\
+                         Content-Type: application/json\r\nContent-Length: 1024\r\n\r\n{{"
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        continue;
+                    }
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    let mut reply = Vec::new();
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(15),
+                        stream.read_to_end(&mut reply),
+                    )
+                    .await;
+                }
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_holding_slow_connections_do_not_starve_the_apiservers_reviews()
+-> anyhow::Result<()> {
+    // The default install: no client CA, so any pod reaching the port may
+    // connect and take its time.
+    let mut ground = ground_with(false).await?;
+    let admin = ground.admin.clone();
+    quota_namespace(&admin, "tenant-c", 2).await?;
+    let pods = Api::<Pod>::namespaced(admin.clone(), "tenant-c");
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let slow = 4 * gkm_k8s_operator::admission::MAX_REVIEWS_IN_FLIGHT;
+    let held = hold_slow_connections(&ground.addr, &ground.serving_ca, slow, &stop, &opened);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Meanwhile the apiserver's reviews are answered by the webhook: pods
+    // within the quota admitted, one past it refused by the quota's answer.
+    let outcome = async {
+        for name in ["first", "second"] {
+            pods.create(&PostParams::default(), &gpu_pod(name)?)
+                .await
+                .map_err(|e| anyhow::anyhow!("{name}, within the quota, was not admitted: {e}"))?;
+        }
+        match pods.create(&PostParams::default(), &gpu_pod("third")?).await {
+            Err(kube::Error::Api(e)) => anyhow::ensure!(
+                e.message.contains("gkm: quota tenant-c/a100 reached"),
+                "the third pod was refused, but not by the quota's answer: {}",
+                e.message
+            ),
+            other => anyhow::bail!("a third GPU pod past a quota of 2: {other:?}"),
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for task in held {
+        task.abort();
+    }
+    outcome.map_err(|e| anyhow::anyhow!("{e:#}\noperator:\n{}", ground.operator.log_tail(20)))?;
+    let opened = opened.load(Ordering::Relaxed);
+    assert!(
+        opened >= slow,
+        "the slow caller got only {opened} of its {slow} connections in"
     );
     ground.operator.check_running()?;
     Ok(())

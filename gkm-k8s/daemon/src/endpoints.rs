@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
@@ -55,11 +55,27 @@ pub trait Routes: Send + Sync {
         let _ = path;
         self.max_body_bytes()
     }
-    /// How many requests these routes answer at once, body reading
-    /// included; one more is answered `503` with `Retry-After` at once.
+    /// How many requests these routes answer at once, once their bodies
+    /// are read (bodies being read take no permit: a slow client cannot
+    /// hold one); one more is answered `503` with `Retry-After` at once.
     /// `None`: no limit.
     fn max_in_flight(&self) -> Option<usize> {
         None
+    }
+    /// How many bytes of request bodies these routes hold at once while
+    /// they are being read, counted as they arrive (a client that declares
+    /// a large body and sends it slowly holds only what it sent); a body
+    /// arriving past it is answered `503` with `Retry-After`. By default
+    /// [`Routes::max_in_flight`] bodies of [`Routes::max_body_bytes`]
+    /// each; `None`, no limit, when there is no in-flight limit.
+    fn max_buffered_bytes(&self) -> Option<usize> {
+        self.max_in_flight()
+            .map(|n| n.saturating_mul(self.max_body_bytes()))
+    }
+    /// How long a client may take to send a body to these routes
+    /// ([`BODY_READ_TIMEOUT`] unless they say less).
+    fn body_read_timeout(&self) -> Duration {
+        BODY_READ_TIMEOUT
     }
     /// The response to `method` on `path` with the request `body` (at most
     /// [`Routes::max_body_bytes`]).
@@ -69,10 +85,12 @@ pub trait Routes: Send + Sync {
 /// The largest request body a [`Routes`] path accepts unless it says less.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
-/// Extra routes and the permits of their in-flight limit.
+/// Extra routes, the permits of their in-flight limit and the bytes their
+/// bodies being read may hold.
 struct Served {
     routes: Arc<dyn Routes>,
     in_flight: Option<Arc<Semaphore>>,
+    buffered: Option<Arc<Semaphore>>,
 }
 
 /// What the server answers with: the metrics registry, the readiness
@@ -96,7 +114,14 @@ impl Endpoints {
     /// Also serves `routes`.
     pub fn with_routes(mut self, routes: Arc<dyn Routes>) -> Self {
         let in_flight = routes.max_in_flight().map(|n| Arc::new(Semaphore::new(n)));
-        self.routes = Some(Served { routes, in_flight });
+        let buffered = routes
+            .max_buffered_bytes()
+            .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
+        self.routes = Some(Served {
+            routes,
+            in_flight,
+            buffered,
+        });
         self
     }
 
@@ -109,14 +134,6 @@ impl Endpoints {
         else {
             return self.respond(&request);
         };
-        // Held until the response is computed.
-        let _permit = match &served.in_flight {
-            None => None,
-            Some(permits) => match permits.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => return busy(served.routes.max_in_flight().unwrap_or_default()),
-            },
-        };
         let limit = served.routes.max_body_bytes_of(request.uri().path());
         let declared = request
             .headers()
@@ -126,27 +143,42 @@ impl Endpoints {
             return too_large(limit);
         }
         let (parts, body) = request.into_parts();
-        let read = tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect());
-        match read.await {
-            Ok(Ok(body)) => {
-                served
-                    .routes
-                    .respond(&parts.method, parts.uri.path(), body.to_bytes())
-                    .await
+        let timeout = served.routes.body_read_timeout();
+        let read = tokio::time::timeout(timeout, read_body(body, limit, served.buffered.as_ref()));
+        let body = match read.await {
+            Ok(Ok(body)) => body,
+            Ok(Err(BodyError::TooLarge)) => return too_large(limit),
+            Ok(Err(BodyError::Buffered)) => {
+                return busy_reading(served.routes.max_buffered_bytes().unwrap_or_default());
             }
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(limit),
-            Ok(Err(e)) => text(
-                StatusCode::BAD_REQUEST,
-                format!("reading the request body: {e}\n"),
-            ),
-            Err(_) => text(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body took longer than {}s to send\n",
-                    BODY_READ_TIMEOUT.as_secs()
-                ),
-            ),
-        }
+            Ok(Err(BodyError::Read(e))) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("reading the request body: {e}\n"),
+                );
+            }
+            Err(_) => {
+                return text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body took longer than {}s to send\n",
+                        timeout.as_secs_f64()
+                    ),
+                );
+            }
+        };
+        // Taken once the body is whole, held until the response is computed.
+        let _permit = match &served.in_flight {
+            None => None,
+            Some(permits) => match permits.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return busy(served.routes.max_in_flight().unwrap_or_default()),
+            },
+        };
+        served
+            .routes
+            .respond(&parts.method, parts.uri.path(), body)
+            .await
     }
 
     /// The readiness checks.
@@ -215,6 +247,60 @@ fn too_large(limit: usize) -> Response<Full<Bytes>> {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is larger than {limit} bytes, the most this path accepts\n"),
     )
+}
+
+/// Why a request body was not read whole.
+enum BodyError {
+    /// It is larger than its path accepts.
+    TooLarge,
+    /// The bodies being read already hold every byte the routes allow.
+    Buffered,
+    /// The connection failed while it was sent.
+    Read(hyper::Error),
+}
+
+/// Reads `body`, at most `limit` bytes, taking a permit of `buffered` for
+/// each byte as it arrives (released when the body is dropped: the bytes
+/// are then the response's to hold, under the in-flight limit).
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    buffered: Option<&Arc<Semaphore>>,
+) -> Result<Bytes, BodyError> {
+    let mut bytes = Vec::new();
+    let mut held = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(BodyError::Read)?.into_data() else {
+            continue;
+        };
+        if bytes.len() + data.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        if let Some(buffered) = buffered {
+            let n = u32::try_from(data.len()).map_err(|_| BodyError::TooLarge)?;
+            held.push(
+                buffered
+                    .clone()
+                    .try_acquire_many_owned(n)
+                    .map_err(|_| BodyError::Buffered)?,
+            );
+        }
+        bytes.extend_from_slice(&data);
+    }
+    drop(held);
+    Ok(Bytes::from(bytes))
+}
+
+/// `503`: bodies being read already hold `limit` bytes.
+fn busy_reading(limit: usize) -> Response<Full<Bytes>> {
+    let mut response = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{limit} bytes of request bodies are already being read; retry shortly\n"),
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// `503`: `limit` requests are already in flight.

@@ -42,7 +42,12 @@
 //! namespace a request names. Every path caps its body before decoding it
 //! ([`POD_REVIEW_MAX_BYTES`], [`BINDING_REVIEW_MAX_BYTES`]), decodes it into
 //! the review of its object type, and a replica answers at most
-//! [`MAX_REVIEWS_IN_FLIGHT`] at once.
+//! [`MAX_REVIEWS_IN_FLIGHT`] at once. A body must arrive within
+//! [`REVIEW_BODY_READ_TIMEOUT`], and one being read holds no permit, only
+//! the bytes it sent (bounded together): holding connections open slowly
+//! starves no review the apiserver sends. The claim-read-only webhook, the
+//! one that fails open, has a ValidatingAdmissionPolicy behind it
+//! (`gkm-claim-read-only`) that the apiserver evaluates itself.
 
 pub mod certs;
 mod endpoint;
@@ -80,7 +85,7 @@ use gkm_k8s_runtime::endpoints::Endpoints;
 use gkm_k8s_runtime::readiness::Readiness;
 use gkm_k8s_runtime::server::{EndpointServer, TlsError};
 use routes::AdmissionRoutes;
-pub use routes::MAX_REVIEWS_IN_FLIGHT;
+pub use routes::{MAX_REVIEWS_IN_FLIGHT, REVIEW_BODY_READ_TIMEOUT};
 
 /// How the operator serves the webhook.
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@
 //! `impl AdmissionHook` and one line of that table.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use hyper::body::Bytes;
@@ -14,11 +15,17 @@ use super::review::answer_review;
 use super::{image_volume, pvc_mutation, quota};
 use gkm_k8s_runtime::endpoints::{ResponseFuture, Routes, text};
 
-/// How many reviews one replica answers at once, reading their bodies
-/// included; one more is answered `503` (the apiserver counts it as the
-/// webhook failing, and retries binds). At most this many pod-review
-/// bodies are held at a time.
+/// How many reviews one replica answers at once once their bodies are
+/// read; one more is answered `503` (the apiserver counts it as the
+/// webhook failing, and retries binds). Bodies being read take no permit,
+/// so a caller holding slow connections cannot take them all; the bytes
+/// those bodies hold are bounded instead, at this many pod-review bodies.
 pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
+
+/// How long a caller may take to send a review's body: the apiserver sends
+/// one at once, and waits 5 to 10 s for the whole answer (the webhooks'
+/// `timeoutSeconds`), so a body taking longer is never the apiserver's.
+pub const REVIEW_BODY_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The operator's webhooks on one server, one certificate: each review
 /// goes to the hook serving its path.
@@ -65,6 +72,10 @@ impl Routes for AdmissionRoutes {
 
     fn max_in_flight(&self) -> Option<usize> {
         Some(MAX_REVIEWS_IN_FLIGHT)
+    }
+
+    fn body_read_timeout(&self) -> Duration {
+        REVIEW_BODY_READ_TIMEOUT
     }
 
     fn respond<'a>(&'a self, method: &'a Method, path: &'a str, body: Bytes) -> ResponseFuture<'a> {
