@@ -1475,8 +1475,7 @@ fn claim(name: &str, labels: Value) -> Value {
 }
 
 #[tokio::test]
-async fn no_pod_mounts_a_claim_gkm_filled_writable_even_while_gkm_is_away() -> anyhow::Result<()>
-{
+async fn no_pod_mounts_a_claim_gkm_filled_writable_even_while_gkm_is_away() -> anyhow::Result<()> {
     // Only the policy: no operator answers the claim-read-only webhook, as
     // when it is down or its port is held busy and the webhook is skipped.
     let (plane, admin) = install(&["policies/claim-read-only.yaml"]).await?;

@@ -512,7 +512,10 @@ async fn callers_holding_slow_connections_do_not_starve_the_apiservers_reviews()
                 .await
                 .map_err(|e| anyhow::anyhow!("{name}, within the quota, was not admitted: {e}"))?;
         }
-        match pods.create(&PostParams::default(), &gpu_pod("third")?).await {
+        match pods
+            .create(&PostParams::default(), &gpu_pod("third")?)
+            .await
+        {
             Err(kube::Error::Api(e)) => anyhow::ensure!(
                 e.message.contains("gkm: quota tenant-c/a100 reached"),
                 "the third pod was refused, but not by the quota's answer: {}",
