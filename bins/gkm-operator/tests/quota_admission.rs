@@ -204,6 +204,30 @@ async fn a_pod_naming_its_node_cannot_exceed_its_namespaces_gpu_model_quota() ->
         let pod = gpu_pod(&format!("free-{i}"), Some("a100-1"))?;
         assert_eq!(create(&admin, "quota-free", &pod).await?, None);
     }
+    // A node whose model is not known yet (not joined, or not labelled by
+    // the agent) counts against no quota: a GPU pod naming it is refused,
+    // saying which label is missing, rather than let past every quota.
+    let bare: Node = serde_json::from_value(json!({"metadata": {"name": "new-gpu-node"}}))?;
+    Api::<Node>::all(admin.clone())
+        .patch(
+            "new-gpu-node",
+            &PatchParams::apply("gkm-test").force(),
+            &Patch::Apply(&bare),
+        )
+        .await?;
+    for (name, node, why) in [
+        ("early-1", "new-gpu-node", "the node has no GPU-model label"),
+        ("early-2", "not-joined-yet", "no such node"),
+    ] {
+        let refused = create(&admin, "quota-team", &gpu_pod(name, Some(node))?).await?;
+        let message = refused.ok_or_else(|| {
+            anyhow::anyhow!("a GPU pod on {node}, whose model is unknown, passed the quota")
+        })?;
+        assert!(
+            message.contains(why) && message.contains("gkm.io/gpu.product"),
+            "the refusal does not say what is unknown: {message}"
+        );
+    }
     ground.operator.check_running()?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The quota webhook's decision, pure: whether a pod fits its namespace's
-//! GPU-model quotas ([`decide`]), and what an admission request is about
-//! (`bound`, `created`).
+//! GPU-model quotas ([`decide`]), whether its node's model is known at all
+//! ([`model_known`]), and what an admission request is about (`bound`,
+//! `created`).
 
 use std::collections::HashSet;
 
@@ -9,7 +10,73 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
 
 use gkm_k8s_api::crd::GpuModelLimit;
-use gkm_k8s_api::quota::{Amount, QuotaExceeded, check, usage};
+use gkm_k8s_api::quota::{Amount, QuotaExceeded, amount_of_pod, check, usage};
+
+/// Why a pod asking GPUs in a namespace under GPU-model quotas is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// It would take the namespace over a quota.
+    #[error("{0}")]
+    Exceeded(QuotaExceeded),
+    /// Its node's GPU model is not known, so no quota can be judged.
+    #[error(
+        "gkm: the GPU-model quotas of namespace {namespace} cannot be judged for pod {pod} \
+         on node {node:?}: {why}; gkm's agent labels a node {label}=<model> once it has found \
+         its GPUs, so create the pod once it has, or let the scheduler place it"
+    )]
+    ModelUnknown {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod.
+        pod: String,
+        /// The node it names or is bound to.
+        node: String,
+        /// The label naming a node's GPU model.
+        label: String,
+        /// What is unknown: no such node, or no label.
+        why: &'static str,
+    },
+}
+
+impl From<QuotaExceeded> for Refusal {
+    fn from(exceeded: QuotaExceeded) -> Refusal {
+        Refusal::Exceeded(exceeded)
+    }
+}
+
+/// Whether the model of the node `node` that `pod` names or is bound to
+/// is known (`labels`: the node's labels, `None` when there is no such
+/// node): a pod asking GPUs (by extended resource, `whole_resources`, or
+/// DRA claims) on a node that is not there yet or carries no `label` would
+/// be counted against no quota, so it is refused until the agent has
+/// labelled the node. A pod asking none is not the quota's business.
+pub fn model_known(
+    pod: &Pod,
+    node: &str,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    label: &str,
+    whole_resources: &[String],
+) -> Result<(), Refusal> {
+    let asks = amount_of_pod(pod, whole_resources) != Amount::default()
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|c| !c.is_empty());
+    let why = match labels {
+        _ if !asks => return Ok(()),
+        None => "no such node",
+        Some(labels) if labels.get(label).is_some_and(|m| !m.is_empty()) => return Ok(()),
+        Some(_) => "the node has no GPU-model label",
+    };
+    Err(Refusal::ModelUnknown {
+        namespace: pod.namespace().unwrap_or_default(),
+        pod: pod.name_any(),
+        node: node.to_string(),
+        label: label.to_string(),
+        why,
+    })
+}
 
 /// Whether `pod` fits its namespace's `quotas` on a node of `model`, given
 /// the namespace's `pods` and the names of the nodes of that model
@@ -227,6 +294,38 @@ mod tests {
             decide(&bound, "A100", &quotas, &pods, &nodes, &resources),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_pod_asking_gpus_on_a_node_of_unknown_model_is_refused_naming_the_label() {
+        let label = "gkm.io/gpu.product";
+        let whole = ["nvidia.com/gpu".to_string()];
+        let asking = pod("p", Some("n1"), 1, "Pending");
+        let labelled = [(label.to_string(), "A100".to_string())].into();
+        assert_eq!(
+            model_known(&asking, "n1", Some(&labelled), label, &whole),
+            Ok(())
+        );
+        for (labels, why) in [
+            (None, "no such node"),
+            (Some(Default::default()), "the node has no GPU-model label"),
+            (
+                Some([(label.to_string(), String::new())].into()),
+                "the node has no GPU-model label",
+            ),
+        ] {
+            let refusal = model_known(&asking, "n1", labels.as_ref(), label, &whole)
+                .expect_err("an unknown model is refused");
+            let text = refusal.to_string();
+            assert!(text.contains(why) && text.contains(label), "{text}");
+            assert!(
+                text.contains("namespace ml") && text.contains("pod p "),
+                "{text}"
+            );
+        }
+        // A pod asking no GPU is not judged.
+        let plain = pod("q", Some("n1"), 0, "Pending");
+        assert_eq!(model_known(&plain, "n1", None, label, &whole), Ok(()));
     }
 
     #[test]

@@ -37,13 +37,12 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use self::decide::{Subject, bound, created, decide_with_claims};
+use self::decide::{Refusal, Subject, bound, created, decide_with_claims, model_known};
 use super::endpoint::{Endpoint, client_config};
 use super::hook::{AdmissionHook, BINDING_REVIEW_MAX_BYTES, ReviewFuture};
 use super::review::{Answer, Review, response};
 use gkm_k8s_api::crd::{GKMGPUQuota, GpuModelLimit};
 use gkm_k8s_api::gpu_request::GpuReading;
-use gkm_k8s_api::quota::QuotaExceeded;
 
 /// The configuration's name (the chart renders it; the operator writes
 /// only its `caBundle`).
@@ -80,11 +79,7 @@ impl QuotaRoutes {
 
     /// Whether the subject fits its namespace's quotas (it does when there
     /// is nothing to judge); `Err` when the apiserver could not be read.
-    async fn judge(
-        &self,
-        namespace: &str,
-        subject: Subject,
-    ) -> kube::Result<Result<(), QuotaExceeded>> {
+    async fn judge(&self, namespace: &str, subject: Subject) -> kube::Result<Result<(), Refusal>> {
         let quotas = Api::<GKMGPUQuota>::namespaced(self.client.clone(), namespace)
             .list(&ListParams::default())
             .await?;
@@ -115,11 +110,14 @@ impl QuotaRoutes {
                 }
             }
         };
-        let Some(node) = Api::<Node>::all(self.client.clone()).get_opt(&node).await? else {
-            return Ok(Ok(()));
-        };
+        let found = Api::<Node>::all(self.client.clone()).get_opt(&node).await?;
         let label = &self.options.model_label;
-        let Some(model) = node.labels().get(label).cloned() else {
+        let labels = found.as_ref().map(|n| n.labels());
+        if let Err(refusal) = model_known(&pod, &node, labels, label, &self.options.whole_resources)
+        {
+            return Ok(Err(refusal));
+        }
+        let Some(model) = labels.and_then(|l| l.get(label)).cloned() else {
             return Ok(Ok(()));
         };
         let model_nodes: HashSet<String> = Api::<Node>::all(self.client.clone())
@@ -152,7 +150,8 @@ impl QuotaRoutes {
             &claims,
             &model_nodes,
             &self.options.whole_resources,
-        ))
+        )
+        .map_err(Refusal::from))
     }
 
     /// The answer to a pod created in `namespace` (already naming its
