@@ -66,6 +66,7 @@ use serde::{Deserialize, Serialize};
 use crate::gpu::{Arch, Backend};
 
 mod blob;
+mod elf;
 mod entry;
 mod files;
 mod group;
@@ -88,7 +89,8 @@ pub use torch_facts::{
 
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
-/// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`), each
+/// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
+/// `CacheKind::FlashInfer`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -97,7 +99,7 @@ pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
-    /// `inductor`, `megacache`.
+    /// `inductor`, `megacache`, `flashinfer`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }

@@ -45,6 +45,7 @@ pub use fit::{
 };
 
 mod fit;
+pub mod flashinfer;
 pub mod inductor;
 pub mod megacache;
 pub mod triton;
@@ -60,6 +61,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::Vllm,
     CacheKind::Inductor,
     CacheKind::MegaCache,
+    CacheKind::FlashInfer,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
@@ -280,7 +282,7 @@ mod tests {
         }
         assert_eq!(scan_order().last(), Some(CacheKind::Triton));
         assert_eq!(scan_order().count(), REGISTRY.len());
-        assert_eq!(by_name("flashinfer"), None);
+        assert_eq!(by_name("deepgemm"), None);
     }
 
     #[test]
@@ -318,7 +320,7 @@ mod tests {
         assert_eq!(json, "\"megacache\"");
         let back: CacheKind = serde_json::from_str(&json).unwrap();
         assert_eq!(back, CacheKind::MegaCache);
-        let err = serde_json::from_str::<CacheKind>("\"flashinfer\"").unwrap_err();
-        assert!(err.to_string().contains("flashinfer"), "{err}");
+        let err = serde_json::from_str::<CacheKind>("\"deepgemm\"").unwrap_err();
+        assert!(err.to_string().contains("deepgemm"), "{err}");
     }
 }

@@ -25,6 +25,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::elf;
 use crate::cache::files::read_head;
 use crate::cache::{CacheError, EntryFacts, Target};
 
@@ -93,7 +94,7 @@ pub(crate) fn read(path: &Path, key: String) -> Result<CppKernel, CacheError> {
             reason: format!("{}: larger than {MAX_LIBRARY_BYTES} bytes", path.display()),
         });
     }
-    if let Some(why) = not_whole_elf(&bytes) {
+    if let Some(why) = elf::not_whole(&bytes, bytes.len() as u64) {
         return Err(torn(path, why));
     }
     let switches = producer_switches(&bytes);
@@ -135,47 +136,6 @@ pub(crate) fn kernels_isa<'a>(
         }
     }
     Ok(found.and_then(|k| k.isa.clone()))
-}
-
-/// Why `bytes` is not a whole ELF file (its header, and the section
-/// header table it points to, within the file); `None` when it is.
-fn not_whole_elf(bytes: &[u8]) -> Option<String> {
-    if bytes.is_empty() {
-        return Some("that is empty".into());
-    }
-    if !bytes.starts_with(b"\x7fELF") {
-        return Some("that is not an ELF file".into());
-    }
-    // ELF64: e_shoff at 0x28 (8 bytes), e_shentsize at 0x3a and e_shnum at
-    // 0x3c (2 bytes each), in the byte order e_ident[EI_DATA] names (2: big
-    // endian). A 32-bit library is taken as whole.
-    let truncated = || Some("that is truncated: shorter than its ELF headers say".to_string());
-    let (Some(class), Some(data)) = (bytes.get(4), bytes.get(5)) else {
-        return truncated();
-    };
-    if *class != 2 {
-        return None;
-    }
-    let big = *data == 2;
-    let field = |at: usize, len: usize| -> Option<u64> {
-        let raw = bytes.get(at..at + len)?;
-        Some(raw.iter().enumerate().fold(0u64, |acc, (i, b)| {
-            let shift = if big { 8 * (len - 1 - i) } else { 8 * i };
-            acc | (u64::from(*b) << shift)
-        }))
-    };
-    let (Some(shoff), Some(shentsize), Some(shnum)) =
-        (field(0x28, 8), field(0x3a, 2), field(0x3c, 2))
-    else {
-        return truncated();
-    };
-    let end = shentsize
-        .checked_mul(shnum)
-        .and_then(|n| n.checked_add(shoff));
-    match end {
-        Some(end) if end <= bytes.len() as u64 => None,
-        _ => truncated(),
-    }
 }
 
 /// The switches of the first GCC producer string in `bytes` that records
@@ -244,28 +204,6 @@ mod tests {
         assert_eq!(
             isa_of_switches(&switches("GNU C++20 -march=x -mtune=x -O3")),
             None
-        );
-    }
-
-    #[test]
-    fn a_library_that_is_not_a_whole_elf_file_is_torn() {
-        assert!(not_whole_elf(b"").unwrap().contains("empty"));
-        assert!(not_whole_elf(b"#!/bin/sh").unwrap().contains("not an ELF"));
-        let mut header = vec![0u8; 0x40];
-        header[..4].copy_from_slice(b"\x7fELF");
-        header[4] = 2;
-        header[5] = 1;
-        // Section headers at 0x40, one of 0x40 bytes: past the end.
-        header[0x28] = 0x40;
-        header[0x3a] = 0x40;
-        header[0x3c] = 1;
-        assert!(not_whole_elf(&header).unwrap().contains("truncated"));
-        header.extend([0u8; 0x40]);
-        assert_eq!(not_whole_elf(&header), None);
-        assert!(
-            not_whole_elf(&header[..0x30])
-                .unwrap()
-                .contains("truncated")
         );
     }
 
