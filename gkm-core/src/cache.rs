@@ -37,6 +37,8 @@
 //!   the whole compiled model in one file, possibly with a shared
 //!   `inductor_cache/` next to the rank directories.
 //!
+//! Each `inductor_cache/` is read as an Inductor tree (below): its C++
+//! kernel libraries are entries for the CPU ([`VllmCppKernel`]).
 //! Kernels are found in Triton cache directories anywhere below a hash
 //! directory and, in single-file artefacts (`artifact_*`, `model`), by the
 //! kernel metadata JSON they embed verbatim (Triton writes it starting with
@@ -56,7 +58,7 @@
 //! holding only such blobs is a Mega-Cache cache. See
 //! [`megacache`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +66,7 @@ use serde::{Deserialize, Serialize};
 use crate::gpu::{Arch, Backend};
 
 mod blob;
+mod elf;
 mod entry;
 mod files;
 mod group;
@@ -74,10 +77,11 @@ pub mod kinds;
 
 pub use entry::{AnyFacts, CacheEntry, EntryFacts, Facts, OrdFacts};
 pub use group::{build_path, relocate_group, relocated_groups};
+pub use kinds::inductor::CppKernel;
 pub use kinds::triton::kernel::{TritonKernel, ptx_isa_version};
 pub use kinds::vllm::artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
-pub use kinds::vllm::{VllmFacts, VllmKernel};
-pub use kinds::{Fit, Kind, inductor, megacache};
+pub use kinds::vllm::{VllmCppKernel, VllmFacts, VllmKernel};
+pub use kinds::{CpuFit, Fit, Kind, inductor, megacache};
 pub use torch_facts::{
     CPU_ISAS, DECLARED_CPU_ISA_LABEL, DECLARED_TORCH_VERSION_LABEL, Declared, ENTRY_COUNTS_LABEL,
     TRITON_VERSION_LABEL, TorchFacts,
@@ -85,7 +89,8 @@ pub use torch_facts::{
 
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
-/// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`), each
+/// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
+/// `CacheKind::FlashInfer`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -94,7 +99,7 @@ pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
-    /// `inductor`, `megacache`.
+    /// `inductor`, `megacache`, `flashinfer`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }
@@ -108,6 +113,12 @@ impl CacheKind {
     /// which carry [`TorchFacts`] (see [`Kind::torch_facts`]).
     pub fn is_torch(self) -> bool {
         self.0.torch_facts()
+    }
+
+    /// The fit facts an image of this kind states in its `summary` and its
+    /// kind's labels (see [`Kind::fit_of_labels`]).
+    pub fn fit_of_labels(self, summary: Summary, labels: &BTreeMap<String, String>) -> Fit {
+        self.0.fit_of_labels(summary, labels)
     }
 
     /// Where `dir` sits below the root this kind's images lay out (see
@@ -243,7 +254,8 @@ impl std::fmt::Display for Target {
 /// "aot_compile": [...]}`: the kernels of one `torch_compile_cache/<hash>`
 /// directory in one layout, with MCV's records of its artefacts
 /// ([`BinaryArtefacts`] in `binary` groups, [`AotModel`] in `aot_compile`
-/// ones). Reading also accepts a flat list of entries under `"vllm"`.
+/// ones) and, under `"cpp"`, the C++ kernels of its `inductor_cache/`
+/// directories ([`CppKernel`]). Reading also accepts a flat list of entries under `"vllm"`.
 /// PyTorch's kinds (gkm's own, not MCV's) list their Triton kernels under
 /// `"inductor"` or `"megacache"`, next to `"torch"`: [`TorchFacts`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -553,6 +565,15 @@ pub enum CacheError {
         /// The kind of cache, with its article (`an Inductor`).
         kind: &'static str,
         /// Why it is not.
+        reason: String,
+    },
+    /// An entry a tool left half-written (an empty or truncated compiled
+    /// library): the tool would load it and fail rather than build it again.
+    #[error("{path} is a torn entry: {reason}")]
+    TornEntry {
+        /// The entry's file or directory.
+        path: PathBuf,
+        /// What is wrong with it.
         reason: String,
     },
     /// A kernel's metadata could not be parsed.

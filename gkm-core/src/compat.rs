@@ -53,7 +53,9 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{CacheManifest, Summary, Target};
 use crate::gpu::{Arch, Backend, Gpu};
 
-pub use cpu::{cpu_isa_from_cpuinfo, cpu_isa_from_flags, cpu_mismatch, host_cpu_isa};
+pub use cpu::{
+    cpu_fit_mismatch, cpu_isa_from_cpuinfo, cpu_isa_from_flags, cpu_mismatch, host_cpu_isa,
+};
 pub use ptx::max_ptx_version;
 use ptx::ptx_display;
 pub use requirement::{ArchRequirement, Requirement, VersionRange, requirement};

@@ -45,9 +45,13 @@ fn inductor_tree(root: &Path) {
         &root.join("uv/cuvgtcatumc5iecwj2f6gdubjqqbvs5yrqrxl3w5tp4ja2glxwq7.main.cpp"),
         b"extern \"C\" void kernel() {}\n",
     );
+    // A real library Inductor built (fixtures/torch): gkm refuses one that
+    // is not a whole ELF file.
+    let library = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/torch/inductor/ht/chtw5l77yxhgzkni3bo4jtkxyxriuzy6rjaji72aehdvpmcb6iex.main.so");
     write(
         &root.join("uv/cuvgtcatumc5iecwj2f6gdubjqqbvs5yrqrxl3w5tp4ja2glxwq7.main.so"),
-        b"\x7fELF",
+        &fs::read(library).unwrap(),
     );
     write(
         &root.join("locks/cuvgtcatumc5iecwj2f6gdubjqqbvs5yrqrxl3w5tp4ja2glxwq7.lock"),

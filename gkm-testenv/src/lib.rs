@@ -31,6 +31,7 @@ mod containerd_restart;
 mod control_plane;
 mod control_plane_restart;
 mod fixtures;
+pub mod flashinfer;
 mod kubelet_crash;
 mod kwok;
 mod metrics;

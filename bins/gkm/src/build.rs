@@ -115,8 +115,21 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             } else {
                 summary.to_string()
             };
+            let cpu = match built.cache.fit().cpu {
+                Some(cpu) if cpu.kernels.is_some() || cpu.isa.is_some() => {
+                    let kernels = cpu
+                        .kernels
+                        .map_or_else(String::new, |n| format!("{n} C++ kernels, "));
+                    let isa = cpu.isa.as_deref().map_or_else(
+                        || "CPU ISA unknown".to_string(),
+                        |isa| format!("CPU ISA {isa} ({})", cpu.provenance()),
+                    );
+                    format!("; {kernels}{isa}")
+                }
+                _ => String::new(),
+            };
             eprintln!(
-                "built {} ({} cache): {} kernels, {} bytes, targets: {targets}",
+                "built {} ({} cache): {} kernels, {} bytes, targets: {targets}{cpu}",
                 args.tag,
                 built.cache.kind().as_str(),
                 built.cache.entries().len(),

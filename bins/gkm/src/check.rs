@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gkm_core::cache::{CacheKind, Summary};
-use gkm_core::compat::{CheckOptions, check_summary, cpu_mismatch, host_cpu_isa};
+use gkm_core::cache::{CpuFit, Fit, Summary};
+use gkm_core::compat::{CheckOptions, check_summary, cpu_fit_mismatch, host_cpu_isa};
 use gkm_core::variant::VariantChoice;
 use gkm_gpu::DiscoveryOptions;
 use gkm_oci::{Image, ImageRef, Repo};
@@ -26,8 +26,7 @@ pub struct Args {
     #[arg(long)]
     triton_version: Option<String>,
     /// The node's CPU ISA as Inductor picks it (`avx2`, `avx512`…), for
-    /// PyTorch caches of C++ kernels only (default: read from
-    /// /proc/cpuinfo).
+    /// caches of C++ kernels only (default: read from /proc/cpuinfo).
     #[arg(long, value_name = "ISA")]
     cpu_isa: Option<String>,
     /// Print the report as JSON.
@@ -37,21 +36,11 @@ pub struct Args {
     pub(crate) registry: RegistryArgs,
 }
 
-/// What `gkm check` checks: the targets of a cache, or the variants of a
-/// multi-target image.
+/// What `gkm check` checks: the fit facts of a cache, or the variants of
+/// a multi-target image.
 enum Checked {
-    Targets(Summary, CpuOnly),
+    Fit(Fit),
     Variants(gkm_oci::MultiTarget),
-}
-
-/// For a PyTorch cache without GPU targets: the CPU ISA its builder
-/// declared, if any; `None` for any other cache.
-type CpuOnly = Option<Option<String>>;
-
-/// Whether a cache of `kind` with `summary` is judged by the CPU: a
-/// PyTorch cache without GPU targets.
-fn cpu_only(kind: CacheKind, summary: &Summary, declared: Option<String>) -> CpuOnly {
-    (kind.is_torch() && summary.targets.is_empty()).then_some(declared)
 }
 
 /// Runs `gkm check`: exit 0 when at least one GPU fits (a multi-target
@@ -62,10 +51,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         let dir = PathBuf::from(&args.target);
         let manifest = tokio::task::spawn_blocking(move || gkm_core::cache::scan(&dir)).await??;
-        let summary = manifest.summary();
-        let declared = manifest.fit().cpu_isa;
-        let cpu = cpu_only(manifest.kind(), &summary, declared);
-        Checked::Targets(summary, cpu)
+        Checked::Fit(manifest.fit())
     } else {
         let image: ImageRef = args.target.parse()?;
         let registry = args.registry.options()?;
@@ -73,8 +59,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         match Image::fetch(&repo).await {
             Ok(image) => {
                 let cache = image.cache()?;
-                let cpu = cpu_only(cache.kind, &cache.summary, cache.declared_cpu_isa);
-                Checked::Targets(cache.summary, cpu)
+                let labels = if image.labels.is_empty() {
+                    &image.manifest.annotations
+                } else {
+                    &image.labels
+                };
+                Checked::Fit(cache.kind.fit_of_labels(cache.summary, labels))
             }
             Err(gkm_oci::Error::MultiTarget { .. }) => match multi_target(&repo, &registry).await {
                 Ok(multi) => Checked::Variants(multi),
@@ -95,11 +85,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let compatible = match checked {
-        Checked::Targets(_, Some(declared)) => {
-            check_cpu(declared.as_deref(), args.cpu_isa.as_deref(), args.json)?
+        Checked::Fit(fit) if fit.judged_by_cpu().is_some() => {
+            let cpu = fit.judged_by_cpu().cloned().unwrap_or_default();
+            check_cpu(&cpu, args.cpu_isa.as_deref(), args.json)?
         }
-        Checked::Targets(summary, None) => {
-            let report = check_summary(&Summary::new(summary.targets), &inventory.gpus, &options);
+        Checked::Fit(fit) => {
+            let report = check_summary(
+                &Summary::new(fit.targets.targets),
+                &inventory.gpus,
+                &options,
+            );
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -128,31 +123,40 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Checks a PyTorch cache of C++ kernels against this node's CPU (or the
-/// ISA given): prints the verdict, returns whether it fits.
-fn check_cpu(declared: Option<&str>, node: Option<&str>, json: bool) -> anyhow::Result<bool> {
+/// Checks a cache of C++ kernels only against this node's CPU (or the ISA
+/// given): prints the verdict, returns whether it fits.
+fn check_cpu(cpu: &CpuFit, node: Option<&str>, json: bool) -> anyhow::Result<bool> {
     let node = match node {
         Some(isa) => Some(isa.to_string()),
         None => host_cpu_isa(),
     };
-    let reason = match declared {
-        Some(declared) => cpu_mismatch(declared, node.as_deref()),
-        None => Some(
-            "the cache holds no GPU kernel and no declared CPU ISA (gkm build --cpu-isa)".into(),
-        ),
+    let reason = cpu_fit_mismatch(cpu, node.as_deref());
+    let built = if cpu.declared {
+        "declared built for"
+    } else {
+        "built for"
     };
     if json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "compatible": reason.is_none(),
             "cpuIsa": node,
-            "declaredCpuIsa": declared,
+            "cppKernels": cpu.kernels,
             "reason": reason,
         });
+        let key = if cpu.declared {
+            "declaredCpuIsa"
+        } else {
+            "kernelCpuIsa"
+        };
+        doc[key] = serde_json::json!(cpu.isa);
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let node = node.as_deref().unwrap_or("unknown");
+        let kernels = cpu
+            .kernels
+            .map_or_else(|| "C++ kernels".to_string(), |n| format!("{n} C++ kernels"));
         match &reason {
-            None => println!("CPU {node}: compatible (C++ kernels declared built for {node})"),
+            None => println!("CPU {node}: compatible ({kernels} {built} {node})"),
             Some(reason) => println!("CPU {node}: incompatible\n  {reason}"),
         }
         println!(

@@ -35,6 +35,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return finish(e),
     };
     let cache = image.cache()?;
+    let labels = if image.labels.is_empty() {
+        &image.manifest.annotations
+    } else {
+        &image.labels
+    };
+    let fit = cache.kind.fit_of_labels(cache.summary.clone(), labels);
     if args.json {
         let mut doc = serde_json::json!({
             "reference": args.image.to_string(),
@@ -70,6 +76,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
             fields.insert("entryCounts".into(), serde_json::json!(cache.entry_counts));
         }
+        if let Some(cpu) = &fit.cpu
+            && let Some(fields) = doc.as_object_mut()
+        {
+            fields.insert(
+                "cpu".into(),
+                serde_json::json!({
+                    "cppKernels": cpu.kernels,
+                    "isa": cpu.isa,
+                    "isaDeclared": cpu.declared,
+                }),
+            );
+        }
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -97,10 +115,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(version) = &cache.triton_version {
         println!("Triton:      {version}");
     }
-    if let Some(isa) = &cache.declared_cpu_isa {
-        println!("CPU ISA:     {isa} (declared)");
-    }
     println!("Entries:     {}", opt(cache.entry_count));
+    if let Some(cpu) = &fit.cpu {
+        if let Some(n) = cpu.kernels {
+            println!("C++ kernels: {n}");
+        }
+        if let Some(isa) = &cpu.isa {
+            println!("CPU ISA:     {isa} ({})", cpu.provenance());
+        }
+    }
     if let Some(counts) = &cache.entry_counts {
         let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
         println!("Parts:       {}", parts.join(", "));

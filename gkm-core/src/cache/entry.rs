@@ -25,6 +25,8 @@ pub trait AnyFacts: Any + Debug + Send + Sync {
     fn eq_any(&self, other: &dyn Any) -> bool;
     /// A copy.
     fn clone_box(&self) -> Box<dyn AnyFacts>;
+    /// The name of their type: what orders entries of two types.
+    fn type_name(&self) -> &'static str;
 }
 
 impl<T: Any + Debug + Clone + PartialEq + Send + Sync> AnyFacts for T {
@@ -42,6 +44,10 @@ impl<T: Any + Debug + Clone + PartialEq + Send + Sync> AnyFacts for T {
 
     fn clone_box(&self) -> Box<dyn AnyFacts> {
         Box::new(self.clone())
+    }
+
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<T>()
     }
 }
 
@@ -148,13 +154,14 @@ impl PartialOrd for CacheEntry {
     }
 }
 
-/// Entries of one kind sort as their kind orders them; entries of two
-/// kinds (never in one manifest) by key.
+/// Entries of one type sort as their kind orders them; entries of two
+/// types (a vLLM cache's Triton and C++ kernels) by their type's name, then
+/// key: a total order, so sorting a manifest's entries is well defined.
 impl Ord for CacheEntry {
     fn cmp(&self, other: &CacheEntry) -> Ordering {
-        self.0
-            .cmp_any(other.0.as_any())
-            .unwrap_or_else(|| self.key().cmp(other.key()))
+        self.0.cmp_any(other.0.as_any()).unwrap_or_else(|| {
+            (self.0.type_name(), self.key()).cmp(&(other.0.type_name(), other.key()))
+        })
     }
 }
 

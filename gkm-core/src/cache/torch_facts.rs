@@ -144,6 +144,14 @@ macro_rules! torch_kind_rules {
             )
         }
 
+        fn fit_of_labels(
+            &self,
+            summary: $crate::cache::Summary,
+            labels: &std::collections::BTreeMap<String, String>,
+        ) -> $crate::cache::Fit {
+            $crate::cache::torch_facts::rules::fit_of_labels(self.layout(), summary, labels)
+        }
+
         fn declare(
             &self,
             facts: &mut Facts,
@@ -176,8 +184,8 @@ pub(crate) use torch_kind_rules;
 /// [`Kind`](super::Kind) methods of the same names call.
 pub(crate) mod rules {
     use super::*;
-    use crate::cache::kinds::{Fit, kernels};
-    use crate::cache::{CacheManifest, Facts, manifest_json};
+    use crate::cache::kinds::{CpuFit, Fit, kernels};
+    use crate::cache::{CacheManifest, Facts, Summary, manifest_json};
     use crate::image_layout::KindLayout;
 
     /// Records the declared torch version and CPU ISA.
@@ -201,14 +209,33 @@ pub(crate) mod rules {
     }
 
     /// The kernels' fit facts, with the declared CPU ISA and torch version.
+    /// A PyTorch cache may hold C++ kernels (Inductor's, counted; those a
+    /// Mega-Cache's entries pickle, not): it holds CPU kernels whose ISA is
+    /// the declared one.
     pub(crate) fn fit(manifest: &CacheManifest, mut fit: Fit) -> Fit {
-        if let Some(torch) = manifest.facts::<TorchFacts>() {
-            fit.cpu_isa.clone_from(&torch.declared_cpu_isa);
-            if let Some(version) = &torch.declared_torch_version {
-                fit.frameworks.insert("torch", vec![version.clone()]);
-            }
+        let torch = manifest.facts::<TorchFacts>();
+        let kernels = torch.and_then(|t| t.counts.get("cpp").copied());
+        let isa = torch.and_then(|t| t.declared_cpu_isa.clone());
+        fit.cpu = Some(CpuFit::declared(kernels, isa));
+        if let Some(version) = torch.and_then(|t| t.declared_torch_version.as_ref()) {
+            fit.frameworks.insert("torch", vec![version.clone()]);
         }
         fit
+    }
+
+    /// The fit facts an image of a PyTorch kind states: its summary's
+    /// targets, and C++ kernels whose ISA is its `declared-cpu-isa`.
+    pub(crate) fn fit_of_labels(
+        layout: KindLayout,
+        summary: Summary,
+        labels: &BTreeMap<String, String>,
+    ) -> Fit {
+        let isa = labels.get(&layout.key(DECLARED_CPU_ISA_LABEL)).cloned();
+        let kernels = labels
+            .get(&layout.key(ENTRY_COUNTS_LABEL))
+            .and_then(|v| serde_json::from_str::<BTreeMap<String, u64>>(v).ok())
+            .and_then(|counts| counts.get("cpp").copied());
+        Fit::of_targets(summary).with_cpu(Some(CpuFit::declared(kernels, isa)))
     }
 
     /// Reads `"torch"`.

@@ -10,6 +10,8 @@
 //! The tree does not state the ISA: it is declared at build time
 //! (`gkm build --cpu-isa`).
 
+use crate::cache::CpuFit;
+
 /// The ISA Inductor would pick on a CPU with these `/proc/cpuinfo` flags
 /// (x86 `flags`, Arm `Features`), `None` when it would pick none gkm knows.
 ///
@@ -69,8 +71,8 @@ pub fn host_cpu_isa() -> Option<String> {
         .and_then(|info| cpu_isa_from_cpuinfo(&info).map(str::to_string))
 }
 
-/// Why a cache whose C++ kernels were declared built for `declared` does
-/// not fit a node whose CPU ISA is `node`; `None` when it fits.
+/// Why a cache whose C++ kernels were built for `isa` does not fit a node
+/// whose CPU ISA is `node`; `None` when it fits.
 ///
 /// ```
 /// use gkm_core::compat::cpu_mismatch;
@@ -78,15 +80,47 @@ pub fn host_cpu_isa() -> Option<String> {
 /// assert!(cpu_mismatch("avx2", Some("avx512")).unwrap().contains("avx512"));
 /// assert!(cpu_mismatch("avx2", None).is_some());
 /// ```
-pub fn cpu_mismatch(declared: &str, node: Option<&str>) -> Option<String> {
+pub fn cpu_mismatch(isa: &str, node: Option<&str>) -> Option<String> {
+    mismatch("built for", isa, node)
+}
+
+/// Why a cache judged by the CPU kernels `cpu` does not fit a node whose
+/// CPU ISA is `node`, saying whether their ISA was declared or read from
+/// them; `None` when it fits. Kernels whose ISA is unknown fit no node.
+///
+/// ```
+/// use gkm_core::cache::CpuFit;
+/// use gkm_core::compat::cpu_fit_mismatch;
+/// let read = CpuFit::read(Some(17), Some("amx_tile".into()));
+/// assert_eq!(cpu_fit_mismatch(&read, Some("amx_tile")), None);
+/// let declared = CpuFit::declared(None, Some("avx2".into()));
+/// assert!(cpu_fit_mismatch(&declared, Some("avx512")).unwrap().contains("declared built for avx2"));
+/// assert!(cpu_fit_mismatch(&CpuFit::read(Some(1), None), Some("avx2")).unwrap().contains("record no"));
+/// ```
+pub fn cpu_fit_mismatch(cpu: &CpuFit, node: Option<&str>) -> Option<String> {
+    match (&cpu.isa, cpu.declared) {
+        (Some(isa), true) => mismatch("declared built for", isa, node),
+        (Some(isa), false) => mismatch("built for", isa, node),
+        (None, true) => Some(
+            "the cache holds no GPU kernel and no declared CPU ISA (gkm build --cpu-isa)".into(),
+        ),
+        (None, false) => Some(
+            "the cache's C++ kernels record no CPU ISA (their libraries carry no GCC-recorded \
+             switches) and none was declared (gkm build --cpu-isa)"
+                .into(),
+        ),
+    }
+}
+
+fn mismatch(built: &str, isa: &str, node: Option<&str>) -> Option<String> {
     match node {
-        Some(node) if node == declared => None,
+        Some(node) if node == isa => None,
         Some(node) => Some(format!(
-            "the C++ kernels were declared built for {declared}; Inductor picks {node} on this \
-             CPU, so their cache keys differ"
+            "the C++ kernels were {built} {isa}; Inductor picks {node} on this CPU, so their \
+             cache keys differ"
         )),
         None => Some(format!(
-            "the C++ kernels were declared built for {declared}; this CPU's ISA is unknown"
+            "the C++ kernels were {built} {isa}; this CPU's ISA is unknown"
         )),
     }
 }

@@ -260,12 +260,13 @@ enum Pick {
     Unreadable(String),
     /// None fits the node's GPUs: each variant's report, and why.
     Incompatible(Vec<Report>, String),
-    /// The image holds C++ kernels only, declared built for another CPU ISA
-    /// than the node's: why.
+    /// The image holds C++ kernels only, built for another CPU ISA than the
+    /// node's (as the operator published it: read from the kernels or
+    /// declared): why.
     CpuMismatch(String),
     /// The node holds this variant (the resolved digest itself for a
     /// single-target image), which fits as the report says (no report: a
-    /// cache of C++ kernels only, whose declared CPU ISA is the node's).
+    /// cache of C++ kernels only, whose CPU ISA is the node's).
     Held(Digest, Option<Report>),
 }
 
@@ -322,11 +323,12 @@ fn pick_variant(release: &CacheRelease, digest: &Digest, node: &NodeView<'_>) ->
     }
 }
 
-/// Whether the node holds `digest`, an image of C++ kernels only declared
-/// built for the CPU ISA `declared`: by the rule `gkm check` applies
-/// ([`cpu_mismatch`]), when the node's CPU ISA is the declared one.
-fn pick_by_cpu(digest: &Digest, declared: &str, node: &NodeView<'_>) -> Pick {
-    match cpu_mismatch(declared, node.cpu_isa) {
+/// Whether the node holds `digest`, an image of C++ kernels only built for
+/// the CPU ISA `isa` (the operator publishes it for a cache judged by the
+/// CPU, `gkm_core::cache::Fit::judged_by_cpu`): by the rule `gkm check`
+/// applies ([`cpu_mismatch`]), when the node's CPU ISA is that one.
+fn pick_by_cpu(digest: &Digest, isa: &str, node: &NodeView<'_>) -> Pick {
+    match cpu_mismatch(isa, node.cpu_isa) {
         None => Pick::Held(digest.clone(), None),
         Some(reason) => Pick::CpuMismatch(reason),
     }

@@ -140,7 +140,7 @@ pub(crate) fn check_variants(variants: &[(&ImageRef, &Digest, &CacheLabels)]) ->
     }
     if let Some((source, _, _)) = variants
         .iter()
-        .find(|(_, _, cache)| cache.kind.is_torch() && cache.summary.targets.is_empty())
+        .find(|(_, _, cache)| cache.summary.targets.is_empty())
     {
         return Err(Error::format(
             "multi-target image",

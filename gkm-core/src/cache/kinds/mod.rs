@@ -40,6 +40,12 @@ use super::{
 };
 use crate::image_layout::KindLayout;
 
+pub use fit::{
+    CPP_KERNEL_COUNT_LABEL, CPU_ISA_LABEL, CpuFit, Fit, cpu_labels, cpu_of_labels, entries_fit,
+};
+
+mod fit;
+pub mod flashinfer;
 pub mod inductor;
 pub mod megacache;
 pub mod triton;
@@ -55,6 +61,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::Vllm,
     CacheKind::Inductor,
     CacheKind::MegaCache,
+    CacheKind::FlashInfer,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
@@ -70,22 +77,6 @@ pub fn scan_order() -> impl Iterator<Item = CacheKind> {
 /// The registered kind named `name` (`triton`, `vllm`…).
 pub fn by_name(name: &str) -> Option<CacheKind> {
     REGISTRY.iter().copied().find(|k| k.as_str() == name)
-}
-
-/// The facts a cache contributes to whether it fits a node, by its kind
-/// ([`Kind::fit`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Fit {
-    /// The GPU targets of its entries: backend (CUDA or ROCm…),
-    /// architecture, warp size, PTX version, Triton version.
-    pub targets: Summary,
-    /// The CPU ISA its CPU kernels need, when the kind records one (for
-    /// PyTorch's kinds, as the builder declared it).
-    pub cpu_isa: Option<String>,
-    /// The frameworks that compiled it and their versions, each sorted
-    /// (`triton`: what its entries record; `torch`: as declared).
-    pub frameworks: BTreeMap<&'static str, Vec<String>>,
 }
 
 /// A cache kind: what gkm needs to know to recognise, scan, pack, relocate
@@ -185,6 +176,15 @@ pub trait Kind: Sync + 'static {
         entries_fit(manifest)
     }
 
+    /// The fit facts an image of this kind states: the targets of its
+    /// `summary` label, and what its kind's own `labels` say (the CPU
+    /// kernels it holds, [`labels`](Kind::labels)). By default the targets
+    /// alone.
+    fn fit_of_labels(&self, summary: Summary, labels: &BTreeMap<String, String>) -> Fit {
+        let _ = labels;
+        Fit::of_targets(summary)
+    }
+
     /// Records what a builder declares about a cache of this kind (facts
     /// its tree does not state) into its `facts`. Refused, naming the
     /// options, for a kind that takes none (the default).
@@ -247,25 +247,6 @@ pub trait Kind: Sync + 'static {
     }
 }
 
-/// The fit facts of `manifest`'s entries: their targets, and the versions
-/// they record by framework, each sorted.
-pub fn entries_fit(manifest: &CacheManifest) -> Fit {
-    let mut fit = Fit {
-        targets: manifest.summary(),
-        ..Fit::default()
-    };
-    for (framework, version) in manifest.entries().iter().flat_map(CacheEntry::versions) {
-        let versions = fit.frameworks.entry(framework).or_default();
-        if !versions.contains(&version) {
-            versions.push(version);
-        }
-    }
-    for versions in fit.frameworks.values_mut() {
-        versions.sort();
-    }
-    fit
-}
-
 /// The Triton kernels `manifest` lists, in its order.
 pub(crate) fn kernels(manifest: &CacheManifest) -> Vec<&TritonKernel> {
     manifest
@@ -301,7 +282,7 @@ mod tests {
         }
         assert_eq!(scan_order().last(), Some(CacheKind::Triton));
         assert_eq!(scan_order().count(), REGISTRY.len());
-        assert_eq!(by_name("flashinfer"), None);
+        assert_eq!(by_name("deepgemm"), None);
     }
 
     #[test]
@@ -322,13 +303,13 @@ mod tests {
         );
         let fit = torch.fit();
         assert_eq!(fit.targets.to_string(), "cuda/75/32");
-        assert_eq!(fit.cpu_isa.as_deref(), Some("avx2"));
+        assert_eq!(fit.cpu.and_then(|c| c.isa).as_deref(), Some("avx2"));
         assert_eq!(fit.frameworks["triton"], ["3.6.0"]);
         assert_eq!(fit.frameworks["torch"], ["2.11.0"]);
 
         let triton = CacheManifest::of_kind(CacheKind::Triton, [entry], Facts::of(facts));
         let fit = triton.fit();
-        assert_eq!(fit.cpu_isa, None);
+        assert_eq!(fit.cpu, None);
         assert!(!fit.frameworks.contains_key("torch"));
         assert!(!CacheKind::Triton.is_torch() && CacheKind::MegaCache.is_torch());
     }
@@ -339,7 +320,7 @@ mod tests {
         assert_eq!(json, "\"megacache\"");
         let back: CacheKind = serde_json::from_str(&json).unwrap();
         assert_eq!(back, CacheKind::MegaCache);
-        let err = serde_json::from_str::<CacheKind>("\"flashinfer\"").unwrap_err();
-        assert!(err.to_string().contains("flashinfer"), "{err}");
+        let err = serde_json::from_str::<CacheKind>("\"deepgemm\"").unwrap_err();
+        assert!(err.to_string().contains("deepgemm"), "{err}");
     }
 }

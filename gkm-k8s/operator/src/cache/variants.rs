@@ -12,7 +12,7 @@
 //! one read. A failure is kept for [`RETRY_AFTER`], so that the reconciles
 //! node reports trigger do not each ask a failing registry again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -109,7 +109,10 @@ impl Variants {
         let outcome = async {
             let repo = Repo::open(&pinned, registry).map_err(|e| e.to_string())?;
             match Image::fetch_annotated(&repo).await {
-                Ok(image) => variants(&image.digest, image.cache()),
+                Ok(image) if image.labels.is_empty() => {
+                    variants(&image.digest, &image.manifest.annotations)
+                }
+                Ok(image) => variants(&image.digest, &image.labels),
                 Err(gkm_oci::Error::MultiTarget { .. }) => {
                     let raw = repo.fetch_manifest().await.map_err(|e| e.to_string())?;
                     let Some(mut multi) = MultiTarget::parse(&raw).map_err(|e| e.to_string())?
@@ -146,7 +149,7 @@ impl Variants {
             Resolution::Image {
                 digest,
                 manifest: Some(manifest),
-            } => variants(digest, CacheLabels::read(&manifest.annotations)).ok(),
+            } => variants(digest, &manifest.annotations).ok(),
             Resolution::Image { manifest: None, .. } => None,
             Resolution::MultiTarget(multi) => multi
                 .variants
@@ -171,15 +174,19 @@ fn index_variants(multi: &MultiTarget) -> Vec<ImageVariant> {
         .collect()
 }
 
-/// The variants of the image manifest `digest` with these cache labels: one,
-/// with the summary's targets and the CPU ISA declared for its C++ kernels.
+/// The variants of the image manifest `digest` with these labels (its
+/// config's, or its annotations): one, with the summary's targets and, for
+/// a cache judged by the CPU, the CPU ISA its C++ kernels were built for
+/// (read from them or declared: [`gkm_core::cache::Fit`]).
 fn variants(
     digest: &Digest,
-    labels: gkm_oci::Result<CacheLabels>,
+    labels: &BTreeMap<String, String>,
 ) -> Result<Vec<ImageVariant>, String> {
-    let labels = labels.map_err(|e| e.to_string())?;
+    let cache = CacheLabels::read(labels).map_err(|e| e.to_string())?;
+    let fit = cache.kind.fit_of_labels(cache.summary.clone(), labels);
+    let cpu_isa = fit.judged_by_cpu().and_then(|cpu| cpu.isa.clone());
     Ok(vec![
-        ImageVariant::new(digest, &labels.summary).with_cpu_isa(labels.declared_cpu_isa),
+        ImageVariant::new(digest, &cache.summary).with_cpu_isa(cpu_isa),
     ])
 }
 
@@ -213,5 +220,45 @@ mod tests {
         variants.record("r/old@sha256:1", Ok(Vec::new()), t0);
         variants.record("r/new@sha256:2", Ok(Vec::new()), t0 + KEEP_UNUSED);
         assert_eq!(variants.entries.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_cache_of_cpp_kernels_is_published_with_the_isa_they_were_built_for() {
+        let digest: Digest = format!("sha256:{}", "a".repeat(64)).parse().unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        // A vLLM CPU root: its kernels record their ISA.
+        let vllm = labels(&[
+            ("cache.vllm.image/summary", r#"{"targets":[]}"#),
+            ("cache.vllm.image/cpp-kernel-count", "17"),
+            ("cache.vllm.image/cpu-isa", "amx_tile"),
+        ]);
+        let published = variants(&digest, &vllm).unwrap();
+        assert_eq!(published[0].cpu_isa.as_deref(), Some("amx_tile"));
+        // An Inductor cache: as its builder declared.
+        let inductor = labels(&[
+            ("cache.inductor.image/summary", r#"{"targets":[]}"#),
+            ("cache.inductor.image/declared-cpu-isa", "avx2"),
+        ]);
+        assert_eq!(
+            variants(&digest, &inductor).unwrap()[0].cpu_isa.as_deref(),
+            Some("avx2")
+        );
+        // GPU kernels decide where there are any.
+        let gpu = labels(&[
+            (
+                "cache.vllm.image/summary",
+                r#"{"targets":[{"backend":"cuda","arch":"90","warp_size":32}]}"#,
+            ),
+            ("cache.vllm.image/cpp-kernel-count", "3"),
+            ("cache.vllm.image/cpu-isa", "avx2"),
+        ]);
+        let published = variants(&digest, &gpu).unwrap();
+        assert_eq!(published[0].cpu_isa, None);
+        assert_eq!(published[0].targets.len(), 1);
     }
 }

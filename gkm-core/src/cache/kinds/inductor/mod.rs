@@ -26,9 +26,13 @@ use std::path::Path;
 
 use super::Kind;
 use crate::cache::files::{files, subdirs};
+
+pub mod cpp;
+
 use crate::cache::kinds::triton::scan as triton;
 use crate::cache::{CacheError, CacheKind, CacheManifest, Facts, TorchFacts, TritonKernel};
 use crate::image_layout::KindLayout;
+pub use cpp::CppKernel;
 
 /// The Inductor kind.
 pub struct Inductor;
@@ -69,24 +73,19 @@ impl Kind for Inductor {
     }
 
     fn scan(&self, dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
-        Ok(scan(dir)?.map(|(entries, torch)| {
-            CacheManifest::of_kind(CacheKind::Inductor, entries, Facts::of(torch))
-        }))
+        if !is_inductor_tree(dir)? {
+            return Ok(None);
+        }
+        let tree = scan_tree(dir)?;
+        Ok(Some(CacheManifest::of_kind(
+            CacheKind::Inductor,
+            tree.triton,
+            Facts::of(tree.facts),
+        )))
     }
 
-    /// Triton's temporaries, and Inductor's locks: its `locks/` directory
-    /// and `*.lock` files (`memoizer_cache.lock`, FX graph entry locks).
     fn scratch(&self, path: &str, is_dir: bool) -> Option<&'static str> {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        if let Some(why) = super::triton::scratch(path, is_dir) {
-            Some(why)
-        } else if is_dir && name == LOCKS {
-            Some("a directory of lock files")
-        } else if !is_dir && name.ends_with(".lock") {
-            Some("a lock file")
-        } else {
-            None
-        }
+        scratch(path, is_dir)
     }
 
     crate::cache::torch_facts::torch_kind_rules!();
@@ -124,6 +123,34 @@ const ROOT_FILES: [&str; 2] = ["memoizer_cache.json", "memoizer_cache.lock"];
 /// into before moving it in place (`tmp.<uuid>`): not part of the cache.
 const TEMP_PREFIX: &str = "tmp.";
 
+/// Why an upper entry is an Inductor tree's scratch: Triton's temporaries,
+/// and Inductor's locks (its `locks/` directory and `*.lock` files,
+/// `memoizer_cache.lock`, FX graph entry locks).
+pub(crate) fn scratch(path: &str, is_dir: bool) -> Option<&'static str> {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if let Some(why) = super::triton::scratch(path, is_dir) {
+        Some(why)
+    } else if is_dir && name == LOCKS {
+        Some("a directory of lock files")
+    } else if !is_dir && name.ends_with(".lock") {
+        Some("a lock file")
+    } else {
+        None
+    }
+}
+
+/// What an Inductor tree holds: its Triton kernels (filed under
+/// `triton/<device>/<key>`), its C++ libraries (filed under
+/// `<code dir>/<file>`) and its entry counts.
+pub(crate) struct InductorTree {
+    /// The Triton kernels of `triton/<device>/<key>/`.
+    pub(crate) triton: Vec<TritonKernel>,
+    /// The C++ libraries of its generated code directories.
+    pub(crate) cpp: Vec<CppKernel>,
+    /// Its entries per part.
+    pub(crate) facts: TorchFacts,
+}
+
 /// Whether `dir` is laid out as an Inductor cache: it holds `fxgraph/`,
 /// `aotautograd/`, `locks/` or `triton/<device>/`.
 pub fn is_inductor_tree(dir: &Path) -> Result<bool, CacheError> {
@@ -139,15 +166,14 @@ pub fn is_inductor_tree(dir: &Path) -> Result<bool, CacheError> {
     Ok(false)
 }
 
-/// The Triton kernels and facts of the Inductor cache at `dir`, or `None`
-/// when `dir` is not laid out as one. A foreign entry at its root, a file
-/// where Inductor keeps directories, or a torn Triton group refuses it.
-pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<TritonKernel>, TorchFacts)>, CacheError> {
-    if !is_inductor_tree(dir)? {
-        return Ok(None);
-    }
+/// What the Inductor tree at `dir` holds (a directory known to be one:
+/// [`is_inductor_tree`], or a `TORCHINDUCTOR_CACHE_DIR` another tool set).
+/// A foreign entry at its root, a file where Inductor keeps directories, a
+/// torn Triton group or a torn C++ library refuses it, naming it.
+pub(crate) fn scan_tree(dir: &Path) -> Result<InductorTree, CacheError> {
     let mut facts = TorchFacts::default();
     let mut entries = Vec::new();
+    let mut cpp = Vec::new();
     for name in files(dir)? {
         if !ROOT_FILES.contains(&name.as_str()) {
             return Err(foreign(&dir.join(&name), "a file at the root"));
@@ -165,6 +191,7 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<TritonKernel>, TorchFacts)>
                 for file in files(&sub)? {
                     if file.ends_with(".so") {
                         facts.add("cpp", 1);
+                        cpp.push(cpp::read(&sub.join(&file), format!("{other}/{file}"))?);
                     } else if file.ends_with(".py") {
                         facts.add("python", 1);
                     }
@@ -177,7 +204,11 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<(Vec<TritonKernel>, TorchFacts)>
     for part in [FXGRAPH, AOTAUTOGRAD, "cpp", "python"] {
         facts.add(part, 0);
     }
-    Ok(Some((entries, facts)))
+    Ok(InductorTree {
+        triton: entries,
+        cpp,
+        facts,
+    })
 }
 
 /// Entries of a cache directory whose entry files sit `depth` directories

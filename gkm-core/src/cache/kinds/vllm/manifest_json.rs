@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::VllmKernel;
+use super::{VllmCppKernel, VllmKernel};
+use crate::cache::kinds::inductor::CppKernel;
 use crate::cache::manifest_json::null_as_empty;
 use crate::cache::{
     AotModel, BinaryArtefacts, CacheEntry, Summary, TritonKernel, VllmArtefacts, VllmFormat,
@@ -27,6 +28,8 @@ mod vllm_groups {
         cache_format: Option<VllmFormat>,
         #[serde(default, deserialize_with = "null_as_empty")]
         triton: Vec<VllmKernel>,
+        #[serde(default, deserialize_with = "null_as_empty")]
+        cpp: Vec<CppKernel>,
     }
 
     /// A layout name; one gkm does not know (a newer MCV's) reads as `None`.
@@ -35,13 +38,15 @@ mod vllm_groups {
         Ok(value.and_then(|v| VllmFormat::deserialize(v).ok()))
     }
 
+    /// The Triton and C++ kernels of a `"vllm"` member.
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<Option<Vec<VllmKernel>>, D::Error> {
+    ) -> Result<(Vec<VllmKernel>, Vec<VllmCppKernel>), D::Error> {
         let Some(elements) = Option::<Vec<serde_json::Value>>::deserialize(d)? else {
-            return Ok(Some(Vec::new()));
+            return Ok((Vec::new(), Vec::new()));
         };
         let mut entries = Vec::new();
+        let mut cpp = Vec::new();
         for (i, element) in elements.into_iter().enumerate() {
             let context = |e: serde_json::Error| D::Error::custom(format!("vllm[{i}]: {e}"));
             let is_group = element.as_object().is_some_and(|o| !o.contains_key("hash"));
@@ -50,6 +55,12 @@ mod vllm_groups {
                 continue;
             }
             let group = Group::deserialize(element).map_err(context)?;
+            let hash = Some(group.vllm_hash.clone()).filter(|h| !h.is_empty());
+            cpp.extend(group.cpp.into_iter().map(|kernel| VllmCppKernel {
+                vllm_hash: hash.clone(),
+                kernel,
+                cache_format: group.cache_format,
+            }));
             for mut entry in group.triton {
                 if entry.vllm_hash.as_deref().is_none_or(str::is_empty) {
                     entry.vllm_hash = Some(group.vllm_hash.clone());
@@ -62,7 +73,7 @@ mod vllm_groups {
         for entry in &mut entries {
             entry.vllm_hash = entry.vllm_hash.take().filter(|h| !h.is_empty());
         }
-        Ok(Some(entries))
+        Ok((entries, cpp))
     }
 }
 
@@ -71,8 +82,12 @@ mod vllm_groups {
 pub(super) fn read_groups(
     value: serde_json::Value,
 ) -> Result<Option<Vec<CacheEntry>>, serde_json::Error> {
-    let kernels = vllm_groups::deserialize(value)?;
-    Ok(kernels.map(|k| k.into_iter().map(CacheEntry::new).collect()))
+    let (kernels, cpp) = vllm_groups::deserialize(value)?;
+    let entries = kernels
+        .into_iter()
+        .map(CacheEntry::new)
+        .chain(cpp.into_iter().map(CacheEntry::new));
+    Ok(Some(entries.collect()))
 }
 
 /// One `"vllm"` group as written: a hash directory's kernels in one layout
@@ -85,6 +100,8 @@ pub(super) struct GroupOut<'a> {
     cache_format: Option<VllmFormat>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     triton: Vec<&'a TritonKernel>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cpp: Vec<&'a CppKernel>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     binary: &'a [BinaryArtefacts],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
@@ -112,6 +129,27 @@ pub(super) fn groups<'a>(
                 vllm_hash: hash,
                 cache_format: entry.cache_format,
                 triton: vec![bare],
+                cpp: Vec::new(),
+                binary: &[],
+                aot_compile: &[],
+            }),
+        }
+    }
+    for entry in entries
+        .iter()
+        .filter_map(CacheEntry::facts::<VllmCppKernel>)
+    {
+        let hash = entry.vllm_hash.as_deref().unwrap_or_default();
+        match groups
+            .iter_mut()
+            .find(|g| g.vllm_hash == hash && g.cache_format == entry.cache_format)
+        {
+            Some(group) => group.cpp.push(&entry.kernel),
+            None => groups.push(GroupOut {
+                vllm_hash: hash,
+                cache_format: entry.cache_format,
+                triton: Vec::new(),
+                cpp: vec![&entry.kernel],
                 binary: &[],
                 aot_compile: &[],
             }),
@@ -138,6 +176,7 @@ pub(super) fn groups<'a>(
                     vllm_hash: hash,
                     cache_format: Some(format),
                     triton: Vec::new(),
+                    cpp: Vec::new(),
                     binary,
                     aot_compile,
                 }),

@@ -7,6 +7,15 @@
 //! `manifest.json` lists kernels in MCV's groups ([`Kind::read_entries`],
 //! [`Kind::write_manifest`]), and its summary label names CUDA
 //! architectures `sm_XY` when it holds Inductor standalone artefacts.
+//!
+//! Each `inductor_cache/` below a hash directory (vLLM's
+//! `TORCHINDUCTOR_CACHE_DIR`) is an Inductor tree, read by the Inductor
+//! kind's rules ([`inductor`](super::inductor)): its Triton kernels are
+//! entries as in any Triton cache directory, its C++ kernel libraries
+//! entries for the CPU ([`VllmCppKernel`], no GPU target), a foreign file in
+//! it or a torn entry refuses the tree, and its locks are scratch. A cache
+//! of C++ kernels only (vLLM on the CPU) fits by the CPU ISA its kernels
+//! record ([`Kind::fit`], labels `cpp-kernel-count` and `cpu-isa`).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,10 +23,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::Kind;
+use super::inductor::CppKernel;
+use super::{CpuFit, Fit, Kind};
 use crate::cache::{
-    CacheEntry, CacheError, CacheKind, CacheManifest, EntryFacts, Facts, Target, TritonKernel,
-    VllmArtefacts, VllmFormat,
+    CacheEntry, CacheError, CacheKind, CacheManifest, EntryFacts, Facts, Summary, Target,
+    TritonKernel, VllmArtefacts, VllmFormat,
 };
 use crate::image_layout::KindLayout;
 
@@ -96,6 +106,34 @@ impl EntryFacts for VllmKernel {
     }
 }
 
+/// A C++ kernel of a vLLM cache: a library Inductor built in one of its
+/// `inductor_cache/` directories, filed by the `torch_compile_cache/<hash>`
+/// directory it belongs to and that directory's layout.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct VllmCppKernel {
+    /// The `torch_compile_cache/<hash>` directory it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_hash: Option<String>,
+    /// The library: its key is its path below the hash directory
+    /// (`inductor_cache/xz/cxz….main.so`).
+    #[serde(flatten)]
+    pub kernel: CppKernel,
+    /// The layout of the hash directory it was found in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_format: Option<VllmFormat>,
+}
+
+impl EntryFacts for VllmCppKernel {
+    fn key(&self) -> &str {
+        &self.kernel.key
+    }
+
+    /// None: a C++ kernel runs on the CPU.
+    fn target(&self) -> Option<Target> {
+        None
+    }
+}
+
 /// What a vLLM cache records beside its kernels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VllmFacts {
@@ -137,6 +175,22 @@ impl Kind for Vllm {
 
     fn offset_from_root(&self, dir: &Path) -> Result<Option<PathBuf>, CacheError> {
         scan::offset_from_root(dir)
+    }
+
+    /// An Inductor tree's scratch (Triton's temporaries, Inductor's locks):
+    /// each `inductor_cache/` is one.
+    fn scratch(&self, path: &str, is_dir: bool) -> Option<&'static str> {
+        super::inductor::scratch(path, is_dir)
+    }
+
+    /// Its kernels' targets and versions, and its C++ kernels with the ISA
+    /// they record.
+    fn fit(&self, manifest: &CacheManifest) -> Fit {
+        super::entries_fit(manifest).with_cpu(cpu_fit(manifest))
+    }
+
+    fn fit_of_labels(&self, summary: Summary, labels: &BTreeMap<String, String>) -> Fit {
+        Fit::of_targets(summary).with_cpu(super::cpu_of_labels(LAYOUT, labels))
     }
 
     fn read_entries(
@@ -192,14 +246,38 @@ impl Kind for Vllm {
         }
     }
 
-    /// The `format` label and KServe's `io.kserve.km/*` labels.
+    /// The `format` label, KServe's `io.kserve.km/*` labels, and for a
+    /// cache holding C++ kernels their count and the ISA they record
+    /// (`cpp-kernel-count`, `cpu-isa`).
     fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
         let mut labels = kserve_labels(manifest);
         if let Some(format) = format_label(manifest) {
             labels.insert(LAYOUT.key("format"), format);
         }
+        if let Some(cpu) = cpu_fit(manifest) {
+            labels.extend(super::cpu_labels(LAYOUT, &cpu));
+        }
         labels
     }
+}
+
+/// The C++ kernels of `manifest` and the ISA they record, when it holds
+/// any. Kernels of two ISAs are refused when the tree is scanned; a
+/// manifest that lists them anyway states no ISA.
+fn cpu_fit(manifest: &CacheManifest) -> Option<CpuFit> {
+    let cpp: Vec<&CppKernel> = manifest
+        .entries()
+        .iter()
+        .filter_map(CacheEntry::facts::<VllmCppKernel>)
+        .map(|e| &e.kernel)
+        .collect();
+    if cpp.is_empty() {
+        return None;
+    }
+    let isa = super::inductor::cpp::kernels_isa(cpp.iter().copied(), "the cache")
+        .ok()
+        .flatten();
+    Some(CpuFit::read(Some(cpp.len() as u64), isa))
 }
 
 /// The vLLM entries of `manifest`.

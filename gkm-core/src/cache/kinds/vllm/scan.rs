@@ -5,11 +5,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::artefacts::{self, VllmArtefacts};
-use super::{VllmFacts, VllmKernel};
+use super::{VllmCppKernel, VllmFacts, VllmKernel};
 use crate::cache::files::{files, subdirs};
+use crate::cache::kinds::inductor::{self, CppKernel};
 use crate::cache::kinds::triton::TEMP_PREFIX;
 use crate::cache::kinds::triton::scan as triton;
-use crate::cache::{CacheError, CacheKind, CacheManifest, Facts, TritonKernel, VllmFormat, blob};
+use crate::cache::{
+    CacheEntry, CacheError, CacheKind, CacheManifest, Facts, TritonKernel, VllmFormat, blob,
+};
 
 /// What a vLLM cache directory is expected to hold, for error messages.
 pub(crate) const EXPECTED: &str = "a vLLM cache: torch_compile_cache/<hash>/rank_<rank>_<dp_rank>/ \
@@ -23,6 +26,10 @@ const AOT_DIR: &str = "torch_aot_compile";
 
 /// The file an `aot_compile` rank directory holds the model in.
 const AOT_MODEL: &str = "model";
+
+/// The directory vLLM points `TORCHINDUCTOR_CACHE_DIR` at, in a hash
+/// directory (AOT compile) or a rank directory: an Inductor tree.
+const INDUCTOR_CACHE_DIR: &str = "inductor_cache";
 
 /// Prefix of Inductor standalone artefacts.
 const ARTIFACT_PREFIX: &str = "artifact_";
@@ -95,15 +102,19 @@ pub(crate) fn scan(dir: &Path) -> Result<Option<CacheManifest>, CacheError> {
         Some(Place::HashDir { aot }) => vec![(dir.to_path_buf(), aot)],
         None => return Ok(None),
     };
-    let mut entries = Vec::new();
+    let mut entries: Vec<CacheEntry> = Vec::new();
+    let mut cpp = Vec::new();
     let mut formats = Vec::new();
     let mut records = Vec::new();
     for (hash_dir, aot) in hash_dirs {
-        let (format, found, artefacts) = scan_hash_dir(&hash_dir, aot)?;
-        formats.push(format);
-        entries.extend(found);
-        records.extend(Some(artefacts).filter(|a| !a.is_empty()));
+        let found = scan_hash_dir(&hash_dir, aot)?;
+        formats.push(found.format);
+        entries.extend(found.kernels.into_iter().map(CacheEntry::new));
+        cpp.extend(found.cpp);
+        records.extend(Some(found.artefacts).filter(|a| !a.is_empty()));
     }
+    inductor::cpp::kernels_isa(cpp.iter().map(|k| &k.kernel), &dir.display().to_string())?;
+    entries.extend(cpp.into_iter().map(CacheEntry::new));
     let format = [
         VllmFormat::AotCompile,
         VllmFormat::Binary,
@@ -173,11 +184,20 @@ pub(crate) fn is_rank_dir(name: &str) -> bool {
     digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
 }
 
+/// What one hash directory holds.
+struct HashDir {
+    /// Its layout.
+    format: VllmFormat,
+    /// Its Triton kernels.
+    kernels: Vec<VllmKernel>,
+    /// The C++ kernels of its `inductor_cache/` directories.
+    cpp: Vec<VllmCppKernel>,
+    /// Its artefact records.
+    artefacts: VllmArtefacts,
+}
+
 /// The layout, kernels and artefact records of one hash directory.
-fn scan_hash_dir(
-    hash_dir: &Path,
-    aot: bool,
-) -> Result<(VllmFormat, Vec<VllmKernel>, VllmArtefacts), CacheError> {
+fn scan_hash_dir(hash_dir: &Path, aot: bool) -> Result<HashDir, CacheError> {
     let vllm_hash = hash_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
@@ -186,6 +206,7 @@ fn scan_hash_dir(
         aot,
         artefacts: false,
         entries: Vec::new(),
+        cpp: Vec::new(),
     };
     walk.dir(hash_dir, 0)?;
     let format = if aot {
@@ -206,13 +227,27 @@ fn scan_hash_dir(
         .collect();
     entries.sort();
     entries.dedup();
+    let cpp = walk
+        .cpp
+        .into_iter()
+        .map(|kernel| VllmCppKernel {
+            vllm_hash: vllm_hash.clone(),
+            kernel,
+            cache_format: Some(format),
+        })
+        .collect();
     let records = artefacts::of_hash_dir(
         hash_dir,
         vllm_hash.as_deref().unwrap_or_default(),
         aot,
         |name| name.starts_with(ARTIFACT_PREFIX),
     )?;
-    Ok((format, entries, records))
+    Ok(HashDir {
+        format,
+        kernels: entries,
+        cpp,
+        artefacts: records,
+    })
 }
 
 /// A walk of one hash directory.
@@ -222,6 +257,9 @@ struct Walk<'a> {
     /// Whether an Inductor standalone artefact was seen.
     artefacts: bool,
     entries: Vec<TritonKernel>,
+    /// The C++ kernels of its `inductor_cache/` directories, filed under
+    /// their path below the hash directory.
+    cpp: Vec<CppKernel>,
 }
 
 impl Walk<'_> {
@@ -238,11 +276,12 @@ impl Walk<'_> {
             return Ok(());
         }
         for sub in subdirs(dir)? {
-            if sub
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(TEMP_PREFIX))
-            {
+            let name = sub.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if name.starts_with(TEMP_PREFIX) {
+                continue;
+            }
+            if name == INDUCTOR_CACHE_DIR {
+                self.inductor(&sub)?;
                 continue;
             }
             self.artefacts |= sub
@@ -252,6 +291,37 @@ impl Walk<'_> {
             self.dir(&sub, depth + 1)?;
         }
         Ok(())
+    }
+
+    /// An `inductor_cache/` directory, read by the Inductor kind's rules:
+    /// its Triton kernels filed under their key directory (as in any Triton
+    /// cache directory), its C++ kernels under their path below the hash
+    /// directory.
+    fn inductor(&mut self, dir: &Path) -> Result<(), CacheError> {
+        let tree = inductor::scan_tree(dir)?;
+        let below = self.key_of(dir);
+        self.entries
+            .extend(tree.triton.into_iter().map(|mut kernel| {
+                if let Some(key) = kernel.dummy_key.rsplit('/').next() {
+                    kernel.dummy_key = key.to_string();
+                }
+                kernel
+            }));
+        self.cpp.extend(tree.cpp.into_iter().map(|mut kernel| {
+            kernel.key = format!("{below}/{}", kernel.key);
+            kernel
+        }));
+        Ok(())
+    }
+
+    /// `path` below the hash directory, `/`-separated.
+    fn key_of(&self, path: &Path) -> String {
+        let below = path.strip_prefix(self.root).unwrap_or(path);
+        let parts: Vec<String> = below
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        parts.join("/")
     }
 
     /// Kernels bundled in a single-file artefact, filed under its path.
