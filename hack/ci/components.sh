@@ -279,8 +279,9 @@ for c in "${wanted[@]}"; do
     # Real PyTorch, for the fixtures under fixtures/torch and the tests that
     # torch.compile reuses the Inductor and Mega-Cache caches gkm delivers.
     torch) torch_component 2.11.0 ;;
-    # Real vLLM on the CPU, for the test that a second engine start reuses
-    # the first one's VLLM_CACHE_ROOT (bins/gkm/tests/real_vllm.rs).
+    # Real vLLM on the CPU, for the test that an engine in a pod reuses the
+    # VLLM_CACHE_ROOT another engine wrote, delivered by gkm
+    # (gkm-k8s/tests/vllm_in_pod.rs), and hack/bench/vllm-cold-start.sh.
     vllm) vllm_component 0.32.0 ;;
     # Toxiproxy, a TCP proxy whose faults (latency, resets, black holes) the
     # soak (hack/soak.sh) puts between gkm and the registry.

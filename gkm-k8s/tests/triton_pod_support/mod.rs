@@ -24,6 +24,7 @@ use kube::api::{Api, DeleteParams};
 use crate::csi_support::{gkmcache, start_driver};
 
 pub mod torch;
+pub mod vllm;
 
 /// The namespace of the test pods, and of their cache.
 pub const NS: &str = "ml";

@@ -153,11 +153,30 @@ pub(crate) fn tree_root(cache_dir: &Path, manifest: &CacheManifest) -> Result<St
     })
 }
 
-/// Write the uncompressed layer tar of `cache_dir` and its manifest to `out`.
-/// Returns the sum of the cache's file sizes.
+/// `entries` without the files the kind of `manifest` calls scratch (its
+/// [`Kind::scratch`](gkm_core::cache::kinds::Kind::scratch): lock files,
+/// temporary files), which its tool makes again when it needs them. A lock
+/// file delivered read-only would stop a non-root workload on its first
+/// lock (opening it to write is refused), and a lock is no cache entry.
+/// Directories are kept, empty or not, so the tree keeps its shape.
+fn without_scratch_files(entries: Vec<TreeEntry>, manifest: &CacheManifest) -> Vec<TreeEntry> {
+    let rules = manifest.kind().rules();
+    entries
+        .into_iter()
+        .filter(|entry| {
+            let is_file = matches!(entry.kind, TreeKind::File { .. });
+            let rel = entry.rel.to_string_lossy();
+            !(is_file && rules.scratch(&rel, false).is_some())
+        })
+        .collect()
+}
+
+/// Write the uncompressed layer tar of `cache_dir` and its manifest to `out`,
+/// leaving out the kind's scratch files. Returns the sum of the cache's
+/// file sizes.
 pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -> Result<(W, u64)> {
     let layout = KindLayout::of(manifest.kind());
-    let entries = list_tree(cache_dir)?;
+    let entries = without_scratch_files(list_tree(cache_dir)?, manifest);
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Deterministic);
     let root = tree_root(cache_dir, manifest)?;
@@ -334,4 +353,42 @@ fn write_compressed(
         cache_size_bytes,
         compression,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gkm_core::cache::{CacheKind, Facts};
+
+    #[test]
+    fn a_layer_leaves_out_the_kinds_lock_files_but_keeps_their_directory() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let root = dir.path();
+        fs::create_dir_all(root.join("locks")).expect("locks/");
+        fs::write(root.join("locks/cabc.lock"), b"").expect("a lock");
+        fs::create_dir_all(root.join("ab")).expect("a code dir");
+        fs::write(root.join("ab/cabc.cpp"), b"int f();").expect("a source");
+        let manifest = CacheManifest::of_kind(
+            CacheKind::Inductor,
+            Vec::<gkm_core::cache::CacheEntry>::new(),
+            Facts::none(),
+        );
+        let (tar, total) = write_tar(root, &manifest, Vec::new()).expect("a tar");
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let names: Vec<String> = archive
+            .entries()
+            .expect("entries")
+            .map(|e| {
+                e.expect("an entry")
+                    .path()
+                    .expect("a path")
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
+        assert!(has("/locks/") && has("/ab/cabc.cpp"), "{names:?}");
+        assert!(!has(".lock"), "a lock file was packed: {names:?}");
+        assert_eq!(total, 8, "the lock is not counted in the cache's size");
+    }
 }
