@@ -6,6 +6,24 @@ use std::path::{Path, PathBuf};
 
 use super::CacheError;
 
+/// The last component of `path`, lossily as text (empty for none): for
+/// matching a file against a kind's names.
+pub(crate) fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The error for `path`, a file `kind` (its title) does not write there:
+/// `what` it is, then what the kind's tree holds (`expected`).
+pub(crate) fn foreign(path: &Path, kind: &'static str, what: &str, expected: &str) -> CacheError {
+    CacheError::Foreign {
+        path: path.to_path_buf(),
+        kind,
+        reason: format!("{what}; expected {expected}"),
+    }
+}
+
 /// Subdirectories of `dir`, sorted; symbolic links are not followed.
 pub(crate) fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
     list(dir, |t| t.is_dir())

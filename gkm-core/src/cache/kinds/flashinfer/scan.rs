@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 
 use super::entry::{FlashInferEntry, Part};
 use crate::cache::elf;
-use crate::cache::files::{files, read_head, subdirs};
+use crate::cache::files::{file_name, files, read_head, subdirs};
 use crate::cache::{CacheError, Kind};
 use crate::gpu::Arch;
 
@@ -404,18 +404,8 @@ fn is_version(name: &str) -> bool {
     name.starts_with(|c: char| c.is_ascii_digit()) && name.contains('.')
 }
 
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 fn foreign(path: &Path, what: &str) -> CacheError {
-    CacheError::Foreign {
-        path: path.to_path_buf(),
-        kind: super::FlashInfer.title(),
-        reason: format!("{what}; expected {EXPECTED}"),
-    }
+    crate::cache::files::foreign(path, super::FlashInfer.title(), what, EXPECTED)
 }
 
 fn torn(path: &Path, reason: String) -> CacheError {

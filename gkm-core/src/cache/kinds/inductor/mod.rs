@@ -25,7 +25,7 @@
 use std::path::Path;
 
 use super::Kind;
-use crate::cache::files::{files, subdirs};
+use crate::cache::files::{file_name, files, subdirs};
 
 pub mod cpp;
 
@@ -268,16 +268,6 @@ fn is_code_dir(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 fn foreign(path: &Path, what: &str) -> CacheError {
-    CacheError::Foreign {
-        path: path.to_path_buf(),
-        kind: Inductor.title(),
-        reason: format!("{what}; expected {EXPECTED}"),
-    }
+    crate::cache::files::foreign(path, Inductor.title(), what, EXPECTED)
 }
