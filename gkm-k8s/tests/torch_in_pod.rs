@@ -28,13 +28,14 @@ mod triton_pod_support;
 
 use std::path::Path;
 
-use gkm_oci::Digest;
 use gkm_testenv::torch::{FIXTURE_COMPILE_PATH, FIXTURE_GRAPHS, parse_report};
 use gkm_testenv::{pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use triton_pod_support::torch::{torch_node, torch_pod};
-use triton_pod_support::{TIMEOUT, delete_all, ended, exit_code, phase, pods_api};
+use triton_pod_support::{
+    TIMEOUT, check_view_left_nothing, delete_all, ended, exit_code, phase, pods_api,
+};
 
 /// Where the pods mount the cache: not where it was compiled.
 const MOUNT: &str = "/models/torch/inductor";
@@ -74,21 +75,7 @@ async fn real_torch_compile_in_a_non_root_pod_hits_every_delivered_fx_graph_at_a
 
     // What the pod wrote went to its own upper, gone with it; the store's
     // tree is the verified one.
-    let uid = done.metadata.uid.clone().unwrap_or_default();
-    let upper = n.uppers().join(format!(
-        "csi-{}",
-        Digest::of(format!("{uid}inductor").as_bytes()).hex()
-    ));
-    delete_all(&pods, &["torch-rw"]).await?;
-    let upper = &upper;
-    gkm_testenv::eventually("the pod's upper is removed", TIMEOUT, || async move {
-        Ok((!upper.exists()).then_some(()))
-    })
-    .await?;
-    assert!(
-        tree_files(&cache.entry)? == verified,
-        "the store changed under a writable cache volume"
-    );
+    check_view_left_nothing(n, &pods, &done, "inductor", &cache.entry, &verified).await?;
     Ok(())
 }
 

@@ -24,15 +24,14 @@ mod triton_pod_support;
 
 use std::path::{Path, PathBuf};
 
-use gkm_oci::Digest;
 use gkm_testenv::triton::{TritonReport, VIRTUALENV_LINK, checker_dir, key_dir, virtualenv};
 use gkm_testenv::{BUSYBOX_IMAGE, pod_log, running_pod_log, tree_files, wait_for_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use triton_pod_support::{
-    CACHE, HOST_SYSTEM_DIRS, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, node,
-    phase, pods_api,
+    CACHE, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, mount_host_system_dirs,
+    node, phase, pods_api,
 };
 
 /// A target the delivered cache holds no kernel for.
@@ -84,10 +83,7 @@ fn triton_pod(
         json!({"name": "checker", "mountPath": CHECKER, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    for (volume, path) in HOST_SYSTEM_DIRS {
-        volumes.push(json!({"name": volume, "hostPath": {"path": path}}));
-        mounts.push(json!({"name": volume, "mountPath": path, "readOnly": true}));
-    }
+    mount_host_system_dirs(&mut volumes, &mut mounts);
     let command = [
         format!("{VIRTUALENV_LINK}/bin/python"),
         format!("{CHECKER}/triton_fleet.py"),
@@ -160,16 +156,6 @@ fn reports_in(log: &str) -> anyhow::Result<Vec<TritonReport>> {
         .collect::<Result<_, _>>()?)
 }
 
-/// The kubelet's volume id of an inline CSI volume named `kernels` of the
-/// pod with uid `uid` (`csi-` and the SHA-256 of the two): the name of its
-/// upper in the store.
-fn volume_handle(uid: &str) -> String {
-    format!(
-        "csi-{}",
-        Digest::of(format!("{uid}kernels").as_bytes()).hex()
-    )
-}
-
 /// Real Triton in a non-root pod with a writable cache volume at `mount`
 /// (with `attrs` as volume attributes besides the cache's name), and
 /// another pod of the same cache beside it (pods `triton-<name>` and
@@ -208,8 +194,8 @@ async fn hits_every_delivered_kernel_and_compiles_new_ones(
     let idle_uid = idle.metadata.uid.clone().unwrap_or_default();
     // Each view is writable: the driver gave it an upper of its own.
     let uppers = [
-        n.uppers().join(volume_handle(&idle_uid)),
-        n.uppers().join(volume_handle(&triton_uid)),
+        n.upper(&idle_uid, "kernels"),
+        n.upper(&triton_uid, "kernels"),
     ];
     assert!(uppers[0].is_dir(), "{idle_name} has no upper");
     let done = wait_for_pod(&pods, triton, TIMEOUT, ended).await?;

@@ -24,11 +24,10 @@ mod triton_pod_support;
 
 use std::path::Path;
 
-use gkm_oci::Digest;
 use gkm_testenv::{pod_log, tree_files, wait_for_pod};
 use kube::api::PostParams;
 use triton_pod_support::vllm::{reports, vllm_node, vllm_pod};
-use triton_pod_support::{TIMEOUT, delete_all, ended, exit_code, phase, pods_api};
+use triton_pod_support::{TIMEOUT, check_view_left_nothing, ended, exit_code, phase, pods_api};
 
 /// Where the pod mounts the cache root: not where it was compiled.
 const MOUNT: &str = "/home/workload/.cache/vllm";
@@ -107,20 +106,6 @@ async fn real_vllm_in_a_non_root_pod_reuses_a_delivered_cache_root_at_another_pa
 
     // What the pod wrote went to its own upper, gone with it; the store's
     // tree is the verified one.
-    let uid = done.metadata.uid.clone().unwrap_or_default();
-    let upper = n.uppers().join(format!(
-        "csi-{}",
-        Digest::of(format!("{uid}vllm-cache").as_bytes()).hex()
-    ));
-    delete_all(&pods, &["vllm-rw"]).await?;
-    let upper = &upper;
-    gkm_testenv::eventually("the pod's upper is removed", TIMEOUT, || async move {
-        Ok((!upper.exists()).then_some(()))
-    })
-    .await?;
-    assert!(
-        tree_files(&cache.entry)? == verified,
-        "the store changed under a writable cache volume"
-    );
+    check_view_left_nothing(n, &pods, &done, "vllm-cache", &cache.entry, &verified).await?;
     Ok(())
 }

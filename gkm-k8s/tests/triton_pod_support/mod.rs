@@ -20,6 +20,7 @@ use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
+use serde_json::{Value, json};
 
 use crate::csi_support::{gkmcache, start_driver};
 
@@ -127,6 +128,51 @@ impl TritonNode {
     pub fn uppers(&self) -> PathBuf {
         self.store.join("csi/uppers")
     }
+
+    /// The upper in the store of the writable cache volume `volume` of the
+    /// pod with uid `uid` (the driver names it after its volume handle).
+    pub fn upper(&self, uid: &str, volume: &str) -> PathBuf {
+        let handle = Digest::of(format!("{uid}{volume}").as_bytes());
+        self.uppers().join(format!("csi-{}", handle.hex()))
+    }
+}
+
+/// Adds the volumes and read-only mounts of [`HOST_SYSTEM_DIRS`] to a pod's
+/// `volumes` and a container's `mounts`.
+pub fn mount_host_system_dirs(volumes: &mut Vec<Value>, mounts: &mut Vec<Value>) {
+    for (volume, path) in HOST_SYSTEM_DIRS {
+        volumes.push(json!({"name": volume, "hostPath": {"path": path}}));
+        mounts.push(json!({"name": volume, "mountPath": path, "readOnly": true}));
+    }
+}
+
+/// Deletes the ended pod `done`, waits until the upper of its writable
+/// cache volume `volume` is gone, and checks that the store's tree at
+/// `entry` still lists `verified`: what a pod writes stays its own.
+// The Triton tests check two pods' uppers at once, by hand.
+#[allow(dead_code)]
+pub async fn check_view_left_nothing(
+    n: &TritonNode,
+    pods: &Api<Pod>,
+    done: &Pod,
+    volume: &str,
+    entry: &Path,
+    verified: &[(PathBuf, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let uid = done.metadata.uid.clone().unwrap_or_default();
+    let name = done.metadata.name.clone().unwrap_or_default();
+    let upper = n.upper(&uid, volume);
+    delete_all(pods, &[name.as_str()]).await?;
+    let upper = &upper;
+    eventually("the pod's upper is removed", TIMEOUT, || async move {
+        Ok((!upper.exists()).then_some(()))
+    })
+    .await?;
+    anyhow::ensure!(
+        gkm_testenv::tree_files(entry)? == verified,
+        "the store changed under a writable cache volume"
+    );
+    Ok(())
 }
 
 static NODE: OnceLock<Result<TritonNode, String>> = OnceLock::new();

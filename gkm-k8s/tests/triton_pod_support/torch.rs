@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{HOST_SYSTEM_DIRS, NS, SCRATCH, TritonNode, node, store_tree};
+use super::{NS, SCRATCH, TritonNode, mount_host_system_dirs, node, store_tree};
 use crate::csi_support::gkmcache;
 
 /// The `GKMCache` the PyTorch pods' volumes name.
@@ -103,10 +103,7 @@ pub fn torch_pod(
         json!({"name": "fixture", "mountPath": FIXTURE, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    for (volume, path) in HOST_SYSTEM_DIRS {
-        volumes.push(json!({"name": volume, "hostPath": {"path": path}}));
-        mounts.push(json!({"name": volume, "mountPath": path, "readOnly": true}));
-    }
+    mount_host_system_dirs(&mut volumes, &mut mounts);
     let mut command: Vec<Value> = [
         format!("{VIRTUALENV_LINK}/bin/python"),
         format!("{MODEL}/{MODEL_SCRIPT}"),

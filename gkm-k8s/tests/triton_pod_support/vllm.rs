@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{HOST_SYSTEM_DIRS, NS, SCRATCH, TritonNode, node, store_tree};
+use super::{NS, SCRATCH, TritonNode, mount_host_system_dirs, node, store_tree};
 use crate::csi_support::gkmcache;
 
 /// The `GKMCache` the vLLM pods' volumes name.
@@ -144,10 +144,7 @@ pub fn vllm_pod(n: &TritonNode, name: &str, mount: &Path, archs: &[&str]) -> any
         json!({"name": "scripts", "mountPath": scripts, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    for (volume, path) in HOST_SYSTEM_DIRS {
-        volumes.push(json!({"name": volume, "hostPath": {"path": path}}));
-        mounts.push(json!({"name": volume, "mountPath": path, "readOnly": true}));
-    }
+    mount_host_system_dirs(&mut volumes, &mut mounts);
     let starts: Vec<String> = archs
         .iter()
         .map(|arch| {
