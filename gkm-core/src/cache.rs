@@ -755,12 +755,14 @@ fn scan_file(path: &Path) -> Result<CacheManifest, CacheError> {
     })
 }
 
-/// `a, b, c or d`.
+/// `a or b`, or `a; b; c; or d` where each item has commas of its own.
 fn or_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     let items: Vec<&str> = items.into_iter().collect();
     match items.split_last() {
         None => String::new(),
         Some((last, [])) => (*last).to_string(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        Some((last, [only])) => format!("{only} or {last}"),
+        // Each kind's description has commas and "or"s of its own.
+        Some((last, rest)) => format!("{}; or {last}", rest.join("; ")),
     }
 }

@@ -1,8 +1,9 @@
 //! What a caller that is not the scheduler can do to the extender, against
 //! the real binary over a real apiserver: a body far larger than any
-//! scheduler call is refused with 413 before it is read whole, and calls
-//! beyond the extender's concurrency limit are answered 503 at once, so a
-//! flood of slow calls cannot queue up behind the scheduler's own.
+//! scheduler call is refused with 413 before it is read whole, calls that
+//! send their bodies slowly hold no place the scheduler's calls need,
+//! bodies being read hold a bounded number of bytes (past it a call is
+//! answered 503 at once) and a body that never ends is cut off with 408.
 
 mod support;
 
@@ -80,15 +81,16 @@ async fn post_chunked(addr: &str, path: &str, body: &[u8]) -> anyhow::Result<(St
     Ok((status, body))
 }
 
-/// A call whose head is sent and whose body never ends: the extender holds
-/// it in flight until the connection closes or its read times out.
-async fn stalled_call(addr: &str) -> anyhow::Result<TcpStream> {
+/// A call that declares `length` bytes of body and sends only `sent`: the
+/// extender reads it until the connection closes or its read times out.
+async fn stalled_call(addr: &str, length: usize, sent: &[u8]) -> anyhow::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     let head = format!(
         "POST /scheduler/bind HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: 4096\r\n\r\n{{"
+         Content-Length: {length}\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).await?;
+    stream.write_all(sent).await?;
     Ok(stream)
 }
 
@@ -139,50 +141,57 @@ async fn a_bind_body_over_one_mebibyte_is_refused_with_413() -> anyhow::Result<(
 }
 
 #[tokio::test]
-async fn calls_beyond_the_concurrency_limit_are_shed_with_503() -> anyhow::Result<()> {
+async fn slow_callers_cannot_starve_the_schedulers_calls() -> anyhow::Result<()> {
     let mut cluster = Cluster::start().await?;
     cluster.start_extender().await?;
     let addr = cluster.extender_addr.clone();
 
+    // More calls than the extender answers at once, each stalled before
+    // its body: they hold no place, and a whole call is still answered at
+    // once.
     let mut stalled = Vec::new();
-    for _ in 0..IN_FLIGHT {
-        stalled.push(stalled_call(&addr).await?);
+    for _ in 0..2 * IN_FLIGHT {
+        stalled.push(stalled_call(&addr, 4096, b"").await?);
     }
-    // Once the limit is all held by stalled calls, one more call is shed at
-    // once. A call answered meanwhile took a free place (one a stalled call
-    // was shed from while it held it): another stalled call takes it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (status, body) = loop {
-        let began = Instant::now();
-        let reply =
-            tokio::time::timeout(Duration::from_secs(5), post(&addr, "/scheduler/bind", BIND))
-                .await;
-        match reply {
-            Ok(reply) => {
-                let (status, body) = reply?;
-                if status.starts_with("HTTP/1.1 503") || Instant::now() > deadline {
-                    assert!(began.elapsed() < Duration::from_secs(2), "shed at once");
-                    break (status, body);
-                }
-                stalled.push(stalled_call(&addr).await?);
-            }
-            Err(_) => anyhow::ensure!(
-                Instant::now() < deadline,
-                "a call beyond {IN_FLIGHT} in flight waited instead of being shed\n{}",
-                cluster.logs()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let began = Instant::now();
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(5), post(&addr, "/scheduler/bind", BIND))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "a bind waited behind {} stalled calls\n{}",
+                    stalled.len(),
+                    cluster.logs()
+                )
+            })??;
+    assert!(
+        status.starts_with("HTTP/1.1 200") && began.elapsed() < Duration::from_secs(2),
+        "a bind behind stalled calls: {status} {body}"
+    );
+
+    // Bodies being read hold at most IN_FLIGHT bodies of the largest size:
+    // once calls that sent all but one byte of theirs hold that (all but
+    // IN_FLIGHT bytes, fewer than a bind's), one more body is shed at once
+    // and told to retry.
+    let mut full = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        full.push(stalled_call(&addr, ONE_MIB, &vec![b' '; ONE_MIB - 1]).await?);
+    }
+    let (status, body) = gkm_testenv::settle(
+        Duration::from_secs(5),
+        || post(&addr, "/scheduler/bind", BIND),
+        |(status, _)| status.starts_with("HTTP/1.1 503"),
+    )
+    .await?;
     assert!(
         status.starts_with("HTTP/1.1 503"),
-        "a call beyond {IN_FLIGHT} in flight: {status} {body}\n{}",
+        "a bind while {IN_FLIGHT} MiB of bodies are being read: {status} {body}\n{}",
         cluster.logs()
     );
     assert!(body.contains("retry"), "the refusal says to retry: {body}");
 
-    // The limit frees as the calls end.
-    drop(stalled);
+    // The bytes free as those calls end.
+    drop(full);
     let (status, body) = gkm_testenv::settle(
         Duration::from_secs(10),
         || post(&addr, "/scheduler/bind", BIND),
@@ -192,6 +201,22 @@ async fn calls_beyond_the_concurrency_limit_are_shed_with_503() -> anyhow::Resul
     anyhow::ensure!(
         status.starts_with("HTTP/1.1 200"),
         "still refused after the stalled calls closed: {status} {body}"
+    );
+
+    // A call that never finishes its body is cut off when its read times
+    // out, and told why.
+    let mut first = stalled.swap_remove(0);
+    let mut reply = Vec::new();
+    tokio::time::timeout(
+        gkm_k8s_daemon::endpoints::BODY_READ_TIMEOUT + Duration::from_secs(5),
+        first.read_to_end(&mut reply),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("a stalled call was never cut off"))??;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 408") && reply.contains("longer than"),
+        "a stalled call's reply: {reply}"
     );
     Ok(())
 }
