@@ -75,12 +75,15 @@ async fn publish(n: &TritonNode) -> anyhow::Result<VllmCache> {
         .arg(model("llama"))
         .arg("--cache-root")
         .arg(&built_at)
-        // Nothing of the user's caches reaches the engine.
+        // The pod's environment, not the test runner's: nothing of the
+        // user's caches reaches the engine, and PyTorch keys its caches on
+        // variables such as `CI` (functorch's error_on_custom_op_aliasing
+        // defaults to it), which the pod does not have.
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", &scratch)
         .env("TMPDIR", &scratch)
-        .env_remove("XDG_CACHE_HOME")
-        .env_remove("TORCHINDUCTOR_CACHE_DIR")
-        .env_remove("TRITON_CACHE_DIR")
+        .env("USER", "workload")
         .output()
         .context("running vllm-python")?;
     anyhow::ensure!(
