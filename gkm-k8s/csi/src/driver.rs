@@ -28,6 +28,7 @@ use crate::capture::release::{ReleaseOptions, release_captures, report_trees_at_
 use crate::identity::IdentityService;
 use crate::metrics::CsiCollector;
 use crate::node::NodeService;
+use crate::views::ViewsConfig;
 
 /// What the driver tells the kubelet when it registers: a CSI plugin named
 /// [`DRIVER_NAME`], serving CSI 1.0.0. Its registration socket is
@@ -47,6 +48,8 @@ pub struct DriverConfig {
     pub store_root: PathBuf,
     /// What is allowed of capture volumes.
     pub capture: CaptureConfig,
+    /// What is allowed of the views of a cache.
+    pub views: ViewsConfig,
 }
 
 /// The driver's CSI services.
@@ -68,7 +71,12 @@ impl Driver {
         store.create()?;
         let driver = Driver {
             identity: IdentityService::new(config.store_root.clone()),
-            node: NodeService::new(config.node_name.clone(), store, config.capture.clone()),
+            node: NodeService::new(
+                config.node_name.clone(),
+                store,
+                config.capture.clone(),
+                config.views.clone(),
+            ),
         };
         if let Err(e) = driver.node.sweep_uppers() {
             tracing::warn!(error = %e, "sweeping the uppers of writable views");

@@ -139,7 +139,12 @@ pub use identity::IdentityService;
 pub use metrics::{CsiCollector, CsiMetrics};
 pub use node::NodeService;
 pub use views::mount::{bind, mount_at, unmount_all};
+pub use views::relocate::{
+    DEFAULT_DIGEST_MAX_LAYERS, DEFAULT_KEEP_FREE, DEFAULT_NODE_MAX_LAYERS, LayerCap,
+    RelocationConfig,
+};
 pub use views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
+pub use views::{DEFAULT_GROUP_MAX_DIRS, GROUP_MAX_DIRS_FLAG, GROUP_MAX_DIRS_VALUE, ViewsConfig};
 pub use volume::{
     CacheVolume, CaptureVolume, PodVolume, TreeOf, View, Volume, parse as parse_volume,
 };
