@@ -89,6 +89,12 @@ struct Cli {
     #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_DIGEST_MAX_LAYERS,
         value_parser = clap::value_parser!(u64).range(1..))]
     relocation_digest_max_layers: u64,
+    /// The most relocation layers made for one namespace's pods this node
+    /// may hold (a layer counts against the namespace whose pod made it;
+    /// pods of any namespace reuse it).
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NAMESPACE_MAX_LAYERS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    relocation_namespace_max_layers: u64,
     /// The most relocation layers this node may hold, of every digest.
     #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NODE_MAX_LAYERS,
         value_parser = clap::value_parser!(u64).range(1..))]
@@ -146,6 +152,7 @@ fn config(cli: Cli) -> anyhow::Result<RunConfig> {
         views: ViewsConfig {
             relocation: RelocationConfig {
                 digest_max_layers: cli.relocation_digest_max_layers,
+                namespace_max_layers: cli.relocation_namespace_max_layers,
                 node_max_layers: cli.relocation_node_max_layers,
                 keep_free: cli.relocation_keep_free,
             },

@@ -5,7 +5,8 @@
 //! a real node store:
 //!
 //! - every fresh `csi.gkm.io/mountPath` makes a relocation layer on the
-//!   node's disk: the layers of a digest, and of the node, are capped, a
+//!   node's disk: the layers of a digest, those made for a namespace's
+//!   pods, and the node's are capped, a
 //!   layer must leave the store's filesystem its free-space reserve, and a
 //!   mount path is at most 1024 bytes; each refusal names the flag and the
 //!   chart's value, and a layer made already is reused;
@@ -24,14 +25,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use csi_support::{clients, extract_fixture, gkmcache};
+use csi_support::{clients, cluster_cache, extract_fixture, gkmcache};
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
 use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability};
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
 use gkm_k8s_node::mount_records::MountRecords;
 use gkm_k8s_node::volume::{
-    ATTR_CACHE, ATTR_MOUNT_PATH, CTX_EPHEMERAL, CTX_POD_NAME, CTX_POD_NAMESPACE, CTX_POD_UID,
+    ATTR_CACHE, ATTR_CLUSTER_CACHE, ATTR_MOUNT_PATH, CTX_EPHEMERAL, CTX_POD_NAME,
+    CTX_POD_NAMESPACE, CTX_POD_UID,
 };
 use gkm_oci::Digest;
 use gkm_testenv::{Process, mounts_under};
@@ -45,7 +47,8 @@ const GROUP: &str = "__grp__add_kernel.json";
 const FS_GROUP: u32 = 1000;
 
 /// A node store holding the Triton sm75 fixture (`ml/vector-add`) and the
-/// ROCm one (`ml/rocm`), deliverable, and a `gkm-csi` serving it.
+/// ROCm one (`ml/rocm`, and the `ClusterGKMCache` `shared`), deliverable,
+/// and a `gkm-csi` serving it.
 struct Node {
     work: tempfile::TempDir,
     store: PathBuf,
@@ -69,6 +72,9 @@ impl Node {
                 )
                 .expect("the agent's decision");
         }
+        index
+            .publish(&cluster_cache("shared"), &Delivery::deliverable(rocm))
+            .expect("the agent's decision");
         let mut node = Node {
             work,
             store,
@@ -114,10 +120,21 @@ impl Node {
         read_only: bool,
         attrs: &[(&str, &str)],
     ) -> Result<PathBuf, tonic::Status> {
+        self.publish_in("ml", uid, read_only, attrs).await
+    }
+
+    /// [`Node::publish`] for a pod of `namespace`.
+    async fn publish_in(
+        &mut self,
+        namespace: &str,
+        uid: &str,
+        read_only: bool,
+        attrs: &[(&str, &str)],
+    ) -> Result<PathBuf, tonic::Status> {
         let target = self.target(uid);
         let mut ctx: Vec<(&str, &str)> = vec![
             (CTX_EPHEMERAL, "true"),
-            (CTX_POD_NAMESPACE, "ml"),
+            (CTX_POD_NAMESPACE, namespace),
             (CTX_POD_NAME, uid),
             (CTX_POD_UID, uid),
         ];
@@ -162,6 +179,25 @@ impl Node {
         .await
     }
 
+    /// Pod `uid` of namespace `other`'s read-only view of the
+    /// `ClusterGKMCache` `shared` at `mount_path`.
+    async fn shared_view_at(
+        &mut self,
+        uid: &str,
+        mount_path: &str,
+    ) -> Result<PathBuf, tonic::Status> {
+        self.publish_in(
+            "other",
+            uid,
+            true,
+            &[
+                (ATTR_CLUSTER_CACHE, "shared"),
+                (ATTR_MOUNT_PATH, mount_path),
+            ],
+        )
+        .await
+    }
+
     /// How many relocation layers `digest` has in the store.
     fn layers_of(&self, digest: &Digest) -> usize {
         let dir = gkm_k8s_node::relocation::layers_of(&self.store, digest);
@@ -194,7 +230,8 @@ fn exhausted(refused: &tonic::Status, named: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn relocation_layers_are_capped_per_digest_and_node_and_keep_the_stores_disk_free() {
+async fn relocation_layers_are_capped_per_digest_namespace_and_node_and_keep_the_stores_disk_free()
+{
     // The machine's disk keeps little of its size free
     // (gkm_testenv::AGENT_KEEP_FREE_ARG says why): a reserve of bytes.
     let reserve = gkm_testenv::CSI_KEEP_FREE_ARG;
@@ -243,20 +280,45 @@ async fn relocation_layers_are_capped_per_digest_and_node_and_keep_the_stores_di
     }
     assert_eq!(node.layers_of(&digest), 16);
 
-    // The node's cap counts every digest's layers.
-    node.restart(&["--relocation-node-max-layers=17", reserve])
-        .await;
+    // A namespace's cap counts the layers made for its pods, of every
+    // digest; the node's, every namespace's.
+    node.restart(&[
+        "--relocation-namespace-max-layers=17",
+        "--relocation-node-max-layers=18",
+        reserve,
+    ])
+    .await;
     node.view_at("uid-rocm-0", "rocm", "/mnt/path-0")
         .await
-        .expect("the node's 17th layer");
+        .expect("the namespace's 17th layer");
     let refused = node
         .view_at("uid-rocm-1", "rocm", "/mnt/path-1")
         .await
-        .expect_err("an 18th layer on the node");
+        .expect_err("an 18th layer for the namespace");
     exhausted(
         &refused,
         &[
-            "--relocation-node-max-layers=17",
+            "--relocation-namespace-max-layers=17",
+            "views.relocation.namespaceMaxLayers",
+            "namespace ml's",
+        ],
+    );
+    // Another namespace has room of its own, up to the node's cap, and
+    // reuses a layer made for the first for nothing.
+    node.shared_view_at("uid-other-1", "/mnt/path-1")
+        .await
+        .expect("the node's 18th layer, for namespace other");
+    node.shared_view_at("uid-other-0", "/mnt/path-0")
+        .await
+        .expect("a layer made for namespace ml, reused");
+    let refused = node
+        .shared_view_at("uid-other-2", "/mnt/path-2")
+        .await
+        .expect_err("a 19th layer on the node");
+    exhausted(
+        &refused,
+        &[
+            "--relocation-node-max-layers=18",
             "views.relocation.nodeMaxLayers",
         ],
     );
@@ -264,7 +326,7 @@ async fn relocation_layers_are_capped_per_digest_and_node_and_keep_the_stores_di
     // A layer must leave the store's filesystem its free-space reserve.
     node.restart(&["--relocation-keep-free=100%"]).await;
     let refused = node
-        .view_at("uid-rocm-2", "rocm", "/mnt/path-2")
+        .view_at("uid-rocm-3", "rocm", "/mnt/path-3")
         .await
         .expect_err("no room within the reserve");
     exhausted(

@@ -140,8 +140,8 @@ pub use metrics::{CsiCollector, CsiMetrics};
 pub use node::NodeService;
 pub use views::mount::{bind, mount_at, unmount_all};
 pub use views::relocate::{
-    DEFAULT_DIGEST_MAX_LAYERS, DEFAULT_KEEP_FREE, DEFAULT_NODE_MAX_LAYERS, LayerCap,
-    RelocationConfig,
+    DEFAULT_DIGEST_MAX_LAYERS, DEFAULT_KEEP_FREE, DEFAULT_NAMESPACE_MAX_LAYERS,
+    DEFAULT_NODE_MAX_LAYERS, LayerCap, RelocationConfig,
 };
 pub use views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
 pub use views::{DEFAULT_GROUP_MAX_DIRS, GROUP_MAX_DIRS_FLAG, GROUP_MAX_DIRS_VALUE, ViewsConfig};

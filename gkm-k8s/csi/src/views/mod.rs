@@ -16,6 +16,7 @@
 
 pub mod access;
 pub mod decide;
+pub mod layer_owners;
 pub mod mount;
 pub mod relocate;
 pub mod upper;
@@ -219,7 +220,13 @@ impl Views {
             Decision::Mount(record) => {
                 let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
                 self.relocations
-                    .ensure(self.store.root(), &record.digest, &tree.path, path)
+                    .ensure(
+                        self.store.root(),
+                        &record.digest,
+                        &tree.path,
+                        path,
+                        &record.pod.namespace,
+                    )
                     .map(drop)
             }
         }
@@ -313,10 +320,13 @@ impl Views {
         let target = &record.target_path;
         let relocation = match mount_path {
             None => Relocation::NotNeeded,
-            Some(path) => {
-                self.relocations
-                    .ensure(self.store.root(), &record.digest, &tree.path, path)?
-            }
+            Some(path) => self.relocations.ensure(
+                self.store.root(),
+                &record.digest,
+                &tree.path,
+                path,
+                &record.pod.namespace,
+            )?,
         };
         let relocation = match &relocation {
             Relocation::Layer(dir) => Some(dir.as_path()),

@@ -6,8 +6,10 @@
 //! - for a mount path of at most
 //!   [`MOUNT_PATH_MAX_BYTES`](gkm_k8s_node::relocation::MOUNT_PATH_MAX_BYTES)
 //!   (the volume is refused with `INVALID_ARGUMENT` before this);
-//! - while the digest's layers, and the node's, plus the new one stay
-//!   within [`RelocationConfig::digest_max_layers`] and
+//! - while the digest's layers, the layers made for the pod's namespace
+//!   ([`super::layer_owners`]) and the node's, plus the new one, stay
+//!   within [`RelocationConfig::digest_max_layers`],
+//!   [`RelocationConfig::namespace_max_layers`] and
 //!   [`RelocationConfig::node_max_layers`];
 //! - while writing it leaves the store's filesystem its free-space reserve
 //!   ([`RelocationConfig::keep_free`]), as the agent keeps its extractions
@@ -28,13 +30,19 @@ use std::sync::Mutex;
 
 use gkm_core::Digest;
 use gkm_core::free_space::FreeSpaceReserve;
+use gkm_k8s_node::names::is_dns1123_subdomain;
 use gkm_k8s_node::relocation::{
-    LayerCount, Planned, Relocation, count_layers, find_layer, plan_layer, sweep_staging,
+    Planned, Relocation, count_layers, find_layer, plan_layer, sweep_staging,
 };
 use tonic::Status;
 
+use super::layer_owners;
+
 /// The relocation layers one digest may have on a node by default.
 pub const DEFAULT_DIGEST_MAX_LAYERS: u64 = 16;
+/// The relocation layers made for one namespace a node may hold by
+/// default.
+pub const DEFAULT_NAMESPACE_MAX_LAYERS: u64 = 64;
 /// The relocation layers a node may hold by default.
 pub const DEFAULT_NODE_MAX_LAYERS: u64 = 256;
 /// What a new layer leaves free of the store's filesystem by default: the
@@ -48,6 +56,8 @@ pub const DEFAULT_KEEP_FREE: FreeSpaceReserve = FreeSpaceReserve::KUBELET_EVICTI
 pub enum LayerCap {
     /// How many layers one digest has.
     DigestLayers,
+    /// How many layers were made for one namespace.
+    NamespaceLayers,
     /// How many layers the node holds.
     NodeLayers,
     /// The free space a new layer leaves on the store's filesystem.
@@ -59,6 +69,7 @@ impl LayerCap {
     pub fn flag(self) -> &'static str {
         match self {
             LayerCap::DigestLayers => "--relocation-digest-max-layers",
+            LayerCap::NamespaceLayers => "--relocation-namespace-max-layers",
             LayerCap::NodeLayers => "--relocation-node-max-layers",
             LayerCap::KeepFree => "--relocation-keep-free",
         }
@@ -68,6 +79,7 @@ impl LayerCap {
     pub fn chart_value(self) -> &'static str {
         match self {
             LayerCap::DigestLayers => "views.relocation.digestMaxLayers",
+            LayerCap::NamespaceLayers => "views.relocation.namespaceMaxLayers",
             LayerCap::NodeLayers => "views.relocation.nodeMaxLayers",
             LayerCap::KeepFree => "views.relocation.keepFree",
         }
@@ -79,6 +91,8 @@ impl LayerCap {
 pub struct RelocationConfig {
     /// The most layers one digest may have on the node (one per mount path).
     pub digest_max_layers: u64,
+    /// The most layers made for one namespace's pods the node may hold.
+    pub namespace_max_layers: u64,
     /// The most layers the node may hold, of every digest.
     pub node_max_layers: u64,
     /// What a new layer must leave free of the store's filesystem.
@@ -90,6 +104,7 @@ impl Default for RelocationConfig {
     fn default() -> RelocationConfig {
         RelocationConfig {
             digest_max_layers: DEFAULT_DIGEST_MAX_LAYERS,
+            namespace_max_layers: DEFAULT_NAMESPACE_MAX_LAYERS,
             node_max_layers: DEFAULT_NODE_MAX_LAYERS,
             keep_free: DEFAULT_KEEP_FREE,
         }
@@ -117,18 +132,47 @@ impl Space {
     }
 }
 
-/// Whether a new layer of `bytes` for `digest` at `mount_path` may be
-/// made, given `config`, the layers there are (`count`) and the store's
-/// filesystem (`space`).
+/// A new layer asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// Of this digest.
+    pub digest: &'a Digest,
+    /// For this mount path.
+    pub mount_path: &'a str,
+    /// By a pod of this namespace.
+    pub namespace: &'a str,
+    /// Taking this many bytes of disk.
+    pub bytes: u64,
+}
+
+/// How many layers there are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Of the digest asked for.
+    pub of_digest: u64,
+    /// Made for the namespace asking.
+    pub of_namespace: u64,
+    /// On the node.
+    pub on_node: u64,
+}
+
+/// Whether the layer `asked` may be made, given `config`, the layers there
+/// are (`held`) and the store's filesystem (`space`).
 pub fn admit_layer(
     config: &RelocationConfig,
-    digest: &Digest,
-    mount_path: &str,
-    count: LayerCount,
-    bytes: u64,
+    asked: Asked<'_>,
+    held: Held,
     space: Space,
 ) -> Result<(), Status> {
-    let asked = format!("a relocation layer of {digest} for the mount path {mount_path}");
+    let Asked {
+        digest,
+        mount_path,
+        namespace,
+        bytes,
+    } = asked;
+    let asked = format!(
+        "a relocation layer of {digest} for the mount path {mount_path} (namespace {namespace})"
+    );
     let refuse = |cap: LayerCap, took: String, value: String| {
         Status::resource_exhausted(format!(
             "{asked} {took}, over the cap {}={value}: mount the cache at a path its \
@@ -138,16 +182,23 @@ pub fn admit_layer(
             cap.flag(),
         ))
     };
+    let whose_ns = format!("namespace {namespace}'s");
     let counts = [
         (
             LayerCap::DigestLayers,
-            count.of_digest,
+            held.of_digest,
             config.digest_max_layers,
             "the digest's",
         ),
         (
+            LayerCap::NamespaceLayers,
+            held.of_namespace,
+            config.namespace_max_layers,
+            whose_ns.as_str(),
+        ),
+        (
             LayerCap::NodeLayers,
-            count.on_node,
+            held.on_node,
             config.node_max_layers,
             "the node's",
         ),
@@ -200,8 +251,9 @@ impl Relocations {
 
     /// The relocation layer that makes the verified `tree` of the store
     /// entry `digest` (below the store root `store`) a hit at
-    /// `mount_path`: the one made already, or one made now within the
-    /// bounds. `FAILED_PRECONDITION` when the tree cannot be relocated,
+    /// `mount_path` for a pod of `namespace`: the one made already, or one
+    /// made now within the bounds (and counted against `namespace`).
+    /// `FAILED_PRECONDITION` when the tree cannot be relocated,
     /// `RESOURCE_EXHAUSTED` past a bound ([`admit_layer`]).
     pub fn ensure(
         &self,
@@ -209,6 +261,7 @@ impl Relocations {
         digest: &Digest,
         tree: &Path,
         mount_path: &str,
+        namespace: &str,
     ) -> Result<Relocation, Status> {
         let failed = |e: &dyn std::fmt::Display| {
             Status::failed_precondition(format!(
@@ -228,17 +281,28 @@ impl Relocations {
             Planned::Exists(dir) => return Ok(Relocation::Layer(dir)),
             Planned::New(layer) => layer,
         };
+        if !is_dns1123_subdomain(namespace) {
+            return Err(Status::invalid_argument(format!(
+                "the pod's namespace {namespace:?} is not a namespace name"
+            )));
+        }
         sweep_staging(store, digest).map_err(|e| failed(&e))?;
         let count = count_layers(store, digest).map_err(|e| failed(&e))?;
+        let held = Held {
+            of_digest: count.of_digest,
+            of_namespace: layer_owners::count(store, namespace).map_err(|e| failed(&e))?,
+            on_node: count.on_node,
+        };
         let space = Space::of(store).map_err(|e| failed(&e))?;
-        admit_layer(
-            &self.config,
+        let asked = Asked {
             digest,
             mount_path,
-            count,
-            layer.bytes(),
-            space,
-        )?;
+            namespace,
+            bytes: layer.bytes(),
+        };
+        admit_layer(&self.config, asked, held, space)?;
+        // Marked first: a layer is never there uncounted.
+        layer_owners::mark(store, namespace, layer.dir()).map_err(|e| failed(&e))?;
         let layer = layer.write().map_err(|e| failed(&e))?;
         tracing::info!(%digest, mount_path, layer = %layer.display(), "made a relocation layer");
         Ok(Relocation::Layer(layer))
@@ -259,21 +323,35 @@ mod tests {
         }
     }
 
-    fn count(of_digest: u64, on_node: u64) -> LayerCount {
-        LayerCount { of_digest, on_node }
+    fn held(of_digest: u64, of_namespace: u64, on_node: u64) -> Held {
+        Held {
+            of_digest,
+            of_namespace,
+            on_node,
+        }
+    }
+
+    fn asked<'a>(digest: &'a Digest, mount_path: &'a str, bytes: u64) -> Asked<'a> {
+        Asked {
+            digest,
+            mount_path,
+            namespace: "team",
+            bytes,
+        }
     }
 
     #[test]
     fn a_layer_past_a_count_cap_is_refused_naming_the_flag_and_the_chart_value() {
         let config = RelocationConfig {
             digest_max_layers: 2,
-            node_max_layers: 3,
+            namespace_max_layers: 3,
+            node_max_layers: 4,
             ..RelocationConfig::default()
         };
         let digest = Digest::of(b"cache");
-        let admit = |count, space| admit_layer(&config, &digest, "/mnt/x", count, 8192, space);
-        assert!(admit(count(1, 2), room()).is_ok());
-        let digest_cap = admit(count(2, 2), room()).expect_err("digest cap");
+        let admit = |held| admit_layer(&config, asked(&digest, "/mnt/x", 8192), held, room());
+        assert!(admit(held(1, 2, 3)).is_ok());
+        let digest_cap = admit(held(2, 2, 2)).expect_err("digest cap");
         assert_eq!(digest_cap.code(), Code::ResourceExhausted);
         for named in [
             "--relocation-digest-max-layers=2",
@@ -282,9 +360,17 @@ mod tests {
         ] {
             assert!(digest_cap.message().contains(named), "{digest_cap:?}");
         }
-        let node_cap = admit(count(0, 3), room()).expect_err("node cap");
+        let namespace_cap = admit(held(0, 3, 3)).expect_err("namespace cap");
         for named in [
-            "--relocation-node-max-layers=3",
+            "--relocation-namespace-max-layers=3",
+            "views.relocation.namespaceMaxLayers",
+            "namespace team's",
+        ] {
+            assert!(namespace_cap.message().contains(named), "{namespace_cap:?}");
+        }
+        let node_cap = admit(held(0, 0, 4)).expect_err("node cap");
+        for named in [
+            "--relocation-node-max-layers=4",
             "views.relocation.nodeMaxLayers",
         ] {
             assert!(node_cap.message().contains(named), "{node_cap:?}");
@@ -295,12 +381,13 @@ mod tests {
     fn a_layer_that_would_eat_into_the_free_space_reserve_is_refused() {
         let config = RelocationConfig::default();
         let digest = Digest::of(b"cache");
+        let none_held = Held::default();
         let space = Space {
             free: 12 * GIB + 8192,
             size: 100 * GIB,
         };
-        assert!(admit_layer(&config, &digest, "/m", count(0, 0), 8192, space).is_ok());
-        let refused = admit_layer(&config, &digest, "/m", count(0, 0), 8193, space)
+        assert!(admit_layer(&config, asked(&digest, "/m", 8192), none_held, space).is_ok());
+        let refused = admit_layer(&config, asked(&digest, "/m", 8193), none_held, space)
             .expect_err("into the reserve");
         assert_eq!(refused.code(), Code::ResourceExhausted);
         for named in ["--relocation-keep-free=12%", "views.relocation.keepFree"] {
@@ -314,23 +401,17 @@ mod tests {
             keep_free: FreeSpaceReserve::NONE,
             ..config
         };
-        assert!(admit_layer(&none, &digest, "/m", count(0, 0), 8192, full).is_err());
+        assert!(admit_layer(&none, asked(&digest, "/m", 8192), none_held, full).is_err());
         let bytes = RelocationConfig {
             keep_free: FreeSpaceReserve::bytes(GIB),
             ..none
         };
-        let refused = admit_layer(
-            &bytes,
-            &digest,
-            "/m",
-            count(0, 0),
-            8192,
-            Space {
-                free: GIB,
-                size: 100 * GIB,
-            },
-        )
-        .expect_err("into a reserve of bytes");
+        let little = Space {
+            free: GIB,
+            size: 100 * GIB,
+        };
+        let refused = admit_layer(&bytes, asked(&digest, "/m", 8192), none_held, little)
+            .expect_err("into a reserve of bytes");
         assert!(
             refused.message().contains("--relocation-keep-free=1GiB"),
             "{refused:?}"
