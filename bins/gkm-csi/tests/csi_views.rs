@@ -10,6 +10,7 @@
 //!   layer must leave the store's filesystem its free-space reserve, and a
 //!   mount path is at most 1024 bytes; each refusal names the flag and the
 //!   chart's value, and a layer made already is reused;
+//! - a layer no view stacks goes, and frees its place under the caps;
 //! - a writable view for a pod with an fsGroup makes every directory of the
 //!   tree group-writable, one copy-up each by the driver in its own memory:
 //!   a tree with more directories than the driver allows is refused before
@@ -28,7 +29,9 @@ use std::process::Command;
 use csi_support::{clients, cluster_cache, extract_fixture, gkmcache};
 use gkm_k8s_kubelet::proto::csi::node_client::NodeClient;
 use gkm_k8s_kubelet::proto::csi::volume_capability::{AccessType, MountVolume};
-use gkm_k8s_kubelet::proto::csi::{NodePublishVolumeRequest, VolumeCapability};
+use gkm_k8s_kubelet::proto::csi::{
+    NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
+};
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
 use gkm_k8s_node::mount_records::MountRecords;
 use gkm_k8s_node::volume::{
@@ -198,6 +201,20 @@ impl Node {
         .await
     }
 
+    /// The kubelet's unpublish of pod `uid`'s volume.
+    async fn unpublish(&mut self, uid: &str) {
+        let target = self.target(uid);
+        self.node
+            .as_mut()
+            .expect("the driver runs")
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume_id(uid),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .expect("unpublish");
+    }
+
     /// How many relocation layers `digest` has in the store.
     fn layers_of(&self, digest: &Digest) -> usize {
         let dir = gkm_k8s_node::relocation::layers_of(&self.store, digest);
@@ -336,6 +353,54 @@ async fn relocation_layers_are_capped_per_digest_namespace_and_node_and_keep_the
     node.view_at("uid-rocm-again", "rocm", "/mnt/path-0")
         .await
         .expect("a layer made already needs no room");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relocation_layer_no_view_stacks_goes_and_frees_its_place() {
+    let reserve = gkm_testenv::CSI_KEEP_FREE_ARG;
+    let mut node = Node::start(&[reserve, "--relocation-digest-max-layers=2"]).await;
+    let digest = node.digest.clone();
+    node.view_at("uid-a", "vector-add", "/mnt/a")
+        .await
+        .expect("the first layer");
+    let b = node
+        .view_at("uid-b", "vector-add", "/mnt/b")
+        .await
+        .expect("the second layer");
+    let refused = node
+        .view_at("uid-c", "vector-add", "/mnt/c")
+        .await
+        .expect_err("a third layer of the digest");
+    exhausted(&refused, &["--relocation-digest-max-layers=2"]);
+
+    // The pod at /mnt/a ends: its layer goes when the driver next looks
+    // (every minute; called here as the driver calls it), /mnt/b's stays
+    // under the pod that still views it.
+    node.unpublish("uid-a").await;
+    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
+        node_name: "node-a".into(),
+        store_root: node.store.clone(),
+        capture: Default::default(),
+        views: csi_support::views_config(),
+    })
+    .expect("driver");
+    let removed = driver
+        .node
+        .remove_unused_layers(std::time::Duration::ZERO)
+        .expect("removed");
+    let layer = |path: &str| {
+        gkm_k8s_node::relocation::layer_dir(&node.store, &digest, std::path::Path::new(path))
+    };
+    assert_eq!(removed, [layer("/mnt/a")]);
+    assert!(layer("/mnt/b").is_dir());
+    let group = fs::read_to_string(b.join(KEY).join(GROUP)).expect("the view at /mnt/b");
+    assert!(group.contains("/mnt/b/"), "{group}");
+    assert_eq!(node.layers_of(&digest), 1);
+
+    // Its place is free for another path.
+    node.view_at("uid-c", "vector-add", "/mnt/c")
+        .await
+        .expect("a layer in the place /mnt/a's left");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -126,7 +126,8 @@ pub use capture::tree::{
 };
 pub use driver::{
     BadEndpoint, CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN,
-    Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,
+    Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records,
+    remove_unused_layers, run, serve_csi,
 };
 pub use gkm_k8s_kubelet::proto::csi as proto;
 pub use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};

@@ -122,6 +122,16 @@ impl NodeService {
         self.inner.views.sweep_uppers()
     }
 
+    /// Removes the relocation layers no view stacks, made more than `grace`
+    /// ago (the views' `remove_unused_layers`); the layers removed.
+    pub fn remove_unused_layers(
+        &self,
+        grace: std::time::Duration,
+    ) -> std::io::Result<Vec<std::path::PathBuf>> {
+        let _guard = self.lock();
+        self.inner.views.remove_unused_layers(grace)
+    }
+
     /// Unmounts and removes the captured tree of pod `uid` for `namespace`'s
     /// `capture` (its capture is over), and its capture's directory when
     /// that was its last tree ([`CaptureTrees::release`]).

@@ -20,18 +20,21 @@
 //! What a layer would take is known before anything is written
 //! ([`plan_layer`], [`NewLayer::bytes`]), and the layers on the node are
 //! counted ([`count_layers`]), so a caller can bound them before it writes
-//! one. A layer goes with its store entry: garbage collection removes
+//! one. A layer no view stacks goes ([`remove_unused_layers`]: the CSI
+//! driver reads which views stack which layer from its mount records), and
+//! a layer goes with its store entry: garbage collection removes
 //! `<store>/relocations/<hex>/` when it removes the entry
 //! ([`remove_layers`]), and a quarantine moves it into the quarantined
 //! entry ([`quarantine_layers`]), which goes once no pod mounts it; a
 //! mounted view keeps the layers it stacks either way.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use gkm_core::cache::CacheError;
 use gkm_core::digest::Digest;
@@ -151,6 +154,36 @@ pub fn quarantine_layers(store: &Path, digest: &Digest, quarantined: &Path) -> i
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Removes the relocation layers below `store` that no view stacks: each
+/// whose digest and mount path no entry of `in_use` names, made before
+/// `made_before` (a layer made for a publish that has not recorded its
+/// mount yet is younger). The layers removed.
+pub fn remove_unused_layers(
+    store: &Path,
+    in_use: &[(&Digest, &Path)],
+    made_before: SystemTime,
+) -> io::Result<Vec<PathBuf>> {
+    let used: HashSet<PathBuf> = in_use
+        .iter()
+        .map(|(digest, path)| layer_dir(store, digest, path))
+        .collect();
+    let mut removed = Vec::new();
+    for digest in read_dir_or_empty(&store.join(RELOCATIONS_DIR))? {
+        for layer in read_dir_or_empty(&digest?.path())? {
+            let layer = layer?;
+            let path = layer.path();
+            if layer.file_name().as_bytes().starts_with(b".") || used.contains(&path) {
+                continue;
+            }
+            if layer.metadata()?.modified()? < made_before {
+                fs::remove_dir_all(&path)?;
+                removed.push(path);
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// How many relocation layers there are.
@@ -444,6 +477,29 @@ mod tests {
         );
         assert_eq!(count_layers(&store, &digest).unwrap().on_node, 1);
         quarantine_layers(&store, &digest, &quarantined).unwrap();
+    }
+
+    #[test]
+    fn only_layers_no_view_stacks_and_made_a_while_ago_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = tree(tmp.path());
+        let store = tmp.path().join("store");
+        let digest = Digest::of(b"entry");
+        for path in ["/mnt/a", "/mnt/b"] {
+            ensure_layer(&store, &digest, &tree, path).unwrap();
+        }
+        let in_use = [(&digest, Path::new("/mnt/b"))];
+        let long_ago = SystemTime::UNIX_EPOCH;
+        assert!(
+            remove_unused_layers(&store, &in_use, long_ago)
+                .unwrap()
+                .is_empty(),
+            "a layer made since is kept"
+        );
+        let later = SystemTime::now() + std::time::Duration::from_secs(60);
+        let removed = remove_unused_layers(&store, &in_use, later).unwrap();
+        assert_eq!(removed, [layer_dir(&store, &digest, Path::new("/mnt/a"))]);
+        assert!(layer_dir(&store, &digest, Path::new("/mnt/b")).is_dir());
     }
 
     #[test]

@@ -473,6 +473,23 @@ impl Views {
         Ok(removed)
     }
 
+    /// Removes the relocation layers no view stacks, made more than `grace`
+    /// ago ([`Relocations::remove_unused`], from the mount records);
+    /// the caller holds the lock of publishes. The layers removed.
+    pub fn remove_unused_layers(
+        &self,
+        grace: std::time::Duration,
+    ) -> io::Result<Vec<std::path::PathBuf>> {
+        let records = self.mounts.list().map_err(io::Error::other)?;
+        let removed = self
+            .relocations
+            .remove_unused(self.store.root(), &records, grace)?;
+        for layer in &removed {
+            tracing::info!(layer = %layer.display(), "removed a relocation layer no view stacks");
+        }
+        Ok(removed)
+    }
+
     /// The empty layer of the read-only views, below the store root,
     /// prepared at the first publish and held open from then on.
     pub fn empty_layer(&self) -> io::Result<&EmptyLayer> {

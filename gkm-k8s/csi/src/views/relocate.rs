@@ -18,21 +18,25 @@
 //! Each refusal is `RESOURCE_EXHAUSTED` naming the `gkm-csi` flag, its
 //! value and the chart's value to raise; the kubelet shows it in the pod's
 //! `FailedMount` event and retries. A layer made already is reused whatever
-//! the bounds. Layers are made under a lock of their own, not the driver's
+//! the bounds, and a layer no view stacks goes
+//! ([`Relocations::remove_unused`]), so a place under a cap is taken only
+//! while a pod mounts the cache at that path. Layers are made under a lock of their own, not the driver's
 //! lock of publishes ([`Relocations::ensure`]): a publish that makes a large
 //! layer stalls only the others making one.
 //!
 //! [`admit_layer`] is the decision, pure; [`Relocations::ensure`] gathers
 //! what it reads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use gkm_core::Digest;
 use gkm_core::free_space::FreeSpaceReserve;
+use gkm_k8s_node::mount_records::MountRecord;
 use gkm_k8s_node::names::is_dns1123_subdomain;
 use gkm_k8s_node::relocation::{
-    Planned, Relocation, count_layers, find_layer, plan_layer, sweep_staging,
+    Planned, Relocation, count_layers, find_layer, plan_layer, remove_unused_layers, sweep_staging,
 };
 use tonic::Status;
 
@@ -176,7 +180,8 @@ pub fn admit_layer(
     let refuse = |cap: LayerCap, took: String, value: String| {
         Status::resource_exhausted(format!(
             "{asked} {took}, over the cap {}={value}: mount the cache at a path its \
-             pods already use, or raise the chart's {} (gkm-csi {})",
+             pods already use (a layer goes once no pod mounts it), or raise the \
+             chart's {} (gkm-csi {})",
             cap.flag(),
             cap.chart_value(),
             cap.flag(),
@@ -306,6 +311,34 @@ impl Relocations {
         let layer = layer.write().map_err(|e| failed(&e))?;
         tracing::info!(%digest, mount_path, layer = %layer.display(), "made a relocation layer");
         Ok(Relocation::Layer(layer))
+    }
+}
+
+impl Relocations {
+    /// Removes the relocation layers below the store root `store` that no
+    /// view stacks, as `records` (the mount records, a superset of the
+    /// views mounted) say, and that were made more than `grace` ago (a
+    /// publish makes its layer before it records its mount). The caller
+    /// holds the lock of publishes, so no publish records a view of one
+    /// meanwhile. The layers removed.
+    pub fn remove_unused(
+        &self,
+        store: &Path,
+        records: &[MountRecord],
+        grace: Duration,
+    ) -> std::io::Result<Vec<PathBuf>> {
+        let _making = self
+            .making
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let in_use: Vec<(&Digest, &Path)> = records
+            .iter()
+            .filter_map(|r| Some((&r.digest, Path::new(r.mount_path.as_deref()?))))
+            .collect();
+        let made_before = SystemTime::now()
+            .checked_sub(grace)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        remove_unused_layers(store, &in_use, made_before)
     }
 }
 
