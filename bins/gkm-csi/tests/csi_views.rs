@@ -360,6 +360,18 @@ async fn a_relocation_layer_no_view_stacks_goes_and_frees_its_place() {
     let reserve = gkm_testenv::CSI_KEEP_FREE_ARG;
     let mut node = Node::start(&[reserve, "--relocation-digest-max-layers=2"]).await;
     let digest = node.digest.clone();
+    // The driver's work on the store, as the binary's does it every
+    // minute, called here when the test says.
+    let driver_on = |store: &std::path::Path| {
+        gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
+            node_name: "node-a".into(),
+            store_root: store.to_path_buf(),
+            capture: Default::default(),
+            views: csi_support::views_config(),
+        })
+        .expect("driver")
+    };
+    let driver = driver_on(&node.store);
     node.view_at("uid-a", "vector-add", "/mnt/a")
         .await
         .expect("the first layer");
@@ -373,17 +385,9 @@ async fn a_relocation_layer_no_view_stacks_goes_and_frees_its_place() {
         .expect_err("a third layer of the digest");
     exhausted(&refused, &["--relocation-digest-max-layers=2"]);
 
-    // The pod at /mnt/a ends: its layer goes when the driver next looks
-    // (every minute; called here as the driver calls it), /mnt/b's stays
-    // under the pod that still views it.
+    // The pod at /mnt/a ends: its layer goes when the driver next looks,
+    // /mnt/b's stays under the pod that still views it.
     node.unpublish("uid-a").await;
-    let driver = gkm_k8s_csi::Driver::new(&gkm_k8s_csi::DriverConfig {
-        node_name: "node-a".into(),
-        store_root: node.store.clone(),
-        capture: Default::default(),
-        views: csi_support::views_config(),
-    })
-    .expect("driver");
     let removed = driver
         .node
         .remove_unused_layers(std::time::Duration::ZERO)
@@ -401,6 +405,27 @@ async fn a_relocation_layer_no_view_stacks_goes_and_frees_its_place() {
     node.view_at("uid-c", "vector-add", "/mnt/c")
         .await
         .expect("a layer in the place /mnt/a's left");
+
+    // A driver started after a view was recorded by one that recorded no
+    // mount path keeps every layer of its digest while the record stands.
+    let records = MountRecords::new(&node.store);
+    let mut old = records
+        .get(&volume_id("uid-b"))
+        .expect("records")
+        .expect("uid-b's record");
+    old.mount_path = None;
+    records
+        .record(&old)
+        .expect("recorded as an older driver did");
+    node.unpublish("uid-c").await;
+    let upgraded = driver_on(&node.store);
+    let removed = upgraded
+        .node
+        .remove_unused_layers(std::time::Duration::ZERO)
+        .expect("none removed");
+    assert!(removed.is_empty(), "{removed:?}");
+    let group = fs::read_to_string(b.join(KEY).join(GROUP)).expect("the view at /mnt/b");
+    assert!(group.contains("/mnt/b/"), "still relocated: {group}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

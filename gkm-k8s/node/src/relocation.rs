@@ -157,21 +157,28 @@ pub fn quarantine_layers(store: &Path, digest: &Digest, quarantined: &Path) -> i
 }
 
 /// Removes the relocation layers below `store` that no view stacks: each
-/// whose digest and mount path no entry of `in_use` names, made before
-/// `made_before` (a layer made for a publish that has not recorded its
-/// mount yet is younger). The layers removed.
+/// whose digest and mount path no entry of `in_use` names, of a digest
+/// `kept` does not name (a digest some view may stack any layer of), made
+/// before `made_before` (a layer made for a publish that has not recorded
+/// its mount yet is younger). The layers removed.
 pub fn remove_unused_layers(
     store: &Path,
     in_use: &[(&Digest, &Path)],
+    kept: &[&Digest],
     made_before: SystemTime,
 ) -> io::Result<Vec<PathBuf>> {
     let used: HashSet<PathBuf> = in_use
         .iter()
         .map(|(digest, path)| layer_dir(store, digest, path))
         .collect();
+    let kept: HashSet<PathBuf> = kept.iter().map(|d| layers_of(store, d)).collect();
     let mut removed = Vec::new();
     for digest in read_dir_or_empty(&store.join(RELOCATIONS_DIR))? {
-        for layer in read_dir_or_empty(&digest?.path())? {
+        let digest = digest?.path();
+        if kept.contains(&digest) {
+            continue;
+        }
+        for layer in read_dir_or_empty(&digest)? {
             let layer = layer?;
             let path = layer.path();
             if layer.file_name().as_bytes().starts_with(b".") || used.contains(&path) {
@@ -491,13 +498,19 @@ mod tests {
         let in_use = [(&digest, Path::new("/mnt/b"))];
         let long_ago = SystemTime::UNIX_EPOCH;
         assert!(
-            remove_unused_layers(&store, &in_use, long_ago)
+            remove_unused_layers(&store, &in_use, &[], long_ago)
                 .unwrap()
                 .is_empty(),
             "a layer made since is kept"
         );
         let later = SystemTime::now() + std::time::Duration::from_secs(60);
-        let removed = remove_unused_layers(&store, &in_use, later).unwrap();
+        assert!(
+            remove_unused_layers(&store, &in_use, &[&digest], later)
+                .unwrap()
+                .is_empty(),
+            "every layer of a digest kept whole is kept"
+        );
+        let removed = remove_unused_layers(&store, &in_use, &[], later).unwrap();
         assert_eq!(removed, [layer_dir(&store, &digest, Path::new("/mnt/a"))]);
         assert!(layer_dir(&store, &digest, Path::new("/mnt/b")).is_dir());
     }

@@ -146,6 +146,8 @@ pub struct Views {
     relocations: Relocations,
     /// [`ViewsConfig::group_max_dirs`].
     group_max_dirs: usize,
+    /// When these views were opened (the driver started).
+    since: Timestamp,
 }
 
 impl Views {
@@ -162,6 +164,7 @@ impl Views {
             empty: OnceLock::new(),
             relocations: Relocations::new(config.relocation),
             group_max_dirs: config.group_max_dirs,
+            since: Timestamp::now(),
             store,
         }
     }
@@ -481,9 +484,9 @@ impl Views {
         grace: std::time::Duration,
     ) -> io::Result<Vec<std::path::PathBuf>> {
         let records = self.mounts.list().map_err(io::Error::other)?;
-        let removed = self
-            .relocations
-            .remove_unused(self.store.root(), &records, grace)?;
+        let removed =
+            self.relocations
+                .remove_unused(self.store.root(), &records, self.since, grace)?;
         for layer in &removed {
             tracing::info!(layer = %layer.display(), "removed a relocation layer no view stacks");
         }

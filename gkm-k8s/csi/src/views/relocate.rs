@@ -318,27 +318,33 @@ impl Relocations {
     /// Removes the relocation layers below the store root `store` that no
     /// view stacks, as `records` (the mount records, a superset of the
     /// views mounted) say, and that were made more than `grace` ago (a
-    /// publish makes its layer before it records its mount). The caller
-    /// holds the lock of publishes, so no publish records a view of one
-    /// meanwhile. The layers removed.
+    /// publish makes its layer before it records its mount). A record
+    /// published before `since` (when this driver started) may come from
+    /// a driver that recorded no mount path: every layer of its digest is
+    /// kept while it stands. The caller holds the lock of publishes, so no
+    /// publish records a view of one meanwhile. The layers removed.
     pub fn remove_unused(
         &self,
         store: &Path,
         records: &[MountRecord],
+        since: jiff::Timestamp,
         grace: Duration,
     ) -> std::io::Result<Vec<PathBuf>> {
         let _making = self
             .making
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let in_use: Vec<(&Digest, &Path)> = records
+        let (earlier, recorded): (Vec<&MountRecord>, Vec<&MountRecord>) =
+            records.iter().partition(|r| r.published < since);
+        let kept: Vec<&Digest> = earlier.iter().map(|r| &r.digest).collect();
+        let in_use: Vec<(&Digest, &Path)> = recorded
             .iter()
             .filter_map(|r| Some((&r.digest, Path::new(r.mount_path.as_deref()?))))
             .collect();
         let made_before = SystemTime::now()
             .checked_sub(grace)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        remove_unused_layers(store, &in_use, made_before)
+        remove_unused_layers(store, &in_use, &kept, made_before)
     }
 }
 
