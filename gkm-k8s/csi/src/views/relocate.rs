@@ -319,9 +319,9 @@ impl Relocations {
     /// view stacks, as `records` (the mount records, a superset of the
     /// views mounted) say, and that were made more than `grace` ago (a
     /// publish makes its layer before it records its mount). A record
-    /// published before `since` (when this driver started) may come from
-    /// a driver that recorded no mount path: every layer of its digest is
-    /// kept while it stands. The caller holds the lock of publishes, so no
+    /// naming no mount path published before `since` (when this driver
+    /// started) may come from a driver that recorded none: every layer of
+    /// its digest is kept while it stands. The caller holds the lock of publishes, so no
     /// publish records a view of one meanwhile. The layers removed.
     pub fn remove_unused(
         &self,
@@ -334,8 +334,9 @@ impl Relocations {
             .making
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (earlier, recorded): (Vec<&MountRecord>, Vec<&MountRecord>) =
-            records.iter().partition(|r| r.published < since);
+        let (earlier, recorded): (Vec<&MountRecord>, Vec<&MountRecord>) = records
+            .iter()
+            .partition(|r| r.published < since && r.mount_path.is_none());
         let kept: Vec<&Digest> = earlier.iter().map(|r| &r.digest).collect();
         let in_use: Vec<(&Digest, &Path)> = recorded
             .iter()
