@@ -61,7 +61,9 @@ pub use registry::auth::Credentials;
 pub use registry::layout::{BlobWriter, Layout};
 pub use registry::reference::{ImageRef, Selector};
 pub use registry::repo::{RegistryOptions, Repo};
-pub use store::disk::{FreeSpaceReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_usage};
+pub use store::disk::{
+    FreeSpaceReserve, InvalidReserve, InvalidSize, SpaceExceeded, SpaceLimit, tree_usage,
+};
 pub use store::extract::{ExtractPolicy, ExtractStats, Mapping};
 pub use store::rejection::{Rejection, Rule};
 pub use store::unpack::{UnpackOptions, extract_to_dir};

@@ -86,3 +86,11 @@ pub fn temp_dir() -> std::io::Result<tempfile::TempDir> {
 /// gkm. A fixed size keeps the reserve in force; `gkm-oci`'s
 /// `disk_limits` tests show the share on a filesystem of their own.
 pub const AGENT_KEEP_FREE_ARG: &str = "--keep-free=1GiB";
+
+/// The free-space reserve CSI drivers started by the tests keep for
+/// relocation layers (the chart's `views.relocation.keepFree`), for the
+/// reason [`AGENT_KEEP_FREE_ARG`] gives.
+pub const CSI_KEEP_FREE: &str = "1GiB";
+
+/// [`CSI_KEEP_FREE`] as the `gkm-csi` flag.
+pub const CSI_KEEP_FREE_ARG: &str = "--relocation-keep-free=1GiB";

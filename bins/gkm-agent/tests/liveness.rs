@@ -118,6 +118,7 @@ async fn health_fails_when_passes_stop_and_recovers_when_they_resume() -> anyhow
         cache: CacheKey::namespaced(namespace, "c"),
         digest: Digest::of(b"older"),
         target_path: dir.path().join("target"),
+        mount_path: None,
         published: jiff::Timestamp::now(),
     })?;
     let stalled = until_some(

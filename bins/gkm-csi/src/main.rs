@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::Parser;
-use gkm_k8s_csi::{CaptureConfig, DriverConfig, Registration, ReleaseOptions, RunConfig};
+use gkm_core::free_space::FreeSpaceReserve;
+use gkm_k8s_csi::{
+    CaptureConfig, DriverConfig, Registration, ReleaseOptions, RelocationConfig, RunConfig,
+    ViewsConfig,
+};
 
 /// gkm CSI driver (`csi.gkm.io`): mounts a verified, compatible cache from
 /// the node store into pods, read-only or copy-on-write (the store is never
@@ -77,6 +81,36 @@ struct Cli {
     /// before it goes.
     #[arg(long, default_value = "1m", value_parser = gkm_bin_support::duration)]
     capture_orphan_grace: Duration,
+    /// The most relocation layers one cache digest may have on this node:
+    /// one for each csi.gkm.io/mountPath its pods name other than the path
+    /// its tree was built at (each a copy of its group files on disk). A
+    /// volume that would need one more is refused; one made already is
+    /// reused.
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_DIGEST_MAX_LAYERS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    relocation_digest_max_layers: u64,
+    /// The most relocation layers made for one namespace's pods this node
+    /// may hold (a layer counts against the namespace whose pod made it;
+    /// pods of any namespace reuse it).
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NAMESPACE_MAX_LAYERS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    relocation_namespace_max_layers: u64,
+    /// The most relocation layers this node may hold, of every digest.
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_NODE_MAX_LAYERS,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    relocation_node_max_layers: u64,
+    /// What a new relocation layer must leave free of the store's
+    /// filesystem: a percentage of its size, bytes (1GiB), or both
+    /// (10%+1GiB), as the agent's --keep-free (whose default it shares).
+    #[arg(long, value_name = "PERCENT|BYTES",
+        value_parser = <FreeSpaceReserve as std::str::FromStr>::from_str,
+        default_value_t = gkm_k8s_csi::DEFAULT_KEEP_FREE)]
+    relocation_keep_free: FreeSpaceReserve,
+    /// The most directories a writable view for a pod with an fsGroup
+    /// makes writable by the group (the driver copies each up, in its own
+    /// memory); a cache with more is refused such a view.
+    #[arg(long, default_value_t = gkm_k8s_csi::DEFAULT_GROUP_MAX_DIRS)]
+    writable_group_max_dirs: usize,
     /// Where to serve /healthz, /readyz and /metrics (the bytes of pods'
     /// writable views, writable publishes, swept uppers; port 0 picks a
     /// free one). Without it, nothing is served.
@@ -114,6 +148,15 @@ fn config(cli: Cli) -> anyhow::Result<RunConfig> {
             namespace_max_trees: cli.capture_namespace_max_trees,
             node_max_trees: cli.capture_node_max_trees,
             unread_grace: cli.capture_unread_grace,
+        },
+        views: ViewsConfig {
+            relocation: RelocationConfig {
+                digest_max_layers: cli.relocation_digest_max_layers,
+                namespace_max_layers: cli.relocation_namespace_max_layers,
+                node_max_layers: cli.relocation_node_max_layers,
+                keep_free: cli.relocation_keep_free,
+            },
+            group_max_dirs: cli.writable_group_max_dirs,
         },
     };
     let mut config = RunConfig::new(driver, socket);

@@ -198,6 +198,7 @@ async fn a_workloads_capture_tree_outlives_it_and_only_its_namespaces_job_reads_
         node_name: "node-a".into(),
         store_root: store.clone(),
         capture: CaptureConfig::default(),
+        views: csi_support::views_config(),
     })
     .expect("driver");
     let (stop, stopped) = oneshot::channel::<()>();

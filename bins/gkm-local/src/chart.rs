@@ -205,6 +205,10 @@ impl SandboxChart {
             // node would bind the same ports: one is enough here.
             "--set".into(),
             "operator.replicas=1".into(),
+            // The machine's disk keeps little of its size free
+            // (gkm_testenv::AGENT_KEEP_FREE_ARG says why).
+            "--set".into(),
+            format!("views.relocation.keepFree={}", gkm_testenv::CSI_KEEP_FREE),
             "--post-renderer".into(),
             post_renderer,
             "--wait".into(),

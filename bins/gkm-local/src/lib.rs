@@ -468,6 +468,9 @@ impl Stack {
         .arg(format!("--store={}", node_dir.join("store").display()))
         // A tree whose capture was deleted goes at once.
         .arg("--capture-orphan-grace=0s")
+        // The machine's disk keeps little of its size free
+        // (gkm_testenv::AGENT_KEEP_FREE_ARG says why).
+        .arg(gkm_testenv::CSI_KEEP_FREE_ARG)
         .env("GKM_LOG", "info,kube=warn");
         if let Some(real) = self.real_nodes.get(node) {
             cmd.arg(format!(

@@ -5,18 +5,22 @@
 //! quarantined digest is no longer stored, so the next pass extracts it
 //! again from its verified image; pods that mounted the old tree keep it
 //! until they end, and its directory goes once no mount record is older
-//! than its quarantine ([`releasable`]).
+//! than its quarantine ([`releasable`]). The entry's relocation layers,
+//! made from the old tree, go into the quarantined entry with it
+//! ([`relocation::quarantine_layers`]): the fresh extraction gets its own.
 
 use std::time::SystemTime;
 
+use gkm_k8s_node::relocation;
 use gkm_oci::seal::SealCheck;
 use gkm_oci::{Digest, Quarantined, Store};
 use tracing::warn;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Checks the seal of every entry in `store` and quarantines each one that
-/// is not intact; returns them with the reason.
+/// is not intact, with its relocation layers; returns them with the
+/// reason.
 pub(super) fn quarantine_unsealed(store: &Store) -> Result<Vec<(Quarantined, String)>> {
     let mut taken = Vec::new();
     for digest in store.list()? {
@@ -29,6 +33,13 @@ pub(super) fn quarantine_unsealed(store: &Store) -> Result<Vec<(Quarantined, Str
             Some(SealCheck::Broken { reason }) => reason,
         };
         if let Some(quarantined) = store.quarantine(&digest)? {
+            let root = store.root();
+            relocation::quarantine_layers(root, &digest, &quarantined.path).map_err(|source| {
+                Error::Io {
+                    path: relocation::layers_of(root, &digest),
+                    source,
+                }
+            })?;
             warn!(%digest, %reason, path = %quarantined.path.display(),
                 "quarantined a store entry; it is extracted again from its verified image");
             taken.push((quarantined, reason));
@@ -102,6 +113,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         fs::create_dir(path.join("io.triton.cache/NEWKEYAAAA")).expect("planted");
         let (unsealed, _) = entry(b"unsealed");
+        // Layers made from each tree for a mount path of a pod.
+        for digest in [&intact, &changed] {
+            let layer = relocation::layers_of(store.root(), digest).join("0123456789abcdef");
+            fs::create_dir_all(layer.join("KEY")).expect("layer");
+            fs::write(layer.join("KEY/__grp__k.json"), "{}").expect("group");
+        }
 
         let taken = quarantine_unsealed(&store).expect("audit");
         let mut digests: Vec<&Digest> = taken.iter().map(|(q, _)| &q.digest).collect();
@@ -117,6 +134,24 @@ mod tests {
             };
             assert!(reason.contains(expected), "{}: {reason}", q.digest);
         }
-        assert_eq!(store.list().expect("list"), vec![intact]);
+        assert_eq!(store.list().expect("list"), vec![intact.clone()]);
+        // The changed tree's layers went with it, the intact one's stay.
+        let root = store.root();
+        assert!(!relocation::layers_of(root, &changed).exists());
+        let (q, _) = taken
+            .iter()
+            .find(|(q, _)| q.digest == changed)
+            .expect("changed");
+        assert!(
+            q.path
+                .join(relocation::QUARANTINED_LAYERS)
+                .join("0123456789abcdef/KEY/__grp__k.json")
+                .is_file(),
+            "kept in the quarantined entry while a pod may stack it"
+        );
+        assert!(relocation::layers_of(root, &intact).is_dir());
+        // They go when the quarantined entry goes.
+        store.remove_quarantined(q).expect("removed");
+        assert!(!q.path.exists());
     }
 }

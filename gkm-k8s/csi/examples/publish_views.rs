@@ -106,6 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             node_name: "bench".into(),
             store_root: store.clone(),
             capture: Default::default(),
+            views: Default::default(),
         })?;
         let mut baseline = None;
         for (name, view) in views {

@@ -28,6 +28,7 @@ use crate::capture::release::{ReleaseOptions, release_captures, report_trees_at_
 use crate::identity::IdentityService;
 use crate::metrics::CsiCollector;
 use crate::node::NodeService;
+use crate::views::ViewsConfig;
 
 /// What the driver tells the kubelet when it registers: a CSI plugin named
 /// [`DRIVER_NAME`], serving CSI 1.0.0. Its registration socket is
@@ -47,6 +48,8 @@ pub struct DriverConfig {
     pub store_root: PathBuf,
     /// What is allowed of capture volumes.
     pub capture: CaptureConfig,
+    /// What is allowed of the views of a cache.
+    pub views: ViewsConfig,
 }
 
 /// The driver's CSI services.
@@ -68,7 +71,12 @@ impl Driver {
         store.create()?;
         let driver = Driver {
             identity: IdentityService::new(config.store_root.clone()),
-            node: NodeService::new(config.node_name.clone(), store, config.capture.clone()),
+            node: NodeService::new(
+                config.node_name.clone(),
+                store,
+                config.capture.clone(),
+                config.views.clone(),
+            ),
         };
         if let Err(e) = driver.node.sweep_uppers() {
             tracing::warn!(error = %e, "sweeping the uppers of writable views");
@@ -135,6 +143,35 @@ pub async fn forget_stale_mount_records(
     }
 }
 
+/// Removes the relocation layers no view stacks (see
+/// [`NodeService::remove_unused_layers`]) at once and then every `every`,
+/// until `shutdown` completes; layers younger than `grace` are kept, as
+/// their publish may still be under way.
+pub async fn remove_unused_layers(
+    node: NodeService,
+    every: Duration,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let work = async {
+        loop {
+            let node = node.clone();
+            match tokio::task::spawn_blocking(move || node.remove_unused_layers(grace)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "removing relocation layers no view stacks")
+                }
+                Err(e) => tracing::warn!(error = %e, "relocation layer check"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    };
+    tokio::select! {
+        () = work => {}
+        () = shutdown => {}
+    }
+}
+
 /// The socket path of a CSI endpoint: `unix:///path`, `unix:/path` or an
 /// absolute path; [`BadEndpoint`] naming it otherwise.
 pub fn endpoint_socket(endpoint: &str) -> Result<PathBuf, BadEndpoint> {
@@ -177,7 +214,9 @@ pub struct RunConfig {
     /// nowhere.
     pub metrics_addr: Option<SocketAddr>,
     /// How often mount records are checked against the mount table, and
-    /// how old one must be to be forgotten ([`forget_stale_mount_records`]).
+    /// how old one must be to be forgotten ([`forget_stale_mount_records`]);
+    /// how often, too, relocation layers no view stacks go, and how old one
+    /// must be to go ([`remove_unused_layers`]).
     pub mount_record_check: Duration,
 }
 
@@ -281,6 +320,12 @@ pub async fn run(
     });
     tokio::spawn(forget_stale_mount_records(
         store_root,
+        config.mount_record_check,
+        config.mount_record_check,
+        stopped(stop_rx.clone()),
+    ));
+    tokio::spawn(remove_unused_layers(
+        driver.node.clone(),
         config.mount_record_check,
         config.mount_record_check,
         stopped(stop_rx.clone()),

@@ -126,7 +126,8 @@ pub use capture::tree::{
 };
 pub use driver::{
     BadEndpoint, CAPTURE_RELEASE_CHECK, Driver, DriverConfig, MOUNT_RECORD_CHECK, PLUGIN,
-    Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records, run, serve_csi,
+    Registration, RunConfig, RunError, endpoint_socket, forget_stale_mount_records,
+    remove_unused_layers, run, serve_csi,
 };
 pub use gkm_k8s_kubelet::proto::csi as proto;
 pub use gkm_k8s_kubelet::registration::{RegistrationService, serve_registration};
@@ -139,7 +140,12 @@ pub use identity::IdentityService;
 pub use metrics::{CsiCollector, CsiMetrics};
 pub use node::NodeService;
 pub use views::mount::{bind, mount_at, unmount_all};
+pub use views::relocate::{
+    DEFAULT_DIGEST_MAX_LAYERS, DEFAULT_KEEP_FREE, DEFAULT_NAMESPACE_MAX_LAYERS,
+    DEFAULT_NODE_MAX_LAYERS, LayerCap, RelocationConfig,
+};
 pub use views::upper::{WRITABLE_MAX_BYTES, WRITABLE_MAX_BYTES_LIMIT};
+pub use views::{DEFAULT_GROUP_MAX_DIRS, GROUP_MAX_DIRS_FLAG, GROUP_MAX_DIRS_VALUE, ViewsConfig};
 pub use volume::{
     CacheVolume, CaptureVolume, PodVolume, TreeOf, View, Volume, parse as parse_volume,
 };

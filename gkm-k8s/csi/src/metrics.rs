@@ -216,6 +216,7 @@ mod tests {
             cache: CacheKey::namespaced(namespace, "c"),
             digest: Digest::of(b"c"),
             target_path: "/t".into(),
+            mount_path: None,
             published: jiff::Timestamp::UNIX_EPOCH,
         }
     }

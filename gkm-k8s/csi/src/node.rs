@@ -21,7 +21,7 @@ use crate::capture::admission::CaptureConfig;
 use crate::capture::delta::DeltaUpper;
 use crate::capture::{release, tree};
 use crate::metrics::CsiMetrics;
-use crate::views::{OwnUpper, Views};
+use crate::views::{OwnUpper, Views, ViewsConfig};
 use crate::volume::{Volume, absolute_path, parse, required};
 
 /// The Node service of `csi.gkm.io` on one node.
@@ -36,24 +36,27 @@ struct Inner {
     captures: CaptureTrees,
     /// Publish and unpublish run one at a time: they are rare, and this
     /// keeps "check, record, mount" free of races between two requests.
+    /// A relocation layer a publish needs is made before it is taken
+    /// ([`Views::relocate`]).
     lock: Arc<Mutex<()>>,
 }
 
 impl NodeService {
     /// The service for node `node_name`, delivering from `store` (whose root
     /// also holds the delivery index and the mount records), allowing
-    /// `capture` of capture volumes.
+    /// `capture` of capture volumes and `views` of the views of a cache.
     pub fn new(
         node_name: impl Into<String>,
         store: StoreLayout,
         capture: CaptureConfig,
+        views: ViewsConfig,
     ) -> NodeService {
         let node_name = node_name.into();
         let lock = Arc::new(Mutex::new(()));
         let captures = CaptureTrees::new(store.root(), node_name.clone(), capture, lock.clone());
         NodeService {
             inner: Arc::new(Inner {
-                views: Views::new(node_name, store),
+                views: Views::new(node_name, store, views),
                 captures,
                 lock,
             }),
@@ -91,8 +94,14 @@ impl NodeService {
     /// Publishes a checked `volume`: the blocking part of
     /// `NodePublishVolume`.
     pub fn publish(&self, volume: &Volume) -> Result<(), Status> {
-        let _guard = self.lock();
         let inner = &*self.inner;
+        if let Volume::Cache(cache) = volume {
+            match DeltaUpper::of(cache) {
+                None => inner.views.relocate(cache, &OwnUpper)?,
+                Some(delta) => inner.views.relocate(cache, &delta)?,
+            }
+        }
+        let _guard = self.lock();
         match volume {
             Volume::Cache(cache) => match DeltaUpper::of(cache) {
                 None => inner.views.publish(cache, &mut OwnUpper),
@@ -111,6 +120,16 @@ impl NodeService {
     pub fn sweep_uppers(&self) -> std::io::Result<Vec<String>> {
         let _guard = self.lock();
         self.inner.views.sweep_uppers()
+    }
+
+    /// Removes the relocation layers no view stacks, made more than `grace`
+    /// ago (the views' `remove_unused_layers`); the layers removed.
+    pub fn remove_unused_layers(
+        &self,
+        grace: std::time::Duration,
+    ) -> std::io::Result<Vec<std::path::PathBuf>> {
+        let _guard = self.lock();
+        self.inner.views.remove_unused_layers(grace)
     }
 
     /// Unmounts and removes the captured tree of pod `uid` for `namespace`'s
@@ -215,6 +234,7 @@ mod tests {
             "node-a",
             StoreLayout::new(store.path()),
             CaptureConfig::default(),
+            ViewsConfig::default(),
         );
         let first = "0b7c1a52-5d0e-4c39-9a57-3f1f6f3a0a01";
         let second = "0b7c1a52-5d0e-4c39-9a57-3f1f6f3a0a02";

@@ -26,7 +26,7 @@ use gkm_k8s_node::captures::{CaptureName, is_pod_uid};
 use gkm_k8s_node::mount_records::PodRef;
 use gkm_k8s_node::names::check_key;
 use gkm_k8s_node::names::is_dns1123_subdomain;
-use gkm_k8s_node::relocation::is_mount_path;
+use gkm_k8s_node::relocation::{MOUNT_PATH_MAX_BYTES, is_mount_path};
 use gkm_k8s_node::volume::{
     ATTR_CACHE, ATTR_CAPTURE, ATTR_CAPTURE_MAX_BYTES, ATTR_CAPTURED_POD, ATTR_CLUSTER_CACHE,
     ATTR_MOUNT_PATH, ATTR_NAMESPACE, ATTR_WRITABLE_MAX_BYTES, CTX_EPHEMERAL, CTX_POD_NAME,
@@ -313,6 +313,16 @@ fn parse_cache(req: &NodePublishVolumeRequest) -> Result<CacheVolume, Status> {
         )));
     }
     let mount_path = req.volume_context.get(ATTR_MOUNT_PATH).cloned();
+    if let Some(path) = mount_path
+        .as_deref()
+        .filter(|p| p.len() > MOUNT_PATH_MAX_BYTES)
+    {
+        return Err(Status::invalid_argument(format!(
+            "volume attribute {ATTR_MOUNT_PATH} is {} bytes long, over the {MOUNT_PATH_MAX_BYTES} \
+             bytes a mount path may be",
+            path.len()
+        )));
+    }
     if let Some(path) = mount_path.as_deref().filter(|p| !is_mount_path(p)) {
         return Err(Status::invalid_argument(format!(
             "volume attribute {ATTR_MOUNT_PATH} {path:?} must be an absolute path without \

@@ -43,6 +43,10 @@ pub struct MountRecord {
     pub digest: Digest,
     /// Where it is mounted.
     pub target_path: PathBuf,
+    /// The path the pod mounts it at, when the volume names one
+    /// (`csi.gkm.io/mountPath`): the view then stacks the digest's
+    /// relocation layer for that path ([`crate::relocation`]).
+    pub mount_path: Option<String>,
     /// When it was published.
     pub published: Timestamp,
 }
@@ -70,6 +74,8 @@ struct MountFile {
     cache_name: String,
     digest: String,
     target_path: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mount_path: Option<String>,
     published: Timestamp,
 }
 
@@ -88,6 +94,7 @@ impl MountFile {
             cache_name: r.cache.name().to_string(),
             digest: r.digest.to_string(),
             target_path: r.target_path.clone(),
+            mount_path: r.mount_path.clone(),
             published: r.published,
         }
     }
@@ -123,6 +130,7 @@ impl MountFile {
             cache,
             digest,
             target_path: self.target_path,
+            mount_path: self.mount_path,
             published: self.published,
         })
     }
@@ -254,6 +262,7 @@ mod tests {
             cache: ns_key("ml", "llama"),
             digest: digest(d),
             target_path: PathBuf::from(format!("/var/lib/kubelet/pods/{pod}/volumes/x/mount")),
+            mount_path: Some("/root/.triton/cache".into()),
             published: Timestamp::now(),
         };
         let a = record("csi-aaaa", "a", 1);

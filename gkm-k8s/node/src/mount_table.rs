@@ -90,6 +90,7 @@ mod tests {
             cache: CacheKey::namespaced("ml", "llama"),
             digest: gkm_core::Digest::of(b"x"),
             target_path: target.into(),
+            mount_path: None,
             published,
         }
     }

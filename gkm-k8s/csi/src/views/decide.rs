@@ -165,6 +165,7 @@ pub fn decide(
         cache: req.cache.clone(),
         digest: delivery.digest.clone(),
         target_path: req.target_path.clone(),
+        mount_path: req.mount_path.clone(),
         published: now,
     };
     match &observed.at_target {

@@ -6,11 +6,19 @@
 //! asks [`decide::decide`] (who may mount what: [`access`]), and carries the
 //! decision out: it records the mount, then mounts the view
 //! ([`mount::mount_read_only_view`], or [`upper::Upper::mount_view`] on a
-//! fresh upper).
+//! fresh upper). A view at a pod's `csi.gkm.io/mountPath` stacks a
+//! relocation layer, made within bounds ([`relocate`]) and, by
+//! [`Views::relocate`], before the driver's lock of publishes is taken. A
+//! writable view for a pod with an fsGroup makes every directory of the
+//! tree writable by the group, each copied up by the driver (in its
+//! memory, as the upper is a `tmpfs`), so a tree with more than
+//! [`ViewsConfig::group_max_dirs`] directories is refused.
 
 pub mod access;
 pub mod decide;
+pub mod layer_owners;
 pub mod mount;
+pub mod relocate;
 pub mod upper;
 
 use std::fmt::Display;
@@ -23,15 +31,43 @@ use gkm_core::Digest;
 use gkm_core::store_layout::StoreLayout;
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
-use gkm_k8s_node::relocation::{self, Relocation};
+use gkm_k8s_node::relocation::Relocation;
 use jiff::Timestamp;
 use tonic::Status;
 
 use crate::metrics::CsiMetrics;
 use crate::volume::{CacheVolume, View};
 use decide::{Decision, Entry, Observed, Recorded, TargetMount, decide};
-use mount::{CacheTree, EmptyLayer, is_view, is_writable_view, mount_at, unmount_all};
+use mount::{
+    CacheTree, EmptyLayer, GroupWritable, directories_below, is_view, is_writable_view, mount_at,
+    unmount_all,
+};
+use relocate::{RelocationConfig, Relocations};
 use upper::{Upper, writable_view_name};
+
+/// The directories a writable view for a pod with an fsGroup may make
+/// writable by the group, by default.
+pub const DEFAULT_GROUP_MAX_DIRS: usize = 10_000;
+
+/// What the driver allows of the views of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewsConfig {
+    /// The bounds on relocation layers.
+    pub relocation: RelocationConfig,
+    /// The most directories a writable view for a pod with an fsGroup
+    /// makes writable by the group (one copy-up each, by the driver).
+    pub group_max_dirs: usize,
+}
+
+impl Default for ViewsConfig {
+    /// The default bounds.
+    fn default() -> ViewsConfig {
+        ViewsConfig {
+            relocation: RelocationConfig::default(),
+            group_max_dirs: DEFAULT_GROUP_MAX_DIRS,
+        }
+    }
+}
 
 /// Where a writable view's upper is made: a tmpfs of its publish's own
 /// ([`OwnUpper`]), or a tree a capture keeps (a delta capture's).
@@ -106,12 +142,19 @@ pub struct Views {
     metrics: CsiMetrics,
     /// The empty layer of the read-only views, once prepared.
     empty: OnceLock<EmptyLayer>,
+    /// The relocation layers, made within their bounds.
+    relocations: Relocations,
+    /// [`ViewsConfig::group_max_dirs`].
+    group_max_dirs: usize,
+    /// When these views were opened (the driver started).
+    since: Timestamp,
 }
 
 impl Views {
     /// The views of node `node_name`, delivered from `store` (whose root
-    /// also holds the delivery index and the mount records).
-    pub fn new(node_name: impl Into<String>, store: StoreLayout) -> Views {
+    /// also holds the delivery index and the mount records), within
+    /// `config`.
+    pub fn new(node_name: impl Into<String>, store: StoreLayout, config: ViewsConfig) -> Views {
         let root = store.root().to_path_buf();
         Views {
             node_name: node_name.into(),
@@ -119,6 +162,9 @@ impl Views {
             mounts: MountRecords::new(&root),
             metrics: CsiMetrics::default(),
             empty: OnceLock::new(),
+            relocations: Relocations::new(config.relocation),
+            group_max_dirs: config.group_max_dirs,
+            since: Timestamp::now(),
             store,
         }
     }
@@ -158,6 +204,33 @@ impl Views {
                 let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
                 place.prepare(&record, &tree, image.as_deref())?;
                 self.mount(&record, &tree, req.view, req.mount_path.as_deref(), place)
+            }
+        }
+    }
+
+    /// Makes the relocation layer `req` needs, when it names a mount path
+    /// and what the node holds decides that it is mounted: what
+    /// [`Views::publish`] then finds made. Only reads, but for the layer;
+    /// needs no lock of publishes (the layers have their own,
+    /// [`Relocations::ensure`]), so a large layer does not stall them.
+    pub fn relocate(&self, req: &CacheVolume, place: &dyn UpperPlace) -> Result<(), Status> {
+        let Some(path) = req.mount_path.as_deref() else {
+            return Ok(());
+        };
+        let (observed, tree) = self.observe(req, place)?;
+        match decide(req, &self.node_name, &observed, Timestamp::now())? {
+            Decision::AlreadyPublished(_) => Ok(()),
+            Decision::Mount(record) => {
+                let tree = tree.ok_or_else(|| Status::internal("the cache tree is not open"))?;
+                self.relocations
+                    .ensure(
+                        self.store.root(),
+                        &record.digest,
+                        &tree.path,
+                        path,
+                        &record.pod.namespace,
+                    )
+                    .map(drop)
             }
         }
     }
@@ -250,19 +323,23 @@ impl Views {
         let target = &record.target_path;
         let relocation = match mount_path {
             None => Relocation::NotNeeded,
-            Some(path) => {
-                relocation::ensure_layer(self.store.root(), &record.digest, &tree.path, path)
-                    .map_err(|e| {
-                        Status::failed_precondition(format!(
-                            "relocating {} to the pod's mount path {path}: {e}",
-                            record.digest
-                        ))
-                    })?
-            }
+            Some(path) => self.relocations.ensure(
+                self.store.root(),
+                &record.digest,
+                &tree.path,
+                path,
+                &record.pod.namespace,
+            )?,
         };
         let relocation = match &relocation {
             Relocation::Layer(dir) => Some(dir.as_path()),
             Relocation::NotNeeded => None,
+        };
+        let group_dirs = match view {
+            View::Writable {
+                group: Some(gid), ..
+            } => Some(self.group_directories(record, tree, gid)?),
+            _ => None,
         };
         // Record first: the records are always a superset of the mounts, so
         // the agent never frees a digest that is mounted.
@@ -291,7 +368,10 @@ impl Views {
                 })
                 .map(|()| 0),
             View::Writable { group, max_bytes } => {
-                self.mount_writable(record, tree, relocation, group, max_bytes, place)
+                let writable = group
+                    .zip(group_dirs.as_deref())
+                    .map(|(gid, dirs)| GroupWritable { gid, dirs });
+                self.mount_writable(record, tree, relocation, writable, max_bytes, place)
             }
         };
         let writable_dirs = match mounted {
@@ -336,11 +416,12 @@ impl Views {
         record: &MountRecord,
         tree: &CacheTree,
         relocation: Option<&Path>,
-        group: Option<u32>,
+        group: Option<GroupWritable<'_>>,
         max_bytes: u64,
         place: &dyn UpperPlace,
     ) -> io::Result<usize> {
-        let upper = place.make(self.store.root(), record, max_bytes, group)?;
+        let gid = group.map(|g| g.gid);
+        let upper = place.make(self.store.root(), record, max_bytes, gid)?;
         let name = place.view_name(&record.volume_id, &record.digest);
         let mounted = upper.mount_view(
             &tree.mount_source(),
@@ -355,6 +436,34 @@ impl Views {
         mounted
     }
 
+    /// The directories of `tree` a writable view for fsGroup `gid` makes
+    /// writable by the group, before anything is recorded or made:
+    /// `RESOURCE_EXHAUSTED` when there are more than the driver allows
+    /// (each is copied up by the driver, in its memory).
+    fn group_directories(
+        &self,
+        record: &MountRecord,
+        tree: &CacheTree,
+        gid: u32,
+    ) -> Result<Vec<std::path::PathBuf>, Status> {
+        let max = self.group_max_dirs;
+        match directories_below(&tree.mount_source(), max) {
+            Ok(Some(dirs)) => Ok(dirs),
+            Ok(None) => Err(Status::resource_exhausted(format!(
+                "a writable view of {} for a pod with fsGroup {gid} makes every directory of its \
+                 tree writable by the group, each copied up by the CSI driver, and the tree has \
+                 more than {max} directories, over the cap {GROUP_MAX_DIRS_FLAG}={max}: mount the \
+                 volume readOnly, or raise the chart's {GROUP_MAX_DIRS_VALUE} (gkm-csi \
+                 {GROUP_MAX_DIRS_FLAG})",
+                record.digest
+            ))),
+            Err(e) => Err(Status::internal(format!(
+                "listing the directories of {}: {e}",
+                tree.path.display()
+            ))),
+        }
+    }
+
     /// Removes every upper no mounted writable view names (see
     /// [`upper::sweep`]): what a driver killed during a publish, or a node
     /// restarted under its pods, left. The volume ids removed.
@@ -363,6 +472,23 @@ impl Views {
         self.metrics.swept(removed.len());
         for volume in &removed {
             tracing::info!(volume = %volume, "swept an upper no mounted view names");
+        }
+        Ok(removed)
+    }
+
+    /// Removes the relocation layers no view stacks, made more than `grace`
+    /// ago ([`Relocations::remove_unused`], from the mount records);
+    /// the caller holds the lock of publishes. The layers removed.
+    pub fn remove_unused_layers(
+        &self,
+        grace: std::time::Duration,
+    ) -> io::Result<Vec<std::path::PathBuf>> {
+        let records = self.mounts.list().map_err(io::Error::other)?;
+        let removed =
+            self.relocations
+                .remove_unused(self.store.root(), &records, self.since, grace)?;
+        for layer in &removed {
+            tracing::info!(layer = %layer.display(), "removed a relocation layer no view stacks");
         }
         Ok(removed)
     }
@@ -415,6 +541,11 @@ impl Views {
         Ok(())
     }
 }
+
+/// The `gkm-csi` flag that sets [`ViewsConfig::group_max_dirs`].
+pub const GROUP_MAX_DIRS_FLAG: &str = "--writable-group-max-dirs";
+/// The chart's value that sets [`GROUP_MAX_DIRS_FLAG`].
+pub const GROUP_MAX_DIRS_VALUE: &str = "views.writableGroupMaxDirs";
 
 /// The directory below the store root holding the empty layer of the
 /// read-only views.

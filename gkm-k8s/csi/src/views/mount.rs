@@ -305,7 +305,8 @@ pub struct UpperLayers<'a> {
 /// driver is privileged, the overlay keeps its attributes in `trusted.*`).
 /// The mount is `nosuid`, `nodev`.
 ///
-/// With `group` (the pod's fsGroup), every directory of `tree` is made
+/// With `group` (the pod's fsGroup and the directories of `tree`, listed
+/// by [`directories_below`] within a bound), every directory of `tree` is made
 /// `root:group`, mode `2775`, in the view before it is attached, so that a
 /// pod running as any user of that group writes anywhere in it: each such
 /// change copies the directory (not its files) up. The store's files stay
@@ -319,7 +320,7 @@ pub fn mount_writable_view(
     tree: &Path,
     relocation: Option<&Path>,
     layers: UpperLayers<'_>,
-    group: Option<u32>,
+    group: Option<GroupWritable<'_>>,
     name: &str,
     target: &Path,
 ) -> io::Result<usize> {
@@ -360,7 +361,8 @@ pub fn mount_writable_view(
     let view = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
         .map_err(|e| context(e, what("fsmount")))?;
     let made_writable = match group {
-        Some(gid) => open_directories_to_group(&tree.source(), &view, gid).map_err(|e| {
+        Some(group) => open_directories_to_group(&view, group).map_err(|e| {
+            let gid = group.gid;
             io::Error::new(e.kind(), what(&format!("directories for group {gid}: {e}")))
         })?,
         None => 0,
@@ -376,41 +378,64 @@ pub fn mount_writable_view(
     Ok(made_writable)
 }
 
-/// Makes every directory below the lower tree `lower` (not the root, which
-/// is the upper's own) `root:gid`, mode [`GROUP_WRITABLE_DIR`],
-/// in the detached view `view`; how many. Only directories are walked and
-/// changed, no symbolic link is followed.
-fn open_directories_to_group(
-    lower: &Path,
-    view: &std::os::fd::OwnedFd,
-    gid: u32,
-) -> io::Result<usize> {
-    use rustix::fs::{AtFlags, Gid, Mode, Uid, chmodat, chownat};
-    let mode = Mode::from_raw_mode(GROUP_WRITABLE_DIR as rustix::fs::RawMode);
-    let mut pending = vec![PathBuf::new()];
-    let mut changed = 0;
-    while let Some(rel) = pending.pop() {
-        for entry in fs::read_dir(lower.join(&rel))? {
+/// The directories below `tree` (not `tree` itself), as paths relative to
+/// it, when there are at most `max` of them; `None` when there are more
+/// (the walk stops there). No symbolic link is followed. What a writable
+/// view for a pod with an fsGroup makes writable by the group
+/// ([`GroupWritable`]).
+pub fn directories_below(tree: &Path, max: usize) -> io::Result<Option<Vec<PathBuf>>> {
+    let mut found = Vec::new();
+    let mut next = 0;
+    let mut dir = Some(PathBuf::new());
+    while let Some(rel) = dir {
+        for entry in fs::read_dir(tree.join(&rel))? {
             let entry = entry?;
             if !entry.file_type()?.is_dir() {
                 continue;
             }
-            let rel = rel.join(entry.file_name());
-            chownat(
-                view,
-                &rel,
-                Some(Uid::ROOT),
-                Some(Gid::from_raw(gid)),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| context(e, format!("chown {}", rel.display())))?;
-            chmodat(view, &rel, mode, AtFlags::empty())
-                .map_err(|e| context(e, format!("chmod {}", rel.display())))?;
-            changed += 1;
-            pending.push(rel);
+            if found.len() == max {
+                return Ok(None);
+            }
+            found.push(rel.join(entry.file_name()));
         }
+        dir = found.get(next).cloned();
+        next += 1;
     }
-    Ok(changed)
+    Ok(Some(found))
+}
+
+/// The directories of a writable view its pod's fsGroup writes.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupWritable<'a> {
+    /// The pod's fsGroup.
+    pub gid: u32,
+    /// Every directory of the tree, relative to it
+    /// ([`directories_below`]).
+    pub dirs: &'a [PathBuf],
+}
+
+/// Makes every directory of `group` `root:gid`, mode
+/// [`GROUP_WRITABLE_DIR`], in the detached view `view` (each change copies
+/// the directory up); how many.
+fn open_directories_to_group(
+    view: &std::os::fd::OwnedFd,
+    group: GroupWritable<'_>,
+) -> io::Result<usize> {
+    use rustix::fs::{AtFlags, Gid, Mode, Uid, chmodat, chownat};
+    let mode = Mode::from_raw_mode(GROUP_WRITABLE_DIR as rustix::fs::RawMode);
+    for rel in group.dirs {
+        chownat(
+            view,
+            rel,
+            Some(Uid::ROOT),
+            Some(Gid::from_raw(group.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| context(e, format!("chown {}", rel.display())))?;
+        chmodat(view, rel, mode, AtFlags::empty())
+            .map_err(|e| context(e, format!("chmod {}", rel.display())))?;
+    }
+    Ok(group.dirs.len())
 }
 
 /// Bind-mounts `source` onto `target`, with the flags `source`'s mount has

@@ -53,7 +53,9 @@ use std::path::{Path, PathBuf};
 
 use rustix::mount::MountFlags;
 
-use super::mount::{GROUP_WRITABLE_DIR, UpperLayers, mount_at, mount_writable_view, unmount_all};
+use super::mount::{
+    GROUP_WRITABLE_DIR, GroupWritable, UpperLayers, mount_at, mount_writable_view, unmount_all,
+};
 use gkm_k8s_node::mountinfo::{MOUNTINFO, parse_mountinfo};
 
 /// Where the uppers are, below the store root.
@@ -195,13 +197,13 @@ impl Upper {
     }
 
     /// Mounts the writable view of the directory `tree` (relocated by
-    /// `relocation`) at `target` on this upper, named `name`, for `group`
+    /// `relocation`) at `target` on this upper, named `name`, writable by `group`
     /// ([`mount_writable_view`]); how many directories were made writable.
     pub fn mount_view(
         &self,
         tree: &Path,
         relocation: Option<&Path>,
-        group: Option<u32>,
+        group: Option<GroupWritable<'_>>,
         name: &str,
         target: &Path,
     ) -> io::Result<usize> {

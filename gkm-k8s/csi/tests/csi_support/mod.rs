@@ -65,12 +65,23 @@ impl Drop for RunningDriver {
     }
 }
 
+/// The views the drivers of the tests allow: the defaults, but for the
+/// free-space reserve of relocation layers (gkm_testenv::CSI_KEEP_FREE).
+pub fn views_config() -> gkm_k8s_csi::ViewsConfig {
+    let mut views = gkm_k8s_csi::ViewsConfig::default();
+    views.relocation.keep_free = gkm_testenv::CSI_KEEP_FREE
+        .parse()
+        .expect("the tests' reserve");
+    views
+}
+
 /// Serve the driver for node `node` and store `store_root` on `socket`.
 pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> RunningDriver {
     let config = DriverConfig {
         node_name: node.into(),
         store_root: store_root.to_path_buf(),
         capture: gkm_k8s_csi::CaptureConfig::default(),
+        views: views_config(),
     };
     let driver = Driver::new(&config).expect("driver");
     let (stop, stopped) = oneshot::channel::<()>();
