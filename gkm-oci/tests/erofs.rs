@@ -285,3 +285,43 @@ async fn a_twin_that_is_not_what_gkm_writes_is_refused_before_mounting() {
         .to_string();
     assert!(err.contains("checksum"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_variant_of_a_multi_target_image_carries_its_own_twin() {
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("multi");
+    let dirs = [fixture_cache(FIXTURES[0]), fixture_cache(FIXTURES[1])];
+    let registry = RegistryOptions::default();
+    let multi = gkm_oci::build::build_multi(
+        &dirs,
+        &layout_ref(&layout, "v1"),
+        &options(Compression::Zstd),
+        &registry,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(multi.variants.len(), 2);
+    let mut twins = Vec::new();
+    for variant in &multi.variants {
+        let repo = Repo::open(&layout_ref(&layout, "v1"), &registry).unwrap();
+        let raw = repo.fetch_manifest_digest(&variant.digest).await.unwrap();
+        let manifest = gkm_oci::Manifest::parse(&raw.bytes).unwrap();
+        let twin = manifest.layers[0].erofs.clone().expect("a twin");
+        assert!(
+            blob(&layout, &twin.digest).is_file(),
+            "{}: no twin blob",
+            variant.digest
+        );
+        let referrer = gkm_oci::erofs::referrer(&raw, &manifest.layers)
+            .unwrap()
+            .unwrap();
+        assert!(
+            blob(&layout, &referrer.digest).is_file(),
+            "{}: no referrer",
+            variant.digest
+        );
+        twins.push(twin.digest);
+    }
+    assert_ne!(twins[0], twins[1], "two trees, one twin");
+}
