@@ -117,6 +117,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("trusted_root", trusted_root),
     ("cache_scan", cache_scan),
     ("duration", |d| with_str(d, duration)),
+    ("erofs_superblock", erofs_superblock),
 ];
 
 /// Run `body` on `data` when it is UTF-8, as libFuzzer's `&str` targets do.
@@ -169,6 +170,12 @@ pub fn oci_json(data: &[u8]) {
             let _ = layer.compression();
         }
         let _ = crate::image::labels::CacheLabels::read(&m.annotations);
+        let raw = crate::registry::repo::RawManifest {
+            digest: gkm_core::digest::Digest::of(data),
+            media_type: crate::image::labels::OCI_MANIFEST.to_string(),
+            bytes: data.to_vec(),
+        };
+        let _ = crate::image::erofs::referrer(&raw, &m.layers);
     }
     let _ = crate::image::manifest::select_from_index(data);
     // The same bytes as a multi-target image's index.
@@ -378,5 +385,38 @@ pub fn duration(text: &str) {
             Some(d),
             "{text:?} parsed to {d:?}, which prints as {printed:?}"
         );
+    }
+}
+
+/// Check arbitrary bytes as the first block of an EROFS blob (an 8-byte
+/// blob size, then the block, zero-padded to its 4096 bytes), as given and
+/// again with its superblock checksum made right, so every later check is
+/// reached too. Never panics; what is accepted is what the checks promise:
+/// the magic, 4096-byte blocks filling the blob, only accepted features.
+pub fn erofs_superblock(data: &[u8]) {
+    use crate::image::erofs::superblock::{
+        ACCEPTED_INCOMPAT, HEAD_LEN, MAGIC, SUPERBLOCK_OFFSET, check, checksum,
+    };
+    let mut u = Unstructured::new(data);
+    let size = u.arbitrary::<u64>().unwrap_or_default();
+    let rest = u.take_rest();
+    let _ = check(rest, size);
+    let mut head = rest.to_vec();
+    head.resize(HEAD_LEN.max(head.len()), 0);
+    let mut resealed = head.clone();
+    if let Some(sum) = checksum(&resealed) {
+        resealed[SUPERBLOCK_OFFSET + 4..SUPERBLOCK_OFFSET + 8].copy_from_slice(&sum.to_le_bytes());
+    }
+    for head in [&head, &resealed] {
+        if let Ok(sb) = check(head, size) {
+            let magic = &head[SUPERBLOCK_OFFSET..SUPERBLOCK_OFFSET + 4];
+            assert_eq!(magic, MAGIC.to_le_bytes(), "accepted without the magic");
+            assert_eq!(
+                u64::from(sb.blocks) << 12,
+                size,
+                "blocks do not fill the blob"
+            );
+            assert_eq!(sb.feature_incompat & !ACCEPTED_INCOMPAT, 0);
+        }
     }
 }

@@ -26,6 +26,10 @@
 //!   a delta image: the base image's layers plus one layer of new files.
 //!   Every reader applies a multi-layer image's layers in order, each later
 //!   one only adding files.
+//! - [`erofs`]: a layer's EROFS twin, which a node can mount instead of
+//!   extracting the tree ([`BuildOptions::erofs`]), named in the tar
+//!   layer's descriptor; and the superblock check a blob passes before a
+//!   node would mount it ([`erofs::superblock::check`]).
 //! - `fuzzing` (feature `testing`): the bodies of the fuzz targets, also run
 //!   as property tests.
 
@@ -42,7 +46,7 @@ mod store;
 pub mod verify;
 
 pub use capture::delta;
-pub use image::{build, labels};
+pub use image::{build, erofs, labels};
 pub use registry::{auth, mirrors, reference, repo};
 pub use store::{disk, seal, tree_check};
 

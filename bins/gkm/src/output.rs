@@ -25,8 +25,22 @@ pub struct Built {
     pub cache_size_bytes: u64,
     /// The compressed layer.
     pub layer: Blob,
+    /// The layer's EROFS twin (`--erofs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub erofs: Option<ErofsBlob>,
     /// The targets, as `gkm inspect` names them.
     pub targets: Vec<String>,
+}
+
+/// An EROFS twin: its blob and how its files are compressed.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErofsBlob {
+    /// The blob.
+    #[serde(flatten)]
+    pub blob: Blob,
+    /// How its files are compressed (`lz4hc`).
+    pub compression: String,
 }
 
 /// A blob: its digest, size and media type.

@@ -356,6 +356,71 @@ fn write_mcv_image(fixture: &Path, layout_dir: &Path) -> String {
     digest.to_string()
 }
 
+/// `gkm build --erofs`: the image carries each layer's EROFS twin, which
+/// `gkm inspect` lists and `build --json` prints; `gkm extract` still gives
+/// the files; without a mkfs.erofs the build fails naming how to install it.
+#[test]
+fn an_erofs_twin_is_built_listed_and_the_files_still_extract() {
+    let mkfs = gkm_testenv::find_binary(gkm_testenv::Component::MkfsErofs)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    let name = FIXTURES[0];
+    let src = fixture_cache(name).display().to_string();
+    let built = format!("oci:{}/built:{name}", w.display());
+    let run = gkm(
+        &["build", &src, "-t", &built, "--erofs", "--json"],
+        &[("GKM_MKFS_EROFS", mkfs.as_path())],
+        None,
+    );
+    assert_eq!(run.code, 0, "gkm build --erofs:\n{}", run.stderr);
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let twin = json["erofs"]["digest"]
+        .as_str()
+        .expect("an erofs digest")
+        .to_string();
+    assert_eq!(json["erofs"]["mediaType"], "application/vnd.erofs");
+    assert_eq!(json["erofs"]["compression"], "lz4hc");
+
+    let text = ok(&["inspect", &built]);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&twin))
+        .unwrap_or_else(|| panic!("no row for {twin}:\n{text}"));
+    assert!(text.contains("EROFS LAYER"), "{text}");
+    assert!(row.contains("lz4hc"), "{row}");
+    let inspected: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", &built, "--json"])).expect("json");
+    assert_eq!(inspected["layers"][0]["erofs"]["digest"], twin);
+    assert_eq!(
+        inspected["layers"][0]["erofs"]["size"],
+        json["erofs"]["size"]
+    );
+
+    let out = w.join("out");
+    ok(&["extract", &built, "-o", &out.display().to_string()]);
+    assert_same_tree(&fixture_cache(name), &out);
+
+    let missing = w.join("no-mkfs.erofs");
+    let run = gkm(
+        &[
+            "build",
+            &src,
+            "-t",
+            &format!("oci:{}/none:v1", w.display()),
+            "--erofs",
+        ],
+        &[("GKM_MKFS_EROFS", missing.as_path())],
+        None,
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no-mkfs.erofs") && run.stderr.contains("apt-get install erofs-utils"),
+        "{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn reads_images_built_by_mcv() {
     let registry = gkm_testenv::Registry::shared()

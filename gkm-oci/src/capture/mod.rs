@@ -526,7 +526,7 @@ fn pack(
         &layout,
         None,
         title,
-        options.compression,
+        &options.compression.into(),
         &labels,
     )?;
     // The tree may have grown between the check and the packing.

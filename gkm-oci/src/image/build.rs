@@ -12,6 +12,8 @@ use oci_spec::image::{
 
 use crate::error::{Error, Result};
 use crate::image::copy::copy_image;
+use crate::image::erofs::ErofsLayer;
+use crate::image::erofs::write::{ErofsWriter, write_twin};
 use crate::image::labels::{Compression, cache_labels};
 use crate::image::layer::{LayerInfo, write_layer};
 use crate::json;
@@ -33,6 +35,37 @@ pub struct BuildOptions {
     /// What the builder declares about a PyTorch cache (Inductor,
     /// Mega-Cache) that its tree does not state: labelled `declared-*`.
     pub declared: Declared,
+    /// Also write each layer's EROFS twin with this writer
+    /// ([`crate::image::erofs`]); `None` (the default): the tar layer only.
+    pub erofs: Option<ErofsWriter>,
+}
+
+/// The layer formats a build writes: the tar layer's compression and,
+/// when a writer is given, its EROFS twin.
+#[derive(Debug, Clone, Default)]
+pub struct Formats {
+    /// The tar layer's compression.
+    pub compression: Compression,
+    /// The EROFS twin's writer, if one is written.
+    pub erofs: Option<ErofsWriter>,
+}
+
+impl From<Compression> for Formats {
+    fn from(compression: Compression) -> Formats {
+        Formats {
+            compression,
+            erofs: None,
+        }
+    }
+}
+
+impl BuildOptions {
+    fn formats(&self) -> Formats {
+        Formats {
+            compression: self.compression,
+            erofs: self.erofs.clone(),
+        }
+    }
 }
 
 /// What a build produced.
@@ -44,6 +77,8 @@ pub struct Built {
     pub manifest: RawManifest,
     /// The layer.
     pub layer: LayerInfo,
+    /// The layer's EROFS twin, when one was written.
+    pub erofs: Option<ErofsLayer>,
     /// The config labels (also the manifest annotations).
     pub labels: BTreeMap<String, String>,
     /// The scanned cache manifest stored in the layer.
@@ -73,7 +108,7 @@ pub fn build_into_layout(
         layout,
         tag,
         title,
-        compression,
+        &compression.into(),
     )
 }
 
@@ -93,7 +128,7 @@ fn build_declared_into_layout(
     layout: &Layout,
     tag: Option<&str>,
     title: &str,
-    compression: Compression,
+    formats: &Formats,
 ) -> Result<Built> {
     let cache = scan_declared(cache_dir, declared)?;
     build_scanned_into_layout(
@@ -102,34 +137,29 @@ fn build_declared_into_layout(
         layout,
         tag,
         title,
-        compression,
+        formats,
         &BTreeMap::new(),
     )
 }
 
-/// [`build_into_layout`] of a cache already scanned into `cache`, with
-/// `extra_labels` added to the config labels and manifest annotations (the
-/// cache's own labels win a clash). Blocking: call from a blocking thread.
+/// [`build_into_layout`] of a cache already scanned into `cache`, in
+/// `formats`, with `extra_labels` added to the config labels and manifest
+/// annotations (the cache's own labels win a clash). Blocking: call from a
+/// blocking thread.
 pub fn build_scanned_into_layout(
     cache_dir: &Path,
     cache: CacheManifest,
     layout: &Layout,
     tag: Option<&str>,
     title: &str,
-    compression: Compression,
+    formats: &Formats,
     extra_labels: &BTreeMap<String, String>,
 ) -> Result<Built> {
+    let compression = formats.compression;
     if cache_dir.is_file() {
         let staged = stage_file(cache_dir, layout)?;
-        let result = build_scanned_into_layout(
-            &staged,
-            cache,
-            layout,
-            tag,
-            title,
-            compression,
-            extra_labels,
-        );
+        let result =
+            build_scanned_into_layout(&staged, cache, layout, tag, title, formats, extra_labels);
         let _ = std::fs::remove_dir_all(&staged);
         return result;
     }
@@ -143,6 +173,10 @@ pub fn build_scanned_into_layout(
         }
     };
     layout.commit_file(&tmp, &layer.digest)?;
+    let erofs = match &formats.erofs {
+        Some(writer) => Some(write_layout_twin(writer, layout, &layer)?),
+        None => None,
+    };
 
     let mut labels = extra_labels.clone();
     labels.extend(cache_labels(
@@ -181,11 +215,7 @@ pub fn build_scanned_into_layout(
             config_bytes.len() as u64,
             oci_digest(&config_digest)?,
         ))
-        .layers(vec![Descriptor::new(
-            MediaType::from(compression.media_type()),
-            layer.size,
-            oci_digest(&layer.digest)?,
-        )])
+        .layers(vec![layer_descriptor(&layer, erofs.as_ref())?])
         .annotations(hash_labels)
         .build()
         .map_err(spec_err("image manifest"))?;
@@ -208,9 +238,45 @@ pub fn build_scanned_into_layout(
         digest,
         manifest: raw,
         layer,
+        erofs,
         labels,
         cache,
     })
+}
+
+/// The descriptor of `layer`, naming its EROFS twin when it has one.
+fn layer_descriptor(layer: &LayerInfo, erofs: Option<&ErofsLayer>) -> Result<Descriptor> {
+    let mut d = Descriptor::new(
+        MediaType::from(layer.compression.media_type()),
+        layer.size,
+        oci_digest(&layer.digest)?,
+    );
+    if let Some(twin) = erofs {
+        d.set_annotations(Some(twin.annotations().into_iter().collect()));
+    }
+    Ok(d)
+}
+
+/// Writes the EROFS twin of `layer`, a blob of `layout`, into `layout`.
+fn write_layout_twin(
+    writer: &ErofsWriter,
+    layout: &Layout,
+    layer: &LayerInfo,
+) -> Result<ErofsLayer> {
+    let tmp = layout.temp_path();
+    let twin = write_twin(
+        writer,
+        &layout.blob_path(&layer.digest),
+        layer.compression,
+        &layer.diff_id,
+        &layout.temp_path(),
+        &tmp,
+    )?;
+    if let Err(e) = layout.commit_file(&tmp, &twin.digest) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(twin)
 }
 
 /// Stages a cache that is one file (a Mega-Cache blob) alone in a new
@@ -264,7 +330,7 @@ pub async fn build_with_progress(
         .clone()
         .unwrap_or_else(|| dest.default_title());
     let cache_dir = cache_dir.to_path_buf();
-    let compression = options.compression;
+    let formats = options.formats();
     let declared = options.declared.clone();
     match dest {
         ImageRef::Layout { path, selector } => {
@@ -288,7 +354,7 @@ pub async fn build_with_progress(
                     &layout,
                     Some(&tag),
                     &title,
-                    compression,
+                    &formats,
                     &BTreeMap::new(),
                 )
             })
@@ -297,14 +363,7 @@ pub async fn build_with_progress(
         ImageRef::Registry(_) => {
             let tmp = std::env::temp_dir().join(tmp_name("gkm-build-"));
             let result = build_via(
-                &tmp,
-                cache_dir,
-                declared,
-                title,
-                compression,
-                dest,
-                registry,
-                progress,
+                &tmp, cache_dir, declared, title, formats, dest, registry, progress,
             )
             .await;
             let _ = tokio::fs::remove_dir_all(&tmp).await;
@@ -319,7 +378,7 @@ async fn build_via(
     cache_dir: PathBuf,
     declared: Declared,
     title: String,
-    compression: Compression,
+    formats: Formats,
     dest: &ImageRef,
     registry: &RegistryOptions,
     progress: Option<Progress>,
@@ -333,7 +392,7 @@ async fn build_via(
             &layout,
             Some("build"),
             &title,
-            compression,
+            &formats,
         )
     })
     .await??;
@@ -386,25 +445,18 @@ async fn build_multi_via(
             &format!("scanning and compressing {}", dir.display()),
             None,
         );
-        let (path, dir, title, compression, declared) = (
+        let (path, dir, title, formats, declared) = (
             tmp.to_path_buf(),
             dir.clone(),
             title.clone(),
-            options.compression,
+            options.formats(),
             options.declared.clone(),
         );
         let tag = format!("variant-{n}");
         let built_tag = tag.clone();
         tokio::task::spawn_blocking(move || {
             let layout = Layout::create(&path)?;
-            build_declared_into_layout(
-                &dir,
-                &declared,
-                &layout,
-                Some(&built_tag),
-                &title,
-                compression,
-            )
+            build_declared_into_layout(&dir, &declared, &layout, Some(&built_tag), &title, &formats)
         })
         .await??;
         sources.push(ImageRef::Layout {

@@ -3,15 +3,18 @@
 use futures::StreamExt;
 
 use crate::error::Result;
+use crate::image::erofs;
 use crate::image::manifest::{Manifest, is_index, select_from_index};
 use crate::image::multi::MultiTarget;
 use crate::progress::{Progress, step};
 use crate::registry::repo::{BlobSource, RawManifest, Repo};
 use gkm_core::digest::Digest;
 
-/// Copy the image `src` selects to `dst`, blobs first, then the manifest
-/// (byte for byte, so the digest is kept). Blobs `dst` already has are not
-/// sent again. An index is resolved to one manifest. Returns the digest.
+/// Copy the image `src` selects to `dst`, blobs first (with the layers'
+/// EROFS twins), then the manifest (byte for byte, so the digest is kept),
+/// then, when it has twins, the referrer that keeps them
+/// ([`erofs::referrer`]). Blobs `dst` already has are not sent again. An
+/// index is resolved to one manifest. Returns the digest.
 ///
 /// `progress`, when given, gets one step for the blobs to send, with their
 /// total size, and the bytes sent so far.
@@ -29,8 +32,9 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
                     reason: "nested indexes are not supported".into(),
                 });
             }
-            copy_blobs(src, dst, &manifest, progress.clone()).await?;
+            let parsed = copy_blobs(src, dst, &manifest, progress.clone()).await?;
             dst.put_manifest_by_digest(&manifest).await?;
+            put_erofs_referrer(dst, &manifest, &parsed).await?;
         }
         dst.put_manifest(&raw).await?;
         return Ok(raw.digest);
@@ -40,25 +44,60 @@ pub async fn copy_image(src: &Repo, dst: &Repo, progress: Option<Progress>) -> R
             .fetch_manifest_digest(&select_from_index(&raw.bytes)?)
             .await?;
     }
-    copy_blobs(src, dst, &raw, progress).await?;
+    let parsed = copy_blobs(src, dst, &raw, progress).await?;
     dst.put_manifest(&raw).await?;
+    put_erofs_referrer(dst, &raw, &parsed).await?;
     Ok(raw.digest)
 }
 
-/// Copies the blobs of the image manifest `raw` that `dst` lacks.
+/// Stores the artifact manifest that keeps the EROFS twins of the image
+/// `raw` in `dst` ([`erofs::referrer`]), and its empty config, when the
+/// image has twins.
+async fn put_erofs_referrer(dst: &Repo, raw: &RawManifest, manifest: &Manifest) -> Result<()> {
+    let Some(referrer) = erofs::referrer(raw, &manifest.layers)? else {
+        return Ok(());
+    };
+    let empty = Digest::of(erofs::EMPTY_CONFIG);
+    if !dst.has_blob(&empty).await? {
+        let chunk: std::io::Result<bytes::Bytes> =
+            Ok(bytes::Bytes::from_static(erofs::EMPTY_CONFIG));
+        let stream = futures::stream::once(async move { chunk });
+        dst.put_blob(
+            &empty,
+            erofs::EMPTY_CONFIG.len() as u64,
+            BlobSource::Stream(Box::pin(stream)),
+        )
+        .await?;
+    }
+    dst.put_manifest_by_digest(&referrer).await
+}
+
+/// Copies the blobs of the image manifest `raw` that `dst` lacks (its
+/// config, its layers and their EROFS twins); returns the manifest parsed.
 async fn copy_blobs(
     src: &Repo,
     dst: &Repo,
     raw: &RawManifest,
     progress: Option<Progress>,
-) -> Result<()> {
+) -> Result<Manifest> {
     let manifest = Manifest::parse(&raw.bytes)?;
+    let twins = manifest.layers.iter().filter_map(|l| l.erofs.as_ref());
+    let blobs = std::iter::once(&manifest.config)
+        .chain(&manifest.layers)
+        .map(|b| Blob {
+            digest: b.digest.clone(),
+            size: b.size,
+        })
+        .chain(twins.map(|t| Blob {
+            digest: t.digest.clone(),
+            size: t.size,
+        }));
     let mut missing = Vec::new();
-    for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
+    for blob in blobs {
         if dst.has_blob(&blob.digest).await? {
             tracing::debug!(digest = %blob.digest, "blob already present");
         } else {
-            missing.push(blob.clone());
+            missing.push(blob);
         }
     }
     let total: u64 = missing.iter().map(|b| b.size).sum();
@@ -102,5 +141,11 @@ async fn copy_blobs(
         }
         sent += blob.size;
     }
-    Ok(())
+    Ok(manifest)
+}
+
+/// A blob to copy: its digest and size.
+struct Blob {
+    digest: Digest,
+    size: u64,
 }

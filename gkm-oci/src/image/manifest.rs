@@ -7,6 +7,7 @@ use oci_spec::image::{ImageIndex, ImageManifest};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::image::erofs::ErofsLayer;
 use crate::image::labels::{Compression, DOCKER_MANIFEST_LIST, OCI_INDEX};
 use gkm_core::digest::Digest;
 
@@ -19,6 +20,10 @@ pub struct Layer {
     pub media_type: String,
     /// Its size in bytes.
     pub size: u64,
+    /// Its EROFS twin, when its descriptor names one
+    /// ([`crate::image::erofs`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub erofs: Option<ErofsLayer>,
 }
 
 impl Layer {
@@ -41,10 +46,19 @@ pub struct Manifest {
 
 fn descriptor(d: &oci_spec::image::Descriptor) -> Result<Layer> {
     let size = d.size();
+    let digest = d.digest().to_string().parse()?;
+    let annotations: BTreeMap<String, String> = d
+        .annotations()
+        .as_ref()
+        .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let erofs = ErofsLayer::from_annotations(&annotations)
+        .map_err(|e| Error::format(format!("layer {digest}"), e))?;
     Ok(Layer {
-        digest: d.digest().to_string().parse()?,
+        digest,
         media_type: d.media_type().to_string(),
         size,
+        erofs,
     })
 }
 

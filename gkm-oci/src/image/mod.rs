@@ -1,12 +1,14 @@
 //! Images: reading one ([`Image`]: its manifest, through an index if need
 //! be, its config labels and its cache layers), the documents it is made of
-//! ([`manifest`], [`labels`]), its layer ([`layer`]), building one
-//! ([`build`]), multi-target images ([`multi`], [`assemble`]) and copying
-//! one between registries and layouts ([`copy`]).
+//! ([`manifest`], [`labels`]), its layer ([`layer`]) and the layer's EROFS
+//! twin ([`erofs`]), building one ([`build`]), multi-target images
+//! ([`multi`], [`assemble`]) and copying one between registries and
+//! layouts ([`copy`]).
 
 pub(crate) mod assemble;
 pub mod build;
 pub(crate) mod copy;
+pub mod erofs;
 pub mod labels;
 pub(crate) mod layer;
 pub(crate) mod manifest;
