@@ -7,7 +7,7 @@ use oci_spec::image::{ImageIndex, ImageManifest};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::image::erofs::ErofsLayer;
+use crate::image::erofs::twin::ErofsLayer;
 use crate::image::labels::{Compression, DOCKER_MANIFEST_LIST, OCI_INDEX};
 use gkm_core::digest::Digest;
 
