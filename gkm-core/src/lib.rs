@@ -47,6 +47,7 @@ pub mod image_layout;
 pub mod policy;
 mod refusal;
 pub mod store_layout;
+pub mod usage;
 pub mod variant;
 pub mod view;
 

@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use triton_pod_support::torch::{torch_node, torch_pod};
 use triton_pod_support::{
-    TIMEOUT, check_view_left_nothing, delete_all, ended, exit_code, phase, pods_api,
+    TIMEOUT, check_view_left_nothing, delete_all, ended, exit_code, phase, pods_api, usage_record,
 };
 
 /// Where the pods mount the cache: not where it was compiled.
@@ -76,6 +76,19 @@ async fn real_torch_compile_in_a_non_root_pod_hits_every_delivered_fx_graph_at_a
     // What the pod wrote went to its own upper, gone with it; the store's
     // tree is the verified one.
     check_view_left_nothing(n, &pods, &done, "inductor", &cache.entry, &verified).await?;
+
+    // The driver counted the miss as the view went: one new FX graph, the
+    // new shape's.
+    let counted = usage_record(n, "torch-rw")?;
+    assert_eq!(counted.kind, "inductor");
+    let graphs: Vec<&str> = counted
+        .usage
+        .named
+        .iter()
+        .map(|e| e.key.as_str())
+        .filter(|key| key.starts_with("fxgraph/"))
+        .collect();
+    assert_eq!(graphs.len(), 1, "one new FX graph: {counted:#?}");
     Ok(())
 }
 

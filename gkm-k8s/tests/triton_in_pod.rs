@@ -31,7 +31,7 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 use triton_pod_support::{
     CACHE, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, mount_host_system_dirs,
-    node, phase, pods_api,
+    node, phase, pods_api, usage_record,
 };
 
 /// A target the delivered cache holds no kernel for.
@@ -263,7 +263,56 @@ async fn hits_every_delivered_kernel_and_compiles_new_ones(
         tree_files(&n.entry)? == verified,
         "the store changed under a writable cache volume"
     );
+
+    // The driver counted what each pod compiled as its view went: the
+    // Triton pod's misses, each kernel by its key and name, and none for
+    // the pod that only read.
+    let counted = usage_record(n, triton)?;
+    assert_eq!(counted.kind, "triton");
+    assert_eq!(
+        counted.usage.new_entries,
+        new.kernels.len() as u64,
+        "{counted:#?}"
+    );
+    let mut expected: Vec<(String, String)> = new
+        .kernels
+        .iter()
+        .map(|k| Ok((key_dir(&k.hash)?, kernel_name(&k.kernel).to_string())))
+        .collect::<anyhow::Result<_>>()?;
+    expected.sort();
+    let mut named: Vec<(String, String)> = counted
+        .usage
+        .named
+        .iter()
+        .map(|e| (e.key.clone(), e.name.clone().unwrap_or_default()))
+        .collect();
+    named.sort();
+    assert_eq!(named, expected, "the new kernels, by key and name");
+    assert!(usage_record(n, idle_name)?.usage.all_hits());
+    // And its metrics count them, per namespace, cache and kind (with the
+    // misses of the other test's pods of the same cache, which may end
+    // meanwhile).
+    let metrics = csi_support::metrics_text(&n.metrics, &n.store);
+    let misses = format!(
+        "gkm_csi_view_new_entries_total{{namespace=\"{NS}\",cache=\"{CACHE}\",kind=\"triton\"}} "
+    );
+    let counted_by_metric: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(misses.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {misses}in:\n{metrics}"));
+    assert!(
+        counted_by_metric >= counted.usage.new_entries,
+        "{misses}{counted_by_metric}, fewer than {triton}'s {} misses",
+        counted.usage.new_entries
+    );
     Ok(())
+}
+
+/// The kernel's name in a report's `kernel` (`add_kernel[BLOCK=64]`: the
+/// kernel and its configuration).
+fn kernel_name(kernel: &str) -> &str {
+    kernel.split(['[', ' ', '(']).next().unwrap_or(kernel)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,7 +27,9 @@ use std::path::Path;
 use gkm_testenv::{pod_log, tree_files, wait_for_pod};
 use kube::api::PostParams;
 use triton_pod_support::vllm::{reports, vllm_node, vllm_pod};
-use triton_pod_support::{TIMEOUT, check_view_left_nothing, ended, exit_code, phase, pods_api};
+use triton_pod_support::{
+    TIMEOUT, check_view_left_nothing, ended, exit_code, phase, pods_api, usage_record,
+};
 
 /// Where the pod mounts the cache root: not where it was compiled.
 const MOUNT: &str = "/home/workload/.cache/vllm";
@@ -107,5 +109,16 @@ async fn real_vllm_in_a_non_root_pod_reuses_a_delivered_cache_root_at_another_pa
     // What the pod wrote went to its own upper, gone with it; the store's
     // tree is the verified one.
     check_view_left_nothing(n, &pods, &done, "vllm-cache", &cache.entry, &verified).await?;
+
+    // The driver counted the misses as the view went: at least Qwen3's C++
+    // kernels, each one entry however many files it was built as.
+    let counted = usage_record(n, "vllm-rw")?;
+    assert_eq!(counted.kind, "vllm");
+    assert!(
+        counted.usage.new_entries >= kernels.len() as u64,
+        "{} new entries for {} C++ kernels built: {counted:#?}",
+        counted.usage.new_entries,
+        kernels.len()
+    );
     Ok(())
 }

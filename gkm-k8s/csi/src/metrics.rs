@@ -11,7 +11,12 @@
 //! - `gkm_csi_writable_publishes_total{namespace}` (counter): writable views
 //!   published since the driver started;
 //! - `gkm_csi_uppers_swept_total` (counter): uppers (and their overlays'
-//!   leftovers) no mounted view named, removed when the driver started.
+//!   leftovers) no mounted view named, removed when the driver started;
+//! - `gkm_csi_writable_views_ended_total{namespace,cache,kind}` and
+//!   `gkm_csi_view_new_entries_total{namespace,cache,kind}` (counters): the
+//!   writable views that ended and the new entries (misses) their pods
+//!   compiled into them, counted from each upper as its view goes
+//!   ([`crate::views::usage`]).
 //!
 //! The counts are kept by [`CsiMetrics`] (clones share them); the bytes are
 //! read at each scrape ([`CsiCollector`]), so nothing about a pod outlives
@@ -43,6 +48,9 @@ pub struct CsiMetrics {
 struct Counts {
     writable_publishes: BTreeMap<String, u64>,
     swept: u64,
+    /// Per (pod namespace, cache, kind): writable views ended, and the new
+    /// entries their pods compiled.
+    views_ended: BTreeMap<(String, String, String), (u64, u64)>,
 }
 
 impl CsiMetrics {
@@ -59,6 +67,20 @@ impl CsiMetrics {
             .writable_publishes
             .entry(namespace.to_string())
             .or_default() += 1;
+    }
+
+    /// A writable view of `record`'s cache, of `kind`, ended with its pod
+    /// having compiled `new_entries` new entries into it.
+    pub fn view_ended(&self, record: &MountRecord, kind: &str, new_entries: u64) {
+        let key = (
+            record.pod.namespace.clone(),
+            record.cache.name().to_string(),
+            kind.to_string(),
+        );
+        let counts = &mut *self.counts();
+        let (views, entries) = counts.views_ended.entry(key).or_default();
+        *views += 1;
+        *entries += new_entries;
     }
 
     /// `uppers` uppers were swept.
@@ -175,10 +197,37 @@ impl Collector for CsiCollector {
         for (namespace, total) in by_namespace {
             gauge(total).encode(out.encode_family(&[("namespace", namespace)])?)?;
         }
-        let (publishes, swept) = {
+        let (publishes, swept, ended) = {
             let counts = self.metrics.counts();
-            (counts.writable_publishes.clone(), counts.swept)
+            (
+                counts.writable_publishes.clone(),
+                counts.swept,
+                counts.views_ended.clone(),
+            )
         };
+        for (name, help, pick) in [
+            (
+                "csi_writable_views_ended",
+                "Writable cache views whose pods ended, by the pod's namespace, the cache and its kind",
+                0,
+            ),
+            (
+                "csi_view_new_entries",
+                "New cache entries (misses) pods compiled into their writable views, counted as each view ended",
+                1,
+            ),
+        ] {
+            let mut out = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for ((namespace, cache, kind), (views, entries)) in &ended {
+                let n = if pick == 0 { *views } else { *entries };
+                let labels = [
+                    ("namespace", namespace.as_str()),
+                    ("cache", cache.as_str()),
+                    ("kind", kind.as_str()),
+                ];
+                ConstCounter::new(n).encode(out.encode_family(&labels)?)?;
+            }
+        }
         let mut out = encoder.encode_descriptor(
             "csi_writable_publishes",
             "Writable cache views published since the driver started, by the pod's namespace",

@@ -72,6 +72,7 @@ pub mod mount_table;
 pub mod mountinfo;
 pub mod names;
 pub mod relocation;
+pub mod usage;
 pub mod volume;
 
 pub use error::{Error, Result};

@@ -62,7 +62,7 @@ enum ScopeFile {
 /// The JSON form of a [`MountRecord`].
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct MountFile {
+pub(crate) struct MountFile {
     volume_id: String,
     pod_namespace: String,
     pod_name: String,
@@ -80,7 +80,7 @@ struct MountFile {
 }
 
 impl MountFile {
-    fn from_record(r: &MountRecord) -> MountFile {
+    pub(crate) fn from_record(r: &MountRecord) -> MountFile {
         MountFile {
             volume_id: r.volume_id.clone(),
             pod_namespace: r.pod.namespace.clone(),
@@ -99,7 +99,7 @@ impl MountFile {
         }
     }
 
-    fn into_record(self) -> std::result::Result<MountRecord, String> {
+    pub(crate) fn into_record(self) -> std::result::Result<MountRecord, String> {
         let digest: Digest = self
             .digest
             .parse()
@@ -136,6 +136,23 @@ impl MountFile {
     }
 }
 
+/// The file a record of `volume_id` is kept in: `<id>.json` when the id is
+/// a plain file name (letters, digits, `.`, `_`, `-`; at most 200; not
+/// starting with `.` or `_`), else `_<sha256 of the id>.json`.
+pub(crate) fn volume_file_name(volume_id: &str) -> String {
+    let plain = !volume_id.is_empty()
+        && volume_id.len() <= 200
+        && !volume_id.starts_with(['.', '_'])
+        && volume_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if plain {
+        format!("{volume_id}.json")
+    } else {
+        format!("_{}.json", Digest::of(volume_id.as_bytes()).hex())
+    }
+}
+
 /// The mount records of one node store (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct MountRecords {
@@ -154,18 +171,7 @@ impl MountRecords {
     /// file name (letters, digits, `.`, `_`, `-`; at most 200; not starting
     /// with `.`), else `_<sha256 of the id>.json`.
     pub fn path_of(&self, volume_id: &str) -> PathBuf {
-        let plain = !volume_id.is_empty()
-            && volume_id.len() <= 200
-            && !volume_id.starts_with(['.', '_'])
-            && volume_id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if plain {
-            self.dir.join(format!("{volume_id}.json"))
-        } else {
-            self.dir
-                .join(format!("_{}.json", Digest::of(volume_id.as_bytes()).hex()))
-        }
+        self.dir.join(volume_file_name(volume_id))
     }
 
     /// Write `record`, replacing any for the same volume.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use gkm_k8s_csi::{PLUGIN, RegistrationService, serve_registration};
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
+use gkm_k8s_node::usage::{UsageRecord, UsageRecords};
 use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
 use gkm_testenv::triton::{FleetTarget, fleet_target_named};
 use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root, yaml_documents};
@@ -110,6 +111,8 @@ pub struct TritonNode {
     pub entry: PathBuf,
     /// The Triton fixture the cache was built from.
     pub fixture: FleetTarget,
+    /// The counts the node's CSI driver serves on `/metrics`.
+    pub metrics: gkm_k8s_csi::CsiMetrics,
 }
 
 impl TritonNode {
@@ -173,6 +176,21 @@ pub async fn check_view_left_nothing(
         "the store changed under a writable cache volume"
     );
     Ok(())
+}
+
+/// The usage record the driver wrote as the writable view of the pod
+/// named `pod` went (what the pod compiled into it): the latest of that
+/// pod's.
+// Not every test binary reads them.
+#[allow(dead_code)]
+pub fn usage_record(n: &TritonNode, pod: &str) -> anyhow::Result<UsageRecord> {
+    let records = UsageRecords::new(&n.store).list()?;
+    records
+        .iter()
+        .rev()
+        .find(|r| r.mount.pod.name == pod)
+        .cloned()
+        .with_context(|| format!("no usage record of pod {pod} among {records:#?}"))
 }
 
 static NODE: OnceLock<Result<TritonNode, String>> = OnceLock::new();
@@ -281,6 +299,7 @@ async fn start() -> anyhow::Result<(TritonNode, Kept)> {
         store,
         fixture,
         name,
+        metrics: driver.metrics.clone(),
     };
     Ok((node, (real, driver)))
 }

@@ -5,7 +5,8 @@
 //! directory is its tree and what that tree holds ([`Kind::scan`]), its
 //! image layout ([`Kind::layout`]), where its trees sit below the root its
 //! images lay out ([`Kind::offset_from_root`]), what of a writable view's
-//! upper is scratch ([`Kind::scratch`]), what a torn entry is and what binds
+//! upper is scratch ([`Kind::scratch`]) and which entry a new file is of
+//! ([`Kind::entry_of`]), what a torn entry is and what binds
 //! to an absolute path ([`Kind::build_path`], [`Kind::relocated`]), the fit
 //! facts it contributes ([`Kind::fit`], [`Kind::torch_facts`]), what a
 //! builder may declare ([`Kind::declare`]), its images' own labels
@@ -144,6 +145,15 @@ pub trait Kind: Sync + 'static {
     /// `/`-separated.
     fn scratch(&self, path: &str, is_dir: bool) -> Option<&'static str> {
         triton::scratch(path, is_dir)
+    }
+
+    /// The cache entry a new file of a writable view's upper belongs to
+    /// (`path` below the upper, `/`-separated, not scratch): what a pod's
+    /// misses are counted in ([`usage`](crate::usage)). `None` when the
+    /// file is no entry's (a top-level file). By default Triton's rule: the
+    /// kernel directory holding the file.
+    fn entry_of<'p>(&self, path: &'p str) -> Option<&'p str> {
+        triton::entry_of(path)
     }
 
     /// The path the tree at `root` was built at: what its files that bind

@@ -20,6 +20,7 @@ pub mod layer_owners;
 pub mod mount;
 pub mod relocate;
 pub mod upper;
+pub mod usage;
 
 use std::fmt::Display;
 use std::fs;
@@ -32,6 +33,7 @@ use gkm_core::store_layout::StoreLayout;
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
 use gkm_k8s_node::relocation::Relocation;
+use gkm_k8s_node::usage::{UsageRecord, UsageRecords};
 use jiff::Timestamp;
 use tonic::Status;
 
@@ -520,25 +522,86 @@ impl Views {
             }
         }
         // Keep a record naming another target that is still mounted.
-        let keep = match self.mounts.get(volume_id) {
-            Ok(Some(r)) => {
-                r.target_path != target && mount_at(&r.target_path).ok().flatten().is_some()
-            }
-            _ => false,
-        };
+        let record = self.mounts.get(volume_id).ok().flatten();
+        let keep = record.as_ref().is_some_and(|r| {
+            r.target_path != target && mount_at(&r.target_path).ok().flatten().is_some()
+        });
         let mut upper_bytes = 0;
         if !keep {
-            // The view is gone: so is its upper, and what the pod wrote.
+            // The view is gone: so is its upper, and what the pod wrote,
+            // once it is counted.
             if let Some(dir) = Upper::path(self.store.root(), volume_id)
                 && dir.exists()
             {
                 upper_bytes = upper::used_bytes(&dir);
+                if let Some(record) = &record {
+                    self.account_ended_view(record, &dir.join(upper::UPPER_DIR));
+                }
                 upper::remove(&dir).map_err(internal)?;
             }
             self.mounts.remove(volume_id).map_err(internal)?;
         }
         tracing::info!(volume = %volume_id, target = %target.display(), unmounted, upper_bytes, "unpublished");
         Ok(())
+    }
+}
+
+impl Views {
+    /// Counts what the pod of `record` compiled into its view's `upper`
+    /// (by the kind of the tree it viewed), records it in the store's
+    /// usage records and the driver's metrics, and logs it. Never fails:
+    /// what cannot be read is logged and left uncounted.
+    pub fn account_ended_view(&self, record: &MountRecord, upper: &Path) {
+        let Some(entry) = self.store.get(&record.digest) else {
+            return;
+        };
+        // The kind is the one whose layer directory the entry holds (the
+        // tree the view showed, `CacheTree::open`).
+        let Some(kind) = gkm_core::image_layout::ALL
+            .into_iter()
+            .find(|layout| entry.join(layout.cache_dir).is_dir())
+            .map(|layout| layout.kind)
+        else {
+            return;
+        };
+        let counted = usage::walk_upper(upper, kind)
+            .map(|walked| (kind, gkm_core::usage::account(kind, &walked)))
+            .map_err(|e| e.to_string());
+        let (kind, account) = match counted {
+            Ok(counted) => counted,
+            Err(e) => {
+                tracing::warn!(volume = %record.volume_id, upper = %upper.display(), error = %e, "could not count what the pod wrote into its view");
+                return;
+            }
+        };
+        self.metrics
+            .view_ended(record, kind.as_str(), account.new_entries);
+        let names: Vec<&str> = account
+            .named
+            .iter()
+            .map(|e| e.name.as_deref().unwrap_or(&e.key))
+            .collect();
+        tracing::info!(
+            volume = %record.volume_id,
+            pod = %format!("{}/{}", record.pod.namespace, record.pod.name),
+            cache = %record.cache,
+            digest = %record.digest,
+            kind = kind.as_str(),
+            new_entries = account.new_entries,
+            new_bytes = account.new_bytes,
+            scratch = account.scratch,
+            new = ?names,
+            "counted what the pod compiled into its view"
+        );
+        let usage = UsageRecord {
+            mount: record.clone(),
+            kind: kind.as_str().to_string(),
+            ended: Timestamp::now(),
+            usage: account,
+        };
+        if let Err(e) = UsageRecords::new(self.store.root()).record(&usage) {
+            tracing::warn!(volume = %record.volume_id, error = %e, "could not record what the pod compiled");
+        }
     }
 }
 

@@ -71,6 +71,8 @@ pub const WRITABLE_MAX_INODES: u64 = 1_000_000;
 pub const WRITABLE_VIEW_PREFIX: &str = "gkm-cache-rw:";
 /// The mount source of an upper's tmpfs is this prefix and the volume id.
 pub const UPPER_SOURCE_PREFIX: &str = "gkm-upper:";
+/// The directory of an upper's directory holding what the pod wrote.
+pub const UPPER_DIR: &str = "upper";
 
 /// The longest volume id an upper may be named by.
 const MAX_VOLUME_ID: usize = 128;
@@ -188,7 +190,7 @@ impl Upper {
 
     /// The upper layer: what the pod wrote.
     pub fn upper(&self) -> PathBuf {
-        self.dir.join("upper")
+        self.dir.join(UPPER_DIR)
     }
 
     /// Overlayfs's work directory.

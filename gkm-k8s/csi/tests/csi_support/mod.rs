@@ -54,7 +54,24 @@ pub fn cluster_cache(name: &str) -> CacheKey {
 /// The driver, serving on a socket until dropped.
 pub struct RunningDriver {
     pub socket: PathBuf,
+    /// The counts the driver serves on `/metrics` ([`metrics_text`]).
+    pub metrics: gkm_k8s_csi::CsiMetrics,
     stop: Option<oneshot::Sender<()>>,
+}
+
+/// What a driver with `metrics` over the store at `store_root` serves on
+/// `/metrics` now, in Prometheus' text form.
+// Not every test binary reads the metrics.
+#[allow(dead_code)]
+pub fn metrics_text(metrics: &gkm_k8s_csi::CsiMetrics, store_root: &Path) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("gkm");
+    registry.register_collector(Box::new(gkm_k8s_csi::CsiCollector::new(
+        metrics.clone(),
+        store_root,
+    )));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encoding metrics");
+    text
 }
 
 impl Drop for RunningDriver {
@@ -84,6 +101,7 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
         views: views_config(),
     };
     let driver = Driver::new(&config).expect("driver");
+    let metrics = driver.node.metrics().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let path = socket.to_path_buf();
     tokio::spawn(async move {
@@ -96,6 +114,7 @@ pub async fn start_driver(socket: &Path, node: &str, store_root: &Path) -> Runni
     });
     RunningDriver {
         socket: socket.to_path_buf(),
+        metrics,
         stop: Some(stop),
     }
 }

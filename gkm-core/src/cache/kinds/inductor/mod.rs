@@ -88,6 +88,10 @@ impl Kind for Inductor {
         scratch(path, is_dir)
     }
 
+    fn entry_of<'p>(&self, path: &'p str) -> Option<&'p str> {
+        entry_of(path)
+    }
+
     crate::cache::torch_facts::torch_kind_rules!();
 }
 
@@ -137,6 +141,19 @@ pub(crate) fn scratch(path: &str, is_dir: bool) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// The entry a file below an Inductor tree is of: a generated code
+/// file's stem in its two-character directory (`ab/cabc.py`, `ab/cabc.so`
+/// and `ab/cabc.cpp` are one entry, `ab/cabc`), else the directory holding
+/// it (an FX graph or AOTAutograd entry, a Triton kernel directory).
+pub(crate) fn entry_of(path: &str) -> Option<&str> {
+    let (dir, name) = path.rsplit_once('/')?;
+    if dir.len() == 2 && !dir.contains('/') {
+        let stem = name.split_once('.').map_or(name, |(stem, _)| stem);
+        return Some(&path[..dir.len() + 1 + stem.len()]);
+    }
+    Some(dir)
 }
 
 /// What an Inductor tree holds: its Triton kernels (filed under

@@ -74,6 +74,12 @@ impl Kind for Triton {
 pub(crate) const TEMP_PREFIX: &str = "tmp.pid_";
 
 /// Why an upper entry is Triton's scratch: its `tmp.pid_*` temporaries.
+/// The kernel directory `path` (a file below a Triton tree) is in: its
+/// parent directory, `None` for a top-level file.
+pub(crate) fn entry_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(dir, _)| dir)
+}
+
 pub(crate) fn scratch(path: &str, _is_dir: bool) -> Option<&'static str> {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.starts_with(TEMP_PREFIX)

@@ -183,6 +183,21 @@ impl Kind for Vllm {
         super::inductor::scratch(path, is_dir)
     }
 
+    /// A file of an `inductor_cache/` is of the Inductor entry it is in,
+    /// kept below that directory; any other (a compiled artefact of
+    /// `rank_<rank>_<dp_rank>/`) of the directory holding it.
+    fn entry_of<'p>(&self, path: &'p str) -> Option<&'p str> {
+        const INDUCTOR: &str = "inductor_cache/";
+        match path.find(INDUCTOR) {
+            Some(at) if at == 0 || path[..at].ends_with('/') => {
+                let below = &path[at + INDUCTOR.len()..];
+                let entry = super::inductor::entry_of(below)?;
+                Some(&path[..at + INDUCTOR.len() + entry.len()])
+            }
+            _ => super::triton::entry_of(path),
+        }
+    }
+
     /// Its kernels' targets and versions, and its C++ kernels with the ISA
     /// they record.
     fn fit(&self, manifest: &CacheManifest) -> Fit {
