@@ -41,6 +41,7 @@ pub mod compat;
 pub mod delta;
 pub mod digest;
 pub mod duration;
+pub mod explain;
 pub mod free_space;
 pub mod gpu;
 pub mod image_layout;

@@ -10,6 +10,7 @@ mod build;
 mod capture;
 mod check;
 mod crds;
+mod explain;
 mod extract;
 mod gpus;
 mod hints;
@@ -57,6 +58,10 @@ enum Command {
     Check(check::Args),
     /// Extract an image's cache into a directory.
     Extract(extract::Args),
+    /// Explain why a workload's new cache entries missed a cache: for each,
+    /// the nearest cached entry of the same kernel and what differs in its
+    /// key.
+    Explain(explain::Args),
     /// Sign an image (a sigstore bundle by default, or the cosign v2 format).
     Sign(sign::Args),
     /// Verify an image's signature against keys or a keyless identity.
@@ -89,6 +94,7 @@ impl Command {
             Command::Inspect(a) => Some(&a.registry),
             Command::Check(a) => Some(&a.registry),
             Command::Extract(a) => Some(&a.registry),
+            Command::Explain(a) => Some(&a.registry),
             Command::Sign(a) => Some(&a.registry),
             Command::Verify(a) => Some(&a.registry),
             Command::Gpus(_)
@@ -113,6 +119,7 @@ async fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args).await,
         Command::Check(args) => check::run(args).await,
         Command::Extract(args) => extract::run(args).await,
+        Command::Explain(args) => explain::run(args).await,
         Command::Sign(args) => sign::run(args).await,
         Command::Verify(args) => verify::run(args).await,
         Command::View(args) => view::run(args),

@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output};
 
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 15] = [
     "build",
     "index",
     "push",
@@ -15,6 +15,7 @@ const COMMANDS: [&str; 14] = [
     "inspect",
     "check",
     "extract",
+    "explain",
     "sign",
     "verify",
     "view",
