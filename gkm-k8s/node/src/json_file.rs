@@ -87,3 +87,34 @@ pub(super) fn json_stem(path: &Path) -> Option<String> {
     }
     file.strip_suffix(".json").map(str::to_string)
 }
+
+/// Every record in `dir`: each `*.json` file (not a temporary one) read as
+/// `F` and made a record by `into_record` (its reason when it cannot be
+/// one). Unreadable records are logged (as `what`) and left out.
+pub(super) fn read_records<F, T>(
+    dir: &Path,
+    what: &str,
+    into_record: impl Fn(F) -> std::result::Result<T, String>,
+) -> Result<Vec<T>>
+where
+    F: serde::de::DeserializeOwned,
+{
+    let mut out = Vec::new();
+    for path in list_dir(dir)? {
+        if json_stem(&path).is_none() {
+            continue;
+        }
+        let parsed = read_json::<F>(&path).and_then(|file| match file {
+            Some(file) => into_record(file)
+                .map(Some)
+                .map_err(|reason| invalid_data(&path, reason)),
+            None => Ok(None),
+        });
+        match parsed {
+            Ok(Some(record)) => out.push(record),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "skipping unreadable {what}"),
+        }
+    }
+    Ok(out)
+}

@@ -10,9 +10,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::MOUNTS_DIR;
-use super::json_file::{
-    invalid_data, json_stem, list_dir, read_json, remove_file, write_json_atomically,
-};
+use super::json_file::{invalid_data, read_json, read_records, remove_file, write_json_atomically};
 use super::names::check_key;
 use crate::error::Result;
 use gkm_core::{CacheKey, Scope};
@@ -201,24 +199,7 @@ impl MountRecords {
     /// Every record, sorted by volume id. Unreadable records are logged and
     /// left out.
     pub fn list(&self) -> Result<Vec<MountRecord>> {
-        let mut out = Vec::new();
-        for path in list_dir(&self.dir)? {
-            if json_stem(&path).is_none() {
-                continue;
-            }
-            let parsed = read_json::<MountFile>(&path).and_then(|file| match file {
-                Some(file) => file
-                    .into_record()
-                    .map(Some)
-                    .map_err(|reason| invalid_data(&path, reason)),
-                None => Ok(None),
-            });
-            match parsed {
-                Ok(Some(record)) => out.push(record),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "skipping unreadable mount record"),
-            }
-        }
+        let mut out = read_records(&self.dir, "mount record", MountFile::into_record)?;
         out.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(out)
     }

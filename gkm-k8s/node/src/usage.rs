@@ -20,9 +20,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::json_file::{
-    invalid_data, json_stem, list_dir, read_json, remove_file, write_json_atomically,
-};
+use crate::json_file::{read_records, remove_file, write_json_atomically};
 use crate::mount_records::{MountFile, MountRecord, volume_file_name};
 
 /// The usage records' directory under the store root.
@@ -94,32 +92,14 @@ impl UsageRecords {
     /// Every record, oldest first. Unreadable records are logged and left
     /// out.
     pub fn list(&self) -> Result<Vec<UsageRecord>> {
-        let mut out = Vec::new();
-        for path in list_dir(&self.dir)? {
-            if json_stem(&path).is_none() {
-                continue;
-            }
-            let parsed = read_json::<UsageFile>(&path).and_then(|file| match file {
-                Some(file) => file
-                    .mount
-                    .into_record()
-                    .map(|mount| {
-                        Some(UsageRecord {
-                            mount,
-                            kind: file.kind,
-                            ended: file.ended,
-                            usage: file.usage,
-                        })
-                    })
-                    .map_err(|reason| invalid_data(&path, reason)),
-                None => Ok(None),
-            });
-            match parsed {
-                Ok(Some(record)) => out.push(record),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "skipping unreadable usage record"),
-            }
-        }
+        let mut out = read_records(&self.dir, "usage record", |file: UsageFile| {
+            Ok(UsageRecord {
+                mount: file.mount.into_record()?,
+                kind: file.kind,
+                ended: file.ended,
+                usage: file.usage,
+            })
+        })?;
         out.sort_by_key(|r| r.ended);
         Ok(out)
     }
