@@ -23,8 +23,11 @@
 //! cosign v2's `.sig` tags), IDLE_SECS (600) and CONVERGE_TIMEOUT_SECS
 //! (1800) from the environment. Phases, each counted
 //! apart: the agents start (Node labels); CACHES GKMCaches are created and
-//! converge; CHANGED of them get a new image and converge again; then
-//! nothing changes for IDLE_SECS. A revision whose caches do not all
+//! converge; CHANGED of them get a new image and converge again; on every
+//! node the caches fit, a pod's writable view of each cache ends having
+//! compiled two entries (its usage record, as the CSI driver writes it,
+//! [`end_pods`]) until every cache's status counts it; then nothing changes
+//! for IDLE_SECS. A revision whose caches do not all
 //! converge within CONVERGE_TIMEOUT_SECS is measured up to there (how many
 //! did is `converged_caches`), and its change and idle phases are skipped
 //! (their figures `null`). API requests are read from the
