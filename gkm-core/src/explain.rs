@@ -79,6 +79,35 @@ pub struct Explanation {
     pub misses: Vec<Miss>,
 }
 
+impl Explanation {
+    /// The first `n` distinct sentences saying what to change, in the
+    /// misses' order: what a status or an Event has room for.
+    ///
+    /// ```
+    /// use gkm_core::explain::{Keyed, explain};
+    /// let entry = |key: &str, warps: u32| Keyed {
+    ///     key: key.into(),
+    ///     name: "add_kernel".into(),
+    ///     fields: [("num_warps".to_string(), warps.into())].into(),
+    /// };
+    /// let why = explain(&[entry("A", 4)], &[entry("B", 8), entry("C", 8)]);
+    /// // Two misses for the same reason: said once.
+    /// assert_eq!(why.reasons(3).len(), 1);
+    /// ```
+    pub fn reasons(&self, n: usize) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for miss in &self.misses {
+            if out.len() == n {
+                break;
+            }
+            if !out.contains(&miss.advice) {
+                out.push(miss.advice.clone());
+            }
+        }
+        out
+    }
+}
+
 /// An entry of the workload's tree that the delivered tree lacks.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -459,6 +459,11 @@ const AGENT_RULES: &[&str] = &[
     "core nodes get,list,watch,patch",
     "events.k8s.io events create,patch",
     "core events create,patch",
+    // The pods mounting a cache on its node and their owners, by name
+    // only, for the workload a pod's misses count under.
+    "core pods get",
+    "apps replicasets get",
+    "batch jobs get",
     // On-cluster capture: its node's captures, read-only, for the capture
     // index it writes for the CSI driver.
     "gkm.io gkmcachecaptures get,list,watch",
@@ -738,6 +743,17 @@ async fn access_reviews_allow_what_each_needs_and_deny_the_rest() -> anyhow::Res
         ("gkm-agent", "delete nodes - node-1", false),
         ("gkm-agent", "patch nodes/status - node-1", false),
         ("gkm-agent", "list pods - -", false),
+        ("gkm-agent", "watch pods - -", false),
+        // A pod's workload, read by name.
+        ("gkm-agent", "get pods rbac-team reader", true),
+        (
+            "gkm-agent",
+            "get apps/replicasets rbac-team serve-7d4b9",
+            true,
+        ),
+        ("gkm-agent", "list apps/replicasets - -", false),
+        ("gkm-agent", "get batch/jobs rbac-team warmup", true),
+        ("gkm-agent", "patch pods rbac-team reader", false),
         (
             "gkm-agent",
             "get coordination.k8s.io/leases gkm-system gkm-operator",

@@ -20,6 +20,12 @@
 #             and every other node finding it incompatible
 #   change    CHANGED caches get a new image (spec.image to a new tag); timed
 #             the same way
+#   pod end   on every sm75 node, a pod's writable view of each cache ends
+#             having compiled two entries the cache lacks (the usage record
+#             the CSI driver writes, put in the node's store); timed until
+#             every cache's status counts the workload on every such node:
+#             API writes per pod end (reports, Events, statuses) and the
+#             bytes a node report's status grew by
 #   idle      nothing changes for IDLE_SECS
 #
 # A revision that does not converge within CONVERGE_TIMEOUT_SECS (default

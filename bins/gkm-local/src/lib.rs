@@ -125,6 +125,68 @@ pub fn once_pod(
     }))?)
 }
 
+/// A busybox pod on `node` running real Triton 3.6 once (container `main`;
+/// `hack/ci/components.sh triton`: the host's Python and the Triton
+/// virtualenv, mounted read-only) with the cache volume `kernels` (a
+/// pod volume's JSON, named `kernels`) mounted at the path `fixture`'s
+/// kernels were compiled at (inside the pod only: nothing is placed on the
+/// host), read-only or not as `read_only` says:
+/// `hack/fixtures/triton_fleet.py check` compiles the fixture's kernels for
+/// `target` and prints which Triton had to compile and where it read each.
+pub fn real_triton_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    (fixture, target): (&gkm_testenv::triton::FleetTarget, &str),
+    (kernels, read_only): (serde_json::Value, bool),
+) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+    use serde_json::json;
+    let compiled_at = fixture.compiled_at.display().to_string();
+    let venv = std::fs::canonicalize(gkm_testenv::tools_bin_dir().join("../triton-3.6.0"))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "Triton is not installed ({e}); install it with `hack/ci/components.sh triton`"
+            )
+        })?;
+    let hack = repo_root().join("hack").canonicalize()?;
+    let host = |name: &str, path: &str, kind: &str| json!({"name": name, "hostPath": {"path": path, "type": kind}});
+    let (venv, hack) = (venv.display().to_string(), hack.display().to_string());
+    once_pod(
+        namespace,
+        name,
+        node,
+        json!([
+            "/tmp/gkm-triton-3.6.0/bin/python",
+            format!("{hack}/fixtures/triton_fleet.py"),
+            "check",
+            "--target",
+            target,
+            "--cache",
+            &compiled_at
+        ]),
+        json!([
+            {"name": "usr", "mountPath": "/usr", "readOnly": true},
+            {"name": "lib", "mountPath": "/lib", "readOnly": true},
+            {"name": "lib64", "mountPath": "/lib64", "readOnly": true},
+            {"name": "ld-cache", "mountPath": "/etc/ld.so.cache", "readOnly": true},
+            {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
+            {"name": "hack", "mountPath": hack, "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "kernels", "mountPath": compiled_at, "readOnly": read_only},
+        ]),
+        json!([
+            host("usr", "/usr", "Directory"),
+            host("lib", "/usr/lib", "Directory"),
+            host("lib64", "/usr/lib64", "Directory"),
+            host("ld-cache", "/etc/ld.so.cache", "File"),
+            host("venv", &venv, "Directory"),
+            host("hack", &hack, "Directory"),
+            {"name": "tmp", "emptyDir": {}},
+            kernels,
+        ]),
+    )
+}
+
 /// The label of the nodes gkm-local starts as real nodes. The chart's pods
 /// are placed on them only: kwok nodes run no containers (kwok would report
 /// a DaemonSet's pod there Running without any process behind it), so gkm
@@ -167,6 +229,17 @@ impl Stack {
     /// own processes are started separately.
     pub async fn start(dir: &Path, nodes: Vec<SimulatedNode>) -> anyhow::Result<Stack> {
         Stack::start_with_controllers(dir, nodes, &[]).await
+    }
+
+    /// A stack with Jobs (kube-controller-manager's `job-controller`) and
+    /// one real node named `node` with a T4 (sm75, what the Triton fixture
+    /// caches fit), and no simulated node.
+    pub async fn start_with_real_t4(dir: &Path, node: &str) -> anyhow::Result<Stack> {
+        let mut stack = Stack::start_with_controllers(dir, Vec::new(), &["job-controller"]).await?;
+        stack
+            .add_real_node(SimulatedNode::new(node, "gpus:\n- profile: T4\n"))
+            .await?;
+        Ok(stack)
     }
 
     /// Like [`Stack::start`], with more kube-controller-manager controllers

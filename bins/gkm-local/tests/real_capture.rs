@@ -492,11 +492,7 @@ async fn job_pod_running(
 #[tokio::test(flavor = "multi_thread")]
 async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Result<()> {
     let tmp = gkm_testenv::temp_dir()?;
-    let mut stack =
-        Stack::start_with_controllers(tmp.path(), Vec::new(), &["job-controller"]).await?;
-    stack
-        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
-        .await?;
+    let mut stack = Stack::start_with_real_t4(tmp.path(), NODE).await?;
     stack.start_csi(NODE)?;
     // Its agent writes the capture index, without which the driver
     // publishes no capture volume.
@@ -723,7 +719,17 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         .ok_or_else(|| anyhow::anyhow!("no cuda-75-32 fixture"))?;
     let (_, log) = run(
         &pods,
-        &triton_reuse_pod("team-a", "reuse", "warm", &fixture)?,
+        &gkm_local::real_triton_pod(
+            "team-a",
+            "reuse",
+            NODE,
+            (&fixture, &fixture.target),
+            (
+                json!({"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
+                    "volumeAttributes": {"csi.gkm.io/GKMCache": "warm"}}}),
+                true,
+            ),
+        )?,
     )
     .await?;
     let report: gkm_testenv::triton::TritonReport =
@@ -735,63 +741,4 @@ async fn the_operator_captures_ended_workloads_on_the_real_node() -> anyhow::Res
         "real Triton did not reuse the delivered capture whole: {report:#?}"
     );
     Ok(())
-}
-
-/// A pod running real Triton 3.6 (`hack/ci/components.sh triton`: the host's
-/// Python and the Triton virtualenv, mounted read-only) over the cache
-/// `cache` delivered through the CSI volume at the path `fixture`'s kernels
-/// were compiled at (inside the pod only: nothing is placed on the host):
-/// `hack/fixtures/triton_fleet.py check` compiles the fixture's kernels again and
-/// says which Triton had to compile and where it read each.
-fn triton_reuse_pod(
-    ns: &str,
-    name: &str,
-    cache: &str,
-    fixture: &gkm_testenv::triton::FleetTarget,
-) -> anyhow::Result<Pod> {
-    let compiled_at = fixture.compiled_at.display().to_string();
-    let venv = std::fs::canonicalize(gkm_testenv::tools_bin_dir().join("../triton-3.6.0"))
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "Triton is not installed ({e}); install it with `hack/ci/components.sh triton`"
-            )
-        })?;
-    let hack = repo_root().join("hack").canonicalize()?;
-    let host = |name: &str, path: &str, kind: &str| json!({"name": name, "hostPath": {"path": path, "type": kind}});
-    let venv = venv.display().to_string();
-    let hack = hack.display().to_string();
-    pod_running(
-        ns,
-        name,
-        json!([
-            "/tmp/gkm-triton-3.6.0/bin/python",
-            format!("{hack}/fixtures/triton_fleet.py"),
-            "check",
-            "--target",
-            &fixture.target,
-            "--cache",
-            &compiled_at
-        ]),
-        json!([
-            {"name": "usr", "mountPath": "/usr", "readOnly": true},
-            {"name": "lib", "mountPath": "/lib", "readOnly": true},
-            {"name": "lib64", "mountPath": "/lib64", "readOnly": true},
-            {"name": "ld-cache", "mountPath": "/etc/ld.so.cache", "readOnly": true},
-            {"name": "venv", "mountPath": "/tmp/gkm-triton-3.6.0", "readOnly": true},
-            {"name": "hack", "mountPath": hack, "readOnly": true},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "kernels", "mountPath": compiled_at, "readOnly": true},
-        ]),
-        json!([
-            host("usr", "/usr", "Directory"),
-            host("lib", "/usr/lib", "Directory"),
-            host("lib64", "/usr/lib64", "Directory"),
-            host("ld-cache", "/etc/ld.so.cache", "File"),
-            host("venv", &venv, "Directory"),
-            host("hack", &hack, "Directory"),
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": true,
-                "volumeAttributes": {"csi.gkm.io/GKMCache": cache}}},
-        ]),
-    )
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gkm_k8s_api::crd::{CapturePhase, CaptureStatus, GKMCache, GKMCacheCapture};
-use gkm_local::{SimulatedNode, Stack, cosign, repo_root};
+use gkm_local::{Stack, cosign, repo_root};
 use gkm_oci::{Image, ImageRef, RegistryOptions, Repo};
 use gkm_testenv::triton::{
     FleetTarget, TritonReport, VIRTUALENV_LINK, checker_dir, fleet_target_named, key_dir,
@@ -247,11 +247,7 @@ impl Drop for LeaveNoMounts {
 async fn a_delta_capture_of_a_pod_holds_exactly_its_new_kernel_and_a_third_pod_hits_every_kernel()
 -> anyhow::Result<()> {
     let tmp = gkm_testenv::temp_dir()?;
-    let mut stack =
-        Stack::start_with_controllers(tmp.path(), Vec::new(), &["job-controller"]).await?;
-    stack
-        .add_real_node(SimulatedNode::new(NODE, "gpus:\n- profile: T4\n"))
-        .await?;
+    let mut stack = Stack::start_with_real_t4(tmp.path(), NODE).await?;
     stack.start_csi(NODE)?;
     // The gkm command line's image for the capture Job, in the node's
     // containerd, as hack/images/build.sh builds it.

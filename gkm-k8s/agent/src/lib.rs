@@ -69,6 +69,7 @@ mod slots;
 mod sync;
 pub mod telemetry;
 mod wakes;
+mod workloads;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use kube::core::{Selector, SelectorExt};
 
 use gkm_k8s_api::crd::{
     CacheRelease, CacheState, ImageVariant, IncompatibleGpu, NodeCacheStatus, PodData,
+    WorkloadUsage,
 };
 use gkm_k8s_node::delivery::{Delivery, Verdict, incompatibility_reason};
 use gkm_k8s_node::mount_records::PodRef;
@@ -40,6 +41,9 @@ pub struct CacheInput<'a> {
     pub size: Option<i64>,
     /// Pods mounting this cache, per digest (from the mount records).
     pub pods: &'a BTreeMap<Digest, Vec<PodRef>>,
+    /// What the workloads whose writable views of this cache ended
+    /// compiled into them, per digest viewed (from the usage records).
+    pub usage: &'a BTreeMap<Digest, Vec<WorkloadUsage>>,
     /// The digest the delivery index delivers for this cache now, when the
     /// store holds it: served on while a new digest is pulled, or while
     /// pulling it fails.
@@ -166,6 +170,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
             NodeCacheStatus {
                 state: Some(state),
                 pods: Some(pod_data(pods, digest)),
+                workloads: cache.usage.get(digest).cloned(),
                 ..Default::default()
             },
         );
@@ -244,6 +249,7 @@ fn plan_delivery(cache: &CacheInput<'_>, node: &NodeView<'_>) -> Plan {
                 CacheState::Extracted
             });
             entry.pods = pods.map(|p| pod_data(p, &held));
+            entry.workloads = cache.usage.get(&held).cloned();
             entry.volume_size = cache.size;
             plan.delivery = DeliveryChange::Publish(Delivery::deliverable(held.clone()));
         }
@@ -437,6 +443,7 @@ mod tests {
         release: CacheRelease,
         stored: Result<bool, String>,
         pods: BTreeMap<Digest, Vec<PodRef>>,
+        usage: BTreeMap<Digest, Vec<WorkloadUsage>>,
         gpus: Vec<Gpu>,
         cpu_isa: Option<&'static str>,
         serving: Option<Digest>,
@@ -448,6 +455,7 @@ mod tests {
                 release: release(),
                 stored: Ok(true),
                 pods: BTreeMap::new(),
+                usage: BTreeMap::new(),
                 gpus: vec![t4()],
                 cpu_isa: None,
                 serving: None,
@@ -468,6 +476,7 @@ mod tests {
                 stored: self.stored.as_ref().map(|b| *b).map_err(String::as_str),
                 size: Some(42),
                 pods: &self.pods,
+                usage: &self.usage,
                 serving: self.serving.as_ref(),
             };
             plan_cache(&input, &node)
@@ -761,6 +770,22 @@ mod tests {
         assert!(
             matches!(&plan.delivery, DeliveryChange::Publish(d) if d.is_deliverable() && d.digest.as_str() == v75)
         );
+        // What the workloads compiled into views of the variant is reported
+        // under the index, the digest the cache resolves to.
+        let compiled = WorkloadUsage {
+            pods_ended: 1,
+            new_entries: 2,
+            ..WorkloadUsage::of(
+                "ml",
+                "Job/warmup",
+                "triton",
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            )
+        };
+        case.usage
+            .insert(v75.parse().unwrap(), vec![compiled.clone()]);
+        let plan = case.plan();
+        assert_eq!(plan.entries[DIGEST].workloads, Some(vec![compiled]));
 
         // A GPU no variant fits: incompatible, saying why for each variant.
         case.gpus[0].arch = Some("gfx90a".parse().unwrap());

@@ -22,12 +22,15 @@ use super::gc::Unreferenced;
 use super::plan::{CacheInput, DeliveryChange, NodeView, held_digest, plan_cache};
 use super::reports::{NodeReports, ReportFailure, gpu_statuses};
 use super::slots::Scope;
+use super::workloads::Workloads;
 use crate::error::{Error, Result, blocking};
 use gkm_k8s_api::cache_object::{CacheKey, ReleaseObject};
+use gkm_k8s_api::crd::WorkloadUsage;
 use gkm_k8s_api::crd::{CacheRelease, ClusterGKMCacheRelease, GKMCacheRelease, NodeCacheStatus};
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecords, PodRef};
 use gkm_k8s_node::relocation;
+use gkm_k8s_node::usage::UsageRecords;
 
 /// What the agent knows of one image digest. A digest's content never
 /// changes, so each fact is measured once.
@@ -52,11 +55,19 @@ pub(super) struct Watched {
 }
 
 /// What the agent keeps on the node's disk: the store, the delivery index
-/// it writes for the CSI driver, and the mount records it reads.
+/// it writes for the CSI driver, and the mount and usage records it reads.
 struct NodeFiles {
     store: Store,
     index: DeliveryIndex,
     mounts: MountRecords,
+    usage: UsageRecords,
+}
+
+/// What this node's pods do with one cache, per digest: the pods mounting
+/// it, and what the workloads whose writable views of it ended compiled.
+struct OnNode<'a> {
+    pods: &'a BTreeMap<Digest, Vec<PodRef>>,
+    usage: &'a BTreeMap<Digest, Vec<WorkloadUsage>>,
 }
 
 /// The agent's state between passes.
@@ -68,6 +79,8 @@ pub(super) struct Agent {
     watched: Watched,
     files: NodeFiles,
     reports: NodeReports,
+    /// The workloads of the node's pods and what they compiled.
+    workloads: Workloads,
     /// When the reports that changed are written.
     batching: WriteDebouncer,
     /// What is known of each image digest this node deals with.
@@ -107,8 +120,10 @@ impl Agent {
             files: NodeFiles {
                 index: DeliveryIndex::new(store.root()),
                 mounts: MountRecords::new(store.root()),
+                usage: UsageRecords::new(store.root()),
                 store,
             },
+            workloads: Workloads::new(client.clone(), &config.node_name),
             reports: NodeReports::new(
                 client.clone(),
                 &config.node_name,
@@ -162,6 +177,11 @@ impl Agent {
         let node_labels = self.label_node().await?;
         let records = self.files.mounts.clone();
         let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
+        let records = self.files.usage.clone();
+        let ended = blocking("reading the usage records", move || Ok(records.list()?)).await?;
+        self.workloads.follow(&mounts, &ended).await;
+        self.workloads.announce(&ended).await;
+        let mut usage = self.workloads.usage(&ended);
         // What the store holds, listed once for the whole pass.
         let mark = self.extractions.mark_listing();
         let store = self.files.store.clone();
@@ -221,8 +241,18 @@ impl Agent {
                     .insert(digest);
             }
             let cache_pods = pods.remove(&key).unwrap_or_default();
+            let cache_usage = usage.remove(&key).unwrap_or_default();
             let (entries, kept) = self
-                .plan_and_act(cache.as_ref(), &key, &node_labels, &cache_pods, &stored)
+                .plan_and_act(
+                    cache.as_ref(),
+                    &key,
+                    &node_labels,
+                    OnNode {
+                        pods: &cache_pods,
+                        usage: &cache_usage,
+                    },
+                    &stored,
+                )
                 .await?;
             referenced.extend(kept);
             let listed = entries.keys().filter_map(|d| d.parse::<Digest>().ok());
@@ -332,8 +362,10 @@ impl Agent {
         Ok(())
     }
 
-    /// Plans one cache and acts on the plan: publishes the delivery
-    /// decision and starts (off the pass) the extraction the plan needs;
+    /// Plans one cache, with the pods mounting it and what the workloads
+    /// whose views of it ended compiled, and acts on the plan: publishes
+    /// the delivery decision and starts (off the pass) the extraction the
+    /// plan needs;
     /// returns the report entries and the stored digest served on meanwhile
     /// ([`Plan::keep`](crate::plan::Plan::keep)). Never waits for a registry.
     async fn plan_and_act(
@@ -341,7 +373,7 @@ impl Agent {
         cache: &dyn Cache,
         key: &CacheKey,
         node_labels: &BTreeMap<String, String>,
-        pods: &BTreeMap<Digest, Vec<PodRef>>,
+        on_node: OnNode<'_>,
         in_store: &HashSet<Digest>,
     ) -> Result<(BTreeMap<String, NodeCacheStatus>, Option<Digest>)> {
         let check = NODE_CHECK;
@@ -372,7 +404,8 @@ impl Agent {
             release,
             stored,
             size: known.and_then(|f| f.size),
-            pods,
+            pods: on_node.pods,
+            usage: on_node.usage,
             serving: serving.as_ref(),
         };
         let node = NodeView {

@@ -12,6 +12,8 @@
 //! - [`served`]: waiting until the apiserver serves the cache kinds.
 //! - [`quota`]: the GPU-model quota decision, for the extender and the
 //!   operator's admission webhook alike.
+//! - [`workloads`]: whose pods a pod's cache misses are counted under, how
+//!   they add up, and when a workload is one its cache does not serve.
 //!
 //! ```
 //! use gkm_k8s_api::crd::{GKMCache, crds_yaml};
@@ -33,6 +35,7 @@ pub mod gpu_request;
 mod node_fit;
 pub mod quota;
 pub mod served;
+pub mod workloads;
 
 pub use cache_object::{CacheKey, CacheObject, NodeReport, ReleaseObject, Scope};
 pub use node_fit::NodeFit;

@@ -524,7 +524,13 @@ async fn table_response_carries_the_printer_columns() -> anyhow::Result<()> {
         "state": "Running",
         "resolvedDigest": "sha256:0123",
         "counts": {"nodeCnt": 3, "nodeInUseCnt": 1, "nodeNotInUseCnt": 1, "nodeErrorCnt": 1,
-                   "podRunningCnt": 2, "podDeletingCnt": 0, "podOutdatedCnt": 1}
+                   "podRunningCnt": 2, "podDeletingCnt": 0, "podOutdatedCnt": 1},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Extracted", "message": "",
+             "lastTransitionTime": "2026-12-01T10:00:00Z"},
+            {"type": "Inert", "status": "True", "reason": "WorkloadsCompile", "message": "",
+             "lastTransitionTime": "2026-12-01T10:00:00Z"}
+        ]
     }});
     Api::<GKMCache>::namespaced(client.clone(), ns)
         .patch_status("tabled", &PatchParams::default(), &Patch::Merge(&status))
@@ -565,6 +571,8 @@ async fn table_response_carries_the_printer_columns() -> anyhow::Result<()> {
     assert_eq!(cell("Node-Error"), 1);
     assert_eq!(cell("Pod-Running"), 2);
     assert_eq!(cell("Pod-Outdated"), 1);
+    // `-o wide`: whether a workload compiles more than the cache holds.
+    assert_eq!(cell("Inert"), "True");
     Ok(())
 }
 

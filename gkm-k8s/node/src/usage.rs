@@ -37,6 +37,13 @@ pub struct UsageRecord {
     pub kind: String,
     /// When the view went.
     pub ended: Timestamp,
+    /// The entries the delivered tree holds, by the same rules (absent
+    /// when they could not be counted).
+    pub delivered: Option<u64>,
+    /// Why the new entries missed, the first few distinct sentences of
+    /// [`gkm_core::explain`] (empty when the pod compiled nothing, or its
+    /// entries are not a tree explain reads).
+    pub reasons: Vec<String>,
     /// What the pod wrote, by the kind's rules.
     pub usage: ViewUsage,
 }
@@ -49,6 +56,10 @@ struct UsageFile {
     mount: MountFile,
     kind: String,
     ended: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivered: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    reasons: Vec<String>,
     usage: ViewUsage,
 }
 
@@ -73,6 +84,8 @@ impl UsageRecords {
             mount: MountFile::from_record(&record.mount),
             kind: record.kind.clone(),
             ended: record.ended,
+            delivered: record.delivered,
+            reasons: record.reasons.clone(),
             usage: record.usage.clone(),
         };
         write_json_atomically(
@@ -97,6 +110,8 @@ impl UsageRecords {
                 mount: file.mount.into_record()?,
                 kind: file.kind,
                 ended: file.ended,
+                delivered: file.delivered,
+                reasons: file.reasons,
                 usage: file.usage,
             })
         })?;
@@ -129,6 +144,8 @@ mod tests {
             },
             kind: "triton".into(),
             ended: Timestamp::from_second(second).unwrap(),
+            delivered: Some(7),
+            reasons: vec!["capture this workload".into()],
             usage: ViewUsage {
                 new_entries: new,
                 named: vec![NewEntry {

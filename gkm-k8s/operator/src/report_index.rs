@@ -22,15 +22,17 @@ use kube::{Api, ResourceExt};
 
 use gkm_k8s_api::NodeFit;
 use gkm_k8s_api::cache_object::{CacheKey, NodeReport};
-use gkm_k8s_api::crd::{CacheState, NodeCacheStatus};
+use gkm_k8s_api::crd::{CacheState, NodeCacheStatus, WorkloadUsage};
 use gkm_k8s_runtime::watched_index::{self, Indexed};
 
 /// What the operator reads of a node's entry for one digest: its state,
 /// how many pods use it, of a multi-target image which variant the node
-/// holds, and whether the node serves or fits the digest ([`NodeFit`]). 32
-/// bytes, where the entry itself is hundreds: the operator keeps one per
-/// cache, node and digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// holds, whether the node serves or fits the digest ([`NodeFit`]), and
+/// what the workloads on writable views of it compiled there. 40 bytes,
+/// where the entry itself is hundreds, and the workloads' counts shared
+/// only where a node has any: the operator keeps one per cache, node and
+/// digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Where the digest stands on the node.
     pub state: Option<CacheState>,
@@ -42,6 +44,8 @@ pub struct Entry {
     /// Whether the node serves or fits the digest, as [`NodeFit::of`] reads
     /// the entry.
     pub fit: NodeFit,
+    /// What the workloads on writable views of the digest compiled there.
+    pub workloads: Option<Arc<[WorkloadUsage]>>,
 }
 
 /// An entry that says nothing: no state, no pods, no variant, fit unknown.
@@ -52,6 +56,7 @@ impl Default for Entry {
             pods: 0,
             variant: None,
             fit: NodeFit::Unknown,
+            workloads: None,
         }
     }
 }
@@ -66,6 +71,11 @@ impl From<&NodeCacheStatus> for Entry {
                 .as_ref()
                 .map_or(0, |p| p.len().try_into().unwrap_or(u32::MAX)),
             variant: entry.variant.as_deref().and_then(variant_key),
+            workloads: entry
+                .workloads
+                .as_deref()
+                .filter(|w| !w.is_empty())
+                .map(Arc::from),
         }
     }
 }
@@ -307,11 +317,48 @@ mod tests {
             pods: 1,
             variant: None,
             fit: NodeFit::Serves,
+            workloads: None,
         };
         assert_eq!(
             kept,
             [("n1".to_string(), vec![("sha256:a".to_string(), expected)])]
         );
+    }
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn a_nodes_workload_counts_are_kept_and_a_change_to_them_names_the_cache() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 40,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
+        let index = ReportIndex::default();
+        let plain = entry(CacheState::Extracted, "");
+        index.observe(&Event::Apply(report_of(
+            "a",
+            "n1",
+            &[("c1", plain.clone())],
+        )));
+        let counted = NodeCacheStatus {
+            workloads: Some(vec![WorkloadUsage {
+                new_entries: 2,
+                ..WorkloadUsage::of(
+                    "a",
+                    "Job/warmup",
+                    "triton",
+                    Time(jiff::Timestamp::UNIX_EPOCH),
+                )
+            }]),
+            ..plain
+        };
+        let changed = index.observe(&Event::Apply(report_of("a", "n1", &[("c1", counted)])));
+        assert_eq!(changed, [cache("a", "c1")]);
+        let kept = index.for_cache(&cache("a", "c1"));
+        let workloads = kept[0].1[0].1.workloads.as_deref().unwrap_or_default();
+        assert_eq!(workloads.len(), 1);
+        assert_eq!(workloads[0].new_entries, 2);
     }
 
     #[test]

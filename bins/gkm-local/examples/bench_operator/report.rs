@@ -10,6 +10,14 @@ pub(crate) struct Measured {
     pub(crate) converge: Counts,
     pub(crate) change: Counts,
     pub(crate) idle: Counts,
+    /// The pod-end phase ([`end_pods`]).
+    pub(crate) pod_end: Counts,
+    /// Its pods' ends (usage records written), and the time until every
+    /// cache's status counted them.
+    pub(crate) pods_ended: usize,
+    pub(crate) pod_end_secs: f64,
+    /// The status bytes of a fitting node's report before and after.
+    pub(crate) report_bytes: Option<(usize, usize)>,
     pub(crate) converge_secs: f64,
     pub(crate) change_secs: f64,
     pub(crate) settled_quiet: bool,
@@ -40,8 +48,14 @@ impl Measured {
         // cache).
         let operator_changes = |c: &Counts, own: usize| c.cache_changes.saturating_sub(own as u64);
         let ratio = |writes: u64, changes: u64| writes as f64 / changes.max(1) as f64;
-        let (start, converge, change, idle) =
-            (&self.start, &self.converge, &self.change, &self.idle);
+        let (start, converge, change, idle, pod_end) = (
+            &self.start,
+            &self.converge,
+            &self.change,
+            &self.idle,
+            &self.pod_end,
+        );
+        let per_pod_end = |n: u64| per(n, self.pods_ended);
         let mut figures = json!({
             "nodes": scale.nodes,
             "caches": scale.caches,
@@ -96,6 +110,30 @@ impl Measured {
             "agents_process_cpu_secs": self.agents_cpu_secs,
             "settled_quiet": self.settled_quiet,
         });
+        // Apart: one macro holding every figure passes serde_json's
+        // recursion limit.
+        let pod_end_figures = json!({
+            "pod_end_secs": self.pod_end_secs,
+            "pod_end_agent_writes_per_pod_end": per_pod_end(pod_end.writes("agents", None)),
+            "pod_end_agent_report_writes_per_pod_end": per_pod_end(report_writes(pod_end)),
+            "pod_end_agent_report_writes_per_stored_change": ratio(
+                report_writes(pod_end),
+                pod_end.report_changes,
+            ),
+            "pod_end_agent_events_per_pod_end": per_pod_end(pod_end.writes("agents", Some("events"))),
+            "pod_end_operator_cache_writes_per_cache": per(cache_writes(pod_end), scale.caches),
+            "pod_end_operator_cache_writes_per_stored_change": ratio(
+                cache_writes(pod_end),
+                pod_end.cache_changes,
+            ),
+            "pod_end_report_bytes_before": self.report_bytes.map(|(before, _)| before),
+            "pod_end_report_bytes_after": self.report_bytes.map(|(_, after)| after),
+        });
+        if let (Some(figures), Some(pod_end)) =
+            (figures.as_object_mut(), pod_end_figures.as_object())
+        {
+            figures.extend(pod_end.clone());
+        }
         figures["agent_watch_events_converge"] = json!(self.agent_watch_events_converge);
         let summary = self.summary(scale);
         figures["agent_watch_events_idle_per_sec"] =
@@ -107,7 +145,10 @@ impl Measured {
         if self.timed_out_with.is_some() {
             // Those phases did not run.
             let skipped = |key: &String| {
-                (key.starts_with("change_") || key.starts_with("idle_")) && key != "idle_secs"
+                (key.starts_with("change_")
+                    || key.starts_with("idle_")
+                    || key.starts_with("pod_end_"))
+                    && key != "idle_secs"
             };
             if let Some(object) = figures.as_object_mut() {
                 object
@@ -123,7 +164,7 @@ impl Measured {
 
     /// Extractions (GETs of a cache image's layer) after the start.
     pub(crate) fn extractions(&self) -> u64 {
-        [&self.converge, &self.change, &self.idle]
+        [&self.converge, &self.change, &self.pod_end, &self.idle]
             .iter()
             .map(|c| c.layer_gets)
             .sum()
@@ -179,6 +220,14 @@ impl Measured {
                 .then_some(self.idle.registry_tags + self.idle.registry_other),
             registry_requests_idle_by_kind: self.idle.registry_kinds.clone(),
             extractions: self.extractions(),
+            writes_per_pod_end: (self.pods_ended > 0).then(|| {
+                let writes =
+                    self.pod_end.writes("agents", None) + self.pod_end.writes("operator", None);
+                writes as f64 / self.pods_ended as f64
+            }),
+            report_bytes_per_counted_cache: self.report_bytes.map(|(before, after)| {
+                after.saturating_sub(before) as f64 / scale.caches.max(1) as f64
+            }),
             operator_rss_mib: self.operator_rss_mib,
             agents_cpu_seconds: self.agents_cpu_secs,
         }
@@ -248,6 +297,15 @@ pub(crate) struct Summary {
     pub(crate) registry_requests_idle_by_kind: BTreeMap<String, u64>,
     /// GETs of a cache image's layer after the start: one per extraction.
     pub(crate) extractions: u64,
+    /// API writes (agents and operator: reports, Events, cache statuses)
+    /// per pod end counted ([`end_pods`]); `null` when that phase did not
+    /// run.
+    #[serde(default)]
+    pub(crate) writes_per_pod_end: Option<f64>,
+    /// What a node report's status grew by per cache whose digest counts a
+    /// workload, in bytes.
+    #[serde(default)]
+    pub(crate) report_bytes_per_counted_cache: Option<f64>,
     /// The operator's RSS at the end.
     pub(crate) operator_rss_mib: f64,
     /// CPU time of the agents' process.
@@ -307,6 +365,7 @@ impl Measured {
             ("start", &self.start),
             ("converge", &self.converge),
             ("change", &self.change),
+            ("pod end", &self.pod_end),
             ("idle", &self.idle),
         ] {
             counts.print(phase);
@@ -344,6 +403,15 @@ pub(crate) const ROWS: &[(&str, &str)] = &[
     ("change_registry_requests", ""),
     ("change_operator_writes_refused", ""),
     ("change_agent_writes_refused", ""),
+    ("pod_end_secs", ""),
+    ("pod_end_agent_writes_per_pod_end", ""),
+    ("pod_end_agent_report_writes_per_pod_end", ""),
+    ("pod_end_agent_report_writes_per_stored_change", "<= 1"),
+    ("pod_end_agent_events_per_pod_end", "<= 1"),
+    ("pod_end_operator_cache_writes_per_cache", ""),
+    ("pod_end_operator_cache_writes_per_stored_change", "<= 1"),
+    ("pod_end_report_bytes_before", ""),
+    ("pod_end_report_bytes_after", ""),
     ("idle_operator_writes", "0"),
     ("idle_agent_writes", "0"),
     ("idle_operator_reads", ""),

@@ -663,3 +663,124 @@ impl Gkm {
         Ok(())
     }
 }
+
+/// The pod-end phase: on every node the caches fit, one pod's writable view
+/// of each cache ends, having compiled two entries the cache lacks, as the
+/// CSI driver records it (a usage record in the node's store, which the
+/// node's agent reads at its next pass). The pods have no object (kwok
+/// nodes run none): each is its own workload, one name per cache on every
+/// node, so each cache's status adds one workload up across the nodes.
+/// Returns the records written.
+pub(crate) fn end_pods(
+    nodes_dir: &Path,
+    scale: &Scale,
+    current: &BTreeMap<String, String>,
+) -> anyhow::Result<usize> {
+    use gkm_core::usage::{NewEntry, ViewUsage};
+    use gkm_k8s_node::mount_records::{MountRecord, PodRef};
+    use gkm_k8s_node::usage::{UsageRecord, UsageRecords};
+    let now = jiff::Timestamp::now();
+    let mut written = 0;
+    for index in (0..scale.nodes).filter(|&i| inventory(i, scale.t4_per_ten).1) {
+        let node = node_name(index);
+        let records = UsageRecords::new(&nodes_dir.join(&node).join("store"));
+        for (cache, digest) in current {
+            let record = UsageRecord {
+                mount: MountRecord {
+                    volume_id: format!("csi-{cache}-{node}"),
+                    pod: PodRef {
+                        namespace: NAMESPACE.into(),
+                        name: format!("{cache}-worker"),
+                        uid: None,
+                    },
+                    cache: gkm_core::CacheKey::named(Some(NAMESPACE), cache),
+                    digest: digest.parse()?,
+                    target_path: nodes_dir.join(&node).join("volume"),
+                    mount_path: None,
+                    published: now,
+                },
+                kind: "triton".into(),
+                ended: now,
+                delivered: Some(4),
+                reasons: vec!["no cached entry of kernel mul_kernel: capture this workload".into()],
+                usage: ViewUsage {
+                    new_entries: 2,
+                    named: ["mul_kernel", "sub_kernel"]
+                        .map(|name| NewEntry {
+                            key: format!("{name}-KEY"),
+                            name: Some(name.into()),
+                            bytes: 4096,
+                        })
+                        .into(),
+                    new_bytes: 8192,
+                    ..ViewUsage::default()
+                },
+            };
+            records.record(&record)?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+impl Bench {
+    /// Waits until the status of every cache of `current` counts the pods
+    /// of [`end_pods`] on `compatible` nodes; returns whether they all did
+    /// within CONVERGE_TIMEOUT_SECS.
+    pub(crate) async fn counted(
+        &self,
+        current: &BTreeMap<String, String>,
+        scale: &Scale,
+        compatible: usize,
+        gkm: &mut Gkm,
+    ) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + scale.converge_timeout;
+        loop {
+            gkm.check_running()?;
+            let list = match self.caches().list(&ListParams::default()).await {
+                Ok(list) => list,
+                Err(e) => {
+                    anyhow::ensure!(Instant::now() < deadline, "listing the caches: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let nodes_counted = |cache: &DynamicObject| -> u64 {
+                cache.data["status"]["workloads"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|w| w["nodes"].as_u64())
+                    .sum()
+            };
+            let done = list
+                .items
+                .iter()
+                .filter(|c| current.contains_key(&c.metadata.name.clone().unwrap_or_default()))
+                .filter(|c| nodes_counted(c) as usize == compatible)
+                .count();
+            if done == current.len() {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "   only {done} of {} caches counted the pods",
+                    current.len()
+                );
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The bytes of the status of node `index`'s report.
+    pub(crate) async fn report_bytes(&self, index: usize) -> anyhow::Result<usize> {
+        let reports: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            NAMESPACE,
+            &gkm_resource("GKMCacheNode", "gkmcachenodes"),
+        );
+        let report = reports.get(&node_name(index)).await?;
+        Ok(serde_json::to_vec(&report.data["status"])?.len())
+    }
+}

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use super::common::{CacheCounts, CacheState, PodTemplate, PvcOwner, PvcStatus};
 use super::signature::{SignatureMode, SignaturePolicy};
+use super::usage::WorkloadUsage;
 use super::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERENCE};
 
 /// What both cache kinds ask for. GKM's fields keep GKM's names, so GKM's
@@ -108,6 +109,7 @@ macro_rules! cache_kind {
             printcolumn(name = "Pod-Outdated", type_ = "integer", json_path = ".status.counts.podOutdatedCnt"),
             printcolumn(name = "Pod-Deleting", type_ = "integer", json_path = ".status.counts.podDeletingCnt", priority = "1"),
             printcolumn(name = "Digest", type_ = "string", json_path = ".status.resolvedDigest", priority = "1"),
+            printcolumn(name = "Inert", type_ = "string", json_path = ".status.conditions[?(@.type==\"Inert\")].status", priority = "1"),
             printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
         )]
         pub struct $spec {
@@ -173,6 +175,15 @@ pub struct CacheStatus {
     /// how many nodes hold it (extracted there, in use or not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variants: Option<Vec<VariantNodes>>,
+    /// What the workloads on writable views of the resolved digest
+    /// compiled into them, across the nodes: per workload, its pods counted
+    /// and its last pod's new entries (the cache's misses for it), the most
+    /// recent first. The `Inert` condition says when a workload compiles
+    /// more than the cache holds. Read-only volumes, PVCs and image volumes
+    /// cannot see misses and are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub workloads: Option<Vec<WorkloadUsage>>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -30,6 +30,7 @@ mod node;
 mod quota;
 mod release;
 mod signature;
+mod usage;
 pub mod validation;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -64,6 +65,7 @@ pub use signature::{
     ConfigMapKeyRef, KeySigner, KeylessSigner, SecretKeyRef, SignatureMode, SignaturePolicy,
     Signer, UnknownSignatureMode,
 };
+pub use usage::WorkloadUsage;
 
 /// Every gkm CRD, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {

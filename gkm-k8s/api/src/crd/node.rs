@@ -11,6 +11,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::common::{CacheCounts, CacheState, PodData, PvcStatus};
+use super::usage::WorkloadUsage;
 
 /// Declares a node kind's (empty) spec, `$spec`, with the `kube` attributes
 /// that set the two kinds apart (`$kube`) and, declared once here, what they
@@ -218,6 +219,13 @@ pub struct NodeCacheStatus {
     /// PVCs by namespace (PVC mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc_status: Option<BTreeMap<String, PvcStatus>>,
+    /// What the workloads whose pods' writable views of this digest ended
+    /// on this node compiled into them: the cache's misses, per workload,
+    /// the most recent first ([`crate::workloads`]). Read-only volumes
+    /// cannot see misses and are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub workloads: Option<Vec<WorkloadUsage>>,
     /// When this entry last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_updated: Option<Time>,

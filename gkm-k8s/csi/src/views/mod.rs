@@ -150,6 +150,9 @@ pub struct Views {
     group_max_dirs: usize,
     /// When these views were opened (the driver started).
     since: Timestamp,
+    /// The entries each digest's tree holds, by its kind's rules: counted
+    /// once, when a first writable view of it ends.
+    delivered: usage::DeliveredEntries,
 }
 
 impl Views {
@@ -168,6 +171,7 @@ impl Views {
             group_max_dirs: config.group_max_dirs,
             since: Timestamp::now(),
             store,
+            delivered: usage::DeliveredEntries::default(),
         }
     }
 
@@ -564,6 +568,7 @@ impl Views {
         else {
             return;
         };
+        let delivered = self.delivered.of(&record.digest, &entry, kind);
         let counted = usage::walk_upper(upper, kind)
             .map(|walked| (kind, gkm_core::usage::account(kind, &walked)))
             .map_err(|e| e.to_string());
@@ -576,6 +581,11 @@ impl Views {
         };
         self.metrics
             .view_ended(record, kind.as_str(), account.new_entries);
+        let reasons = if account.all_hits() {
+            Vec::new()
+        } else {
+            self.delivered.reasons(&record.digest, &entry, upper)
+        };
         let names: Vec<&str> = account
             .named
             .iter()
@@ -588,15 +598,19 @@ impl Views {
             digest = %record.digest,
             kind = kind.as_str(),
             new_entries = account.new_entries,
+            delivered_entries = ?delivered,
             new_bytes = account.new_bytes,
             scratch = account.scratch,
             new = ?names,
+            why = ?reasons,
             "counted what the pod compiled into its view"
         );
         let usage = UsageRecord {
             mount: record.clone(),
             kind: kind.as_str().to_string(),
             ended: Timestamp::now(),
+            delivered,
+            reasons,
             usage: account,
         };
         if let Err(e) = UsageRecords::new(self.store.root()).record(&usage) {

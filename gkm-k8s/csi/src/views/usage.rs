@@ -1,6 +1,8 @@
 //! What a pod compiled into its writable view, counted when the view goes:
-//! the walk of its upper ([`walk_upper`]), bounded, and the account the
-//! driver records and counts ([`Views::account_ended_view`]).
+//! the walk of its upper ([`walk_upper`]), bounded, the account the
+//! driver records and counts ([`Views::account_ended_view`]), and the
+//! entries the delivered tree holds, counted by the same rules
+//! ([`DeliveredEntries`]).
 //!
 //! Counting never fails an unpublish: a tree that cannot be read is
 //! logged and left uncounted. What counts as a new entry or as scratch is
@@ -8,12 +10,16 @@
 //!
 //! [`Views::account_ended_view`]: super::Views::account_ended_view
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use gkm_core::Digest;
 use gkm_core::cache::CacheKind;
-use gkm_core::usage::{Walked, Written, descends};
+use gkm_core::explain::{Keyed, explain, keyed_entries};
+use gkm_core::usage::{Walked, Written, account, descends};
 
 /// The most entries of an upper walked; what lies beyond is not counted
 /// (an upper holds at most the tmpfs' inodes, 1 Mi by default).
@@ -62,10 +68,93 @@ pub fn walk_upper(upper: &Path, kind: CacheKind) -> io::Result<Vec<Walked>> {
     Ok(out)
 }
 
+/// What the driver knows of each stored digest's tree, read once per
+/// digest and kept (a digest's tree never changes): the entries it holds,
+/// by its kind's rules (the rules that count a pod's new entries, applied
+/// to the delivered tree), which a pod's misses are compared with; and,
+/// once a pod missed, its entries' keys, which explain why
+/// ([`gkm_core::explain`]). A tree that cannot be read is logged and not
+/// counted.
+#[derive(Debug, Default)]
+pub struct DeliveredEntries {
+    counted: Mutex<HashMap<Digest, u64>>,
+    keyed: Mutex<HashMap<Digest, Arc<Vec<Keyed>>>>,
+}
+
+/// The most reasons a usage record keeps for its pod's misses.
+pub const MAX_REASONS: usize = 3;
+
+/// The cache tree of the store entry `entry`: its layer directory.
+fn tree_of(entry: &Path) -> Option<PathBuf> {
+    gkm_core::image_layout::ALL
+        .into_iter()
+        .map(|layout| entry.join(layout.cache_dir))
+        .find(|dir| dir.is_dir())
+}
+
+impl DeliveredEntries {
+    /// The entries the tree of `digest` in the store entry `entry` holds
+    /// (the layer directory of `kind`), counted now when not yet known.
+    pub fn of(&self, digest: &Digest, entry: &Path, kind: CacheKind) -> Option<u64> {
+        if let Some(known) = locked(&self.counted).get(digest) {
+            return Some(*known);
+        }
+        let tree = tree_of(entry)?;
+        match walk_upper(&tree, kind) {
+            Ok(walked) => {
+                let entries = account(kind, &walked).new_entries;
+                locked(&self.counted).insert(digest.clone(), entries);
+                Some(entries)
+            }
+            Err(e) => {
+                tracing::warn!(tree = %tree.display(), error = %e, "could not count the delivered tree's entries");
+                None
+            }
+        }
+    }
+
+    /// Why the new entries a pod wrote into `upper` missed the tree of
+    /// `digest` in `entry`: the first [`MAX_REASONS`] distinct sentences
+    /// of [`gkm_core::explain`]. Empty when either tree cannot be read as a
+    /// cache (logged).
+    pub fn reasons(&self, digest: &Digest, entry: &Path, upper: &Path) -> Vec<String> {
+        let delivered = match self.keyed(digest, entry) {
+            Ok(keyed) => keyed,
+            Err(e) => {
+                tracing::warn!(digest = %digest, error = %e, "could not read the delivered tree's keys");
+                return Vec::new();
+            }
+        };
+        match keyed_entries(upper) {
+            Ok(workload) => explain(&delivered, &workload).reasons(MAX_REASONS),
+            Err(e) => {
+                tracing::debug!(upper = %upper.display(), error = %e, "the pod's new entries are not a tree explain reads");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The delivered tree's entries with their keys' fields, read now when
+    /// not yet known.
+    fn keyed(&self, digest: &Digest, entry: &Path) -> Result<Arc<Vec<Keyed>>, String> {
+        if let Some(known) = locked(&self.keyed).get(digest) {
+            return Ok(known.clone());
+        }
+        let tree =
+            tree_of(entry).ok_or_else(|| format!("{} holds no cache tree", entry.display()))?;
+        let keyed = Arc::new(keyed_entries(&tree).map_err(|e| e.to_string())?);
+        locked(&self.keyed).insert(digest.clone(), keyed.clone());
+        Ok(keyed)
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_core::usage::account;
 
     #[test]
     fn an_upper_walk_counts_new_kernels_and_not_the_scratch_below_a_lock_dir() {
@@ -86,5 +175,68 @@ mod tests {
         let usage = account(CacheKind::Inductor, &walked);
         assert_eq!((usage.new_entries, usage.scratch), (1, 1));
         assert_eq!(usage.named[0].name.as_deref(), Some("add_kernel"));
+    }
+
+    #[test]
+    fn a_delivered_trees_entries_are_counted_once_by_the_kinds_rules() {
+        let entry = tempfile::tempdir().unwrap();
+        let tree = entry.path().join(gkm_core::image_layout::TRITON.cache_dir);
+        for key in ["KEY1", "KEY2"] {
+            fs::create_dir_all(tree.join(key)).unwrap();
+            fs::write(tree.join(key).join("add_kernel.json"), "{}").unwrap();
+            fs::write(tree.join(key).join("add_kernel.cubin"), "cubin").unwrap();
+        }
+        let digest: Digest = format!("sha256:{}", "1".repeat(64)).parse().unwrap();
+        let delivered = DeliveredEntries::default();
+        assert_eq!(
+            delivered.of(&digest, entry.path(), CacheKind::Triton),
+            Some(2)
+        );
+        // Kept: a later change to the directory (there is none in a store)
+        // is not walked again.
+        fs::remove_dir_all(tree.join("KEY1")).unwrap();
+        assert_eq!(
+            delivered.of(&digest, entry.path(), CacheKind::Triton),
+            Some(2)
+        );
+        let nothing = tempfile::tempdir().unwrap();
+        let other: Digest = format!("sha256:{}", "2".repeat(64)).parse().unwrap();
+        assert_eq!(
+            delivered.of(&other, nothing.path(), CacheKind::Triton),
+            None
+        );
+    }
+
+    #[test]
+    fn a_pods_misses_of_another_gpu_are_explained_by_the_target() {
+        // The T4's real kernels delivered; a pod wrote the sm80 ones.
+        let t4 = gkm_testenv::triton::fleet_target_named("cuda-75-32").unwrap();
+        let a100 = gkm_testenv::triton::fleet_target_named("cuda-80-32").unwrap();
+        let entry = tempfile::tempdir().unwrap();
+        let tree = entry.path().join(gkm_core::image_layout::TRITON.cache_dir);
+        gkm_testenv::copy_tree(&t4.fixture, &tree).unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        gkm_testenv::copy_tree(&a100.fixture, upper.path()).unwrap();
+        let digest: Digest = format!("sha256:{}", "3".repeat(64)).parse().unwrap();
+        let delivered = DeliveredEntries::default();
+        let reasons = delivered.reasons(&digest, entry.path(), upper.path());
+        assert!(
+            !reasons.is_empty() && reasons.len() <= MAX_REASONS,
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .all(|r| r.ends_with("rebuild the cache for the workload's GPU")),
+            "{reasons:?}"
+        );
+        // A pod's tree that is no cache is not explained, and fails nothing.
+        let scratch = tempfile::tempdir().unwrap();
+        fs::write(scratch.path().join("notes.txt"), "x").unwrap();
+        assert!(
+            delivered
+                .reasons(&digest, entry.path(), scratch.path())
+                .is_empty()
+        );
     }
 }

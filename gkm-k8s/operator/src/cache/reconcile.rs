@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use super::Context;
 use super::release::{release_of, remove_release, write_release};
 use super::rollup::NodeEntries;
-use super::rollup::{rollup, variant_nodes, variant_status};
+use super::rollup::{rollup, variant_nodes, variant_status, workload_usage};
 use super::status::{Claims, Observed, Resolved, deleting, desired};
 use super::status_owners::{LEGACY_STATUS_MANAGERS, upgrade_patch};
 use super::tag_follow::{self, Decision, HISTORY_ANNOTATION, History, Hold};
@@ -190,6 +190,7 @@ async fn observe<K: CacheObject>(
     let entries = live_reports_for(cache, ctx, reports).await?;
     let nodes = rollup(Some(&digest), false, entries.iter().map(|(_, e)| e));
     let variant_nodes = variant_nodes(&digest, entries.iter().map(|(_, e)| e));
+    let workloads = workload_usage(&digest, entries.iter().map(|(_, e)| e));
     let pvc_mode = PvcMode::of(spec).is_some();
     let claims = if pvc_mode || old.pvc_status.is_some() {
         // Of a multi-target image, each fill takes its nodes' variant: read
@@ -233,6 +234,7 @@ async fn observe<K: CacheObject>(
         verification,
         nodes,
         variant_nodes,
+        workloads,
         claims,
         hold,
     })

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use gkm_k8s_api::crd::{CacheCounts, CacheState, ImageVariant, VariantNodes};
+use gkm_k8s_api::crd::{CacheCounts, CacheState, ImageVariant, VariantNodes, WorkloadUsage};
+use gkm_k8s_api::workloads::add_usage;
 
 pub use crate::report_index::{Entry, NodeEntries, variant_key};
 
@@ -104,6 +105,32 @@ pub fn rollup<'a>(
     (counts, state)
 }
 
+/// What the workloads on writable views of `resolved` compiled, across the
+/// nodes: each node's counts of a workload added up ([`add_usage`]), the
+/// nodes counted; `None` when no node counted any.
+pub fn workload_usage<'a>(
+    resolved: &str,
+    nodes: impl IntoIterator<Item = &'a NodeEntries>,
+) -> Option<Vec<WorkloadUsage>> {
+    let mut usage = Vec::new();
+    for entries in nodes {
+        let on_node = entries
+            .iter()
+            .filter(|(digest, _)| digest == resolved)
+            .filter_map(|(_, entry)| entry.workloads.as_deref());
+        for workload in on_node.flatten() {
+            add_usage(
+                &mut usage,
+                WorkloadUsage {
+                    nodes: Some(1),
+                    ..workload.clone()
+                },
+            );
+        }
+    }
+    (!usage.is_empty()).then_some(usage)
+}
+
 /// The status's `variants` of a multi-target image resolved to `resolved`
 /// with these `variants` (as published in its release) and `held` nodes per
 /// variant ([`variant_nodes`]); `None` for a single-target image (its one
@@ -148,7 +175,10 @@ mod tests {
     }
 
     fn node(entries: &[(&str, Entry)]) -> NodeEntries {
-        entries.iter().map(|(d, e)| (d.to_string(), *e)).collect()
+        entries
+            .iter()
+            .map(|(d, e)| (d.to_string(), e.clone()))
+            .collect()
     }
 
     #[test]
@@ -266,5 +296,37 @@ mod tests {
         assert_eq!(status.iter().map(|v| v.nodes).collect::<Vec<_>>(), [1, 2]);
         // A single-target image is its own variant: no per-variant counts.
         assert_eq!(variant_status(v75, &published[..1], &held), None);
+    }
+
+    #[test]
+    fn a_workloads_counts_add_up_across_the_nodes_for_the_resolved_digest_only() {
+        let usage = |pods: i32, new: i64, second: i64| WorkloadUsage {
+            pods_ended: pods,
+            new_entries: new,
+            ..WorkloadUsage::of(
+                "ml",
+                "Deployment/serve",
+                "triton",
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::from_second(second).unwrap(),
+                ),
+            )
+        };
+        let with = |workloads: Vec<WorkloadUsage>| Entry {
+            workloads: Some(workloads.into()),
+            ..entry(CacheState::Extracted, 0)
+        };
+        let n1 = node(&[("sha256:new", with(vec![usage(2, 3, 10)]))]);
+        let n2 = node(&[
+            ("sha256:new", with(vec![usage(1, 1, 20)])),
+            ("sha256:old", with(vec![usage(5, 9, 30)])),
+        ]);
+        let rolled = workload_usage("sha256:new", [&n1, &n2]).unwrap();
+        assert_eq!(rolled.len(), 1);
+        let serve = &rolled[0];
+        assert_eq!((serve.pods_ended, serve.nodes), (3, Some(2)));
+        // The pod that ended last (on n2) says the workload's misses.
+        assert_eq!(serve.new_entries, 1);
+        assert_eq!(workload_usage("sha256:other", [&n1, &n2]), None);
     }
 }

@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::cache::pvc::ClaimsOutcome;
 use gkm_k8s_api::conditions::{Cond, merge};
-use gkm_k8s_api::crd::{CacheCounts, CacheState, CacheStatus, VerificationStatus};
+use gkm_k8s_api::crd::{CacheCounts, CacheState, CacheStatus, VerificationStatus, WorkloadUsage};
+use gkm_k8s_api::workloads::is_inert;
 
 /// Everything a cache's status is decided from.
 pub(super) struct Observed<'a> {
@@ -32,6 +33,9 @@ pub(super) struct Resolved {
     /// Of a multi-target image, the nodes holding each variant
     /// ([`super::rollup::variant_nodes`]).
     pub variant_nodes: std::collections::BTreeMap<u64, i32>,
+    /// What the workloads on writable views of the digest compiled, across
+    /// the nodes ([`super::rollup::workload_usage`]).
+    pub workloads: Option<Vec<WorkloadUsage>>,
     /// The claims, when the cache is (or was) in PVC mode.
     pub claims: Option<Claims>,
     /// When the tag's digest is not followed ([`super::tag_follow`]): the
@@ -110,6 +114,8 @@ pub(super) fn desired(observed: &Observed<'_>) -> CacheStatus {
                 },
                 message: format!("{holding} of {} nodes hold {digest}", counts.node_cnt),
             });
+            status.workloads = resolved.workloads.clone();
+            wanted.push(inert(digest, resolved.workloads.as_deref()));
             if let Some((reason, message)) = &resolved.hold {
                 wanted.push(Cond {
                     type_: "TagFollowed",
@@ -149,6 +155,83 @@ pub(super) fn desired(observed: &Observed<'_>) -> CacheStatus {
         observed.generation,
     ));
     status
+}
+
+/// The `Inert` condition: whether a workload on a writable view of `digest`
+/// compiles more than the cache holds ([`is_inert`]), naming the first such
+/// workload, its new entries and what to do; false when every workload
+/// counted hits at least as much, or while none was counted (read-only
+/// volumes, PVCs and image volumes cannot see misses).
+fn inert<'a>(digest: &str, workloads: Option<&[WorkloadUsage]>) -> Cond<'a> {
+    let workloads = workloads.unwrap_or_default();
+    if let Some(first) = workloads.iter().find(|w| is_inert(w)) {
+        let others = workloads.iter().filter(|w| is_inert(w)).count() - 1;
+        let names = if first.new_entry_names.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", counted_names(&first.new_entry_names).join(", "))
+        };
+        return Cond {
+            type_: "Inert",
+            status: true,
+            reason: "WorkloadsCompile",
+            message: format!(
+                "the last pod of {} in {} compiled {} new entries{names}, more than the {} entries {digest} holds{}: {}",
+                first.workload,
+                first.namespace,
+                first.new_entries,
+                first.entries_delivered.unwrap_or_default(),
+                if others > 0 {
+                    format!("; {others} more workloads compile more than it holds")
+                } else {
+                    String::new()
+                },
+                match first.reasons.first() {
+                    Some(reason) => reason.clone(),
+                    None => "`gkm explain` on its tree names what differs (another version, GPU target or compile option); capture this workload or rebuild the cache for it".to_string(),
+                },
+            ),
+        };
+    }
+    if workloads.is_empty() {
+        return Cond {
+            type_: "Inert",
+            status: false,
+            reason: "NotCounted",
+            message: format!(
+                "no pod's writable view of {digest} has ended yet: only writable CSI views count misses (read-only volumes, PVCs and image volumes cannot see them)"
+            ),
+        };
+    }
+    let compiled: i64 = workloads.iter().map(|w| w.new_entries).sum();
+    Cond {
+        type_: "Inert",
+        status: false,
+        reason: "WorkloadsHit",
+        message: format!(
+            "{} workloads counted; their last pods compiled {compiled} new entries in all, none more than {digest} holds",
+            workloads.len()
+        ),
+    }
+}
+
+/// `names` once each, in their order, with how many times each came
+/// (`scaled_add_kernel ×3`).
+fn counted_names(names: &[String]) -> Vec<String> {
+    let mut counted: Vec<(&str, usize)> = Vec::new();
+    for name in names {
+        match counted.iter_mut().find(|(n, _)| n == name) {
+            Some((_, count)) => *count += 1,
+            None => counted.push((name, 1)),
+        }
+    }
+    counted
+        .into_iter()
+        .map(|(name, count)| match count {
+            1 => name.to_string(),
+            n => format!("{name} ×{n}"),
+        })
+        .collect()
 }
 
 /// The status of a cache being deleted: `Deleting`, with the counts of the
@@ -242,9 +325,71 @@ mod tests {
             verification,
             nodes,
             variant_nodes: Default::default(),
+            workloads: None,
             claims: None,
             hold: None,
         }
+    }
+
+    fn compiled(workload: &str, new: i64) -> WorkloadUsage {
+        WorkloadUsage {
+            pods_ended: 3,
+            pods_compiling: 1,
+            entries_delivered: Some(7),
+            new_entries: new,
+            new_entry_names: vec!["add_kernel".into(), "mul_kernel".into(), "add_kernel".into()],
+            reasons: vec!["the workload compiles add_kernel for target.arch 80, the cache holds 75: rebuild the cache for the workload's GPU".into()],
+            nodes: Some(1),
+            ..WorkloadUsage::of(
+                "ml",
+                workload,
+                "triton",
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            )
+        }
+    }
+
+    #[test]
+    fn a_workload_compiling_more_than_the_cache_holds_makes_it_inert_naming_it() {
+        let with = |workloads: Option<Vec<WorkloadUsage>>| {
+            let resolved = Resolved {
+                workloads,
+                ..resolved(verified(), (counts(1, 1, 0, 0), CacheState::Running))
+            };
+            decide(Ok(resolved), None)
+        };
+        let uncounted = with(None);
+        assert_eq!(condition(&uncounted, "Inert"), is("False", "NotCounted"));
+        let message = uncounted.conditions.unwrap_or_default();
+        let message = &message.iter().find(|c| c.type_ == "Inert").unwrap().message;
+        assert!(message.contains("read-only volumes"), "{message}");
+
+        let hits = with(Some(vec![compiled("Job/a", 2)]));
+        assert_eq!(condition(&hits, "Inert"), is("False", "WorkloadsHit"));
+        assert_eq!(hits.workloads.as_ref().map(Vec::len), Some(1));
+
+        let inert = with(Some(vec![
+            compiled("Job/a", 2),
+            compiled("Deployment/b", 9),
+        ]));
+        assert_eq!(condition(&inert, "Inert"), is("True", "WorkloadsCompile"));
+        let conditions = inert.conditions.clone().unwrap_or_default();
+        let message = &conditions
+            .iter()
+            .find(|c| c.type_ == "Inert")
+            .unwrap()
+            .message;
+        assert!(
+            message.starts_with("the last pod of Deployment/b in ml compiled 9 new entries (add_kernel ×2, mul_kernel), more than the 7 entries sha256:abc holds"),
+            "{message}"
+        );
+        // The first reason says what to change.
+        assert!(
+            message.ends_with("rebuild the cache for the workload's GPU"),
+            "{message}"
+        );
+        // Still Ready: an inert cache is delivered, it just does not serve.
+        assert_eq!(condition(&inert, "Ready"), is("True", "Extracted"));
     }
 
     #[test]
