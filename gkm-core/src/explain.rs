@@ -22,6 +22,13 @@
 //! entries' facts read through [`CacheEntry::facts`]) and, when some of its
 //! fields call for their own advice, a case in [`advice`].
 //!
+//! A PyTorch tree's compiled graphs are entries too ([`graphs`]): Inductor
+//! keys its FX graphs and C++ kernels by hashes that name no shape, so a
+//! graph compiled for another input shape is found by its output code,
+//! named by its kernels, with a `shape.<input>` field per input; the
+//! advice for a shape says to capture the workload or compile with dynamic
+//! shapes.
+//!
 //! [`TritonKernel`]: crate::cache::TritonKernel
 //! [`CacheEntry::facts`]: crate::cache::CacheEntry::facts
 
@@ -34,8 +41,10 @@ use serde_json::Value;
 use crate::cache::CacheError;
 
 mod fields;
+mod graphs;
 
 pub use fields::{fields, keyed_entries};
+pub use graphs::{MAX_GRAPHS, MAX_OUTPUT_CODE_BYTES, SHAPE_FIELD, graph_of, graphs};
 
 /// Fields of Triton's kernel metadata that are results of a compile, not
 /// inputs to its key, and so never named as a difference: the key itself
@@ -238,6 +247,8 @@ enum Cause {
     /// A path baked into the key (Triton's `extern_libs`: where Triton is
     /// installed).
     Path,
+    /// An input's shape (an Inductor graph's, [`graphs`]).
+    Shape,
     /// A compile option (`num_warps`, `num_stages`, `debug`…).
     Option,
 }
@@ -249,6 +260,7 @@ fn cause(field: &str) -> Cause {
         "backend_name" | "arch" | "warp_size" | "ptx_version" | "backend" => Cause::Target,
         f if f.starts_with("target.") => Cause::Target,
         "extern_libs" => Cause::Path,
+        f if f.starts_with(SHAPE_FIELD) => Cause::Shape,
         _ => Cause::Option,
     }
 }
@@ -292,6 +304,12 @@ fn advice(kernel: &str, nearest: Option<&Nearest>) -> String {
             "the workload's Triton is installed elsewhere ({} {w}, the cache's {d}): run it \
              from the path the cache was built with, or capture this workload",
             first.field
+        ),
+        Cause::Shape => format!(
+            "the workload runs {kernel} with input {} of size {w}, the cache holds it for {d}: \
+             capture this workload for its shapes, or compile with dynamic shapes \
+             (torch.compile(dynamic=True), or torch._dynamo.mark_dynamic on that input)",
+            first.field.trim_start_matches(SHAPE_FIELD)
         ),
         Cause::Option => {
             let all: Vec<String> = nearest

@@ -4,7 +4,9 @@
 //! workload compiles the same kernels with `num_warps=8`, one kernel with
 //! the cache's options, and one kernel the cache never had. Every miss
 //! names its kernel and `num_warps` 8 against 4; the kernel compiled alike
-//! is no miss; the new kernel is to be captured.
+//! is no miss; the new kernel is to be captured. Real `torch.compile` of the
+//! fixture's model for a new input shape: the graph it compiled is
+//! explained by that shape.
 
 // A test panics with what went wrong: its helpers unwrap as its body does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -202,5 +204,66 @@ fn a_tree_that_is_not_a_cache_is_refused_naming_it() {
     assert!(
         stderr.contains("is not a kernel cache") && stderr.contains("empty"),
         "{stderr}"
+    );
+}
+
+/// Real `torch.compile` (`hack/ci/components.sh torch`) of the fixture's
+/// model for an input shape the fixture never saw, into a copy of the
+/// fixture: the graph it compiled is the miss whose shape `gkm explain`
+/// names, against the fixture's graph of the same kernels.
+#[test]
+fn a_graph_compiled_for_another_input_shape_is_explained_by_that_shape() {
+    let fixture = gkm_testenv::torch::fixture().unwrap_or_else(|e| panic!("{e:#}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let workload = work.path().join("inductor");
+    gkm_testenv::copy_tree(&fixture.inductor, &workload).expect("copy the fixture");
+    let report = gkm_testenv::torch::torch_check(gkm_testenv::torch::Check {
+        cache: &workload,
+        mega_cache: None,
+        new_shape: true,
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        report.fxgraph_cache_miss, 1,
+        "one new shape, one miss: {report:?}"
+    );
+
+    let cached = fixture.inductor.display().to_string();
+    let tree = workload.display().to_string();
+    let out = gkm(&["explain", &tree, &cached, "--json"], work.path());
+    assert_eq!(out.status.code(), Some(5), "misses exit 5: {}", text(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let misses = doc["misses"].as_array().expect("misses");
+    let graph = misses
+        .iter()
+        .find(|m| {
+            m["kernel"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("graph("))
+        })
+        .unwrap_or_else(|| panic!("no graph among the misses: {doc:#}"));
+    let differences = graph["nearest"]["differences"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the graph has no nearest cached graph: {graph:#}"));
+    let fields: Vec<&str> = differences
+        .iter()
+        .map(|d| d["field"].as_str().unwrap())
+        .collect();
+    assert!(
+        !fields.is_empty() && fields.iter().all(|f| f.starts_with("shape.")),
+        "only input shapes differ: {graph:#}"
+    );
+    assert!(
+        differences.iter().any(|d| d["workload"] == "(3, 64)"),
+        "the new shape, 3x64: {graph:#}"
+    );
+    let advice = graph["advice"].as_str().unwrap();
+    eprintln!(
+        "{} entries, {} delivered; the new graph: {advice}",
+        doc["entries"], doc["delivered"]
+    );
+    assert!(
+        advice.contains("of size (3, 64)") && advice.contains("dynamic shapes"),
+        "{advice}"
     );
 }

@@ -13,11 +13,13 @@ use crate::cache::{CacheEntry, CacheError, scan};
 const MAX_METADATA_BYTES: u64 = 16 << 20;
 
 /// The entries of the cache tree at `dir` (any kind [`scan`] reads, or an
-/// extracted image holding one), each with the fields of its key.
+/// extracted image holding one), each with the fields of its key; and of a
+/// PyTorch kind's tree (Inductor, Mega-Cache, vLLM), its compiled graphs
+/// with their input shapes ([`graphs`](super::graphs)).
 pub fn keyed_entries(dir: &Path) -> Result<Vec<Keyed>, CacheError> {
     let manifest = scan(dir)?;
     let root = cache_root(dir);
-    manifest
+    let mut keyed = manifest
         .entries()
         .iter()
         .map(|entry| {
@@ -31,7 +33,11 @@ pub fn keyed_entries(dir: &Path) -> Result<Vec<Keyed>, CacheError> {
                 fields: fields(&root, entry)?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, CacheError>>()?;
+    if manifest.kind() != crate::cache::CacheKind::Triton {
+        keyed.extend(super::graphs(&root)?);
+    }
+    Ok(keyed)
 }
 
 /// The fields of `entry`'s key, found in the tree rooted at `root`, results
