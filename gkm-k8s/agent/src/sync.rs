@@ -176,9 +176,11 @@ impl Agent {
         }
         let node_labels = self.label_node().await?;
         let records = self.files.mounts.clone();
-        let mounts = blocking("reading the mount records", move || Ok(records.list()?)).await?;
-        let records = self.files.usage.clone();
-        let ended = blocking("reading the usage records", move || Ok(records.list()?)).await?;
+        let usage = self.files.usage.clone();
+        let (mounts, ended) = blocking("reading the mount and usage records", move || {
+            Ok((records.list()?, usage.list()?))
+        })
+        .await?;
         self.workloads.follow(&mounts, &ended).await;
         self.workloads.announce(&ended).await;
         let mut usage = self.workloads.usage(&ended);
