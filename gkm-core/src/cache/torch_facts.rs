@@ -137,6 +137,10 @@ macro_rules! torch_kind_rules {
             true
         }
 
+        fn compiles_graphs(&self) -> bool {
+            true
+        }
+
         fn fit(&self, manifest: &CacheManifest) -> $crate::cache::Fit {
             $crate::cache::torch_facts::rules::fit(
                 manifest,

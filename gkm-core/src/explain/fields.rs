@@ -34,7 +34,7 @@ pub fn keyed_entries(dir: &Path) -> Result<Vec<Keyed>, CacheError> {
             })
         })
         .collect::<Result<Vec<_>, CacheError>>()?;
-    if manifest.kind() != crate::cache::CacheKind::Triton {
+    if manifest.kind().rules().compiles_graphs() {
         keyed.extend(super::graphs(&root)?);
     }
     Ok(keyed)

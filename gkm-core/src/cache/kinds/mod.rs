@@ -180,6 +180,13 @@ pub trait Kind: Sync + 'static {
         false
     }
 
+    /// Whether its trees hold PyTorch Inductor's compiled graphs (their
+    /// output code), which `gkm explain` compares by input shape
+    /// ([`graphs`](crate::explain::graphs)).
+    fn compiles_graphs(&self) -> bool {
+        false
+    }
+
     /// The fit facts of `manifest`, a manifest of this kind: by default its
     /// entries' ([`entries_fit`]).
     fn fit(&self, manifest: &CacheManifest) -> Fit {

@@ -153,6 +153,11 @@ impl Kind for Vllm {
         "vllm"
     }
 
+    /// Its `torch_compile_cache` holds Inductor's output code.
+    fn compiles_graphs(&self) -> bool {
+        true
+    }
+
     fn title(&self) -> &'static str {
         "a vLLM"
     }
