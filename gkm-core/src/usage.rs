@@ -48,6 +48,13 @@ pub struct NewEntry {
     pub bytes: u64,
 }
 
+impl NewEntry {
+    /// How it is shown: its kernel's name, else its key.
+    pub fn shown(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.key)
+    }
+}
+
 /// What a pod wrote into its writable view.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -26,9 +26,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use tracing::{debug, warn};
 
+use gkm_core::usage::NewEntry;
 use gkm_k8s_api::CacheKey;
 use gkm_k8s_api::crd::WorkloadUsage;
-use gkm_k8s_api::workloads::{MAX_NAMED, MAX_REASONS, Workload, add_usage, controller};
+use gkm_k8s_api::workloads::{Workload, add_usage, controller};
 use gkm_k8s_node::mount_records::{MountRecord, PodRef};
 use gkm_k8s_node::usage::UsageRecord;
 use gkm_oci::Digest;
@@ -185,13 +186,9 @@ fn pod_usage(record: &UsageRecord, workload: String) -> WorkloadUsage {
         pods_compiling: i32::from(!usage.all_hits()),
         entries_delivered: record.delivered.map(saturating_i64),
         new_entries: saturating_i64(usage.new_entries),
-        new_entry_names: usage
-            .named
-            .iter()
-            .take(MAX_NAMED)
-            .map(|e| e.name.clone().unwrap_or_else(|| e.key.clone()))
-            .collect(),
-        reasons: record.reasons.iter().take(MAX_REASONS).cloned().collect(),
+        // Bounded where usages are added up (`add_usage`).
+        new_entry_names: usage.named.iter().map(|e| e.shown().to_string()).collect(),
+        reasons: record.reasons.clone(),
         ..WorkloadUsage::of(
             &record.mount.pod.namespace,
             &workload,
@@ -209,12 +206,7 @@ fn saturating_i64(n: u64) -> i64 {
 /// compiled of how many delivered, the first names, and where to look.
 pub(crate) fn event_note(record: &UsageRecord) -> String {
     let usage = &record.usage;
-    let mut names: Vec<&str> = usage
-        .named
-        .iter()
-        .take(4)
-        .map(|e| e.name.as_deref().unwrap_or(&e.key))
-        .collect();
+    let mut names: Vec<&str> = usage.named.iter().take(4).map(NewEntry::shown).collect();
     names.dedup();
     let delivered = record
         .delivered
@@ -260,24 +252,40 @@ async fn workload_of(client: &Client, pod: &PodRef) -> Result<Workload, kube::Er
     if !workload.has_usual_controller() {
         return Ok(workload);
     }
+    let (namespace, name) = (pod.namespace.as_str(), workload.name.as_str());
     let parent = match workload.kind.as_str() {
-        "ReplicaSet" => Api::<ReplicaSet>::namespaced(client.clone(), &pod.namespace)
-            .get_metadata_opt(&workload.name)
-            .await?
-            .map(|m| m.metadata),
-        _ => Api::<Job>::namespaced(client.clone(), &pod.namespace)
-            .get_metadata_opt(&workload.name)
-            .await?
-            .map(|m| m.metadata),
+        "ReplicaSet" => controller_of::<ReplicaSet>(client, namespace, name).await?,
+        _ => controller_of::<Job>(client, namespace, name).await?,
     };
-    let parents = parent.and_then(|m| m.owner_references).unwrap_or_default();
-    Ok(controller(&parents).map_or(workload, Workload::of_owner))
+    Ok(parent.unwrap_or(workload))
+}
+
+/// The controller of the `K` named `name` in `namespace`, by its metadata;
+/// `None` when it has none or is gone.
+async fn controller_of<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Workload>, kube::Error>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let meta = Api::<K>::namespaced(client.clone(), namespace)
+        .get_metadata_opt(name)
+        .await?;
+    Ok(meta.and_then(|m| {
+        let owners = m.metadata.owner_references.unwrap_or_default();
+        controller(&owners).map(Workload::of_owner)
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gkm_core::usage::{NewEntry, ViewUsage};
+    use gkm_core::usage::ViewUsage;
 
     fn record(new: u64) -> UsageRecord {
         UsageRecord {

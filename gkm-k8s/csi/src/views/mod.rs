@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 
 use gkm_core::Digest;
 use gkm_core::store_layout::StoreLayout;
+use gkm_core::usage::NewEntry;
 use gkm_k8s_node::delivery::DeliveryIndex;
 use gkm_k8s_node::mount_records::{MountRecord, MountRecords};
 use gkm_k8s_node::relocation::Relocation;
@@ -561,14 +562,14 @@ impl Views {
         };
         // The kind is the one whose layer directory the entry holds (the
         // tree the view showed, `CacheTree::open`).
-        let Some(kind) = gkm_core::image_layout::ALL
+        let Some(layout) = gkm_core::image_layout::ALL
             .into_iter()
             .find(|layout| entry.join(layout.cache_dir).is_dir())
-            .map(|layout| layout.kind)
         else {
             return;
         };
-        let delivered = self.delivered.of(&record.digest, &entry, kind);
+        let (kind, tree) = (layout.kind, entry.join(layout.cache_dir));
+        let delivered = self.delivered.of(&record.digest, &tree, kind);
         let counted = usage::walk_upper(upper, kind)
             .map(|walked| (kind, gkm_core::usage::account(kind, &walked)))
             .map_err(|e| e.to_string());
@@ -584,13 +585,9 @@ impl Views {
         let reasons = if account.all_hits() {
             Vec::new()
         } else {
-            self.delivered.reasons(&record.digest, &entry, upper)
+            self.delivered.reasons(&record.digest, &tree, upper)
         };
-        let names: Vec<&str> = account
-            .named
-            .iter()
-            .map(|e| e.name.as_deref().unwrap_or(&e.key))
-            .collect();
+        let names: Vec<&str> = account.named.iter().map(NewEntry::shown).collect();
         tracing::info!(
             volume = %record.volume_id,
             pod = %format!("{}/{}", record.pod.namespace, record.pod.name),

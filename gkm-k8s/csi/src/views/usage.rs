@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use gkm_core::Digest;
@@ -84,23 +84,14 @@ pub struct DeliveredEntries {
 /// The most reasons a usage record keeps for its pod's misses.
 pub const MAX_REASONS: usize = 3;
 
-/// The cache tree of the store entry `entry`: its layer directory.
-fn tree_of(entry: &Path) -> Option<PathBuf> {
-    gkm_core::image_layout::ALL
-        .into_iter()
-        .map(|layout| entry.join(layout.cache_dir))
-        .find(|dir| dir.is_dir())
-}
-
 impl DeliveredEntries {
-    /// The entries the tree of `digest` in the store entry `entry` holds
-    /// (the layer directory of `kind`), counted now when not yet known.
-    pub fn of(&self, digest: &Digest, entry: &Path, kind: CacheKind) -> Option<u64> {
+    /// The entries `tree`, the tree of `digest` (the layer directory of
+    /// `kind` in its store entry), holds, counted now when not yet known.
+    pub fn of(&self, digest: &Digest, tree: &Path, kind: CacheKind) -> Option<u64> {
         if let Some(known) = locked(&self.counted).get(digest) {
             return Some(*known);
         }
-        let tree = tree_of(entry)?;
-        match walk_upper(&tree, kind) {
+        match walk_upper(tree, kind) {
             Ok(walked) => {
                 let entries = account(kind, &walked).new_entries;
                 locked(&self.counted).insert(digest.clone(), entries);
@@ -113,12 +104,12 @@ impl DeliveredEntries {
         }
     }
 
-    /// Why the new entries a pod wrote into `upper` missed the tree of
-    /// `digest` in `entry`: the first [`MAX_REASONS`] distinct sentences
-    /// of [`gkm_core::explain`]. Empty when either tree cannot be read as a
+    /// Why the new entries a pod wrote into `upper` missed `tree`, the
+    /// tree of `digest`: the first [`MAX_REASONS`] distinct sentences of
+    /// [`gkm_core::explain`]. Empty when either tree cannot be read as a
     /// cache (logged).
-    pub fn reasons(&self, digest: &Digest, entry: &Path, upper: &Path) -> Vec<String> {
-        let delivered = match self.keyed(digest, entry) {
+    pub fn reasons(&self, digest: &Digest, tree: &Path, upper: &Path) -> Vec<String> {
+        let delivered = match self.keyed(digest, tree) {
             Ok(keyed) => keyed,
             Err(e) => {
                 tracing::warn!(digest = %digest, error = %e, "could not read the delivered tree's keys");
@@ -136,13 +127,11 @@ impl DeliveredEntries {
 
     /// The delivered tree's entries with their keys' fields, read now when
     /// not yet known.
-    fn keyed(&self, digest: &Digest, entry: &Path) -> Result<Arc<Vec<Keyed>>, String> {
+    fn keyed(&self, digest: &Digest, tree: &Path) -> Result<Arc<Vec<Keyed>>, String> {
         if let Some(known) = locked(&self.keyed).get(digest) {
             return Ok(known.clone());
         }
-        let tree =
-            tree_of(entry).ok_or_else(|| format!("{} holds no cache tree", entry.display()))?;
-        let keyed = Arc::new(keyed_entries(&tree).map_err(|e| e.to_string())?);
+        let keyed = Arc::new(keyed_entries(tree).map_err(|e| e.to_string())?);
         locked(&self.keyed).insert(digest.clone(), keyed.clone());
         Ok(keyed)
     }
@@ -188,21 +177,16 @@ mod tests {
         }
         let digest: Digest = format!("sha256:{}", "1".repeat(64)).parse().unwrap();
         let delivered = DeliveredEntries::default();
-        assert_eq!(
-            delivered.of(&digest, entry.path(), CacheKind::Triton),
-            Some(2)
-        );
+        assert_eq!(delivered.of(&digest, &tree, CacheKind::Triton), Some(2));
         // Kept: a later change to the directory (there is none in a store)
         // is not walked again.
         fs::remove_dir_all(tree.join("KEY1")).unwrap();
-        assert_eq!(
-            delivered.of(&digest, entry.path(), CacheKind::Triton),
-            Some(2)
-        );
+        assert_eq!(delivered.of(&digest, &tree, CacheKind::Triton), Some(2));
+        // A tree that cannot be walked is not counted.
         let nothing = tempfile::tempdir().unwrap();
         let other: Digest = format!("sha256:{}", "2".repeat(64)).parse().unwrap();
         assert_eq!(
-            delivered.of(&other, nothing.path(), CacheKind::Triton),
+            delivered.of(&other, &nothing.path().join("gone"), CacheKind::Triton),
             None
         );
     }
@@ -219,7 +203,7 @@ mod tests {
         gkm_testenv::copy_tree(&a100.fixture, upper.path()).unwrap();
         let digest: Digest = format!("sha256:{}", "3".repeat(64)).parse().unwrap();
         let delivered = DeliveredEntries::default();
-        let reasons = delivered.reasons(&digest, entry.path(), upper.path());
+        let reasons = delivered.reasons(&digest, &tree, upper.path());
         assert!(
             !reasons.is_empty() && reasons.len() <= MAX_REASONS,
             "{reasons:?}"
@@ -233,10 +217,6 @@ mod tests {
         // A pod's tree that is no cache is not explained, and fails nothing.
         let scratch = tempfile::tempdir().unwrap();
         fs::write(scratch.path().join("notes.txt"), "x").unwrap();
-        assert!(
-            delivered
-                .reasons(&digest, entry.path(), scratch.path())
-                .is_empty()
-        );
+        assert!(delivered.reasons(&digest, &tree, scratch.path()).is_empty());
     }
 }
