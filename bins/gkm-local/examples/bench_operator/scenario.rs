@@ -385,6 +385,24 @@ impl Bench {
         Ok((digest, built.layer.digest.to_string()))
     }
 
+    /// Every cache. The apiserver is loaded to its limits while the caches
+    /// converge: a failed list is tried again each second until `deadline`.
+    pub(crate) async fn list_caches(
+        &self,
+        deadline: Instant,
+    ) -> anyhow::Result<kube::api::ObjectList<DynamicObject>> {
+        loop {
+            match self.caches().list(&ListParams::default()).await {
+                Ok(list) => return Ok(list),
+                Err(e) => {
+                    eprintln!("   listing the caches: {e}; trying again");
+                    anyhow::ensure!(Instant::now() < deadline, "listing the caches: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
     pub(crate) fn caches(&self) -> Api<DynamicObject> {
         let resource = gkm_resource("GKMCache", "gkmcaches");
         Api::namespaced_with(self.client.clone(), NAMESPACE, &resource)
@@ -443,17 +461,7 @@ impl Bench {
         let mut last_report = Instant::now();
         loop {
             gkm.check_running()?;
-            // The apiserver is loaded to its limits here: a failed poll is
-            // tried again, within the deadline.
-            let list = match self.caches().list(&ListParams::default()).await {
-                Ok(list) => list,
-                Err(e) => {
-                    eprintln!("   listing the caches: {e}; trying again");
-                    anyhow::ensure!(Instant::now() < deadline, "listing the caches: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
+            let list = self.list_caches(deadline).await?;
             let mut done = 0;
             let mut behind = String::new();
             for cache in &list.items {
@@ -737,14 +745,7 @@ impl Bench {
         let deadline = Instant::now() + scale.converge_timeout;
         loop {
             gkm.check_running()?;
-            let list = match self.caches().list(&ListParams::default()).await {
-                Ok(list) => list,
-                Err(e) => {
-                    anyhow::ensure!(Instant::now() < deadline, "listing the caches: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
+            let list = self.list_caches(deadline).await?;
             let nodes_counted = |cache: &DynamicObject| -> u64 {
                 cache.data["status"]["workloads"]
                     .as_array()
