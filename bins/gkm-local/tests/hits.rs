@@ -11,6 +11,8 @@
 //! - A Job compiling for another GPU (sm80) hits nothing: its four new
 //!   entries are more than the two the cache holds, and the cache is
 //!   `Inert`, naming that Job.
+//! - A Job on a read-only volume fails on its first miss and is never
+//!   counted: a read-only view cannot see misses.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -38,9 +40,14 @@ const OTHER_TARGET: &str = "cuda/80/32";
 /// were compiled at ([`gkm_local::real_triton_pod`]), compiling the
 /// fixture's kernels for `target`.
 fn triton_job(name: &str, fixture: &FleetTarget, target: &str) -> anyhow::Result<Job> {
-    let kernels = json!({"name": "kernels", "csi": {"driver": "csi.gkm.io",
+    job_of(name, fixture, target, false)
+}
+
+/// [`triton_job`], its volume read-only when `read_only` says so.
+fn job_of(name: &str, fixture: &FleetTarget, target: &str, read_only: bool) -> anyhow::Result<Job> {
+    let kernels = json!({"name": "kernels", "csi": {"driver": "csi.gkm.io", "readOnly": read_only,
         "volumeAttributes": {"csi.gkm.io/GKMCache": CACHE}}});
-    let pod = real_triton_pod(NS, name, NODE, (fixture, target), (kernels, false))?;
+    let pod = real_triton_pod(NS, name, NODE, (fixture, target), (kernels, read_only))?;
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
         "spec": {"backoffLimit": 0, "template": {"spec": pod.spec}},
@@ -82,6 +89,19 @@ fn without_two_kernels(fixture: &FleetTarget, to: &Path) -> anyhow::Result<Vec<(
 /// Runs the Job `job` to its end and returns the Triton report its pod
 /// printed; fails unless it succeeded.
 async fn run_job(client: &kube::Client, job: Job) -> anyhow::Result<TritonReport> {
+    let (name, phase, log) = end_job(client, job).await?;
+    anyhow::ensure!(
+        phase.as_deref() == Some("Succeeded"),
+        "Job {name}'s pod {phase:?}:\n{log}"
+    );
+    serde_json::from_str(log.trim()).map_err(|e| anyhow::anyhow!("{e}: {log}"))
+}
+
+/// Runs the Job `job` to its end: its name, its pod's phase and log.
+async fn end_job(
+    client: &kube::Client,
+    job: Job,
+) -> anyhow::Result<(String, Option<String>, String)> {
     let name = job.metadata.name.clone().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     jobs.create(&PostParams::default(), &job).await?;
@@ -103,12 +123,8 @@ async fn run_job(client: &kube::Client, job: Job) -> anyhow::Result<TritonReport
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let log = pod_log(&pods, &pod_name, "main").await?;
     eprintln!("{name}:\n{log}");
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    anyhow::ensure!(
-        phase == Some("Succeeded"),
-        "Job {name}'s pod {phase:?}:\n{log}"
-    );
-    serde_json::from_str(log.trim()).map_err(|e| anyhow::anyhow!("{e}: {log}"))
+    let phase = pod.status.and_then(|s| s.phase);
+    Ok((name, phase, log))
 }
 
 /// The cache's status entry for `workload`, once it counts `pods` pods.
@@ -293,6 +309,15 @@ async fn a_workloads_misses_are_counted_named_and_told_on_a_real_node() -> anyho
         assert!(note.contains(name.as_str()), "{note}");
     }
 
+    // The same workload on a read-only volume: Triton cannot write its
+    // first miss and fails, and a read-only view counts nothing.
+    let (_, phase, log) = end_job(
+        &client,
+        job_of("read-only", &fixture, &fixture.target, true)?,
+    )
+    .await?;
+    assert_eq!(phase.as_deref(), Some("Failed"), "{log}");
+
     // A workload for another GPU compiles every kernel: more than the cache
     // holds, so the cache does not serve it, and its status says which.
     let other = run_job(&client, triton_job("other-gpu", &fixture, OTHER_TARGET)?).await?;
@@ -329,6 +354,17 @@ async fn a_workloads_misses_are_counted_named_and_told_on_a_real_node() -> anyho
             fixture.kernels
         )),
         "{message}"
+    );
+    // The read-only Job, which ended before it, was never counted.
+    let counted_workloads: Vec<&str> = cache
+        .status
+        .iter()
+        .flat_map(|s| s.workloads.iter().flatten())
+        .map(|u| u.workload.as_str())
+        .collect();
+    assert!(
+        !counted_workloads.contains(&"Job/read-only"),
+        "{counted_workloads:?}"
     );
     // Still delivered: an inert cache is one its workloads do not use.
     assert_eq!(
