@@ -92,18 +92,15 @@ for ((round = 1; round <= rounds; round++)); do
   rm -rf "$work/caches" "$home" "$work/tmp" "$work/layout"
   start "cold-$round"
   find "$home" -mindepth 2 -maxdepth 3 -type d | sed "s|^$home/||" | sort >"$out/home-$round.txt"
-  # The parts gkm knows move out of HOME before it is wiped.
-  mkdir -p "$work/kept"
-  rm -rf "$work/kept/flashinfer"
-  [[ -d $flashinfer_dir ]] && mv "$flashinfer_dir" "$work/kept/flashinfer"
-  rm -rf "$home" "$work/tmp"
+  # Every part is delivered where it was written (FlashInfer's and Triton's
+  # files name that path), then HOME keeps only what gkm extracted.
   delivered=()
-  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$work/kept/flashinfer"; do
+  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$flashinfer_dir"; do
     name=${part%%:*}
     if d=$(deliver "$round" "$name" "${part#*:}") && [[ -n $d ]]; then delivered+=("$d"); fi
   done
-  mkdir -p "$(dirname "$flashinfer_dir")"
-  [[ -d $work/kept/flashinfer ]] && mv "$work/kept/flashinfer" "$flashinfer_dir"
+  find "$home" -mindepth 1 -maxdepth 2 ! -path "$home/.cache" ! -path "$flashinfer_dir" -exec rm -rf {} +
+  rm -rf "$work/tmp"
   printf '%s\n' "${delivered[@]}" >"$out/delivered-$round.txt"
   echo "== round $round: warm (delivered: ${delivered[*]:-none})"
   start "warm-$round"
