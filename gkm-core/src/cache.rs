@@ -66,6 +66,7 @@ use serde::{Deserialize, Serialize};
 use crate::gpu::{Arch, Backend};
 
 mod blob;
+mod declared;
 mod elf;
 mod entry;
 mod files;
@@ -75,6 +76,7 @@ mod torch_facts;
 
 pub mod kinds;
 
+pub use declared::{Declaration, Declared};
 pub use entry::{AnyFacts, CacheEntry, EntryFacts, Facts, OrdFacts};
 pub use group::{build_path, relocate_group, relocated_groups};
 pub use kinds::inductor::CppKernel;
@@ -83,14 +85,14 @@ pub use kinds::vllm::artefacts::{AotModel, BinaryArtefacts, VllmArtefacts};
 pub use kinds::vllm::{VllmCppKernel, VllmFacts, VllmKernel};
 pub use kinds::{CpuFit, Fit, Kind, inductor, megacache};
 pub use torch_facts::{
-    CPU_ISAS, DECLARED_CPU_ISA_LABEL, DECLARED_TORCH_VERSION_LABEL, Declared, ENTRY_COUNTS_LABEL,
+    CPU_ISAS, DECLARED_CPU_ISA_LABEL, DECLARED_TORCH_VERSION_LABEL, ENTRY_COUNTS_LABEL,
     TRITON_VERSION_LABEL, TorchFacts,
 };
 
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
 /// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
-/// `CacheKind::FlashInfer`), each
+/// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -99,7 +101,7 @@ pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
-    /// `inductor`, `megacache`, `flashinfer`.
+    /// `inductor`, `megacache`, `flashinfer`, `deepgemm`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }
@@ -301,15 +303,22 @@ impl CacheManifest {
         self.facts.get()
     }
 
-    /// Records what the builder declares about a cache: facts the tree does
-    /// not state (for PyTorch's kinds, the torch version and CPU ISA; see
-    /// [`Kind::declare`]). Refused for kinds that take none and for values
-    /// that are not well formed, naming them.
-    pub fn declare(&mut self, declared: &Declared) -> Result<(), CacheError> {
-        if declared.is_empty() {
-            return Ok(());
-        }
-        self.kind.rules().declare(&mut self.facts, declared)
+    /// Records what the builder declares about the cache scanned from
+    /// `tree` (the directory given to [`scan`]): facts the tree does not
+    /// state (for PyTorch's kinds, the torch version and CPU ISA; for
+    /// DeepGEMM, the install its keys name, checked against every key; see
+    /// [`Kind::declare`]). Refused for options that describe another kind,
+    /// for values that are not well formed, and for a kind that cannot be
+    /// built without a declaration it lacks, naming them.
+    pub fn declare(&mut self, tree: &Path, declared: &Declared) -> Result<(), CacheError> {
+        let rules = self.kind.rules();
+        let inner = tree.join(rules.layout().cache_dir);
+        let tree = if inner.is_dir() {
+            inner
+        } else {
+            tree.to_path_buf()
+        };
+        rules.declare(&tree, self, declared)
     }
 
     /// The distinct versions of `framework` (`triton`) its entries record,

@@ -203,8 +203,9 @@ fn a_cpu_only_inductor_tree_has_no_targets_and_records_what_its_builder_declared
     let declared = Declared {
         torch_version: Some("2.11.0+cpu".into()),
         cpu_isa: Some("avx512".into()),
+        ..Default::default()
     };
-    manifest.declare(&declared).unwrap();
+    manifest.declare(dir.path(), &declared).unwrap();
     let torch = manifest.facts::<TorchFacts>().unwrap();
     assert_eq!(torch.declared_torch_version.as_deref(), Some("2.11.0+cpu"));
     assert_eq!(torch.declared_cpu_isa.as_deref(), Some("avx512"));
@@ -214,14 +215,21 @@ fn a_cpu_only_inductor_tree_has_no_targets_and_records_what_its_builder_declared
     };
     assert!(
         manifest
-            .declare(&bad)
+            .declare(dir.path(), &bad)
             .unwrap_err()
             .to_string()
             .contains("sse9")
     );
     // A Triton cache takes no PyTorch facts.
-    let mut triton = scan(&fixture_cache("triton-vector-add-cuda-sm75")).unwrap();
-    assert!(triton.declare(&declared).is_err());
+    let sm75 = fixture_cache("triton-vector-add-cuda-sm75");
+    let mut triton = scan(&sm75).unwrap();
+    let err = triton.declare(&sm75, &declared).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "--torch-version describes Inductor and Mega-Cache caches, not a Triton cache"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

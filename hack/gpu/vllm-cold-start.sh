@@ -15,8 +15,8 @@
 #      `gkm extract` of the image back at the part's path; a part gkm refuses
 #      is recorded with gkm's sentence and not delivered;
 #   3. warm: the same start with a new HOME holding only what gkm extracted.
-# Whatever else the cold start left in HOME (DeepGEMM's, TVM-FFI's, CuTe
-# DSL's caches) is listed in the summary as written but not delivered.
+# Whatever else the cold start left in HOME (TVM-FFI's, CuTe DSL's caches)
+# is listed in the summary as written but not delivered.
 # Writes into OUT: run.log, every start's JSON (its vLLM log lines: the
 # phases and compile times vLLM reports), gkm's build/check/extract output
 # per part, and summary.json with the cold/warm ratios (baseline: the cold

@@ -87,6 +87,7 @@ async fn a_cpu_only_inductor_cache_is_extracted_on_a_node_whose_cpu_isa_fits_and
         declared: Declared {
             torch_version: Some("2.11.0".into()),
             cpu_isa: Some("avx2".into()),
+            ..Default::default()
         },
         ..BuildOptions::default()
     };

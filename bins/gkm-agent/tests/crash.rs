@@ -244,13 +244,26 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
         (digests.len() as f64, bytes as f64)
     };
     let stored = &stored;
+    // The last figures seen, for the failure message.
+    let seen = std::sync::Mutex::new(String::new());
+    let seen = &seen;
+    // The other tests' caches (one of 20 MB) land in this store too, each
+    // counted once its pass ends: a loaded machine needs more than a minute.
     let metrics = until_some(
         &mut agent,
         "/metrics matching the store's images and bytes",
-        Duration::from_secs(60),
+        Duration::from_secs(180),
         || async move {
             let last = gkm_testenv::http_get(port, "/metrics").await;
             let (images, bytes) = stored();
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = match &last {
+                Some((status, text)) => format!(
+                    "store: {images} images, {bytes} bytes; /metrics ({status}): {:?} images, {:?} bytes",
+                    value(text, "gkm_agent_store_images"),
+                    value(text, "gkm_agent_store_bytes"),
+                ),
+                None => format!("store: {images} images, {bytes} bytes; /metrics: no answer"),
+            };
             Ok(match last {
                 Some((200, text))
                     if value(&text, "gkm_agent_store_images") == Some(images)
@@ -262,7 +275,11 @@ async fn a_registry_blip_is_tried_again_and_the_report_says_when() -> anyhow::Re
             })
         },
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        e.context(format!("last seen: {seen}"))
+    })?;
     gkm_testenv::promlint(&metrics)?;
     let value = |name: &str| -> f64 {
         value(&metrics, name).unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))

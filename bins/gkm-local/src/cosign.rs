@@ -87,6 +87,14 @@ fn sign_with(
         "--allow-insecure-registry",
         image,
     ]);
+    // One signature pushed at a time by this process: the test registry
+    // (distribution, filesystem storage) has refused a signature manifest
+    // ("multiple errors") while another cosign uploaded the same blobs into
+    // the same repository. Signing is a test-ground step, not gkm's.
+    let _one_at_a_time = SIGNING.lock().unwrap_or_else(|e| e.into_inner());
     cosign_of(version, dir, &args)?;
     Ok(())
 }
+
+/// Held while a `cosign sign` runs ([`sign_with`]).
+static SIGNING: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -3,12 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gkm_core::cache::Declared;
 use gkm_oci::build::build_multi;
 use gkm_oci::erofs::write::ErofsWriter;
 use gkm_oci::{BuildOptions, Compression, ImageRef, build_with_progress};
 
-use crate::image_args::{RegistryArgs, finish, parse_ref};
+use crate::image_args::{DeclaredArgs, RegistryArgs, finish, parse_ref};
 use crate::output;
 use crate::progress::{Bar, hook};
 
@@ -56,15 +55,8 @@ pub struct Args {
     /// repository's or layout directory's last path component).
     #[arg(long)]
     title: Option<String>,
-    /// Inductor and Mega-Cache: the torch version that compiled the cache
-    /// (the tree does not state it), labelled `declared-torch-version`.
-    #[arg(long, value_name = "VERSION")]
-    torch_version: Option<String>,
-    /// Inductor and Mega-Cache: the CPU ISA Inductor picked for the C++
-    /// kernels (`amx_tile`, `avx512_vnni`, `avx512`, `avx2`, `asimd`,
-    /// `neon`, `zvector`, `vsx`), labelled `declared-cpu-isa`.
-    #[arg(long, value_name = "ISA")]
-    cpu_isa: Option<String>,
+    #[command(flatten)]
+    declared: DeclaredArgs,
     /// Print the result as JSON (no progress display).
     #[arg(long)]
     json: bool,
@@ -77,10 +69,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = BuildOptions {
         compression: args.compression.into(),
         title: args.title,
-        declared: Declared {
-            torch_version: args.torch_version,
-            cpu_isa: args.cpu_isa,
-        },
+        declared: args.declared.declared(),
         erofs: args.erofs.then(ErofsWriter::default),
     };
     let registry = args.registry.options()?;

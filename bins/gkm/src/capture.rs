@@ -15,7 +15,7 @@ use gkm_oci::{ExtractPolicy, ImageRef, Progress, Report};
 use serde::Serialize;
 
 use crate::build::CompressionArg;
-use crate::image_args::{EXIT_REJECTED, RegistryArgs, parse_ref};
+use crate::image_args::{DeclaredArgs, EXIT_REJECTED, RegistryArgs, parse_ref};
 use crate::output;
 use crate::progress::{Bar, hook};
 use crate::sign::{FormatArg, KeyArgs};
@@ -65,14 +65,8 @@ pub struct Args {
     /// recorded in the image's `io.gkm.compiled-on-gpu` label.
     #[arg(long, conflicts_with_all = ["discover_gpu", "gpus"])]
     gpu: Option<String>,
-    /// Inductor and Mega-Cache: the torch version that compiled the cache,
-    /// labelled `declared-torch-version`.
-    #[arg(long, value_name = "VERSION")]
-    torch_version: Option<String>,
-    /// Inductor and Mega-Cache: the CPU ISA Inductor picked for the C++
-    /// kernels, labelled `declared-cpu-isa`.
-    #[arg(long, value_name = "ISA")]
-    cpu_isa: Option<String>,
+    #[command(flatten)]
+    declared: DeclaredArgs,
     /// Record the GPUs of this machine that fit the cache's targets as the
     /// GPU it was compiled on (run where the workload ran).
     #[arg(long)]
@@ -247,10 +241,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         gpu: args.gpu.clone(),
         gpus,
         work_dir: None,
-        declared: gkm_core::cache::Declared {
-            torch_version: args.torch_version.clone(),
-            cpu_isa: args.cpu_isa.clone(),
-        },
+        declared: args.declared.declared(),
     };
     let registry = args.registry.options()?;
     let bar = Bar::start("capture", args.json);

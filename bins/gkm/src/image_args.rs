@@ -23,6 +23,44 @@ pub const EXIT_INCOMPATIBLE: u8 = 3;
 /// Exit code: the image was refused as unsafe.
 pub const EXIT_REJECTED: u8 = 4;
 
+/// What a builder declares about a cache its tree does not state (`build`,
+/// `capture`).
+#[derive(clap::Args, Clone, Default)]
+pub struct DeclaredArgs {
+    /// Inductor and Mega-Cache: the torch version that compiled the cache
+    /// (the tree does not state it), labelled `declared-torch-version`.
+    #[arg(long, value_name = "VERSION")]
+    torch_version: Option<String>,
+    /// Inductor and Mega-Cache: the CPU ISA Inductor picked for the C++
+    /// kernels (`amx_tile`, `avx512_vnni`, `avx512`, `avx2`, `asimd`,
+    /// `neon`, `zvector`, `vsx`), labelled `declared-cpu-isa`.
+    #[arg(long, value_name = "ISA")]
+    cpu_isa: Option<String>,
+    /// DeepGEMM: the directory of the `deep_gemm` package that compiled the
+    /// cache (`python -c 'import deep_gemm, os;
+    /// print(os.path.dirname(deep_gemm.__file__))'`), which every key
+    /// names; each key is checked against it and the image labelled with
+    /// it.
+    #[arg(long, value_name = "DIR")]
+    deepgemm_root: Option<String>,
+    /// DeepGEMM: the CUDA_HOME it compiled with, which the keys of kernels
+    /// NVRTC compiled name (default /usr/local/cuda).
+    #[arg(long, value_name = "DIR")]
+    cuda_home: Option<String>,
+}
+
+impl DeclaredArgs {
+    /// What these flags declare.
+    pub fn declared(&self) -> gkm_core::cache::Declared {
+        gkm_core::cache::Declared {
+            torch_version: self.torch_version.clone(),
+            cpu_isa: self.cpu_isa.clone(),
+            deepgemm_root: self.deepgemm_root.clone(),
+            cuda_home: self.cuda_home.clone(),
+        }
+    }
+}
+
 /// Registry flags.
 #[derive(clap::Args, Clone, Default)]
 pub struct RegistryArgs {

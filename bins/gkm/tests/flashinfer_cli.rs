@@ -6,26 +6,11 @@
 // A test panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
 use gkm_testenv::flashinfer::{MODULE, flashinfer_tree, module_dir};
 
 mod support;
 
-use support::{gkm_in, text};
-
-fn ok(args: &[&str], dir: &Path) -> String {
-    let out = gkm_in(args, dir);
-    assert!(out.status.success(), "gkm {args:?} failed:\n{}", text(&out));
-    text(&out)
-}
-
-/// A simulated inventory of one `profile` GPU.
-fn gpus(dir: &Path, profile: &str) -> String {
-    let path = dir.join(format!("gpus-{profile}.yaml"));
-    std::fs::write(&path, format!("gpus:\n  - profile: {profile}\n")).unwrap();
-    path.display().to_string()
-}
+use support::{gkm_in, gkm_ok, one_gpu, text};
 
 #[test]
 fn a_flashinfer_cache_builds_inspects_and_fits_the_gpus_of_its_architecture() {
@@ -34,14 +19,14 @@ fn a_flashinfer_cache_builds_inspects_and_fits_the_gpus_of_its_architecture() {
     flashinfer_tree(&root, &root);
     let image = format!("oci:{}:fi", dir.path().join("layout").display());
 
-    let built = ok(&["build", root.to_str().unwrap(), "-t", &image], dir.path());
+    let built = gkm_ok(&["build", root.to_str().unwrap(), "-t", &image], dir.path());
     eprintln!("gkm build:\n{built}");
     assert!(
         built.contains("(flashinfer cache): 2 kernels, ") && built.contains("targets: cuda/90a/32"),
         "{built}"
     );
 
-    let inspected = ok(&["inspect", &image], dir.path());
+    let inspected = gkm_ok(&["inspect", &image], dir.path());
     eprintln!("gkm inspect:\n{inspected}");
     assert!(inspected.contains("Kind:        flashinfer"), "{inspected}");
     assert!(
@@ -57,11 +42,11 @@ fn a_flashinfer_cache_builds_inspects_and_fits_the_gpus_of_its_architecture() {
         "{inspected}"
     );
 
-    let h100 = gpus(dir.path(), "H100");
+    let h100 = one_gpu(dir.path(), "H100");
     let fits = gkm_in(&["check", &image, "--gpus", &h100], dir.path());
     eprintln!("gkm check (H100):\n{}", text(&fits));
     assert!(fits.status.success(), "{}", text(&fits));
-    let a100 = gpus(dir.path(), "A100");
+    let a100 = one_gpu(dir.path(), "A100");
     let other = gkm_in(&["check", &image, "--gpus", &a100], dir.path());
     eprintln!("gkm check (A100):\n{}", text(&other));
     assert_eq!(other.status.code(), Some(3), "{}", text(&other));

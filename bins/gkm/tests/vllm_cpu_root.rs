@@ -19,7 +19,7 @@ use gkm_core::compat::host_cpu_isa;
 
 mod support;
 
-use support::{gkm_in, text};
+use support::{gkm_in, gkm_ok, text};
 
 /// The ISA the fixtures' kernels were compiled for.
 const FIXTURE_ISA: &str = "amx_tile";
@@ -48,12 +48,6 @@ fn inductor_cache(root: &Path) -> PathBuf {
     hash.join("inductor_cache")
 }
 
-fn ok(args: &[&str], dir: &Path) -> String {
-    let out = gkm_in(args, dir);
-    assert!(out.status.success(), "gkm {args:?} failed:\n{}", text(&out));
-    text(&out)
-}
-
 #[test]
 fn a_real_vllm_cpu_root_is_a_cache_of_cpp_kernels_that_fits_the_cpu_they_were_built_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,7 +74,7 @@ fn a_real_vllm_cpu_root_is_a_cache_of_cpp_kernels_that_fits_the_cpu_they_were_bu
             manifest
         );
 
-        let built = ok(&["build", root.to_str().unwrap(), "-t", &image], dir.path());
+        let built = gkm_ok(&["build", root.to_str().unwrap(), "-t", &image], dir.path());
         eprintln!("gkm build ({arch}):\n{built}");
         assert!(
             built.contains(&format!(
@@ -91,7 +85,7 @@ fn a_real_vllm_cpu_root_is_a_cache_of_cpp_kernels_that_fits_the_cpu_they_were_bu
             "{built}"
         );
 
-        let inspected = ok(&["inspect", &image], dir.path());
+        let inspected = gkm_ok(&["inspect", &image], dir.path());
         eprintln!("gkm inspect ({arch}):\n{inspected}");
         assert!(
             inspected.contains("Format:      aot_compile"),
@@ -108,7 +102,7 @@ fn a_real_vllm_cpu_root_is_a_cache_of_cpp_kernels_that_fits_the_cpu_they_were_bu
             "{inspected}"
         );
         let doc: serde_json::Value =
-            serde_json::from_str(&ok(&["inspect", "--json", &image], dir.path())).unwrap();
+            serde_json::from_str(&gkm_ok(&["inspect", "--json", &image], dir.path())).unwrap();
         assert_eq!(doc["labels"]["cache.vllm.image/cpu-isa"], FIXTURE_ISA);
         assert_eq!(
             doc["labels"]["cache.vllm.image/cpp-kernel-count"],
@@ -127,7 +121,7 @@ fn a_real_vllm_cpu_root_is_a_cache_of_cpp_kernels_that_fits_the_cpu_they_were_bu
                 "compatible exactly where Inductor picks {FIXTURE_ISA} (this CPU: {host:?}): {}",
                 text(&here)
             );
-            let fits = ok(&["check", target, "--cpu-isa", FIXTURE_ISA], dir.path());
+            let fits = gkm_ok(&["check", target, "--cpu-isa", FIXTURE_ISA], dir.path());
             assert!(
                 fits.contains(&format!(
                     "CPU {FIXTURE_ISA}: compatible ({CPP_KERNELS} C++ kernels built for {FIXTURE_ISA})"

@@ -44,9 +44,69 @@ pub(crate) fn not_whole(head: &[u8], len: u64) -> Option<String> {
     }
 }
 
+/// `e_machine` of a CUDA cubin (`EM_CUDA`).
+const EM_CUDA: u16 = 190;
+
+/// The SM number a CUDA cubin was compiled for (`90` for `sm_90a`), from
+/// the ELF header of a whole 64-bit little-endian cubin (`head`: at least
+/// its first 64 bytes): `e_flags` holds it in its low byte under the
+/// cubin ELF ABI version 7 (`EI_ABIVERSION`, CUDA 12.8 and before:
+/// `0x5a0d5a` for sm_90a) and in its second byte under version 8 (CUDA
+/// 12.9 on, and sm_100 and later: `0x900640a` for sm_100a). The feature
+/// suffix (`a`, `f`) is not read: ptxas 13.0 writes the same flags for
+/// sm_100, sm_100a and sm_100f. Why it is not one is the error.
+pub(crate) fn cubin_sm(head: &[u8]) -> Result<u32, String> {
+    let (Some(machine), Some(flags)) = (head.get(18..20), head.get(0x30..0x34)) else {
+        return Err("that is shorter than an ELF header".into());
+    };
+    if head.get(4..6) != Some(&[2, 1]) {
+        return Err("that is not a 64-bit little-endian ELF file".into());
+    }
+    let machine = u16::from_le_bytes([machine[0], machine[1]]);
+    if machine != EM_CUDA {
+        return Err(format!(
+            "that is an ELF file for machine {machine}, not a CUDA cubin"
+        ));
+    }
+    let flags = u32::from_le_bytes([flags[0], flags[1], flags[2], flags[3]]);
+    match head.get(8) {
+        Some(7) => Ok(flags & 0xff),
+        Some(8) => Ok((flags >> 8) & 0xff),
+        abi => Err(format!(
+            "that is a cubin of ELF ABI version {}, which gkm does not read (7 or 8)",
+            abi.copied().unwrap_or_default()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cubin_names_its_sm_in_the_byte_its_abi_version_says() {
+        let header = |abi: u8, flags: u32| {
+            let mut h = vec![0u8; 0x40];
+            h[..6].copy_from_slice(b"\x7fELF\x02\x01");
+            h[8] = abi;
+            h[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
+            h[0x30..0x34].copy_from_slice(&flags.to_le_bytes());
+            h
+        };
+        assert_eq!(cubin_sm(&header(7, 0x5a0d5a)), Ok(90));
+        assert_eq!(cubin_sm(&header(7, 0x4b054b)), Ok(75));
+        assert_eq!(cubin_sm(&header(8, 0x900640a)), Ok(100));
+        assert_eq!(cubin_sm(&header(8, 0x900780a)), Ok(120));
+        assert!(
+            cubin_sm(&header(9, 0))
+                .unwrap_err()
+                .contains("ABI version 9")
+        );
+        let mut x86 = header(7, 0);
+        x86[18] = 62;
+        assert!(cubin_sm(&x86).unwrap_err().contains("machine 62"));
+        assert!(cubin_sm(b"\x7fELF").is_err());
+    }
 
     #[test]
     fn a_library_that_is_not_a_whole_elf_file_is_torn() {

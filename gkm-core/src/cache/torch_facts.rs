@@ -23,9 +23,6 @@ pub const CPU_ISAS: [&str; 8] = [
     "vsx",
 ];
 
-/// The longest declared value accepted.
-const MAX_DECLARED: usize = 64;
-
 /// Facts of an Inductor or Mega-Cache cache (`"torch"` in `manifest.json`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -54,64 +51,6 @@ impl TorchFacts {
     /// The counts as the `entry-counts` label writes them: compact JSON.
     pub fn counts_label(&self) -> String {
         serde_json::to_string(&self.counts).unwrap_or_default()
-    }
-}
-
-/// What `gkm build` (or a capturing pod) declares about a PyTorch cache.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Declared {
-    /// The torch version that compiled the cache (`torch.__version__`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub torch_version: Option<String>,
-    /// The CPU ISA Inductor picked (one of [`CPU_ISAS`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_isa: Option<String>,
-}
-
-impl Declared {
-    /// Whether nothing is declared.
-    pub fn is_empty(&self) -> bool {
-        self.torch_version.is_none() && self.cpu_isa.is_none()
-    }
-
-    /// Refuses a torch version that is not a version string
-    /// (`2.11.0`, `2.11.0+cu128`) and a CPU ISA Inductor does not name.
-    ///
-    /// ```
-    /// use gkm_core::cache::Declared;
-    /// let ok = Declared { torch_version: Some("2.11.0+cu128".into()), cpu_isa: Some("avx2".into()) };
-    /// assert!(ok.validate().is_ok());
-    /// let bad = Declared { cpu_isa: Some("avx3".into()), ..Default::default() };
-    /// assert!(bad.validate().unwrap_err().to_string().contains("avx3"));
-    /// ```
-    pub fn validate(&self) -> Result<(), CacheError> {
-        if let Some(version) = &self.torch_version {
-            let well_formed = !version.is_empty()
-                && version.len() <= MAX_DECLARED
-                && version.starts_with(|c: char| c.is_ascii_digit())
-                && version
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-' | '_'));
-            if !well_formed {
-                return Err(CacheError::Invalid {
-                    what: "declared torch version",
-                    reason: format!("{version:?} is not a version such as 2.11.0 or 2.11.0+cu128"),
-                });
-            }
-        }
-        if let Some(isa) = &self.cpu_isa
-            && !CPU_ISAS.contains(&isa.as_str())
-        {
-            return Err(CacheError::Invalid {
-                what: "declared CPU ISA",
-                reason: format!(
-                    "{isa:?} is not an ISA Inductor picks; expected one of {}",
-                    CPU_ISAS.join(", ")
-                ),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -158,10 +97,11 @@ macro_rules! torch_kind_rules {
 
         fn declare(
             &self,
-            facts: &mut Facts,
+            _tree: &std::path::Path,
+            manifest: &mut CacheManifest,
             declared: &$crate::cache::Declared,
         ) -> Result<(), CacheError> {
-            $crate::cache::torch_facts::rules::declare(facts, declared)
+            $crate::cache::torch_facts::rules::declare(self.title(), manifest, declared)
         }
 
         fn read_facts(
@@ -188,13 +128,23 @@ pub(crate) use torch_kind_rules;
 /// [`Kind`](super::Kind) methods of the same names call.
 pub(crate) mod rules {
     use super::*;
+    use crate::cache::declared::{Declaration, Declared};
     use crate::cache::kinds::{CpuFit, Fit, kernels};
     use crate::cache::{CacheManifest, Facts, Summary, manifest_json};
     use crate::image_layout::KindLayout;
 
-    /// Records the declared torch version and CPU ISA.
-    pub(crate) fn declare(facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
-        declared.validate()?;
+    /// Records the declared torch version and CPU ISA; refuses what
+    /// describes another kind.
+    pub(crate) fn declare(
+        title: &str,
+        manifest: &mut CacheManifest,
+        declared: &Declared,
+    ) -> Result<(), CacheError> {
+        declared.refuse_beyond(&[Declaration::TorchVersion, Declaration::CpuIsa], title)?;
+        if declared.is_empty() {
+            return Ok(());
+        }
+        let facts = &mut manifest.facts;
         if facts.get::<TorchFacts>().is_none() {
             *facts = Facts::of(TorchFacts::default());
         }

@@ -510,7 +510,7 @@ fn pack(
     options: &CaptureOptions,
 ) -> Result<(crate::Built, Option<String>), Error> {
     let mut cache = cache;
-    cache.declare(&options.declared)?;
+    cache.declare(dir, &options.declared)?;
     let gpu = options
         .gpu
         .clone()

@@ -116,7 +116,7 @@ pub fn build_into_layout(
 /// Mega-Cache blob) with what its builder declared.
 fn scan_declared(cache_dir: &Path, declared: &Declared) -> Result<CacheManifest> {
     let mut cache = gkm_core::cache::scan(cache_dir)?;
-    cache.declare(declared)?;
+    cache.declare(cache_dir, declared)?;
     Ok(cache)
 }
 

@@ -39,7 +39,8 @@ pub struct Pushed {
 }
 
 /// Builds every fleet target's fixture into `gkm/fleet:<target>` and signs
-/// it with `key`, the images side by side (cosign is a process per image).
+/// it with `key`: the images pushed side by side, signed one after another
+/// ([`cosign::sign`] holds one signature push at a time).
 pub async fn push_signed_fleet(stack: &Stack, key: &CosignKey) -> anyhow::Result<Vec<Pushed>> {
     let fleet = gkm_testenv::triton::fleet()?;
     let pushed = futures::future::try_join_all(fleet.into_iter().map(|target| async move {
@@ -53,23 +54,13 @@ pub async fn push_signed_fleet(stack: &Stack, key: &CosignKey) -> anyhow::Result
         })
     }))
     .await?;
-    std::thread::scope(|scope| {
-        let signing: Vec<_> = pushed
-            .iter()
-            .map(|p| {
-                let repository = p
-                    .image
-                    .rsplit_once(':')
-                    .map_or(p.image.as_str(), |(r, _)| r);
-                let pinned = format!("{repository}@{}", p.digest);
-                scope.spawn(move || cosign::sign(key, &pinned))
-            })
-            .collect();
-        signing.into_iter().try_for_each(|s| {
-            s.join()
-                .map_err(|_| anyhow::anyhow!("signing a fleet image panicked"))?
-        })
-    })?;
+    for p in &pushed {
+        let repository = p
+            .image
+            .rsplit_once(':')
+            .map_or(p.image.as_str(), |(r, _)| r);
+        cosign::sign(key, &format!("{repository}@{}", p.digest))?;
+    }
     Ok(pushed)
 }
 

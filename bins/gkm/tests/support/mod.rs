@@ -32,6 +32,20 @@ pub fn gkm_in(args: &[&str], dir: &Path) -> Output {
     run(Path::new(env!("CARGO_BIN_EXE_gkm")), args, dir)
 }
 
+/// [`gkm_in`], failing unless it succeeds; its output ([`text`]).
+pub fn gkm_ok(args: &[&str], dir: &Path) -> String {
+    let out = gkm_in(args, dir);
+    assert!(out.status.success(), "gkm {args:?} failed:\n{}", text(&out));
+    text(&out)
+}
+
+/// A simulated inventory of one `profile` GPU in `dir`, for `--gpus`.
+pub fn one_gpu(dir: &Path, profile: &str) -> String {
+    let path = dir.join(format!("gpus-{profile}.yaml"));
+    std::fs::write(&path, format!("gpus:\n  - profile: {profile}\n")).unwrap();
+    path.display().to_string()
+}
+
 /// Standard output then standard error, for messages.
 pub fn text(out: &Output) -> String {
     format!(

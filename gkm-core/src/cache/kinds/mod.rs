@@ -45,6 +45,7 @@ pub use fit::{
     CPP_KERNEL_COUNT_LABEL, CPU_ISA_LABEL, CpuFit, Fit, cpu_labels, cpu_of_labels, entries_fit,
 };
 
+pub mod deepgemm;
 mod fit;
 pub mod flashinfer;
 pub mod inductor;
@@ -63,6 +64,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::Inductor,
     CacheKind::MegaCache,
     CacheKind::FlashInfer,
+    CacheKind::DeepGemm,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
@@ -202,16 +204,18 @@ pub trait Kind: Sync + 'static {
         Fit::of_targets(summary)
     }
 
-    /// Records what a builder declares about a cache of this kind (facts
-    /// its tree does not state) into its `facts`. Refused, naming the
-    /// options, for a kind that takes none (the default).
-    fn declare(&self, facts: &mut Facts, declared: &Declared) -> Result<(), CacheError> {
-        let _ = (facts, declared);
-        Err(CacheError::Invalid {
-            what: "declared PyTorch facts",
-            reason: "--torch-version and --cpu-isa describe Inductor and Mega-Cache caches only"
-                .into(),
-        })
+    /// Records what a builder declares about `manifest`, a cache of this
+    /// kind scanned from `tree` (facts its tree does not state), checking
+    /// it against the tree where it can. Refuses options that describe
+    /// another kind, naming them; the default takes none.
+    fn declare(
+        &self,
+        tree: &Path,
+        manifest: &mut CacheManifest,
+        declared: &Declared,
+    ) -> Result<(), CacheError> {
+        let _ = (tree, manifest);
+        declared.refuse_beyond(&[], self.title())
     }
 
     /// Reads the kind's member of `manifest.json` (the value under its
@@ -264,6 +268,37 @@ pub trait Kind: Sync + 'static {
     }
 }
 
+/// Reads a kind's member of `manifest.json` listing entries of its own type
+/// `E` ([`Kind::read_entries`] of a kind whose entries are not Triton
+/// kernels).
+pub(crate) fn read_own_entries<E>(
+    value: serde_json::Value,
+) -> Result<Option<Vec<CacheEntry>>, serde_json::Error>
+where
+    E: super::EntryFacts + serde::de::DeserializeOwned,
+{
+    let entries: Option<Vec<E>> = serde::Deserialize::deserialize(value)?;
+    Ok(entries.map(|e| e.into_iter().map(CacheEntry::new).collect()))
+}
+
+/// The entries of type `E` `manifest` lists, in its order.
+pub(crate) fn own_entries<E: super::EntryFacts>(manifest: &CacheManifest) -> Vec<&E> {
+    manifest
+        .entries()
+        .iter()
+        .filter_map(CacheEntry::facts)
+        .collect()
+}
+
+/// Writes `manifest.json` of kind `name` whose entries are its own type
+/// `E` ([`Kind::write_manifest`] of such a kind), with no facts beside.
+pub(crate) fn write_own_entries<E>(name: &str, manifest: &CacheManifest) -> Vec<u8>
+where
+    E: super::EntryFacts + serde::Serialize,
+{
+    manifest_json::write(name, &own_entries::<E>(manifest), None::<(&str, &())>)
+}
+
 /// The Triton kernels `manifest` lists, in its order.
 pub(crate) fn kernels(manifest: &CacheManifest) -> Vec<&TritonKernel> {
     manifest
@@ -299,7 +334,8 @@ mod tests {
         }
         assert_eq!(scan_order().last(), Some(CacheKind::Triton));
         assert_eq!(scan_order().count(), REGISTRY.len());
-        assert_eq!(by_name("deepgemm"), None);
+        assert_eq!(by_name("deepgemm"), Some(CacheKind::DeepGemm));
+        assert_eq!(by_name("tilelang"), None);
     }
 
     #[test]
@@ -337,7 +373,7 @@ mod tests {
         assert_eq!(json, "\"megacache\"");
         let back: CacheKind = serde_json::from_str(&json).unwrap();
         assert_eq!(back, CacheKind::MegaCache);
-        let err = serde_json::from_str::<CacheKind>("\"deepgemm\"").unwrap_err();
-        assert!(err.to_string().contains("deepgemm"), "{err}");
+        let err = serde_json::from_str::<CacheKind>("\"tilelang\"").unwrap_err();
+        assert!(err.to_string().contains("tilelang"), "{err}");
     }
 }

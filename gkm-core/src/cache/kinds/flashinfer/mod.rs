@@ -136,17 +136,11 @@ impl Kind for FlashInfer {
         &self,
         value: serde_json::Value,
     ) -> Result<Option<Vec<CacheEntry>>, serde_json::Error> {
-        let entries: Option<Vec<FlashInferEntry>> = serde::Deserialize::deserialize(value)?;
-        Ok(entries.map(|e| e.into_iter().map(CacheEntry::new).collect()))
+        super::read_own_entries::<FlashInferEntry>(value)
     }
 
     fn write_manifest(&self, manifest: &CacheManifest) -> Vec<u8> {
-        let entries: Vec<&FlashInferEntry> = manifest
-            .entries()
-            .iter()
-            .filter_map(CacheEntry::facts)
-            .collect();
-        crate::cache::manifest_json::write(self.name(), &entries, None::<(&str, &())>)
+        super::write_own_entries::<FlashInferEntry>(self.name(), manifest)
     }
 
     /// The FlashInfer and CUDA versions its entries record.
