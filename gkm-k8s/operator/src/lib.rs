@@ -25,6 +25,7 @@
 
 pub mod admission;
 pub mod cache;
+pub mod cache_metrics;
 pub mod capture;
 mod config;
 mod error;

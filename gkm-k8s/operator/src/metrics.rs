@@ -6,7 +6,8 @@
 //!   failed, by [`error_kind`];
 //! - `gkm_operator_reconcile_duration_seconds{controller}`: how long each took;
 //! - `gkm_operator_caches{state}`: caches by the state their status shows,
-//!   counted at scrape time from the controllers' caches;
+//!   counted at scrape time from the controllers' caches, and each cache's
+//!   nodes, pods and workloads ([`crate::cache_metrics`]);
 //! - `gkm_operator_registry_requests_total{operation,outcome}` and
 //!   `gkm_operator_registry_request_duration_seconds{operation,outcome}`:
 //!   tag resolutions (`resolve`), signature checks (`verify`) and reads of
@@ -31,6 +32,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Unit;
 
+use crate::cache_metrics::CacheFigures;
 use crate::error::Error;
 use gkm_k8s_api::cache_object::Scope;
 use gkm_k8s_api::crd::CacheState;
@@ -120,8 +122,8 @@ fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 13))
 }
 
-/// The states of every cache one controller holds, read at each scrape.
-type StateSource = Box<dyn Fn() -> Vec<Option<CacheState>> + Send + Sync>;
+/// The figures of every cache one controller holds, read at each scrape.
+type FigureSource = Box<dyn Fn() -> Vec<CacheFigures> + Send + Sync>;
 
 /// The operator's metrics; clones of the `Arc` record into the same series.
 pub struct Metrics {
@@ -132,7 +134,7 @@ pub struct Metrics {
     registry_duration: Histograms<RegistryLabels>,
     status_writes: Counter,
     release_writes: Counter,
-    cache_states: Mutex<Vec<StateSource>>,
+    caches: Mutex<Vec<FigureSource>>,
 }
 
 impl Default for Metrics {
@@ -145,7 +147,7 @@ impl Default for Metrics {
             registry_duration: Family::new_with_constructor(seconds_histogram),
             status_writes: Counter::default(),
             release_writes: Counter::default(),
-            cache_states: Mutex::new(Vec::new()),
+            caches: Mutex::new(Vec::new()),
         };
         // Both cache controllers' series exist from the start, at zero.
         for scope in [Scope::Namespaced, Scope::Cluster] {
@@ -232,35 +234,35 @@ impl Metrics {
             .get()
     }
 
-    /// Counts the caches `states` lists (their `status.state`, `None` when
-    /// not written yet) at each scrape, in `gkm_operator_caches`.
-    pub fn count_caches(
-        &self,
-        states: impl Fn() -> Vec<Option<CacheState>> + Send + Sync + 'static,
-    ) {
-        self.cache_states
+    /// Reads the figures of the caches `caches` lists (their statuses) at
+    /// each scrape: `gkm_operator_caches` and the per-cache families.
+    pub fn count_caches(&self, caches: impl Fn() -> Vec<CacheFigures> + Send + Sync + 'static) {
+        self.caches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(Box::new(states));
+            .push(Box::new(caches));
     }
 
-    /// The number of caches in each state, every state listed.
-    fn caches_by_state(&self) -> BTreeMap<&'static str, i64> {
-        let mut out: BTreeMap<&'static str, i64> =
-            STATES.iter().map(|s| (state_label(*s), 0)).collect();
-        for source in self
-            .cache_states
+    /// Every cache's figures, from every source.
+    fn cache_figures(&self) -> Vec<CacheFigures> {
+        self.caches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-        {
-            for state in source() {
-                *out.entry(state_label(state.unwrap_or_default()))
-                    .or_default() += 1;
-            }
-        }
-        out
+            .flat_map(|source| source())
+            .collect()
     }
+}
+
+/// The number of `caches` in each state, every state listed.
+fn caches_by_state(caches: &[CacheFigures]) -> BTreeMap<&'static str, i64> {
+    let mut out: BTreeMap<&'static str, i64> =
+        STATES.iter().map(|s| (state_label(*s), 0)).collect();
+    for cache in caches {
+        *out.entry(state_label(cache.state.unwrap_or_default()))
+            .or_default() += 1;
+    }
+    out
 }
 
 /// Every state a cache's status can show.
@@ -366,7 +368,8 @@ impl Collector for OperatorCollector {
             Some(&Unit::Seconds),
             &m.registry_duration,
         )?;
-        let by_state = m.caches_by_state();
+        let caches = m.cache_figures();
+        let by_state = caches_by_state(&caches);
         let out = e.encode_descriptor(
             "operator_caches",
             "Caches by the state their status shows",
@@ -378,13 +381,15 @@ impl Collector for OperatorCollector {
             let gauge = ConstGauge::new(count);
             gauge.encode(out.encode_family(&[("state", state)])?)?;
         }
-        Ok(())
+        crate::cache_metrics::encode(e, &caches)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gkm_k8s_api::crd::{CacheStatus, WorkloadUsage};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use prometheus_client::registry::Registry;
 
     fn scrape(metrics: &Arc<Metrics>) -> String {
@@ -408,7 +413,34 @@ mod tests {
         metrics.registry_request(RegistryOperation::Verify, false, Duration::from_secs(1));
         metrics.status_written();
         metrics.release_written();
-        metrics.count_caches(|| vec![Some(CacheState::Running), None, Some(CacheState::Running)]);
+        metrics.count_caches(|| {
+            let status = |state| CacheStatus {
+                state: Some(state),
+                ..CacheStatus::default()
+            };
+            let mut served =
+                CacheFigures::of(Some("ml"), "kernels", Some(&status(CacheState::Running)));
+            served.counts.node_in_use_cnt = 2;
+            served.counts.node_incompatible_cnt = 1;
+            served.counts.pod_running_cnt = 3;
+            served.workloads = vec![WorkloadUsage {
+                pods_ended: 4,
+                pods_compiling: 1,
+                new_entries: 2,
+                entries_delivered: Some(40),
+                ..WorkloadUsage::of(
+                    "ml",
+                    "Deployment/vllm",
+                    "triton",
+                    Time(jiff::Timestamp::UNIX_EPOCH),
+                )
+            }];
+            vec![
+                served,
+                CacheFigures::of(None, "pending", None),
+                CacheFigures::of(None, "shared", Some(&status(CacheState::Running))),
+            ]
+        });
         let text = scrape(&metrics);
         for line in [
             "gkm_operator_reconciles_total{controller=\"gkmcache\"} 1",
@@ -423,6 +455,14 @@ mod tests {
             "gkm_operator_caches{state=\"Running\"} 2",
             "gkm_operator_caches{state=\"Pending\"} 1",
             "gkm_operator_caches{state=\"Error\"} 0",
+            "gkm_operator_cache_nodes{namespace=\"ml\",cache=\"kernels\",state=\"in_use\"} 2",
+            "gkm_operator_cache_nodes{namespace=\"ml\",cache=\"kernels\",state=\"incompatible\"} 1",
+            "gkm_operator_cache_nodes{namespace=\"\",cache=\"shared\",state=\"idle\"} 0",
+            "gkm_operator_cache_pods{namespace=\"ml\",cache=\"kernels\"} 3",
+            "gkm_operator_cache_workload_pods_ended{namespace=\"ml\",cache=\"kernels\",workload_namespace=\"ml\",workload=\"Deployment/vllm\"} 4",
+            "gkm_operator_cache_workload_pods_compiling{namespace=\"ml\",cache=\"kernels\",workload_namespace=\"ml\",workload=\"Deployment/vllm\"} 1",
+            "gkm_operator_cache_workload_new_entries{namespace=\"ml\",cache=\"kernels\",workload_namespace=\"ml\",workload=\"Deployment/vllm\"} 2",
+            "gkm_operator_cache_workload_entries_delivered{namespace=\"ml\",cache=\"kernels\",workload_namespace=\"ml\",workload=\"Deployment/vllm\"} 40",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

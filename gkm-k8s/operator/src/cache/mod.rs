@@ -57,7 +57,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tracing::warn;
 
 pub use reconcile::FINALIZER;
@@ -210,7 +210,13 @@ async fn controller<K: CacheObject>(ctx: Arc<Context>) {
         cached
             .state()
             .iter()
-            .map(|c| c.cache_status().and_then(|s| s.state))
+            .map(|c| {
+                crate::cache_metrics::CacheFigures::of(
+                    c.namespace().as_deref(),
+                    &c.name_any(),
+                    c.cache_status(),
+                )
+            })
             .collect()
     });
     let metrics = ctx.metrics.clone();
