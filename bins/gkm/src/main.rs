@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod build;
+mod caches;
 mod capture;
 mod check;
 mod crds;
@@ -73,6 +74,10 @@ enum Command {
     Gpus(gpus::Args),
     /// Print gkm's CustomResourceDefinitions (YAML, or JSON with --json).
     Crds(crds::Args),
+    /// List a cluster's caches and whether they are used: per cache its
+    /// state, digest, nodes serving it and pods on it, and per workload
+    /// its hit ratio and the entries it compiled.
+    Caches(caches::Args),
     /// Print a shell completion script.
     ///
     /// For example `gkm completions bash > /etc/bash_completion.d/gkm`.
@@ -100,6 +105,7 @@ impl Command {
             Command::Gpus(_)
             | Command::View(_)
             | Command::Crds(_)
+            | Command::Caches(_)
             | Command::Completions { .. } => None,
         }
     }
@@ -125,6 +131,7 @@ async fn main() -> ExitCode {
         Command::View(args) => view::run(args),
         Command::Gpus(args) => gpus::run(args).await,
         Command::Crds(args) => crds::run(args),
+        Command::Caches(args) => caches::run(args).await,
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "gkm", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)

@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output};
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 16] = [
     "build",
     "index",
     "push",
@@ -21,6 +21,7 @@ const COMMANDS: [&str; 15] = [
     "view",
     "gpus",
     "crds",
+    "caches",
     "completions",
 ];
 
