@@ -68,7 +68,7 @@ pub fn hit_ratio(usage: &WorkloadUsage) -> Option<f64> {
 /// The rows of cache `name` in `namespace` (empty: cluster-scoped) whose
 /// status is `status`: one per workload its status lists, or one.
 pub fn rows(namespace: &str, name: &str, status: Option<&CacheStatus>) -> Vec<Row> {
-    let counts = status.map(|s| s.counts.clone()).unwrap_or_default();
+    let counts = status.map(|s| s.counts).unwrap_or_default();
     let cache = Row {
         namespace: namespace.to_string(),
         cache: name.to_string(),

@@ -50,7 +50,7 @@ impl CacheFigures {
             namespace: namespace.unwrap_or_default().to_string(),
             name: name.to_string(),
             state: status.and_then(|s| s.state),
-            counts: status.map(|s| s.counts.clone()).unwrap_or_default(),
+            counts: status.map(|s| s.counts).unwrap_or_default(),
             workloads: status.and_then(|s| s.workloads.clone()).unwrap_or_default(),
         }
     }
