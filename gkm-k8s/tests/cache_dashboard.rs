@@ -33,21 +33,6 @@ fn served(collector: Box<dyn Collector>) -> anyhow::Result<BTreeSet<String>> {
     Ok(names)
 }
 
-/// Every `gkm_…` metric name in `text`.
-fn metric_names(text: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("gkm_") {
-        let name: String = rest[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        rest = &rest[at + name.len()..];
-        names.push(name);
-    }
-    names
-}
-
 #[test]
 fn the_caches_dashboard_asks_only_for_metrics_the_operator_and_csi_driver_serve()
 -> anyhow::Result<()> {
@@ -60,21 +45,7 @@ fn the_caches_dashboard_asks_only_for_metrics_the_operator_and_csi_driver_serve(
         store.path(),
     )))?);
 
-    let mut asked = Vec::new();
-    for panel in dashboard["panels"].as_array().into_iter().flatten() {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            asked.extend(metric_names(target["expr"].as_str().unwrap_or_default()));
-        }
-    }
-    for variable in dashboard["templating"]["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        asked.extend(metric_names(
-            variable["definition"].as_str().unwrap_or_default(),
-        ));
-    }
+    let asked = gkm_testenv::dashboard_metrics(&dashboard);
     for name in &asked {
         assert!(
             serving.contains(name),

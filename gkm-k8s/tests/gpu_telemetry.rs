@@ -257,21 +257,7 @@ fn the_dashboard_asks_only_for_metrics_the_agent_serves() -> anyhow::Result<()> 
     let dashboard: serde_json::Value =
         serde_json::from_str(&deploy_file("dashboards/gkm-gpus.json")?)?;
     let served = family_names();
-    let mut asked = Vec::new();
-    for panel in dashboard["panels"].as_array().into_iter().flatten() {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().unwrap_or_default();
-            let mut rest = expr;
-            while let Some(at) = rest.find("gkm_") {
-                let name: String = rest[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                rest = &rest[at + name.len()..];
-                asked.push(name);
-            }
-        }
-    }
+    let asked = gkm_testenv::dashboard_metrics(&dashboard);
     assert!(asked.len() >= 10, "{asked:?}");
     for name in &asked {
         assert!(

@@ -59,7 +59,7 @@ pub use control_plane_restart::ControlPlaneRestarts;
 pub use fixtures::{fixture_cache, fixture_caches, repo_root};
 pub use kubelet_crash::crash_kubelet;
 pub use kwok::{KWOK_NODE_ANNOTATION, Kwok};
-pub use metrics::{Sample, promlint, samples};
+pub use metrics::{Sample, dashboard_metrics, promlint, samples};
 pub use node::{
     BUSYBOX_IMAGE, NodePaths, PAUSE_IMAGE, RealNode, RealNodeOptions, TestImage, mounts_under,
 };

@@ -1,5 +1,6 @@
 //! Checking a metrics exposition: with the real Prometheus parser and
-//! `promlint` ([`promlint`]), and reading its samples back ([`samples`]).
+//! `promlint` ([`promlint`]), and reading its samples back ([`samples`]);
+//! what a shipped Grafana dashboard asks for ([`dashboard_metrics`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -106,6 +107,35 @@ fn sample(line: &str) -> Option<Sample> {
         labels,
         value,
     })
+}
+
+/// Every `gkm_…` metric name a Grafana dashboard's queries name: its
+/// panels' targets and its templating variables' definitions, in order.
+pub fn dashboard_metrics(dashboard: &serde_json::Value) -> Vec<String> {
+    let panels = dashboard["panels"].as_array().into_iter().flatten();
+    let targets = panels.flat_map(|p| p["targets"].as_array().into_iter().flatten());
+    let exprs = targets.map(|t| &t["expr"]);
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    let definitions = variables.map(|v| &v["definition"]);
+    let mut names = Vec::new();
+    for text in exprs
+        .chain(definitions)
+        .filter_map(serde_json::Value::as_str)
+    {
+        let mut rest = text;
+        while let Some(at) = rest.find("gkm_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.push(name);
+        }
+    }
+    names
 }
 
 #[cfg(test)]

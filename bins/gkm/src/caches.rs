@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gkm_k8s_api::crd::{CacheState, CacheStatus, ClusterGKMCache, GKMCache, WorkloadUsage};
+use gkm_k8s_api::crd::{CacheStatus, ClusterGKMCache, GKMCache, WorkloadUsage};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
@@ -72,10 +72,11 @@ pub fn rows(namespace: &str, name: &str, status: Option<&CacheStatus>) -> Vec<Ro
     let cache = Row {
         namespace: namespace.to_string(),
         cache: name.to_string(),
-        state: format!(
-            "{:?}",
-            status.and_then(|s| s.state).unwrap_or(CacheState::Pending)
-        ),
+        state: status
+            .and_then(|s| s.state)
+            .unwrap_or_default()
+            .as_str()
+            .to_string(),
         digest: status.and_then(|s| s.resolved_digest.clone()),
         nodes_serving: counts.node_in_use_cnt + counts.node_not_in_use_cnt,
         nodes: counts.node_cnt,
@@ -190,6 +191,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gkm_k8s_api::crd::CacheState;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]

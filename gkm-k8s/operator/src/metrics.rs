@@ -256,10 +256,9 @@ impl Metrics {
 
 /// The number of `caches` in each state, every state listed.
 fn caches_by_state(caches: &[CacheFigures]) -> BTreeMap<&'static str, i64> {
-    let mut out: BTreeMap<&'static str, i64> =
-        STATES.iter().map(|s| (state_label(*s), 0)).collect();
+    let mut out: BTreeMap<&'static str, i64> = STATES.iter().map(|s| (s.as_str(), 0)).collect();
     for cache in caches {
-        *out.entry(state_label(cache.state.unwrap_or_default()))
+        *out.entry(cache.state.unwrap_or_default().as_str())
             .or_default() += 1;
     }
     out
@@ -277,21 +276,6 @@ const STATES: [CacheState; 9] = [
     CacheState::NoNamespace,
     CacheState::Incompatible,
 ];
-
-/// The state as its Status column reads.
-fn state_label(state: CacheState) -> &'static str {
-    match state {
-        CacheState::Pending => "Pending",
-        CacheState::Downloading => "Downloading",
-        CacheState::Extracted => "Extracted",
-        CacheState::Running => "Running",
-        CacheState::Outdated => "Outdated",
-        CacheState::Deleting => "Deleting",
-        CacheState::Error => "Error",
-        CacheState::NoNamespace => "NoNamespace",
-        CacheState::Incompatible => "Incompatible",
-    }
-}
 
 /// Encodes [`Metrics`] at each scrape; register it with
 /// `registry.register_collector`.

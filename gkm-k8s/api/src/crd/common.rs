@@ -34,6 +34,26 @@ pub enum CacheState {
 }
 
 impl CacheState {
+    /// The state as its `Status` column reads (`Running`, `NoNamespace`).
+    ///
+    /// ```
+    /// use gkm_k8s_api::crd::CacheState;
+    /// assert_eq!(CacheState::NoNamespace.as_str(), "NoNamespace");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheState::Pending => "Pending",
+            CacheState::Downloading => "Downloading",
+            CacheState::Extracted => "Extracted",
+            CacheState::Running => "Running",
+            CacheState::Outdated => "Outdated",
+            CacheState::Deleting => "Deleting",
+            CacheState::Error => "Error",
+            CacheState::NoNamespace => "NoNamespace",
+            CacheState::Incompatible => "Incompatible",
+        }
+    }
+
     /// Whether a node report in this state says the digest's tree is in the
     /// node's store, ready to mount: extracted, mounted, or mounted at an
     /// older digest. The operator counts such nodes, the scheduler extender

@@ -131,14 +131,15 @@ pub(crate) fn binding(
     let archs = [format!("{sm}a"), format!("{sm}f")];
     let mut data = Vec::with_capacity(code.len() + 1024);
     for compiler in [Compiler::Nvcc, Compiler::Nvrtc] {
+        let all = all_settings(compiler);
         for version in versions() {
             let signature = match compiler {
                 Compiler::Nvcc => format!("NVCC{}.{}", version.0, version.1),
                 Compiler::Nvrtc => format!("NVRTC{}.{}", version.0, version.1),
             };
             for arch in &archs {
-                for settings in all_settings(compiler) {
-                    let flags = flags(compiler, version, &settings, &include, cuda_home, arch);
+                for settings in &all {
+                    let flags = flags(compiler, version, settings, &include, cuda_home, arch);
                     data.clear();
                     data.extend_from_slice(format!("{name}$${signature}$${flags}$$").as_bytes());
                     data.extend_from_slice(code);
@@ -155,31 +156,33 @@ pub(crate) fn binding(
     None
 }
 
-/// Every setting tried: C++20 (the default), 17 and 23; the debug
-/// settings in each combination DeepGEMM can set (`debug` sets `verbose`
-/// too, and matters to NVRTC only).
-fn all_settings(compiler: Compiler) -> impl Iterator<Item = Settings> {
-    let debug = match compiler {
-        Compiler::Nvcc => &[false][..],
-        Compiler::Nvrtc => &[false, true][..],
+/// Every setting tried: C++20 (the default), 17 and 23, each with the
+/// debug settings DeepGEMM can set in each combination (`debug` sets
+/// `verbose` too, and matters to NVRTC only).
+fn all_settings(compiler: Compiler) -> Vec<Settings> {
+    let debugs: &[bool] = match compiler {
+        Compiler::Nvcc => &[false],
+        Compiler::Nvrtc => &[false, true],
     };
-    [20, 17, 23].into_iter().flat_map(move |std| {
-        debug.iter().flat_map(move |&debug| {
-            [false, true].into_iter().flat_map(move |lineinfo| {
-                let verbose = if debug {
-                    &[true][..]
-                } else {
-                    &[false, true][..]
-                };
-                verbose.iter().map(move |&verbose| Settings {
-                    std,
-                    verbose,
-                    lineinfo,
-                    debug,
-                })
-            })
-        })
-    })
+    let mut all = Vec::new();
+    for std in [20, 17, 23] {
+        for &debug in debugs {
+            for lineinfo in [false, true] {
+                for verbose in [false, true] {
+                    if debug && !verbose {
+                        continue;
+                    }
+                    all.push(Settings {
+                        std,
+                        verbose,
+                        lineinfo,
+                        debug,
+                    });
+                }
+            }
+        }
+    }
+    all
 }
 
 #[cfg(test)]

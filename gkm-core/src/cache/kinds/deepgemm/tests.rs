@@ -15,10 +15,6 @@ use gkm_testenv::deepgemm::{
 use super::*;
 use crate::cache::{self, CacheError};
 
-fn kernels(manifest: &CacheManifest) -> Vec<&DeepGemmEntry> {
-    entries(manifest)
-}
-
 fn declared(root: &str) -> Declared {
     Declared {
         deepgemm_root: Some(root.into()),
@@ -33,7 +29,7 @@ fn a_deepgemm_cache_is_scanned_into_its_kernels_by_their_cubins_architecture() {
 
     let manifest = cache::scan(dir.path()).unwrap();
     assert_eq!(manifest.kind(), CacheKind::DeepGemm);
-    let found = kernels(&manifest);
+    let found = entries(&manifest);
     assert_eq!(found.len(), 2, "{found:?}");
     for (n, digest) in KERNELS {
         let kernel = found.iter().find(|k| k.digest == digest).unwrap();
@@ -87,7 +83,7 @@ fn every_key_is_checked_against_the_declared_deep_gemm_install() {
 
     let mut manifest = scanned.clone();
     manifest.declare(dir.path(), &declared(ROOT)).unwrap();
-    for kernel in kernels(&manifest) {
+    for kernel in entries(&manifest) {
         assert_eq!(kernel.compiler.as_deref(), Some("NVCC12.9"), "{kernel:?}");
         assert_eq!(kernel.deepgemm_root.as_deref(), Some(ROOT));
         assert_eq!(kernel.arch.as_str(), "90a");
@@ -150,11 +146,11 @@ fn an_nvrtc_kernel_for_the_sm100_family_is_found_with_its_cuda_home() {
     let dir = tempfile::tempdir().unwrap();
     write_kernel(dir.path(), 4096, NVRTC_SM100F, "cuda-100-32");
     let scanned = cache::scan(dir.path()).unwrap();
-    assert_eq!(kernels(&scanned)[0].arch.as_str(), "100a");
+    assert_eq!(entries(&scanned)[0].arch.as_str(), "100a");
 
     let mut manifest = scanned.clone();
     manifest.declare(dir.path(), &declared(ROOT)).unwrap();
-    let kernel = kernels(&manifest)[0];
+    let kernel = entries(&manifest)[0];
     assert_eq!(kernel.compiler.as_deref(), Some("NVRTC13.0"));
     assert_eq!(kernel.arch.as_str(), "100f");
     assert_eq!(manifest.fit().targets.to_string(), "cuda/100f/32");
