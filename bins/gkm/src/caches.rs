@@ -159,12 +159,17 @@ pub fn table(rows: &[Row]) -> String {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let client = gkm_k8s_runtime::client::connect(args.kubeconfig.as_deref()).await?;
     let mut all = Vec::new();
+    let scope = match &args.namespace {
+        Some(ns) => format!("namespace {ns}"),
+        None => "every namespace".to_string(),
+    };
     let listed: Vec<GKMCache> = match &args.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
     .list(&ListParams::default())
-    .await?
+    .await
+    .map_err(|e| listing_failed("GKMCaches", &scope, e))?
     .items;
     for cache in &listed {
         all.extend(rows(
@@ -174,8 +179,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         ));
     }
     if args.namespace.is_none() {
-        let cluster: Vec<ClusterGKMCache> =
-            Api::all(client).list(&ListParams::default()).await?.items;
+        let cluster: Vec<ClusterGKMCache> = Api::all(client)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| listing_failed("ClusterGKMCaches", "the cluster", e))?
+            .items;
         for cache in &cluster {
             all.extend(rows("", &cache.name_any(), cache.status.as_ref()));
         }
@@ -186,6 +194,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         print!("{}", table(&all));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sentence for a list the apiserver refused: what was listed where,
+/// the apiserver's own words, and for a refusal, the narrower command a
+/// tenant's role allows.
+fn listing_failed(what: &str, scope: &str, error: kube::Error) -> anyhow::Error {
+    match error {
+        kube::Error::Api(status) if status.code == 403 => anyhow::anyhow!(
+            "listing {what} in {scope} is forbidden: {}; `gkm caches -n NAMESPACE` lists the caches of a namespace your role can read",
+            status.message
+        ),
+        kube::Error::Api(status) => {
+            anyhow::anyhow!("listing {what} in {scope}: {}", status.message)
+        }
+        other => anyhow::Error::new(other).context(format!("listing {what} in {scope}")),
+    }
 }
 
 #[cfg(test)]

@@ -127,5 +127,45 @@ async fn gkm_caches_lists_each_cache_with_its_workloads_hits() -> anyhow::Result
     assert_eq!(names, ["kernels"]);
     assert_eq!(doc[0]["hitRatio"], 0.5);
     assert_eq!(doc[0]["newEntries"], 2);
+
+    // A tenant allowed to list its namespace's caches only: `-n` serves
+    // it, the cluster-wide list is refused by the apiserver, saying so.
+    plane
+        .apply_object(
+            &json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "cache-reader", "namespace": NS},
+                "rules": [{"apiGroups": ["gkm.io"], "resources": ["gkmcaches"], "verbs": ["list"]}],
+            }),
+            false,
+        )
+        .await?;
+    plane
+        .apply_object(
+            &json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "cache-reader", "namespace": NS},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cache-reader"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "caches-cli-tenant"}],
+            }),
+            false,
+        )
+        .await?;
+    let tenant = plane
+        .kubeconfig_for("caches-cli-tenant", &[])?
+        .display()
+        .to_string();
+    let mine = gkm_ok(
+        &["caches", "--kubeconfig", &tenant, "-n", NS, "--json"],
+        dir.path(),
+    );
+    let doc: serde_json::Value = serde_json::from_str(&mine)?;
+    assert_eq!(doc[0]["cache"], "kernels", "{mine}");
+    let everywhere = support::gkm_in(&["caches", "--kubeconfig", &tenant], dir.path());
+    let said = support::text(&everywhere);
+    eprintln!("gkm caches (tenant, every namespace):\n{said}");
+    assert!(!everywhere.status.success(), "{said}");
+    assert!(said.contains("forbidden"), "{said}");
+    assert!(said.contains("gkm caches -n NAMESPACE"), "{said}");
     Ok(())
 }
