@@ -92,7 +92,7 @@ pub use torch_facts::{
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
 /// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
-/// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`), each
+/// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`, `CacheKind::TileLang`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -101,7 +101,7 @@ pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
-    /// `inductor`, `megacache`, `flashinfer`, `deepgemm`.
+    /// `inductor`, `megacache`, `flashinfer`, `deepgemm`, `tilelang`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }

@@ -30,8 +30,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use triton_pod_support::{
-    CACHE, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, mount_host_system_dirs,
-    node, phase, pods_api, usage_record,
+    CACHE, NS, SCRATCH, TIMEOUT, TritonNode, delete_all, ended, exit_code, node, phase, pods_api,
+    usage_record, workload_pod,
 };
 
 /// A target the delivered cache holds no kernel for.
@@ -70,20 +70,19 @@ fn triton_pod(
 ) -> anyhow::Result<Pod> {
     let mount = mount.display().to_string();
     let venv = virtualenv()?.display().to_string();
-    let mut volumes = vec![
+    let volumes = vec![
         cache_volume(read_only, attrs),
         json!({"name": "venv", "hostPath": {"path": venv, "type": "Directory"}}),
         json!({"name": "checker", "hostPath": {
             "path": checker_dir().display().to_string(), "type": "Directory"}}),
         json!({"name": "scratch", "emptyDir": {}}),
     ];
-    let mut mounts = vec![
+    let mounts = vec![
         json!({"name": "kernels", "mountPath": mount, "readOnly": read_only}),
         json!({"name": "venv", "mountPath": VIRTUALENV_LINK, "readOnly": true}),
         json!({"name": "checker", "mountPath": CHECKER, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    mount_host_system_dirs(&mut volumes, &mut mounts);
     let command = [
         format!("{VIRTUALENV_LINK}/bin/python"),
         format!("{CHECKER}/triton_fleet.py"),
@@ -97,28 +96,8 @@ fn triton_pod(
         "--cache".into(),
         mount.clone(),
     ];
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "nodeName": n.name,
-            "automountServiceAccountToken": false,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": non_root(),
-            "containers": [{
-                "name": "triton", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": command,
-                "env": [
-                    {"name": "TRITON_CACHE_DIR", "value": mount},
-                    {"name": "HOME", "value": SCRATCH},
-                    {"name": "TMPDIR", "value": SCRATCH},
-                    {"name": "PATH", "value": "/usr/bin:/bin"},
-                ],
-                "volumeMounts": mounts,
-            }],
-            "volumes": volumes,
-        }
-    }))?)
+    let env = [("TRITON_CACHE_DIR", mount.as_str())];
+    workload_pod(n, name, "triton", json!(command), &env, volumes, mounts)
 }
 
 /// A busybox pod with a writable cache volume at `mount`, waiting.

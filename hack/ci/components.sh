@@ -183,16 +183,27 @@ python_venv() {
       --only-binary=:all: "$@" -r "$requirements"
     printf '%s' "$venv_key" > "$dest/.stamp"
   fi
-  local link=/tmp/gkm-$name-$version
+  venv_wrapper "$name" "$version"
+}
+
+# venv_wrapper NAME VERSION [OTHER-NAME OTHER-VERSION]
+# Writes $GKM_TOOLS_DIR/bin/NAME-python, which links NAME-VERSION/ (and
+# OTHER-NAME-OTHER-VERSION/, a virtualenv it imports from) at their fixed
+# paths, /tmp/gkm-NAME-VERSION, and runs the first one's python.
+venv_wrapper() {
+  local name=$1 version=$2
+  local script="#!/bin/sh
+# Real $name $version (hack/ci/components.sh $name), run from /tmp/gkm-$name-$version."
+  while (($#)); do
+    local link=/tmp/gkm-$1-$2 dest=$tools_dir/$1-$2
+    script+="
+if [ \"\$(readlink $link)\" != \"$dest\" ]; then
+  ln -sfn \"$dest\" $link || { echo \"$name-python: cannot link $link to $dest\" >&2; exit 1; }
+fi"
+    shift 2
+  done
   rm -f "$bin_dir/$name-python"
-  cat > "$bin_dir/$name-python" <<EOF
-#!/bin/sh
-# Real $name $version (hack/ci/components.sh $name), run from $link.
-if [ "\$(readlink $link)" != "$dest" ]; then
-  ln -sfn "$dest" $link || { echo "$name-python: cannot link $link to $dest" >&2; exit 1; }
-fi
-exec $link/bin/python "\$@"
-EOF
+  printf '%s\nexec /tmp/gkm-%s-%s/bin/python "$@"\n' "$script" "$name" "$version" > "$bin_dir/$name-python"
   chmod +x "$bin_dir/$name-python"
 }
 
@@ -246,7 +257,28 @@ vllm_component() {
   python_venv vllm "$1" "$root/hack/fixtures/vllm-requirements.txt" --no-deps
 }
 
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch vllm toxiproxy)
+# tilelang_component VERSION
+# Real TileLang, which compiles CUDA kernels for any GPU target without a GPU
+# (nvcc from NVIDIA's PyPI wheels) and caches them in TILELANG_CACHE_DIR: a
+# virtualenv in tilelang-VERSION/ with the pinned wheels
+# (hack/fixtures/tilelang-requirements.txt, installed without resolving) that
+# imports the torch virtualenv's PyTorch through a .pth file rather than
+# installing a second one, run by $GKM_TOOLS_DIR/bin/tilelang-python. Both
+# run from their fixed paths (/tmp/gkm-tilelang-VERSION and
+# /tmp/gkm-torch-VERSION, which the .pth names), where pods mount them too.
+tilelang_component() {
+  [[ -x $tools_dir/torch-$TORCH_VERSION/bin/python ]] || torch_component "$TORCH_VERSION"
+  python_venv tilelang "$1" "$root/hack/fixtures/tilelang-requirements.txt" --no-deps
+  venv_wrapper tilelang "$1" torch "$TORCH_VERSION"
+  local purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  local site
+  site=$("$tools_dir/tilelang-$1/bin/python" -c "$purelib")
+  "$tools_dir/torch-$TORCH_VERSION/bin/python" -c "$purelib" \
+    | sed "s|^$tools_dir/torch-$TORCH_VERSION/|/tmp/gkm-torch-$TORCH_VERSION/|" > "$site/gkm-torch.pth"
+}
+
+TORCH_VERSION=2.11.0
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch tilelang vllm toxiproxy)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -295,7 +327,10 @@ for c in "${wanted[@]}"; do
     triton) triton_component 3.6.0 ;;
     # Real PyTorch, for the fixtures under fixtures/torch and the tests that
     # torch.compile reuses the Inductor and Mega-Cache caches gkm delivers.
-    torch) torch_component 2.11.0 ;;
+    torch) torch_component "$TORCH_VERSION" ;;
+    # Real TileLang, for fixtures/tilelang and the test that TileLang reuses
+    # the caches gkm delivers (bins/gkm/tests/tilelang_reuse.rs).
+    tilelang) tilelang_component 0.1.15 ;;
     # Real vLLM on the CPU, for the test that an engine in a pod reuses the
     # VLLM_CACHE_ROOT another engine wrote, delivered by gkm
     # (gkm-k8s/tests/vllm_in_pod.rs), and hack/bench/vllm-cold-start.sh.

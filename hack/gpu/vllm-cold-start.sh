@@ -10,7 +10,7 @@
 #      TRITON_CACHE_DIR and a new HOME (where FlashInfer and the other JIT
 #      caches a serving engine writes go by default);
 #   2. the delivery a node makes, per part the cold start wrote (the vLLM
-#      root, the Triton cache, ~/.cache/flashinfer): `gkm build` into an OCI
+#      root, the Triton cache, ~/.cache/flashinfer, ~/.tilelang/cache): `gkm build` into an OCI
 #      layout, `gkm check` of the image against this GPU, the tree deleted,
 #      `gkm extract` of the image back at the part's path; a part gkm refuses
 #      is recorded with gkm's sentence and not delivered;
@@ -53,6 +53,8 @@ vllm_root=$work/caches/vllm
 triton_dir=$work/caches/triton
 home=$work/home
 flashinfer_dir=$home/.cache/flashinfer
+# TileLang's default TILELANG_CACHE_DIR (the kernels of models that use it).
+tilelang_dir=$home/.tilelang/cache
 
 # start NAME: one engine start in a new process on the caches above, its
 # JSON report in $out/NAME.json, its log in $out/NAME.log.
@@ -95,11 +97,12 @@ for ((round = 1; round <= rounds; round++)); do
   # Every part is delivered where it was written (FlashInfer's and Triton's
   # files name that path), then HOME keeps only what gkm extracted.
   delivered=()
-  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$flashinfer_dir"; do
+  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$flashinfer_dir" tilelang:"$tilelang_dir"; do
     name=${part%%:*}
     if d=$(deliver "$round" "$name" "${part#*:}") && [[ -n $d ]]; then delivered+=("$d"); fi
   done
-  find "$home" -mindepth 1 -maxdepth 2 ! -path "$home/.cache" ! -path "$flashinfer_dir" -exec rm -rf {} +
+  find "$home" -mindepth 1 -maxdepth 2 ! -path "$home/.cache" ! -path "$flashinfer_dir" \
+    ! -path "$home/.tilelang" ! -path "$tilelang_dir" -exec rm -rf {} +
   rm -rf "$work/tmp"
   printf '%s\n' "${delivered[@]}" >"$out/delivered-$round.txt"
   echo "== round $round: warm (delivered: ${delivered[*]:-none})"
@@ -119,7 +122,7 @@ def lines(name):
 cold = [report(f"cold-{r}") for r in range(1, rounds + 1)]
 warm = [report(f"warm-{r}") for r in range(1, rounds + 1)]
 delivered = lines("delivered-1.txt")
-known = {".cache/flashinfer"}
+known = {".cache/flashinfer", ".tilelang/cache"}
 home = [d for d in lines("home-1.txt") if d.count("/") == 1 and d not in known]
 def med(rs, key):
     vals = [r[key] for r in rs if r.get(key) is not None]

@@ -79,6 +79,33 @@ pub(crate) fn cubin_sm(head: &[u8]) -> Result<u32, String> {
     }
 }
 
+/// `e_machine` of AMD GPU code objects (`EM_AMDGPU`).
+const EM_AMDGPU: u16 = 224;
+
+/// The SM numbers of every CUDA cubin in `bytes`, ascending and each once:
+/// `bytes` itself when it is a cubin, and the cubins a host library or
+/// fatbin embeds (an uncompressed fatbin keeps each whole, an ELF header
+/// where it starts). Why one it holds cannot be read is the error, and a
+/// ROCm code object is one: gkm reads no AMD GPU code in a library.
+pub(crate) fn embedded_cubin_sms(bytes: &[u8]) -> Result<Vec<u32>, String> {
+    let mut sms = Vec::new();
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(4).position(|w| w == b"\x7fELF") {
+        let start = at + found;
+        let head = &bytes[start..];
+        let machine = head.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]]));
+        if machine == Some(EM_CUDA) {
+            sms.push(cubin_sm(head)?);
+        } else if machine == Some(EM_AMDGPU) && head.get(4..6) == Some(&[2, 1]) {
+            return Err("that holds ROCm code, whose architecture gkm does not read".into());
+        }
+        at = start + 4;
+    }
+    sms.sort_unstable();
+    sms.dedup();
+    Ok(sms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,25 @@ pub(crate) fn foreign(path: &Path, kind: &'static str, what: &str, expected: &st
     }
 }
 
+/// The error for `path`, a torn entry: why a tool would not use it.
+pub(crate) fn torn(path: &Path, reason: impl Into<String>) -> CacheError {
+    CacheError::TornEntry {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// `path` below `root`, `/`-separated: how kinds key an entry by where it
+/// is filed.
+pub(crate) fn key_below(root: &Path, path: &Path) -> String {
+    let below = path.strip_prefix(root).unwrap_or(path);
+    below
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// Subdirectories of `dir`, sorted; symbolic links are not followed.
 pub(crate) fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, CacheError> {
     list(dir, |t| t.is_dir())

@@ -17,7 +17,9 @@ use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
 use gkm_k8s_node::usage::{UsageRecord, UsageRecords};
 use gkm_oci::{BuildOptions, Digest, ExtractPolicy, ImageRef, RegistryOptions, Repo, Store, build};
 use gkm_testenv::triton::{FleetTarget, fleet_target_named};
-use gkm_testenv::{ControlPlane, RealNode, RealNodeOptions, eventually, repo_root, yaml_documents};
+use gkm_testenv::{
+    BUSYBOX_IMAGE, ControlPlane, RealNode, RealNodeOptions, eventually, repo_root, yaml_documents,
+};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
@@ -25,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::csi_support::{gkmcache, start_driver};
 
+pub mod tilelang;
 pub mod torch;
 pub mod vllm;
 
@@ -149,6 +152,46 @@ pub fn mount_host_system_dirs(volumes: &mut Vec<Value>, mounts: &mut Vec<Value>)
     }
 }
 
+/// A non-root pod (uid 1000, fsGroup 1000) on the node `n` whose one
+/// container, `container`, runs `command` from the busybox image, with
+/// `HOME` and `TMPDIR` at its scratch space, the host's system
+/// directories, `env` besides and the workload's `volumes` and `mounts`:
+/// how each framework's test runs its workload.
+pub fn workload_pod(
+    n: &TritonNode,
+    name: &str,
+    container: &str,
+    command: Value,
+    env: &[(&str, &str)],
+    mut volumes: Vec<Value>,
+    mut mounts: Vec<Value>,
+) -> anyhow::Result<Pod> {
+    mount_host_system_dirs(&mut volumes, &mut mounts);
+    let mut vars = vec![
+        json!({"name": "HOME", "value": SCRATCH}),
+        json!({"name": "TMPDIR", "value": SCRATCH}),
+        json!({"name": "PATH", "value": "/usr/bin:/bin"}),
+    ];
+    vars.extend(env.iter().map(|(k, v)| json!({"name": k, "value": v})));
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": n.name,
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": true},
+            "containers": [{
+                "name": container, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": command,
+                "env": vars,
+                "volumeMounts": mounts,
+            }],
+            "volumes": volumes,
+        }
+    }))?)
+}
+
 /// Deletes the ended pod `done`, waits until the upper of its writable
 /// cache volume `volume` is gone, and checks that the store's tree at
 /// `entry` still lists `verified`: what a pod writes stays its own.
@@ -191,6 +234,30 @@ pub fn usage_record(n: &TritonNode, pod: &str) -> anyhow::Result<UsageRecord> {
         .find(|r| r.mount.pod.name == pod)
         .cloned()
         .with_context(|| format!("no usage record of pod {pod} among {records:#?}"))
+}
+
+/// The node of this test binary with a cache `publish` puts in its store
+/// (`what` names it in a failure), published once per test binary into
+/// `cell`: the first caller publishes, the others wait for it.
+pub async fn node_with<T, F, Fut>(
+    cell: &'static tokio::sync::OnceCell<Result<T, String>>,
+    what: &str,
+    publish: F,
+) -> (&'static TritonNode, &'static T)
+where
+    F: FnOnce(&'static TritonNode) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let n = tokio::task::spawn_blocking(node)
+        .await
+        .unwrap_or_else(|e| panic!("starting the node: {e}"));
+    let published = cell
+        .get_or_init(|| async { publish(n).await.map_err(|e| format!("{e:#}")) })
+        .await;
+    match published {
+        Ok(cache) => (n, cache),
+        Err(e) => panic!("the {what} cache was not published: {e}"),
+    }
 }
 
 static NODE: OnceLock<Result<TritonNode, String>> = OnceLock::new();

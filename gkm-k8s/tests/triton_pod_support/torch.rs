@@ -11,13 +11,12 @@
 use std::path::{Path, PathBuf};
 
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
-use gkm_testenv::BUSYBOX_IMAGE;
 use gkm_testenv::torch::{MODEL_SCRIPT, VIRTUALENV_LINK, fixture, model_dir, virtualenv};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{NS, SCRATCH, TritonNode, mount_host_system_dirs, node, store_tree};
+use super::{NS, SCRATCH, TritonNode, node_with, store_tree, workload_pod};
 use crate::csi_support::gkmcache;
 
 /// The `GKMCache` the PyTorch pods' volumes name.
@@ -38,16 +37,7 @@ static CACHE: OnceCell<Result<TorchCache, String>> = OnceCell::const_new();
 /// The node of this test binary with the Inductor cache in its store,
 /// published by the first caller (the others wait for it).
 pub async fn torch_node() -> (&'static TritonNode, &'static TorchCache) {
-    let n = tokio::task::spawn_blocking(node)
-        .await
-        .unwrap_or_else(|e| panic!("starting the node: {e}"));
-    let published = CACHE
-        .get_or_init(|| async { publish(n).await.map_err(|e| format!("{e:#}")) })
-        .await;
-    match published {
-        Ok(cache) => (n, cache),
-        Err(e) => panic!("the Inductor cache was not published: {e}"),
-    }
+    node_with(&CACHE, "Inductor", publish).await
 }
 
 async fn publish(n: &TritonNode) -> anyhow::Result<TorchCache> {
@@ -83,7 +73,7 @@ pub fn torch_pod(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let mut volumes = vec![
+    let volumes = vec![
         json!({"name": "inductor", "csi": {
             "driver": "csi.gkm.io",
             "readOnly": read_only,
@@ -96,14 +86,13 @@ pub fn torch_pod(
             "path": fixture_dir.display().to_string(), "type": "Directory"}}),
         json!({"name": "scratch", "emptyDir": {}}),
     ];
-    let mut mounts = vec![
+    let mounts = vec![
         json!({"name": "inductor", "mountPath": mount, "readOnly": read_only}),
         json!({"name": "venv", "mountPath": VIRTUALENV_LINK, "readOnly": true}),
         json!({"name": "model", "mountPath": MODEL, "readOnly": true}),
         json!({"name": "fixture", "mountPath": FIXTURE, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    mount_host_system_dirs(&mut volumes, &mut mounts);
     let mut command: Vec<Value> = [
         format!("{VIRTUALENV_LINK}/bin/python"),
         format!("{MODEL}/{MODEL_SCRIPT}"),
@@ -119,28 +108,16 @@ pub fn torch_pod(
     if new_shape {
         command.push("--new-shape".into());
     }
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "nodeName": n.name,
-            "automountServiceAccountToken": false,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": true},
-            "containers": [{
-                "name": "torch", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": command,
-                "env": [
-                    {"name": "HOME", "value": SCRATCH},
-                    {"name": "TMPDIR", "value": SCRATCH},
-                    {"name": "PATH", "value": "/usr/bin:/bin"},
-                    // Inductor names its default directories after the
-                    // user (getpass); uid 1000 has no passwd entry here.
-                    {"name": "USER", "value": "workload"},
-                ],
-                "volumeMounts": mounts,
-            }],
-            "volumes": volumes,
-        }
-    }))?)
+    // Inductor names its default directories after the user (getpass);
+    // uid 1000 has no passwd entry here.
+    let env = [("USER", "workload")];
+    workload_pod(
+        n,
+        name,
+        "torch",
+        Value::from(command),
+        &env,
+        volumes,
+        mounts,
+    )
 }

@@ -16,12 +16,12 @@ use std::process::Command;
 
 use anyhow::Context as _;
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
-use gkm_testenv::{BUSYBOX_IMAGE, Component, find_binary, repo_root};
+use gkm_testenv::{Component, find_binary, repo_root};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{NS, SCRATCH, TritonNode, mount_host_system_dirs, node, store_tree};
+use super::{NS, SCRATCH, TritonNode, node_with, store_tree, workload_pod};
 use crate::csi_support::gkmcache;
 
 /// The `GKMCache` the vLLM pods' volumes name.
@@ -51,16 +51,7 @@ pub fn model(arch: &str) -> PathBuf {
 /// The node of this test binary with the vLLM cache in its store,
 /// published by the first caller (the others wait for it).
 pub async fn vllm_node() -> (&'static TritonNode, &'static VllmCache) {
-    let n = tokio::task::spawn_blocking(node)
-        .await
-        .unwrap_or_else(|e| panic!("starting the node: {e}"));
-    let published = CACHE
-        .get_or_init(|| async { publish(n).await.map_err(|e| format!("{e:#}")) })
-        .await;
-    match published {
-        Ok(cache) => (n, cache),
-        Err(e) => panic!("the vLLM cache was not published: {e}"),
-    }
+    node_with(&CACHE, "vLLM", publish).await
 }
 
 async fn publish(n: &TritonNode) -> anyhow::Result<VllmCache> {
@@ -130,7 +121,7 @@ pub fn vllm_pod(n: &TritonNode, name: &str, mount: &Path, archs: &[&str]) -> any
         .context("the tools directory")?;
     let models = repo_root().join("hack/fixtures/vllm-models");
     let scripts = repo_root().join("hack/vllm");
-    let mut volumes = vec![
+    let volumes = vec![
         json!({"name": "vllm-cache", "csi": {
             "driver": "csi.gkm.io",
             "volumeAttributes": {"csi.gkm.io/GKMCache": VLLM_CACHE},
@@ -140,14 +131,13 @@ pub fn vllm_pod(n: &TritonNode, name: &str, mount: &Path, archs: &[&str]) -> any
         json!({"name": "scripts", "hostPath": {"path": scripts, "type": "Directory"}}),
         json!({"name": "scratch", "emptyDir": {}}),
     ];
-    let mut mounts = vec![
+    let mounts = vec![
         json!({"name": "vllm-cache", "mountPath": mount}),
         json!({"name": "venv", "mountPath": VIRTUALENV_LINK, "readOnly": true}),
         json!({"name": "models", "mountPath": models, "readOnly": true}),
         json!({"name": "scripts", "mountPath": scripts, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
-    mount_host_system_dirs(&mut volumes, &mut mounts);
     let starts: Vec<String> = archs
         .iter()
         .map(|arch| {
@@ -158,28 +148,16 @@ pub fn vllm_pod(n: &TritonNode, name: &str, mount: &Path, archs: &[&str]) -> any
             )
         })
         .collect();
-    Ok(serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "nodeName": n.name,
-            "automountServiceAccountToken": false,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 0,
-            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": true},
-            "containers": [{
-                "name": "vllm", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", starts.join(" && ")],
-                "env": [
-                    {"name": "HOME", "value": SCRATCH},
-                    {"name": "TMPDIR", "value": SCRATCH},
-                    {"name": "PATH", "value": "/usr/bin:/bin"},
-                    // Inductor names its default directories after the
-                    // user (getpass); uid 1000 has no passwd entry here.
-                    {"name": "USER", "value": "workload"},
-                ],
-                "volumeMounts": mounts,
-            }],
-            "volumes": volumes,
-        }
-    }))?)
+    // Inductor names its default directories after the user (getpass);
+    // uid 1000 has no passwd entry here.
+    let env = [("USER", "workload")];
+    workload_pod(
+        n,
+        name,
+        "vllm",
+        json!(["/bin/sh", "-c", starts.join(" && ")]),
+        &env,
+        volumes,
+        mounts,
+    )
 }

@@ -50,6 +50,7 @@ mod fit;
 pub mod flashinfer;
 pub mod inductor;
 pub mod megacache;
+pub mod tilelang;
 pub mod triton;
 pub mod vllm;
 
@@ -65,6 +66,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::MegaCache,
     CacheKind::FlashInfer,
     CacheKind::DeepGemm,
+    CacheKind::TileLang,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
@@ -158,11 +160,23 @@ pub trait Kind: Sync + 'static {
         triton::entry_of(path)
     }
 
+    /// Whether its files may bind to an absolute path (Triton's group
+    /// files do). A kind whose keys name no path says `false`: its trees
+    /// are found wherever they are mounted, and by default
+    /// [`build_path`](Kind::build_path) and [`relocated`](Kind::relocated)
+    /// have nothing to say of them.
+    fn binds_to_a_path(&self) -> bool {
+        true
+    }
+
     /// The path the tree at `root` was built at: what its files that bind
     /// to an absolute path (Triton's group files) record above the tree.
     /// `None` when nothing in it binds to one. A torn entry (a group naming
     /// a missing, empty or misplaced child) is refused, naming it.
     fn build_path(&self, root: &Path) -> Result<Option<PathBuf>, CacheError> {
+        if !self.binds_to_a_path() {
+            return Ok(None);
+        }
         group::build_path(root)
     }
 
@@ -171,6 +185,9 @@ pub trait Kind: Sync + 'static {
     /// and its new bytes. Empty when nothing binds, or the tree was built
     /// at `to`.
     fn relocated(&self, root: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
+        if !self.binds_to_a_path() {
+            return Ok(Vec::new());
+        }
         group::relocated_groups(root, to)
     }
 
@@ -299,6 +316,33 @@ where
     manifest_json::write(name, &own_entries::<E>(manifest), None::<(&str, &())>)
 }
 
+/// The labels of `layout` named in `labels`, each the distinct values its
+/// entries hold, sorted and joined with commas; a label with no value is
+/// left out ([`Kind::labels`] of a kind that labels its images with its
+/// entries' versions, installs or compilers).
+pub(crate) fn joined_labels<V>(
+    layout: KindLayout,
+    labels: impl IntoIterator<Item = (&'static str, V)>,
+) -> BTreeMap<String, String>
+where
+    V: IntoIterator,
+    V::Item: AsRef<str>,
+{
+    labels
+        .into_iter()
+        .filter_map(|(label, values)| {
+            let values: std::collections::BTreeSet<String> =
+                values.into_iter().map(|v| v.as_ref().to_string()).collect();
+            (!values.is_empty()).then(|| {
+                (
+                    layout.key(label),
+                    values.into_iter().collect::<Vec<_>>().join(","),
+                )
+            })
+        })
+        .collect()
+}
+
 /// The Triton kernels `manifest` lists, in its order.
 pub(crate) fn kernels(manifest: &CacheManifest) -> Vec<&TritonKernel> {
     manifest
@@ -335,7 +379,8 @@ mod tests {
         assert_eq!(scan_order().last(), Some(CacheKind::Triton));
         assert_eq!(scan_order().count(), REGISTRY.len());
         assert_eq!(by_name("deepgemm"), Some(CacheKind::DeepGemm));
-        assert_eq!(by_name("tilelang"), None);
+        assert_eq!(by_name("tilelang"), Some(CacheKind::TileLang));
+        assert_eq!(by_name("cutedsl"), None);
     }
 
     #[test]
@@ -373,7 +418,7 @@ mod tests {
         assert_eq!(json, "\"megacache\"");
         let back: CacheKind = serde_json::from_str(&json).unwrap();
         assert_eq!(back, CacheKind::MegaCache);
-        let err = serde_json::from_str::<CacheKind>("\"tilelang\"").unwrap_err();
-        assert!(err.to_string().contains("tilelang"), "{err}");
+        let err = serde_json::from_str::<CacheKind>("\"cutedsl\"").unwrap_err();
+        assert!(err.to_string().contains("cutedsl"), "{err}");
     }
 }

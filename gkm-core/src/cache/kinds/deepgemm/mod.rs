@@ -11,7 +11,7 @@
 //!
 //! **What binds it to a place.** Not the cache's own path: its keys name
 //! no path below the cache root, so a DeepGEMM cache is found wherever
-//! `DG_JIT_CACHE_DIR` points ([`Kind::build_path`] is none). But every key
+//! `DG_JIT_CACHE_DIR` points ([`Kind::binds_to_a_path`] is false). But every key
 //! hashes the compiler's command line, which names the installed
 //! `deep_gemm` package's `include/` directory (and for NVRTC,
 //! `CUDA_HOME`): with `deep_gemm` installed anywhere else every kernel
@@ -21,12 +21,12 @@
 //! ([`Kind::declare`]); a key that does not match is refused, naming the
 //! kernel.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::Kind;
 use crate::cache::declared::{Declaration, Declared};
-use crate::cache::files::read_head;
+use crate::cache::files::{read_head, torn};
 use crate::cache::{CacheEntry, CacheError, CacheKind, CacheManifest, Facts};
 use crate::image_layout::KindLayout;
 
@@ -107,16 +107,10 @@ impl Kind for DeepGemm {
         Some(&path[..scan::CACHE.len() + 1 + dir.len()])
     }
 
-    /// None: no key names the cache's own path.
-    fn build_path(&self, root: &Path) -> Result<Option<PathBuf>, CacheError> {
-        let _ = root;
-        Ok(None)
-    }
-
-    /// Nothing to rewrite at any path.
-    fn relocated(&self, root: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
-        let _ = (root, to);
-        Ok(Vec::new())
+    /// False: no key names the cache's own path (they name the
+    /// `deep_gemm` install, [`Kind::declare`] checks).
+    fn binds_to_a_path(&self) -> bool {
+        false
     }
 
     /// Checks every kernel's key against the declared `deep_gemm` install
@@ -167,32 +161,26 @@ impl Kind for DeepGemm {
 
     /// The `deep_gemm` directories and compilers its keys name.
     fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
-        let mut labels = BTreeMap::new();
         let kernels = entries(manifest);
-        for (label, values) in [
-            (
-                DEEPGEMM_ROOT_LABEL,
-                kernels
-                    .iter()
-                    .filter_map(|e| e.deepgemm_root.as_deref())
-                    .collect::<BTreeSet<_>>(),
-            ),
-            (
-                COMPILER_LABEL,
-                kernels
-                    .iter()
-                    .filter_map(|e| e.compiler.as_deref())
-                    .collect(),
-            ),
-        ] {
-            if !values.is_empty() {
-                labels.insert(
-                    LAYOUT.key(label),
-                    values.into_iter().collect::<Vec<_>>().join(","),
-                );
-            }
-        }
-        labels
+        super::joined_labels(
+            LAYOUT,
+            [
+                (
+                    DEEPGEMM_ROOT_LABEL,
+                    kernels
+                        .iter()
+                        .filter_map(|e| e.deepgemm_root.as_deref())
+                        .collect::<Vec<_>>(),
+                ),
+                (
+                    COMPILER_LABEL,
+                    kernels
+                        .iter()
+                        .filter_map(|e| e.compiler.as_deref())
+                        .collect(),
+                ),
+            ],
+        )
     }
 }
 
@@ -234,7 +222,7 @@ fn checked_entry(
     let arch = found
         .arch
         .parse()
-        .map_err(|_| scan::torn(&dir, format!("its key names sm_{}", found.arch)))?;
+        .map_err(|_| torn(&dir, format!("its key names sm_{}", found.arch)))?;
     Ok(DeepGemmEntry {
         arch,
         compiler: Some(found.compiler),

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use super::entry::DeepGemmEntry;
 use crate::cache::elf;
-use crate::cache::files::{file_name, files, read_head, subdirs};
+use crate::cache::files::{file_name, files, read_head, subdirs, torn};
 use crate::cache::{CacheError, Kind};
 use crate::gpu::Arch;
 
@@ -147,11 +147,4 @@ fn scan_kernel(dir: &Path) -> Result<DeepGemmEntry, CacheError> {
 
 fn foreign(path: &Path, what: &str) -> CacheError {
     crate::cache::files::foreign(path, super::DeepGemm.title(), what, EXPECTED)
-}
-
-pub(crate) fn torn(path: &Path, reason: String) -> CacheError {
-    CacheError::TornEntry {
-        path: path.to_path_buf(),
-        reason,
-    }
 }

@@ -145,17 +145,13 @@ impl Kind for FlashInfer {
 
     /// The FlashInfer and CUDA versions its entries record.
     fn labels(&self, manifest: &CacheManifest) -> BTreeMap<String, String> {
-        let mut labels = BTreeMap::new();
-        for (label, framework) in [
-            ("flashinfer-version", "flashinfer"),
-            ("cuda-version", "cuda"),
-        ] {
-            let versions = manifest.versions_of(framework);
-            if !versions.is_empty() {
-                labels.insert(LAYOUT.key(label), versions.join(","));
-            }
-        }
-        labels
+        super::joined_labels(
+            LAYOUT,
+            [
+                ("flashinfer-version", manifest.versions_of("flashinfer")),
+                ("cuda-version", manifest.versions_of("cuda")),
+            ],
+        )
     }
 }
 

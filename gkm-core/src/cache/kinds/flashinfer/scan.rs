@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 
 use super::entry::{FlashInferEntry, Part};
 use crate::cache::elf;
-use crate::cache::files::{file_name, files, read_head, subdirs};
+use crate::cache::files::{file_name, files, key_below, read_head, subdirs, torn};
 use crate::cache::{CacheError, Kind};
 use crate::gpu::Arch;
 
@@ -248,14 +248,9 @@ fn scan_module(
         return Err(torn(&so, format!("a module library {why}")));
     }
     let built = built_at(&module.join(BUILD_NINJA), &library)?;
-    let below = module.strip_prefix(root).unwrap_or(module);
-    let key: Vec<String> = below
-        .components()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .collect();
     Ok((
         FlashInferEntry {
-            key: key.join("/"),
+            key: key_below(root, module),
             part: Part::Module,
             name,
             flashinfer_version: version.to_string(),
@@ -388,7 +383,7 @@ fn scan_environment(
 /// A store document, parsed; one that does not parse is torn.
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, CacheError> {
     if !path.is_file() {
-        return Err(torn(path, "missing: the store writes it first".into()));
+        return Err(torn(path, "missing: the store writes it first"));
     }
     let bytes = read_head(path, MAX_DOCUMENT)?;
     serde_json::from_slice(&bytes).map_err(|e| torn(path, format!("it does not read: {e}")))
@@ -406,11 +401,4 @@ fn is_version(name: &str) -> bool {
 
 fn foreign(path: &Path, what: &str) -> CacheError {
     crate::cache::files::foreign(path, super::FlashInfer.title(), what, EXPECTED)
-}
-
-fn torn(path: &Path, reason: String) -> CacheError {
-    CacheError::TornEntry {
-        path: path.to_path_buf(),
-        reason,
-    }
 }

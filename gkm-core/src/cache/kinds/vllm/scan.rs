@@ -316,12 +316,7 @@ impl Walk<'_> {
 
     /// `path` below the hash directory, `/`-separated.
     fn key_of(&self, path: &Path) -> String {
-        let below = path.strip_prefix(self.root).unwrap_or(path);
-        let parts: Vec<String> = below
-            .components()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-            .collect();
-        parts.join("/")
+        crate::cache::files::key_below(self.root, path)
     }
 
     /// Kernels bundled in a single-file artefact, filed under its path.
