@@ -31,6 +31,7 @@
 //!
 //! `ascend-binaries/` (Ascend NPU code) is refused: gkm checks no NPU.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -39,7 +40,7 @@ use super::entry::{Part, TileLangEntry};
 use crate::cache::elf;
 use crate::cache::files::{file_name, files, key_below, read_head, subdirs, torn};
 use crate::cache::{CacheError, Kind};
-use crate::digest::HashingWriter;
+use crate::digest::Digest;
 use crate::gpu::Arch;
 
 /// What a TileLang cache is expected to hold, for error messages.
@@ -278,16 +279,27 @@ fn scan_kernel(
             return Err(foreign(&dir.join(name), "a file TileLang does not write"));
         }
     }
-    if part == Part::Kernel {
-        check_manifest(dir, &names, late_cubin)?;
-    }
+    // A kernel's files are each read once: checked against its manifest,
+    // then its device code read for its architectures.
+    let mut read = if part == Part::Kernel {
+        check_manifest(dir, &names, late_cubin)?
+    } else {
+        BTreeMap::new()
+    };
     let device_code = if backend.name == "cutedsl" {
         late_cubin.filter(|c| has(c))
     } else {
         Some(backend.library)
     };
     let archs = match device_code {
-        Some(file) => archs_of(&dir.join(file))?,
+        Some(name) => {
+            let file = dir.join(name);
+            let bytes = match read.remove(name) {
+                Some(bytes) => bytes,
+                None => read_whole(&file)?,
+            };
+            archs_of(&file, &bytes)?
+        }
         None => Vec::new(),
     };
     Ok(TileLangEntry {
@@ -304,7 +316,7 @@ fn scan_kernel(
 #[derive(Deserialize)]
 struct Manifest {
     version: u32,
-    files: std::collections::BTreeMap<String, Listed>,
+    files: BTreeMap<String, Listed>,
 }
 
 /// A file as a manifest lists it.
@@ -317,7 +329,12 @@ struct Listed {
 /// Checks a kernel's files against its `manifest.json`: each it lists is
 /// there with its size and digest, and it lists every file but itself and
 /// the file its backend adds later (`late`: a CuTe DSL kernel's cubin).
-fn check_manifest(dir: &Path, names: &[String], late: Option<&str>) -> Result<(), CacheError> {
+/// The contents of the files it lists, by name.
+fn check_manifest(
+    dir: &Path,
+    names: &[String],
+    late: Option<&str>,
+) -> Result<BTreeMap<String, Vec<u8>>, CacheError> {
     let path = dir.join(MANIFEST);
     let manifest: Manifest = serde_json::from_slice(&read_head(&path, MAX_DOCUMENT)?)
         .map_err(|e| torn(&path, format!("not TileLang's kernel manifest: {e}")))?;
@@ -330,6 +347,7 @@ fn check_manifest(dir: &Path, names: &[String], late: Option<&str>) -> Result<()
             ),
         ));
     }
+    let mut read = BTreeMap::new();
     for (name, listed) in &manifest.files {
         let file = dir.join(name);
         if name.contains('/') || !names.contains(name) {
@@ -340,17 +358,15 @@ fn check_manifest(dir: &Path, names: &[String], late: Option<&str>) -> Result<()
                 ),
             ));
         }
-        let (digest, size) = digest_of(&file)?;
-        if size != listed.size || digest != listed.sha256 {
-            return Err(torn(
-                &file,
-                format!(
-                    "{size} bytes of SHA-256 {digest}, where its manifest says {} bytes of {}: \
-                     TileLang would delete the entry and compile it again",
-                    listed.size, listed.sha256
-                ),
-            ));
-        }
+        let bytes = read_whole(&file)?;
+        as_recorded(
+            &file,
+            &bytes,
+            (listed.size, &listed.sha256),
+            "its manifest",
+            "TileLang would delete the entry and compile it again",
+        )?;
+        read.insert(name.clone(), bytes);
     }
     let unlisted = names.iter().find(|n| {
         n.as_str() != MANIFEST && Some(n.as_str()) != late && !manifest.files.contains_key(*n)
@@ -361,7 +377,7 @@ fn check_manifest(dir: &Path, names: &[String], late: Option<&str>) -> Result<()
             "a file its TileLang manifest does not list",
         ));
     }
-    Ok(())
+    Ok(read)
 }
 
 /// A device binary, `cuda-binaries/<key>/`.
@@ -409,21 +425,18 @@ fn scan_binary(root: &Path, dir: &Path, version: &str) -> Result<TileLangEntry, 
         ));
     }
     let file = dir.join(binary);
-    let (digest, size) = digest_of(&file)?;
-    if size != meta.size || digest != meta.sha256 {
-        return Err(torn(
-            &file,
-            format!(
-                "{size} bytes of SHA-256 {digest}, where its metadata.json says {} bytes of {}: \
-                 TileLang would compile it again",
-                meta.size, meta.sha256
-            ),
-        ));
-    }
+    let bytes = read_whole(&file)?;
+    as_recorded(
+        &file,
+        &bytes,
+        (meta.size, &meta.sha256),
+        "its metadata.json",
+        "TileLang would compile it again",
+    )?;
     let archs = if format == "ptx" {
-        ptx_arch(&file)?.into_iter().collect()
+        ptx_arch(&bytes).into_iter().collect()
     } else {
-        archs_of(&file)?
+        archs_of(&file, &bytes)?
     };
     Ok(TileLangEntry {
         key: key_below(root, dir),
@@ -435,29 +448,52 @@ fn scan_binary(root: &Path, dir: &Path, version: &str) -> Result<TileLangEntry, 
     })
 }
 
-/// The CUDA architectures of the cubins `file` is or embeds.
-fn archs_of(file: &Path) -> Result<Vec<Arch>, CacheError> {
-    let len = std::fs::metadata(file)
-        .map_err(|source| CacheError::Io {
-            path: file.to_path_buf(),
-            source,
-        })?
-        .len();
-    if len > MAX_LIBRARY {
+/// The whole of `file`, at most [`MAX_LIBRARY`] bytes: a larger one is
+/// refused, naming its size.
+fn read_whole(file: &Path) -> Result<Vec<u8>, CacheError> {
+    let bytes = read_head(file, MAX_LIBRARY + 1)?;
+    if bytes.len() as u64 > MAX_LIBRARY {
         return Err(torn(
             file,
-            format!(
-                "{len} bytes, more than the {MAX_LIBRARY} gkm reads for a kernel's device code"
-            ),
+            format!("more than the {MAX_LIBRARY} bytes gkm reads of a file of a TileLang entry"),
         ));
     }
-    let bytes = read_head(file, MAX_LIBRARY)?;
+    Ok(bytes)
+}
+
+/// Checks `bytes`, the contents of `file`, against the size and SHA-256
+/// its `record` (TileLang's manifest or metadata) says; `then` is what
+/// TileLang does with a file that does not match.
+fn as_recorded(
+    file: &Path,
+    bytes: &[u8],
+    (size, sha256): (u64, &str),
+    record: &str,
+    then: &str,
+) -> Result<(), CacheError> {
+    let digest = Digest::of(bytes);
+    if bytes.len() as u64 == size && digest.hex() == sha256 {
+        return Ok(());
+    }
+    Err(torn(
+        file,
+        format!(
+            "{} bytes of SHA-256 {}, where {record} says {size} bytes of {sha256}: {then}",
+            bytes.len(),
+            digest.hex()
+        ),
+    ))
+}
+
+/// The CUDA architectures of the cubins `file` (its contents `bytes`) is
+/// or embeds.
+fn archs_of(file: &Path, bytes: &[u8]) -> Result<Vec<Arch>, CacheError> {
     let name = file_name(file);
     let whole_elf = name.ends_with(".so") || name.ends_with(".cubin");
-    if let Some(why) = elf::not_whole(&bytes, len).filter(|_| whole_elf) {
+    if let Some(why) = elf::not_whole(bytes, bytes.len() as u64).filter(|_| whole_elf) {
         return Err(torn(file, format!("a kernel library {why}")));
     }
-    let sms = elf::embedded_cubin_sms(&bytes)
+    let sms = elf::embedded_cubin_sms(bytes)
         .map_err(|why| torn(file, format!("a kernel library {why}")))?;
     sms.into_iter()
         .map(|sm| {
@@ -469,25 +505,11 @@ fn archs_of(file: &Path) -> Result<Vec<Arch>, CacheError> {
 }
 
 /// The architecture a PTX file's `.target sm_XY` names.
-fn ptx_arch(file: &Path) -> Result<Option<Arch>, CacheError> {
-    let text = String::from_utf8_lossy(&read_head(file, MAX_DOCUMENT)?).into_owned();
-    Ok(text.lines().find_map(|line| {
+fn ptx_arch(bytes: &[u8]) -> Option<Arch> {
+    String::from_utf8_lossy(bytes).lines().find_map(|line| {
         let target = line.trim().strip_prefix(".target")?.trim();
         target.split(',').next()?.trim().parse().ok()
-    }))
-}
-
-/// The SHA-256 (hex) and size of `file`'s bytes.
-fn digest_of(file: &Path) -> Result<(String, u64), CacheError> {
-    let io = |source| CacheError::Io {
-        path: file.to_path_buf(),
-        source,
-    };
-    let mut reader = std::fs::File::open(file).map_err(io)?;
-    let mut writer = HashingWriter::new(std::io::sink());
-    std::io::copy(&mut reader, &mut writer).map_err(io)?;
-    let (_, digest, size) = writer.finish();
-    Ok((digest.hex().to_string(), size))
+    })
 }
 
 fn foreign(path: &Path, what: &str) -> CacheError {
