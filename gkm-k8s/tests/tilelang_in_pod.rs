@@ -12,7 +12,9 @@
 //!   kernel and its device binary).
 //!
 //! Once the pod ends no upper is left and the store's tree is byte for byte
-//! the verified one. The node, driver and store are `triton_pod_support`'s.
+//! the verified one. On a read-only view of the same cache, TileLang hits
+//! every delivered kernel, and a kernel it lacks fails the pod. The node,
+//! driver and store are `triton_pod_support`'s.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,7 +30,7 @@ use gkm_testenv::{pod_log, tree_files, wait_for_pod};
 use kube::api::PostParams;
 use triton_pod_support::tilelang::{report, tilelang_node, tilelang_pod};
 use triton_pod_support::{
-    TIMEOUT, check_view_left_nothing, ended, exit_code, phase, pods_api, usage_record,
+    TIMEOUT, check_view_left_nothing, delete_all, ended, exit_code, phase, pods_api, usage_record,
 };
 
 /// Where the pod mounts the cache: not where it was compiled
@@ -43,7 +45,14 @@ async fn real_tilelang_in_a_non_root_pod_hits_the_delivered_kernels_at_another_p
     let pods = pods_api().await?;
 
     let kernels = ["gemm_64x64", "gemm_128x128", "gemm_64x128"];
-    let pod = tilelang_pod(n, "tilelang-rw", Path::new(MOUNT), "sm_90a", &kernels)?;
+    let pod = tilelang_pod(
+        n,
+        "tilelang-rw",
+        Path::new(MOUNT),
+        false,
+        "sm_90a",
+        &kernels,
+    )?;
     pods.create(&PostParams::default(), &pod).await?;
     let done = wait_for_pod(&pods, "tilelang-rw", TIMEOUT, ended).await?;
     let log = pod_log(&pods, "tilelang-rw", "tilelang").await?;
@@ -64,5 +73,43 @@ async fn real_tilelang_in_a_non_root_pod_hits_the_delivered_kernels_at_another_p
     let counted = usage_record(n, "tilelang-rw")?;
     assert_eq!(counted.kind, "tilelang");
     assert_eq!(counted.usage.new_entries, 2, "{counted:#?}");
+    Ok(())
+}
+
+/// The variant a user writes for a cache they only mean to read: a
+/// read-only view. TileLang serves every delivered kernel from it; a
+/// kernel it lacks fails the pod, naming the read-only file system, since
+/// TileLang cannot save it (and a read-only view counts no miss).
+#[tokio::test(flavor = "multi_thread")]
+async fn real_tilelang_on_a_read_only_view_hits_the_delivered_kernels_and_fails_on_a_miss()
+-> anyhow::Result<()> {
+    let (n, _) = tilelang_node().await;
+    let pods = pods_api().await?;
+    let cached = ["gemm_64x64", "gemm_128x128"];
+    let pod = tilelang_pod(n, "tilelang-ro", Path::new(MOUNT), true, "sm_90a", &cached)?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let done = wait_for_pod(&pods, "tilelang-ro", TIMEOUT, ended).await?;
+    let log = pod_log(&pods, "tilelang-ro", "tilelang").await?;
+    assert_eq!(exit_code(&done), Some(0), "{log}");
+    let found = report(&log)?;
+    for kernel in cached {
+        assert_eq!(found["kernels"][kernel], "hit", "{found:#}");
+    }
+
+    let missing = ["gemm_64x64", "gemm_64x128"];
+    let pod = tilelang_pod(
+        n,
+        "tilelang-ro-miss",
+        Path::new(MOUNT),
+        true,
+        "sm_90a",
+        &missing,
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let done = wait_for_pod(&pods, "tilelang-ro-miss", TIMEOUT, ended).await?;
+    let log = pod_log(&pods, "tilelang-ro-miss", "tilelang").await?;
+    assert_ne!(exit_code(&done), Some(0), "{log}");
+    assert!(log.contains("Read-only file system"), "{log}");
+    delete_all(&pods, &["tilelang-ro", "tilelang-ro-miss"]).await?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use gkm_k8s_node::delivery::{Delivery, DeliveryIndex};
-use gkm_testenv::{Component, find_binary, repo_root};
+use gkm_testenv::{Component, copy_tree, find_binary, repo_root};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -29,6 +29,12 @@ pub const TILELANG_CACHE: &str = "tilelang-gemm";
 const VIRTUALENVS: [(&str, &str); 2] = [
     ("tilelang-0.1.15", "/tmp/gkm-tilelang-0.1.15"),
     ("torch-2.11.0", "/tmp/gkm-torch-2.11.0"),
+];
+/// TileLang's staging directories in a cache of version 0.1.15 on
+/// x86-64 Linux (`KernelCache._create_dirs`, `BinaryCache.save`).
+const STAGING_DIRS: [&str; 2] = [
+    "0.1.15/linux-x86_64/.staging",
+    "0.1.15/.staging/cuda-binaries",
 ];
 /// Where the pod sees the kernels' script.
 const SCRIPTS: &str = "/scripts";
@@ -50,7 +56,14 @@ pub async fn tilelang_node() -> (&'static TritonNode, &'static TileLangCache) {
 async fn publish(n: &TritonNode) -> anyhow::Result<TileLangCache> {
     let work = n.store.with_file_name("tilelang-layout");
     std::fs::create_dir_all(&work)?;
-    let tree = repo_root().join("fixtures/tilelang/cache");
+    // The fixture as TileLang left it: with its staging directories, empty
+    // once every entry was renamed into place, which git does not keep.
+    // TileLang creates them when it starts, so a read-only view needs them.
+    let tree = work.join("cache");
+    copy_tree(&repo_root().join("fixtures/tilelang/cache"), &tree)?;
+    for staging in STAGING_DIRS {
+        std::fs::create_dir_all(tree.join(staging))?;
+    }
     let digest = store_tree(&work, &n.store, &tree).await?;
     DeliveryIndex::new(&n.store).publish(
         &gkmcache(NS, TILELANG_CACHE),
@@ -62,13 +75,14 @@ async fn publish(n: &TritonNode) -> anyhow::Result<TileLangCache> {
 }
 
 /// A non-root pod (uid 1000, fsGroup 1000) compiling the TileLang kernels
-/// `kernels` for `arch` with `TILELANG_CACHE_DIR` at its writable
-/// `ml/tilelang-gemm` cache volume mounted at `mount`, printing the
+/// `kernels` for `arch` with `TILELANG_CACHE_DIR` at its `ml/tilelang-gemm`
+/// cache volume (read-only or not) mounted at `mount`, printing the
 /// script's JSON: each kernel's hit or miss.
 pub fn tilelang_pod(
     n: &TritonNode,
     name: &str,
     mount: &Path,
+    read_only: bool,
     arch: &str,
     kernels: &[&str],
 ) -> anyhow::Result<Pod> {
@@ -82,13 +96,14 @@ pub fn tilelang_pod(
     let mut volumes = vec![
         json!({"name": "tilelang-cache", "csi": {
             "driver": "csi.gkm.io",
+            "readOnly": read_only,
             "volumeAttributes": {"csi.gkm.io/GKMCache": TILELANG_CACHE},
         }}),
         json!({"name": "scripts", "hostPath": {"path": scripts, "type": "Directory"}}),
         json!({"name": "scratch", "emptyDir": {}}),
     ];
     let mut mounts = vec![
-        json!({"name": "tilelang-cache", "mountPath": mount}),
+        json!({"name": "tilelang-cache", "mountPath": mount, "readOnly": read_only}),
         json!({"name": "scripts", "mountPath": SCRIPTS, "readOnly": true}),
         json!({"name": "scratch", "mountPath": SCRATCH}),
     ];
