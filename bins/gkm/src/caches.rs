@@ -159,18 +159,18 @@ pub fn table(rows: &[Row]) -> String {
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let client = gkm_k8s_runtime::client::connect(args.kubeconfig.as_deref()).await?;
     let mut all = Vec::new();
-    let scope = match &args.namespace {
-        Some(ns) => format!("namespace {ns}"),
-        None => "every namespace".to_string(),
+    let (api, scope): (Api<GKMCache>, String) = match &args.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            format!("namespace {ns}"),
+        ),
+        None => (Api::all(client.clone()), "every namespace".into()),
     };
-    let listed: Vec<GKMCache> = match &args.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-    .list(&ListParams::default())
-    .await
-    .map_err(|e| listing_failed("GKMCaches", &scope, e))?
-    .items;
+    let listed: Vec<GKMCache> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| listing_failed("GKMCaches", &scope, e))?
+        .items;
     for cache in &listed {
         all.extend(rows(
             &cache.namespace().unwrap_or_default(),
