@@ -58,9 +58,9 @@ pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// What the chart's pods and the events of its namespace say, for an
-/// install that did not become ready in time; what could not be read says
-/// why instead.
+/// What the chart's pods, the events of its namespace and the logs of its
+/// containers that are not ready say, for an install that did not become
+/// ready in time; what could not be read says why instead.
 pub fn pods_report(kubeconfig: &Path) -> String {
     let kubectl = |args: &[&str]| -> String {
         let run = find_binary(Component::Kubectl).and_then(|kubectl| {
@@ -76,8 +76,41 @@ pub fn pods_report(kubeconfig: &Path) -> String {
         });
         run.unwrap_or_else(|e| format!("(kubectl {}: {e:#})", args.join(" ")))
     };
+    // The last words of each container that is not ready: those of its
+    // previous run when it restarted (a crash loop says why it exits there).
+    let not_ready = kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        SYSTEM_NAMESPACE,
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+    ]);
+    let mut logs = String::new();
+    for line in not_ready.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(pod) = fields.next() else { continue };
+        let ready: Vec<&str> = fields.collect();
+        if !ready.is_empty() && ready.iter().all(|r| *r == "true") {
+            continue;
+        }
+        for previous in ["--previous=true", "--previous=false"] {
+            logs.push_str(&format!(
+                "\nlogs of {pod} ({previous}):\n{}",
+                kubectl(&[
+                    "logs",
+                    "-n",
+                    SYSTEM_NAMESPACE,
+                    pod,
+                    "--all-containers",
+                    "--tail=40",
+                    previous
+                ])
+            ));
+        }
+    }
     format!(
-        "the chart's pods:\n{}\nevents in {SYSTEM_NAMESPACE}:\n{}",
+        "the chart's pods:\n{}\nevents in {SYSTEM_NAMESPACE}:\n{}{logs}",
         kubectl(&["get", "pods", "-n", SYSTEM_NAMESPACE, "-o", "wide"]),
         kubectl(&[
             "get",
