@@ -92,7 +92,8 @@ pub use torch_facts::{
 /// What produced a cache: one of the registered [`Kind`]s
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
 /// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
-/// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`, `CacheKind::TileLang`), each
+/// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`, `CacheKind::TileLang`,
+/// `CacheKind::TvmFfi`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -101,7 +102,8 @@ pub struct CacheKind(&'static dyn Kind);
 
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
-    /// `inductor`, `megacache`, `flashinfer`, `deepgemm`, `tilelang`.
+    /// `inductor`, `megacache`, `flashinfer`, `deepgemm`, `tilelang`,
+    /// `tvm-ffi`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }

@@ -31,7 +31,11 @@ const SPARSE: u8 = b'S';
 struct Tar(Vec<u8>);
 
 impl Tar {
-    fn entry(
+    fn entry(self, name: &[u8], kind: u8, mode: u32, link: &[u8], size: u64, data: &[u8]) -> Tar {
+        self.entry_dated(name, kind, mode, link, size, data, 0)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn entry_dated(
         mut self,
         name: &[u8],
         kind: u8,
@@ -39,6 +43,7 @@ impl Tar {
         link: &[u8],
         size: u64,
         data: &[u8],
+        mtime: u64,
     ) -> Tar {
         let mut h = tar::Header::new_gnu();
         {
@@ -51,7 +56,7 @@ impl Tar {
         h.set_entry_type(tar::EntryType::new(kind));
         h.set_mode(mode);
         h.set_size(size);
-        h.set_mtime(0);
+        h.set_mtime(mtime);
         h.set_cksum();
         self.0.extend_from_slice(h.as_bytes());
         self.0.extend_from_slice(data);
@@ -545,6 +550,22 @@ fn corpus() -> Vec<Case> {
                     &[b'A'; 10],
                 )
                 .cut(),
+            Rule::Malformed,
+            format!("{C}/p"),
+        ),
+        case(
+            "a modification time beyond any date",
+            base()
+                .entry_dated(
+                    format!("{C}/p").as_bytes(),
+                    REG,
+                    0o644,
+                    b"",
+                    1,
+                    b"x",
+                    u64::MAX,
+                )
+                .end(),
             Rule::Malformed,
             format!("{C}/p"),
         ),

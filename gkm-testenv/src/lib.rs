@@ -48,6 +48,7 @@ mod service_account;
 pub mod torch;
 mod trees;
 pub mod triton;
+pub mod tvm_ffi;
 mod usage;
 
 pub use apply::{describe_object, field_managers, yaml_documents};

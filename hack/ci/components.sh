@@ -20,8 +20,10 @@ find "$bin_dir" -xtype l -delete # links to versions no longer built
 # Real nodes: CNI plugins, static busybox for test images, libseccomp and
 # pkg-config to build runc with seccomp, iproute2 and iptables for the
 # node network.
+# TVM-FFI (tvm_ffi.cpp) builds its modules with ninja and g++.
 DEBIAN_PACKAGES=(docker-registry pci.ids containernetworking-plugins busybox-static
-  libseccomp-dev pkg-config gcc libc6-dev iproute2 iptables util-linux mount)
+  libseccomp-dev pkg-config gcc libc6-dev iproute2 iptables util-linux mount
+  g++ ninja-build)
 # erofs-utils (mkfs.erofs, fsck.erofs) writes and checks the EROFS twins of
 # cache layers, whose bytes are reproducible for one version: pinned here.
 EROFS_UTILS_VERSION=1.5-1
@@ -275,6 +277,14 @@ tilelang_component() {
   site=$("$tools_dir/tilelang-$1/bin/python" -c "$purelib")
   "$tools_dir/torch-$TORCH_VERSION/bin/python" -c "$purelib" \
     | sed "s|^$tools_dir/torch-$TORCH_VERSION/|/tmp/gkm-torch-$TORCH_VERSION/|" > "$site/gkm-torch.pth"
+  # TVM-FFI (tvm_ffi.cpp, which TileLang brings) builds CUDA modules with
+  # $CUDA_HOME/bin/nvcc and links $CUDA_HOME/lib64/libcudart.so; NVIDIA's
+  # wheels lay the toolkit out as nvidia/cu13/{bin,include,nvvm,lib}:
+  # cuda-home/ lays it out as a CUDA install, with relative links.
+  local home=$tools_dir/tilelang-$1/cuda-home cu=../${site#"$tools_dir/tilelang-$1/"}/nvidia/cu13
+  mkdir -p "$home/lib64"
+  for d in bin include nvvm; do ln -sfn "$cu/$d" "$home/$d"; done
+  ln -sfn "../$cu/lib/libcudart.so.13" "$home/lib64/libcudart.so"
 }
 
 TORCH_VERSION=2.11.0

@@ -2,6 +2,11 @@
 //! one (empty, truncated) is loaded and fails rather than being built
 //! again, so the kinds that file libraries refuse it.
 
+use std::path::Path;
+
+use super::CacheError;
+use super::files::{read_head, torn};
+
 /// Why a file of `len` bytes starting with `head` (at least its first 64
 /// bytes, or all of it) is not a whole ELF file: its header, and the
 /// section header table it points to, within the file. `None` when it is.
@@ -42,6 +47,36 @@ pub(crate) fn not_whole(head: &[u8], len: u64) -> Option<String> {
         Some(end) if end <= len => None,
         _ => truncated(),
     }
+}
+
+/// The first `limit` bytes of the ELF file at `path` when it is whole
+/// ([`not_whole`]); a torn one is refused naming it, as `what` (`a module
+/// library`, `a kernel cubin`).
+pub(crate) fn whole_head(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>, CacheError> {
+    let len = std::fs::metadata(path)
+        .map_err(|source| CacheError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    let head = read_head(path, limit)?;
+    match not_whole(&head, len) {
+        Some(why) => Err(torn(path, format!("{what} {why}"))),
+        None => Ok(head),
+    }
+}
+
+/// The major version of the CUDA runtime a library links
+/// (`libcudart.so.12`: `12`), from its dynamic string table in `head`.
+pub(crate) fn cudart_major(head: &[u8]) -> Option<String> {
+    const NEEDLE: &[u8] = b"libcudart.so.";
+    let at = head.windows(NEEDLE.len()).position(|w| w == NEEDLE)? + NEEDLE.len();
+    let digits: String = head[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .map(|b| char::from(*b))
+        .collect();
+    (!digits.is_empty()).then_some(digits)
 }
 
 /// `e_machine` of a CUDA cubin (`EM_CUDA`).

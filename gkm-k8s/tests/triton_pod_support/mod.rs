@@ -29,6 +29,7 @@ use crate::csi_support::{gkmcache, start_driver};
 
 pub mod tilelang;
 pub mod torch;
+pub mod tvm_ffi;
 pub mod vllm;
 
 /// The namespace of the test pods, and of their cache.
@@ -384,4 +385,20 @@ async fn store_tree(work: &Path, store_root: &Path, source: &Path) -> anyhow::Re
     let stored = store.ensure(&repo, &ExtractPolicy::default(), None).await?;
     anyhow::ensure!(stored.digest == built.digest, "extracted another image");
     Ok(stored.digest)
+}
+
+/// The first JSON document starting a line of `log` that has the member
+/// `key`: a workload script's report (which of its kernels or modules hit).
+pub fn json_report(log: &str, key: &str) -> anyhow::Result<serde_json::Value> {
+    let starts = std::iter::once(0).chain(log.match_indices('\n').map(|(i, _)| i + 1));
+    starts
+        .filter(|&at| log[at..].starts_with('{'))
+        .find_map(|at| {
+            let value = serde_json::Deserializer::from_str(&log[at..])
+                .into_iter::<serde_json::Value>()
+                .next()?
+                .ok()?;
+            value.get(key).is_some().then_some(value)
+        })
+        .with_context(|| format!("the pod printed no report of its {key}"))
 }

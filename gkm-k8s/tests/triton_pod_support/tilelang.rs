@@ -127,18 +127,7 @@ pub fn tilelang_pod(
     workload_pod(n, name, "tilelang", command.into(), &env, volumes, mounts)
 }
 
-/// The script's JSON report in `log`: the first document starting a line
-/// that says which kernels hit.
+/// The script's JSON report in `log`: which kernels hit.
 pub fn report(log: &str) -> anyhow::Result<Value> {
-    let starts = std::iter::once(0).chain(log.match_indices('\n').map(|(i, _)| i + 1));
-    starts
-        .filter(|&at| log[at..].starts_with('{'))
-        .find_map(|at| {
-            let value = serde_json::Deserializer::from_str(&log[at..])
-                .into_iter::<Value>()
-                .next()?
-                .ok()?;
-            value.get("kernels").is_some().then_some(value)
-        })
-        .context("the pod printed no report")
+    super::json_report(log, "kernels")
 }

@@ -454,7 +454,7 @@ pub async fn capture_delta(
                 work: work.to_path_buf(),
                 tree,
                 delta,
-                root: layout.cache_dir,
+                layout,
                 base_pinned: base.pinned.to_string(),
                 base_manifest: base.image.manifest.clone(),
                 base_labels: base.image.labels.clone(),
@@ -516,7 +516,7 @@ struct PackInput {
     /// The delta's files.
     delta: PathBuf,
     /// The cache directory of the layer (`io.triton.cache`).
-    root: &'static str,
+    layout: KindLayout,
     base_pinned: String,
     base_manifest: Manifest,
     base_labels: BTreeMap<String, String>,
@@ -551,7 +551,7 @@ fn pack(input: PackInput) -> Result<Packed, CaptureError> {
     let layout = Layout::create(input.work.join("layout"))?;
     let tmp = layout.temp_path();
     let compression = input.options.compression;
-    let layer = match write_delta_layer(&input.delta, input.root, compression, &tmp) {
+    let layer = match write_delta_layer(&input.delta, input.layout, compression, &tmp) {
         Ok(layer) => layer,
         Err(e) => {
             let _ = fs::remove_file(&tmp);

@@ -163,6 +163,17 @@ pub fn build_scanned_into_layout(
         let _ = std::fs::remove_dir_all(&staged);
         return result;
     }
+    if formats.erofs.is_some() && cache.kind().rules().keeps_mtimes() {
+        return Err(Error::Unpackable {
+            path: cache_dir.to_path_buf(),
+            reason: format!(
+                "{} cache is found again only with its files' modification times (ninja \
+                 compares them), which an EROFS twin (timestamps 0) does not keep: build it \
+                 without --erofs",
+                cache.kind().rules().title()
+            ),
+        });
+    }
     let build_path = gkm_core::cache::tree_build_path(cache_dir)?;
     let tmp = layout.temp_path();
     let layer = match write_layer(cache_dir, &cache, compression, &tmp) {

@@ -180,7 +180,8 @@ pub fn write_tar<W: Write>(cache_dir: &Path, manifest: &CacheManifest, out: W) -
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Deterministic);
     let root = tree_root(cache_dir, manifest)?;
-    let total = append_tree(&mut b, cache_dir, &root, entries)?;
+    let mtimes = Mtimes::of(manifest.kind().rules().keeps_mtimes());
+    let total = append_tree(&mut b, cache_dir, &root, entries, mtimes)?;
     append_dir(&mut b, layout.manifest_dir)?;
     let json = manifest.to_json();
     let manifest_path = layout.manifest_path();
@@ -200,29 +201,48 @@ enum Content<'a> {
     /// A whole cache: its tree under the kind's cache directory, and its
     /// manifest.
     Cache(&'a CacheManifest),
-    /// The files a delta adds, under `root` (the kind's cache directory),
-    /// without a manifest (the base layer's stays the image's).
-    Delta { root: &'a str },
+    /// The files a delta adds, under the cache directory of `layout` (the
+    /// base's kind), without a manifest (the base layer's stays the
+    /// image's).
+    Delta { layout: KindLayout },
 }
 
 /// Write the uncompressed tar of `content` from `dir`.
 fn write_content<W: Write>(dir: &Path, content: Content<'_>, out: W) -> Result<(W, u64)> {
     match content {
         Content::Cache(manifest) => write_tar(dir, manifest, out),
-        Content::Delta { root } => write_delta_tar(dir, root, out),
+        Content::Delta { layout } => write_delta_tar(dir, layout, out),
     }
 }
 
 /// Write the uncompressed delta layer tar of `delta_dir`, its files under
-/// `root` (`io.triton.cache`): the directories and files of the tree, no
+/// the cache directory of `layout` (`io.triton.cache`), with their mtimes
+/// when its kind keeps them: the directories and files of the tree, no
 /// manifest. Returns the sum of the files' sizes.
-pub fn write_delta_tar<W: Write>(delta_dir: &Path, root: &str, out: W) -> Result<(W, u64)> {
+pub fn write_delta_tar<W: Write>(delta_dir: &Path, layout: KindLayout, out: W) -> Result<(W, u64)> {
     let entries = list_tree(delta_dir)?;
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Deterministic);
-    let total = append_tree(&mut b, delta_dir, root, entries)?;
+    let mtimes = Mtimes::of(layout.kind.rules().keeps_mtimes());
+    let total = append_tree(&mut b, delta_dir, layout.cache_dir, entries, mtimes)?;
     let out = b.into_inner().map_err(|e| Error::io(delta_dir, e))?;
     Ok((out, total))
+}
+
+/// What a layer's files say of their modification times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mtimes {
+    /// 0, whatever they are: the same tree gives the same bytes.
+    Zero,
+    /// Each file's own, in whole seconds, for a kind whose tool compares
+    /// them ([`Kind::keeps_mtimes`](gkm_core::cache::kinds::Kind::keeps_mtimes)).
+    Kept,
+}
+
+impl Mtimes {
+    fn of(kept: bool) -> Mtimes {
+        if kept { Mtimes::Kept } else { Mtimes::Zero }
+    }
 }
 
 /// Appends the `root` directory and each of `entries` of `dir` below it.
@@ -231,6 +251,7 @@ fn append_tree<W: Write>(
     dir: &Path,
     root: &str,
     entries: Vec<TreeEntry>,
+    mtimes: Mtimes,
 ) -> Result<u64> {
     let mut parent = String::new();
     for component in root.split('/') {
@@ -249,7 +270,7 @@ fn append_tree<W: Write>(
         match entry.kind {
             TreeKind::Dir => append_dir(b, &name)?,
             TreeKind::File { size, exec } => {
-                append_file(b, &dir.join(&entry.rel), &name, size, exec)?;
+                append_file(b, &dir.join(&entry.rel), &name, size, exec, mtimes)?;
                 total += size;
             }
         }
@@ -268,13 +289,15 @@ fn append_dir<W: Write>(b: &mut tar::Builder<W>, name: &str) -> Result<()> {
 }
 
 /// Appends the file at `path` as `name`: exactly `size` bytes, not through
-/// a link that replaced it since it was listed.
+/// a link that replaced it since it was listed, with its mtime when
+/// `mtimes` keeps them.
 fn append_file<W: Write>(
     b: &mut tar::Builder<W>,
     path: &Path,
     name: &str,
     size: u64,
     exec: bool,
+    mtimes: Mtimes,
 ) -> Result<()> {
     let file = fs::OpenOptions::new()
         .read(true)
@@ -286,12 +309,19 @@ fn append_file<W: Write>(
         path: path.to_path_buf(),
     };
     let mode = if exec { EXEC_MODE } else { FILE_MODE };
-    b.append_data(
-        &mut header(tar::EntryType::Regular, mode, size),
-        name,
-        reader,
-    )
-    .map_err(|e| Error::io(path, e))
+    let mut h = header(tar::EntryType::Regular, mode, size);
+    if mtimes == Mtimes::Kept {
+        use std::os::unix::fs::MetadataExt;
+        let mtime = reader
+            .inner
+            .get_ref()
+            .metadata()
+            .map_err(|e| Error::io(path, e))?
+            .mtime();
+        h.set_mtime(u64::try_from(mtime).unwrap_or(0));
+    }
+    b.append_data(&mut h, name, reader)
+        .map_err(|e| Error::io(path, e))
 }
 
 /// Write the compressed layer of `cache_dir` to the file `blob`.
@@ -304,15 +334,16 @@ pub fn write_layer(
     write_compressed(cache_dir, Content::Cache(manifest), compression, blob)
 }
 
-/// Write the compressed delta layer of `delta_dir` (its files under
-/// `root`, no manifest: [`write_delta_tar`]) to the file `blob`.
+/// Write the compressed delta layer of `delta_dir` (its files under the
+/// cache directory of `layout`, no manifest: [`write_delta_tar`]) to the
+/// file `blob`.
 pub fn write_delta_layer(
     delta_dir: &Path,
-    root: &str,
+    layout: KindLayout,
     compression: Compression,
     blob: &Path,
 ) -> Result<LayerInfo> {
-    write_compressed(delta_dir, Content::Delta { root }, compression, blob)
+    write_compressed(delta_dir, Content::Delta { layout }, compression, blob)
 }
 
 fn write_compressed(

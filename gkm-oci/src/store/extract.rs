@@ -606,6 +606,21 @@ fn write_file<R: Read>(
             .map_err(|e| Error::io(target, e))?;
         left -= n as u64;
     }
+    // Only the layers of a kind whose tool compares mtimes carry them
+    // (`Kind::keeps_mtimes`); the others' files say 0 and keep the time
+    // they are written at.
+    let mtime = entry.header().mtime().unwrap_or(0);
+    if mtime > 0 {
+        let Some(when) = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(mtime))
+        else {
+            return reject(
+                shown,
+                Rule::Malformed,
+                format!("a modification time of {mtime} s, beyond any date"),
+            );
+        };
+        file.set_modified(when).map_err(|e| Error::io(target, e))?;
+    }
     st.stats.bytes += size;
     st.stats.files += 1;
     if policy.allow_in_tree_links {

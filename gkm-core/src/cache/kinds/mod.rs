@@ -50,8 +50,10 @@ mod fit;
 pub mod flashinfer;
 pub mod inductor;
 pub mod megacache;
+mod ninja;
 pub mod tilelang;
 pub mod triton;
+pub mod tvm_ffi;
 pub mod vllm;
 
 /// Every kind gkm knows, in the order messages and
@@ -67,6 +69,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::FlashInfer,
     CacheKind::DeepGemm,
     CacheKind::TileLang,
+    CacheKind::TvmFfi,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
@@ -189,6 +192,16 @@ pub trait Kind: Sync + 'static {
             return Ok(Vec::new());
         }
         group::relocated_groups(root, to)
+    }
+
+    /// Whether its tool finds an entry again only with its files'
+    /// modification times, as ninja does (it rebuilds an output older than
+    /// its inputs, or newer than what its `.ninja_log` and `.ninja_deps`
+    /// recorded). Such a kind's layers carry each file's mtime (whole
+    /// seconds) and every delivery restores it; by default layers carry
+    /// none (0), so the same tree gives the same bytes whatever its mtimes.
+    fn keeps_mtimes(&self) -> bool {
+        false
     }
 
     /// Whether its caches carry PyTorch's facts

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use super::entry::DeepGemmEntry;
 use crate::cache::elf;
-use crate::cache::files::{file_name, files, read_head, subdirs, torn};
+use crate::cache::files::{file_name, files, subdirs, torn};
 use crate::cache::{CacheError, Kind};
 use crate::gpu::Arch;
 
@@ -118,16 +118,7 @@ fn scan_kernel(dir: &Path) -> Result<DeepGemmEntry, CacheError> {
         }
     }
     let cubin = dir.join(CUBIN);
-    let len = std::fs::metadata(&cubin)
-        .map_err(|source| CacheError::Io {
-            path: cubin.clone(),
-            source,
-        })?
-        .len();
-    let head = read_head(&cubin, CUBIN_HEAD)?;
-    if let Some(why) = elf::not_whole(&head, len) {
-        return Err(torn(&cubin, format!("a kernel cubin {why}")));
-    }
+    let head = elf::whole_head(&cubin, CUBIN_HEAD, "a kernel cubin")?;
     let sm = elf::cubin_sm(&head).map_err(|why| torn(&cubin, format!("a kernel cubin {why}")))?;
     let arch: Arch = format!("{sm}a").parse().map_err(|_| {
         torn(

@@ -113,23 +113,24 @@ impl Kind for FlashInfer {
     /// Nothing to rewrite at the path it was built at; refused at any
     /// other, saying what makes it portable.
     fn relocated(&self, root: &Path, to: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, CacheError> {
-        match scan::scan(root)?.built_at {
-            Some(built) if built != to => Err(CacheError::Invalid {
-                what: "FlashInfer cache path",
-                reason: format!(
-                    "its modules were built at {} and would be built again at {}: their \
-                     build.ninja names that path, the FlashInfer install and CUDA_HOME, and \
-                     ninja rebuilds what its .ninja_log no longer matches; mount it at {} \
-                     (FLASHINFER_WORKSPACE_BASE set so that FLASHINFER_CACHE_DIR is that path) \
-                     with the builder's FlashInfer install and CUDA_HOME, or ship FlashInfer's \
-                     AOT package (flashinfer-jit-cache), which loads without ninja",
-                    built.display(),
-                    to.display(),
-                    built.display()
-                ),
-            }),
-            _ => Ok(Vec::new()),
-        }
+        super::ninja::refuse_elsewhere(
+            scan::scan(root)?.built_at,
+            to,
+            "FlashInfer cache path",
+            "that path, the FlashInfer install and CUDA_HOME",
+            |_| {
+                "(FLASHINFER_WORKSPACE_BASE set so that FLASHINFER_CACHE_DIR is that path) with \
+                 the builder's FlashInfer install and CUDA_HOME, or ship FlashInfer's AOT \
+                 package (flashinfer-jit-cache), which loads without ninja"
+                    .to_string()
+            },
+        )
+    }
+
+    /// True: FlashInfer runs ninja on every load, which compares the
+    /// modules' mtimes with their sources', headers' and its own log's.
+    fn keeps_mtimes(&self) -> bool {
+        true
     }
 
     fn read_entries(

@@ -175,20 +175,12 @@ fn scan_workspace(
                         continue;
                     }
                     let (entry, built) = scan_module(root, &module, version, arch)?;
-                    match &scanned.built_at {
-                        Some(first) if *first != built => {
-                            return Err(CacheError::Invalid {
-                                what: "FlashInfer cache build path",
-                                reason: format!(
-                                    "{} was built at {}, the modules before it at {}",
-                                    module.display(),
-                                    built.display(),
-                                    first.display()
-                                ),
-                            });
-                        }
-                        _ => scanned.built_at = Some(built),
-                    }
+                    super::super::ninja::same_root(
+                        &mut scanned.built_at,
+                        built,
+                        &module,
+                        "FlashInfer cache build path",
+                    )?;
                     scanned.entries.push(entry);
                 }
                 if let Some(file) = files(&sub)?.first() {
@@ -236,17 +228,7 @@ fn scan_module(
             ));
         }
     }
-    let so = module.join(&library);
-    let len = std::fs::metadata(&so)
-        .map_err(|source| CacheError::Io {
-            path: so.clone(),
-            source,
-        })?
-        .len();
-    let head = read_head(&so, LIBRARY_HEAD)?;
-    if let Some(why) = elf::not_whole(&head, len) {
-        return Err(torn(&so, format!("a module library {why}")));
-    }
+    let head = elf::whole_head(&module.join(&library), LIBRARY_HEAD, "a module library")?;
     let built = built_at(&module.join(BUILD_NINJA), &library)?;
     Ok((
         FlashInferEntry {
@@ -255,7 +237,7 @@ fn scan_module(
             name,
             flashinfer_version: version.to_string(),
             arch: Some(arch.clone()),
-            cuda_version: cudart_major(&head),
+            cuda_version: elf::cudart_major(&head),
             gpu: None,
         },
         built,
@@ -284,19 +266,6 @@ fn built_at(ninja: &Path, library: &str) -> Result<PathBuf, CacheError> {
                 format!("it names no absolute build of {library}: not FlashInfer's build.ninja"),
             )
         })
-}
-
-/// The major version of the CUDA runtime a library links
-/// (`libcudart.so.12`), from its dynamic string table.
-fn cudart_major(head: &[u8]) -> Option<String> {
-    const NEEDLE: &[u8] = b"libcudart.so.";
-    let at = head.windows(NEEDLE.len()).position(|w| w == NEEDLE)? + NEEDLE.len();
-    let digits: String = head[at..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .map(|b| char::from(*b))
-        .collect();
-    (!digits.is_empty()).then_some(digits)
 }
 
 /// `autotune/`: its `v2/<environment>/` stores.
