@@ -113,35 +113,43 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Ok(built) => {
-            let summary = built.cache.summary();
-            let targets = if summary.targets.is_empty() {
-                "none (no GPU kernel)".to_string()
-            } else {
-                summary.to_string()
-            };
-            let cpu = match built.cache.fit().cpu {
-                Some(cpu) if cpu.kernels.is_some() || cpu.isa.is_some() => {
-                    let kernels = cpu
-                        .kernels
-                        .map_or_else(String::new, |n| format!("{n} C++ kernels, "));
-                    let isa = cpu.isa.as_deref().map_or_else(
-                        || "CPU ISA unknown".to_string(),
-                        |isa| format!("CPU ISA {isa} ({})", cpu.provenance()),
-                    );
-                    format!("; {kernels}{isa}")
-                }
-                _ => String::new(),
-            };
             eprintln!(
-                "built {} ({} cache): {} kernels, {} bytes, targets: {targets}{cpu}",
+                "built {} ({} cache): {} kernels, {} bytes, targets: {}",
                 args.tag,
                 built.cache.kind().as_str(),
                 built.cache.entries().len(),
                 built.layer.cache_size_bytes,
+                targets_and_cpu(&built.cache),
             );
             println!("{}", built.digest);
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => finish(e),
     }
+}
+
+/// What a cache fits by, as `gkm build` and `gkm capture` print it: its GPU
+/// targets (`none (no GPU kernel)`), then the C++ kernels it holds and their
+/// CPU ISA, when it has any.
+pub fn targets_and_cpu(cache: &gkm_core::cache::CacheManifest) -> String {
+    let summary = cache.summary();
+    let targets = if summary.targets.is_empty() {
+        "none (no GPU kernel)".to_string()
+    } else {
+        summary.to_string()
+    };
+    let cpu = match cache.fit().cpu {
+        Some(cpu) if cpu.kernels.is_some() || cpu.isa.is_some() => {
+            let kernels = cpu
+                .kernels
+                .map_or_else(String::new, |n| format!("{n} C++ kernels, "));
+            let isa = cpu.isa.as_deref().map_or_else(
+                || "CPU ISA unknown".to_string(),
+                |isa| format!("CPU ISA {isa} ({})", cpu.provenance()),
+            );
+            format!("; {kernels}{isa}")
+        }
+        _ => String::new(),
+    };
+    format!("{targets}{cpu}")
 }

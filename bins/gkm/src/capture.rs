@@ -386,7 +386,7 @@ fn report(args: &Args, key: &SigningKey, c: &Captured) -> anyhow::Result<()> {
         c.cache.entries().len(),
         c.tree.files,
         c.tree.bytes,
-        targets.join(", "),
+        crate::build::targets_and_cpu(&c.cache),
         c.gpu
             .as_deref()
             .map(|g| format!(", compiled on {g}"))

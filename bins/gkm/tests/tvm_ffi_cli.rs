@@ -4,11 +4,17 @@
 //! a GPU): the cache is built, imaged, deleted and delivered back at the
 //! path it was built at, where TVM-FFI finds every module built and builds
 //! only the one it lacks; at another path it would build them all again,
-//! which is why gkm delivers a TVM-FFI cache only where it was built.
+//! which is why gkm delivers a TVM-FFI cache only where it was built. A
+//! delta capture of what a run added keeps its files' mtimes, so the next
+//! run at the same path finds every module built.
 
 // A test panics with what went wrong.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
+use std::process::Command;
+
+use gkm_testenv::Registry;
 use gkm_testenv::tvm_ffi::build_modules;
 use serde_json::Value;
 
@@ -18,7 +24,7 @@ use support::{gkm_in, gkm_ok, one_gpu, text};
 
 /// What the script said, or the test fails with the command that installs
 /// TVM-FFI.
-fn build(cache: &std::path::Path, archs: &str, modules: &[&str]) -> Value {
+fn build(cache: &Path, archs: &str, modules: &[&str]) -> Value {
     build_modules(cache, archs, modules).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
@@ -107,4 +113,88 @@ fn real_tvm_ffi_finds_the_modules_gkm_delivers_where_they_were_built_and_builds_
             .contains(&format!("mount it at {root} (TVM_FFI_CACHE_DIR={root})")),
         "{refused}"
     );
+}
+
+/// `cp -a`: a copy that keeps the files' mtimes, as an overlay's upper
+/// holds what a pod wrote.
+fn copy_keeping_times(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_capture_of_the_module_a_run_built_keeps_its_mtimes_and_the_next_run_finds_it_built()
+ {
+    let registry = Registry::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    let dir = tempfile::tempdir().unwrap();
+    let keys = support::key_pair(&dir.path().join("keys"));
+    let key = keys.join("cosign.key").display().to_string();
+    let cache = dir.path().join("cache");
+    let root = cache.display().to_string();
+    build(&cache, "9.0a", &["add_one"]);
+    let base = format!("{}/tvm-ffi-delta/base:v1", registry.addr());
+    let captured = gkm_ok(
+        &["capture", &root, "-t", &base, "--key", &key, "--insecure"],
+        dir.path(),
+    );
+    eprintln!("gkm capture (base):\n{captured}");
+
+    // A run adds a module; the upper of its writable view holds just that
+    // module's directory, as the pod wrote it.
+    let run = build(&cache, "9.0a", &["add_one", "negate"]);
+    assert_eq!(run["modules"]["add_one"], "hit", "{run:#}");
+    assert_eq!(run["modules"]["negate"], "miss", "{run:#}");
+    let upper = dir.path().join("upper");
+    std::fs::create_dir(&upper).unwrap();
+    let added = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("negate_")
+        })
+        .unwrap();
+    copy_keeping_times(&added, &upper);
+
+    let whole = format!("{}/tvm-ffi-delta/whole:v1", registry.addr());
+    let out = gkm_in(
+        &[
+            "capture",
+            &upper.display().to_string(),
+            "-t",
+            &whole,
+            "--key",
+            &key,
+            "--insecure",
+            "--delta-of",
+            captured.lines().next().unwrap(),
+            "--json",
+        ],
+        dir.path(),
+    );
+    eprintln!("gkm capture --delta-of:\n{}", text(&out));
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pinned = doc["image"].as_str().unwrap().to_string();
+
+    // The next node: the whole image delivered at the build path, both
+    // modules found built.
+    std::fs::remove_dir_all(&cache).unwrap();
+    gkm_ok(&["extract", &pinned, "-o", &root, "--insecure"], dir.path());
+    let next = build(&cache, "9.0a", &["add_one", "negate"]);
+    eprintln!("TVM-FFI against the delta image: {next:#}");
+    assert_eq!(next["modules"]["add_one"], "hit", "{next:#}");
+    assert_eq!(next["modules"]["negate"], "hit", "{next:#}");
 }

@@ -266,7 +266,9 @@ fn read_full(f: &mut fs::File, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Copies the regular file `from` (not through a link) to `to`, keeping
-/// whether it is executable; its parents are made.
+/// whether it is executable and its mtime (which a kind whose tool
+/// compares them carries in its layers, `Kind::keeps_mtimes`); its parents
+/// are made.
 fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata) -> Result<(), Error> {
     if let Some(parent) = to.parent() {
         fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
@@ -288,6 +290,9 @@ fn copy_file(from: &Path, to: &Path, meta: &fs::Metadata) -> Result<(), Error> {
         .open(to)
         .map_err(|e| Error::io(to, e))?;
     io::copy(&mut src, &mut dst).map_err(|e| Error::io(to, e))?;
+    if let Ok(mtime) = meta.modified() {
+        dst.set_modified(mtime).map_err(|e| Error::io(to, e))?;
+    }
     Ok(())
 }
 
