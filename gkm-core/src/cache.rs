@@ -93,7 +93,7 @@ pub use torch_facts::{
 /// ([`kinds::REGISTRY`]), named by a constant (`CacheKind::Triton`,
 /// `CacheKind::Vllm`, `CacheKind::Inductor`, `CacheKind::MegaCache`,
 /// `CacheKind::FlashInfer`, `CacheKind::DeepGemm`, `CacheKind::TileLang`,
-/// `CacheKind::TvmFfi`), each
+/// `CacheKind::TvmFfi`, `CacheKind::CuteDsl`), each
 /// defined in its kind's module.
 ///
 /// Two kinds are equal when their names are. Its JSON form is the name.
@@ -103,7 +103,7 @@ pub struct CacheKind(&'static dyn Kind);
 impl CacheKind {
     /// The name manifests and `gkm inspect` use: `triton`, `vllm`,
     /// `inductor`, `megacache`, `flashinfer`, `deepgemm`, `tilelang`,
-    /// `tvm-ffi`.
+    /// `tvm-ffi`, `cutedsl`.
     pub fn as_str(self) -> &'static str {
         self.0.name()
     }

@@ -52,6 +52,10 @@ pub enum Component {
     /// virtualenv beside the torch one), run by its `tilelang-python`:
     /// compiles CUDA kernels for any GPU target without a GPU.
     TileLang,
+    /// Real CuTe DSL (NVIDIA's CUTLASS Python DSL, the pinned PyPI wheels,
+    /// in a virtualenv beside the torch one), run by its `cutedsl-python`:
+    /// compiles CUDA kernels for any GPU target without a GPU.
+    CuteDsl,
     /// erofs-utils' `mkfs.erofs`, Debian package `erofs-utils`: writes the
     /// EROFS twins of cache layers.
     MkfsErofs,
@@ -83,6 +87,7 @@ impl Component {
             Component::Torch => "torch-python",
             Component::Vllm => "vllm-python",
             Component::TileLang => "tilelang-python",
+            Component::CuteDsl => "cutedsl-python",
             Component::MkfsErofs => "mkfs.erofs",
             Component::FsckErofs => "fsck.erofs",
         }
@@ -111,6 +116,7 @@ impl Component {
             Component::Torch => "hack/ci/components.sh torch",
             Component::Vllm => "hack/ci/components.sh vllm",
             Component::TileLang => "hack/ci/components.sh tilelang",
+            Component::CuteDsl => "hack/ci/components.sh cutedsl",
         }
     }
 

@@ -30,6 +30,7 @@ mod claims;
 mod containerd_restart;
 mod control_plane;
 mod control_plane_restart;
+pub mod cutedsl;
 pub mod deepgemm;
 mod fixtures;
 pub mod flashinfer;

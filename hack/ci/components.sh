@@ -259,6 +259,18 @@ vllm_component() {
   python_venv vllm "$1" "$root/hack/fixtures/vllm-requirements.txt" --no-deps
 }
 
+# torch_pth PYTHON
+# Makes the virtualenv of PYTHON import the PyTorch one (at its fixed path,
+# /tmp/gkm-torch-VERSION) through a .pth file; prints its site-packages.
+torch_pth() {
+  local purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  local site
+  site=$("$1" -c "$purelib")
+  "$tools_dir/torch-$TORCH_VERSION/bin/python" -c "$purelib" \
+    | sed "s|^$tools_dir/torch-$TORCH_VERSION/|/tmp/gkm-torch-$TORCH_VERSION/|" > "$site/gkm-torch.pth"
+  echo "$site"
+}
+
 # tilelang_component VERSION
 # Real TileLang, which compiles CUDA kernels for any GPU target without a GPU
 # (nvcc from NVIDIA's PyPI wheels) and caches them in TILELANG_CACHE_DIR: a
@@ -272,11 +284,8 @@ tilelang_component() {
   [[ -x $tools_dir/torch-$TORCH_VERSION/bin/python ]] || torch_component "$TORCH_VERSION"
   python_venv tilelang "$1" "$root/hack/fixtures/tilelang-requirements.txt" --no-deps
   venv_wrapper tilelang "$1" torch "$TORCH_VERSION"
-  local purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
   local site
-  site=$("$tools_dir/tilelang-$1/bin/python" -c "$purelib")
-  "$tools_dir/torch-$TORCH_VERSION/bin/python" -c "$purelib" \
-    | sed "s|^$tools_dir/torch-$TORCH_VERSION/|/tmp/gkm-torch-$TORCH_VERSION/|" > "$site/gkm-torch.pth"
+  site=$(torch_pth "$tools_dir/tilelang-$1/bin/python")
   # TVM-FFI (tvm_ffi.cpp, which TileLang brings) builds CUDA modules with
   # $CUDA_HOME/bin/nvcc and links $CUDA_HOME/lib64/libcudart.so; NVIDIA's
   # wheels lay the toolkit out as nvidia/cu13/{bin,include,nvvm,lib}:
@@ -287,8 +296,21 @@ tilelang_component() {
   ln -sfn "../$cu/lib/libcudart.so.13" "$home/lib64/libcudart.so"
 }
 
+# cutedsl_component VERSION
+# Real CuTe DSL (NVIDIA's CUTLASS Python DSL), which compiles GPU kernels for
+# any target without a GPU and caches them (CUTE_DSL_CACHE_DIR): a virtualenv
+# of the pinned wheels (hack/fixtures/cutedsl-requirements.txt, installed
+# without resolving) that imports the PyTorch one, as TileLang's does, run as
+# $GKM_TOOLS_DIR/bin/cutedsl-python from /tmp/gkm-cutedsl-VERSION.
+cutedsl_component() {
+  [[ -x $tools_dir/torch-$TORCH_VERSION/bin/python ]] || torch_component "$TORCH_VERSION"
+  python_venv cutedsl "$1" "$root/hack/fixtures/cutedsl-requirements.txt" --no-deps
+  venv_wrapper cutedsl "$1" torch "$TORCH_VERSION"
+  torch_pth "$tools_dir/cutedsl-$1/bin/python" >/dev/null
+}
+
 TORCH_VERSION=2.11.0
-all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch tilelang vllm toxiproxy)
+all=(debian etcd kubernetes kwok cosign csi-sanity containerd runc promlint mcv-extract helm triton torch tilelang cutedsl vllm toxiproxy)
 wanted=("$@")
 ((${#wanted[@]})) || wanted=("${all[@]}")
 for c in "${wanted[@]}"; do
@@ -341,6 +363,7 @@ for c in "${wanted[@]}"; do
     # Real TileLang, for fixtures/tilelang and the test that TileLang reuses
     # the caches gkm delivers (bins/gkm/tests/tilelang_reuse.rs).
     tilelang) tilelang_component 0.1.15 ;;
+    cutedsl) cutedsl_component 4.8.1 ;;
     # Real vLLM on the CPU, for the test that an engine in a pod reuses the
     # VLLM_CACHE_ROOT another engine wrote, delivered by gkm
     # (gkm-k8s/tests/vllm_in_pod.rs), and hack/bench/vllm-cold-start.sh.

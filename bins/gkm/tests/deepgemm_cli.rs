@@ -11,7 +11,7 @@ use gkm_testenv::deepgemm::{KERNELS, ROOT, deepgemm_tree, kernel_dir};
 
 mod support;
 
-use support::{gkm_in, gkm_ok, one_gpu, text};
+use support::{check_fits, gkm_in, gkm_ok, text};
 
 #[test]
 fn a_deepgemm_cache_builds_with_its_install_declared_and_fits_its_architecture() {
@@ -72,14 +72,7 @@ fn a_deepgemm_cache_builds_with_its_install_declared_and_fits_its_architecture()
         "{inspected}"
     );
 
-    let h100 = one_gpu(dir.path(), "H100");
-    let fits = gkm_in(&["check", &image, "--gpus", &h100], dir.path());
-    eprintln!("gkm check (H100):\n{}", text(&fits));
-    assert!(fits.status.success(), "{}", text(&fits));
-    let a100 = one_gpu(dir.path(), "A100");
-    let other = gkm_in(&["check", &image, "--gpus", &a100], dir.path());
-    eprintln!("gkm check (A100):\n{}", text(&other));
-    assert_eq!(other.status.code(), Some(3), "{}", text(&other));
+    check_fits(&image, dir.path(), &["H100"], &["A100"]);
 
     // A torn kernel refuses the build, naming it.
     let cubin = kernel_dir(&root, KERNELS[0].1).join("kernel.cubin");

@@ -10,7 +10,7 @@ use gkm_testenv::flashinfer::{MODULE, flashinfer_tree, module_dir};
 
 mod support;
 
-use support::{gkm_in, gkm_ok, one_gpu, text};
+use support::{check_fits, gkm_in, gkm_ok, text};
 
 #[test]
 fn a_flashinfer_cache_builds_inspects_and_fits_the_gpus_of_its_architecture() {
@@ -42,14 +42,7 @@ fn a_flashinfer_cache_builds_inspects_and_fits_the_gpus_of_its_architecture() {
         "{inspected}"
     );
 
-    let h100 = one_gpu(dir.path(), "H100");
-    let fits = gkm_in(&["check", &image, "--gpus", &h100], dir.path());
-    eprintln!("gkm check (H100):\n{}", text(&fits));
-    assert!(fits.status.success(), "{}", text(&fits));
-    let a100 = one_gpu(dir.path(), "A100");
-    let other = gkm_in(&["check", &image, "--gpus", &a100], dir.path());
-    eprintln!("gkm check (A100):\n{}", text(&other));
-    assert_eq!(other.status.code(), Some(3), "{}", text(&other));
+    check_fits(&image, dir.path(), &["H100"], &["A100"]);
 
     // A file FlashInfer does not write refuses the build, naming it.
     let notes = module_dir(&root).join("notes.txt");

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{gkm_in, gkm_ok, one_gpu, text};
+use support::{check_fits, gkm_in, gkm_ok, text};
 
 /// A copy of the fixture's cache at `dir/cache`.
 fn fixture_in(dir: &Path) -> String {
@@ -57,16 +57,7 @@ fn a_tilelang_cache_builds_into_its_kernels_and_fits_the_gpus_they_were_compiled
         assert!(label(key, value), "{key}: {inspected}");
     }
 
-    for profile in ["H100", "A100"] {
-        let gpus = one_gpu(dir.path(), profile);
-        let fits = gkm_in(&["check", &image, "--gpus", &gpus], dir.path());
-        eprintln!("gkm check ({profile}):\n{}", text(&fits));
-        assert!(fits.status.success(), "{}", text(&fits));
-    }
-    let t4 = one_gpu(dir.path(), "T4");
-    let other = gkm_in(&["check", &image, "--gpus", &t4], dir.path());
-    eprintln!("gkm check (T4):\n{}", text(&other));
-    assert_eq!(other.status.code(), Some(3), "{}", text(&other));
+    check_fits(&image, dir.path(), &["H100", "A100"], &["T4"]);
 
     // A kernel whose library is not the one TileLang's manifest lists
     // refuses the build, naming it.

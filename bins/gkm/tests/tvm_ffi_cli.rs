@@ -20,7 +20,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{gkm_in, gkm_ok, one_gpu, text};
+use support::{check_fits, gkm_in, gkm_ok, text};
 
 /// What the script said, or the test fails with the command that installs
 /// TVM-FFI.
@@ -64,14 +64,7 @@ fn real_tvm_ffi_finds_the_modules_gkm_delivers_where_they_were_built_and_builds_
         assert!(label(key, value), "{key}: {inspected}");
     }
 
-    let h100 = one_gpu(dir.path(), "H100");
-    let fits = gkm_in(&["check", &image, "--gpus", &h100], dir.path());
-    eprintln!("gkm check (H100):\n{}", text(&fits));
-    assert!(fits.status.success(), "{}", text(&fits));
-    let a100 = one_gpu(dir.path(), "A100");
-    let other = gkm_in(&["check", &image, "--gpus", &a100], dir.path());
-    eprintln!("gkm check (A100):\n{}", text(&other));
-    assert_eq!(other.status.code(), Some(3), "{}", text(&other));
+    check_fits(&image, dir.path(), &["H100"], &["A100"]);
 
     // The cache gone, delivered back where it was built: both modules are
     // found built, the one it never held is built into it.

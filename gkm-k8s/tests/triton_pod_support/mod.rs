@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::csi_support::{gkmcache, start_driver};
 
+pub mod cutedsl;
 pub mod tilelang;
 pub mod torch;
 pub mod tvm_ffi;

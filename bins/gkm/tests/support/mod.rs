@@ -39,6 +39,22 @@ pub fn gkm_ok(args: &[&str], dir: &Path) -> String {
     text(&out)
 }
 
+/// `gkm check IMAGE --gpus` against one GPU of each profile of `fit`,
+/// which it fits (exit 0), and of `unfit`, which it does not (exit 3), as a
+/// user checks a cache before delivering it.
+// Not every test binary checks fit.
+#[allow(dead_code)]
+pub fn check_fits(image: &str, dir: &Path, fit: &[&str], unfit: &[&str]) {
+    for (profiles, code) in [(fit, 0), (unfit, 3)] {
+        for profile in profiles {
+            let gpus = one_gpu(dir, profile);
+            let out = gkm_in(&["check", image, "--gpus", &gpus], dir);
+            eprintln!("gkm check ({profile}):\n{}", text(&out));
+            assert_eq!(out.status.code(), Some(code), "{profile}: {}", text(&out));
+        }
+    }
+}
+
 /// A simulated inventory of one `profile` GPU in `dir`, for `--gpus`.
 pub fn one_gpu(dir: &Path, profile: &str) -> String {
     let path = dir.join(format!("gpus-{profile}.yaml"));

@@ -45,6 +45,7 @@ pub use fit::{
     CPP_KERNEL_COUNT_LABEL, CPU_ISA_LABEL, CpuFit, Fit, cpu_labels, cpu_of_labels, entries_fit,
 };
 
+pub mod cutedsl;
 pub mod deepgemm;
 mod fit;
 pub mod flashinfer;
@@ -70,6 +71,7 @@ pub const REGISTRY: &[CacheKind] = &[
     CacheKind::DeepGemm,
     CacheKind::TileLang,
     CacheKind::TvmFfi,
+    CacheKind::CuteDsl,
 ];
 
 /// The registered kinds in the order a tree is tried against them: the
