@@ -8,7 +8,11 @@
 //! - a tag moved to an unsigned digest keeps the cache on the last verified
 //!   digest, saying so, instead of failing new pods;
 //! - a tag moved back to a digest the cache already moved away from (a
-//!   rollback) is not followed, even though that digest is signed.
+//!   rollback) is not followed, even though that digest is signed;
+//! - a digest quarantined by hand (`spec.quarantine`) is served to no new
+//!   pod: the cache falls back to the last good digest it served, or
+//!   serves nothing, and follows the tag again once the quarantine is
+//!   lifted; a malformed digest is refused by the apiserver.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -241,33 +245,75 @@ async fn a_tenants_own_key_delivers_nothing_unless_the_administrator_opted_its_n
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_moved_tag_serves_the_last_verified_digest_and_a_rollback_is_not_followed()
--> anyhow::Result<()> {
-    let _serial = OPERATORS.lock().await;
+/// A cache `name` in namespace `ns` following the tag `repo:v1` of the
+/// shared registry, whose first digest (titled `title`) the administrator
+/// signed, served by an operator (`operator_name`) with the
+/// administrator's key as its default policy: once that digest is
+/// delivered.
+struct Following {
+    operator: Process,
+    caches: Api<GKMCache>,
+    client: kube::Client,
+    image: String,
+    admin_key: SigningKey,
+    first: Built,
+    _dir: tempfile::TempDir,
+}
+
+async fn following(
+    ns: &str,
+    name: &str,
+    repo: &str,
+    title: &str,
+    operator_name: &str,
+) -> anyhow::Result<Following> {
     let plane = ControlPlane::shared().await?;
     let registry = Registry::shared()?;
     let client = plane.client().await?;
     let dir = gkm_testenv::temp_dir()?;
     let (admin_key, _) = SigningKey::generate_p256()?;
     let admin_pem = admin_key.public_key().to_pem();
-    let ns = "signers-tags";
     plane.ensure_namespace(ns).await?;
-
-    let image = format!("{}/signers/moving:v1", registry.addr());
-    let first = push(&image, "first").await?;
+    let image = format!("{}/signers/{repo}:v1", registry.addr());
+    let first = push(&image, title).await?;
     sign_with(&image, &first, &admin_key).await?;
     let first_digest = first.digest.to_string();
-    let mut operator = operator(plane, dir.path(), "tag-moves", &admin_pem, &[]).await?;
-    let caches = put_cache(&client, ns, "moving", json!({"image": image})).await?;
+    let mut operator = operator(plane, dir.path(), operator_name, &admin_pem, &[]).await?;
+    let caches = put_cache(&client, ns, name, json!({"image": image})).await?;
     until_status(
         &mut operator,
         &caches,
-        "moving",
+        name,
         "the first digest delivered",
         |s| delivers(s, &first_digest),
     )
     .await?;
+    Ok(Following {
+        operator,
+        caches,
+        client,
+        image,
+        admin_key,
+        first,
+        _dir: dir,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_moved_tag_serves_the_last_verified_digest_and_a_rollback_is_not_followed()
+-> anyhow::Result<()> {
+    let _serial = OPERATORS.lock().await;
+    let ns = "signers-tags";
+    let Following {
+        mut operator,
+        caches,
+        client,
+        image,
+        admin_key,
+        first,
+        ..
+    } = following(ns, "moving", "moving", "first", "tag-moves").await?;
+    let first_digest = first.digest.to_string();
 
     // The tag moves to an unsigned digest: the cache stays on the last
     // verified one (pods keep getting it) and says why.
@@ -323,7 +369,7 @@ async fn a_moved_tag_serves_the_last_verified_digest_and_a_rollback_is_not_follo
     assert!(message.contains(&first_digest), "{message}");
 
     // Pinning the older digest is the tenant's deliberate choice: followed.
-    let pinned = format!("{}/signers/moving@{first_digest}", registry.addr());
+    let pinned = format!("{}@{first_digest}", image.trim_end_matches(":v1"));
     put_cache(&client, ns, "moving", json!({"image": pinned})).await?;
     until_status(
         &mut operator,
@@ -333,6 +379,104 @@ async fn a_moved_tag_serves_the_last_verified_digest_and_a_rollback_is_not_follo
         |s| delivers(s, &first_digest),
     )
     .await?;
+    operator.check_running()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quarantined_digest_is_served_to_no_new_pod_and_the_cache_falls_back_to_the_last_good_one()
+-> anyhow::Result<()> {
+    let _serial = OPERATORS.lock().await;
+    let ns = "signers-quarantine";
+    let Following {
+        mut operator,
+        caches,
+        client,
+        image,
+        admin_key,
+        first: good,
+        ..
+    } = following(ns, "canary", "quarantined", "good", "quarantine").await?;
+    let good_digest = good.digest.to_string();
+    // The tag moves to a signed digest that turns out bad.
+    let bad = push(&image, "bad").await?;
+    sign_with(&image, &bad, &admin_key).await?;
+    let bad_digest = bad.digest.to_string();
+    until_status(
+        &mut operator,
+        &caches,
+        "canary",
+        "the bad digest followed",
+        |s| delivers(s, &bad_digest),
+    )
+    .await?;
+
+    // Quarantined by hand: no node serves it to new pods, the cache is back
+    // on the good digest (which it had moved away from) and says why.
+    put_cache(
+        &client,
+        ns,
+        "canary",
+        json!({"image": image, "quarantine": [bad_digest]}),
+    )
+    .await?;
+    let status = until_status(&mut operator, &caches, "canary", "the fall-back", |s| {
+        delivers(s, &good_digest)
+    })
+    .await?;
+    assert!(!delivers(&status, &bad_digest), "{status:#?}");
+    let (followed, reason, message) = condition(&status, "TagFollowed").unwrap_or_default();
+    assert_eq!((followed, reason), ("False", "Quarantined"), "{message}");
+    assert!(
+        message.contains(&bad_digest) && message.contains(&format!("still serving {good_digest}")),
+        "{message}"
+    );
+
+    // Both quarantined: nothing is delivered, and the verdict says why.
+    put_cache(
+        &client,
+        ns,
+        "canary",
+        json!({"image": image, "quarantine": [bad_digest, good_digest]}),
+    )
+    .await?;
+    let status = until_status(&mut operator, &caches, "canary", "nothing delivered", |s| {
+        !delivers(s, &good_digest)
+            && !delivers(s, &bad_digest)
+            && condition(s, "TagFollowed").is_some_and(|(_, r, _)| r == "Quarantined")
+    })
+    .await?;
+    let refusal = status
+        .verification
+        .as_ref()
+        .and_then(|v| v.message.clone())
+        .unwrap_or_default();
+    assert!(refusal.contains("nothing is served"), "{status:#?}");
+
+    // Lifted: the tag is followed again.
+    put_cache(&client, ns, "canary", json!({"image": image})).await?;
+    until_status(
+        &mut operator,
+        &caches,
+        "canary",
+        "the tag followed again",
+        |s| delivers(s, &bad_digest),
+    )
+    .await?;
+
+    // A digest that is not one is refused by the apiserver, naming the field.
+    let refused = put_cache(
+        &client,
+        ns,
+        "canary",
+        json!({"image": image, "quarantine": ["sha256:beef"]}),
+    )
+    .await
+    .expect_err("a malformed digest was accepted");
+    assert!(
+        refused.to_string().contains("spec.quarantine[0]"),
+        "{refused:#}"
+    );
     operator.check_running()?;
     Ok(())
 }

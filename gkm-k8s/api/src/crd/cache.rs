@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use super::common::{CacheCounts, CacheState, PodTemplate, PvcOwner, PvcStatus};
 use super::signature::{SignatureMode, SignaturePolicy};
 use super::usage::WorkloadUsage;
-use super::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERENCE};
+use super::validation::{
+    DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMAGE_REFERENCE, MANIFEST_DIGEST,
+};
 
 /// What both cache kinds ask for. GKM's fields keep GKM's names, so GKM's
 /// YAML applies unchanged; `signature`, `nodeSelector` and `resolveInterval`
@@ -64,7 +66,32 @@ pub struct CacheSpec {
     #[x_kube(validation = Rule::new("duration(self) >= duration('10s') && duration(self) <= duration('168h')")
         .message("resolveInterval must be a duration from 10s to 168h"))]
     pub resolve_interval: Option<String>,
+    /// Digests quarantined by hand (`sha256:…`): no node serves them to new
+    /// pods; pods already running keep their view. When the tag points at
+    /// one, the cache serves the last digest it served that is not
+    /// quarantined and still verified (condition `TagFollowed` false,
+    /// reason `Quarantined`), or nothing when there is none. Removing a
+    /// digest from the list lets the cache follow its tag to it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(d, self.exists_one(e, e == d))")
+        .message("quarantine must not repeat a digest"))]
+    pub quarantine: Option<Vec<ManifestDigest>>,
 }
+
+impl CacheSpec {
+    /// Whether `digest` is quarantined ([`quarantine`](Self::quarantine)).
+    pub fn quarantines(&self, digest: &str) -> bool {
+        self.quarantine.iter().flatten().any(|d| d.0 == digest)
+    }
+}
+
+/// An image manifest digest: `sha256:` and 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ManifestDigest(
+    #[schemars(length(equal = 71), regex(pattern = MANIFEST_DIGEST))] pub String,
+);
 
 /// A DNS-1123 label naming a namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

@@ -38,7 +38,7 @@ use kube::CustomResourceExt;
 
 pub use cache::{
     AccessMode, CacheSpec, CacheStatus, ClusterGKMCache, ClusterGKMCacheSpec, GKMCache,
-    GKMCacheSpec, NamespaceName, VariantNodes, VerificationStatus,
+    GKMCacheSpec, ManifestDigest, NamespaceName, VariantNodes, VerificationStatus,
 };
 pub use capture::{
     BYTE_SIZE, CaptureFramework, CapturePhase, CaptureSignatureFormat, CaptureSigning,

@@ -19,3 +19,7 @@ pub const DNS1123_SUBDOMAIN: &str =
 
 /// A Go-style duration made of whole units: `90s`, `5m`, `1h30m`.
 pub const DURATION: &str = r"^([0-9]+(ms|s|m|h))+$";
+
+/// An image manifest digest as gkm resolves them: `sha256:` and 64
+/// lowercase hex digits.
+pub const MANIFEST_DIGEST: &str = r"^sha256:[0-9a-f]{64}$";

@@ -264,15 +264,18 @@ async fn follow_or_hold<K: CacheObject>(
     verification: VerificationStatus,
     checked: bool,
 ) -> Result<Served> {
-    let image = &cache.cache_spec().image;
+    let spec = cache.cache_spec();
+    let image = &spec.image;
     let history = History::of(cache.annotations(), image);
+    let quarantined = |d: &str| spec.quarantines(d);
     // What the cache serves, under the spec it has now: a changed spec is
     // followed as written.
     let current = old
         .resolved_digest
         .clone()
         .filter(|_| old.observed_generation == cache.meta().generation)
-        .filter(|d| old.verification.as_ref().is_some_and(|v| v.admits(d)));
+        .filter(|d| old.verification.as_ref().is_some_and(|v| v.admits(d)))
+        .filter(|d| !quarantined(d));
     let why = verification.message.clone().unwrap_or_default();
     let hold = match tag_follow::decide(
         &digest,
@@ -280,6 +283,7 @@ async fn follow_or_hold<K: CacheObject>(
         &why,
         current.as_deref(),
         &history,
+        quarantined,
     ) {
         Decision::Follow => {
             if let Some(from) = current.as_deref().filter(|c| *c != digest) {
@@ -289,20 +293,40 @@ async fn follow_or_hold<K: CacheObject>(
         }
         Decision::Hold(hold) => hold,
     };
-    if let Some(current) = current {
+    // What to stay on: the digest served; under a quarantine, else the
+    // digests moved away from, the most recent first.
+    let mut stay_on: Vec<String> = current.iter().cloned().collect();
+    if matches!(hold, Hold::Quarantined { .. }) {
+        stay_on.extend(
+            history
+                .most_recent_first()
+                .filter(|d| !quarantined(d) && current.as_deref() != Some(*d))
+                .map(str::to_string),
+        );
+    }
+    for candidate in stay_on {
         // Still verified under the policy in force (re-checked as usual)?
-        let (kept, kept_checked) = verdict(cache, ctx, &current, old).await;
-        if kept.admits(&current) {
-            let message = hold.message(Some(&current));
-            return Ok((current, kept, kept_checked, Some((hold.reason(), message))));
+        let (kept, kept_checked) = verdict(cache, ctx, &candidate, old).await;
+        if kept.admits(&candidate) {
+            let message = hold.message(Some(&candidate));
+            return Ok((
+                candidate,
+                kept,
+                kept_checked,
+                Some((hold.reason(), message)),
+            ));
         }
     }
-    // Nothing verified to stay on: the tag's digest, refused if it is a rollback.
+    // Nothing verified to stay on: the tag's digest, refused if it is a
+    // rollback or quarantined.
     let message = hold.message(None);
     let mut verification = verification;
-    if matches!(hold, Hold::RolledBack { .. }) {
+    if matches!(hold, Hold::RolledBack { .. } | Hold::Quarantined { .. }) {
         verification.deliverable = Some(false);
         verification.message = Some(message.clone());
+        // Refused for the hold, not for its signatures: checked again at the
+        // next reconcile rather than reused, so lifting the hold delivers it.
+        verification.checked_at = None;
     }
     Ok((
         digest,

@@ -11,7 +11,13 @@
 //!   signed (reason `RolledBack`): whoever can push the tag cannot bring a
 //!   replaced (say, vulnerable) image back. Going back is a decision of whoever may
 //!   edit the cache: naming the digest (`image@sha256:…`) or another tag
-//!   changes `spec.image`, which starts a new history.
+//!   changes `spec.image`, which starts a new history;
+//! - a digest in `spec.quarantine` is never served (reason `Quarantined`),
+//!   whether the tag moved to it or the cache was serving it: the cache
+//!   serves the last digest it served that is not quarantined (the one it
+//!   serves, or else the most recent one it moved away from), re-verified,
+//!   or nothing. Quarantine is a decision of whoever may edit the cache, as
+//!   naming a digest is, so it may bring a replaced digest back.
 //!
 //! The digests a cache moved away from are kept, per `spec.image`, in the
 //! cache's annotation [`HISTORY_ANNOTATION`] (the most recent
@@ -66,6 +72,12 @@ impl History {
         }
     }
 
+    /// The digests it moved away from, the most recent first: what a
+    /// quarantine may fall back to.
+    pub fn most_recent_first(&self) -> impl Iterator<Item = &str> {
+        self.replaced.iter().rev().map(String::as_str)
+    }
+
     /// The annotation's value.
     pub fn to_annotation(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -87,6 +99,11 @@ pub enum Hold {
         /// The digest the tag points at.
         digest: String,
     },
+    /// It is in `spec.quarantine`.
+    Quarantined {
+        /// The digest the tag points at.
+        digest: String,
+    },
 }
 
 impl Hold {
@@ -95,6 +112,7 @@ impl Hold {
         match self {
             Hold::NotVerified { .. } => "NotVerified",
             Hold::RolledBack { .. } => "RolledBack",
+            Hold::Quarantined { .. } => "Quarantined",
         }
     }
 
@@ -112,6 +130,9 @@ impl Hold {
             Hold::RolledBack { digest } => format!(
                 "the tag moved back to {digest}, which this cache already replaced: a rollback is not followed (name the digest in spec.image to go back on purpose); {staying}"
             ),
+            Hold::Quarantined { digest } => format!(
+                "the tag points at {digest}, which spec.quarantine holds: no node serves it to new pods (pods already running keep their view); {staying}"
+            ),
         }
     }
 }
@@ -127,14 +148,20 @@ pub enum Decision {
 
 /// Whether to follow the tag to `new` (deliverable or not, with `why` when
 /// not), given the digest the cache serves (`current`: deliverable, under
-/// an unchanged spec) and its history.
+/// an unchanged spec), its history and whether a digest is quarantined.
 pub fn decide(
     new: &str,
     deliverable: bool,
     why: &str,
     current: Option<&str>,
     history: &History,
+    quarantined: impl Fn(&str) -> bool,
 ) -> Decision {
+    if quarantined(new) {
+        return Decision::Hold(Hold::Quarantined {
+            digest: new.to_string(),
+        });
+    }
     if current == Some(new) {
         return Decision::Follow;
     }
@@ -168,11 +195,20 @@ mod tests {
     #[test]
     fn an_unverified_move_or_a_rollback_is_not_followed() {
         let none = history(&[]);
-        assert_eq!(decide("a", true, "", None, &none), Decision::Follow);
-        assert_eq!(decide("a", true, "", Some("a"), &none), Decision::Follow);
-        assert_eq!(decide("b", true, "", Some("a"), &none), Decision::Follow);
         assert_eq!(
-            decide("b", false, "no signature", Some("a"), &none),
+            decide("a", true, "", None, &none, |_| false),
+            Decision::Follow
+        );
+        assert_eq!(
+            decide("a", true, "", Some("a"), &none, |_| false),
+            Decision::Follow
+        );
+        assert_eq!(
+            decide("b", true, "", Some("a"), &none, |_| false),
+            Decision::Follow
+        );
+        assert_eq!(
+            decide("b", false, "no signature", Some("a"), &none, |_| false),
             Decision::Hold(Hold::NotVerified {
                 digest: "b".into(),
                 why: "no signature".into()
@@ -180,15 +216,40 @@ mod tests {
         );
         // Nothing served yet: an unverified digest is followed, and its
         // verdict refuses it.
-        assert_eq!(decide("b", false, "x", None, &none), Decision::Follow);
+        assert_eq!(
+            decide("b", false, "x", None, &none, |_| false),
+            Decision::Follow
+        );
         let moved = none.moved("a", "b");
         assert_eq!(
-            decide("a", true, "", Some("b"), &moved),
+            decide("a", true, "", Some("b"), &moved, |_| false),
             Decision::Hold(Hold::RolledBack { digest: "a".into() })
         );
         assert_eq!(
-            decide("a", true, "", None, &moved),
+            decide("a", true, "", None, &moved, |_| false),
             Decision::Hold(Hold::RolledBack { digest: "a".into() })
+        );
+    }
+
+    #[test]
+    fn a_quarantined_digest_is_held_whether_new_served_or_signed() {
+        let none = history(&[]);
+        let bad = |d: &str| d == "b";
+        let held = Decision::Hold(Hold::Quarantined { digest: "b".into() });
+        assert_eq!(decide("b", true, "", Some("a"), &none, bad), held);
+        assert_eq!(decide("b", true, "", Some("b"), &none, bad), held);
+        assert_eq!(decide("b", true, "", None, &none, bad), held);
+        assert_eq!(
+            decide("a", true, "", Some("b"), &none, bad),
+            Decision::Follow
+        );
+        let moved = none.moved("a", "b").moved("b", "c");
+        assert_eq!(moved.most_recent_first().collect::<Vec<_>>(), ["b", "a"]);
+        let message = Hold::Quarantined { digest: "b".into() }.message(Some("a"));
+        assert!(
+            message.contains("spec.quarantine holds")
+                && message.contains("still serving a, the last verified digest"),
+            "{message}"
         );
     }
 
