@@ -10,12 +10,12 @@
 #      TRITON_CACHE_DIR and a new HOME (where FlashInfer and the other JIT
 #      caches a serving engine writes go by default);
 #   2. the delivery a node makes, per part the cold start wrote (the vLLM
-#      root, the Triton cache, ~/.cache/flashinfer, ~/.tilelang/cache): `gkm build` into an OCI
-#      layout, `gkm check` of the image against this GPU, the tree deleted,
+#      root, the Triton cache, ~/.cache/flashinfer, ~/.tilelang/cache,
+#      ~/.cache/tvm-ffi, CuTe DSL's cache): `gkm build` into an OCI layout, `gkm check` of the image against this GPU, the tree deleted,
 #      `gkm extract` of the image back at the part's path; a part gkm refuses
 #      is recorded with gkm's sentence and not delivered;
 #   3. warm: the same start with a new HOME holding only what gkm extracted.
-# Whatever else the cold start left in HOME (TVM-FFI's, CuTe DSL's caches)
+# Whatever else the cold start left in HOME (a cache of no kind gkm knows)
 # is listed in the summary as written but not delivered.
 # Writes into OUT: run.log, every start's JSON (its vLLM log lines: the
 # phases and compile times vLLM reports), gkm's build/check/extract output
@@ -55,13 +55,18 @@ home=$work/home
 flashinfer_dir=$home/.cache/flashinfer
 # TileLang's default TILELANG_CACHE_DIR (the kernels of models that use it).
 tilelang_dir=$home/.tilelang/cache
+# TVM-FFI's default TVM_FFI_CACHE_DIR (tvm_ffi.cpp's JIT modules).
+tvm_ffi_dir=$home/.cache/tvm-ffi
+# CuTe DSL's cache, named: its default is below TMPDIR, which each start
+# gets anew.
+cutedsl_dir=$home/.cache/cutlass_python_cache
 
 # start NAME: one engine start in a new process on the caches above, its
 # JSON report in $out/NAME.json, its log in $out/NAME.log.
 start() {
   mkdir -p "$home" "$work/tmp" "$vllm_root" "$triton_dir"
   env -u XDG_CACHE_HOME HOME="$home" TMPDIR="$work/tmp" \
-    TRITON_CACHE_DIR="$triton_dir" CUDA_CACHE_DISABLE=1 PYTHONUNBUFFERED=1 \
+    TRITON_CACHE_DIR="$triton_dir" CUTE_DSL_CACHE_DIR="$cutedsl_dir" CUDA_CACHE_DISABLE=1 PYTHONUNBUFFERED=1 \
     "$python" "$root/hack/vllm/engine_start.py" --model "$model" \
     --cache-root "$vllm_root" --tokens "$tokens" >"$out/$1.json" 2>"$out/$1.log"
   "$python" -c 'import json, sys; r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("%s: init engine %s s, engine wall %.2f s, torch.compile %s s" % (sys.argv[2], r["init_engine_s"], r["engine_wall_s"], r["torch_compile_s"]))' "$out/$1.json" "$1"
@@ -97,11 +102,13 @@ for ((round = 1; round <= rounds; round++)); do
   # Every part is delivered where it was written (FlashInfer's and Triton's
   # files name that path), then HOME keeps only what gkm extracted.
   delivered=()
-  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$flashinfer_dir" tilelang:"$tilelang_dir"; do
+  for part in vllm:"$vllm_root" triton:"$triton_dir" flashinfer:"$flashinfer_dir" tilelang:"$tilelang_dir" \
+    tvm-ffi:"$tvm_ffi_dir" cutedsl:"$cutedsl_dir"; do
     name=${part%%:*}
     if d=$(deliver "$round" "$name" "${part#*:}") && [[ -n $d ]]; then delivered+=("$d"); fi
   done
   find "$home" -mindepth 1 -maxdepth 2 ! -path "$home/.cache" ! -path "$flashinfer_dir" \
+    ! -path "$tvm_ffi_dir" ! -path "$cutedsl_dir" \
     ! -path "$home/.tilelang" ! -path "$tilelang_dir" -exec rm -rf {} +
   rm -rf "$work/tmp"
   printf '%s\n' "${delivered[@]}" >"$out/delivered-$round.txt"
@@ -122,7 +129,7 @@ def lines(name):
 cold = [report(f"cold-{r}") for r in range(1, rounds + 1)]
 warm = [report(f"warm-{r}") for r in range(1, rounds + 1)]
 delivered = lines("delivered-1.txt")
-known = {".cache/flashinfer", ".tilelang/cache"}
+known = {".cache/flashinfer", ".tilelang/cache", ".cache/tvm-ffi", ".cache/cutlass_python_cache"}
 home = [d for d in lines("home-1.txt") if d.count("/") == 1 and d not in known]
 def med(rs, key):
     vals = [r[key] for r in rs if r.get(key) is not None]
