@@ -1,5 +1,7 @@
 //! The same tree gives the same image digest, whatever its mtimes,
-//! permissions (beyond the exec bit) and file creation order.
+//! permissions (beyond the exec bit) and file creation order (Triton
+//! trees: the kinds whose layers carry mtimes, `Kind::keeps_mtimes`, give
+//! the same digest for the same mtimes).
 
 // A test panics with what went wrong: its helpers unwrap as its body does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

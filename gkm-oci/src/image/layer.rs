@@ -1,6 +1,8 @@
 //! Deterministic layer tars: the same cache tree gives the same bytes,
-//! whatever its mtimes, owners, permissions (beyond the exec bit) or the
-//! order its files were created in.
+//! whatever its owners, permissions (beyond the exec bit) or the order its
+//! files were created in, and whatever its mtimes but for the kinds whose
+//! tool compares them (`Kind::keeps_mtimes`: ninja-built modules), whose
+//! layers carry each file's mtime in whole seconds.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};

@@ -395,7 +395,9 @@ mod tests {
         assert_eq!(scan_order().count(), REGISTRY.len());
         assert_eq!(by_name("deepgemm"), Some(CacheKind::DeepGemm));
         assert_eq!(by_name("tilelang"), Some(CacheKind::TileLang));
-        assert_eq!(by_name("cutedsl"), None);
+        assert_eq!(by_name("tvm-ffi"), Some(CacheKind::TvmFfi));
+        assert_eq!(by_name("cutedsl"), Some(CacheKind::CuteDsl));
+        assert_eq!(by_name("no-such-kind"), None);
     }
 
     #[test]
@@ -433,7 +435,7 @@ mod tests {
         assert_eq!(json, "\"megacache\"");
         let back: CacheKind = serde_json::from_str(&json).unwrap();
         assert_eq!(back, CacheKind::MegaCache);
-        let err = serde_json::from_str::<CacheKind>("\"cutedsl\"").unwrap_err();
-        assert!(err.to_string().contains("cutedsl"), "{err}");
+        let err = serde_json::from_str::<CacheKind>("\"no-such-kind\"").unwrap_err();
+        assert!(err.to_string().contains("no-such-kind"), "{err}");
     }
 }
